@@ -1,0 +1,158 @@
+"""The `vmgpu` command.  Click commands only: parsing, calling, printing."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from vmgpu import __version__, shm
+from vmgpu.errors import VmgpuError
+from vmgpu.selftest import run_selftest
+
+
+class _Group(click.Group):
+    """Turns every VmgpuError into one readable line and its stable exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except VmgpuError as e:
+            click.echo(f"vmgpu: error: {e.message} [{e.code}]", err=True)
+            ctx.exit(e.exit_code)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="vmgpu")
+def cli() -> None:
+    """vmgpu: share NVIDIA GPUs among VMs and containers by CUDA API remoting."""
+
+
+@cli.group(cls=_Group)
+def region() -> None:
+    """Shared-memory regions: the transport between a guest and its forwarder."""
+
+
+def _emit(data, as_json: bool, render) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data)
+
+
+@region.command("create")
+@click.argument("name")
+@click.option("--size", default="256M", show_default=True, help="Region size (bytes, or with K/M/G).")
+@click.option("--channels", default=16, show_default=True, help="Guest processes that can use the GPU at once.")
+@click.option(
+    "--wait",
+    "wait",
+    type=click.Choice(sorted(shm.WAIT_MODES)),
+    default="futex",
+    show_default=True,
+    help="futex: guest on the same kernel (container); poll: guest is a VM.",
+)
+@click.option("--bulk", default="4M", show_default=True, help="Bulk area per channel (power of two).")
+@click.option("--guest-name", default="", help="Name recorded in the header (informational).")
+@click.option("--json", "as_json", is_flag=True, help="Print the layout as JSON.")
+def region_create(name, size, channels, wait, bulk, guest_name, as_json):
+    """Create and format region NAME (a bare name means /dev/shm/NAME)."""
+    params = shm.Params(nchannels=channels, wait_mode=shm.WAIT_MODES[wait], bulk_size=shm.parse_size(bulk))
+    path = shm.Region.resolve(name)
+    r = shm.Region.create(path, shm.parse_size(size), params, guest_name or path.name)
+    lay = params.layout(r.size)
+    r.close()
+    out = {
+        "path": str(path),
+        "size": lay["region_size"],
+        "channels": channels,
+        "wait": wait,
+        "heap_bytes": lay["heap_size"],
+        "bulk_bytes_per_channel": lay["bulk_size"],
+    }
+
+    def render(d):
+        click.echo(
+            f"created {d['path']}: {d['size']} bytes, {d['channels']} channels, "
+            f"{d['heap_bytes'] >> 20} MiB pinned heap, wait mode {d['wait']}"
+        )
+
+    _emit(out, as_json, render)
+
+
+@region.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def region_show(name, as_json):
+    """Show region NAME's header and channels (read-only)."""
+    r = shm.Region.open(shm.Region.resolve(name))
+    try:
+        params = r.check()
+        hdr = r.header()
+        chans = r.channels(params)
+    finally:
+        r.close()
+    out = {"path": str(r.path), "header": hdr, "channels": chans}
+
+    def render(d):
+        h = d["header"]
+        con = Console()
+        con.print(
+            f"[bold]{d['path']}[/]  ABI {h['version_major']}.{h['version_minor']}  "
+            f"{h['region_size']} bytes  name={h['name']!r}  wait={'futex' if h['wait_mode'] == 1 else 'poll'}  "
+            f"host pid {h['host_pid'] or '-'}  heartbeat {h['host_heartbeat']}"
+        )
+        t = Table("ch", "state", "gen", "pid", "process", "host", "req used", "cpl used", "bulk used", "heap")
+        for c in d["channels"]:
+            if c["state"] == "free" and not c["generation"]:
+                continue
+            t.add_row(
+                str(c["index"]),
+                c["state"],
+                str(c["generation"]),
+                str(c["owner_pid"] or "-"),
+                c["owner"] or "-",
+                c["host_status"],
+                str(c["req_used"]),
+                str(c["cpl_used"]),
+                str(c["bulk_used"]),
+                f"{c['heap_bytes'] >> 10} KiB",
+            )
+        con.print(t if t.row_count else "no channel has been used yet")
+
+    _emit(out, as_json, render)
+
+
+@region.command("selftest")
+@click.option("--exchanges", default=20000, show_default=True, help="Round trips to make.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def region_selftest(exchanges, as_json):
+    """Check the transport on this host: a region in /dev/shm, a guest process,
+    checksummed round trips, a heap buffer seen at the same offset by both sides,
+    and the channel reclaimed when the guest exits."""
+    res = run_selftest(exchanges)
+
+    def render(d):
+        t = Table("check", "result")
+        for k, v in d["checks"].items():
+            t.add_row(k, "[green]ok[/]" if v else "[red]FAILED[/]")
+        Console().print(t)
+        click.echo(
+            f"{d['exchanges']} round trips in {d['seconds']:.3f} s "
+            f"({d['exchanges'] / d['seconds']:.0f}/s through the Python binding)"
+        )
+
+    _emit(res, as_json, render)
+    if not all(res["checks"].values()):
+        sys.exit(1)
+
+
+def main() -> None:
+    cli(prog_name="vmgpu")
+
+
+if __name__ == "__main__":
+    main()

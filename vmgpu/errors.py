@@ -1,0 +1,51 @@
+"""One error tree for vmgpu.  Every error has a stable code; the CLI's exit
+code (and later the gRPC status and the hook's message) derive from it here."""
+
+from __future__ import annotations
+
+
+class VmgpuError(Exception):
+    """Base of every vmgpu error.  `code` is stable and documented."""
+
+    code = "VMGPU_ERROR"
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(VmgpuError):
+    code = "INVALID_ARGUMENT"
+    exit_code = 2
+
+
+class NotFound(VmgpuError):
+    code = "NOT_FOUND"
+    exit_code = 3
+
+
+class RegionError(VmgpuError):
+    """A shared-memory region could not be created, attached or used."""
+
+    code = "REGION"
+    exit_code = 4
+
+
+class VersionMismatch(RegionError):
+    """The region speaks a major ABI version this side does not."""
+
+    code = "VERSION_MISMATCH"
+    exit_code = 5
+
+
+class NativeLibraryMissing(VmgpuError):
+    code = "NATIVE_LIBRARY_MISSING"
+    exit_code = 6
+
+
+# code -> exit status, for documentation and tests
+EXIT_CODES = {
+    cls.code: cls.exit_code
+    for cls in (VmgpuError, InvalidArgument, NotFound, RegionError, VersionMismatch, NativeLibraryMissing)
+}
