@@ -180,7 +180,7 @@ VMGPU_EXPORT int vmgpu_hchan_poll(struct vmgpu_hchan *c, uint64_t now)
 	bool alive = owner_alive(c, ctl, now);
 
 	if (c->req.broken || c->cpl.broken)
-		return VMGPU_HC_LOST;
+		return VMGPU_HC_LOST; /* the owner is cut off: reclaim fences it out (DEAD) */
 	switch (state) {
 	case VMGPU_CHAN_FREE:
 		if (c->serving) /* the owner freed it behind our back: treat as closed */

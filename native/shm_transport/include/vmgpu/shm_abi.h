@@ -85,7 +85,7 @@ enum vmgpu_chan_host_status {
 	VMGPU_HOST_PENDING = 0,
 	VMGPU_HOST_ACCEPTED = 1,
 	VMGPU_HOST_REFUSED_VERSION = 2, /* guest speaks another major ABI version */
-	VMGPU_HOST_REFUSED_BROKEN = 3,  /* guest broke the ring protocol; channel is reclaimed */
+	VMGPU_HOST_REFUSED_BROKEN = 3,  /* reserved: a protocol breaker is fenced out by reclaim instead */
 };
 
 /* Ring record header.  type 0 is padding; other types belong to the user. */
