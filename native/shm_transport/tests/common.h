@@ -64,6 +64,12 @@ static inline void test_region_create(struct test_region *r, uint64_t size, cons
 	CHECK_EQ(vmgpu_region_format(r->base, size, &r->p, "test"), 0);
 }
 
+/* Where channel idx's block starts in a mapping (the library keeps its own copy private). */
+static inline uint8_t *test_chan_block(void *base, const struct vmgpu_layout *l, uint32_t idx)
+{
+	return (uint8_t *)base + l->chan_area_off + (uint64_t)idx * l->chan_stride;
+}
+
 /* A second mapping of the same region (another address, as in another process). */
 static inline void *test_region_map_again(struct test_region *r)
 {

@@ -57,7 +57,7 @@ static void fake_claim(const struct vmgpu_layout *l, uint32_t i, uint32_t gen, u
 /* Write a record header at a ring offset, with any length and type. */
 static void put_rec(const struct vmgpu_layout *l, uint32_t ch, int cpl, uint32_t off, uint32_t len, uint16_t type)
 {
-	uint8_t *blk = region + l->chan_area_off + (uint64_t)ch * l->chan_stride;
+	uint8_t *blk = test_chan_block(region, l, ch);
 	uint32_t size = cpl ? l->cpl_ring_size : l->req_ring_size;
 	uint8_t *ring = blk + (cpl ? l->cpl_ring_off : l->req_ring_off);
 	off &= (size - 1) & ~7u;
