@@ -1,0 +1,452 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Guest halves of what cannot be marshalled generically: copies that name host
+ * memory (heap = zero-copy, small = inline, large = pipelined through the
+ * channel's bulk area), module images (sized from their headers, sent through
+ * bulk), kernel launches (parameters packed by the host's layout), and the
+ * mapped device address of pinned memory.  Host halves: host_forwarder/native/exec.c.
+ */
+#include <elf.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vg_guest.h"
+
+#define INLINE_MAX (16u << 10)
+
+enum { BUF_INLINE = 0, BUF_HEAP = 1, BUF_BULK = 2 };
+
+static uint64_t chunk_size(void)
+{
+	uint64_t c = vg.bulk_size / 4;
+	return c ? c : 4096;
+}
+
+/* ---- host to device --------------------------------------------------------------- */
+
+static void put_stream(struct vg_call *c, int async, CUstream s)
+{
+	if (async)
+		vg_put_u64(c, (uint64_t)(uintptr_t)s);
+}
+
+static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CUstream s, int async, unsigned fl)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (n == 0)
+		return CUDA_SUCCESS;
+	if (!src)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	uint64_t off = vg_heap_offset(src, n);
+	if (off != UINT64_MAX || n <= INLINE_MAX) {
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, dst);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, n);
+		vg_put_u64(&c, off != UINT64_MAX ? BUF_HEAP : BUF_INLINE);
+		vg_put_u64(&c, off != UINT64_MAX ? off : 0);
+		if (off == UINT64_MAX)
+			vg_put_arr(&c, src, n, 1);
+		if (async)
+			return vg_send_async(&c);
+		return vg_end(&c, vg_call_sync(&c));
+	}
+	/* pageable and large: stage through bulk; the host copies chunk k while we fill k+1 */
+	vg_lock();
+	const uint8_t *p = src;
+	uint64_t step = chunk_size();
+	for (size_t done = 0; done < n && r == CUDA_SUCCESS;) {
+		uint64_t len = n - done < step ? n - done : step, pos;
+		void *bulk;
+		int e = vmgpu_gchan_bulk_alloc(vg.chan, len, 24ull * 3600 * 1000000000ull, &pos, &bulk);
+		if (e < 0) {
+			r = VG_ERROR_LOST;
+			break;
+		}
+		memcpy(bulk, p + done, len);
+		int last = done + len == n;
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			break;
+		vg_put_u64(&c, dst + done);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, len);
+		vg_put_u64(&c, BUF_BULK);
+		vg_put_u64(&c, pos);
+		done += len;
+		if (last && !async)
+			r = vg_end(&c, vg_call_sync(&c));
+		else
+			r = vg_send_async(&c);
+	}
+	vg_unlock();
+	return r;
+}
+
+CUresult vgc_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n, unsigned fl)
+{
+	return htod(VG_OP_cuMemcpyHtoD_v2, dst, src, n, NULL, 0, fl);
+}
+
+CUresult vgc_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s, unsigned fl)
+{
+	return htod(VG_OP_cuMemcpyHtoDAsync_v2, dst, src, n, s, 1, fl);
+}
+
+/* ---- device to host --------------------------------------------------------------- */
+
+static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream s, int async, unsigned fl)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (n == 0)
+		return CUDA_SUCCESS;
+	if (!dst)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	uint64_t off = vg_heap_offset(dst, n);
+	if (off != UINT64_MAX) {
+		/* pinned: the host DMAs straight into the heap; async stays async */
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, src);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, n);
+		vg_put_u64(&c, BUF_HEAP);
+		vg_put_u64(&c, off);
+		if (async)
+			return vg_send_async(&c);
+		return vg_end(&c, vg_call_sync(&c));
+	}
+	if (n <= INLINE_MAX) {
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, src);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, n);
+		vg_put_u64(&c, BUF_INLINE);
+		vg_put_u64(&c, 0);
+		r = vg_call_sync(&c);
+		if (r == CUDA_SUCCESS) {
+			const void *bytes = vg_get_u64(&c) == n ? vg_get_ref(&c, n) : NULL;
+			if (bytes)
+				memcpy(dst, bytes, n);
+			else
+				r = VG_ERROR_LOST;
+		}
+		return vg_end(&c, r);
+	}
+	/* pageable and large: the host fills a bulk chunk, we copy it out */
+	vg_lock();
+	uint8_t *p = dst;
+	uint64_t step = chunk_size();
+	for (size_t done = 0; done < n && r == CUDA_SUCCESS;) {
+		uint64_t len = n - done < step ? n - done : step, pos;
+		void *bulk;
+		if (vmgpu_gchan_bulk_alloc(vg.chan, len, 24ull * 3600 * 1000000000ull, &pos, &bulk) < 0) {
+			r = VG_ERROR_LOST;
+			break;
+		}
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			break;
+		vg_put_u64(&c, src + done);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, len);
+		vg_put_u64(&c, BUF_BULK);
+		vg_put_u64(&c, pos);
+		r = vg_end(&c, vg_call_sync(&c));
+		if (r == CUDA_SUCCESS)
+			memcpy(p + done, bulk, len);
+		done += len;
+	}
+	vg_unlock();
+	return r;
+}
+
+CUresult vgc_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n, unsigned fl)
+{
+	return dtoh(VG_OP_cuMemcpyDtoH_v2, dst, src, n, NULL, 0, fl);
+}
+
+CUresult vgc_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s, unsigned fl)
+{
+	return dtoh(VG_OP_cuMemcpyDtoHAsync_v2, dst, src, n, s, 1, fl);
+}
+
+/* ---- unified addresses: device memory or pinned heap memory ---------------------------- */
+
+static void put_unified(struct vg_call *c, CUdeviceptr p, size_t n)
+{
+	uint64_t off = vg_heap_offset((const void *)(uintptr_t)p, n);
+	vg_put_u64(c, off != UINT64_MAX ? BUF_HEAP : BUF_INLINE);
+	vg_put_u64(c, off != UINT64_MAX ? off : p);
+}
+
+static CUresult unified(uint32_t op, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int async, unsigned fl)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, op, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	put_unified(&c, dst, n);
+	put_unified(&c, src, n);
+	vg_put_u64(&c, n);
+	put_stream(&c, async, s);
+	if (async)
+		return vg_send_async(&c);
+	return vg_end(&c, vg_call_sync(&c));
+}
+
+CUresult vgc_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned fl)
+{
+	return unified(VG_OP_cuMemcpy, dst, src, n, NULL, 0, fl);
+}
+
+CUresult vgc_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, unsigned fl)
+{
+	return unified(VG_OP_cuMemcpyAsync, dst, src, n, s, 1, fl);
+}
+
+CUresult vgc_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigned int flags, unsigned fl)
+{
+	if (!pd)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t off = vg_heap_offset(p, 1);
+	if (off == UINT64_MAX)
+		return vg_check_ready() ? vg_check_ready() : CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemHostGetDevicePointer_v2, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, off);
+	vg_put_u64(&c, flags);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		vg_get(&c, pd, sizeof *pd);
+	return vg_end(&c, r);
+}
+
+/* ---- module images ------------------------------------------------------------------- */
+
+#define FATBIN_MAGIC 0xBA55ED50u
+#define FATBIN_WRAPPER_MAGIC 0x466243B1u
+
+struct fatbin_wrapper {
+	uint32_t magic, version;
+	const void *data;
+	void *filename_or_fatbins;
+};
+
+struct fatbin_header {
+	uint32_t magic;
+	uint16_t version, header_size;
+	uint64_t fat_size;
+};
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+/* The image's byte size from its own headers: ELF (cubin), fatbin (back-to-back
+ * containers summed, compressed entries included), else NUL-terminated PTX. */
+static uint64_t image_size(const void **image)
+{
+	const uint8_t *p = *image;
+	uint32_t magic;
+	memcpy(&magic, p, 4);
+	if (magic == FATBIN_WRAPPER_MAGIC) {
+		const struct fatbin_wrapper *w = *image;
+		*image = w->data;
+		return image_size(image);
+	}
+	if (magic == FATBIN_MAGIC) {
+		uint64_t total = 0;
+		for (;;) {
+			struct fatbin_header h;
+			memcpy(&h, p + total, sizeof h);
+			if (h.magic != FATBIN_MAGIC)
+				break;
+			total += h.header_size + h.fat_size;
+		}
+		return total;
+	}
+	if (!memcmp(p, ELFMAG, SELFMAG) && p[EI_CLASS] == ELFCLASS64) {
+		Elf64_Ehdr eh;
+		memcpy(&eh, p, sizeof eh);
+		uint64_t end = max_u64(eh.e_shoff + (uint64_t)eh.e_shnum * eh.e_shentsize,
+				       eh.e_phoff + (uint64_t)eh.e_phnum * eh.e_phentsize);
+		for (unsigned i = 0; i < eh.e_shnum; i++) {
+			Elf64_Shdr sh;
+			memcpy(&sh, p + eh.e_shoff + (uint64_t)i * eh.e_shentsize, sizeof sh);
+			if (sh.sh_type != SHT_NOBITS)
+				end = max_u64(end, sh.sh_offset + sh.sh_size);
+		}
+		return max_u64(end, sizeof eh);
+	}
+	return strlen((const char *)p) + 1;
+}
+
+/* Send an image to the host's staging blob, then make the load call `op`. */
+static CUresult load_image(uint32_t op, const void *image, void **out, unsigned fl)
+{
+	if (!out || !image)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t n = image_size(&image);
+	struct vg_call c;
+	vg_lock();
+	if ((r = vg_begin(&c, VG_OP_BLOB_BEGIN, 0)) != CUDA_SUCCESS)
+		goto out;
+	vg_put_u64(&c, n);
+	if ((r = vg_end(&c, vg_call_sync(&c))) != CUDA_SUCCESS)
+		goto out;
+	uint64_t step = chunk_size();
+	for (uint64_t done = 0; done < n && r == CUDA_SUCCESS;) {
+		uint64_t len = n - done < step ? n - done : step, pos;
+		void *bulk;
+		if (vmgpu_gchan_bulk_alloc(vg.chan, len, 24ull * 3600 * 1000000000ull, &pos, &bulk) < 0) {
+			r = VG_ERROR_LOST;
+			goto out;
+		}
+		memcpy(bulk, (const uint8_t *)image + done, len);
+		if ((r = vg_begin(&c, VG_OP_BLOB_PUT, 0)) != CUDA_SUCCESS)
+			goto out;
+		vg_put_u64(&c, done);
+		vg_put_u64(&c, pos);
+		vg_put_u64(&c, len);
+		r = vg_send_async(&c);
+		done += len;
+	}
+	if (r != CUDA_SUCCESS || (r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		goto out;
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		vg_get(&c, out, sizeof *out);
+	r = vg_end(&c, r);
+out:
+	vg_unlock();
+	return r;
+}
+
+CUresult vgc_cuModuleLoadData(CUmodule *m, const void *image, unsigned fl)
+{
+	return load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl);
+}
+
+/* JIT options are not forwarded (the image loads with the driver's defaults). */
+CUresult vgc_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v, unsigned fl)
+{
+	(void)n;
+	(void)o;
+	(void)v;
+	return load_image(VG_OP_cuModuleLoadDataEx, image, (void **)m, fl);
+}
+
+CUresult vgc_cuModuleLoadFatBinary(CUmodule *m, const void *image, unsigned fl)
+{
+	return load_image(VG_OP_cuModuleLoadFatBinary, image, (void **)m, fl);
+}
+
+CUresult vgc_cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
+			       CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
+{
+	(void)jo;
+	(void)jv;
+	(void)nj;
+	(void)lo;
+	(void)lv;
+	(void)nl;
+	return load_image(VG_OP_cuLibraryLoadData, code, (void **)lib, fl);
+}
+
+/* ---- launches ------------------------------------------------------------------------ */
+
+CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+			    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
+			    void **extra, unsigned fl)
+{
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct vg_fninfo *fi;
+	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	if (r != CUDA_SUCCESS)
+		return r;
+	const void *packed = NULL;
+	size_t packed_size = 0;
+	if (!params && extra) {
+		for (void **e = extra; *e != CU_LAUNCH_PARAM_END; e += 2) {
+			if (e[0] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+				packed = e[1];
+			else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+				packed_size = *(size_t *)e[1];
+			else
+				return CUDA_ERROR_INVALID_VALUE;
+		}
+		if (!packed || packed_size < fi->bytes)
+			return CUDA_ERROR_INVALID_VALUE;
+	} else if (!params && fi->nparams) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	struct vg_call c;
+	if ((r = vg_begin(&c, VG_OP_cuLaunchKernel, fl)) != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	uint32_t dims[8] = {gx, gy, gz, bx, by, bz, shmem, 0};
+	vg_put(&c, dims, sizeof dims);
+	vg_put_u64(&c, (uint64_t)(uintptr_t)s);
+	vg_put_u64(&c, fi->bytes);
+	/* the parameter bytes go straight into the request, at the host's offsets */
+	size_t padded = ((size_t)fi->bytes + 7) & ~(size_t)7;
+	if (padded > c.cap - c.len)
+		c.bad = 1;
+	else {
+		uint8_t *blob = c.buf + c.len;
+		memset(blob, 0, padded);
+		if (packed)
+			memcpy(blob, packed, fi->bytes);
+		else
+			for (uint32_t i = 0; i < fi->nparams; i++)
+				memcpy(blob + fi->params[i].offset, params[i], fi->params[i].size);
+		c.len += (uint32_t)padded;
+	}
+	return vg_send_async(&c);
+}
+
+CUresult vgc_cuFuncGetName(const char **name, CUfunction f, unsigned fl)
+{
+	if (!name)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_fninfo *fi;
+	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (fi->name) {
+		*name = fi->name;
+		return CUDA_SUCCESS;
+	}
+	struct vg_call c;
+	if ((r = vg_begin(&c, VG_OP_cuFuncGetName, fl)) != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		uint64_t n = vg_get_u64(&c);
+		const char *s = n && n < 65536 ? vg_get_ref(&c, n) : NULL;
+		char *copy = s && s[n - 1] == '\0' ? strdup(s) : NULL;
+		if (!copy)
+			r = VG_ERROR_LOST;
+		else if (!__atomic_compare_exchange_n(&fi->name, &(char *){NULL}, copy, 0, __ATOMIC_ACQ_REL,
+						      __ATOMIC_ACQUIRE))
+			free(copy);
+		if (copy)
+			*name = fi->name;
+	}
+	return vg_end(&c, r);
+}

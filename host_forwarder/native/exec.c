@@ -1,0 +1,494 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Hand-written host halves: what the generated marshalling cannot express
+ * (host buffers, module images, kernel parameters, memory accounting) and the
+ * protocol's own operations.  The wire formats here match guest_agent/libcuda/custom.c.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "vh_dispatch.h"
+
+/* ---- memory accounting --------------------------------------------------------- */
+
+static int track(struct vh_chan *ch, CUdeviceptr base, uint64_t size, int dev)
+{
+	if (ch->nallocs == ch->capallocs) {
+		size_t cap = ch->capallocs ? ch->capallocs * 2 : 64;
+		struct vh_alloc *a = realloc(ch->allocs, cap * sizeof *a);
+		if (!a)
+			return -1;
+		ch->allocs = a;
+		ch->capallocs = cap;
+	}
+	ch->allocs[ch->nallocs++] = (struct vh_alloc){base, size, dev};
+	return 0;
+}
+
+CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize)
+{
+	if (ch->cur_dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!dptr || bytesize == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vh_fwd *f = ch->fwd;
+	_Atomic uint64_t *used = &f->used[ch->cur_dev];
+	uint64_t cur = atomic_load(used);
+	do {
+		if (bytesize > f->quota[ch->cur_dev] - cur || cur > f->quota[ch->cur_dev])
+			return CUDA_ERROR_OUT_OF_MEMORY;
+	} while (!atomic_compare_exchange_weak(used, &cur, cur + bytesize));
+	CUresult r = ch->backend->cuMemAlloc_v2(dptr, bytesize);
+	if (r == CUDA_SUCCESS && track(ch, *dptr, bytesize, ch->cur_dev) != 0) {
+		ch->backend->cuMemFree_v2(*dptr);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (r != CUDA_SUCCESS)
+		atomic_fetch_sub(used, bytesize);
+	return r;
+}
+
+CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
+{
+	for (size_t i = 0; i < ch->nallocs; i++) {
+		if (ch->allocs[i].base != dptr)
+			continue;
+		CUresult r = ch->backend->cuMemFree_v2(dptr);
+		if (r != CUDA_SUCCESS)
+			return r;
+		atomic_fetch_sub(&ch->fwd->used[ch->allocs[i].dev], ch->allocs[i].size);
+		ch->allocs[i] = ch->allocs[--ch->nallocs];
+		return CUDA_SUCCESS;
+	}
+	/* not an allocation of this process: the driver would say the same */
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult vhx_cuMemGetInfo_v2(struct vh_chan *ch, size_t *free_b, size_t *total_b)
+{
+	if (ch->cur_dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	size_t hw_free = 0, hw_total = 0;
+	CUresult r = ch->backend->cuMemGetInfo_v2(&hw_free, &hw_total);
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t quota = ch->fwd->quota[ch->cur_dev];
+	uint64_t used = atomic_load(&ch->fwd->used[ch->cur_dev]);
+	uint64_t left = used < quota ? quota - used : 0;
+	if (free_b)
+		*free_b = left < hw_free ? left : hw_free;
+	if (total_b)
+		*total_b = quota;
+	return CUDA_SUCCESS;
+}
+
+/* ---- host buffers -------------------------------------------------------------- */
+
+/* Resolve a guest-named host buffer (heap offset or bulk position) of n bytes. */
+static void *host_buf(struct vh_chan *ch, uint64_t kind, uint64_t a, uint64_t n)
+{
+	if (kind == VG_BUF_HEAP)
+		return vmgpu_host_heap(ch->fwd->host, a, n);
+	if (kind == VG_BUF_BULK)
+		return vmgpu_hchan_bulk(ch->hc, a, n);
+	return NULL;
+}
+
+static void done_buf(struct vh_chan *ch, uint64_t kind, uint64_t a, uint64_t n)
+{
+	if (kind == VG_BUF_BULK)
+		vmgpu_hchan_bulk_release(ch->hc, a + n);
+}
+
+static CUstream stream_in(struct vh_chan *ch, uint32_t flags, uint64_t raw, int *bad)
+{
+	void *s = (void *)(uintptr_t)raw;
+	if (vh_handle_in(ch, VG_KIND_STREAM, &s)) {
+		*bad = 1;
+		return NULL;
+	}
+	if (!s && (flags & VG_F_PTDS))
+		s = CU_STREAM_PER_THREAD;
+	return s;
+}
+
+static CUresult htod(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int async)
+{
+	const struct vh_backend *B = ch->backend;
+	CUdeviceptr dst = vh_get_u64(rd);
+	uint64_t sraw = async ? vh_get_u64(rd) : 0;
+	uint64_t n = vh_get_u64(rd), kind = vh_get_u64(rd), a = vh_get_u64(rd);
+	int bad = 0;
+	CUstream s = stream_in(ch, flags, sraw, &bad);
+	const void *src;
+	uint64_t inl = 0;
+	if (kind == VG_BUF_INLINE) {
+		src = vh_get_arr(rd, 1, &inl);
+		if (inl != n)
+			bad = 1;
+	} else {
+		src = host_buf(ch, kind, a, n);
+	}
+	if (rd->bad || bad || (n && !src)) {
+		done_buf(ch, kind, a, n);
+		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+	}
+	CUresult r;
+	if (async && kind == VG_BUF_HEAP) {
+		r = B->cuMemcpyHtoDAsync_v2(dst, src, n, s);
+	} else if (async) {
+		/* staged bytes: the bulk space is reused once the copy has finished */
+		r = B->cuMemcpyHtoDAsync_v2(dst, src, n, s);
+		if (r == CUDA_SUCCESS)
+			r = B->cuStreamSynchronize(s);
+	} else {
+		r = B->cuMemcpyHtoD_v2(dst, src, n);
+	}
+	done_buf(ch, kind, a, n);
+	return r;
+}
+
+static CUresult dtoh(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int async)
+{
+	const struct vh_backend *B = ch->backend;
+	CUdeviceptr src = vh_get_u64(rd);
+	uint64_t sraw = async ? vh_get_u64(rd) : 0;
+	uint64_t n = vh_get_u64(rd), kind = vh_get_u64(rd), a = vh_get_u64(rd);
+	int bad = 0;
+	CUstream s = stream_in(ch, flags, sraw, &bad);
+	if (rd->bad || bad)
+		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+	void *dst;
+	if (kind == VG_BUF_INLINE) {
+		if (n > wr->cap - wr->len - 8)
+			return CUDA_ERROR_INVALID_VALUE;
+		uint64_t n64 = n;
+		vh_put(wr, &n64, 8);
+		dst = wr->p + wr->len;
+		wr->len += vh_pad8(n);
+	} else {
+		dst = host_buf(ch, kind, a, n);
+		if (n && !dst)
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	CUresult r;
+	if (async) {
+		r = B->cuMemcpyDtoHAsync_v2(dst, src, n, s);
+		/* only a heap destination may complete later; the guest waits for the others */
+		if (r == CUDA_SUCCESS && kind != VG_BUF_HEAP)
+			r = B->cuStreamSynchronize(s);
+	} else {
+		r = B->cuMemcpyDtoH_v2(dst, src, n);
+	}
+	done_buf(ch, kind, a, n);
+	return r;
+}
+
+CUresult vhc_cuMemcpyHtoD_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)wr;
+	return htod(ch, flags, rd, 0);
+}
+
+CUresult vhc_cuMemcpyHtoDAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)wr;
+	return htod(ch, flags, rd, 1);
+}
+
+CUresult vhc_cuMemcpyDtoH_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return dtoh(ch, flags, rd, wr, 0);
+}
+
+CUresult vhc_cuMemcpyDtoHAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return dtoh(ch, flags, rd, wr, 1);
+}
+
+/* Unified-address copies: each side is a device address or a heap offset. */
+static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int async)
+{
+	uint64_t dkind = vh_get_u64(rd), dst = vh_get_u64(rd);
+	uint64_t skind = vh_get_u64(rd), src = vh_get_u64(rd);
+	uint64_t n = vh_get_u64(rd);
+	uint64_t sraw = async ? vh_get_u64(rd) : 0;
+	int bad = 0;
+	CUstream s = stream_in(ch, flags, sraw, &bad);
+	if (rd->bad || bad)
+		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+	if (dkind == VG_BUF_HEAP) {
+		void *p = host_buf(ch, VG_BUF_HEAP, dst, n);
+		if (!p)
+			return CUDA_ERROR_INVALID_VALUE;
+		dst = (uint64_t)(uintptr_t)p;
+	} else if (dkind != VG_BUF_INLINE) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	if (skind == VG_BUF_HEAP) {
+		void *p = host_buf(ch, VG_BUF_HEAP, src, n);
+		if (!p)
+			return CUDA_ERROR_INVALID_VALUE;
+		src = (uint64_t)(uintptr_t)p;
+	} else if (skind != VG_BUF_INLINE) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	/* both sides are now device addresses of this context or registered region memory */
+	return async ? ch->backend->cuMemcpyAsync(dst, src, n, s) : ch->backend->cuMemcpy(dst, src, n);
+}
+
+CUresult vhc_cuMemcpy(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)wr;
+	return unified(ch, flags, rd, 0);
+}
+
+CUresult vhc_cuMemcpyAsync(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)wr;
+	return unified(ch, flags, rd, 1);
+}
+
+CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	uint64_t off = vh_get_u64(rd);
+	unsigned int fl = (unsigned int)vh_get_u64(rd);
+	void *p = vmgpu_host_heap(ch->fwd->host, off, 1);
+	if (rd->bad || !p)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ch->fwd->registered)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	CUdeviceptr d;
+	CUresult r = ch->backend->cuMemHostGetDevicePointer_v2(&d, p, fl);
+	if (r == CUDA_SUCCESS)
+		vh_put(wr, &d, sizeof d);
+	return r;
+}
+
+/* ---- module images --------------------------------------------------------------- */
+
+static CUresult blob_take(struct vh_chan *ch, const void **image)
+{
+	if (!ch->blob || ch->blob_filled != ch->blob_size)
+		return CUDA_ERROR_INVALID_IMAGE;
+	*image = ch->blob;
+	return CUDA_SUCCESS;
+}
+
+static void blob_drop(struct vh_chan *ch)
+{
+	free(ch->blob);
+	ch->blob = NULL;
+	ch->blob_size = ch->blob_filled = 0;
+}
+
+static CUresult load_reply(struct vh_chan *ch, struct vh_wr *wr, CUresult r, int kind, void *obj)
+{
+	blob_drop(ch);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (vh_handle_new(ch, kind, &obj, NULL))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	vh_put(wr, &obj, sizeof obj);
+	return CUDA_SUCCESS;
+}
+
+CUresult vhc_cuModuleLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	(void)rd;
+	const void *image;
+	CUresult r = blob_take(ch, &image);
+	CUmodule m = NULL;
+	if (r == CUDA_SUCCESS)
+		r = ch->backend->cuModuleLoadData(&m, image);
+	return load_reply(ch, wr, r, VG_KIND_MODULE, m);
+}
+
+/* JIT options are not forwarded: the image is loaded with the driver's defaults. */
+CUresult vhc_cuModuleLoadDataEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return vhc_cuModuleLoadData(ch, flags, rd, wr);
+}
+
+CUresult vhc_cuModuleLoadFatBinary(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return vhc_cuModuleLoadData(ch, flags, rd, wr);
+}
+
+CUresult vhc_cuLibraryLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	(void)rd;
+	const void *image;
+	CUresult r = blob_take(ch, &image);
+	CUlibrary l = NULL;
+	if (r == CUDA_SUCCESS)
+		r = ch->backend->cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0);
+	return load_reply(ch, wr, r, VG_KIND_LIBRARY, l);
+}
+
+/* ---- kernels --------------------------------------------------------------------- */
+
+static CUresult param_layout(struct vh_chan *ch, struct vh_handle *e)
+{
+	if (e->params_known)
+		return CUDA_SUCCESS;
+	const struct vh_backend *B = ch->backend;
+	struct vg_param_info tmp[VG_MAX_PARAMS];
+	uint32_t n = 0;
+	for (; n < VG_MAX_PARAMS; n++) {
+		size_t off = 0, sz = 0;
+		CUresult r = e->kind == VG_KIND_KERNEL ? B->cuKernelGetParamInfo(e->ptr, n, &off, &sz)
+						       : B->cuFuncGetParamInfo(e->ptr, n, &off, &sz);
+		if (r == CUDA_ERROR_INVALID_VALUE)
+			break;
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (off > UINT32_MAX || sz > 4096)
+			return CUDA_ERROR_INVALID_IMAGE;
+		tmp[n] = (struct vg_param_info){(uint32_t)off, (uint32_t)sz};
+	}
+	e->params = n ? malloc(n * sizeof *tmp) : NULL;
+	if (n && !e->params)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (n)
+		memcpy(e->params, tmp, n * sizeof *tmp);
+	e->nparams = n;
+	e->params_known = 1;
+	return CUDA_SUCCESS;
+}
+
+static uint64_t param_bytes(const struct vh_handle *e)
+{
+	uint64_t end = 0;
+	for (uint32_t i = 0; i < e->nparams; i++)
+		if ((uint64_t)e->params[i].offset + e->params[i].size > end)
+			end = (uint64_t)e->params[i].offset + e->params[i].size;
+	return end;
+}
+
+CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)wr;
+	uint64_t fraw = vh_get_u64(rd);
+	uint32_t dims[8];
+	vh_get(rd, dims, sizeof dims);
+	uint64_t sraw = vh_get_u64(rd);
+	uint64_t nblob;
+	uint8_t *blob = vh_get_arr(rd, 1, &nblob);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vh_handle *e = vh_handle_entry(ch, fraw, VG_KIND_FUNCTION);
+	int bad = 0;
+	CUstream s = stream_in(ch, flags, sraw, &bad);
+	if (!e || bad)
+		return CUDA_ERROR_INVALID_HANDLE;
+	CUresult r = param_layout(ch, e);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* the layout is the host's own, from the driver; the guest's bytes must fill it exactly */
+	if (nblob != param_bytes(e))
+		return CUDA_ERROR_INVALID_VALUE;
+	void *args[VG_MAX_PARAMS];
+	for (uint32_t i = 0; i < e->nparams; i++)
+		args[i] = blob + e->params[i].offset;
+	const struct vh_backend *B = ch->backend;
+	return B->cuLaunchKernel(e->ptr, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
+				 e->nparams ? args : NULL, NULL);
+}
+
+CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
+	if (rd->bad || !e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	const char *name = NULL;
+	CUresult r = e->kind == VG_KIND_KERNEL ? ch->backend->cuKernelGetName(&name, e->ptr)
+					       : ch->backend->cuFuncGetName(&name, e->ptr);
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t n = strlen(name) + 1;
+	vh_put(wr, &n, 8);
+	vh_put(wr, name, n);
+	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* ---- the protocol's own operations --------------------------------------------------- */
+
+static CUresult hello(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
+{
+	struct vg_hello_req req;
+	vh_get(rd, &req, sizeof req);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vh_fwd *f = ch->fwd;
+	struct vg_hello_rep rep = {
+		.proto_version = VG_PROTO_VERSION,
+		.driver_version = f->driver_version,
+		.ndev = (uint32_t)f->ndev,
+		.flags = ch->backend->simulated ? VG_HELLO_SIMULATED : 0,
+		.heap_registered = (uint64_t)f->registered,
+	};
+	if (req.proto_version != VG_PROTO_VERSION)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	vh_put(wr, &rep, sizeof rep);
+	for (int i = 0; i < f->ndev; i++)
+		vh_put(wr, &f->info[i], sizeof f->info[i]);
+	return wr->bad ? CUDA_ERROR_UNKNOWN : CUDA_SUCCESS;
+}
+
+CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	switch (op) {
+	case VG_OP_HELLO:
+		return hello(ch, rd, wr);
+	case VG_OP_FUNC_PARAMS: {
+		struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
+		if (rd->bad || !e)
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUresult r = param_layout(ch, e);
+		if (r != CUDA_SUCCESS)
+			return r;
+		uint64_t n = e->nparams;
+		vh_put(wr, &n, 8);
+		vh_put(wr, e->params, n * sizeof *e->params);
+		return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	}
+	case VG_OP_BLOB_BEGIN: {
+		uint64_t size = vh_get_u64(rd);
+		if (rd->bad || size == 0 || size > VG_MAX_BLOB)
+			return CUDA_ERROR_INVALID_VALUE;
+		blob_drop(ch);
+		ch->blob = malloc(size + 1);
+		if (!ch->blob)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		ch->blob[size] = 0; /* a PTX image read as text ends here whatever the guest sent */
+		ch->blob_size = size;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_BLOB_PUT: {
+		uint64_t off = vh_get_u64(rd), pos = vh_get_u64(rd), len = vh_get_u64(rd);
+		const void *src = rd->bad ? NULL : vmgpu_hchan_bulk(ch->hc, pos, len);
+		CUresult r = CUDA_ERROR_INVALID_VALUE;
+		/* chunks arrive in order; anything else is refused */
+		if (src && ch->blob && off == ch->blob_filled && len <= ch->blob_size - off) {
+			memcpy(ch->blob + off, src, len);
+			ch->blob_filled += len;
+			r = CUDA_SUCCESS;
+		}
+		if (src)
+			vmgpu_hchan_bulk_release(ch->hc, pos + len);
+		return r;
+	}
+	case VG_OP_GOODBYE:
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+}
+

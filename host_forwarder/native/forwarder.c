@@ -1,0 +1,403 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmgpu-forwarder: serves one guest's shared-memory region on a GPU (or on the
+ * simulated backend).  One native thread per guest process (channel); no
+ * Python on the per-call path.  vmgpud starts and supervises it.
+ *
+ *   vmgpu-forwarder --region /dev/shm/vmgpu-NAME [--create SIZE] [--backend cuda|sim]
+ *                   [--gpus 0[,1..]] [--mem BYTES[,BYTES..]] [--guest NAME] ...
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vh_dispatch.h"
+
+static volatile sig_atomic_t stopping;
+static struct vh_fwd F;
+static struct vh_backend BK;
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	/* the simulated backend says so on every line */
+	fprintf(stderr, "vmgpu-forwarder[%s]%s %s\n", F.guest, BK.simulated ? " SIMULATED (no GPU):" : "", msg);
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -1;
+	uint64_t mul = 1;
+	switch (*end) {
+	case 'K': case 'k': mul = 1ull << 10; end++; break;
+	case 'M': case 'm': mul = 1ull << 20; end++; break;
+	case 'G': case 'g': mul = 1ull << 30; end++; break;
+	case 'T': case 't': mul = 1ull << 40; end++; break;
+	}
+	if (*end == 'i' || *end == 'B')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end || (mul > 1 && v > UINT64_MAX / mul))
+		return -1;
+	*out = v * mul;
+	return 0;
+}
+
+/* ---- serving one channel --------------------------------------------------------- */
+
+struct slot {
+	struct vh_chan ch;
+	pthread_t thread;
+	_Atomic int busy;
+};
+
+static int set_device(struct vh_chan *ch, uint16_t dev)
+{
+	int want = dev == VG_NO_DEVICE ? -1 : dev;
+	if (want == ch->cur_dev)
+		return 0;
+	if (want >= ch->fwd->ndev)
+		return -1;
+	if (ch->backend->cuCtxSetCurrent(want < 0 ? NULL : ch->fwd->ctx[want]) != CUDA_SUCCESS)
+		return -1;
+	ch->cur_dev = want;
+	return 0;
+}
+
+void vh_serve(struct vh_chan *ch)
+{
+	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
+	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
+	uint64_t *rbuf = malloc(rcap), *wbuf = malloc(wcap);
+	if (!rbuf || !wbuf) {
+		free(rbuf);
+		free(wbuf);
+		return;
+	}
+	uint64_t last_poll = vmgpu_now_ns();
+	for (;;) {
+		uint16_t type = 0;
+		int n = vmgpu_hchan_recv(ch->hc, rbuf, rcap, &type, 20 * 1000000ull);
+		uint64_t now = vmgpu_now_ns();
+		if (n == -EAGAIN || n == -ETIMEDOUT || now - last_poll > 100 * 1000000ull) {
+			last_poll = now;
+			int ev = vmgpu_hchan_poll(ch->hc, now);
+			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED)
+				break;
+			if (stopping)
+				break;
+			if (n == -EAGAIN || n == -ETIMEDOUT)
+				continue;
+		}
+		if (n < 0)
+			break; /* the guest broke the ring protocol; the transport fenced it out */
+		if (type != VG_REC_REQUEST || (uint32_t)n < sizeof(struct vg_req_hdr)) {
+			logf_("channel %u: malformed record (type %u, %d bytes); closing it", ch->index, type, n);
+			break;
+		}
+		struct vg_req_hdr hdr;
+		memcpy(&hdr, rbuf, sizeof hdr);
+		struct vh_rd rd = {(const uint8_t *)rbuf + sizeof hdr, (uint32_t)n - sizeof hdr, 0, 0};
+		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
+		CUresult r = set_device(ch, hdr.dev) ? CUDA_ERROR_INVALID_DEVICE
+						     : vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+		ch->ncalls++;
+		if (hdr.flags & VG_F_NOREPLY) {
+			ch->nasync++;
+			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)
+				ch->latched = r;
+			continue;
+		}
+		if (r == CUDA_SUCCESS && ch->latched != CUDA_SUCCESS && vh_op_reports_async(hdr.op)) {
+			r = ch->latched;
+			ch->latched = CUDA_SUCCESS;
+		}
+		if (wr.bad && r == CUDA_SUCCESS)
+			r = CUDA_ERROR_INVALID_VALUE;
+		struct vg_rep_hdr rep = {(int32_t)r, hdr.op, hdr.seq};
+		memcpy(wbuf, &rep, sizeof rep);
+		uint32_t len = sizeof rep + (r == CUDA_SUCCESS ? wr.len : 0);
+		if (vmgpu_hchan_send(ch->hc, VG_REC_REPLY, wbuf, len, 5ull * 1000000000ull) < 0)
+			break;
+	}
+	free(rbuf);
+	free(wbuf);
+}
+
+static void *serve_thread(void *arg)
+{
+	struct slot *s = arg;
+	struct vh_chan *ch = &s->ch;
+	ch->cur_dev = -1;
+	logf_("channel %u: guest process connected (generation %u)", ch->index, vmgpu_hchan_generation(ch->hc));
+	vh_serve(ch);
+	set_device(ch, 0);
+	uint64_t calls = ch->ncalls, async = ch->nasync;
+	vh_chan_release_all(ch);
+	vmgpu_hchan_reclaim(ch->hc);
+	logf_("channel %u: closed after %llu calls (%llu async); its memory and objects are freed", ch->index,
+	      (unsigned long long)calls, (unsigned long long)async);
+	atomic_store(&s->busy, 0);
+	return NULL;
+}
+
+/* ---- start-up -------------------------------------------------------------------- */
+
+static int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int die(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	logf_("error: %s", msg);
+	return 1;
+}
+
+static const char *errname(CUresult r)
+{
+	const char *s = NULL;
+	if (BK.cuGetErrorName(r, &s) != CUDA_SUCCESS || !s)
+		return "unknown CUDA error";
+	return s;
+}
+
+static int open_devices(const char *gpus, const char *mems)
+{
+	const struct vh_backend *B = &BK;
+	CUresult r = B->cuInit(0);
+	if (r != CUDA_SUCCESS)
+		return die("cuInit failed: %s (%d)", errname(r), r);
+	B->cuDriverGetVersion(&F.driver_version);
+	int count = 0;
+	B->cuDeviceGetCount(&count);
+	char *list = strdup(gpus), *save = NULL;
+	for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (F.ndev == VG_MAX_DEVICES)
+			return die("at most %d GPUs per guest", VG_MAX_DEVICES);
+		char *end;
+		long ord = strtol(tok, &end, 10);
+		if (*end || ord < 0 || ord >= count)
+			return die("GPU '%s' is not a device index of this host (0..%d)", tok, count - 1);
+		int i = F.ndev++;
+		if ((r = B->cuDeviceGet(&F.dev[i], (int)ord)) != CUDA_SUCCESS ||
+		    (r = B->cuDevicePrimaryCtxRetain(&F.ctx[i], F.dev[i])) != CUDA_SUCCESS)
+			return die("GPU %ld: %s", ord, errname(r));
+		struct vg_dev_info *d = &F.info[i];
+		B->cuDeviceGetName(d->name, sizeof d->name, F.dev[i]);
+		B->cuDeviceGetUuid_v2((CUuuid *)d->uuid, F.dev[i]);
+		size_t total = 0;
+		B->cuDeviceTotalMem_v2(&total, F.dev[i]);
+		d->nattrs = CU_DEVICE_ATTRIBUTE_MAX < VG_MAX_ATTRS ? CU_DEVICE_ATTRIBUTE_MAX : VG_MAX_ATTRS;
+		for (int a = 1; a < d->nattrs; a++)
+			if (B->cuDeviceGetAttribute(&d->attrs[a], a, F.dev[i]) != CUDA_SUCCESS)
+				d->attrs[a] = 0;
+		d->pci_domain = d->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID];
+		d->pci_bus = d->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID];
+		d->pci_device = d->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID];
+		F.quota[i] = total;
+		d->total_mem = total;
+	}
+	free(list);
+	if (F.ndev == 0)
+		return die("no GPU given (--gpus)");
+	if (mems) {
+		char *ml = strdup(mems);
+		int i = 0;
+		for (char *tok = strtok_r(ml, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
+			uint64_t q;
+			if (i >= F.ndev || parse_size(tok, &q) || q == 0)
+				return die("--mem: '%s' is not a size for GPU slot %d", tok, i);
+			if (q > F.info[i].total_mem)
+				return die("--mem: %s is more than GPU slot %d has (%llu bytes)", tok, i,
+					   (unsigned long long)F.info[i].total_mem);
+			F.quota[i] = F.info[i].total_mem = q;
+		}
+		free(ml);
+		if (i != F.ndev)
+			return die("--mem: give one size per GPU (%d)", F.ndev);
+	}
+	return 0;
+}
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stopping = 1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: vmgpu-forwarder --region PATH [options]\n"
+		"Serve one guest's vmgpu region: run its CUDA calls on a GPU.\n\n"
+		"  --region PATH       the region file (/dev/shm/...)\n"
+		"  --create SIZE       create and format the region first (e.g. 256M)\n"
+		"  --backend NAME      cuda (default) or sim (simulated, for tests without a GPU)\n"
+		"  --gpus LIST         host GPU indices given to the guest, comma separated (default 0)\n"
+		"  --mem LIST          memory quota per GPU (e.g. 8G,8G; default the whole card)\n"
+		"  --guest NAME        the guest's name, for logs\n"
+		"  --channels N        region geometry: channels (default 16)\n"
+		"  --bulk SIZE         region geometry: bulk area per channel (default 4M)\n"
+		"  --wait futex|poll   region geometry: wait mode (default futex)\n"
+		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n");
+}
+
+int main(int argc, char **argv)
+{
+	const char *region = NULL, *backend = "cuda", *gpus = "0", *mems = NULL;
+	uint64_t create = 0;
+	struct vmgpu_shm_params params;
+	vmgpu_shm_params_default(&params);
+	struct vmgpu_wait_opts wopts;
+	vmgpu_wait_opts_default(&wopts);
+	F.guest = "guest";
+	static const struct option opts[] = {
+		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
+		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
+		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+	};
+	int o;
+	uint64_t v;
+	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (o) {
+		case 'r': region = optarg; break;
+		case 'c':
+			if (parse_size(optarg, &create) || !create)
+				return die("--create: '%s' is not a size", optarg);
+			break;
+		case 'b': backend = optarg; break;
+		case 'g': gpus = optarg; break;
+		case 'm': mems = optarg; break;
+		case 'n': F.guest = optarg; break;
+		case 'C':
+			if (parse_size(optarg, &v) || v < 1 || v > VMGPU_MAX_CHANNELS)
+				return die("--channels: '%s' is not in 1..%d", optarg, VMGPU_MAX_CHANNELS);
+			params.nchannels = (uint32_t)v;
+			break;
+		case 'B':
+			if (parse_size(optarg, &v))
+				return die("--bulk: '%s' is not a size", optarg);
+			params.bulk_size = v;
+			break;
+		case 'w':
+			if (!strcmp(optarg, "futex"))
+				params.wait_mode = VMGPU_WAIT_FUTEX;
+			else if (!strcmp(optarg, "poll"))
+				params.wait_mode = VMGPU_WAIT_POLL;
+			else
+				return die("--wait: '%s' is neither futex nor poll", optarg);
+			break;
+		case 't':
+			if (parse_size(optarg, &v) || v < 1)
+				return die("--peer-timeout: '%s' is not a number of seconds", optarg);
+			wopts.peer_timeout_ns = v * 1000000000ull;
+			break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!region || optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	char err[512];
+	if (vh_backend_load(&BK, backend, err, sizeof err))
+		return die("%s", err);
+	F.backend = &BK;
+	if (open_devices(gpus, mems))
+		return 1;
+
+	int fd = open(region, O_RDWR | (create ? O_CREAT : 0), 0660);
+	if (fd < 0)
+		return die("cannot open region %s: %s", region, strerror(errno));
+	if (create && ftruncate(fd, (off_t)create) != 0)
+		return die("cannot size region %s: %s", region, strerror(errno));
+	struct stat st;
+	fstat(fd, &st);
+	F.region_size = (uint64_t)st.st_size;
+	F.region = mmap(NULL, F.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (F.region == MAP_FAILED)
+		return die("cannot map region %s: %s", region, strerror(errno));
+	if (create && vmgpu_region_format(F.region, F.region_size, &params, F.guest) != 0)
+		return die("cannot format region %s: %s", region, vmgpu_shm_errmsg());
+	if (vmgpu_host_attach(F.region, F.region_size, &params, &wopts, &F.host) != 0)
+		return die("cannot serve region %s: %s", region, vmgpu_shm_errmsg());
+
+	/* pinned DMA from and to the whole region: heap and bulk copies run at the pinned rate */
+	BK.cuCtxSetCurrent(F.ctx[0]);
+	CUresult r = BK.cuMemHostRegister_v2(F.region, F.region_size,
+					     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	F.registered = r == CUDA_SUCCESS;
+	if (!F.registered)
+		logf_("warning: cannot register the region with the driver (%s); copies run at pageable speed",
+		      errname(r));
+	BK.cuCtxSetCurrent(NULL);
+
+	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
+	logf_("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", region,
+	      (unsigned long long)(F.region_size >> 20), L->nchannels, F.ndev, F.info[0].name,
+	      (unsigned long long)(F.quota[0] >> 20), F.driver_version);
+
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct slot *slots = calloc(L->nchannels, sizeof *slots);
+	while (!stopping) {
+		vmgpu_host_beat(F.host);
+		uint64_t now = vmgpu_now_ns();
+		for (uint32_t i = 0; i < L->nchannels; i++) {
+			struct slot *s = &slots[i];
+			if (atomic_load(&s->busy))
+				continue;
+			if (s->thread) {
+				pthread_join(s->thread, NULL);
+				s->thread = 0;
+			}
+			struct vmgpu_hchan *hc = vmgpu_host_chan(F.host, i);
+			int ev = vmgpu_hchan_poll(hc, now);
+			if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST) {
+				vmgpu_hchan_reclaim(hc);
+			} else if (ev == VMGPU_HC_OPENED || ev == VMGPU_HC_SERVING) {
+				memset(&s->ch, 0, sizeof s->ch);
+				s->ch = (struct vh_chan){.fwd = &F, .backend = &BK, .hc = hc, .index = i, .cur_dev = -1};
+				atomic_store(&s->busy, 1);
+				if (pthread_create(&s->thread, NULL, serve_thread, s) != 0) {
+					atomic_store(&s->busy, 0);
+					s->thread = 0;
+				}
+			}
+		}
+		struct timespec ts = {0, 2 * 1000000};
+		nanosleep(&ts, NULL);
+	}
+	logf_("stopping");
+	for (uint32_t i = 0; i < L->nchannels; i++)
+		if (slots[i].thread)
+			pthread_join(slots[i].thread, NULL);
+	vmgpu_host_close(F.host);
+	return 0;
+}

@@ -1,0 +1,202 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host forwarder's executor: one thread per guest channel decodes requests
+ * (generated/host_dispatch.c and the hand-written vhc_* / vhx_* functions),
+ * runs them on the backend (the real libcuda.so.1, or the simulated backend),
+ * and replies.  Everything read from the channel is untrusted: decoding is
+ * bounds-checked (vh_rd), handles go through the channel's table, device
+ * pointers and host buffers are checked against what this channel owns.
+ */
+#ifndef VH_DISPATCH_H
+#define VH_DISPATCH_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vg_wire.h"
+#include "vg_kinds.h"
+#include "vg_ops.h"
+#include "vh_backend_fns.h"
+#include "vmgpu/shm.h"
+
+struct vh_backend {
+#define X(n) __typeof__(&n) n;
+	VH_BACKEND_FNS(X)
+#undef X
+#define P(n, v) __typeof__(&v) n##_pt;
+	VH_BACKEND_PT_FNS(P)
+#undef P
+	int simulated;
+	void *dl;
+};
+
+/* Load the backend: "cuda" (libcuda.so.1) or "sim" (libvmgpu-simcuda.so next
+ * to the forwarder, or $VMGPU_SIMCUDA).  Returns 0 or -1 with a sentence in err. */
+int vh_backend_load(struct vh_backend *b, const char *which, char *err, size_t errlen);
+
+/* ---- the forwarder (one per guest) ------------------------------------------- */
+
+struct vh_fwd {
+	const struct vh_backend *backend;
+	struct vmgpu_host *host;
+	uint8_t *region;
+	uint64_t region_size;
+	int registered; /* the region is registered with the driver (pinned DMA) */
+	int ndev;
+	CUdevice dev[VG_MAX_DEVICES];
+	CUcontext ctx[VG_MAX_DEVICES];
+	uint64_t quota[VG_MAX_DEVICES];
+	_Atomic uint64_t used[VG_MAX_DEVICES];
+	struct vg_dev_info info[VG_MAX_DEVICES];
+	int driver_version;
+	const char *guest;
+	int verbose;
+};
+
+/* ---- a channel being served ------------------------------------------------------ */
+
+struct vh_handle {
+	void *ptr;    /* the host object */
+	void *parent; /* host object it belongs to (a function's module), or NULL */
+	struct vg_param_info *params; /* launch layout, for functions and kernels */
+	uint32_t nparams, gen;
+	uint8_t kind, params_known;
+};
+
+struct vh_alloc {
+	CUdeviceptr base;
+	uint64_t size;
+	int dev;
+};
+
+struct vh_chan {
+	struct vh_fwd *fwd;
+	const struct vh_backend *backend;
+	struct vmgpu_hchan *hc;
+	uint32_t index;
+	int cur_dev;       /* guest ordinal current on this thread, -1 none */
+	CUresult latched;  /* first error of an async call, not yet reported */
+	struct vh_handle *h;
+	uint32_t nh, caph, free_hint;
+	struct vh_alloc *allocs;
+	size_t nallocs, capallocs;
+	uint8_t *blob;
+	uint64_t blob_size, blob_filled;
+	void *scratch;
+	size_t scratch_cap;
+	uint64_t ncalls, nasync;
+};
+
+/* Bounds-checked reader over a request's arguments (a private copy). */
+struct vh_rd {
+	const uint8_t *p;
+	uint32_t len, pos;
+	int bad;
+};
+/* Writer for a reply's out values. */
+struct vh_wr {
+	uint8_t *p;
+	uint32_t cap, len;
+	int bad;
+};
+
+static inline uint32_t vh_pad8(uint64_t n)
+{
+	return (uint32_t)((n + 7) & ~7ull);
+}
+
+static inline void vh_get(struct vh_rd *rd, void *dst, size_t n)
+{
+	if (rd->bad || n > rd->len - rd->pos || vh_pad8(n) > rd->len - rd->pos) {
+		rd->bad = 1;
+		memset(dst, 0, n);
+		return;
+	}
+	memcpy(dst, rd->p + rd->pos, n);
+	rd->pos += vh_pad8(n);
+}
+
+static inline uint64_t vh_get_u64(struct vh_rd *rd)
+{
+	uint64_t v;
+	vh_get(rd, &v, sizeof v);
+	return v;
+}
+
+static inline void *vh_get_opt(struct vh_rd *rd, void *dst, size_t n)
+{
+	if (!vh_get_u64(rd))
+		return NULL;
+	vh_get(rd, dst, n);
+	return dst;
+}
+
+/* A pointer to count * elsz bytes inside the request, 8-byte aligned. */
+static inline void *vh_get_arr(struct vh_rd *rd, size_t elsz, uint64_t *count)
+{
+	uint64_t n = vh_get_u64(rd);
+	*count = 0;
+	if (rd->bad || (elsz && n > (rd->len - rd->pos) / elsz)) {
+		rd->bad = 1;
+		return NULL;
+	}
+	uint64_t bytes = n * elsz;
+	if (vh_pad8(bytes) > rd->len - rd->pos) {
+		rd->bad = 1;
+		return NULL;
+	}
+	void *p = (void *)(rd->p + rd->pos);
+	rd->pos += vh_pad8(bytes);
+	*count = n;
+	return n ? p : NULL;
+}
+
+/* A NUL-terminated string inside the request. */
+static inline const char *vh_get_str(struct vh_rd *rd)
+{
+	uint64_t n;
+	const char *s = vh_get_arr(rd, 1, &n);
+	if (rd->bad || n == 0 || s[n - 1] != '\0') {
+		rd->bad = 1;
+		return NULL;
+	}
+	return s;
+}
+
+static inline void vh_put(struct vh_wr *wr, const void *src, size_t n)
+{
+	if (wr->bad || n > wr->cap - wr->len || vh_pad8(n) > wr->cap - wr->len) {
+		wr->bad = 1;
+		return;
+	}
+	memcpy(wr->p + wr->len, src, n);
+	memset(wr->p + wr->len + n, 0, vh_pad8(n) - n);
+	wr->len += vh_pad8(n);
+}
+
+/* Handles: guest values are (gen << 32) | ((index + 1) << 8) | kind. */
+int vh_handle_in(struct vh_chan *ch, int kind, void **v);
+int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent);
+void vh_handle_drop(struct vh_chan *ch, int kind, void *host_ptr);
+struct vh_handle *vh_handle_entry(struct vh_chan *ch, uint64_t guest_value, int kind);
+int vh_device_in(struct vh_chan *ch, CUdevice *d);
+int vh_context_in(struct vh_chan *ch, CUcontext *c);
+void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
+void vh_chan_release_all(struct vh_chan *ch);
+
+/* Host memory a guest names: region heap or channel bulk, checked. */
+enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };
+
+CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+int vh_op_reports_async(uint32_t op);
+
+/* Serve one channel until its owner closes it or is lost; then free everything it held. */
+void vh_serve(struct vh_chan *ch);
+
+#endif

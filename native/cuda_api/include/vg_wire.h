@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The CUDA remoting protocol carried over a vmgpu shared-memory channel.
+ *
+ * One request record (transport type VG_REC_REQUEST) per call:
+ *     struct vg_req_hdr, then the arguments, each padded to 8 bytes:
+ *       value          sizeof(T) bytes
+ *       in (pointer)   u64 present, then sizeof(*p) bytes if present
+ *       out (pointer)  u64 present (the host writes it back on success)
+ *       string         u64 length including the NUL, then the bytes
+ *       array          u64 count, then count * sizeof(T) bytes
+ * Sync calls get one reply record (VG_REC_REPLY): struct vg_rep_hdr, then the
+ * out values in parameter order, each padded to 8.  Async calls get none.
+ *
+ * Opcodes 1..15 are the protocol's own; 16.. are generated from api.toml
+ * (generated/vg_ops.h).  Both are stable: append only.
+ */
+#ifndef VG_WIRE_H
+#define VG_WIRE_H
+
+#include <stdint.h>
+
+#define VG_PROTO_VERSION 1
+
+enum vg_rec_type {
+	VG_REC_REQUEST = 1,
+	VG_REC_REPLY = 2,
+};
+
+struct vg_req_hdr {
+	uint32_t op;
+	uint16_t dev;   /* the guest's current device ordinal, VG_NO_DEVICE if none */
+	uint16_t flags; /* VG_F_* */
+	uint64_t seq;   /* per channel, increasing; echoed in the reply */
+};
+
+struct vg_rep_hdr {
+	int32_t result; /* CUresult */
+	uint32_t op;
+	uint64_t seq;
+};
+
+#define VG_NO_DEVICE 0xFFFFu
+#define VG_F_PTDS 0x1u    /* the guest called the _ptds/_ptsz variant */
+#define VG_F_NOREPLY 0x2u /* async: no reply; an error is latched for the next reporting call */
+
+/* Protocol opcodes. */
+enum vg_proto_op {
+	VG_OP_HELLO = 1,       /* -> vg_hello_rep, then ndev * vg_dev_info */
+	VG_OP_FUNC_PARAMS = 2, /* (u64 function or kernel handle) -> u64 n, n * {u32 offset, u32 size} */
+	VG_OP_BLOB_BEGIN = 3,  /* (u64 size) -> staging for a module image */
+	VG_OP_BLOB_PUT = 4,    /* (u64 offset, u64 bulk pos, u64 len), async: copy from bulk into the blob */
+	VG_OP_GOODBYE = 5,     /* sync; the host frees the channel's resources */
+};
+
+#define VG_MAX_DEVICES 16
+#define VG_MAX_ATTRS 160 /* >= CU_DEVICE_ATTRIBUTE_MAX of CUDA 13 */
+#define VG_MAX_PARAMS 1024
+#define VG_MAX_BLOB (1ull << 30)
+
+struct vg_hello_req {
+	uint32_t proto_version;
+	uint32_t pid;
+};
+
+struct vg_hello_rep {
+	uint32_t proto_version;
+	int32_t driver_version;
+	uint32_t ndev;
+	uint32_t flags;            /* VG_HELLO_* */
+	uint64_t heap_registered;  /* 1 if the host registered the region's heap with the driver */
+};
+
+#define VG_HELLO_SIMULATED 0x1u /* the host runs the simulated backend, not a GPU */
+
+struct vg_dev_info {
+	char name[256];
+	uint8_t uuid[16];
+	uint64_t total_mem;   /* the guest's quota on this device */
+	int32_t pci_domain, pci_bus, pci_device;
+	int32_t nattrs;
+	int32_t attrs[VG_MAX_ATTRS]; /* index = CUdevice_attribute */
+};
+
+struct vg_param_info {
+	uint32_t offset, size;
+};
+
+#endif /* VG_WIRE_H */

@@ -1,0 +1,179 @@
+/*
+ * A plain CUDA driver-API program (links -lcuda; knows nothing of vmgpu).
+ * It prints one line per step: the step, the CUresult, and what it checked.
+ * The transcript is the same natively and through vmgpu; tests compare them.
+ *
+ *   drv_api PTX_FILE [MiB for the large copy, default 64]
+ */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+static void step(const char *what, CUresult r, CUresult want, const char *extra)
+{
+	const char *name = NULL;
+	cuGetErrorName(r, &name);
+	printf("%-28s %-34s %s%s\n", what, name ? name : "?", r == want ? "ok" : "UNEXPECTED", extra ? extra : "");
+	if (r != want)
+		failures++;
+}
+
+static void check(const char *what, int cond)
+{
+	printf("%-28s %-34s %s\n", what, "-", cond ? "ok" : "WRONG");
+	if (!cond)
+		failures++;
+}
+
+static char *read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	if (fread(buf, 1, (size_t)n, f) != (size_t)n)
+		n = 0;
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: drv_api PTX_FILE [MiB]\n");
+		return 2;
+	}
+	size_t big = (size_t)(argc > 2 ? atoi(argv[2]) : 64) << 20;
+	CUdevice dev;
+	CUcontext ctx;
+	int n = 0;
+	step("cuDeviceGetCount before init", cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED, NULL);
+	step("cuInit", cuInit(0), CUDA_SUCCESS, NULL);
+	step("cuDeviceGetCount", cuDeviceGetCount(&n), CUDA_SUCCESS, NULL);
+	check("at least one device", n >= 1);
+	step("cuDeviceGet", cuDeviceGet(&dev, 0), CUDA_SUCCESS, NULL);
+	step("cuDeviceGet out of range", cuDeviceGet(&dev, 999), CUDA_ERROR_INVALID_DEVICE, NULL);
+	cuDeviceGet(&dev, 0);
+	int major = 0, warp = 0;
+	step("cuDeviceGetAttribute", cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+	     CUDA_SUCCESS, NULL);
+	cuDeviceGetAttribute(&warp, CU_DEVICE_ATTRIBUTE_WARP_SIZE, dev);
+	check("warp size is 32", warp == 32);
+	size_t total = 0, free_b = 0, total2 = 0;
+	step("cuDeviceTotalMem", cuDeviceTotalMem(&total, dev), CUDA_SUCCESS, NULL);
+	step("cuMemAlloc without context", cuMemAlloc(&(CUdeviceptr){0}, 16), CUDA_ERROR_INVALID_CONTEXT, NULL);
+	step("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS, NULL);
+	step("cuCtxSetCurrent", cuCtxSetCurrent(ctx), CUDA_SUCCESS, NULL);
+	CUcontext cur = NULL;
+	cuCtxGetCurrent(&cur);
+	check("current context is primary", cur == ctx);
+	step("cuMemGetInfo", cuMemGetInfo(&free_b, &total2), CUDA_SUCCESS, NULL);
+	check("cuMemGetInfo total = cuDeviceTotalMem", total2 == total && free_b <= total);
+
+	/* small copies (inline) */
+	CUdeviceptr d1, d2, d3;
+	step("cuMemAlloc", cuMemAlloc(&d1, 4096), CUDA_SUCCESS, NULL);
+	int small[1024], back[1024];
+	for (int i = 0; i < 1024; i++)
+		small[i] = i * 7 + 3;
+	step("cuMemcpyHtoD small", cuMemcpyHtoD(d1, small, sizeof small), CUDA_SUCCESS, NULL);
+	memset(back, 0, sizeof back);
+	step("cuMemcpyDtoH small", cuMemcpyDtoH(back, d1, sizeof back), CUDA_SUCCESS, NULL);
+	check("small round trip", !memcmp(small, back, sizeof small));
+	step("cuMemsetD32", cuMemsetD32(d1, 0xA5A5A5A5u, 1024), CUDA_SUCCESS, NULL);
+	cuMemcpyDtoH(back, d1, sizeof back);
+	check("memset pattern", back[0] == (int)0xA5A5A5A5u && back[1023] == (int)0xA5A5A5A5u);
+
+	/* large copies (staged) */
+	unsigned char *h1 = malloc(big), *h2 = malloc(big);
+	for (size_t i = 0; i < big; i++)
+		h1[i] = (unsigned char)(i * 131 + (i >> 13));
+	step("cuMemAlloc large", cuMemAlloc(&d2, big), CUDA_SUCCESS, NULL);
+	step("cuMemAlloc large 2", cuMemAlloc(&d3, big), CUDA_SUCCESS, NULL);
+	step("cuMemcpyHtoD large", cuMemcpyHtoD(d2, h1, big), CUDA_SUCCESS, NULL);
+	step("cuMemcpyDtoD large", cuMemcpyDtoD(d3, d2, big), CUDA_SUCCESS, NULL);
+	memset(h2, 0, big);
+	step("cuMemcpyDtoH large", cuMemcpyDtoH(h2, d3, big), CUDA_SUCCESS, NULL);
+	check("large round trip", !memcmp(h1, h2, big));
+
+	/* pinned memory, async copies on a stream, events */
+	void *pin = NULL;
+	CUstream s;
+	CUevent e0, e1;
+	step("cuMemAllocHost", cuMemAllocHost(&pin, 1 << 20), CUDA_SUCCESS, NULL);
+	memcpy(pin, h1, 1 << 20);
+	step("cuStreamCreate", cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS, NULL);
+	step("cuEventCreate", cuEventCreate(&e0, 0), CUDA_SUCCESS, NULL);
+	cuEventCreate(&e1, 0);
+	step("cuEventRecord", cuEventRecord(e0, s), CUDA_SUCCESS, NULL);
+	step("cuMemcpyHtoDAsync pinned", cuMemcpyHtoDAsync(d1, pin, 4096, s), CUDA_SUCCESS, NULL);
+	step("cuMemsetD8Async", cuMemsetD8Async(d2, 0x5A, 1 << 20, s), CUDA_SUCCESS, NULL);
+	step("cuMemcpyDtoHAsync pinned", cuMemcpyDtoHAsync(pin, d2, 1 << 20, s), CUDA_SUCCESS, NULL);
+	cuEventRecord(e1, s);
+	step("cuStreamSynchronize", cuStreamSynchronize(s), CUDA_SUCCESS, NULL);
+	check("pinned async round trip", ((unsigned char *)pin)[0] == 0x5A && ((unsigned char *)pin)[(1 << 20) - 1] == 0x5A);
+	float ms = -1;
+	step("cuEventElapsedTime", cuEventElapsedTime(&ms, e0, e1), CUDA_SUCCESS, NULL);
+	check("elapsed time >= 0", ms >= 0);
+	CUdeviceptr mapped = 0;
+	step("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer(&mapped, pin, 0), CUDA_SUCCESS, NULL);
+
+	/* a module from PTX and a launch */
+	char *ptx = read_file(argv[1]);
+	CUmodule mod;
+	CUfunction fn;
+	step("cuModuleLoadData (PTX)", ptx ? cuModuleLoadData(&mod, ptx) : CUDA_ERROR_FILE_NOT_FOUND, CUDA_SUCCESS, NULL);
+	step("cuModuleGetFunction", cuModuleGetFunction(&fn, mod, "vadd"), CUDA_SUCCESS, NULL);
+	step("cuModuleGetFunction missing", cuModuleGetFunction(&(CUfunction){0}, mod, "nope"), CUDA_ERROR_NOT_FOUND, NULL);
+	size_t poff = 0, psz = 0;
+	step("cuFuncGetParamInfo 3", cuFuncGetParamInfo(fn, 3, &poff, &psz), CUDA_SUCCESS, NULL);
+	check("param 3 is an int at 24", poff == 24 && psz == 4);
+	int count = 1 << 20;
+	float *fa = malloc(count * 4), *fb = malloc(count * 4), *fc = malloc(count * 4);
+	for (int i = 0; i < count; i++) {
+		fa[i] = (float)i;
+		fb[i] = 0.5f * (float)i;
+	}
+	CUdeviceptr da, db, dc;
+	cuMemAlloc(&da, count * 4);
+	cuMemAlloc(&db, count * 4);
+	cuMemAlloc(&dc, count * 4);
+	cuMemcpyHtoD(da, fa, count * 4);
+	cuMemcpyHtoD(db, fb, count * 4);
+	void *args[] = {&da, &db, &dc, &count};
+	step("cuLaunchKernel", cuLaunchKernel(fn, (count + 255) / 256, 1, 1, 256, 1, 1, 0, s, args, NULL), CUDA_SUCCESS, NULL);
+	step("cuStreamSynchronize", cuStreamSynchronize(s), CUDA_SUCCESS, NULL);
+	cuMemcpyDtoH(fc, dc, count * 4);
+	int good = 1;
+	for (int i = 0; i < count; i++)
+		if (fc[i] != 1.5f * (float)i)
+			good = 0;
+	check("vadd result", good);
+	/* the packed-buffer form of the same launch */
+	struct { CUdeviceptr a, b, c; int n; int pad; } packed = {da, db, dc, count, 0};
+	size_t psize = 28;
+	void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
+	cuMemsetD32(dc, 0, count);
+	step("cuLaunchKernel (extra)", cuLaunchKernel(fn, (count + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, NULL, extra), CUDA_SUCCESS, NULL);
+	cuCtxSynchronize();
+	cuMemcpyDtoH(fc, dc, 4 * 16);
+	check("vadd (extra) result", fc[10] == 15.0f);
+
+	/* error paths */
+	step("cuMemFree not allocated", cuMemFree(d1 + 8), CUDA_ERROR_INVALID_VALUE, NULL);
+	step("cuMemAlloc over total", cuMemAlloc(&(CUdeviceptr){0}, total + (1ull << 30)), CUDA_ERROR_OUT_OF_MEMORY, NULL);
+	step("cuStreamDestroy", cuStreamDestroy(s), CUDA_SUCCESS, NULL);
+	step("cuModuleUnload", cuModuleUnload(mod), CUDA_SUCCESS, NULL);
+	step("cuMemFreeHost", cuMemFreeHost(pin), CUDA_SUCCESS, NULL);
+	step("cuMemFree", cuMemFree(d1), CUDA_SUCCESS, NULL);
+	step("cuMemFree twice", cuMemFree(d1), CUDA_ERROR_INVALID_VALUE, NULL);
+	printf("%s: %d unexpected\n", failures ? "FAILED" : "PASSED", failures);
+	return failures ? 1 : 0;
+}
