@@ -5,7 +5,11 @@ NATIVE := $(BUILD)/native
 VENV := .venv
 PYTHON ?= $(VENV)/bin/python
 
-.PHONY: all native native-asan native-tsan venv test fuzz bench bench-transport selftest lint clean
+CUDA_INCLUDE ?= /usr/local/cuda/include
+NVCC ?= nvcc
+
+.PHONY: all native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
+	gen gen-check cuda-programs
 
 all: native
 
@@ -20,8 +24,29 @@ $(VENV)/.stamp: pyproject.toml
 selftest: native venv
 	$(VENV)/bin/vmgpu region selftest
 
+# The transport, the guest's libcuda.so.1, the forwarder and the simulated backend,
+# and the driver-API test program.
 native:
 	$(MAKE) -C native/shm_transport O=$(abspath $(NATIVE)) SAN=none
+	$(MAKE) -C guest_agent O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE)
+	$(MAKE) -C host_forwarder O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE)
+	$(CC) -O1 -g -Wall -o $(NATIVE)/drv_api tests/cuda/drv_api.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/hold tests/cuda/hold.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+
+# Unchanged CUDA runtime programs (nvcc, static cudart), for the differential tests.
+# vecadd_ptx carries its kernel as uncompressed PTX, which the simulated backend can run.
+cuda-programs: native
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/vecadd tests/cuda/vecadd.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/matmul tests/cuda/matmul.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu
+	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu
+
+# The CUDA API spec drives generated code on both sides; CI fails if it is stale.
+gen:
+	python3 native/cuda_api/gen.py --cuda-include $(CUDA_INCLUDE)
+
+gen-check:
+	python3 native/cuda_api/gen.py --check --cuda-include $(CUDA_INCLUDE)
 
 native-asan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/asan) SAN=asan
@@ -31,7 +56,7 @@ native-tsan:
 
 # The whole suite: native test programs (plain, ASan/UBSan, TSan), the bounded
 # fuzz run, and the Python tests.  This is what CI runs.
-test: native native-asan native-tsan venv
+test: gen-check native native-asan native-tsan cuda-programs venv
 	$(PYTHON) -m pytest tests
 
 # Bounded fuzzing of the host side in the ASan/UBSan build (FUZZ_SECONDS, default 60).
@@ -43,7 +68,12 @@ bench-transport: native
 	@mkdir -p $(BUILD)/bench
 	$(NATIVE)/bench_transport | tee $(BUILD)/bench/transport.txt
 
-bench: bench-transport
+# vmgpu against native in the same run, on this host's GPU (the GPU host).
+bench-remoting: cuda-programs
+	@mkdir -p $(BUILD)/bench
+	python3 bench/run_remoting.py | tee $(BUILD)/bench/remoting.txt
+
+bench: bench-transport bench-remoting
 
 lint: venv
 	$(PYTHON) -m ruff check vmgpu tests

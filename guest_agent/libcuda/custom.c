@@ -140,28 +140,57 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 		}
 		return vg_end(&c, r);
 	}
-	/* pageable and large: the host fills a bulk chunk, we copy it out */
+	/* pageable and large: the host fills bulk chunks, two ahead of the one we copy out */
 	vg_lock();
 	uint8_t *p = dst;
-	uint64_t step = chunk_size();
-	for (size_t done = 0; done < n && r == CUDA_SUCCESS;) {
-		uint64_t len = n - done < step ? n - done : step, pos;
+	uint64_t step = chunk_size(), sent = 0, taken = 0;
+	struct inflight {
 		void *bulk;
-		if (vmgpu_gchan_bulk_alloc(vg.chan, len, 24ull * 3600 * 1000000000ull, &pos, &bulk) < 0) {
-			r = VG_ERROR_LOST;
-			break;
+		uint64_t len;
+		struct vg_call c;
+	} q[2];
+	unsigned head = 0, count = 0;
+	while (r == CUDA_SUCCESS && taken < n) {
+		while (r == CUDA_SUCCESS && count < 2 && sent < n) {
+			struct inflight *f = &q[(head + count) % 2];
+			uint64_t pos;
+			f->len = n - sent < step ? n - sent : step;
+			if (vmgpu_gchan_bulk_alloc(vg.chan, f->len, 24ull * 3600 * 1000000000ull, &pos, &f->bulk) < 0) {
+				r = VG_ERROR_LOST;
+				break;
+			}
+			if ((r = vg_begin(&f->c, op, fl)) != CUDA_SUCCESS)
+				break;
+			vg_put_u64(&f->c, src + sent);
+			put_stream(&f->c, async, s);
+			vg_put_u64(&f->c, f->len);
+			vg_put_u64(&f->c, BUF_BULK);
+			vg_put_u64(&f->c, pos);
+			r = vg_send_request(&f->c);
+			vg_end(&f->c, r); /* the outer vg_lock keeps the channel */
+			sent += f->len;
+			count++;
 		}
-		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		if (count == 0)
 			break;
-		vg_put_u64(&c, src + done);
-		put_stream(&c, async, s);
-		vg_put_u64(&c, len);
-		vg_put_u64(&c, BUF_BULK);
-		vg_put_u64(&c, pos);
-		r = vg_end(&c, vg_call_sync(&c));
+		struct inflight *f = &q[head];
+		CUresult rr = vg_wait_reply(&f->c);
+		if (rr == CUDA_SUCCESS && r == CUDA_SUCCESS)
+			memcpy(p + taken, f->bulk, f->len);
 		if (r == CUDA_SUCCESS)
-			memcpy(p + done, bulk, len);
-		done += len;
+			r = rr;
+		taken += f->len;
+		head = (head + 1) % 2;
+		count--;
+		if (r != CUDA_SUCCESS) {
+			/* collect the replies still owed, so the next call reads its own */
+			while (count > 0 && r != VG_ERROR_LOST) {
+				if (vg_wait_reply(&q[head].c) == VG_ERROR_LOST)
+					r = VG_ERROR_LOST;
+				head = (head + 1) % 2;
+				count--;
+			}
+		}
 	}
 	vg_unlock();
 	return r;

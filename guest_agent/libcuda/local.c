@@ -185,6 +185,11 @@ static CUcontext ctx_of(int dev)
 	return (CUcontext)&ctxs[dev];
 }
 
+CUcontext vg_primary_ctx(int dev)
+{
+	return ctx_of(dev);
+}
+
 int vg_ctx_ordinal(CUcontext c)
 {
 	struct vg_ctx *x = (struct vg_ctx *)c;

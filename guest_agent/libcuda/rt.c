@@ -304,13 +304,22 @@ static CUresult send_req(struct vg_call *c)
 	return e < 0 ? lose("send", e) : CUDA_SUCCESS;
 }
 
-CUresult vg_call_sync(struct vg_call *c)
+CUresult vg_send_request(struct vg_call *c)
 {
 	if (c->bad)
 		return CUDA_ERROR_INVALID_VALUE;
-	CUresult r = send_req(c);
-	if (r != CUDA_SUCCESS)
-		return r;
+	memcpy(&c->seq, c->buf + offsetof(struct vg_req_hdr, seq), sizeof c->seq);
+	return send_req(c);
+}
+
+CUresult vg_call_sync(struct vg_call *c)
+{
+	CUresult r = vg_send_request(c);
+	return r == CUDA_SUCCESS ? vg_wait_reply(c) : r;
+}
+
+CUresult vg_wait_reply(struct vg_call *c)
+{
 	uint16_t type = 0;
 	int n = vmgpu_gchan_recv(vg.chan, rbuf, rcap, &type, FOREVER);
 	if (n < 0)
@@ -319,7 +328,7 @@ CUresult vg_call_sync(struct vg_call *c)
 	if (type != VG_REC_REPLY || (uint32_t)n < sizeof rep)
 		return lose("reply", 0);
 	memcpy(&rep, rbuf, sizeof rep);
-	if (rep.seq != seq)
+	if (rep.seq != c->seq)
 		return lose("reply order", 0);
 	c->rep = rbuf + sizeof rep;
 	c->rlen = (uint32_t)n - sizeof rep;

@@ -29,6 +29,7 @@ struct vg_call {
 	int bad;
 	const uint8_t *rep;
 	uint32_t rlen, rpos;
+	uint64_t seq;
 };
 
 /* Start a call: needs cuInit done; takes the channel lock (recursive). */
@@ -41,6 +42,9 @@ void vg_put_arr(struct vg_call *c, const void *p, uint64_t count, size_t elsz);
 void vg_put_ctx(struct vg_call *c, CUcontext ctx);
 /* Sync: send, wait for the reply; the lock is held until vg_end. */
 CUresult vg_call_sync(struct vg_call *c);
+/* The two halves of vg_call_sync, for pipelining under vg_lock(): replies come in request order. */
+CUresult vg_send_request(struct vg_call *c);
+CUresult vg_wait_reply(struct vg_call *c);
 void vg_get(struct vg_call *c, void *dst, size_t n);
 uint64_t vg_get_u64(struct vg_call *c);
 const void *vg_get_ref(struct vg_call *c, size_t n); /* n bytes of the reply, in place */

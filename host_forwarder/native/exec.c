@@ -51,6 +51,8 @@ CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesiz
 
 CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 {
+	if (dptr == 0)
+		return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the driver */
 	for (size_t i = 0; i < ch->nallocs; i++) {
 		if (ch->allocs[i].base != dptr)
 			continue;

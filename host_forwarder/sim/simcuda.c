@@ -4,7 +4,8 @@
  * without a GPU (CI): device memory is host memory behind made-up device
  * addresses, every address a call names is checked against what was
  * allocated, streams and events are objects that complete at once, and
- * modules are read from PTX text (entry names and parameter layouts).  One
+ * modules are read from PTX text, alone or uncompressed inside a fatbin (entry
+ * names and parameter layouts).  One
  * kernel really runs: any entry whose name contains "vadd" with (const float*,
  * const float*, float*, int) computes c = a + b, so tests can check results.
  * Other launches are accepted and do nothing.  It is for tests only; the
@@ -415,8 +416,31 @@ EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image)
 	struct sim_mod *m = calloc(1, sizeof *m);
 	if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
 	m->magic = MOD_MAGIC;
-	if (memcmp(image, "\x7f" "ELF", 4) != 0 && *(const uint32_t *)image != 0xBA55ED50u)
+	uint32_t magic;
+	memcpy(&magic, image, 4);
+	if (magic == 0xBA55ED50u) {
+		/* a fatbin: read the PTX it carries uncompressed (nvcc -no-compress), if any */
+		uint64_t total = 0;
+		for (;;) {
+			struct { uint32_t magic; uint16_t version, header_size; uint64_t fat_size; } h;
+			memcpy(&h, (const uint8_t *)image + total, sizeof h);
+			if (h.magic != 0xBA55ED50u || total + h.header_size + h.fat_size > (1ull << 30))
+				break;
+			total += h.header_size + h.fat_size;
+		}
+		char *text = malloc(total + 1);
+		if (text) {
+			memcpy(text, image, total);
+			for (uint64_t i = 0; i < total; i++)
+				if (!text[i])
+					text[i] = '\n';
+			text[total] = 0;
+			parse_ptx(m, text);
+			free(text);
+		}
+	} else if (memcmp(image, "\x7f" "ELF", 4) != 0) {
 		parse_ptx(m, image);
+	}
 	*mod = (CUmodule)m;
 	return CUDA_SUCCESS;
 }

@@ -167,6 +167,7 @@ int main(int argc, char **argv)
 	check("vadd (extra) result", fc[10] == 15.0f);
 
 	/* error paths */
+	step("cuMemFree(0)", cuMemFree(0), CUDA_SUCCESS, NULL);
 	step("cuMemFree not allocated", cuMemFree(d1 + 8), CUDA_ERROR_INVALID_VALUE, NULL);
 	step("cuMemAlloc over total", cuMemAlloc(&(CUdeviceptr){0}, total + (1ull << 30)), CUDA_ERROR_OUT_OF_MEMORY, NULL);
 	step("cuStreamDestroy", cuStreamDestroy(s), CUDA_SUCCESS, NULL);

@@ -1,0 +1,37 @@
+/*
+ * A CUDA driver-API program that allocates device memory and then waits:
+ *   hold MiB      allocate, print "held <free> <total>", then for each stdin line
+ *                 try one more 1 MiB cuMemAlloc and print its CUresult.
+ *   hold 0        print "free <free> <total>" (cuMemGetInfo) and exit.
+ */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv)
+{
+	size_t mib = argc > 1 ? strtoull(argv[1], NULL, 10) : 0, free_b = 0, total = 0;
+	CUdevice dev;
+	CUcontext ctx;
+	CUdeviceptr p;
+	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+		printf("init failed\n");
+		return 1;
+	}
+	if (mib && cuMemAlloc(&p, mib << 20)) {
+		printf("alloc failed\n");
+		return 1;
+	}
+	cuMemGetInfo(&free_b, &total);
+	printf("%s %zu %zu\n", mib ? "held" : "free", free_b, total);
+	fflush(stdout);
+	if (!mib)
+		return 0;
+	char line[64];
+	while (fgets(line, sizeof line, stdin)) {
+		CUresult r = cuMemAlloc(&p, 1 << 20);
+		printf("alloc %d\n", (int)r);
+		fflush(stdout);
+	}
+	return 0;
+}
