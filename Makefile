@@ -6,7 +6,7 @@ VENV := .venv
 PYTHON ?= $(VENV)/bin/python
 
 CUDA_INCLUDE ?= /usr/local/cuda/include
-NVCC ?= nvcc
+NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
 .PHONY: all native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
 	gen gen-check cuda-programs
@@ -50,6 +50,9 @@ gen-check:
 
 native-asan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/asan) SAN=asan
+	$(MAKE) -C host_forwarder O=$(abspath $(BUILD)/asan) CUDA_INCLUDE=$(CUDA_INCLUDE) \
+		EXTRA_CFLAGS="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
+		EXTRA_LDFLAGS="-fsanitize=address,undefined"
 
 native-tsan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/tsan) SAN=tsan
@@ -76,8 +79,8 @@ bench-remoting: cuda-programs
 bench: bench-transport bench-remoting
 
 lint: venv
-	$(PYTHON) -m ruff check vmgpu tests
-	$(PYTHON) -m ruff format --check vmgpu tests
+	$(PYTHON) -m ruff check vmgpu tests bench native/cuda_api
+	$(PYTHON) -m ruff format --check vmgpu tests bench native/cuda_api
 
 clean:
 	rm -rf $(BUILD) $(VENV)

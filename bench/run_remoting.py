@@ -8,17 +8,23 @@ relative to native: 1.00 is equal, 0.50 is half as fast.
 
     python3 bench/run_remoting.py [--reps 3] [--scale 1.0]
 """
+
 import argparse
 import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = os.path.join(ROOT, "build", "native")
-TIMES = ["launch_async_us", "launch_sync_us", "memcpy4_htod_us", "memcpy4_dtoh_us", "alloc_free_1m_us",
-         "local_query_us"]
+TIMES = [
+    "launch_async_us",
+    "launch_sync_us",
+    "memcpy4_htod_us",
+    "memcpy4_dtoh_us",
+    "alloc_free_1m_us",
+    "local_query_us",
+]
 RATES = ["htod_pageable_gbs", "dtoh_pageable_gbs", "htod_pinned_gbs", "dtoh_pinned_gbs"]
 
 
@@ -27,7 +33,9 @@ def start_forwarder(region: str) -> subprocess.Popen:
         os.unlink(region)
     fwd = subprocess.Popen(
         [os.path.join(NATIVE, "vmgpu-forwarder"), "--region", region, "--create", "1G", "--guest", "bench"],
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = fwd.stderr.readline()
     if "serving" not in line:
         fwd.kill()
@@ -41,8 +49,9 @@ def run(vmgpu: bool, region: str, scale: float) -> dict:
     if vmgpu:
         env["LD_LIBRARY_PATH"] = os.path.join(NATIVE, "guest")
         env["VMGPU_REGION"] = region
-    p = subprocess.run([os.path.join(NATIVE, "bench_remoting"), str(scale)], env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [os.path.join(NATIVE, "bench_remoting"), str(scale)], env=env, capture_output=True, text=True, timeout=600
+    )
     if p.returncode != 0:
         sys.exit(f"bench_remoting ({'vmgpu' if vmgpu else 'native'}) failed: {p.stdout}{p.stderr}")
     out = p.stdout

@@ -19,8 +19,18 @@ def forwarder(region: Path, backend: str = "sim", mem: str | None = None, size: 
     """A forwarder serving a fresh region; yields the process (its stderr is the log)."""
     if region.exists():
         region.unlink()
-    cmd = [str(NATIVE / "vmgpu-forwarder"), "--region", str(region), "--create", size, "--backend", backend,
-           "--guest", region.name, *extra]
+    cmd = [
+        str(NATIVE / "vmgpu-forwarder"),
+        "--region",
+        str(region),
+        "--create",
+        size,
+        "--backend",
+        backend,
+        "--guest",
+        region.name,
+        *extra,
+    ]
     if mem:
         cmd += ["--mem", mem]
     log = open(region.with_suffix(".log") if region.parent != Path("/dev/shm") else f"/tmp/{region.name}.log", "w+")
@@ -68,5 +78,6 @@ def guest_env(region: Path, **extra) -> dict:
 
 
 def run_guest(args, region: Path, timeout: float = 120, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], env=guest_env(region, **extra), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(a) for a in args], env=guest_env(region, **extra), capture_output=True, text=True, timeout=timeout
+    )

@@ -398,6 +398,11 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < L->nchannels; i++)
 		if (slots[i].thread)
 			pthread_join(slots[i].thread, NULL);
+	free(slots);
 	vmgpu_host_close(F.host);
+	vmgpu_host_detach(F.host);
+	if (F.registered && BK.cuCtxSetCurrent(F.ctx[0]) == CUDA_SUCCESS)
+		BK.cuMemHostUnregister(F.region);
+	munmap(F.region, F.region_size);
 	return 0;
 }

@@ -235,7 +235,8 @@ EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned i
 static CUresult copy(uint64_t dst, uint64_t src, size_t n)
 {
 	uint8_t *d = resolve(dst, n), *s = resolve(src, n);
-	if (n && (!d || !s)) return CUDA_ERROR_INVALID_VALUE;
+	if (!n) return CUDA_SUCCESS;
+	if (!d || !s) return CUDA_ERROR_INVALID_VALUE;
 	memmove(d, s, n);
 	return CUDA_SUCCESS;
 }
@@ -243,7 +244,8 @@ static CUresult copy(uint64_t dst, uint64_t src, size_t n)
 static CUresult to_dev(CUdeviceptr dst, const void *src, size_t n)
 {
 	uint8_t *d = resolve(dst, n);
-	if (n && (!d || !src)) return CUDA_ERROR_INVALID_VALUE;
+	if (!n) return CUDA_SUCCESS;
+	if (!d || !src) return CUDA_ERROR_INVALID_VALUE;
 	memcpy(d, src, n);
 	return CUDA_SUCCESS;
 }
@@ -251,7 +253,8 @@ static CUresult to_dev(CUdeviceptr dst, const void *src, size_t n)
 static CUresult from_dev(void *dst, CUdeviceptr src, size_t n)
 {
 	uint8_t *s = resolve(src, n);
-	if (n && (!s || !dst)) return CUDA_ERROR_INVALID_VALUE;
+	if (!n) return CUDA_SUCCESS;
+	if (!s || !dst) return CUDA_ERROR_INVALID_VALUE;
 	memcpy(dst, s, n);
 	return CUDA_SUCCESS;
 }
@@ -309,10 +312,16 @@ static CUresult new_obj(void **out, uint32_t magic, int flags)
 	return CUDA_SUCCESS;
 }
 
+/* Special stream values (legacy, per-thread) reach us as small integers, never objects. */
+static int is_obj(const void *p, uint32_t magic)
+{
+	return (uintptr_t)p >= 4096 && *(const uint32_t *)p == magic;
+}
+
 static CUresult del_obj(void *p, uint32_t magic)
 {
 	struct sim_obj *o = p;
-	if (!o || o->magic != magic) return CUDA_ERROR_INVALID_HANDLE;
+	if (!is_obj(o, magic)) return CUDA_ERROR_INVALID_HANDLE;
 	o->magic = 0;
 	free(o);
 	return CUDA_SUCCESS;
@@ -331,7 +340,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 {
 	(void)s;
 	struct sim_obj *o = (struct sim_obj *)e;
-	if (!o || o->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+	if (!is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	o->t_ns = now_ns();
 	return CUDA_SUCCESS;
 }
@@ -342,7 +351,7 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 {
 	struct sim_obj *x = (struct sim_obj *)a, *y = (struct sim_obj *)b;
 	if (!ms) return CUDA_ERROR_INVALID_VALUE;
-	if (!x || !y || x->magic != EVENT_MAGIC || y->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+	if (!is_obj(x, EVENT_MAGIC) || !is_obj(y, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	*ms = (float)((double)(y->t_ns - x->t_ns) / 1e6);
 	return CUDA_SUCCESS;
 }
@@ -452,7 +461,7 @@ EXPORT CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned in
 EXPORT CUresult cuModuleUnload(CUmodule mod)
 {
 	struct sim_mod *m = (struct sim_mod *)mod;
-	if (!m || m->magic != MOD_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+	if (!is_obj(m, MOD_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	m->magic = 0;
 	free(m);
 	return CUDA_SUCCESS;
@@ -461,7 +470,7 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *fn, CUmodule mod, const char *na
 {
 	struct sim_mod *m = (struct sim_mod *)mod;
 	if (!fn || !name) return CUDA_ERROR_INVALID_VALUE;
-	if (!m || m->magic != MOD_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+	if (!is_obj(m, MOD_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	for (int i = 0; i < m->nfn; i++)
 		if (!strcmp(m->fn[i].name, name)) {
 			*fn = (CUfunction)&m->fn[i];
@@ -487,7 +496,7 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
 static struct sim_fn *fn_of(const void *h)
 {
 	struct sim_fn *f = (struct sim_fn *)h;
-	return f && f->magic == FN_MAGIC ? f : NULL;
+	return is_obj(f, FN_MAGIC) ? f : NULL;
 }
 
 EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t i, size_t *off, size_t *size)

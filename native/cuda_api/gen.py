@@ -8,6 +8,7 @@ read through the C preprocessor), driver/libcuda_exports.txt and driver/procaddr
 (probed from a real driver by probe_driver.py).  Output: generated/ (committed).
 --check regenerates into memory and fails if generated/ differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,9 @@ def read_prototypes(include_dir: str) -> dict[str, list[Param]]:
     for defines in (["-D__CUDA_API_VERSION_INTERNAL"], []):
         text = subprocess.run(
             ["cc", "-E", *defines, "-I", include_dir, header],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         own, keep = [], False
         for line in text.splitlines():
@@ -103,8 +106,8 @@ def parse_params(fname: str, args: str) -> list[Param]:
     return out
 
 
-def load(include_dir: str):
-    with open(os.path.join(HERE, "api.toml"), "rb") as f:
+def load(include_dir: str, spec_path: str):
+    with open(spec_path, "rb") as f:
         spec = tomllib.load(f)
     exports = [ln.strip() for ln in open(os.path.join(HERE, "driver", "libcuda_exports.txt")) if ln.strip()]
     protos = read_prototypes(include_dir)
@@ -171,9 +174,12 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
 
 # ---- C emission -----------------------------------------------------------------
 
+
 def proto(fn_name: str, params: list[Param]) -> str:
-    args = ", ".join(f"{p.ctype} {p.name}" if not p.ctype.endswith("*") else f"{p.ctype}{p.name}"
-                     for p in params) or "void"
+    args = (
+        ", ".join(f"{p.ctype} {p.name}" if not p.ctype.endswith("*") else f"{p.ctype}{p.name}" for p in params)
+        or "void"
+    )
     return f"CUresult CUDAAPI {fn_name}({args})"
 
 
@@ -212,10 +218,13 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     strs = set(s.get("in_string", []))
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
-    body = [f"static CUresult vg_do_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})", "{",
-            "\tstruct vg_call c;",
-            f"\tCUresult r = vg_begin(&c, VG_OP_{fn.name}, vg_flags);",
-            "\tif (r != CUDA_SUCCESS)\n\t\treturn r;"]
+    body = [
+        f"static CUresult vg_do_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
+        "{",
+        "\tstruct vg_call c;",
+        f"\tCUresult r = vg_begin(&c, VG_OP_{fn.name}, vg_flags);",
+        "\tif (r != CUDA_SUCCESS)\n\t\treturn r;",
+    ]
     for p in fn.params:
         if p.name in outs:
             body.append(f"\tvg_put_u64(&c, {p.name} != NULL);")
@@ -241,7 +250,9 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
                 if p.name in outs:
                     body.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvg_get(&c, {p.name}, sizeof(*{p.name}));")
                 elif p.name in out_arr:
-                    body.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvg_get(&c, {p.name}, (uint64_t)({out_arr[p.name]}) * sizeof(*{p.name}));")
+                    body.append(
+                        f"\t\tif ({p.name} != NULL)\n\t\t\tvg_get(&c, {p.name}, (uint64_t)({out_arr[p.name]}) * sizeof(*{p.name}));"
+                    )
             body.append("\t}")
         body.append("\treturn vg_end(&c, r);")
     body.append("}\n")
@@ -256,16 +267,23 @@ def emit_guest(funcs: list[Func], handles: dict[str, str]) -> str:
             lines += guest_entry(fn, handles)
             target = f"vg_do_{fn.name}"
         else:
-            lines.append(f"CUresult vgc_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});")
+            lines.append(
+                f"CUresult vgc_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
+            )
             target = f"vgc_{fn.name}"
         for name, flag in [(fn.name, "0")] + [(v, "VG_F_PTDS") for v in fn.variants]:
-            lines.append(f"VG_EXPORT {proto(name, fn.params)}\n{{\n\treturn {target}({args(fn) + ', ' if fn.params else ''}{flag});\n}}\n")
+            lines.append(
+                f"VG_EXPORT {proto(name, fn.params)}\n{{\n\treturn {target}({args(fn) + ', ' if fn.params else ''}{flag});\n}}\n"
+            )
     return "\n".join(lines)
 
 
 def emit_stubs(exports: list[str], served: set[str]) -> str:
-    lines = [BANNER, "/* Every driver export vmgpu does not serve: CUDA_ERROR_NOT_SUPPORTED, logged once. */",
-             '#include "vg_stub.h"\n']
+    lines = [
+        BANNER,
+        "/* Every driver export vmgpu does not serve: CUDA_ERROR_NOT_SUPPORTED, logged once. */",
+        '#include "vg_stub.h"\n',
+    ]
     for name in exports:
         if name not in served:
             lines.append(f"VG_STUB({name})")
@@ -283,8 +301,11 @@ def emit_procaddr(exports: list[str]) -> str:
             base, flag, ver, ans = ln.rstrip("\n").split("\t")
             rows.append((base if base != "-" else "", int(flag), int(ver), ans))
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    lines = [BANNER, f"/* cuGetProcAddress as answered by the probed driver: {driver}. */",
-             '#include "vg_procaddr.h"\n']
+    lines = [
+        BANNER,
+        f"/* cuGetProcAddress as answered by the probed driver: {driver}. */",
+        '#include "vg_procaddr.h"\n',
+    ]
     for name in sorted({r[3] for r in rows if not r[3].startswith(("!", "?"))}):
         if name not in exports:
             raise SpecError(f"procaddr answer {name} is not an export")
@@ -325,11 +346,15 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(f"\t\t{p.pointee} {p.name}_v;\n\t\tmemset(&{p.name}_v, 0, sizeof({p.name}_v));")
             b.append(f"\t\t{p.pointee} *{p.name} = vh_get_u64(rd) ? &{p.name}_v : NULL;")
         elif p.name in ins:
-            b.append(f"\t\t{p.pointee} {p.name}_v;\n\t\t{p.ctype}{p.name} = vh_get_opt(rd, &{p.name}_v, sizeof({p.name}_v));")
+            b.append(
+                f"\t\t{p.pointee} {p.name}_v;\n\t\t{p.ctype}{p.name} = vh_get_opt(rd, &{p.name}_v, sizeof({p.name}_v));"
+            )
         elif p.name in strs:
             b.append(f"\t\tconst char *{p.name} = vh_get_str(rd);")
         elif p.name in in_arr:
-            b.append(f"\t\tuint64_t {p.name}_n;\n\t\t{p.ctype}{p.name} = vh_get_arr(rd, sizeof({p.pointee}), &{p.name}_n);")
+            b.append(
+                f"\t\tuint64_t {p.name}_n;\n\t\t{p.ctype}{p.name} = vh_get_arr(rd, sizeof({p.pointee}), &{p.name}_n);"
+            )
         elif p.name in out_arr:
             b.append(f"\t\tuint64_t {p.name}_n = vh_get_u64(rd);")
             b.append(f"\t\t{p.ctype}{p.name} = {p.name}_n ? vh_scratch(ch, {p.name}_n, sizeof({p.pointee})) : NULL;")
@@ -337,7 +362,9 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(f"\t\t{p.ctype} {p.name};\n\t\tvh_get(rd, &{p.name}, sizeof({p.name}));")
             k = kind_of(p.ctype, handles)
             if k:
-                b.append(f"\t\tif (vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;")
+                b.append(
+                    f"\t\tif (vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;"
+                )
             elif p.ctype == "CUdevice":
                 b.append(f"\t\tif (vh_device_in(ch, &{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_DEVICE;")
             elif p.ctype == "CUcontext":
@@ -347,13 +374,18 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         if p.name in in_arr:
             b.append(f"\t\tif ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
         if p.name in out_arr:
-            b.append(f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+            b.append(
+                f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
+            )
     call_args = ", ".join(p.name for p in fn.params)
     if s.get("host") == "custom":
         b.append(f"\t\tCUresult r = vhx_{fn.name}(ch{', ' + call_args if call_args else ''});")
     else:
-        b.append(f"\t\tCUresult r = (vg_flags & VG_F_PTDS) && B->{fn.name}_pt ? B->{fn.name}_pt({call_args}) : B->{fn.name}({call_args});"
-                 if fn.variants else f"\t\tCUresult r = B->{fn.name}({call_args});")
+        b.append(
+            f"\t\tCUresult r = (vg_flags & VG_F_PTDS) && B->{fn.name}_pt ? B->{fn.name}_pt({call_args}) : B->{fn.name}({call_args});"
+            if fn.variants
+            else f"\t\tCUresult r = B->{fn.name}({call_args});"
+        )
     b.append("\t\tif (r != CUDA_SUCCESS)\n\t\t\treturn r;")
     d = s.get("destroys")
     if d:
@@ -364,7 +396,9 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         if p.name in outs:
             k = kind_of(p.pointee, handles)
             if k:
-                b.append(f"\t\tif ({p.name} != NULL && vh_handle_new(ch, VG_KIND_{k.upper()}, (void **){p.name}, {parent or 'NULL'}))\n\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;")
+                b.append(
+                    f"\t\tif ({p.name} != NULL && vh_handle_new(ch, VG_KIND_{k.upper()}, (void **){p.name}, {parent or 'NULL'}))\n\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;"
+                )
     for p in fn.params:
         if p.name in outs:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, sizeof(*{p.name}));")
@@ -378,10 +412,16 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
     lines = [BANNER, '#include "vh_dispatch.h"\n']
     for fn in funcs:
         if fn.cls in ("sync", "async") and fn.spec.get("host") == "custom":
-            lines.append(f"CUresult vhx_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});")
+            lines.append(
+                f"CUresult vhx_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});"
+            )
         if fn.cls == "custom":
-            lines.append(f"CUresult vhc_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);")
-    lines.append("\nCUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)\n{")
+            lines.append(
+                f"CUresult vhc_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);"
+            )
+    lines.append(
+        "\nCUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)\n{"
+    )
     lines.append("\tconst struct vh_backend *B = ch->backend;\n\t(void)B;\n\tswitch (op) {")
     for fn in funcs:
         if fn.cls in ("sync", "async"):
@@ -405,9 +445,12 @@ def emit_backend(funcs: list[Func], extra: list[str]) -> str:
     for n in extra:
         if n not in names:
             names.append(n)
-    lines = [BANNER, "/* The driver functions the forwarder calls; X(name) per function, P(name, variant)",
-             " * for the per-thread-default-stream variant a flagged request uses. */",
-             "#define VH_BACKEND_FNS(X) \\"]
+    lines = [
+        BANNER,
+        "/* The driver functions the forwarder calls; X(name) per function, P(name, variant)",
+        " * for the per-thread-default-stream variant a flagged request uses. */",
+        "#define VH_BACKEND_FNS(X) \\",
+    ]
     lines += [f"\tX({n}) \\" for n in names]
     lines.append("\n#define VH_BACKEND_PT_FNS(P) \\")
     lines += [f"\tP({a}, {b}) \\" for a, b in pts]
@@ -429,8 +472,8 @@ def emit_errors(include_dir: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(include_dir: str) -> dict[str, str]:
-    spec, funcs, exports, served, protos, handles, extra = load(include_dir)
+def generate(include_dir: str, spec_path: str = os.path.join(HERE, "api.toml")) -> dict[str, str]:
+    spec, funcs, exports, served, protos, handles, extra = load(include_dir, spec_path)
     return {
         "vg_ops.h": emit_ops(funcs),
         "vg_kinds.h": emit_handles(handles),
@@ -448,9 +491,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if generated/ is out of date")
     ap.add_argument("--cuda-include", default=os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include"))
+    ap.add_argument("--spec", default=os.path.join(HERE, "api.toml"), help="the API spec (default: api.toml)")
     a = ap.parse_args()
     try:
-        files = generate(a.cuda_include)
+        files = generate(a.cuda_include, a.spec)
     except (SpecError, subprocess.CalledProcessError) as e:
         print(f"gen.py: {e}", file=sys.stderr)
         return 2

@@ -13,31 +13,63 @@ It writes two files into OUT_DIR:
   Only the versions where the answer changes are kept: ``base flag min_version answer``,
   where answer is the exported symbol the returned pointer belongs to, or ``!<result>/<status>``.
 """
+
 import ctypes
 import ctypes.util
 import os
 import re
 import sys
 
-VERSIONS = [
-    2000, 2010, 2020, 2030, 3000, 3010, 3020, 4000, 4010, 4020, 5000, 5050, 6000, 6050, 7000,
-    7050, 8000, 9000, 9010, 9020, 10000, 10010, 10020,
-] + [11000 + 10 * i for i in range(9)] + [12000 + 10 * i for i in range(10)] + [13000, 13010, 13020]
+VERSIONS = (
+    [
+        2000,
+        2010,
+        2020,
+        2030,
+        3000,
+        3010,
+        3020,
+        4000,
+        4010,
+        4020,
+        5000,
+        5050,
+        6000,
+        6050,
+        7000,
+        7050,
+        8000,
+        9000,
+        9010,
+        9020,
+        10000,
+        10010,
+        10020,
+    ]
+    + [11000 + 10 * i for i in range(9)]
+    + [12000 + 10 * i for i in range(10)]
+    + [13000, 13010, 13020]
+)
 
 SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
 
 
 class DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def exported_functions(path):
     """Function symbols in the dynamic symbol table, read from the ELF file itself."""
     import struct
+
     data = open(path, "rb").read()
     assert data[:4] == b"\x7fELF" and data[4] == 2, "64-bit ELF expected"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names = set()
@@ -50,7 +82,7 @@ def exported_functions(path):
             if st_shndx == 0 or (st_info & 0xF) != 2:  # defined STT_FUNC only
                 continue
             end = data.index(b"\0", strtab[4] + st_name)
-            names.add(data[strtab[4] + st_name:end].decode())
+            names.add(data[strtab[4] + st_name : end].decode())
     return sorted(names)
 
 
@@ -74,8 +106,13 @@ def main(out_dir):
     ver = ctypes.c_int()
     cuda.cuDriverGetVersion(ctypes.byref(ver))
     gpa = cuda.cuGetProcAddress_v2
-    gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                    ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    gpa.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        ctypes.c_uint64,
+        ctypes.POINTER(ctypes.c_int),
+    ]
     bases = sorted({SUFFIX.sub("", e) for e in exports if e.startswith("cu")} | {""})
     rows = []
     for base in bases:
@@ -108,12 +145,18 @@ def main(out_dir):
 
 
 EXPORT_TABLES = [
-    "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9", "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9",
-    "a094798c-2e74-2e74-93f2-0800200c0a66", "42d85a81-23f6-cb47-8298-f6e78a3aecdc",
-    "c693336e-1121-df11-a8c3-68f355d89593", "263e8860-7cd2-6143-92f6-bbd5006dfa7e",
-    "d4082055-bde6-704b-8d34-ba123c66e1f2", "69a28e9f-0000-0000-0000-000000000000",
-    "21318c60-9714-3248-8ca6-41ff7324c8f2", "0ca50b8c-1004-929a-89a7-d0df10e77286",
-    "195bcbf4-d67d-024a-acc5-1d29cea631ae", "b10541e1-f7c7-c74a-9f64-f223be99f1e2",
+    "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9",
+    "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9",
+    "a094798c-2e74-2e74-93f2-0800200c0a66",
+    "42d85a81-23f6-cb47-8298-f6e78a3aecdc",
+    "c693336e-1121-df11-a8c3-68f355d89593",
+    "263e8860-7cd2-6143-92f6-bbd5006dfa7e",
+    "d4082055-bde6-704b-8d34-ba123c66e1f2",
+    "69a28e9f-0000-0000-0000-000000000000",
+    "21318c60-9714-3248-8ca6-41ff7324c8f2",
+    "0ca50b8c-1004-929a-89a7-d0df10e77286",
+    "195bcbf4-d67d-024a-acc5-1d29cea631ae",
+    "b10541e1-f7c7-c74a-9f64-f223be99f1e2",
 ]
 
 
@@ -130,8 +173,11 @@ def probe_export_tables(cuda, path):
                 slots = ctypes.cast(table, ctypes.POINTER(ctypes.c_uint64))
                 for i in range(40):
                     words.append(slots[i])
-            f.write(f"{text}\trc={rc}\t" + " ".join(
-                "0" if w == 0 else (hex(w) if w < 0x100000 else "fn") for w in words) + "\n")
+            f.write(
+                f"{text}\trc={rc}\t"
+                + " ".join("0" if w == 0 else (hex(w) if w < 0x100000 else "fn") for w in words)
+                + "\n"
+            )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,13 @@ def test_same_output_natively_and_through_vmgpu(shm_path, program):
 
 def test_quota_is_what_the_guest_sees_and_enforced(shm_path):
     with forwarder(shm_path, backend="cuda", mem="2G") as fwd:
-        p = subprocess.Popen([str(NATIVE / "hold"), "1536"], env=guest_env(shm_path),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [str(NATIVE / "hold"), "1536"],
+            env=guest_env(shm_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         held = p.stdout.readline().split()
         assert held[0] == "held" and int(held[2]) == 2 << 30, held
         assert int(held[1]) == (2 << 30) - (1536 << 20)

@@ -1,0 +1,150 @@
+/*
+ * A hostile guest: claims a channel on a running forwarder and sends it
+ * malformed and adversarial requests (every opcode, random lengths, random
+ * handles and pointers mixed with real ones), then checks the forwarder still
+ * serves a well-formed call.  Run against a forwarder built with ASan/UBSan.
+ *
+ *   fuzz_forwarder REGION ITERATIONS SEED
+ * Exit 0: the forwarder survived and still answers correctly.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vg_ops.h"
+#include "vg_wire.h"
+#include "vmgpu/shm.h"
+
+static uint64_t rng;
+static uint64_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static struct vmgpu_gchan *ch;
+static uint8_t req[1 << 16], rep[1 << 16];
+static uint64_t seqno;
+
+/* Send one request; wait for the reply unless noreply.  Returns the CUresult or -1 if the reply never came. */
+static int call(uint32_t op, uint16_t dev, uint16_t flags, const void *args, uint32_t len, uint32_t *rlen)
+{
+	struct vg_req_hdr h = {op, dev, flags, ++seqno};
+	memcpy(req, &h, sizeof h);
+	memcpy(req + sizeof h, args, len);
+	int e = vmgpu_gchan_send(ch, VG_REC_REQUEST, req, sizeof h + len, 5000000000ull);
+	if (e < 0) {
+		fprintf(stderr, "send failed: %s\n", vmgpu_shm_errmsg());
+		return -1;
+	}
+	if (flags & VG_F_NOREPLY)
+		return 0;
+	uint16_t type;
+	int n = vmgpu_gchan_recv(ch, rep, sizeof rep, &type, 10000000000ull);
+	if (n < (int)sizeof(struct vg_rep_hdr)) {
+		fprintf(stderr, "no reply to op %u: %d %s\n", op, n, vmgpu_shm_errmsg());
+		return -1;
+	}
+	struct vg_rep_hdr r;
+	memcpy(&r, rep, sizeof r);
+	if (r.seq != seqno) {
+		fprintf(stderr, "reply out of order\n");
+		return -1;
+	}
+	if (rlen)
+		*rlen = (uint32_t)n - sizeof r;
+	return r.result;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 4) {
+		fprintf(stderr, "usage: fuzz_forwarder REGION ITERATIONS SEED\n");
+		return 2;
+	}
+	long iters = atol(argv[2]);
+	rng = strtoull(argv[3], NULL, 10) * 2654435761u + 88172645463325252ull;
+	int fd = open(argv[1], O_RDWR);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st)) {
+		perror("region");
+		return 2;
+	}
+	void *base = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	struct vmgpu_wait_opts wo;
+	vmgpu_wait_opts_default(&wo);
+	struct vmgpu_guest *g;
+	if (vmgpu_guest_attach(base, st.st_size, &wo, &g) || vmgpu_guest_claim(g, 5000000000ull, &ch)) {
+		fprintf(stderr, "attach: %s\n", vmgpu_shm_errmsg());
+		return 2;
+	}
+	vmgpu_gchan_autobeat(ch, 100000000ull);
+
+	/* real values to mix in: a device allocation, a module, a function, a stream */
+	struct vg_hello_req hello = {VG_PROTO_VERSION, (uint32_t)getpid()};
+	if (call(VG_OP_HELLO, VG_NO_DEVICE, 0, &hello, sizeof hello, NULL) != 0)
+		return 1;
+	uint64_t real[8] = {0};
+	uint64_t a[4] = {1, 4096};
+	uint32_t rl;
+	if (call(VG_OP_cuMemAlloc_v2, 0, 0, a, 16, &rl) == 0)
+		memcpy(&real[0], rep + sizeof(struct vg_rep_hdr), 8);
+	uint64_t sa[2] = {1, 0};
+	if (call(VG_OP_cuStreamCreate, 0, 0, sa, 16, &rl) == 0)
+		memcpy(&real[1], rep + sizeof(struct vg_rep_hdr), 8);
+	real[2] = 1;
+	real[3] = 2; /* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
+	real[4] = 0xFFFFFFFFFFFFFFFFull;
+
+	long replies = 0, errors = 0;
+	for (long i = 0; i < iters; i++) {
+		uint64_t args[256];
+		uint32_t words = (uint32_t)(rnd() % 24);
+		for (uint32_t w = 0; w < words; w++) {
+			switch (rnd() % 6) {
+			case 0: args[w] = rnd(); break;
+			case 1: args[w] = rnd() % 8; break;
+			case 2: args[w] = real[rnd() % 8] + (rnd() % 3 == 0 ? rnd() % 8192 : 0); break;
+			case 3: args[w] = (rnd() % 40) << 8 | (rnd() % 8); break; /* handle-shaped */
+			case 4: args[w] = 1ull << (rnd() % 64); break;
+			default: args[w] = (uint64_t)-(int64_t)(rnd() % 4); break;
+			}
+		}
+		uint32_t len = words * 8;
+		if (rnd() % 8 == 0 && len)
+			len -= (uint32_t)(rnd() % 8); /* truncated */
+		uint32_t op = rnd() % 10 ? (uint32_t)(rnd() % (VG_OP_LIMIT + 4)) : (uint32_t)rnd();
+		if (op == VG_OP_GOODBYE)
+			continue;
+		uint16_t dev = rnd() % 10 ? 0 : (uint16_t)rnd();
+		uint16_t flags = (uint16_t)(rnd() % 4);
+		int r = call(op, dev, flags, args, len, NULL);
+		if (r < 0) {
+			fprintf(stderr, "forwarder stopped answering after %ld requests (op %u)\n", i, op);
+			return 1;
+		}
+		replies += !(flags & VG_F_NOREPLY);
+		errors += r != 0;
+	}
+	/* still serving, and still correct */
+	uint64_t info[2] = {1, 1};
+	uint32_t n = 0;
+	int r = call(VG_OP_cuMemGetInfo_v2, 0, 0, info, 16, &n);
+	if (r != 0 || n != 16) {
+		fprintf(stderr, "the forwarder no longer answers cuMemGetInfo correctly (%d, %u bytes)\n", r, n);
+		return 1;
+	}
+	printf("fuzz_forwarder: %ld requests, %ld replies, %ld refused; forwarder healthy\n", iters, replies, errors);
+	vmgpu_gchan_close(ch);
+	vmgpu_guest_detach(g);
+	munmap(base, (size_t)st.st_size);
+	return 0;
+}

@@ -1,0 +1,256 @@
+"""CUDA remoting end to end on the simulated backend: unchanged programs, the guest
+library's local answers, hostile guests, and what happens when either side dies."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.forwarder import GUEST_LIB, NATIVE, PTX, ROOT, forwarder, guest_env, log_text, run_guest
+
+pytestmark = pytest.mark.native
+ASAN = ROOT / "build" / "asan"
+GEN = ROOT / "native" / "cuda_api"
+
+
+def _wait_for(pred, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_driver_api_program_runs_through_the_forwarder(shm_path):
+    with forwarder(shm_path, mem="2G") as fwd:
+        r = run_guest([NATIVE / "drv_api", PTX, 24], shm_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED: 0 unexpected" in r.stdout
+    assert "vadd result" in r.stdout and "UNEXPECTED" not in r.stdout and "WRONG" not in r.stdout
+    log = log_text(fwd)
+    # the simulated backend says so, on every line
+    assert all("SIMULATED (no GPU)" in ln for ln in log.splitlines() if ln.startswith("vmgpu-forwarder"))
+    assert "closed after" in log and "its memory and objects are freed" in log
+    assert "SIMULATED backend" in r.stderr
+
+
+def test_unchanged_nvcc_program_runs_through_the_forwarder(shm_path):
+    """Static cudart: bootstrap through cuGetProcAddress and the export tables, then real work."""
+    with forwarder(shm_path):
+        r = run_guest([NATIVE / "vecadd_ptx", 300000], shm_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "vecadd ok n=300000"
+
+
+def test_no_region_is_no_device(tmp_path):
+    r = run_guest([NATIVE / "hold", 0], tmp_path / "absent")
+    assert r.stdout.strip() == "init failed"
+    assert "no GPU region at" in r.stderr and "VMGPU_REGION" in r.stderr
+
+
+def test_quota_is_enforced_and_reported(shm_path):
+    with forwarder(shm_path, mem="64M"):
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        over = run_guest([NATIVE / "hold", 80], shm_path)
+    assert free.stdout.split() == ["free", str(64 << 20), str(64 << 20)]
+    assert over.returncode == 1 and over.stdout.strip() == "alloc failed"
+
+
+def test_killed_guest_process_frees_its_memory(shm_path):
+    with forwarder(shm_path, mem="1G", extra=["--peer-timeout", "1"]) as fwd:
+        p = subprocess.Popen(
+            [str(NATIVE / "hold"), "512"],
+            env=guest_env(shm_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        held = p.stdout.readline().split()
+        assert held == ["held", str(512 << 20), str(1 << 30)]
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert _wait_for(lambda: "closed after" in log_text(fwd)), log_text(fwd)
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        assert free.stdout.split() == ["free", str(1 << 30), str(1 << 30)]
+
+
+def test_lost_forwarder_is_one_sticky_error_not_a_hang(shm_path):
+    with forwarder(shm_path) as fwd:
+        p = subprocess.Popen(
+            [str(NATIVE / "hold"), "16"],
+            env=guest_env(shm_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stdout.readline().startswith("held")
+        fwd.send_signal(signal.SIGKILL)
+        fwd.wait()
+        out, err = p.communicate("one\ntwo\n", timeout=30)
+    # CUDA_ERROR_DEVICE_UNAVAILABLE (46), every time after
+    assert out.split("\n")[:2] == ["alloc 46", "alloc 46"]
+    assert err.count("lost the host forwarder") == 1
+
+
+def test_hostile_guest_cannot_crash_the_forwarder(shm_path):
+    """Random and adversarial requests against the ASan/UBSan forwarder; it must stay up and correct."""
+    exe = ASAN / "vmgpu-forwarder"
+    if not exe.exists():
+        pytest.fail("build/asan is missing: run `make native-asan`")
+    env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"))
+    if shm_path.exists():
+        shm_path.unlink()
+    log = open(f"/tmp/{shm_path.name}.asan.log", "w+")
+    fwd = subprocess.Popen(
+        [str(exe), "--region", str(shm_path), "--create", "128M", "--backend", "sim"], stderr=log, env=env
+    )
+    try:
+        assert _wait_for(lambda: shm_path.exists() and "serving" in open(log.name).read())
+        for seed in (1, 2, 3):
+            r = subprocess.run(
+                [str(ASAN / "tests" / "fuzz_forwarder"), str(shm_path), "60000", str(seed)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert r.returncode == 0, r.stdout + r.stderr + open(log.name).read()
+            assert "forwarder healthy" in r.stdout
+        assert fwd.poll() is None, open(log.name).read()
+    finally:
+        fwd.terminate()
+        fwd.wait(timeout=10)
+    text = open(log.name).read()
+    assert fwd.returncode == 0, text
+    assert "runtime error" not in text and "AddressSanitizer" not in text
+
+
+# ---- the guest library without a host: symbols, cuGetProcAddress, export tables ---------------
+
+
+def _in_guest_process(code: str, **env) -> subprocess.CompletedProcess:
+    """Run Python code that loads vmgpu's libcuda.so.1 as `cuda` (no forwarder needed)."""
+    prog = f"import ctypes, sys\ncuda = ctypes.CDLL({str(GUEST_LIB / 'libcuda.so.1')!r})\n" + textwrap.dedent(code)
+    e = dict(os.environ, VMGPU_REGION="/nonexistent", **env)
+    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=e, timeout=60)
+
+
+def test_guest_library_exports_exactly_the_driver_abi():
+    sys.path.insert(0, str(GEN))
+    from probe_driver import exported_functions
+
+    want = (GEN / "driver" / "libcuda_exports.txt").read_text().split()
+    assert exported_functions(str(GUEST_LIB / "libcuda.so.1")) == sorted(want)
+    assert len(want) == 682
+
+
+def test_unserved_function_logs_once_and_strict_mode_aborts():
+    code = """
+        r1 = cuda.cuGraphCreate(None, 0)
+        r2 = cuda.cuGraphCreate(None, 0)
+        print(r1, r2)
+    """
+    r = _in_guest_process(code)
+    assert r.stdout.split() == ["801", "801"]  # CUDA_ERROR_NOT_SUPPORTED
+    assert r.stderr.count("cuGraphCreate is not supported") == 1
+    strict = _in_guest_process(code, VMGPU_STRICT="1")
+    assert strict.returncode == -signal.SIGABRT
+    assert "VMGPU_STRICT=1: aborting" in strict.stderr
+
+
+def test_get_proc_address_answers_as_the_probed_driver():
+    code = """
+        def look(name, ver, flags=0):
+            fn = ctypes.c_void_p(); st = ctypes.c_int(-1)
+            rc = cuda.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), ver, ctypes.c_uint64(flags),
+                                          ctypes.byref(st))
+            got = [k for k in names if ctypes.cast(getattr(cuda, k), ctypes.c_void_p).value == fn.value]
+            print(name, ver, flags, rc, st.value, got[0] if got else None)
+        names = ["cuMemAlloc", "cuMemAlloc_v2", "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuGetProcAddress",
+                 "cuGetProcAddress_v2"]
+        look("cuMemAlloc", 3000)
+        look("cuMemAlloc", 12000)
+        look("cuLaunchKernel", 12000, 2)
+        look("cuLaunchKernel", 3000)
+        look("cuGetProcAddress", 12000)
+        look("cuNoSuchThing", 12000)
+    """
+    lines = _in_guest_process(code).stdout.splitlines()
+    assert lines == [
+        "cuMemAlloc 3000 0 0 0 cuMemAlloc",
+        "cuMemAlloc 12000 0 0 0 cuMemAlloc_v2",
+        "cuLaunchKernel 12000 2 0 0 cuLaunchKernel_ptsz",
+        "cuLaunchKernel 3000 0 0 2 None",  # symbol found, version not sufficient
+        "cuGetProcAddress 12000 0 0 0 cuGetProcAddress_v2",
+        "cuNoSuchThing 12000 0 500 1 None",  # CUDA_ERROR_NOT_FOUND, symbol not found
+    ]
+
+
+def test_export_tables_known_served_unknown_refused():
+    code = """
+        def table(hexid):
+            uuid = (ctypes.c_ubyte * 16)(*bytes.fromhex(hexid))
+            p = ctypes.c_void_p(1)
+            rc = cuda.cuGetExportTable(ctypes.byref(p), ctypes.byref(uuid))
+            return rc, p.value
+        rc, p = table("6bd5fb6c5bf4e74a8987d93912fd9df9")
+        print("cudart", rc, ctypes.cast(p, ctypes.POINTER(ctypes.c_uint64))[0])
+        rc, p = table("d4082055bde6704b8d34ba123c66e1f2")
+        check = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64))(
+            ctypes.cast(p, ctypes.POINTER(ctypes.c_void_p))[1])
+        out = (ctypes.c_uint64 * 2)()
+        print("integrity", check(13000, 1700000000, out), hex(out[0]), hex(out[1]))
+        a = (ctypes.c_uint64 * 2)(); b = (ctypes.c_uint64 * 2)(); c = (ctypes.c_uint64 * 2)()
+        check(12345, 1700000000, a); check(12345, 1700000000, b); check(12345, 1700000001, c)
+        print("hash", list(a) == list(b), list(a) != list(c), a[0] != 0)
+        print("f8cff951", *table("f8cff95121468b4eb9e2fb469e7c0dd9"))
+        print("unknown", *table("00112233445566778899aabbccddeeff"))
+    """
+    r = _in_guest_process(code)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "cudart 0 104"  # 13 slots, size word first
+    assert lines[1] == "integrity 0 0x3341181c03cb675c 0x8ed383aa1f4cd1e8"
+    assert lines[2] == "hash True True True"
+    assert lines[3] == "f8cff951 500 None"  # NOT_FOUND keeps cudart on its documented path
+    assert lines[4] == "unknown 1 None"  # fails closed: INVALID_VALUE, no pointer
+    assert "export table 00112233445566778899aabbccddeeff is not provided" in r.stderr
+
+
+def test_md2_matches_rfc_1319():
+    r = subprocess.run([str(NATIVE / "tests" / "t_md2")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "t_md2: ok", r.stdout
+
+
+# ---- the generator ---------------------------------------------------------------------------------
+
+
+def test_generated_code_is_current():
+    r = subprocess.run([sys.executable, str(GEN / "gen.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ('cuMemAlloc_v2 = { op = 16, class = "sync" }', "pointer parameter dptr (CUdeviceptr *) is not described"),
+        ('cuInit = { class = "local" }\ncuCtxSynchronize = { op = 7, class = "sync" }', "needs an op number"),
+        (
+            'cuCtxSynchronize = { op = 20, class = "sync" }\ncuCtxSetLimit = { op = 20, class = "sync" }',
+            "op 20 already used by cuCtxSynchronize",
+        ),
+        ('cuNotAFunction = { op = 20, class = "sync" }', "not exported by the probed driver"),
+        ('cuEventRecord = { op = 20, class = "async", out = ["hEvent"] }', "is not a pointer"),
+    ],
+)
+def test_generator_refuses_a_bad_spec(tmp_path, entry, message):
+    spec = tmp_path / "api.toml"
+    spec.write_text(f'[handles]\nCUstream = "stream"\nCUevent = "event"\n\n[fn]\n{entry}\n')
+    r = subprocess.run(
+        [sys.executable, str(GEN / "gen.py"), "--check", "--spec", str(spec)], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and message in r.stderr, r.stderr
