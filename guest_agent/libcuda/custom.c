@@ -397,16 +397,9 @@ CUresult vgc_cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *j
 
 /* ---- launches ------------------------------------------------------------------------ */
 
-CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-			    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
-			    void **extra, unsigned fl)
+/* Check a launch's parameters and append them at the host's offsets: u64 size, then the bytes. */
+static CUresult put_params(struct vg_call *c, const struct vg_fninfo *fi, void **params, void **extra)
 {
-	if (!f)
-		return CUDA_ERROR_INVALID_HANDLE;
-	struct vg_fninfo *fi;
-	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
-	if (r != CUDA_SUCCESS)
-		return r;
 	const void *packed = NULL;
 	size_t packed_size = 0;
 	if (!params && extra) {
@@ -423,6 +416,44 @@ CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsi
 	} else if (!params && fi->nparams) {
 		return CUDA_ERROR_INVALID_VALUE;
 	}
+	vg_put_u64(c, fi->bytes);
+	/* the parameter bytes go straight into the request */
+	size_t padded = ((size_t)fi->bytes + 7) & ~(size_t)7;
+	if (padded > c->cap - c->len) {
+		c->bad = 1;
+		return CUDA_SUCCESS;
+	}
+	uint8_t *blob = c->buf + c->len;
+	memset(blob, 0, padded);
+	if (packed)
+		memcpy(blob, packed, fi->bytes);
+	else
+		for (uint32_t i = 0; i < fi->nparams; i++)
+			memcpy(blob + fi->params[i].offset, params[i], fi->params[i].size);
+	c->len += (uint32_t)padded;
+	return CUDA_SUCCESS;
+}
+
+/* A launch configuration: dims, shared memory, stream, attributes. */
+static void put_config(struct vg_call *c, const CUlaunchConfig *cfg)
+{
+	uint32_t dims[8] = {cfg->gridDimX,  cfg->gridDimY,	 cfg->gridDimZ, cfg->blockDimX,
+			    cfg->blockDimY, cfg->blockDimZ, cfg->sharedMemBytes, cfg->numAttrs};
+	vg_put(c, dims, sizeof dims);
+	vg_put_u64(c, (uint64_t)(uintptr_t)cfg->hStream);
+	vg_put_arr(c, cfg->attrs, cfg->numAttrs, sizeof(CUlaunchAttribute));
+}
+
+CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+			    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
+			    void **extra, unsigned fl)
+{
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct vg_fninfo *fi;
+	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	if (r != CUDA_SUCCESS)
+		return r;
 	struct vg_call c;
 	if ((r = vg_begin(&c, VG_OP_cuLaunchKernel, fl)) != CUDA_SUCCESS)
 		return r;
@@ -430,22 +461,55 @@ CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsi
 	uint32_t dims[8] = {gx, gy, gz, bx, by, bz, shmem, 0};
 	vg_put(&c, dims, sizeof dims);
 	vg_put_u64(&c, (uint64_t)(uintptr_t)s);
-	vg_put_u64(&c, fi->bytes);
-	/* the parameter bytes go straight into the request, at the host's offsets */
-	size_t padded = ((size_t)fi->bytes + 7) & ~(size_t)7;
-	if (padded > c.cap - c.len)
-		c.bad = 1;
-	else {
-		uint8_t *blob = c.buf + c.len;
-		memset(blob, 0, padded);
-		if (packed)
-			memcpy(blob, packed, fi->bytes);
-		else
-			for (uint32_t i = 0; i < fi->nparams; i++)
-				memcpy(blob + fi->params[i].offset, params[i], fi->params[i].size);
-		c.len += (uint32_t)padded;
-	}
+	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
+		return vg_end(&c, r);
 	return vg_send_async(&c);
+}
+
+CUresult vgc_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra, unsigned fl)
+{
+	if (!f)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!config || (config->numAttrs && !config->attrs))
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_fninfo *fi;
+	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	if (r != CUDA_SUCCESS)
+		return r;
+	struct vg_call c;
+	if ((r = vg_begin(&c, VG_OP_cuLaunchKernelEx, fl)) != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	put_config(&c, config);
+	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
+		return vg_end(&c, r);
+	return vg_send_async(&c);
+}
+
+static CUresult cluster_query(uint32_t op, int *out, CUfunction f, const CUlaunchConfig *config, unsigned fl)
+{
+	if (!out || !config || (config->numAttrs && !config->attrs))
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, op, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	put_config(&c, config);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		vg_get(&c, out, sizeof *out);
+	return vg_end(&c, r);
+}
+
+CUresult vgc_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *config, unsigned fl)
+{
+	return cluster_query(VG_OP_cuOccupancyMaxActiveClusters, n, f, config, fl);
+}
+
+CUresult vgc_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const CUlaunchConfig *config, unsigned fl)
+{
+	return cluster_query(VG_OP_cuOccupancyMaxPotentialClusterSize, n, f, config, fl);
 }
 
 CUresult vgc_cuFuncGetName(const char **name, CUfunction f, unsigned fl)

@@ -22,19 +22,20 @@ typedef void (*vg_slot)(void);
 
 /* ---- slots nobody has explained: callable, logged, refused ---------------------------- */
 
-static CUresult unknown_slot(const char *table, int slot)
+enum { T_CUDART, T_TLS, T_CHECKS, T_TOOLS_CONTEXT, T_COUNT };
+
+static CUresult unknown_slot(const char *table, int tid, int slot)
 {
-	static int seen[8][64];
-	int t = table[0] == 'c' ? 0 : table[0] == 't' ? 1 : table[0] == 'x' ? 2 : table[0] == 'i' ? 3 : 4;
-	if (slot >= 0 && slot < 64 && !__atomic_exchange_n(&seen[t][slot], 1, __ATOMIC_RELAXED))
+	static int seen[T_COUNT][128];
+	if (!__atomic_exchange_n(&seen[tid][slot & 127], 1, __ATOMIC_RELAXED))
 		vg_log("export table %s slot %d is not implemented; CUDA_ERROR_NOT_SUPPORTED", table, slot);
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-#define UNKNOWN(table, n)                                  \
+#define UNKNOWN(table, tid, n)                             \
 	static CUresult unk_##table##_##n(void)            \
 	{                                                  \
-		return unknown_slot(#table, n);            \
+		return unknown_slot(#table, tid, n);       \
 	}
 
 /* ---- CUDART_INTERFACE: module loading and the primary context ----------------------------- */
@@ -85,12 +86,12 @@ static CUresult rt_load_compilers(void)
 	return CUDA_SUCCESS; /* PTX is compiled on the host */
 }
 
-UNKNOWN(cudart, 3)
-UNKNOWN(cudart, 4)
-UNKNOWN(cudart, 5)
-UNKNOWN(cudart, 9)
-UNKNOWN(cudart, 10)
-UNKNOWN(cudart, 11)
+UNKNOWN(cudart, T_CUDART, 3)
+UNKNOWN(cudart, T_CUDART, 4)
+UNKNOWN(cudart, T_CUDART, 5)
+UNKNOWN(cudart, T_CUDART, 9)
+UNKNOWN(cudart, T_CUDART, 10)
+UNKNOWN(cudart, T_CUDART, 11)
 
 static const vg_slot cudart_interface[13] = {
 	(vg_slot)(uintptr_t)(13 * sizeof(void *)),
@@ -141,12 +142,22 @@ static const vg_slot tools_hooks[7] = {
 
 /* ---- TOOLS_TLS ---------------------------------------------------------------------------- */
 
-UNKNOWN(tls, 1)
-UNKNOWN(tls, 2)
+/* Slot 2 writes the calling thread's current context (NULL if none), as measured on
+ * driver 580; cuBLASLt finds no kernels without it. */
+static CUresult tls_current_context(CUcontext *out)
+{
+	int d = vg_current_device();
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	*out = d < 0 ? NULL : vg_primary_ctx(d);
+	return CUDA_SUCCESS;
+}
+
+UNKNOWN(tls, T_TLS, 1)
 static const vg_slot tools_tls[4] = {
 	(vg_slot)(uintptr_t)(3 * sizeof(void *)),
 	(vg_slot)unk_tls_1,
-	(vg_slot)unk_tls_2,
+	(vg_slot)tls_current_context,
 	NULL,
 };
 
@@ -243,10 +254,10 @@ static uint32_t ctx_check3(void)
 	return 0;
 }
 
-UNKNOWN(xchecks, 1)
+UNKNOWN(checks, T_CHECKS, 1)
 static const vg_slot context_checks[4] = {
 	(vg_slot)(uintptr_t)(4 * sizeof(void *)),
-	(vg_slot)unk_xchecks_1,
+	(vg_slot)unk_checks_1,
 	(vg_slot)ctx_check,
 	(vg_slot)ctx_check3,
 };
@@ -334,6 +345,52 @@ static const vg_slot integrity_check_table[3] = {
 	(vg_slot)integrity_set_enabled,
 };
 
+/* ---- TOOLS_CONTEXT (21318c60): asked for by cuBLAS and cuFFT ----------------------------------
+ * 93 slots in driver 580.  Slot 4 gives a context's unique number (cuBLAS keys its
+ * per-context state on it); the others are not known and log when called. */
+
+static CUresult ctx_number(CUcontext ctx, uint64_t *out)
+{
+	int d = vg_ctx_ordinal(ctx);
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*out = (uint64_t)d + 1;
+	return CUDA_SUCCESS;
+}
+
+#define U(n) UNKNOWN(ctxtools, T_TOOLS_CONTEXT, n)
+U(1) U(2) U(3) U(5) U(6) U(7) U(8) U(9) U(10) U(11) U(12) U(13)
+U(14) U(15) U(16) U(17) U(18) U(19) U(20) U(21) U(22) U(23) U(24) U(25)
+U(26) U(27) U(28) U(29) U(30) U(31) U(32) U(33) U(34) U(35) U(36) U(37)
+U(38) U(39) U(40) U(41) U(42) U(43) U(44) U(45) U(46) U(47) U(48) U(49)
+U(50) U(51) U(52) U(53) U(54) U(55) U(56) U(57) U(58) U(59) U(60) U(61)
+U(62) U(63) U(64) U(65) U(66) U(67) U(68) U(69) U(70) U(71) U(72) U(73)
+U(74) U(75) U(76) U(77) U(78) U(79) U(80) U(81) U(82) U(83) U(84) U(85)
+U(86) U(87) U(88) U(89) U(90) U(91) U(92)
+#undef U
+
+static const vg_slot tools_context[93] = {
+	(vg_slot)(uintptr_t)(93 * sizeof(void *)),
+	(vg_slot)unk_ctxtools_1, (vg_slot)unk_ctxtools_2, (vg_slot)unk_ctxtools_3, (vg_slot)ctx_number, (vg_slot)unk_ctxtools_5, (vg_slot)unk_ctxtools_6,
+	(vg_slot)unk_ctxtools_7, (vg_slot)unk_ctxtools_8, (vg_slot)unk_ctxtools_9, (vg_slot)unk_ctxtools_10, (vg_slot)unk_ctxtools_11, (vg_slot)unk_ctxtools_12,
+	(vg_slot)unk_ctxtools_13, (vg_slot)unk_ctxtools_14, (vg_slot)unk_ctxtools_15, (vg_slot)unk_ctxtools_16, (vg_slot)unk_ctxtools_17, (vg_slot)unk_ctxtools_18,
+	(vg_slot)unk_ctxtools_19, (vg_slot)unk_ctxtools_20, (vg_slot)unk_ctxtools_21, (vg_slot)unk_ctxtools_22, (vg_slot)unk_ctxtools_23, (vg_slot)unk_ctxtools_24,
+	(vg_slot)unk_ctxtools_25, (vg_slot)unk_ctxtools_26, (vg_slot)unk_ctxtools_27, (vg_slot)unk_ctxtools_28, (vg_slot)unk_ctxtools_29, (vg_slot)unk_ctxtools_30,
+	(vg_slot)unk_ctxtools_31, (vg_slot)unk_ctxtools_32, (vg_slot)unk_ctxtools_33, (vg_slot)unk_ctxtools_34, (vg_slot)unk_ctxtools_35, (vg_slot)unk_ctxtools_36,
+	(vg_slot)unk_ctxtools_37, (vg_slot)unk_ctxtools_38, (vg_slot)unk_ctxtools_39, (vg_slot)unk_ctxtools_40, (vg_slot)unk_ctxtools_41, (vg_slot)unk_ctxtools_42,
+	(vg_slot)unk_ctxtools_43, (vg_slot)unk_ctxtools_44, (vg_slot)unk_ctxtools_45, (vg_slot)unk_ctxtools_46, (vg_slot)unk_ctxtools_47, (vg_slot)unk_ctxtools_48,
+	(vg_slot)unk_ctxtools_49, (vg_slot)unk_ctxtools_50, (vg_slot)unk_ctxtools_51, (vg_slot)unk_ctxtools_52, (vg_slot)unk_ctxtools_53, (vg_slot)unk_ctxtools_54,
+	(vg_slot)unk_ctxtools_55, (vg_slot)unk_ctxtools_56, (vg_slot)unk_ctxtools_57, (vg_slot)unk_ctxtools_58, (vg_slot)unk_ctxtools_59, (vg_slot)unk_ctxtools_60,
+	(vg_slot)unk_ctxtools_61, (vg_slot)unk_ctxtools_62, (vg_slot)unk_ctxtools_63, (vg_slot)unk_ctxtools_64, (vg_slot)unk_ctxtools_65, (vg_slot)unk_ctxtools_66,
+	(vg_slot)unk_ctxtools_67, (vg_slot)unk_ctxtools_68, (vg_slot)unk_ctxtools_69, (vg_slot)unk_ctxtools_70, (vg_slot)unk_ctxtools_71, (vg_slot)unk_ctxtools_72,
+	(vg_slot)unk_ctxtools_73, (vg_slot)unk_ctxtools_74, (vg_slot)unk_ctxtools_75, (vg_slot)unk_ctxtools_76, (vg_slot)unk_ctxtools_77, (vg_slot)unk_ctxtools_78,
+	(vg_slot)unk_ctxtools_79, (vg_slot)unk_ctxtools_80, (vg_slot)unk_ctxtools_81, (vg_slot)unk_ctxtools_82, (vg_slot)unk_ctxtools_83, (vg_slot)unk_ctxtools_84,
+	(vg_slot)unk_ctxtools_85, (vg_slot)unk_ctxtools_86, (vg_slot)unk_ctxtools_87, (vg_slot)unk_ctxtools_88, (vg_slot)unk_ctxtools_89, (vg_slot)unk_ctxtools_90,
+	(vg_slot)unk_ctxtools_91, (vg_slot)unk_ctxtools_92,
+};
+
 /* ---- lookup -------------------------------------------------------------------------------- */
 
 struct table {
@@ -356,6 +413,8 @@ static const struct table tables[] = {
 	 context_checks, 0},
 	{"INTEGRITY_CHECK", {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
 	 integrity_check_table, 0},
+	{"TOOLS_CONTEXT", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+	 tools_context, 0},
 	/* a bootstrap shortcut probe: refusing it keeps cudart on the documented path */
 	{"f8cff951", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9},
 	 NULL, CUDA_ERROR_NOT_FOUND},

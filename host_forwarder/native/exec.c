@@ -372,6 +372,72 @@ static uint64_t param_bytes(const struct vh_handle *e)
 	return end;
 }
 
+/* The guest's parameter bytes against the host's own layout; fills args. */
+static CUresult params_in(struct vh_chan *ch, struct vh_handle *e, struct vh_rd *rd, void **args)
+{
+	uint64_t nblob;
+	uint8_t *blob = vh_get_arr(rd, 1, &nblob);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = param_layout(ch, e);
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* the layout is the host's, from the driver; the guest's bytes must fill it exactly */
+	if (nblob != param_bytes(e))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (uint32_t i = 0; i < e->nparams; i++)
+		args[i] = blob + e->params[i].offset;
+	return CUDA_SUCCESS;
+}
+
+#define VH_MAX_LAUNCH_ATTRS 16
+
+/* A launch configuration; attributes naming events are translated, unknown ones refused. */
+static CUresult config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, CUlaunchConfig *cfg,
+			  CUlaunchAttribute *attrs)
+{
+	uint32_t dims[8];
+	vh_get(rd, dims, sizeof dims);
+	uint64_t sraw = vh_get_u64(rd), n;
+	const CUlaunchAttribute *in = vh_get_arr(rd, sizeof *in, &n);
+	if (rd->bad || n != dims[7] || n > VH_MAX_LAUNCH_ATTRS)
+		return CUDA_ERROR_INVALID_VALUE;
+	int bad = 0;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->gridDimX = dims[0];
+	cfg->gridDimY = dims[1];
+	cfg->gridDimZ = dims[2];
+	cfg->blockDimX = dims[3];
+	cfg->blockDimY = dims[4];
+	cfg->blockDimZ = dims[5];
+	cfg->sharedMemBytes = dims[6];
+	cfg->hStream = stream_in(ch, flags, sraw, &bad);
+	if (bad)
+		return CUDA_ERROR_INVALID_HANDLE;
+	for (uint64_t i = 0; i < n; i++) {
+		attrs[i] = in[i];
+		void **ev = NULL;
+		switch (attrs[i].id) {
+		case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT:
+			ev = (void **)&attrs[i].value.programmaticEvent.event;
+			break;
+		case CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT:
+			ev = (void **)&attrs[i].value.launchCompletionEvent.event;
+			break;
+		case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
+			return CUDA_ERROR_NOT_SUPPORTED; /* graphs only; holds a pointer back to the caller */
+		default:
+			if (attrs[i].id > CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING)
+				return CUDA_ERROR_INVALID_VALUE;
+		}
+		if (ev && vh_handle_in(ch, VG_KIND_EVENT, ev))
+			return CUDA_ERROR_INVALID_HANDLE;
+	}
+	cfg->attrs = n ? attrs : NULL;
+	cfg->numAttrs = (unsigned int)n;
+	return CUDA_SUCCESS;
+}
+
 CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)wr;
@@ -379,27 +445,63 @@ CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd
 	uint32_t dims[8];
 	vh_get(rd, dims, sizeof dims);
 	uint64_t sraw = vh_get_u64(rd);
-	uint64_t nblob;
-	uint8_t *blob = vh_get_arr(rd, 1, &nblob);
-	if (rd->bad)
-		return CUDA_ERROR_INVALID_VALUE;
 	struct vh_handle *e = vh_handle_entry(ch, fraw, VG_KIND_FUNCTION);
 	int bad = 0;
 	CUstream s = stream_in(ch, flags, sraw, &bad);
 	if (!e || bad)
-		return CUDA_ERROR_INVALID_HANDLE;
-	CUresult r = param_layout(ch, e);
+		return rd->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+	void *args[VG_MAX_PARAMS];
+	CUresult r = params_in(ch, e, rd, args);
 	if (r != CUDA_SUCCESS)
 		return r;
-	/* the layout is the host's own, from the driver; the guest's bytes must fill it exactly */
-	if (nblob != param_bytes(e))
-		return CUDA_ERROR_INVALID_VALUE;
+	return ch->backend->cuLaunchKernel(e->ptr, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
+					   e->nparams ? args : NULL, NULL);
+}
+
+CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)wr;
+	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
+	CUlaunchConfig cfg;
+	CUlaunchAttribute attrs[VH_MAX_LAUNCH_ATTRS];
+	CUresult r = config_in(ch, flags, rd, &cfg, attrs);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
 	void *args[VG_MAX_PARAMS];
-	for (uint32_t i = 0; i < e->nparams; i++)
-		args[i] = blob + e->params[i].offset;
-	const struct vh_backend *B = ch->backend;
-	return B->cuLaunchKernel(e->ptr, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
-				 e->nparams ? args : NULL, NULL);
+	if ((r = params_in(ch, e, rd, args)) != CUDA_SUCCESS)
+		return r;
+	return ch->backend->cuLaunchKernelEx(&cfg, e->ptr, e->nparams ? args : NULL, NULL);
+}
+
+static CUresult cluster_query(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int potential)
+{
+	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
+	CUlaunchConfig cfg;
+	CUlaunchAttribute attrs[VH_MAX_LAUNCH_ATTRS];
+	CUresult r = config_in(ch, flags, rd, &cfg, attrs);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	int n = 0;
+	r = potential ? ch->backend->cuOccupancyMaxPotentialClusterSize(&n, e->ptr, &cfg)
+		      : ch->backend->cuOccupancyMaxActiveClusters(&n, e->ptr, &cfg);
+	if (r == CUDA_SUCCESS)
+		vh_put(wr, &n, sizeof n);
+	return r;
+}
+
+CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return cluster_query(ch, flags, rd, wr, 0);
+}
+
+CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
+						struct vh_wr *wr)
+{
+	return cluster_query(ch, flags, rd, wr, 1);
 }
 
 CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)

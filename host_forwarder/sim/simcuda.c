@@ -141,6 +141,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS; }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) { return !c || c == (CUcontext)&primary_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
 EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) { return cuCtxSetCurrent(c); }
 
 EXPORT CUresult cuGetErrorName(CUresult r, const char **s)
 {
@@ -547,5 +548,20 @@ EXPORT CUresult cuLaunchKernel(CUfunction func, unsigned gx, unsigned gy, unsign
 		if (count && (!pa || !pb || !pc)) return CUDA_ERROR_ILLEGAL_ADDRESS;
 		for (uint64_t i = 0; i < count; i++) pc[i] = pa[i] + pb[i];
 	}
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **args, void **extra)
+{
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+			      c->sharedMemBytes, c->hStream, args, extra);
+}
+
+EXPORT CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c)
+{
+	if (!n || !c) return CUDA_ERROR_INVALID_VALUE;
+	if (!fn_of(f)) return CUDA_ERROR_INVALID_HANDLE;
+	*n = 8; /* one cluster per simulated multiprocessor */
 	return CUDA_SUCCESS;
 }

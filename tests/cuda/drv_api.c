@@ -166,6 +166,25 @@ int main(int argc, char **argv)
 	cuMemcpyDtoH(fc, dc, 4 * 16);
 	check("vadd (extra) result", fc[10] == 15.0f);
 
+	/* the launch-config form, and a query that takes one */
+	CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PRIORITY};
+	attr.value.priority = 0;
+	CUlaunchConfig cfg = {.gridDimX = (count + 255) / 256, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 256,
+			      .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = 0, .hStream = NULL, .attrs = &attr,
+			      .numAttrs = 1};
+	cuMemsetD32(dc, 0, count);
+	step("cuLaunchKernelEx", cuLaunchKernelEx(&cfg, fn, args, NULL), CUDA_SUCCESS, NULL);
+	cuCtxSynchronize();
+	cuMemcpyDtoH(fc, dc, 4 * 16);
+	check("vadd (Ex) result", fc[10] == 15.0f);
+	int clusters = -1;
+	char buf[64];
+	cfg.numAttrs = 0;
+	cfg.attrs = NULL;
+	CUresult rc = cuOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+	snprintf(buf, sizeof buf, " (%s)", clusters > 0 ? "some" : "none");
+	step("cuOccupancyMaxActiveClusters", rc, CUDA_SUCCESS, buf);
+
 	/* error paths */
 	step("cuMemFree(0)", cuMemFree(0), CUDA_SUCCESS, NULL);
 	step("cuMemFree not allocated", cuMemFree(d1 + 8), CUDA_ERROR_INVALID_VALUE, NULL);

@@ -354,6 +354,22 @@ VG_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *
 	return vg_do_cuCtxGetStreamPriorityRange(leastPriority, greatestPriority, 0);
 }
 
+static CUresult vg_do_cuCtxSynchronize_v2(CUcontext ctx, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuCtxSynchronize_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_ctx(&c, ctx);
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
+{
+	return vg_do_cuCtxSynchronize_v2(ctx, 0);
+}
+
 static CUresult vg_do_cuCtxGetCacheConfig(CUfunc_cache * pconfig, unsigned vg_flags)
 {
 	struct vg_call c;
@@ -1284,6 +1300,29 @@ CUresult vgc_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p, unsigne
 VG_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
 {
 	return vgc_cuMemHostGetDevicePointer_v2(pdptr, p, Flags, 0);
+}
+
+CUresult vgc_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+	return vgc_cuLaunchKernelEx(config, f, kernelParams, extra, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+	return vgc_cuLaunchKernelEx(config, f, kernelParams, extra, VG_F_PTDS);
+}
+
+CUresult vgc_cuOccupancyMaxActiveClusters(int * numClusters, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config)
+{
+	return vgc_cuOccupancyMaxActiveClusters(numClusters, func, config, 0);
+}
+
+CUresult vgc_cuOccupancyMaxPotentialClusterSize(int * clusterSize, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config)
+{
+	return vgc_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
 }
 
 static CUresult vg_do_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)

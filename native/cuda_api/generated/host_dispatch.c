@@ -18,6 +18,9 @@ CUresult vhc_cuModuleLoadFatBinary(struct vh_chan *ch, uint32_t flags, struct vh
 CUresult vhc_cuLibraryLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)
 {
@@ -75,6 +78,18 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			vh_put(wr, leastPriority, sizeof(*leastPriority));
 		if (greatestPriority != NULL)
 			vh_put(wr, greatestPriority, sizeof(*greatestPriority));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuCtxSynchronize_v2: {
+		CUcontext ctx;
+		vh_get(rd, &ctx, sizeof(ctx));
+		if (vh_context_in(ch, &ctx))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuCtxSynchronize_v2(ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
 		return CUDA_SUCCESS;
 	}
 	case VG_OP_cuCtxGetCacheConfig: {
@@ -751,6 +766,12 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return vhc_cuLaunchKernel(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemHostGetDevicePointer_v2:
 		return vhc_cuMemHostGetDevicePointer_v2(ch, vg_flags, rd, wr);
+	case VG_OP_cuLaunchKernelEx:
+		return vhc_cuLaunchKernelEx(ch, vg_flags, rd, wr);
+	case VG_OP_cuOccupancyMaxActiveClusters:
+		return vhc_cuOccupancyMaxActiveClusters(ch, vg_flags, rd, wr);
+	case VG_OP_cuOccupancyMaxPotentialClusterSize:
+		return vhc_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemsetD8Async: {
 		CUdeviceptr dstDevice;
 		vh_get(rd, &dstDevice, sizeof(dstDevice));
@@ -884,6 +905,7 @@ int vh_op_reports_async(uint32_t op)
 {
 	switch (op) {
 	case VG_OP_cuCtxSynchronize:
+	case VG_OP_cuCtxSynchronize_v2:
 	case VG_OP_cuMemsetD8_v2:
 	case VG_OP_cuMemsetD16_v2:
 	case VG_OP_cuMemsetD32_v2:

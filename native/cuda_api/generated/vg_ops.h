@@ -59,6 +59,10 @@
 #define VG_OP_cuLibraryLoadData 69
 #define VG_OP_cuLaunchKernel 70
 #define VG_OP_cuMemHostGetDevicePointer_v2 71
+#define VG_OP_cuLaunchKernelEx 72
+#define VG_OP_cuOccupancyMaxActiveClusters 73
+#define VG_OP_cuOccupancyMaxPotentialClusterSize 74
+#define VG_OP_cuCtxSynchronize_v2 75
 #define VG_OP_cuMemsetD8Async 80
 #define VG_OP_cuMemsetD16Async 81
 #define VG_OP_cuMemsetD32Async 82
@@ -125,6 +129,10 @@
 	X(69, cuLibraryLoadData) \
 	X(70, cuLaunchKernel) \
 	X(71, cuMemHostGetDevicePointer_v2) \
+	X(72, cuLaunchKernelEx) \
+	X(73, cuOccupancyMaxActiveClusters) \
+	X(74, cuOccupancyMaxPotentialClusterSize) \
+	X(75, cuCtxSynchronize_v2) \
 	X(80, cuMemsetD8Async) \
 	X(81, cuMemsetD16Async) \
 	X(82, cuMemsetD32Async) \

@@ -7,6 +7,7 @@
 	X(cuCtxGetLimit) \
 	X(cuCtxSetLimit) \
 	X(cuCtxGetStreamPriorityRange) \
+	X(cuCtxSynchronize_v2) \
 	X(cuCtxGetCacheConfig) \
 	X(cuCtxSetCacheConfig) \
 	X(cuMemGetAddressRange_v2) \
@@ -84,6 +85,9 @@
 	X(cuMemFree_v2) \
 	X(cuMemGetInfo_v2) \
 	X(cuStreamSynchronize_ptsz) \
+	X(cuLaunchKernelEx) \
+	X(cuOccupancyMaxActiveClusters) \
+	X(cuOccupancyMaxPotentialClusterSize) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
