@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "vg_guest.h"
+#include "vg_hash.h"
 
 #define INLINE_MAX (16u << 10)
 
@@ -328,16 +329,22 @@ static CUresult load_image(uint32_t op, const void *image, void **out, unsigned 
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
 		return r;
-	uint64_t n = image_size(&image);
+	uint64_t n = image_size(&image), hash[2], cached = 0;
+	vg_hash128(image, n, hash);
 	struct vg_call c;
 	vg_lock();
 	if ((r = vg_begin(&c, VG_OP_BLOB_BEGIN, 0)) != CUDA_SUCCESS)
 		goto out;
 	vg_put_u64(&c, n);
-	if ((r = vg_end(&c, vg_call_sync(&c))) != CUDA_SUCCESS)
+	vg_put(&c, hash, sizeof hash);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		cached = vg_get_u64(&c);
+	if ((r = vg_end(&c, r)) != CUDA_SUCCESS)
 		goto out;
+	/* an image the host already holds (this or another process loaded it) does not cross again */
 	uint64_t step = chunk_size();
-	for (uint64_t done = 0; done < n && r == CUDA_SUCCESS;) {
+	for (uint64_t done = cached ? n : 0; done < n && r == CUDA_SUCCESS;) {
 		uint64_t len = n - done < step ? n - done : step, pos;
 		void *bulk;
 		if (vmgpu_gchan_bulk_alloc(vg.chan, len, 24ull * 3600 * 1000000000ull, &pos, &bulk) < 0) {

@@ -273,18 +273,32 @@ CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, st
 
 static CUresult blob_take(struct vh_chan *ch, const void **image)
 {
-	if (!ch->blob || ch->blob_filled != ch->blob_size)
-		return CUDA_ERROR_INVALID_IMAGE;
-	*image = ch->blob;
+	if (!ch->image) {
+		if (!ch->blob || ch->blob_filled != ch->blob_size)
+			return CUDA_ERROR_INVALID_IMAGE;
+		/* keep it for the next load of the same bytes, if it is what the guest said */
+		ch->image = vh_image_add(ch->fwd, ch->blob, ch->blob_size, ch->blob_hash);
+		if (ch->image)
+			ch->blob = NULL;
+		else {
+			*image = ch->blob;
+			return CUDA_SUCCESS;
+		}
+	}
+	*image = vh_image_bytes(ch->image);
 	return CUDA_SUCCESS;
 }
 
-static void blob_drop(struct vh_chan *ch)
+void vh_blob_drop(struct vh_chan *ch)
 {
+	vh_image_put(ch->fwd, ch->image);
+	ch->image = NULL;
 	free(ch->blob);
 	ch->blob = NULL;
 	ch->blob_size = ch->blob_filled = 0;
 }
+
+#define blob_drop vh_blob_drop
 
 static CUresult load_reply(struct vh_chan *ch, struct vh_wr *wr, CUresult r, int kind, void *obj)
 {
@@ -564,15 +578,24 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 		return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 	}
 	case VG_OP_BLOB_BEGIN: {
-		uint64_t size = vh_get_u64(rd);
+		uint64_t size = vh_get_u64(rd), hash[2];
+		vh_get(rd, hash, sizeof hash);
 		if (rd->bad || size == 0 || size > VG_MAX_BLOB)
 			return CUDA_ERROR_INVALID_VALUE;
 		blob_drop(ch);
-		ch->blob = malloc(size + 1);
-		if (!ch->blob)
-			return CUDA_ERROR_OUT_OF_MEMORY;
-		ch->blob[size] = 0; /* a PTX image read as text ends here whatever the guest sent */
-		ch->blob_size = size;
+		ch->image = vh_image_find(ch->fwd, size, hash);
+		uint64_t cached = ch->image != NULL;
+		if (!cached) {
+			ch->blob = malloc(size + 1);
+			if (!ch->blob)
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			ch->blob[size] = 0; /* a PTX image read as text ends here whatever the guest sent */
+			ch->blob_size = size;
+			memcpy(ch->blob_hash, hash, sizeof hash);
+		}
+		ch->images_cached += cached;
+		ch->images_sent += !cached;
+		vh_put(wr, &cached, sizeof cached);
 		return CUDA_SUCCESS;
 	}
 	case VG_OP_BLOB_PUT: {

@@ -154,8 +154,10 @@ static void *serve_thread(void *arg)
 	uint64_t calls = ch->ncalls, async = ch->nasync;
 	vh_chan_release_all(ch);
 	vmgpu_hchan_reclaim(ch->hc);
-	logf_("channel %u: closed after %llu calls (%llu async); its memory and objects are freed", ch->index,
-	      (unsigned long long)calls, (unsigned long long)async);
+	logf_("channel %u: closed after %llu calls (%llu async; module images: %llu sent, %llu from cache); its "
+	      "memory and objects are freed",
+	      ch->index, (unsigned long long)calls, (unsigned long long)async, (unsigned long long)ch->images_sent,
+	      (unsigned long long)ch->images_cached);
 	atomic_store(&s->busy, 0);
 	return NULL;
 }

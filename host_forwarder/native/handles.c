@@ -172,11 +172,10 @@ void vh_chan_release_all(struct vh_chan *ch)
 	}
 	free(ch->h);
 	free(ch->allocs);
-	free(ch->blob);
+	vh_blob_drop(ch);
 	free(ch->scratch);
 	ch->h = NULL;
 	ch->allocs = NULL;
-	ch->blob = NULL;
 	ch->scratch = NULL;
 	ch->nh = ch->caph = 0;
 	ch->nallocs = ch->capallocs = 0;

@@ -56,7 +56,14 @@ struct vh_fwd {
 	int driver_version;
 	const char *guest;
 	int verbose;
+	struct vh_images *images; /* module images by content (images.c) */
 };
+
+struct vh_image;
+struct vh_image *vh_image_find(struct vh_fwd *f, uint64_t size, const uint64_t hash[2]);
+struct vh_image *vh_image_add(struct vh_fwd *f, uint8_t *bytes, uint64_t size, const uint64_t claimed[2]);
+void vh_image_put(struct vh_fwd *f, struct vh_image *img);
+const uint8_t *vh_image_bytes(const struct vh_image *img);
 
 /* ---- a channel being served ------------------------------------------------------ */
 
@@ -85,8 +92,10 @@ struct vh_chan {
 	uint32_t nh, caph, free_hint;
 	struct vh_alloc *allocs;
 	size_t nallocs, capallocs;
-	uint8_t *blob;
-	uint64_t blob_size, blob_filled;
+	uint8_t *blob;                /* a module image being received */
+	uint64_t blob_size, blob_filled, blob_hash[2];
+	struct vh_image *image;       /* or the cached image this load uses */
+	uint64_t images_sent, images_cached;
 	void *scratch;
 	size_t scratch_cap;
 	uint64_t ncalls, nasync;
@@ -188,6 +197,7 @@ int vh_device_in(struct vh_chan *ch, CUdevice *d);
 int vh_context_in(struct vh_chan *ch, CUcontext *c);
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
 void vh_chan_release_all(struct vh_chan *ch);
+void vh_blob_drop(struct vh_chan *ch); /* forget the image being received or used */
 
 /* Host memory a guest names: region heap or channel bulk, checked. */
 enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };

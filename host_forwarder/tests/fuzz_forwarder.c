@@ -39,7 +39,8 @@ static int call(uint32_t op, uint16_t dev, uint16_t flags, const void *args, uin
 {
 	struct vg_req_hdr h = {op, dev, flags, ++seqno};
 	memcpy(req, &h, sizeof h);
-	memcpy(req + sizeof h, args, len);
+	if (len)
+		memcpy(req + sizeof h, args, len);
 	int e = vmgpu_gchan_send(ch, VG_REC_REQUEST, req, sizeof h + len, 5000000000ull);
 	if (e < 0) {
 		fprintf(stderr, "send failed: %s\n", vmgpu_shm_errmsg());
@@ -103,6 +104,29 @@ int main(int argc, char **argv)
 	real[2] = 1;
 	real[3] = 2; /* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
 	real[4] = 0xFFFFFFFFFFFFFFFFull;
+
+	/* a guest that lies about an image's hash gets its load, but the lie is not cached */
+	static const char ptx[] = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry lie() { ret; }\n";
+	for (int round = 0; round < 2; round++) {
+		uint64_t begin[3] = {sizeof ptx, 0x1234, 0x5678}, cached = 99, pos;
+		void *bulk;
+		if (call(VG_OP_BLOB_BEGIN, 0, 0, begin, sizeof begin, &rl) != 0)
+			return 1;
+		memcpy(&cached, rep + sizeof(struct vg_rep_hdr), 8);
+		if (cached != 0) {
+			fprintf(stderr, "an image with a false hash was served from the cache\n");
+			return 1;
+		}
+		if (vmgpu_gchan_bulk_alloc(ch, sizeof ptx, 5000000000ull, &pos, &bulk) < 0)
+			return 1;
+		memcpy(bulk, ptx, sizeof ptx);
+		uint64_t put[3] = {0, pos, sizeof ptx};
+		call(VG_OP_BLOB_PUT, 0, VG_F_NOREPLY, put, sizeof put, NULL);
+		if (call(VG_OP_cuModuleLoadData, 0, 0, NULL, 0, &rl) != 0) {
+			fprintf(stderr, "the lying guest's own load failed\n");
+			return 1;
+		}
+	}
 
 	long replies = 0, errors = 0;
 	for (long i = 0; i < iters; i++) {

@@ -47,6 +47,18 @@ def test_unchanged_nvcc_program_runs_through_the_forwarder(shm_path):
     assert r.stdout.strip() == "vecadd ok n=300000"
 
 
+def test_module_image_crosses_once(shm_path):
+    """A second process loading the same fatbin gets it from the forwarder's content cache."""
+    with forwarder(shm_path) as fwd:
+        for _ in range(2):
+            r = run_guest([NATIVE / "vecadd_ptx", 1000], shm_path)
+            assert r.returncode == 0, r.stdout + r.stderr
+        assert _wait_for(lambda: log_text(fwd).count("closed after") == 2)
+    log = log_text(fwd)
+    assert "module images: 1 sent, 0 from cache" in log
+    assert "module images: 0 sent, 1 from cache" in log
+
+
 def test_no_region_is_no_device(tmp_path):
     r = run_guest([NATIVE / "hold", 0], tmp_path / "absent")
     assert r.stdout.strip() == "init failed"

@@ -48,7 +48,7 @@ struct vg_rep_hdr {
 enum vg_proto_op {
 	VG_OP_HELLO = 1,       /* -> vg_hello_rep, then ndev * vg_dev_info */
 	VG_OP_FUNC_PARAMS = 2, /* (u64 function or kernel handle) -> u64 n, n * {u32 offset, u32 size} */
-	VG_OP_BLOB_BEGIN = 3,  /* (u64 size) -> staging for a module image */
+	VG_OP_BLOB_BEGIN = 3,  /* (u64 size, u64 hash[2]) -> u64 1 if the host holds this image already */
 	VG_OP_BLOB_PUT = 4,    /* (u64 offset, u64 bulk pos, u64 len), async: copy from bulk into the blob */
 	VG_OP_GOODBYE = 5,     /* sync; the host frees the channel's resources */
 };
