@@ -8,7 +8,7 @@ PYTHON ?= $(VENV)/bin/python
 CUDA_INCLUDE ?= /usr/local/cuda/include
 NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
-.PHONY: all native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
+.PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
 	gen gen-check cuda-programs
 
 all: native
@@ -23,6 +23,12 @@ $(VENV)/.stamp: pyproject.toml
 
 selftest: native venv
 	$(VENV)/bin/vmgpu region selftest
+
+# The main job: unchanged CUDA programs through vmgpu on this host (its GPU, or the
+# simulated backend where there is none, which it says).
+demo: native cuda-programs venv
+	$(VENV)/bin/vmgpu region selftest
+	$(VENV)/bin/vmgpu demo
 
 # The transport, the guest's libcuda.so.1, the forwarder and the simulated backend,
 # and the driver-API test program.

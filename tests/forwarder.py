@@ -1,80 +1,36 @@
-"""Start a vmgpu-forwarder for a test and run programs through it."""
+"""Test helpers around vmgpu.forwarder: a forwarder per test, programs run through it."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import time
 from pathlib import Path
+
+from vmgpu.forwarder import Forwarder, guest_env
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "build" / "native"
 GUEST_LIB = NATIVE / "guest"
 PTX = ROOT / "tests" / "cuda" / "vadd.ptx"
 
+__all__ = ["GUEST_LIB", "NATIVE", "PTX", "ROOT", "forwarder", "guest_env", "log_text", "run_guest"]
+
 
 @contextlib.contextmanager
 def forwarder(region: Path, backend: str = "sim", mem: str | None = None, size: str = "256M", extra=()):
-    """A forwarder serving a fresh region; yields the process (its stderr is the log)."""
-    if region.exists():
-        region.unlink()
-    cmd = [
-        str(NATIVE / "vmgpu-forwarder"),
-        "--region",
-        str(region),
-        "--create",
-        size,
-        "--backend",
-        backend,
-        "--guest",
-        region.name,
-        *extra,
-    ]
-    if mem:
-        cmd += ["--mem", mem]
-    log = open(region.with_suffix(".log") if region.parent != Path("/dev/shm") else f"/tmp/{region.name}.log", "w+")
-    proc = subprocess.Popen(cmd, stderr=log, text=True)
+    """A forwarder serving a fresh region; yields it (its .proc is the process)."""
+    fwd = Forwarder(region, backend=backend, mem=mem, size=size, extra=tuple(extra))
+    fwd.start()
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            log.seek(0)
-            text = log.read()
-            if "serving" in text:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"forwarder did not start: {text}")
-            time.sleep(0.02)
-        proc.log = log
-        yield proc
+        yield fwd
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        log.seek(0)
-        proc.final_log = log.read()
-        log.close()
+        fwd.stop()
+        if region.exists():
+            region.unlink()
 
 
-def log_text(proc) -> str:
-    """The forwarder's log so far (or all of it, once it has stopped)."""
-    if getattr(proc, "final_log", None) is not None:
-        return proc.final_log
-    proc.log.flush()
-    proc.log.seek(0)
-    return proc.log.read()
-
-
-def guest_env(region: Path, **extra) -> dict:
-    """The environment of an unchanged program whose libcuda.so.1 is vmgpu's."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = str(GUEST_LIB)
-    env["VMGPU_REGION"] = str(region)
-    env.update(extra)
-    return env
+def log_text(fwd: Forwarder) -> str:
+    return fwd.log()
 
 
 def run_guest(args, region: Path, timeout: float = 120, **extra) -> subprocess.CompletedProcess:

@@ -1,6 +1,7 @@
 """CUDA remoting end to end on the simulated backend: unchanged programs, the guest
 library's local answers, hostile guests, and what happens when either side dies."""
 
+import json
 import os
 import signal
 import subprocess
@@ -102,8 +103,8 @@ def test_lost_forwarder_is_one_sticky_error_not_a_hang(shm_path):
             text=True,
         )
         assert p.stdout.readline().startswith("held")
-        fwd.send_signal(signal.SIGKILL)
-        fwd.wait()
+        fwd.proc.send_signal(signal.SIGKILL)
+        fwd.proc.wait()
         out, err = p.communicate("one\ntwo\n", timeout=30)
     # CUDA_ERROR_DEVICE_UNAVAILABLE (46), every time after
     assert out.split("\n")[:2] == ["alloc 46", "alloc 46"]
@@ -266,3 +267,17 @@ def test_generator_refuses_a_bad_spec(tmp_path, entry, message):
         [sys.executable, str(GEN / "gen.py"), "--check", "--spec", str(spec)], capture_output=True, text=True
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_vmgpu_demo_runs_programs_and_says_it_is_simulated():
+    r = subprocess.run(
+        [sys.executable, "-m", "vmgpu.cli.main", "demo", "--backend", "sim", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    assert d["simulated"] is True and [p["ok"] for p in d["programs"]] == [True, True]
+    assert all("SIMULATED (no GPU)" in ln for ln in d["forwarder_log"])

@@ -8,8 +8,10 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from vmgpu import __version__, shm
+from vmgpu.demo import run_demo
 from vmgpu.errors import VmgpuError
 from vmgpu.selftest import run_selftest
 
@@ -147,6 +149,45 @@ def region_selftest(exchanges, as_json):
 
     _emit(res, as_json, render)
     if not all(res["checks"].values()):
+        sys.exit(1)
+
+
+@cli.command("demo")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "cuda", "sim"]),
+    default="auto",
+    show_default=True,
+    help="cuda: this host's GPU; sim: the simulated backend (tests only); auto: cuda if a GPU is here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def demo(backend, as_json):
+    """Run unchanged CUDA programs through vmgpu on this host.
+
+    Starts a forwarder on a fresh region in /dev/shm, runs a driver-API program and an
+    nvcc-built vector add with vmgpu's libcuda.so.1, and shows what the forwarder did.
+    Needs `make native cuda-programs`.  Exits 1 if a program failed.
+    """
+    result = run_demo(backend)
+
+    def render(d):
+        con = Console()
+        if d["simulated"]:
+            con.print("[yellow]No GPU here: the forwarder runs the SIMULATED backend (for tests only).[/]")
+        t = Table(title=f"vmgpu demo on {d['device']}")
+        for col in ("program", "result", "seconds"):
+            t.add_column(col)
+        for r in d["programs"]:
+            t.add_row(
+                r["program"], "[green]ok[/]" if r["ok"] else f"[red]failed[/] {r['detail']}", f"{r['seconds']:.2f}"
+            )
+        con.print(t)
+        con.print("[dim]forwarder log:[/]")
+        for line in d["forwarder_log"]:
+            con.print(Text("  " + line, style="dim"), highlight=False)
+
+    _emit(result, as_json, render)
+    if not all(r["ok"] for r in result["programs"]):
         sys.exit(1)
 
 

@@ -1,0 +1,132 @@
+"""Starting and stopping a host forwarder (`vmgpu-forwarder`, C) for one guest region.
+
+vmgpud will supervise forwarders through this; `vmgpu demo` and the tests use it now.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmgpu.errors import NativeLibraryMissing, VmgpuError
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ForwarderError(VmgpuError):
+    """A forwarder did not start or stopped unexpectedly."""
+
+    code = "FORWARDER"
+    exit_code = 7
+
+
+def native_dir() -> Path:
+    """Where the forwarder, the simulated backend and the guest library were built."""
+    for d in (os.environ.get("VMGPU_LIBDIR"), _REPO_ROOT / "build" / "native", "/usr/local/lib/vmgpu"):
+        if d and (Path(d) / "vmgpu-forwarder").exists():
+            return Path(d)
+    raise NativeLibraryMissing("vmgpu-forwarder not found (build/native or $VMGPU_LIBDIR); run `make`")
+
+
+def gpu_present() -> bool:
+    """Is there an NVIDIA driver with a device this process can open?"""
+    if not os.path.exists("/dev/nvidia0"):
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Forwarder:
+    """One running forwarder serving `region` on `backend` ("cuda" or "sim")."""
+
+    region: Path
+    backend: str = "cuda"
+    gpus: str = "0"
+    mem: str | None = None
+    size: str | None = "256M"  # create the region with this size; None: serve an existing one
+    guest: str | None = None
+    extra: tuple = ()
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    _log: object = field(default=None, repr=False)
+    _final: str | None = field(default=None, repr=False)
+
+    def start(self, timeout: float = 20.0) -> Forwarder:
+        exe = native_dir() / "vmgpu-forwarder"
+        cmd = [
+            str(exe),
+            "--region",
+            str(self.region),
+            "--backend",
+            self.backend,
+            "--gpus",
+            self.gpus,
+            "--guest",
+            self.guest or self.region.name,
+            *self.extra,
+        ]
+        if self.size:
+            if self.region.exists():
+                self.region.unlink()
+            cmd += ["--create", self.size]
+        if self.mem:
+            cmd += ["--mem", self.mem]
+        self._log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stderr=self._log, text=True)
+        deadline = time.monotonic() + timeout
+        while "serving" not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                text = self.log().strip()
+                self.stop()
+                raise ForwarderError(f"the forwarder for {self.region} did not start: {text or 'no output'}")
+            time.sleep(0.02)
+        return self
+
+    def log(self) -> str:
+        """Everything the forwarder logged so far (all of it once stopped)."""
+        if self._final is not None:
+            return self._final
+        self._log.flush()
+        self._log.seek(0)
+        text = self._log.read()
+        self._log.seek(0, os.SEEK_END)
+        return text
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._final is None:
+            self._final = self.log()
+            self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> Forwarder:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def guest_env(region: Path, base: dict | None = None, **extra: str) -> dict:
+    """The environment of an unchanged CUDA program whose libcuda.so.1 is vmgpu's."""
+    env = dict(os.environ if base is None else base)
+    guest = native_dir() / "guest"
+    env["LD_LIBRARY_PATH"] = str(guest) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env["VMGPU_REGION"] = str(region)
+    env.update(extra)
+    return env
