@@ -7,6 +7,7 @@ PYTHON ?= $(VENV)/bin/python
 
 CUDA_INCLUDE ?= /usr/local/cuda/include
 NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+PTXAS ?= $(shell command -v ptxas || echo /usr/local/cuda/bin/ptxas)
 
 .PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
 	gen gen-check cuda-programs
@@ -44,6 +45,10 @@ native:
 cuda-programs: native
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/vecadd tests/cuda/vecadd.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/matmul tests/cuda/matmul.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/streams tests/cuda/streams.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/devquery tests/cuda/devquery.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/oob tests/cuda/oob.cu
+	$(PTXAS) -arch=sm_90 -o $(NATIVE)/vadd.cubin tests/cuda/vadd.ptx
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu
 	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu
 

@@ -81,7 +81,13 @@ def main() -> int:
         n, v = med(native, k), med(vm, k)
         ratios[k] = (n / v) if k in TIMES else (v / n)
         print(f"{k:<22}{n:>12.3f}{v:>12.3f}{ratios[k]:>8.2f}")
-    print("remoting " + " ".join(f"{k.rsplit('_', 1)[0]}_ratio={ratios[k]:.3f}" for k in TIMES + RATES))
+    launch = med(vm, "launch_async_us") - med(native, "launch_async_us")
+    rtt = med(vm, "launch_sync_us") - med(native, "launch_sync_us")
+    print(
+        f"remoting launch_overhead_us={launch:.3f} rtt_overhead_us={rtt:.3f}"
+        f" pinned_h2d_ratio={ratios['htod_pinned_gbs']:.3f} pinned_d2h_ratio={ratios['dtoh_pinned_gbs']:.3f}"
+        f" pageable_h2d_ratio={ratios['htod_pageable_gbs']:.3f} pageable_d2h_ratio={ratios['dtoh_pageable_gbs']:.3f}"
+    )
     return 0
 
 

@@ -24,18 +24,23 @@ typedef void (*vg_slot)(void);
 
 enum { T_CUDART, T_TLS, T_CHECKS, T_TOOLS_CONTEXT, T_COUNT };
 
-static CUresult unknown_slot(const char *table, int tid, int slot)
+/* The first call's register arguments are logged: they are how a slot's meaning is found. */
+static CUresult unknown_slot(const char *table, int tid, int slot, const uint64_t a[4])
 {
 	static int seen[T_COUNT][128];
 	if (!__atomic_exchange_n(&seen[tid][slot & 127], 1, __ATOMIC_RELAXED))
-		vg_log("export table %s slot %d is not implemented; CUDA_ERROR_NOT_SUPPORTED", table, slot);
+		vg_log("export table %s slot %d is not implemented; CUDA_ERROR_NOT_SUPPORTED (args %#llx %#llx "
+		       "%#llx %#llx)",
+		       table, slot, (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2],
+		       (unsigned long long)a[3]);
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-#define UNKNOWN(table, tid, n)                             \
-	static CUresult unk_##table##_##n(void)            \
-	{                                                  \
-		return unknown_slot(#table, tid, n);       \
+#define UNKNOWN(table, tid, n)                                                         \
+	static CUresult unk_##table##_##n(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) \
+	{                                                                              \
+		const uint64_t a[4] = {a0, a1, a2, a3};                                \
+		return unknown_slot(#table, tid, n, a);                                \
 	}
 
 /* ---- CUDART_INTERFACE: module loading and the primary context ----------------------------- */
@@ -347,7 +352,7 @@ static const vg_slot integrity_check_table[3] = {
 
 /* ---- TOOLS_CONTEXT (21318c60): asked for by cuBLAS and cuFFT ----------------------------------
  * 93 slots in driver 580.  Slot 4 gives a context's unique number (cuBLAS keys its
- * per-context state on it); the others are not known and log when called. */
+ * per-context state on it); 39 and 51 below; the others are not known and log when called. */
 
 static CUresult ctx_number(CUcontext ctx, uint64_t *out)
 {
@@ -360,12 +365,36 @@ static CUresult ctx_number(CUcontext ctx, uint64_t *out)
 	return CUDA_SUCCESS;
 }
 
+/* Slot 51 hands back a per-context object that cuBLAS (12.x, as CuPy loads it) reads;
+ * a zeroed one serves, as other remoting shims found.  Slot 39 writes 0. */
+static uint64_t ctx_object[VG_MAX_DEVICES][64];
+
+static CUresult ctx_object_get(CUcontext ctx, uint64_t arg, void **out)
+{
+	int d = vg_ctx_ordinal(ctx);
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (arg == UINT64_MAX)
+		return CUDA_ERROR_INVALID_HANDLE;
+	*out = ctx_object[d < 0 ? 0 : d];
+	return CUDA_SUCCESS;
+}
+
+static CUresult ctx_zero(uint64_t a, uint64_t b, uint64_t *out)
+{
+	(void)a;
+	if (!b || !out)
+		return CUDA_ERROR_INVALID_VALUE;
+	*out = 0;
+	return CUDA_SUCCESS;
+}
+
 #define U(n) UNKNOWN(ctxtools, T_TOOLS_CONTEXT, n)
 U(1) U(2) U(3) U(5) U(6) U(7) U(8) U(9) U(10) U(11) U(12) U(13)
 U(14) U(15) U(16) U(17) U(18) U(19) U(20) U(21) U(22) U(23) U(24) U(25)
 U(26) U(27) U(28) U(29) U(30) U(31) U(32) U(33) U(34) U(35) U(36) U(37)
-U(38) U(39) U(40) U(41) U(42) U(43) U(44) U(45) U(46) U(47) U(48) U(49)
-U(50) U(51) U(52) U(53) U(54) U(55) U(56) U(57) U(58) U(59) U(60) U(61)
+U(38) U(40) U(41) U(42) U(43) U(44) U(45) U(46) U(47) U(48) U(49)
+U(50) U(52) U(53) U(54) U(55) U(56) U(57) U(58) U(59) U(60) U(61)
 U(62) U(63) U(64) U(65) U(66) U(67) U(68) U(69) U(70) U(71) U(72) U(73)
 U(74) U(75) U(76) U(77) U(78) U(79) U(80) U(81) U(82) U(83) U(84) U(85)
 U(86) U(87) U(88) U(89) U(90) U(91) U(92)
@@ -379,9 +408,9 @@ static const vg_slot tools_context[93] = {
 	(vg_slot)unk_ctxtools_19, (vg_slot)unk_ctxtools_20, (vg_slot)unk_ctxtools_21, (vg_slot)unk_ctxtools_22, (vg_slot)unk_ctxtools_23, (vg_slot)unk_ctxtools_24,
 	(vg_slot)unk_ctxtools_25, (vg_slot)unk_ctxtools_26, (vg_slot)unk_ctxtools_27, (vg_slot)unk_ctxtools_28, (vg_slot)unk_ctxtools_29, (vg_slot)unk_ctxtools_30,
 	(vg_slot)unk_ctxtools_31, (vg_slot)unk_ctxtools_32, (vg_slot)unk_ctxtools_33, (vg_slot)unk_ctxtools_34, (vg_slot)unk_ctxtools_35, (vg_slot)unk_ctxtools_36,
-	(vg_slot)unk_ctxtools_37, (vg_slot)unk_ctxtools_38, (vg_slot)unk_ctxtools_39, (vg_slot)unk_ctxtools_40, (vg_slot)unk_ctxtools_41, (vg_slot)unk_ctxtools_42,
+	(vg_slot)unk_ctxtools_37, (vg_slot)unk_ctxtools_38, (vg_slot)ctx_zero, (vg_slot)unk_ctxtools_40, (vg_slot)unk_ctxtools_41, (vg_slot)unk_ctxtools_42,
 	(vg_slot)unk_ctxtools_43, (vg_slot)unk_ctxtools_44, (vg_slot)unk_ctxtools_45, (vg_slot)unk_ctxtools_46, (vg_slot)unk_ctxtools_47, (vg_slot)unk_ctxtools_48,
-	(vg_slot)unk_ctxtools_49, (vg_slot)unk_ctxtools_50, (vg_slot)unk_ctxtools_51, (vg_slot)unk_ctxtools_52, (vg_slot)unk_ctxtools_53, (vg_slot)unk_ctxtools_54,
+	(vg_slot)unk_ctxtools_49, (vg_slot)unk_ctxtools_50, (vg_slot)ctx_object_get, (vg_slot)unk_ctxtools_52, (vg_slot)unk_ctxtools_53, (vg_slot)unk_ctxtools_54,
 	(vg_slot)unk_ctxtools_55, (vg_slot)unk_ctxtools_56, (vg_slot)unk_ctxtools_57, (vg_slot)unk_ctxtools_58, (vg_slot)unk_ctxtools_59, (vg_slot)unk_ctxtools_60,
 	(vg_slot)unk_ctxtools_61, (vg_slot)unk_ctxtools_62, (vg_slot)unk_ctxtools_63, (vg_slot)unk_ctxtools_64, (vg_slot)unk_ctxtools_65, (vg_slot)unk_ctxtools_66,
 	(vg_slot)unk_ctxtools_67, (vg_slot)unk_ctxtools_68, (vg_slot)unk_ctxtools_69, (vg_slot)unk_ctxtools_70, (vg_slot)unk_ctxtools_71, (vg_slot)unk_ctxtools_72,

@@ -681,3 +681,55 @@ CUresult vgc_cuKernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *siz
 {
 	return vgc_cuFuncGetParamInfo((CUfunction)k, i, off, size, f);
 }
+
+/* ---- stream capture state ------------------------------------------------------------------- */
+
+/* Graph capture is not remoted yet: a stream that is not capturing answers as the driver
+ * does; one that is answers CUDA_ERROR_NOT_SUPPORTED. */
+static CUresult capture_info(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+			     const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps, unsigned f)
+{
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	CUresult r = (f & VG_F_PTDS) ? cuStreamIsCapturing_ptsz(s, &st) : cuStreamIsCapturing(s, &st);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (st != CU_STREAM_CAPTURE_STATUS_NONE)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (status)
+		*status = st;
+	if (id)
+		*id = 0;
+	if (graph)
+		*graph = NULL;
+	if (deps)
+		*deps = NULL;
+	if (edges)
+		*edges = NULL;
+	if (ndeps)
+		*ndeps = 0;
+	return CUDA_SUCCESS;
+}
+
+CUresult vgc_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, unsigned f)
+{
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	return capture_info(s, status, id, NULL, NULL, NULL, NULL, f);
+}
+
+CUresult vgc_cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+				       const CUgraphNode **deps, size_t *ndeps, unsigned f)
+{
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	return capture_info(s, status, id, graph, deps, NULL, ndeps, f);
+}
+
+CUresult vgc_cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+				       const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps,
+				       unsigned f)
+{
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	return capture_info(s, status, id, graph, deps, edges, ndeps, f);
+}

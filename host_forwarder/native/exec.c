@@ -278,12 +278,11 @@ static CUresult blob_take(struct vh_chan *ch, const void **image)
 			return CUDA_ERROR_INVALID_IMAGE;
 		/* keep it for the next load of the same bytes, if it is what the guest said */
 		ch->image = vh_image_add(ch->fwd, ch->blob, ch->blob_size, ch->blob_hash);
-		if (ch->image)
-			ch->blob = NULL;
-		else {
+		if (!ch->image) {
 			*image = ch->blob;
 			return CUDA_SUCCESS;
 		}
+		ch->blob = NULL; /* the image owns the bytes now */
 	}
 	*image = vh_image_bytes(ch->image);
 	return CUDA_SUCCESS;

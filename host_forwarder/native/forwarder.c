@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * vmgpu-forwarder: serves one guest's shared-memory region on a GPU (or on the
- * simulated backend).  One native thread per guest process (channel); no
- * Python on the per-call path.  vmgpud starts and supervises it.
+ * simulated backend).  vmgpud starts and supervises it.
+ *
+ * The process that starts keeps the region: it beats the host heartbeat, watches
+ * the channel table, and never touches CUDA.  Each guest process that claims a
+ * channel gets a worker process of its own (forked), which opens the driver,
+ * serves that channel on one native thread and exits when the guest process goes.
+ * As natively, a guest process's CUDA state lives and dies with one host process:
+ * a kernel fault poisons only that worker, and its exit frees everything it held.
+ * The memory quota is counted across the workers in shared memory.
  *
  *   vmgpu-forwarder --region /dev/shm/vmgpu-NAME [--create SIZE] [--backend cuda|sim]
  *                   [--gpus 0[,1..]] [--mem BYTES[,BYTES..]] [--guest NAME] ...
@@ -10,13 +17,16 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +35,8 @@
 static volatile sig_atomic_t stopping;
 static struct vh_fwd F;
 static struct vh_backend BK;
+static void on_signal(int sig);
+static const char *errname(CUresult r);
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
@@ -65,9 +77,7 @@ static int parse_size(const char *s, uint64_t *out)
 /* ---- serving one channel --------------------------------------------------------- */
 
 struct slot {
-	struct vh_chan ch;
-	pthread_t thread;
-	_Atomic int busy;
+	pid_t worker; /* serving this channel, 0 if none */
 };
 
 static int set_device(struct vh_chan *ch, uint16_t dev)
@@ -77,21 +87,25 @@ static int set_device(struct vh_chan *ch, uint16_t dev)
 		return 0;
 	if (want >= ch->fwd->ndev)
 		return -1;
-	if (ch->backend->cuCtxSetCurrent(want < 0 ? NULL : ch->fwd->ctx[want]) != CUDA_SUCCESS)
+	CUcontext c = NULL;
+	if (want >= 0 && vh_chan_context(ch, want, &c) != CUDA_SUCCESS)
+		return -1;
+	if (ch->backend->cuCtxSetCurrent(c) != CUDA_SUCCESS)
 		return -1;
 	ch->cur_dev = want;
 	return 0;
 }
 
-void vh_serve(struct vh_chan *ch)
+int vh_serve(struct vh_chan *ch)
 {
+	int ended = 0;
 	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
 	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
 	uint64_t *rbuf = malloc(rcap), *wbuf = malloc(wcap);
 	if (!rbuf || !wbuf) {
 		free(rbuf);
 		free(wbuf);
-		return;
+		return 3;
 	}
 	uint64_t last_poll = vmgpu_now_ns();
 	for (;;) {
@@ -108,10 +122,14 @@ void vh_serve(struct vh_chan *ch)
 			if (n == -EAGAIN || n == -ETIMEDOUT)
 				continue;
 		}
-		if (n < 0)
-			break; /* the guest broke the ring protocol; the transport fenced it out */
+		if (n < 0) {
+			ended = VH_EXIT_PROTOCOL; /* the guest broke the ring protocol */
+			break;
+		}
 		if (type != VG_REC_REQUEST || (uint32_t)n < sizeof(struct vg_req_hdr)) {
-			logf_("channel %u: malformed record (type %u, %d bytes); closing it", ch->index, type, n);
+			logf_("channel %u: malformed record (type %u, %d bytes); cutting the guest process off", ch->index,
+			      type, n);
+			ended = VH_EXIT_PROTOCOL;
 			break;
 		}
 		struct vg_req_hdr hdr;
@@ -141,25 +159,53 @@ void vh_serve(struct vh_chan *ch)
 	}
 	free(rbuf);
 	free(wbuf);
+	return ended;
 }
 
-static void *serve_thread(void *arg)
+static const char *backend_name;
+
+/* In a worker: open the driver, serve one channel, free what the guest process held. */
+static int worker(uint32_t idx, pid_t supervisor)
 {
-	struct slot *s = arg;
-	struct vh_chan *ch = &s->ch;
-	ch->cur_dev = -1;
-	logf_("channel %u: guest process connected (generation %u)", ch->index, vmgpu_hchan_generation(ch->hc));
-	vh_serve(ch);
-	set_device(ch, 0);
-	uint64_t calls = ch->ncalls, async = ch->nasync;
-	vh_chan_release_all(ch);
-	vmgpu_hchan_reclaim(ch->hc);
+	char err[512];
+	signal(SIGTERM, on_signal);
+	/* a worker does not outlive its supervisor: the guest must see the host go */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != supervisor)
+		return 3;
+	signal(SIGINT, SIG_IGN); /* the supervisor decides when workers stop */
+	if (vh_backend_load(&BK, backend_name, err, sizeof err)) {
+		logf_("channel %u: %s", idx, err);
+		return 3;
+	}
+	const struct vh_backend *B = &BK;
+	if (B->cuInit(0) != CUDA_SUCCESS)
+		return 3;
+	for (int i = 0; i < F.ndev; i++)
+		if (B->cuDeviceGet(&F.dev[i], F.ordinal[i]) != CUDA_SUCCESS ||
+		    B->cuDevicePrimaryCtxRetain(&F.ctx[i], F.dev[i]) != CUDA_SUCCESS)
+			return 3;
+	/* pinned DMA from and to the whole region: heap and bulk copies run at the pinned rate */
+	B->cuCtxSetCurrent(F.ctx[0]);
+	CUresult r = B->cuMemHostRegister_v2(F.region, F.region_size,
+					     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	F.registered = r == CUDA_SUCCESS;
+	if (!F.registered)
+		logf_("channel %u: cannot register the region with the driver (%s); copies run at pageable speed",
+		      idx, errname(r));
+	B->cuCtxSetCurrent(NULL);
+
+	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1};
+	logf_("channel %u: guest process connected (generation %u), served by worker %d", idx,
+	      vmgpu_hchan_generation(ch.hc), (int)getpid());
+	int ended = vh_serve(&ch);
+	uint64_t calls = ch.ncalls, async = ch.nasync;
+	vh_chan_release_all(&ch);
 	logf_("channel %u: closed after %llu calls (%llu async; module images: %llu sent, %llu from cache); its "
 	      "memory and objects are freed",
-	      ch->index, (unsigned long long)calls, (unsigned long long)async, (unsigned long long)ch->images_sent,
-	      (unsigned long long)ch->images_cached);
-	atomic_store(&s->busy, 0);
-	return NULL;
+	      idx, (unsigned long long)calls, (unsigned long long)async, (unsigned long long)ch.images_sent,
+	      (unsigned long long)ch.images_cached);
+	return ended;
 }
 
 /* ---- start-up -------------------------------------------------------------------- */
@@ -202,8 +248,8 @@ static int open_devices(const char *gpus, const char *mems)
 		if (*end || ord < 0 || ord >= count)
 			return die("GPU '%s' is not a device index of this host (0..%d)", tok, count - 1);
 		int i = F.ndev++;
-		if ((r = B->cuDeviceGet(&F.dev[i], (int)ord)) != CUDA_SUCCESS ||
-		    (r = B->cuDevicePrimaryCtxRetain(&F.ctx[i], F.dev[i])) != CUDA_SUCCESS)
+		F.ordinal[i] = (int)ord;
+		if ((r = B->cuDeviceGet(&F.dev[i], (int)ord)) != CUDA_SUCCESS)
 			return die("GPU %ld: %s", ord, errname(r));
 		struct vg_dev_info *d = &F.info[i];
 		B->cuDeviceGetName(d->name, sizeof d->name, F.dev[i]);
@@ -240,6 +286,51 @@ static int open_devices(const char *gpus, const char *mems)
 			return die("--mem: give one size per GPU (%d)", F.ndev);
 	}
 	return 0;
+}
+
+/* Check the GPUs and read what guests will be told, in a child: this process never
+ * opens the driver, so that each worker it forks can. */
+static int probe_devices(const char *gpus, const char *mems)
+{
+	struct vh_fwd *shared = mmap(NULL, sizeof F, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (shared == MAP_FAILED)
+		return die("cannot map shared memory: %s", strerror(errno));
+	pid_t pid = fork();
+	if (pid == 0) {
+		char err[512];
+		if (vh_backend_load(&BK, backend_name, err, sizeof err))
+			_exit(die("%s", err));
+		if (open_devices(gpus, mems))
+			_exit(1);
+		*shared = F;
+		_exit(0);
+	}
+	int status = 0;
+	if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		munmap(shared, sizeof F);
+		return 1;
+	}
+	F.ndev = shared->ndev;
+	F.driver_version = shared->driver_version;
+	memcpy(F.ordinal, shared->ordinal, sizeof F.ordinal);
+	memcpy(F.quota, shared->quota, sizeof F.quota);
+	memcpy(F.info, shared->info, sizeof F.info);
+	munmap(shared, sizeof F);
+	return 0;
+}
+
+static void remove_image_dir(void)
+{
+	if (!F.image_dir[0])
+		return;
+	DIR *d = opendir(F.image_dir);
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		if (e->d_name[0] != '.')
+			unlinkat(dirfd(d), e->d_name, 0);
+	if (d)
+		closedir(d);
+	rmdir(F.image_dir);
 }
 
 static void on_signal(int sig)
@@ -323,12 +414,15 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	char err[512];
-	if (vh_backend_load(&BK, backend, err, sizeof err))
-		return die("%s", err);
-	F.backend = &BK;
-	if (open_devices(gpus, mems))
+	backend_name = backend;
+	BK.simulated = !strcmp(backend, "sim");
+	if (strcmp(backend, "sim") && strcmp(backend, "cuda"))
+		return die("unknown backend '%s' (cuda or sim)", backend);
+	if (probe_devices(gpus, mems))
 		return 1;
+	F.used = mmap(NULL, VG_MAX_DEVICES * sizeof *F.used, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (F.used == MAP_FAILED)
+		return die("cannot map the quota counters: %s", strerror(errno));
 
 	int fd = open(region, O_RDWR | (create ? O_CREAT : 0), 0660);
 	if (fd < 0)
@@ -346,16 +440,9 @@ int main(int argc, char **argv)
 		return die("cannot format region %s: %s", region, vmgpu_shm_errmsg());
 	if (vmgpu_host_attach(F.region, F.region_size, &params, &wopts, &F.host) != 0)
 		return die("cannot serve region %s: %s", region, vmgpu_shm_errmsg());
-
-	/* pinned DMA from and to the whole region: heap and bulk copies run at the pinned rate */
-	BK.cuCtxSetCurrent(F.ctx[0]);
-	CUresult r = BK.cuMemHostRegister_v2(F.region, F.region_size,
-					     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-	F.registered = r == CUDA_SUCCESS;
-	if (!F.registered)
-		logf_("warning: cannot register the region with the driver (%s); copies run at pageable speed",
-		      errname(r));
-	BK.cuCtxSetCurrent(NULL);
+	snprintf(F.image_dir, sizeof F.image_dir, "/dev/shm/vmgpu-images-%d", (int)getpid());
+	if (mkdir(F.image_dir, 0700) != 0)
+		F.image_dir[0] = '\0'; /* no cache: every image crosses */
 
 	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
 	logf_("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", region,
@@ -368,29 +455,45 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	struct slot *slots = calloc(L->nchannels, sizeof *slots);
+	uint8_t *fence = calloc(L->nchannels, 1);
 	while (!stopping) {
 		vmgpu_host_beat(F.host);
+		int status;
+		pid_t pid;
+		while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+			for (uint32_t i = 0; i < L->nchannels; i++) {
+				if (slots[i].worker != pid)
+					continue;
+				slots[i].worker = 0;
+				if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+					/* nobody serves the guest process now: cut it off, it gets one sticky error */
+					fence[i] = 1;
+					if (WIFSIGNALED(status))
+						logf_("channel %u: worker %d died (signal %d); the guest process loses its GPU", i,
+						      (int)pid, WTERMSIG(status));
+					else if (WEXITSTATUS(status) != VH_EXIT_PROTOCOL)
+						logf_("channel %u: worker %d failed (exit %d)", i, (int)pid, WEXITSTATUS(status));
+				}
+			}
+		}
 		uint64_t now = vmgpu_now_ns();
 		for (uint32_t i = 0; i < L->nchannels; i++) {
-			struct slot *s = &slots[i];
-			if (atomic_load(&s->busy))
+			if (slots[i].worker)
 				continue;
-			if (s->thread) {
-				pthread_join(s->thread, NULL);
-				s->thread = 0;
-			}
 			struct vmgpu_hchan *hc = vmgpu_host_chan(F.host, i);
 			int ev = vmgpu_hchan_poll(hc, now);
-			if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST) {
+			if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST || (fence[i] && ev != VMGPU_HC_IDLE)) {
 				vmgpu_hchan_reclaim(hc);
+				fence[i] = 0;
 			} else if (ev == VMGPU_HC_OPENED || ev == VMGPU_HC_SERVING) {
-				memset(&s->ch, 0, sizeof s->ch);
-				s->ch = (struct vh_chan){.fwd = &F, .backend = &BK, .hc = hc, .index = i, .cur_dev = -1};
-				atomic_store(&s->busy, 1);
-				if (pthread_create(&s->thread, NULL, serve_thread, s) != 0) {
-					atomic_store(&s->busy, 0);
-					s->thread = 0;
-				}
+				pid_t self = getpid();
+				pid = fork();
+				if (pid == 0)
+					_exit(worker(i, self));
+				if (pid > 0)
+					slots[i].worker = pid;
+				else
+					logf_("channel %u: cannot start a worker: %s", i, strerror(errno));
 			}
 		}
 		struct timespec ts = {0, 2 * 1000000};
@@ -398,13 +501,16 @@ int main(int argc, char **argv)
 	}
 	logf_("stopping");
 	for (uint32_t i = 0; i < L->nchannels; i++)
-		if (slots[i].thread)
-			pthread_join(slots[i].thread, NULL);
+		if (slots[i].worker)
+			kill(slots[i].worker, SIGTERM);
+	for (uint32_t i = 0; i < L->nchannels; i++)
+		if (slots[i].worker)
+			waitpid(slots[i].worker, NULL, 0);
 	free(slots);
+	free(fence);
 	vmgpu_host_close(F.host);
 	vmgpu_host_detach(F.host);
-	if (F.registered && BK.cuCtxSetCurrent(F.ctx[0]) == CUDA_SUCCESS)
-		BK.cuMemHostUnregister(F.region);
 	munmap(F.region, F.region_size);
+	remove_image_dir();
 	return 0;
 }

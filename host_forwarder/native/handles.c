@@ -126,8 +126,20 @@ int vh_context_in(struct vh_chan *ch, CUcontext *c)
 		return 0;
 	if (v > (uint64_t)ch->fwd->ndev)
 		return -1;
-	*c = ch->fwd->ctx[v - 1];
-	return 0;
+	return vh_chan_context(ch, (int)(v - 1), c) == CUDA_SUCCESS ? 0 : -1;
+}
+
+CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
+{
+	if (!ch->ctx[dev]) {
+		CUresult r = ch->backend->cuCtxCreate_v4(&ch->ctx[dev], NULL, 0, ch->fwd->dev[dev]);
+		if (r != CUDA_SUCCESS) {
+			ch->ctx[dev] = NULL;
+			return r;
+		}
+	}
+	*out = ch->ctx[dev];
+	return CUDA_SUCCESS;
 }
 
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz)
@@ -149,6 +161,12 @@ void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz)
 void vh_chan_release_all(struct vh_chan *ch)
 {
 	const struct vh_backend *B = ch->backend;
+	for (int d = 0; d < VG_MAX_DEVICES; d++)
+		if (ch->ctx[d]) {
+			B->cuCtxSetCurrent(ch->ctx[d]);
+			break;
+		}
+	/* objects first (a stream or event needs no particular current context), then memory */
 	for (int pass = 0; pass < 3; pass++) {
 		for (uint32_t i = 0; i < ch->nh; i++) {
 			struct vh_handle *e = &ch->h[i];
@@ -167,9 +185,19 @@ void vh_chan_release_all(struct vh_chan *ch)
 	for (uint32_t i = 0; i < ch->nh; i++)
 		clear(&ch->h[i]);
 	for (size_t i = 0; i < ch->nallocs; i++) {
+		if (ch->ctx[ch->allocs[i].dev])
+			B->cuCtxSetCurrent(ch->ctx[ch->allocs[i].dev]);
 		B->cuMemFree_v2(ch->allocs[i].base);
 		atomic_fetch_sub(&ch->fwd->used[ch->allocs[i].dev], ch->allocs[i].size);
 	}
+	/* whatever is left (and a context a kernel fault poisoned) goes with the context */
+	B->cuCtxSetCurrent(NULL);
+	for (int d = 0; d < VG_MAX_DEVICES; d++) {
+		if (ch->ctx[d])
+			B->cuCtxDestroy_v2(ch->ctx[d]);
+		ch->ctx[d] = NULL;
+	}
+	ch->cur_dev = -1;
 	free(ch->h);
 	free(ch->allocs);
 	vh_blob_drop(ch);

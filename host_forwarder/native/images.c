@@ -1,45 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Module images by content, shared by all of a guest's processes: an image
+ * Module images by content, shared by the workers serving one guest: an image
  * crosses the channel once; later loads of the same bytes (another process, a
- * reload) are answered from here.  The hash is recomputed over the received
- * bytes before an image is kept, so what a guest claims cannot poison it.
- * Bounded (VMGPU_IMAGE_CACHE_MIB, default 1024); least recently used unreferenced
- * images go first.
+ * reload) are read from the forwarder's image directory.  The hash is recomputed
+ * over the received bytes before an image is kept, so what a guest claims cannot
+ * poison it.  Bounded by VMGPU_IMAGE_CACHE_MIB (default 1024): past it, new
+ * images are simply not kept.
  */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "vg_hash.h"
 #include "vh_dispatch.h"
 
 struct vh_image {
-	uint64_t size, hash[2], last_use;
-	uint8_t *bytes;
-	int refs;
-	struct vh_image *next;
+	uint64_t size;
+	uint8_t *bytes; /* size + 1, the last a NUL */
 };
 
-struct vh_images {
-	pthread_mutex_t mu;
-	struct vh_image *head;
-	uint64_t bytes, limit, clock;
-};
-
-static struct vh_images *cache_of(struct vh_fwd *f)
+static void path_of(const struct vh_fwd *f, uint64_t size, const uint64_t h[2], char *out, size_t len)
 {
-	static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-	pthread_mutex_lock(&init_mu);
-	if (!f->images) {
-		struct vh_images *c = calloc(1, sizeof *c);
-		if (c) {
-			pthread_mutex_init(&c->mu, NULL);
-			const char *e = getenv("VMGPU_IMAGE_CACHE_MIB");
-			c->limit = (e && atoll(e) >= 0 ? (uint64_t)atoll(e) : 1024) << 20;
-		}
-		f->images = c;
-	}
-	pthread_mutex_unlock(&init_mu);
-	return f->images;
+	snprintf(out, len, "%s/%016llx-%016llx-%llu", f->image_dir, (unsigned long long)h[0],
+		 (unsigned long long)h[1], (unsigned long long)size);
 }
 
 const uint8_t *vh_image_bytes(const struct vh_image *img)
@@ -49,68 +36,91 @@ const uint8_t *vh_image_bytes(const struct vh_image *img)
 
 struct vh_image *vh_image_find(struct vh_fwd *f, uint64_t size, const uint64_t hash[2])
 {
-	struct vh_images *c = cache_of(f);
-	if (!c)
+	if (!f->image_dir[0])
 		return NULL;
-	pthread_mutex_lock(&c->mu);
-	struct vh_image *img = c->head;
-	for (; img; img = img->next)
-		if (img->size == size && img->hash[0] == hash[0] && img->hash[1] == hash[1])
+	char path[512];
+	path_of(f, size, hash, path, sizeof path);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	struct vh_image *img = calloc(1, sizeof *img);
+	uint8_t *b = malloc(size + 1);
+	uint64_t got = 0;
+	while (img && b && got < size) {
+		ssize_t n = read(fd, b + got, size - got);
+		if (n <= 0)
 			break;
-	if (img) {
-		img->refs++;
-		img->last_use = ++c->clock;
+		got += (uint64_t)n;
 	}
-	pthread_mutex_unlock(&c->mu);
+	close(fd);
+	if (!img || !b || got != size) {
+		free(img);
+		free(b);
+		return NULL;
+	}
+	b[size] = 0;
+	img->size = size;
+	img->bytes = b;
 	return img;
 }
 
-/* Keep bytes (malloc'd, size + 1 with a final NUL) if their size bytes hash to
- * `claimed`; returns a referenced image owning them, or NULL (the caller keeps them). */
+static uint64_t dir_bytes(const char *dir)
+{
+	uint64_t total = 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	struct stat st;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.' && !fstatat(dirfd(d), e->d_name, &st, 0))
+			total += (uint64_t)st.st_size;
+	closedir(d);
+	return total;
+}
+
 struct vh_image *vh_image_add(struct vh_fwd *f, uint8_t *bytes, uint64_t size, const uint64_t claimed[2])
 {
-	struct vh_images *c = cache_of(f);
 	uint64_t h[2];
-	if (!c || size > c->limit)
+	if (!f->image_dir[0])
 		return NULL;
 	vg_hash128(bytes, size, h);
 	if (h[0] != claimed[0] || h[1] != claimed[1])
-		return NULL;
+		return NULL; /* the guest's claim was false: load it, keep nothing */
+	const char *e = getenv("VMGPU_IMAGE_CACHE_MIB");
+	uint64_t limit = (e && atoll(e) >= 0 ? (uint64_t)atoll(e) : 1024) << 20;
 	struct vh_image *img = calloc(1, sizeof *img);
 	if (!img)
 		return NULL;
-	pthread_mutex_lock(&c->mu);
-	while (c->bytes + size > c->limit) {
-		struct vh_image **victim = NULL;
-		for (struct vh_image **pp = &c->head; *pp; pp = &(*pp)->next)
-			if ((*pp)->refs == 0 && (!victim || (*pp)->last_use < (*victim)->last_use))
-				victim = pp;
-		if (!victim)
+	img->size = size;
+	img->bytes = bytes;
+	if (dir_bytes(f->image_dir) + size > limit)
+		return img;
+	char path[512], tmp[600];
+	path_of(f, size, h, path, sizeof path);
+	snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return img;
+	uint64_t put = 0;
+	while (put < size) {
+		ssize_t n = write(fd, bytes + put, size - put);
+		if (n <= 0)
 			break;
-		struct vh_image *v = *victim;
-		*victim = v->next;
-		c->bytes -= v->size;
-		free(v->bytes);
-		free(v);
+		put += (uint64_t)n;
 	}
-	if (c->bytes + size > c->limit) {
-		pthread_mutex_unlock(&c->mu);
-		free(img);
-		return NULL;
-	}
-	*img = (struct vh_image){size, {h[0], h[1]}, ++c->clock, bytes, 1, c->head};
-	c->head = img;
-	c->bytes += size;
-	pthread_mutex_unlock(&c->mu);
+	close(fd);
+	/* complete files only, by rename */
+	if (put != size || rename(tmp, path) != 0)
+		unlink(tmp);
 	return img;
 }
 
 void vh_image_put(struct vh_fwd *f, struct vh_image *img)
 {
+	(void)f;
 	if (!img)
 		return;
-	struct vh_images *c = cache_of(f);
-	pthread_mutex_lock(&c->mu);
-	img->refs--;
-	pthread_mutex_unlock(&c->mu);
+	free(img->bytes);
+	free(img);
 }

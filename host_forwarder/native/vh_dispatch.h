@@ -50,17 +50,20 @@ struct vh_fwd {
 	int ndev;
 	CUdevice dev[VG_MAX_DEVICES];
 	CUcontext ctx[VG_MAX_DEVICES];
+	int ordinal[VG_MAX_DEVICES];     /* host device index of each guest device */
 	uint64_t quota[VG_MAX_DEVICES];
-	_Atomic uint64_t used[VG_MAX_DEVICES];
+	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers */
 	struct vg_dev_info info[VG_MAX_DEVICES];
 	int driver_version;
 	const char *guest;
 	int verbose;
-	struct vh_images *images; /* module images by content (images.c) */
+	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
 };
 
 struct vh_image;
 struct vh_image *vh_image_find(struct vh_fwd *f, uint64_t size, const uint64_t hash[2]);
+/* Take bytes (malloc'd, size + 1 with a final NUL) as an image; kept for others if their
+ * hash is `claimed`.  NULL if the claim was false (the caller keeps the bytes). */
 struct vh_image *vh_image_add(struct vh_fwd *f, uint8_t *bytes, uint64_t size, const uint64_t claimed[2]);
 void vh_image_put(struct vh_fwd *f, struct vh_image *img);
 const uint8_t *vh_image_bytes(const struct vh_image *img);
@@ -87,6 +90,9 @@ struct vh_chan {
 	struct vmgpu_hchan *hc;
 	uint32_t index;
 	int cur_dev;       /* guest ordinal current on this thread, -1 none */
+	/* The process's own context per device, made at first use, as a native process has:
+	 * a kernel fault poisons only this context, and destroying it frees what it held. */
+	CUcontext ctx[VG_MAX_DEVICES];
 	CUresult latched;  /* first error of an async call, not yet reported */
 	struct vh_handle *h;
 	uint32_t nh, caph, free_hint;
@@ -195,6 +201,7 @@ void vh_handle_drop(struct vh_chan *ch, int kind, void *host_ptr);
 struct vh_handle *vh_handle_entry(struct vh_chan *ch, uint64_t guest_value, int kind);
 int vh_device_in(struct vh_chan *ch, CUdevice *d);
 int vh_context_in(struct vh_chan *ch, CUcontext *c);
+CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out); /* made at first use */
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
 void vh_chan_release_all(struct vh_chan *ch);
 void vh_blob_drop(struct vh_chan *ch); /* forget the image being received or used */
@@ -206,7 +213,9 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_
 CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 int vh_op_reports_async(uint32_t op);
 
-/* Serve one channel until its owner closes it or is lost; then free everything it held. */
-void vh_serve(struct vh_chan *ch);
+/* Serve one channel until its owner closes it or is lost.  Returns 0, or
+ * VH_EXIT_PROTOCOL if the guest broke the protocol (it must be cut off). */
+#define VH_EXIT_PROTOCOL 4
+int vh_serve(struct vh_chan *ch);
 
 #endif

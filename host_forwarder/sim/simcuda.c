@@ -139,7 +139,31 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS; }
-EXPORT CUresult cuCtxSetCurrent(CUcontext c) { return !c || c == (CUcontext)&primary_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+/* Contexts: the primary one, and any number created (all share the one address space). */
+#define CTX_MAGIC 0x43545853u
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int flags, CUdevice d)
+{
+	(void)p; (void)flags;
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	uint32_t *x = malloc(sizeof *x);
+	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+	*x = CTX_MAGIC;
+	*c = (CUcontext)x;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
+{
+	if ((uintptr_t)c < 4096 || *(uint32_t *)c != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+	*(uint32_t *)c = 0;
+	free(c);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c)
+{
+	if (!c || c == (CUcontext)&primary_ctx) return CUDA_SUCCESS;
+	return (uintptr_t)c >= 4096 && *(uint32_t *)c == CTX_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
 EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) { return cuCtxSetCurrent(c); }
 

@@ -3,7 +3,7 @@
  * It prints one line per step: the step, the CUresult, and what it checked.
  * The transcript is the same natively and through vmgpu; tests compare them.
  *
- *   drv_api PTX_FILE [MiB for the large copy, default 64]
+ *   drv_api PTX_FILE [MiB for the large copy, default 64] [CUBIN_FILE]
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -165,6 +165,33 @@ int main(int argc, char **argv)
 	cuCtxSynchronize();
 	cuMemcpyDtoH(fc, dc, 4 * 16);
 	check("vadd (extra) result", fc[10] == 15.0f);
+
+	/* the same kernel from a cubin, when one is given */
+	if (argc > 3) {
+		char *cubin = NULL;
+		FILE *cf = fopen(argv[3], "rb");
+		long clen = 0;
+		if (cf && !fseek(cf, 0, SEEK_END) && (clen = ftell(cf)) > 0 && !fseek(cf, 0, SEEK_SET)) {
+			cubin = malloc((size_t)clen);
+			if (fread(cubin, 1, (size_t)clen, cf) != (size_t)clen)
+				clen = 0;
+		}
+		if (cf)
+			fclose(cf);
+		CUmodule cmod;
+		CUfunction cfn;
+		step("cuModuleLoadData (cubin)", clen > 0 ? cuModuleLoadData(&cmod, cubin) : CUDA_ERROR_FILE_NOT_FOUND,
+		     CUDA_SUCCESS, NULL);
+		step("cuModuleGetFunction (cubin)", cuModuleGetFunction(&cfn, cmod, "vadd"), CUDA_SUCCESS, NULL);
+		cuMemsetD32(dc, 0, count);
+		step("cuLaunchKernel (cubin)", cuLaunchKernel(cfn, (count + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL),
+		     CUDA_SUCCESS, NULL);
+		cuCtxSynchronize();
+		cuMemcpyDtoH(fc, dc, 4 * 16);
+		check("vadd (cubin) result", fc[10] == 15.0f);
+		step("cuModuleUnload (cubin)", cuModuleUnload(cmod), CUDA_SUCCESS, NULL);
+		free(cubin);
+	}
 
 	/* the launch-config form, and a query that takes one */
 	CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PRIORITY};

@@ -1,53 +1,77 @@
-"""Differential GPU tests: the same unchanged programs natively and through vmgpu on a real GPU.
+"""Differential GPU tests: one test body, the same unchanged program natively and through
+vmgpu on a real GPU, outputs compared.
 
-Run on the GPU host: `make cuda-programs && python3 -m pytest -m gpu tests/gpu`.
+Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu tests/gpu`.
 """
 
-import ctypes
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.forwarder import NATIVE, PTX, forwarder, guest_env, log_text, run_guest
+from vmgpu.forwarder import gpu_present
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
+HERE = Path(__file__).resolve().parent
 
 
-def _gpu_present() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return os.path.exists("/dev/nvidia0")
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_present(), reason="no NVIDIA GPU and driver here")]
-
-
-def _native(args, timeout=120):
+def _native(args, timeout=300):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VMGPU_REGION")}
     return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _both(shm_path, program, mem=None):
+    native = _native(program)
+    assert native.returncode == 0, native.stdout + native.stderr
+    with forwarder(shm_path, backend="cuda", size="1G", mem=mem) as fwd:
+        vm = run_guest(program, shm_path, timeout=300)
+        assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
+    assert "SIMULATED" not in log_text(fwd)
+    return native.stdout, vm.stdout
 
 
 @pytest.mark.parametrize(
     "program",
     [
-        pytest.param([NATIVE / "drv_api", PTX, 256], id="drv_api"),
+        pytest.param([NATIVE / "drv_api", PTX, 256, NATIVE / "vadd.cubin"], id="drv_api-ptx-and-cubin"),
         pytest.param([NATIVE / "vecadd", 1 << 24], id="vecadd"),
         pytest.param([NATIVE / "matmul", 768], id="matmul"),
+        pytest.param([NATIVE / "streams"], id="streams-events-memset-pinned"),
+        pytest.param([NATIVE / "devquery"], id="devquery"),
+        pytest.param([sys.executable, HERE / "torch_ops.py"], id="pytorch"),
+        pytest.param([sys.executable, HERE / "cupy_ops.py"], id="cupy"),
     ],
 )
 def test_same_output_natively_and_through_vmgpu(shm_path, program):
-    native = _native(program)
-    assert native.returncode == 0, native.stdout + native.stderr
+    native, vm = _both(shm_path, program)
+    assert vm == native
+
+
+def test_device_query_shows_the_quota_and_nothing_else_changes(shm_path):
+    native, vm = _both(shm_path, [NATIVE / "devquery"], mem="20G")
+    quota = str(20 << 30)
+    want = [ln for ln in native.splitlines() if not ln.startswith(("total_mem", "meminfo_total"))]
+    assert [ln for ln in vm.splitlines() if not ln.startswith(("total_mem", "meminfo_total"))] == want
+    assert f"total_mem {quota}" in vm.splitlines() and f"meminfo_total {quota}" in vm.splitlines()
+
+
+def test_kernel_fault_is_the_guests_alone(shm_path):
+    """An out-of-bounds kernel gets the native error; the forwarder survives; the next process runs."""
+    native = _native([NATIVE / "oob"])
     with forwarder(shm_path, backend="cuda", size="1G") as fwd:
-        vm = run_guest(program, shm_path)
-        assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
-    assert vm.stdout == native.stdout
-    assert "SIMULATED" not in log_text(fwd)
+        vm = run_guest([NATIVE / "oob"], shm_path)
+        after = run_guest([NATIVE / "vecadd", 1 << 20], shm_path)
+        assert fwd.proc.poll() is None, log_text(fwd)
+    assert native.returncode == 0 and "sync=0 " not in native.stdout, native.stdout
+    assert vm.stdout == native.stdout, vm.stdout + vm.stderr
+    assert after.returncode == 0 and after.stdout.strip() == "vecadd ok n=1048576", after.stdout + after.stderr
 
 
 def test_quota_is_what_the_guest_sees_and_enforced(shm_path):
-    with forwarder(shm_path, backend="cuda", mem="2G") as fwd:
+    with forwarder(shm_path, backend="cuda", mem="2G"):
         p = subprocess.Popen(
             [str(NATIVE / "hold"), "1536"],
             env=guest_env(shm_path),
@@ -61,6 +85,10 @@ def test_quota_is_what_the_guest_sees_and_enforced(shm_path):
         p.stdin.write("x\n")
         p.stdin.flush()
         assert p.stdout.readline().strip() == "alloc 0"
-        p.kill()
+        for _ in range(600):
+            p.stdin.write("x\n")
+        p.stdin.close()
+        results = p.stdout.read().split("\n")
         p.wait()
-        log_text(fwd)
+    # 1536 + 1 MiB held: the next 511 fit under 2 GiB, the rest are refused with OUT_OF_MEMORY (2)
+    assert results.count("alloc 0") == 511 and results.count("alloc 2") == 89, results[-5:]

@@ -88,6 +88,8 @@
 	X(cuLaunchKernelEx) \
 	X(cuOccupancyMaxActiveClusters) \
 	X(cuOccupancyMaxPotentialClusterSize) \
+	X(cuCtxCreate_v4) \
+	X(cuCtxDestroy_v2) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
