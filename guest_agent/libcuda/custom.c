@@ -7,6 +7,7 @@
  * mapped device address of pinned memory.  Host halves: host_forwarder/native/exec.c.
  */
 #include <elf.h>
+#include <emmintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,39 @@
 #define INLINE_MAX (16u << 10)
 
 enum { BUF_INLINE = 0, BUF_HEAP = 1, BUF_BULK = 2 };
+
+/* Copy a staged chunk with non-temporal stores: the bytes are not read again soon (the
+ * GPU reads the bulk area; the program reads its buffer later), so they need not
+ * displace the cache, and the destination's lines are not read first. */
+static void copy_stream(void *dst, const void *src, size_t n)
+{
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+	size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+	if (n < 4096 || head > n) {
+		memcpy(d, s, n);
+		return;
+	}
+	memcpy(d, s, head);
+	d += head;
+	s += head;
+	n -= head;
+	size_t body = n & ~(size_t)63;
+	for (size_t i = 0; i < body; i += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+		__m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+		__m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+		_mm_stream_si128((__m128i *)(d + i), a);
+		_mm_stream_si128((__m128i *)(d + i + 16), b);
+		_mm_stream_si128((__m128i *)(d + i + 32), c);
+		_mm_stream_si128((__m128i *)(d + i + 48), e);
+	}
+	_mm_sfence();
+	memcpy(d + body, s + body, n - body);
+}
+
+#define DTOH_DEPTH 3 /* chunks requested ahead; at most 4 (the bulk area holds 4 chunks) */
 
 static uint64_t chunk_size(void)
 {
@@ -68,7 +102,7 @@ static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CU
 			r = VG_ERROR_LOST;
 			break;
 		}
-		memcpy(bulk, p + done, len);
+		copy_stream(bulk, p + done, len);
 		int last = done + len == n;
 		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
 			break;
@@ -141,7 +175,9 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 		}
 		return vg_end(&c, r);
 	}
-	/* pageable and large: the host fills bulk chunks, two ahead of the one we copy out */
+	/* pageable and large: the host fills bulk chunks ahead of the one we copy out.  Chunks
+	 * are a quarter of the bulk area and allocated in order, so a new chunk only ever takes
+	 * the place of one already copied out (the host releases a chunk once it has filled it). */
 	vg_lock();
 	uint8_t *p = dst;
 	uint64_t step = chunk_size(), sent = 0, taken = 0;
@@ -149,11 +185,11 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 		void *bulk;
 		uint64_t len;
 		struct vg_call c;
-	} q[2];
+	} q[DTOH_DEPTH];
 	unsigned head = 0, count = 0;
 	while (r == CUDA_SUCCESS && taken < n) {
-		while (r == CUDA_SUCCESS && count < 2 && sent < n) {
-			struct inflight *f = &q[(head + count) % 2];
+		while (r == CUDA_SUCCESS && count < DTOH_DEPTH && sent < n) {
+			struct inflight *f = &q[(head + count) % DTOH_DEPTH];
 			uint64_t pos;
 			f->len = n - sent < step ? n - sent : step;
 			if (vmgpu_gchan_bulk_alloc(vg.chan, f->len, 24ull * 3600 * 1000000000ull, &pos, &f->bulk) < 0) {
@@ -177,18 +213,18 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 		struct inflight *f = &q[head];
 		CUresult rr = vg_wait_reply(&f->c);
 		if (rr == CUDA_SUCCESS && r == CUDA_SUCCESS)
-			memcpy(p + taken, f->bulk, f->len);
+			copy_stream(p + taken, f->bulk, f->len);
 		if (r == CUDA_SUCCESS)
 			r = rr;
 		taken += f->len;
-		head = (head + 1) % 2;
+		head = (head + 1) % DTOH_DEPTH;
 		count--;
 		if (r != CUDA_SUCCESS) {
 			/* collect the replies still owed, so the next call reads its own */
 			while (count > 0 && r != VG_ERROR_LOST) {
 				if (vg_wait_reply(&q[head].c) == VG_ERROR_LOST)
 					r = VG_ERROR_LOST;
-				head = (head + 1) % 2;
+				head = (head + 1) % DTOH_DEPTH;
 				count--;
 			}
 		}
