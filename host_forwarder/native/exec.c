@@ -534,6 +534,50 @@ CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
 	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* ---- stream capture state -------------------------------------------------------------- */
+
+static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	const struct vh_backend *B = ch->backend;
+	uint64_t sraw = vh_get_u64(rd), want_graph = vh_get_u64(rd), want_deps = vh_get_u64(rd);
+	int bad = 0;
+	CUstream s = stream_in(ch, flags, sraw, &bad);
+	if (rd->bad || bad)
+		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+	__typeof__(B->cuStreamGetCaptureInfo_v3) info =
+		(flags & VG_F_PTDS) ? B->cuStreamGetCaptureInfo_v3_ptsz : B->cuStreamGetCaptureInfo_v3;
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	cuuint64_t id = 0;
+	CUgraph g = NULL;
+	const CUgraphNode *deps = NULL;
+	size_t ndeps = 0;
+	CUresult r = info(s, &st, &id, want_graph ? &g : NULL, want_deps ? &deps : NULL, NULL, want_deps ? &ndeps : NULL);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (ndeps)
+		return CUDA_ERROR_NOT_SUPPORTED; /* node arrays of a capture are not remoted */
+	if (g && vh_handle_new(ch, VG_KIND_GRAPH, (void **)&g, NULL))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	uint64_t out[3] = {(uint64_t)st, (uint64_t)id, (uint64_t)(uintptr_t)g};
+	vh_put(wr, out, sizeof out);
+	return CUDA_SUCCESS;
+}
+
+CUresult vhc_cuStreamGetCaptureInfo(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return capture_info(ch, flags, rd, wr);
+}
+
+CUresult vhc_cuStreamGetCaptureInfo_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return capture_info(ch, flags, rd, wr);
+}
+
+CUresult vhc_cuStreamGetCaptureInfo_v3(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	return capture_info(ch, flags, rd, wr);
+}
+
 /* ---- the protocol's own operations --------------------------------------------------- */
 
 static CUresult hello(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)

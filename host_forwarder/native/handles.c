@@ -172,7 +172,11 @@ void vh_chan_release_all(struct vh_chan *ch)
 			struct vh_handle *e = &ch->h[i];
 			if (!e->ptr)
 				continue;
-			if (pass == 0 && e->kind == VG_KIND_STREAM)
+			if (pass == 0 && e->kind == VG_KIND_GRAPH_EXEC)
+				B->cuGraphExecDestroy(e->ptr);
+			else if (pass == 1 && e->kind == VG_KIND_GRAPH)
+				B->cuGraphDestroy(e->ptr);
+			else if (pass == 0 && e->kind == VG_KIND_STREAM)
 				B->cuStreamDestroy_v2(e->ptr);
 			else if (pass == 0 && e->kind == VG_KIND_EVENT)
 				B->cuEventDestroy_v2(e->ptr);

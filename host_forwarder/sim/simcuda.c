@@ -311,10 +311,12 @@ EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstre
 
 /* ---- streams and events -------------------------------------------------------- */
 
+struct sim_graph;
 struct sim_obj {
 	uint32_t magic;
 	int flags;
 	uint64_t t_ns;
+	struct sim_graph *capturing; /* streams: the graph being captured */
 };
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u
@@ -551,13 +553,19 @@ EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction f
 	return CUDA_SUCCESS;
 }
 
+static int capture_launch(CUstream s, CUfunction func, const unsigned dims[7], void **args, CUresult *r);
+
 EXPORT CUresult cuLaunchKernel(CUfunction func, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
 			       unsigned bz, unsigned shmem, CUstream s, void **args, void **extra)
 {
-	(void)shmem; (void)s; (void)extra;
+	(void)extra;
 	struct sim_fn *f = fn_of(func);
 	if (!f) return CUDA_ERROR_INVALID_HANDLE;
 	if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+	const unsigned dims[7] = {gx, gy, gz, bx, by, bz, shmem};
+	CUresult cr;
+	if (capture_launch(s, func, dims, args, &cr))
+		return cr;
 	if (strstr(f->name, "vadd") && f->np == 4 && f->size[0] == 8 && f->size[3] == 4) {
 		uint64_t a, b, c;
 		int n;
@@ -588,4 +596,159 @@ EXPORT CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunc
 	if (!fn_of(f)) return CUDA_ERROR_INVALID_HANDLE;
 	*n = 8; /* one cluster per simulated multiprocessor */
 	return CUDA_SUCCESS;
+}
+
+/* ---- graphs: launches captured on a stream, replayed by cuGraphLaunch ------------------------ */
+
+#define GRAPH_MAGIC 0x47525048u
+#define EXEC_MAGIC 0x47455845u
+#define MAX_NODES 64
+struct sim_node {
+	CUfunction fn;
+	unsigned dims[7];
+	uint8_t params[256];
+};
+struct sim_graph {
+	uint32_t magic;
+	int n;
+	struct sim_node node[MAX_NODES];
+};
+static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+static struct sim_obj *stream_obj(CUstream s)
+{
+	return is_obj(s, STREAM_MAGIC) ? (struct sim_obj *)s : NULL;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+	(void)mode;
+	struct sim_obj *o = stream_obj(s);
+	if (!o) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	o->capturing = calloc(1, sizeof *o->capturing);
+	if (!o->capturing) return CUDA_ERROR_OUT_OF_MEMORY;
+	o->capturing->magic = GRAPH_MAGIC;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+	struct sim_obj *o = stream_obj(s);
+	if (!g) return CUDA_ERROR_INVALID_VALUE;
+	if (!o || !o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	*g = (CUgraph)o->capturing;
+	o->capturing = NULL;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+	struct sim_obj *o = stream_obj(s);
+	if (!st) return CUDA_ERROR_INVALID_VALUE;
+	*st = o && o->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+					  const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n)
+{
+	struct sim_obj *o = stream_obj(s);
+	if (!st) return CUDA_ERROR_INVALID_VALUE;
+	*st = o && o->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+	if (id) *id = o && o->capturing ? (cuuint64_t)(uintptr_t)o->capturing : 0;
+	if (g) *g = o && o->capturing ? (CUgraph)o->capturing : NULL;
+	if (deps) *deps = NULL;
+	if (edges) *edges = NULL;
+	if (n) *n = 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	if (!mode) return CUDA_ERROR_INVALID_VALUE;
+	CUstreamCaptureMode old = capture_mode;
+	capture_mode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+	(void)flags;
+	if (!e) return CUDA_ERROR_INVALID_VALUE;
+	if (!is_obj(g, GRAPH_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	struct sim_graph *x = malloc(sizeof *x);
+	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+	*x = *(struct sim_graph *)g;
+	x->magic = EXEC_MAGIC;
+	*e = (CUgraphExec)x;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+	(void)s;
+	if (!is_obj(e, EXEC_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	struct sim_graph *x = (struct sim_graph *)e;
+	for (int i = 0; i < x->n; i++) {
+		struct sim_node *nd = &x->node[i];
+		struct sim_fn *f = fn_of(nd->fn);
+		void *args[MAX_P];
+		for (int k = 0; f && k < f->np; k++)
+			args[k] = nd->params + f->off[k];
+		CUresult r = cuLaunchKernel(nd->fn, nd->dims[0], nd->dims[1], nd->dims[2], nd->dims[3], nd->dims[4],
+					    nd->dims[5], nd->dims[6], NULL, args, NULL);
+		if (r != CUDA_SUCCESS) return r;
+	}
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
+{
+	(void)s;
+	return is_obj(e, EXEC_MAGIC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+	if (!is_obj(e, EXEC_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	((struct sim_graph *)e)->magic = 0;
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+	if (!is_obj(g, GRAPH_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	((struct sim_graph *)g)->magic = 0;
+	free(g);
+	return CUDA_SUCCESS;
+}
+
+/* Called by cuLaunchKernel: a launch on a capturing stream is recorded, not run. */
+static int capture_launch(CUstream s, CUfunction func, const unsigned dims[7], void **args, CUresult *r)
+{
+	struct sim_obj *o = stream_obj(s);
+	struct sim_fn *f = fn_of(func);
+	if (!o || !o->capturing)
+		return 0;
+	struct sim_graph *g = o->capturing;
+	if (!f || g->n == MAX_NODES) {
+		*r = f ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_HANDLE;
+		return 1;
+	}
+	struct sim_node *nd = &g->node[g->n];
+	nd->fn = func;
+	memcpy(nd->dims, dims, sizeof nd->dims);
+	for (int k = 0; k < f->np; k++) {
+		if (f->off[k] + f->size[k] > sizeof nd->params) {
+			*r = CUDA_ERROR_INVALID_VALUE;
+			return 1;
+		}
+		memcpy(nd->params + f->off[k], args[k], f->size[k]);
+	}
+	g->n++;
+	*r = CUDA_SUCCESS;
+	return 1;
 }

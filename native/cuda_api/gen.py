@@ -148,7 +148,7 @@ def load(include_dir: str, spec_path: str):
 def check_params(fn: Func, handles: dict[str, str]) -> None:
     names = {p.name for p in fn.params}
     described = set()
-    for key in ("out", "in", "in_string"):
+    for key in ("out", "in", "inout", "in_string"):
         for n in fn.spec.get(key, []):
             if n not in names:
                 raise SpecError(f"{fn.name}: {key} names unknown parameter {n!r}")
@@ -163,7 +163,7 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
             raise SpecError(f"{fn.name}: pointer parameter {p.name} ({p.ctype}) is not described")
         if not p.is_pointer and p.name in described:
             raise SpecError(f"{fn.name}: {p.name} is not a pointer")
-    if fn.cls == "async" and (fn.spec.get("out") or fn.spec.get("out_array")):
+    if fn.cls == "async" and (fn.spec.get("out") or fn.spec.get("out_array") or fn.spec.get("inout")):
         raise SpecError(f"{fn.name}: an async call cannot return values")
     d = fn.spec.get("destroys")
     if d is not None:
@@ -215,6 +215,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     s = fn.spec
     outs = set(s.get("out", []))
     ins = set(s.get("in", []))
+    inouts = set(s.get("inout", []))
     strs = set(s.get("in_string", []))
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
@@ -228,7 +229,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     for p in fn.params:
         if p.name in outs:
             body.append(f"\tvg_put_u64(&c, {p.name} != NULL);")
-        elif p.name in ins:
+        elif p.name in ins or p.name in inouts:
             body.append(f"\tvg_put_opt(&c, {p.name}, sizeof(*{p.name}));")
         elif p.name in strs:
             body.append(f"\tvg_put_str(&c, {p.name});")
@@ -239,15 +240,17 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
         elif p.ctype == "CUcontext":
             body.append(f"\tvg_put_ctx(&c, {p.name});")
         else:
+            if p.is_pointer:
+                raise SpecError(f"{fn.name}: pointer parameter {p.name} has no marshalling")
             body.append(f"\tvg_put(&c, &{p.name}, sizeof({p.name}));")
     if fn.cls == "async":
         body.append("\treturn vg_send_async(&c);")
     else:
         body.append("\tr = vg_call_sync(&c);")
-        if outs or out_arr:
+        if outs or out_arr or inouts:
             body.append("\tif (r == CUDA_SUCCESS) {")
             for p in fn.params:
-                if p.name in outs:
+                if p.name in outs or p.name in inouts:
                     body.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvg_get(&c, {p.name}, sizeof(*{p.name}));")
                 elif p.name in out_arr:
                     body.append(
@@ -337,6 +340,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     s = fn.spec
     outs = s.get("out", [])
     ins = set(s.get("in", []))
+    inouts = set(s.get("inout", []))
     strs = set(s.get("in_string", []))
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
@@ -345,7 +349,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         if p.name in outs:
             b.append(f"\t\t{p.pointee} {p.name}_v;\n\t\tmemset(&{p.name}_v, 0, sizeof({p.name}_v));")
             b.append(f"\t\t{p.pointee} *{p.name} = vh_get_u64(rd) ? &{p.name}_v : NULL;")
-        elif p.name in ins:
+        elif p.name in ins or p.name in inouts:
             b.append(
                 f"\t\t{p.pointee} {p.name}_v;\n\t\t{p.ctype}{p.name} = vh_get_opt(rd, &{p.name}_v, sizeof({p.name}_v));"
             )
@@ -359,6 +363,8 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(f"\t\tuint64_t {p.name}_n = vh_get_u64(rd);")
             b.append(f"\t\t{p.ctype}{p.name} = {p.name}_n ? vh_scratch(ch, {p.name}_n, sizeof({p.pointee})) : NULL;")
         else:
+            if p.is_pointer:  # never let a guest-supplied value reach the driver as a pointer
+                raise SpecError(f"{fn.name}: pointer parameter {p.name} has no host-side decoding")
             b.append(f"\t\t{p.ctype} {p.name};\n\t\tvh_get(rd, &{p.name}, sizeof({p.name}));")
             k = kind_of(p.ctype, handles)
             if k:
@@ -400,7 +406,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
                     f"\t\tif ({p.name} != NULL && vh_handle_new(ch, VG_KIND_{k.upper()}, (void **){p.name}, {parent or 'NULL'}))\n\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;"
                 )
     for p in fn.params:
-        if p.name in outs:
+        if p.name in outs or p.name in inouts:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, sizeof(*{p.name}));")
         elif p.name in out_arr:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, {p.name}_n * sizeof(*{p.name}));")

@@ -212,6 +212,30 @@ int main(int argc, char **argv)
 	snprintf(buf, sizeof buf, " (%s)", clusters > 0 ? "some" : "none");
 	step("cuOccupancyMaxActiveClusters", rc, CUDA_SUCCESS, buf);
 
+	/* a CUDA graph: capture the launch on a stream, instantiate, replay */
+	CUstream cs;
+	CUgraph graph;
+	CUgraphExec gexec;
+	CUstreamCaptureStatus cst = CU_STREAM_CAPTURE_STATUS_NONE;
+	cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING);
+	cuMemsetD32(dc, 0, count);
+	step("cuStreamBeginCapture", cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS, NULL);
+	cuStreamIsCapturing(cs, &cst);
+	check("stream is capturing", cst == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+	step("cuLaunchKernel (captured)", cuLaunchKernel(fn, (count + 255) / 256, 1, 1, 256, 1, 1, 0, cs, args, NULL),
+	     CUDA_SUCCESS, NULL);
+	step("cuStreamEndCapture", cuStreamEndCapture(cs, &graph), CUDA_SUCCESS, NULL);
+	cuMemcpyDtoH(fc, dc, 4 * 16);
+	check("captured launch did not run", fc[10] == 0.0f);
+	step("cuGraphInstantiate", cuGraphInstantiateWithFlags(&gexec, graph, 0), CUDA_SUCCESS, NULL);
+	step("cuGraphLaunch", cuGraphLaunch(gexec, cs), CUDA_SUCCESS, NULL);
+	step("cuStreamSynchronize (graph)", cuStreamSynchronize(cs), CUDA_SUCCESS, NULL);
+	cuMemcpyDtoH(fc, dc, 4 * 16);
+	check("graph replay result", fc[10] == 15.0f);
+	step("cuGraphExecDestroy", cuGraphExecDestroy(gexec), CUDA_SUCCESS, NULL);
+	step("cuGraphDestroy", cuGraphDestroy(graph), CUDA_SUCCESS, NULL);
+	cuStreamDestroy(cs);
+
 	/* error paths */
 	step("cuMemFree(0)", cuMemFree(0), CUDA_SUCCESS, NULL);
 	step("cuMemFree not allocated", cuMemFree(d1 + 8), CUDA_ERROR_INVALID_VALUE, NULL);

@@ -1358,6 +1358,128 @@ VG_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int *clusterSize, 
 	return vgc_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
 }
 
+static CUresult vg_do_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuStreamBeginCapture_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hStream, sizeof(hStream));
+	vg_put(&c, &mode, sizeof(mode));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+	return vg_do_cuStreamBeginCapture_v2(hStream, mode, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+	return vg_do_cuStreamBeginCapture_v2(hStream, mode, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuStreamEndCapture(CUstream hStream, CUgraph * phGraph, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuStreamEndCapture, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hStream, sizeof(hStream));
+	vg_put_u64(&c, phGraph != NULL);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraph != NULL)
+			vg_get(&c, phGraph, sizeof(*phGraph));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+	return vg_do_cuStreamEndCapture(hStream, phGraph, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+	return vg_do_cuStreamEndCapture(hStream, phGraph, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode * mode, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuThreadExchangeStreamCaptureMode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, mode, sizeof(*mode));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (mode != NULL)
+			vg_get(&c, mode, sizeof(*mode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	return vg_do_cuThreadExchangeStreamCaptureMode(mode, 0);
+}
+
+static CUresult vg_do_cuGraphInstantiateWithFlags(CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphInstantiateWithFlags, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphExec != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put(&c, &flags, sizeof(flags));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphExec != NULL)
+			vg_get(&c, phGraphExec, sizeof(*phGraphExec));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+	return vg_do_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags, 0);
+}
+
+static CUresult vg_do_cuGraphExecDestroy(CUgraphExec hGraphExec, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecDestroy, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+	return vg_do_cuGraphExecDestroy(hGraphExec, 0);
+}
+
+static CUresult vg_do_cuGraphDestroy(CUgraph hGraph, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphDestroy, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
+{
+	return vg_do_cuGraphDestroy(hGraph, 0);
+}
+
 static CUresult vg_do_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
@@ -1513,4 +1635,46 @@ VG_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, u
 VG_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
 	return vg_do_cuStreamWaitEvent(hStream, hEvent, Flags, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuGraphLaunch(CUgraphExec hGraph, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphLaunch, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
+{
+	return vg_do_cuGraphLaunch(hGraph, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraph, CUstream hStream)
+{
+	return vg_do_cuGraphLaunch(hGraph, hStream, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuGraphUpload(CUgraphExec hGraph, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphUpload, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
+{
+	return vg_do_cuGraphUpload(hGraph, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraph, CUstream hStream)
+{
+	return vg_do_cuGraphUpload(hGraph, hStream, VG_F_PTDS);
 }

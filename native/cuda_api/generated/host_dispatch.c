@@ -2,6 +2,9 @@
 
 #include "vh_dispatch.h"
 
+CUresult vhc_cuStreamGetCaptureInfo(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuStreamGetCaptureInfo_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuStreamGetCaptureInfo_v3(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize);
 CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr);
 CUresult vhx_cuMemGetInfo_v2(struct vh_chan *ch, size_t * free, size_t * total);
@@ -27,6 +30,12 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 	const struct vh_backend *B = ch->backend;
 	(void)B;
 	switch (op) {
+	case VG_OP_cuStreamGetCaptureInfo:
+		return vhc_cuStreamGetCaptureInfo(ch, vg_flags, rd, wr);
+	case VG_OP_cuStreamGetCaptureInfo_v2:
+		return vhc_cuStreamGetCaptureInfo_v2(ch, vg_flags, rd, wr);
+	case VG_OP_cuStreamGetCaptureInfo_v3:
+		return vhc_cuStreamGetCaptureInfo_v3(ch, vg_flags, rd, wr);
 	case VG_OP_cuCtxSynchronize: {
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
@@ -772,6 +781,98 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return vhc_cuOccupancyMaxActiveClusters(ch, vg_flags, rd, wr);
 	case VG_OP_cuOccupancyMaxPotentialClusterSize:
 		return vhc_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
+	case VG_OP_cuStreamBeginCapture_v2: {
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUstreamCaptureMode mode;
+		vh_get(rd, &mode, sizeof(mode));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamBeginCapture_v2_pt ? B->cuStreamBeginCapture_v2_pt(hStream, mode) : B->cuStreamBeginCapture_v2(hStream, mode);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuStreamEndCapture: {
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraph phGraph_v;
+		memset(&phGraph_v, 0, sizeof(phGraph_v));
+		CUgraph *phGraph = vh_get_u64(rd) ? &phGraph_v : NULL;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamEndCapture_pt ? B->cuStreamEndCapture_pt(hStream, phGraph) : B->cuStreamEndCapture(hStream, phGraph);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraph != NULL && vh_handle_new(ch, VG_KIND_GRAPH, (void **)phGraph, hStream))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraph != NULL)
+			vh_put(wr, phGraph, sizeof(*phGraph));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuThreadExchangeStreamCaptureMode: {
+		CUstreamCaptureMode mode_v;
+		CUstreamCaptureMode *mode = vh_get_opt(rd, &mode_v, sizeof(mode_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuThreadExchangeStreamCaptureMode(mode);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (mode != NULL)
+			vh_put(wr, mode, sizeof(*mode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphInstantiateWithFlags: {
+		CUgraphExec phGraphExec_v;
+		memset(&phGraphExec_v, 0, sizeof(phGraphExec_v));
+		CUgraphExec *phGraphExec = vh_get_u64(rd) ? &phGraphExec_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		unsigned long long flags;
+		vh_get(rd, &flags, sizeof(flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphExec != NULL && vh_handle_new(ch, VG_KIND_GRAPH_EXEC, (void **)phGraphExec, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphExec != NULL)
+			vh_put(wr, phGraphExec, sizeof(*phGraphExec));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphExecDestroy: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphExecDestroy(hGraphExec);
+		if (r != CUDA_SUCCESS)
+			return r;
+		vh_handle_drop(ch, VG_KIND_GRAPH_EXEC, hGraphExec);
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphDestroy: {
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphDestroy(hGraph);
+		if (r != CUDA_SUCCESS)
+			return r;
+		vh_handle_drop(ch, VG_KIND_GRAPH, hGraph);
+		return CUDA_SUCCESS;
+	}
 	case VG_OP_cuMemsetD8Async: {
 		CUdeviceptr dstDevice;
 		vh_get(rd, &dstDevice, sizeof(dstDevice));
@@ -892,6 +993,38 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamWaitEvent_pt ? B->cuStreamWaitEvent_pt(hStream, hEvent, Flags) : B->cuStreamWaitEvent(hStream, hEvent, Flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphLaunch: {
+		CUgraphExec hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = (vg_flags & VG_F_PTDS) && B->cuGraphLaunch_pt ? B->cuGraphLaunch_pt(hGraph, hStream) : B->cuGraphLaunch(hGraph, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphUpload: {
+		CUgraphExec hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = (vg_flags & VG_F_PTDS) && B->cuGraphUpload_pt ? B->cuGraphUpload_pt(hGraph, hStream) : B->cuGraphUpload(hGraph, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;

@@ -7,16 +7,20 @@ enum vg_kind {
 	VG_KIND_NONE = 0,
 	VG_KIND_EVENT = 1,
 	VG_KIND_FUNCTION = 2,
-	VG_KIND_KERNEL = 3,
-	VG_KIND_LIBRARY = 4,
-	VG_KIND_MODULE = 5,
-	VG_KIND_STREAM = 6,
-	VG_KIND_COUNT = 7,
+	VG_KIND_GRAPH = 3,
+	VG_KIND_GRAPH_EXEC = 4,
+	VG_KIND_KERNEL = 5,
+	VG_KIND_LIBRARY = 6,
+	VG_KIND_MODULE = 7,
+	VG_KIND_STREAM = 8,
+	VG_KIND_COUNT = 9,
 };
 
 #define VG_KIND_NAMES(X) \
 	X(VG_KIND_EVENT, "event") \
 	X(VG_KIND_FUNCTION, "function") \
+	X(VG_KIND_GRAPH, "graph") \
+	X(VG_KIND_GRAPH_EXEC, "graph_exec") \
 	X(VG_KIND_KERNEL, "kernel") \
 	X(VG_KIND_LIBRARY, "library") \
 	X(VG_KIND_MODULE, "module") \

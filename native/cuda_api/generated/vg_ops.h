@@ -63,6 +63,9 @@
 #define VG_OP_cuOccupancyMaxActiveClusters 73
 #define VG_OP_cuOccupancyMaxPotentialClusterSize 74
 #define VG_OP_cuCtxSynchronize_v2 75
+#define VG_OP_cuStreamGetCaptureInfo 76
+#define VG_OP_cuStreamGetCaptureInfo_v2 77
+#define VG_OP_cuStreamGetCaptureInfo_v3 78
 #define VG_OP_cuMemsetD8Async 80
 #define VG_OP_cuMemsetD16Async 81
 #define VG_OP_cuMemsetD32Async 82
@@ -70,7 +73,15 @@
 #define VG_OP_cuEventRecord 84
 #define VG_OP_cuEventRecordWithFlags 85
 #define VG_OP_cuStreamWaitEvent 86
-#define VG_OP_LIMIT 87
+#define VG_OP_cuGraphLaunch 87
+#define VG_OP_cuGraphUpload 88
+#define VG_OP_cuStreamBeginCapture_v2 90
+#define VG_OP_cuStreamEndCapture 91
+#define VG_OP_cuThreadExchangeStreamCaptureMode 92
+#define VG_OP_cuGraphInstantiateWithFlags 93
+#define VG_OP_cuGraphExecDestroy 94
+#define VG_OP_cuGraphDestroy 95
+#define VG_OP_LIMIT 96
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -133,6 +144,9 @@
 	X(73, cuOccupancyMaxActiveClusters) \
 	X(74, cuOccupancyMaxPotentialClusterSize) \
 	X(75, cuCtxSynchronize_v2) \
+	X(76, cuStreamGetCaptureInfo) \
+	X(77, cuStreamGetCaptureInfo_v2) \
+	X(78, cuStreamGetCaptureInfo_v3) \
 	X(80, cuMemsetD8Async) \
 	X(81, cuMemsetD16Async) \
 	X(82, cuMemsetD32Async) \
@@ -140,5 +154,13 @@
 	X(84, cuEventRecord) \
 	X(85, cuEventRecordWithFlags) \
 	X(86, cuStreamWaitEvent) \
+	X(87, cuGraphLaunch) \
+	X(88, cuGraphUpload) \
+	X(90, cuStreamBeginCapture_v2) \
+	X(91, cuStreamEndCapture) \
+	X(92, cuThreadExchangeStreamCaptureMode) \
+	X(93, cuGraphInstantiateWithFlags) \
+	X(94, cuGraphExecDestroy) \
+	X(95, cuGraphDestroy) \
 
 #endif

@@ -44,6 +44,12 @@
 	X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
 	X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) \
 	X(cuOccupancyAvailableDynamicSMemPerBlock) \
+	X(cuStreamBeginCapture_v2) \
+	X(cuStreamEndCapture) \
+	X(cuThreadExchangeStreamCaptureMode) \
+	X(cuGraphInstantiateWithFlags) \
+	X(cuGraphExecDestroy) \
+	X(cuGraphDestroy) \
 	X(cuMemsetD8Async) \
 	X(cuMemsetD16Async) \
 	X(cuMemsetD32Async) \
@@ -51,6 +57,8 @@
 	X(cuEventRecord) \
 	X(cuEventRecordWithFlags) \
 	X(cuStreamWaitEvent) \
+	X(cuGraphLaunch) \
+	X(cuGraphUpload) \
 	X(cuInit) \
 	X(cuDriverGetVersion) \
 	X(cuDeviceGet) \
@@ -90,6 +98,8 @@
 	X(cuOccupancyMaxPotentialClusterSize) \
 	X(cuCtxCreate_v4) \
 	X(cuCtxDestroy_v2) \
+	X(cuStreamGetCaptureInfo_v3) \
+	X(cuStreamGetCaptureInfo_v3_ptsz) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
@@ -101,6 +111,8 @@
 	P(cuStreamGetPriority, cuStreamGetPriority_ptsz) \
 	P(cuStreamGetFlags, cuStreamGetFlags_ptsz) \
 	P(cuStreamIsCapturing, cuStreamIsCapturing_ptsz) \
+	P(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
+	P(cuStreamEndCapture, cuStreamEndCapture_ptsz) \
 	P(cuMemsetD8Async, cuMemsetD8Async_ptsz) \
 	P(cuMemsetD16Async, cuMemsetD16Async_ptsz) \
 	P(cuMemsetD32Async, cuMemsetD32Async_ptsz) \
@@ -108,4 +120,6 @@
 	P(cuEventRecord, cuEventRecord_ptsz) \
 	P(cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz) \
 	P(cuStreamWaitEvent, cuStreamWaitEvent_ptsz) \
+	P(cuGraphLaunch, cuGraphLaunch_ptsz) \
+	P(cuGraphUpload, cuGraphUpload_ptsz) \
 	/* end */
