@@ -96,8 +96,28 @@ static int set_device(struct vh_chan *ch, uint16_t dev)
 	return 0;
 }
 
+static int trace_errors; /* VMGPU_TRACE_ERRORS=1: log every call that fails, with its name */
+
+static const char *op_name(uint32_t op)
+{
+	switch (op) {
+#define N(num, name) \
+	case num:    \
+		return #name;
+		VG_OP_NAMES(N)
+#undef N
+	case VG_OP_HELLO: return "hello";
+	case VG_OP_FUNC_PARAMS: return "function parameters";
+	case VG_OP_BLOB_BEGIN: return "module image";
+	case VG_OP_BLOB_PUT: return "module image chunk";
+	default: return "unknown operation";
+	}
+}
+
 int vh_serve(struct vh_chan *ch)
 {
+	const char *te = getenv("VMGPU_TRACE_ERRORS");
+	trace_errors = te && !strcmp(te, "1");
 	int ended = 0;
 	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
 	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
@@ -139,6 +159,9 @@ int vh_serve(struct vh_chan *ch)
 		CUresult r = set_device(ch, hdr.dev) ? CUDA_ERROR_INVALID_DEVICE
 						     : vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		ch->ncalls++;
+		if (r != CUDA_SUCCESS && trace_errors)
+			logf_("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
+			      (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
 		if (hdr.flags & VG_F_NOREPLY) {
 			ch->nasync++;
 			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)

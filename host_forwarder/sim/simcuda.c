@@ -752,3 +752,19 @@ static int capture_launch(CUstream s, CUfunction func, const unsigned dims[7], v
 	*r = CUDA_SUCCESS;
 	return 1;
 }
+
+EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
+{
+	if (!num) return CUDA_ERROR_INVALID_VALUE;
+	if (!is_obj(g, GRAPH_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	struct sim_graph *x = (struct sim_graph *)g;
+	if (!nodes) {
+		*num = (size_t)x->n;
+		return CUDA_SUCCESS;
+	}
+	size_t n = *num < (size_t)x->n ? *num : (size_t)x->n;
+	for (size_t i = 0; i < n; i++)
+		nodes[i] = (CUgraphNode)&x->node[i];
+	*num = n;
+	return CUDA_SUCCESS;
+}

@@ -165,6 +165,11 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
             raise SpecError(f"{fn.name}: {p.name} is not a pointer")
     if fn.cls == "async" and (fn.spec.get("out") or fn.spec.get("out_array") or fn.spec.get("inout")):
         raise SpecError(f"{fn.name}: an async call cannot return values")
+    par = fn.spec.get("parent")
+    if par is not None:
+        p = next((p for p in fn.params if p.name == par), None)
+        if p is None or p.ctype not in handles:
+            raise SpecError(f"{fn.name}: parent must name a handle parameter")
     d = fn.spec.get("destroys")
     if d is not None:
         p = next((p for p in fn.params if p.name == d), None)
@@ -397,7 +402,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     if d:
         k = handles[next(p.ctype for p in fn.params if p.name == d)]
         b.append(f"\t\tvh_handle_drop(ch, VG_KIND_{k.upper()}, {d});")
-    parent = next((p.name for p in fn.params if not p.is_pointer and kind_of(p.ctype, handles)), None)
+    parent = s.get("parent")  # a handle that dies with this one's parent (a module's functions)
     for p in fn.params:
         if p.name in outs:
             k = kind_of(p.pointee, handles)

@@ -227,13 +227,17 @@ int main(int argc, char **argv)
 	step("cuStreamEndCapture", cuStreamEndCapture(cs, &graph), CUDA_SUCCESS, NULL);
 	cuMemcpyDtoH(fc, dc, 4 * 16);
 	check("captured launch did not run", fc[10] == 0.0f);
+	size_t nnodes = 0;
+	step("cuGraphGetNodes (count)", cuGraphGetNodes(graph, NULL, &nnodes), CUDA_SUCCESS, NULL);
+	check("one node captured", nnodes == 1);
 	step("cuGraphInstantiate", cuGraphInstantiateWithFlags(&gexec, graph, 0), CUDA_SUCCESS, NULL);
+	/* the executable graph outlives the graph it was made from */
+	step("cuGraphDestroy", cuGraphDestroy(graph), CUDA_SUCCESS, NULL);
 	step("cuGraphLaunch", cuGraphLaunch(gexec, cs), CUDA_SUCCESS, NULL);
 	step("cuStreamSynchronize (graph)", cuStreamSynchronize(cs), CUDA_SUCCESS, NULL);
 	cuMemcpyDtoH(fc, dc, 4 * 16);
 	check("graph replay result", fc[10] == 15.0f);
 	step("cuGraphExecDestroy", cuGraphExecDestroy(gexec), CUDA_SUCCESS, NULL);
-	step("cuGraphDestroy", cuGraphDestroy(graph), CUDA_SUCCESS, NULL);
 	cuStreamDestroy(cs);
 
 	/* error paths */

@@ -1480,6 +1480,12 @@ VG_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
 	return vg_do_cuGraphDestroy(hGraph, 0);
 }
 
+CUresult vgc_cuGraphGetNodes(CUgraph hGraph, CUgraphNode * nodes, size_t * numNodes, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+	return vgc_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
+}
+
 static CUresult vg_do_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;

@@ -24,6 +24,7 @@ CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, st
 CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)
 {
@@ -808,7 +809,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamEndCapture_pt ? B->cuStreamEndCapture_pt(hStream, phGraph) : B->cuStreamEndCapture(hStream, phGraph);
 		if (r != CUDA_SUCCESS)
 			return r;
-		if (phGraph != NULL && vh_handle_new(ch, VG_KIND_GRAPH, (void **)phGraph, hStream))
+		if (phGraph != NULL && vh_handle_new(ch, VG_KIND_GRAPH, (void **)phGraph, NULL))
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		if (phGraph != NULL)
 			vh_put(wr, phGraph, sizeof(*phGraph));
@@ -841,7 +842,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		CUresult r = B->cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
-		if (phGraphExec != NULL && vh_handle_new(ch, VG_KIND_GRAPH_EXEC, (void **)phGraphExec, hGraph))
+		if (phGraphExec != NULL && vh_handle_new(ch, VG_KIND_GRAPH_EXEC, (void **)phGraphExec, NULL))
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		if (phGraphExec != NULL)
 			vh_put(wr, phGraphExec, sizeof(*phGraphExec));
@@ -873,6 +874,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_handle_drop(ch, VG_KIND_GRAPH, hGraph);
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuGraphGetNodes:
+		return vhc_cuGraphGetNodes(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemsetD8Async: {
 		CUdeviceptr dstDevice;
 		vh_get(rd, &dstDevice, sizeof(dstDevice));

@@ -9,11 +9,12 @@ enum vg_kind {
 	VG_KIND_FUNCTION = 2,
 	VG_KIND_GRAPH = 3,
 	VG_KIND_GRAPH_EXEC = 4,
-	VG_KIND_KERNEL = 5,
-	VG_KIND_LIBRARY = 6,
-	VG_KIND_MODULE = 7,
-	VG_KIND_STREAM = 8,
-	VG_KIND_COUNT = 9,
+	VG_KIND_GRAPH_NODE = 5,
+	VG_KIND_KERNEL = 6,
+	VG_KIND_LIBRARY = 7,
+	VG_KIND_MODULE = 8,
+	VG_KIND_STREAM = 9,
+	VG_KIND_COUNT = 10,
 };
 
 #define VG_KIND_NAMES(X) \
@@ -21,6 +22,7 @@ enum vg_kind {
 	X(VG_KIND_FUNCTION, "function") \
 	X(VG_KIND_GRAPH, "graph") \
 	X(VG_KIND_GRAPH_EXEC, "graph_exec") \
+	X(VG_KIND_GRAPH_NODE, "graph_node") \
 	X(VG_KIND_KERNEL, "kernel") \
 	X(VG_KIND_LIBRARY, "library") \
 	X(VG_KIND_MODULE, "module") \

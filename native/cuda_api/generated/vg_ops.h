@@ -81,7 +81,8 @@
 #define VG_OP_cuGraphInstantiateWithFlags 93
 #define VG_OP_cuGraphExecDestroy 94
 #define VG_OP_cuGraphDestroy 95
-#define VG_OP_LIMIT 96
+#define VG_OP_cuGraphGetNodes 96
+#define VG_OP_LIMIT 97
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -162,5 +163,6 @@
 	X(93, cuGraphInstantiateWithFlags) \
 	X(94, cuGraphExecDestroy) \
 	X(95, cuGraphDestroy) \
+	X(96, cuGraphGetNodes) \
 
 #endif

@@ -100,6 +100,7 @@
 	X(cuCtxDestroy_v2) \
 	X(cuStreamGetCaptureInfo_v3) \
 	X(cuStreamGetCaptureInfo_v3_ptsz) \
+	X(cuGraphGetNodes) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
