@@ -44,8 +44,40 @@ class NativeLibraryMissing(VmgpuError):
     exit_code = 6
 
 
+class Refused(VmgpuError):
+    """Admission refused: not enough of a resource is free.  The message says which GPU,
+    which resource, what was asked and what was free."""
+
+    code = "REFUSED"
+    exit_code = 8
+
+
+class Conflict(VmgpuError):
+    """The request contradicts what the ledger holds (a guest admitted with another spec)."""
+
+    code = "CONFLICT"
+    exit_code = 9
+
+
+class GpuError(VmgpuError):
+    """The GPU inventory could not be read, or a GPU was lost."""
+
+    code = "GPU"
+    exit_code = 10
+
+
 # code -> exit status, for documentation and tests
 EXIT_CODES = {
     cls.code: cls.exit_code
-    for cls in (VmgpuError, InvalidArgument, NotFound, RegionError, VersionMismatch, NativeLibraryMissing)
+    for cls in (
+        VmgpuError,
+        InvalidArgument,
+        NotFound,
+        RegionError,
+        VersionMismatch,
+        NativeLibraryMissing,
+        Refused,
+        Conflict,
+        GpuError,
+    )
 }

@@ -152,6 +152,31 @@ def region_selftest(exchanges, as_json):
         sys.exit(1)
 
 
+@cli.command("gpus")
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False),
+    envvar="VMGPU_INVENTORY",
+    help="A declared inventory (TOML) instead of NVML, for hosts without a driver.  [env: VMGPU_INVENTORY]",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def gpus(inventory, as_json):
+    """The host's GPUs: index, UUID, name, memory, PCI bus id."""
+    from vmgpu import gpu as gpu_mod
+
+    rows = [g.__dict__ for g in gpu_mod.inventory(inventory)]
+
+    def render(d):
+        t = Table(title="GPUs" + (f" (declared in {inventory})" if inventory else " (NVML)"))
+        for col in ("index", "uuid", "name", "memory", "pci bus id"):
+            t.add_column(col)
+        for g in d:
+            t.add_row(str(g["index"]), g["uuid"], g["name"], f"{g['memory_mib']} MiB", g["pci_bus_id"])
+        Console().print(t)
+
+    _emit(rows, as_json, render)
+
+
 @cli.command("demo")
 @click.option(
     "--backend",

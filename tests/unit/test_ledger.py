@@ -1,0 +1,143 @@
+"""The admission ledger: the operators' scenarios on three 32 GiB GPUs, all-or-nothing
+admission, refusals that say what was asked and free, durability, and no overcommit
+under concurrent admission."""
+
+import io
+import json
+import multiprocessing
+import sqlite3
+
+import pytest
+
+from vmgpu import logging as vlog
+from vmgpu.errors import Conflict, NotFound, Refused
+from vmgpu.gpu import Gpu
+from vmgpu.ledger import Ledger
+from vmgpu.spec import SpecError, parse
+
+GPUS = [Gpu(i, f"GPU-0000000{i}-0000-0000-0000-000000000000", "test 32G", 32768) for i in range(3)]
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    lg = Ledger(tmp_path / "ledger.db")
+    lg.sync_gpus(GPUS)
+    yield lg
+    lg.close()
+
+
+def per_gpu(mem, compute=100):
+    return parse(";".join(f"gpu={i},mem={m},compute={compute}" for i, m in enumerate(mem)))
+
+
+def reserved(lg):
+    return [(u.mem_reserved_mib, u.compute_reserved_pct) for u in lg.usage()]
+
+
+def test_a_request_over_a_card_is_refused_and_nothing_stays_reserved(ledger):
+    with pytest.raises(SpecError, match=r"slice 3: mem 40960 MiB is more than GPU 2 has \(32768 MiB\)"):
+        ledger.admit("a", "vm", per_gpu([20480, 20480, 40960], 10))
+    assert reserved(ledger) == [(0, 0)] * 3 and ledger.reservations() == []
+
+
+def test_b_guests_fill_memory_and_a_fourth_is_refused(ledger):
+    for name, mib in (("g1", 20480), ("g2", 10240), ("g3", 2048)):
+        ledger.admit(name, "vm", per_gpu([f"{mib}M"] * 3, 10))
+    assert [u.mem_free_mib for u in ledger.usage()] == [0, 0, 0]
+    with pytest.raises(Refused) as e:
+        ledger.admit("g4", "container", per_gpu(["1024M"] * 3, 10))
+    assert "GPU 0" in e.value.message and "memory: asked 1024 MiB, free 0 MiB" in e.value.message
+    assert {r.guest for r in ledger.reservations()} == {"g1", "g2", "g3"}
+
+
+def test_c_a_slice_over_100_percent_compute_is_refused_at_validation(ledger):
+    with pytest.raises(SpecError, match="compute 110% is outside 1..100"):
+        ledger.admit("c", "vm", parse("gpu=0,mem=1G,compute=110"))
+    assert ledger.reservations() == []
+
+
+def test_d_guests_fill_compute_and_a_fourth_is_refused(ledger):
+    for name, pct in (("d1", 25), ("d2", 25), ("d3", 50)):
+        ledger.admit(name, "vm", per_gpu(["1024M"] * 3, pct))
+    with pytest.raises(Refused, match=r"GPU 0 .*compute: asked 10%, free 0%"):
+        ledger.admit("d4", "vm", per_gpu(["1024M"] * 3, 10))
+    assert [u.compute_free_pct for u in ledger.usage()] == [0, 0, 0]
+
+
+def test_all_or_nothing_across_gpus(ledger):
+    ledger.admit("big", "vm", parse("gpu=2,mem=30G"))
+    with pytest.raises(Refused, match=r"GPU 2 .*memory: asked 4096 MiB, free 2048 MiB"):
+        ledger.admit("both", "vm", parse("gpu=0,mem=4G;gpu=1,mem=4G;gpu=2,mem=4G"))
+    assert [r.guest for r in ledger.reservations()] == ["big"]  # nothing of GPU 0 or 1 was kept
+
+
+def test_release_frees_and_is_idempotent(ledger):
+    ledger.admit("r", "vm", parse("gpu=0,mem=50%,compute=40"))
+    assert reserved(ledger)[0] == (16384, 40)
+    assert ledger.release("r") is True
+    assert ledger.release("r") is False
+    assert reserved(ledger)[0] == (0, 0)
+
+
+def test_readmit_same_spec_is_idempotent_other_spec_conflicts(ledger):
+    a = ledger.admit("x", "vm", parse("gpu=0,mem=1G"))
+    assert ledger.admit("x", "vm", parse("gpu=0,mem=1G")) == a
+    with pytest.raises(Conflict, match="already admitted"):
+        ledger.admit("x", "vm", parse("gpu=0,mem=2G"))
+
+
+def test_unknown_gpu(ledger):
+    with pytest.raises(NotFound, match=r"slice 1: gpu 7 is not on this host \(GPUs: 0, 1, 2\)"):
+        ledger.admit("u", "vm", parse("gpu=7,mem=1G"))
+
+
+def test_durable_and_in_wal_mode(tmp_path):
+    path = tmp_path / "l.db"
+    lg = Ledger(path)
+    lg.sync_gpus(GPUS)
+    lg.admit("keep", "vm", parse("gpu=1,mem=3G,compute=30"))
+    lg.close()
+    again = Ledger(path)
+    assert [(r.guest, r.gpu_index, r.mem_mib, r.compute_pct) for r in again.reservations()] == [("keep", 1, 3072, 30)]
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_admissions_and_refusals_are_logged_with_the_guest(tmp_path):
+    buf = io.StringIO()
+    vlog.configure(json=True, stream=buf)
+    lg = Ledger(tmp_path / "log.db")
+    lg.sync_gpus(GPUS)
+    lg.admit("logged", "container", parse("gpu=0,mem=32G"))
+    with pytest.raises(Refused):
+        lg.admit("late", "vm", parse("gpu=0,mem=1G"))
+    events = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert {"event": "admitted", "guest": "logged", "kind": "container"}.items() <= events[0].items()
+    refusal = events[1]
+    assert refusal["event"] == "refused" and refusal["guest"] == "late" and refusal["resource"] == "memory"
+    assert refusal["asked_mib"] == 1024 and refusal["free_mib"] == 0 and refusal["gpu"] == 0
+
+
+def _admit_many(path, prefix, n, out):
+    lg = Ledger(path)
+    ok = 0
+    for i in range(n):
+        try:
+            lg.admit(f"{prefix}{i}", "container", parse("gpu=0,mem=1000M,compute=1"))
+            ok += 1
+        except Refused:
+            pass
+    out.put(ok)
+
+
+def test_concurrent_admission_never_overcommits(tmp_path):
+    path = tmp_path / "race.db"
+    Ledger(path).sync_gpus(GPUS)
+    q = multiprocessing.get_context("fork").Queue()
+    procs = [multiprocessing.get_context("fork").Process(target=_admit_many, args=(path, p, 20, q)) for p in "abcd"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    admitted = sum(q.get() for _ in procs)
+    assert admitted == 32  # 32 x 1000 MiB fit in 32768 MiB; 80 asked
+    assert Ledger(path).usage()[0].mem_reserved_mib == 32000

@@ -1,0 +1,190 @@
+"""The admission ledger: who holds how much of which GPU.  SQLite in WAL mode.
+
+Capacity per GPU: its memory in MiB and 100% compute.  A guest's request (one slice per
+GPU) is validated first (a slice over 100% compute or over a card's memory is refused
+before anything is reserved) and then admitted all-or-nothing in one immediate
+transaction: either every slice is reserved or none is.  Every admission and refusal is
+logged with the guest's identity.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmgpu.errors import Conflict, NotFound, Refused
+from vmgpu.gpu import Gpu
+from vmgpu.logging import get_logger
+from vmgpu.spec import ShareSpec, SpecError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS gpus (
+    uuid TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL UNIQUE,
+    name TEXT NOT NULL DEFAULT '',
+    mem_mib INTEGER NOT NULL CHECK (mem_mib > 0),
+    compute_pct INTEGER NOT NULL DEFAULT 100
+);
+CREATE TABLE IF NOT EXISTS guests (
+    name TEXT PRIMARY KEY,
+    kind TEXT NOT NULL CHECK (kind IN ('vm', 'container', 'process')),
+    spec TEXT NOT NULL,
+    admitted_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slices (
+    guest TEXT NOT NULL REFERENCES guests(name) ON DELETE CASCADE,
+    gpu TEXT NOT NULL REFERENCES gpus(uuid),
+    mem_mib INTEGER NOT NULL CHECK (mem_mib > 0),
+    compute_pct INTEGER NOT NULL CHECK (compute_pct BETWEEN 1 AND 100),
+    PRIMARY KEY (guest, gpu)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    guest: str
+    gpu_index: int
+    gpu_uuid: str
+    mem_mib: int
+    compute_pct: int
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    index: int
+    uuid: str
+    name: str
+    mem_mib: int
+    mem_reserved_mib: int
+    compute_reserved_pct: int
+
+    @property
+    def mem_free_mib(self) -> int:
+        return self.mem_mib - self.mem_reserved_mib
+
+    @property
+    def compute_free_pct(self) -> int:
+        return 100 - self.compute_reserved_pct
+
+
+class Ledger:
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(_SCHEMA)
+        self.log = get_logger(component="ledger")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def sync_gpus(self, gpus: list[Gpu]) -> None:
+        """Record the host's GPUs (by UUID; an index or size change is taken as given)."""
+        with self._tx():
+            for g in gpus:
+                self.db.execute(
+                    "INSERT INTO gpus (uuid, idx, name, mem_mib) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(uuid) DO UPDATE SET idx = excluded.idx, name = excluded.name, "
+                    "mem_mib = excluded.mem_mib",
+                    (g.uuid, g.index, g.name, g.memory_mib),
+                )
+
+    def _tx(self):
+        ledger = self
+
+        class Tx:
+            def __enter__(self):
+                ledger.db.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, exc_type, exc, tb):
+                ledger.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+        return Tx()
+
+    def _gpu(self, ref: str, where: str):
+        row = (
+            self.db.execute("SELECT uuid, idx, mem_mib FROM gpus WHERE idx = ?", (int(ref),)).fetchone()
+            if ref.isdigit()
+            else self.db.execute("SELECT uuid, idx, mem_mib FROM gpus WHERE uuid = ?", (ref,)).fetchone()
+        )
+        if row is None:
+            known = ", ".join(str(r[0]) for r in self.db.execute("SELECT idx FROM gpus ORDER BY idx"))
+            raise NotFound(f"{where}: gpu {ref} is not on this host (GPUs: {known or 'none'})")
+        return row
+
+    def admit(self, guest: str, kind: str, spec: ShareSpec) -> list[Reservation]:
+        """Reserve every slice of spec for guest, or none.  Admitting the same guest with
+        the same spec again returns its reservations (hooks retry)."""
+        log = self.log.bind(guest=guest, kind=kind, spec=spec.to_text())
+        with self._tx():
+            held = self.db.execute("SELECT spec FROM guests WHERE name = ?", (guest,)).fetchone()
+            if held is not None:
+                if held[0] != spec.to_text():
+                    raise Conflict(f"guest {guest} is already admitted with another share ({held[0]})")
+                return self.reservations(guest)
+            plan = []
+            # validation: every slice must fit on an empty card
+            for i, s in enumerate(spec.slices, 1):
+                uuid, idx, card = self._gpu(s.gpu, f"slice {i}")
+                mem = s.mem_for(card)
+                if mem > card:
+                    log.info("refused", gpu=idx, resource="memory", asked_mib=mem, card_mib=card)
+                    raise SpecError(f"slice {i}: mem {mem} MiB is more than GPU {idx} has ({card} MiB)")
+                if mem < 1:
+                    raise SpecError(f"slice {i}: mem is less than 1 MiB of GPU {idx}")
+                plan.append((uuid, idx, mem, s.compute))
+            for uuid, idx, mem, compute in plan:
+                used_mem, used_cmp = self.db.execute(
+                    "SELECT COALESCE(SUM(mem_mib), 0), COALESCE(SUM(compute_pct), 0) FROM slices WHERE gpu = ?",
+                    (uuid,),
+                ).fetchone()
+                card = self.db.execute("SELECT mem_mib FROM gpus WHERE uuid = ?", (uuid,)).fetchone()[0]
+                if mem > card - used_mem:
+                    log.info("refused", gpu=idx, resource="memory", asked_mib=mem, free_mib=card - used_mem)
+                    raise Refused(
+                        f"guest {guest}: GPU {idx} ({uuid}): memory: asked {mem} MiB, free {card - used_mem} MiB"
+                    )
+                if compute > 100 - used_cmp:
+                    log.info("refused", gpu=idx, resource="compute", asked_pct=compute, free_pct=100 - used_cmp)
+                    raise Refused(
+                        f"guest {guest}: GPU {idx} ({uuid}): compute: asked {compute}%, free {100 - used_cmp}%"
+                    )
+            self.db.execute(
+                "INSERT INTO guests (name, kind, spec, admitted_at) VALUES (?, ?, ?, ?)",
+                (guest, kind, spec.to_text(), time.time()),
+            )
+            for uuid, _idx, mem, compute in plan:
+                self.db.execute(
+                    "INSERT INTO slices (guest, gpu, mem_mib, compute_pct) VALUES (?, ?, ?, ?)",
+                    (guest, uuid, mem, compute),
+                )
+        res = self.reservations(guest)
+        log.info("admitted", slices=[(r.gpu_index, r.mem_mib, r.compute_pct) for r in res])
+        return res
+
+    def release(self, guest: str) -> bool:
+        """Free everything guest holds.  False if it held nothing (release is idempotent)."""
+        with self._tx():
+            n = self.db.execute("DELETE FROM guests WHERE name = ?", (guest,)).rowcount
+        self.log.info("released" if n else "release: nothing held", guest=guest)
+        return bool(n)
+
+    def reservations(self, guest: str | None = None) -> list[Reservation]:
+        q = (
+            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct FROM slices s JOIN gpus g ON g.uuid = s.gpu"
+            + (" WHERE s.guest = ?" if guest else "")
+            + " ORDER BY s.guest, g.idx"
+        )
+        return [Reservation(*r) for r in self.db.execute(q, (guest,) if guest else ())]
+
+    def usage(self) -> list[GpuUsage]:
+        rows = self.db.execute(
+            "SELECT g.idx, g.uuid, g.name, g.mem_mib, COALESCE(SUM(s.mem_mib), 0), COALESCE(SUM(s.compute_pct), 0) "
+            "FROM gpus g LEFT JOIN slices s ON s.gpu = g.uuid GROUP BY g.uuid ORDER BY g.idx"
+        )
+        return [GpuUsage(*r) for r in rows]
