@@ -77,18 +77,25 @@ static CUresult add_range(uint64_t dev, uint8_t *host, uint64_t size, int regist
 
 EXPORT CUresult cuInit(unsigned int flags) { return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
 EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 13000; return CUDA_SUCCESS; }
-EXPORT CUresult cuDeviceGetCount(int *n) { if (!n) return CUDA_ERROR_INVALID_VALUE; *n = 1; return CUDA_SUCCESS; }
+/* VMGPU_SIM_DEVICES (default 1, at most 8) simulated GPUs, told apart by UUID and PCI bus. */
+static int ndev(void)
+{
+	const char *e = getenv("VMGPU_SIM_DEVICES");
+	int n = e ? atoi(e) : 1;
+	return n < 1 ? 1 : n > 8 ? 8 : n;
+}
+EXPORT CUresult cuDeviceGetCount(int *n) { if (!n) return CUDA_ERROR_INVALID_VALUE; *n = ndev(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ord)
 {
 	if (!d) return CUDA_ERROR_INVALID_VALUE;
-	if (ord != 0) return CUDA_ERROR_INVALID_DEVICE;
-	*d = 0;
+	if (ord < 0 || ord >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+	*d = ord;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
 {
 	if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	strncpy(name, "vmgpu simulated GPU", (size_t)len - 1);
 	name[len - 1] = 0;
 	return CUDA_SUCCESS;
@@ -97,21 +104,22 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
 {
 	static const char id[16] = {'v', 'm', 'g', 'p', 'u', '-', 's', 'i', 'm', 0, 0, 0, 0, 0, 0, 1};
 	if (!u) return CUDA_ERROR_INVALID_VALUE;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	memcpy(u->bytes, id, 16);
+	u->bytes[15] = (char)(d + 1);
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d)
 {
 	if (!b) return CUDA_ERROR_INVALID_VALUE;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	*b = total_mem();
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
 {
 	if (!pi) return CUDA_ERROR_INVALID_VALUE;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	switch (a) {
 	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
 	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *pi = 1024; break;
@@ -125,17 +133,17 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
 	case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
 	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *pi = 1; break;
 	case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1000000; break;
-	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x42; break;
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x42 + d; break;
 	default: *pi = 0; break;
 	}
 	return CUDA_SUCCESS;
 }
-static int primary_ctx;
+static int primary_ctx[8];
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
-	*c = (CUcontext)&primary_ctx;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+	*c = (CUcontext)&primary_ctx[d];
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS; }
@@ -145,7 +153,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int 
 {
 	(void)p; (void)flags;
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
-	if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	uint32_t *x = malloc(sizeof *x);
 	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
 	*x = CTX_MAGIC;
@@ -161,7 +169,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)
 {
-	if (!c || c == (CUcontext)&primary_ctx) return CUDA_SUCCESS;
+	if (!c || ((int *)c >= primary_ctx && (int *)c < primary_ctx + 8)) return CUDA_SUCCESS;
 	return (uintptr_t)c >= 4096 && *(uint32_t *)c == CTX_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }

@@ -60,6 +60,19 @@ def test_module_image_crosses_once(shm_path):
     assert "module images: 0 sent, 1 from cache" in log
 
 
+def test_guest_gpus_map_to_the_host_gpus_given(shm_path, monkeypatch):
+    """--gpus 2,0 on a host with three GPUs: the guest sees two, in that order, each with its quota."""
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "3")
+    with forwarder(shm_path, mem="1G,2G", extra=["--gpus", "2,0"]):
+        r = run_guest([NATIVE / "multi"], shm_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "devices 2"
+    # the simulated UUIDs end in host ordinal + 1; PCI bus ids are 0x42 + ordinal
+    assert lines[1] == f"device 0 uuid_last=3 pci=00000000:44:00.0 total={1 << 30} data=ok"
+    assert lines[2] == f"device 1 uuid_last=1 pci=00000000:42:00.0 total={2 << 30} data=ok"
+
+
 def test_no_region_is_no_device(tmp_path):
     r = run_guest([NATIVE / "hold", 0], tmp_path / "absent")
     assert r.stdout.strip() == "init failed"
