@@ -13,7 +13,7 @@ NATIVE = ROOT / "build" / "native"
 GUEST_LIB = NATIVE / "guest"
 PTX = ROOT / "tests" / "cuda" / "vadd.ptx"
 
-__all__ = ["GUEST_LIB", "NATIVE", "PTX", "ROOT", "forwarder", "guest_env", "log_text", "run_guest"]
+__all__ = ["GUEST_LIB", "NATIVE", "PTX", "ROOT", "forwarder", "guest_env", "hold", "log_text", "run_guest"]
 
 
 @contextlib.contextmanager
@@ -37,3 +37,17 @@ def run_guest(args, region: Path, timeout: float = 120, **extra) -> subprocess.C
     return subprocess.run(
         [str(a) for a in args], env=guest_env(region, **extra), capture_output=True, text=True, timeout=timeout
     )
+
+
+def hold(region: Path, mib: int) -> subprocess.Popen:
+    """tests/cuda/hold.c through vmgpu: allocates mib MiB, prints "held FREE TOTAL", then one
+    more 1 MiB allocation per line written to its stdin, printing "alloc <CUresult>"."""
+    p = subprocess.Popen(
+        [str(NATIVE / "hold"), str(mib)],
+        env=guest_env(region),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return p

@@ -38,16 +38,21 @@ static struct vh_backend BK;
 static void on_signal(int sig);
 static const char *errname(CUresult r);
 
+static void vlogf_(const char *prefix, const char *fmt, va_list ap)
+{
+	char msg[1024];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	/* the simulated backend says so on every line */
+	fprintf(stderr, "vmgpu-forwarder[%s]%s %s%s\n", F.guest, BK.simulated ? " SIMULATED (no GPU):" : "", prefix, msg);
+}
+
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
 {
-	char msg[1024];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
+	vlogf_("", fmt, ap);
 	va_end(ap);
-	/* the simulated backend says so on every line */
-	fprintf(stderr, "vmgpu-forwarder[%s]%s %s\n", F.guest, BK.simulated ? " SIMULATED (no GPU):" : "", msg);
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -236,12 +241,10 @@ static int worker(uint32_t idx, pid_t supervisor)
 static int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int die(const char *fmt, ...)
 {
-	char msg[1024];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
+	vlogf_("error: ", fmt, ap);
 	va_end(ap);
-	logf_("error: %s", msg);
 	return 1;
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, PTX, forwarder, guest_env, log_text, run_guest
+from tests.forwarder import NATIVE, PTX, forwarder, hold, log_text, run_guest
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
@@ -73,13 +73,7 @@ def test_kernel_fault_is_the_guests_alone(shm_path):
 
 def test_quota_is_what_the_guest_sees_and_enforced(shm_path):
     with forwarder(shm_path, backend="cuda", mem="2G"):
-        p = subprocess.Popen(
-            [str(NATIVE / "hold"), "1536"],
-            env=guest_env(shm_path),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        p = hold(shm_path, 1536)
         held = p.stdout.readline().split()
         assert held[0] == "held" and int(held[2]) == 2 << 30, held
         assert int(held[1]) == (2 << 30) - (1536 << 20)

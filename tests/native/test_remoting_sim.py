@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.forwarder import GUEST_LIB, NATIVE, PTX, ROOT, forwarder, guest_env, log_text, run_guest
+from tests.forwarder import GUEST_LIB, NATIVE, PTX, ROOT, forwarder, hold, log_text, run_guest
 
 pytestmark = pytest.mark.native
 ASAN = ROOT / "build" / "asan"
@@ -89,13 +89,7 @@ def test_quota_is_enforced_and_reported(shm_path):
 
 def test_killed_guest_process_frees_its_memory(shm_path):
     with forwarder(shm_path, mem="1G", extra=["--peer-timeout", "1"]) as fwd:
-        p = subprocess.Popen(
-            [str(NATIVE / "hold"), "512"],
-            env=guest_env(shm_path),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        p = hold(shm_path, 512)
         held = p.stdout.readline().split()
         assert held == ["held", str(512 << 20), str(1 << 30)]
         p.send_signal(signal.SIGKILL)
@@ -107,14 +101,7 @@ def test_killed_guest_process_frees_its_memory(shm_path):
 
 def test_lost_forwarder_is_one_sticky_error_not_a_hang(shm_path):
     with forwarder(shm_path) as fwd:
-        p = subprocess.Popen(
-            [str(NATIVE / "hold"), "16"],
-            env=guest_env(shm_path),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        p = hold(shm_path, 16)
         assert p.stdout.readline().startswith("held")
         fwd.proc.send_signal(signal.SIGKILL)
         fwd.proc.wait()
