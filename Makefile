@@ -10,7 +10,7 @@ NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 PTXAS ?= $(shell command -v ptxas || echo /usr/local/cuda/bin/ptxas)
 
 .PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
-	gen gen-check cuda-programs
+	gen gen-check cuda-programs proto
 
 all: native
 
@@ -56,6 +56,10 @@ cuda-programs: native
 # The CUDA API spec drives generated code on both sides; CI fails if it is stale.
 gen:
 	python3 native/cuda_api/gen.py --cuda-include $(CUDA_INCLUDE)
+
+# vmgpud's gRPC modules, from vmgpu/api/v1/vmgpu.proto (committed).
+proto: venv
+	$(PYTHON) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. vmgpu/api/v1/vmgpu.proto
 
 gen-check:
 	python3 native/cuda_api/gen.py --check --cuda-include $(CUDA_INCLUDE)

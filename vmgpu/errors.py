@@ -20,6 +20,12 @@ class InvalidArgument(VmgpuError):
     exit_code = 2
 
 
+class SpecError(InvalidArgument):
+    """A share spec that cannot be used; the message names the slice and the field."""
+
+    code = "INVALID_SPEC"
+
+
 class NotFound(VmgpuError):
     code = "NOT_FOUND"
     exit_code = 3
@@ -44,6 +50,13 @@ class NativeLibraryMissing(VmgpuError):
     exit_code = 6
 
 
+class ForwarderError(VmgpuError):
+    """A forwarder did not start or stopped unexpectedly."""
+
+    code = "FORWARDER"
+    exit_code = 7
+
+
 class Refused(VmgpuError):
     """Admission refused: not enough of a resource is free.  The message says which GPU,
     which resource, what was asked and what was free."""
@@ -66,18 +79,28 @@ class GpuError(VmgpuError):
     exit_code = 10
 
 
+class DaemonUnavailable(VmgpuError):
+    """vmgpud does not answer on its socket."""
+
+    code = "DAEMON_UNAVAILABLE"
+    exit_code = 11
+
+
+ALL = (
+    VmgpuError,
+    InvalidArgument,
+    SpecError,
+    NotFound,
+    RegionError,
+    VersionMismatch,
+    NativeLibraryMissing,
+    ForwarderError,
+    Refused,
+    Conflict,
+    GpuError,
+    DaemonUnavailable,
+)
+BY_CODE = {cls.code: cls for cls in ALL}
+
 # code -> exit status, for documentation and tests
-EXIT_CODES = {
-    cls.code: cls.exit_code
-    for cls in (
-        VmgpuError,
-        InvalidArgument,
-        NotFound,
-        RegionError,
-        VersionMismatch,
-        NativeLibraryMissing,
-        Refused,
-        Conflict,
-        GpuError,
-    )
-}
+EXIT_CODES = {cls.code: cls.exit_code for cls in ALL}

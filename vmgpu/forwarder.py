@@ -13,16 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmgpu.errors import NativeLibraryMissing, VmgpuError
+from vmgpu.errors import ForwarderError, NativeLibraryMissing
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ForwarderError(VmgpuError):
-    """A forwarder did not start or stopped unexpectedly."""
-
-    code = "FORWARDER"
-    exit_code = 7
 
 
 def native_dir() -> Path:

@@ -73,7 +73,8 @@ class GpuUsage:
 class Ledger:
     def __init__(self, path: str | Path):
         self.path = str(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        # one connection, used by one thread at a time (the daemon serialises its calls)
+        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA foreign_keys=ON")

@@ -25,4 +25,8 @@ def configure(json: bool = True, stream=None) -> None:
 
 
 def get_logger(**bound):
+    """A bound logger; logs go to stderr as JSON until configure() says otherwise (never to
+    stdout, which belongs to the command's output)."""
+    if not structlog.is_configured():
+        configure(json=True)
     return structlog.get_logger(**bound)

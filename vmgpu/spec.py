@@ -23,18 +23,12 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from vmgpu.errors import InvalidArgument
+from vmgpu.errors import SpecError
 
 XML_NS = "https://vmgpu.dev/xmlns/share/1"
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
 _UNITS_MIB = {"": 1.0, "B": 1 / (1 << 20), "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
-
-
-class SpecError(InvalidArgument):
-    """A share spec that cannot be used; the message names the slice and the field."""
-
-    code = "INVALID_SPEC"
 
 
 @dataclass(frozen=True)

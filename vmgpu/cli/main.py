@@ -177,6 +177,135 @@ def gpus(inventory, as_json):
     _emit(rows, as_json, render)
 
 
+_SOCKET = click.option(
+    "--socket",
+    "socket_path",
+    envvar="VMGPU_SOCKET",
+    default="/run/vmgpu/vmgpud.sock",
+    show_default=True,
+    help="vmgpud's unix socket.  [env: VMGPU_SOCKET]",
+)
+
+
+@cli.command("daemon")
+@_SOCKET
+@click.option(
+    "--db",
+    "db_path",
+    envvar="VMGPU_DB",
+    default="/var/lib/vmgpu/ledger.db",
+    show_default=True,
+    help="The admission ledger (SQLite).  [env: VMGPU_DB]",
+)
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False),
+    envvar="VMGPU_INVENTORY",
+    help="A declared GPU inventory (TOML) instead of NVML.  [env: VMGPU_INVENTORY]",
+)
+def daemon(socket_path, db_path, inventory):
+    """Run vmgpud in the foreground: the ledger, on a unix socket (JSON logs on stderr)."""
+    from vmgpu import daemon as daemon_mod
+    from vmgpu.logging import configure
+
+    configure(json=True)
+    daemon_mod.run(socket_path, db_path, inventory)
+
+
+@cli.command("admit")
+@click.argument("guest")
+@click.argument("spec")
+@click.option(
+    "--kind",
+    type=click.Choice(["vm", "container", "process"]),
+    default="process",
+    show_default=True,
+    help="What the guest is.",
+)
+@_SOCKET
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def admit(guest, spec, kind, socket_path, as_json):
+    """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,compute=50;gpu=1,..."."""
+    from vmgpu.client import Client
+
+    reply = Client(socket_path).admit(guest, kind, spec)
+    rows = [
+        {"gpu": s.gpu_index, "uuid": s.gpu_uuid, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
+        for s in reply.slices
+    ]
+
+    def render(d):
+        t = Table(title=f"admitted {guest}")
+        for col in ("gpu", "uuid", "memory", "compute"):
+            t.add_column(col)
+        for r in d:
+            t.add_row(str(r["gpu"]), r["uuid"], f"{r['mem_mib']} MiB", f"{r['compute_pct']}%")
+        Console().print(t)
+
+    _emit(rows, as_json, render)
+
+
+@cli.command("release")
+@click.argument("guest")
+@_SOCKET
+def release(guest, socket_path):
+    """Free everything GUEST holds (nothing to free is not an error)."""
+    from vmgpu.client import Client
+
+    held = Client(socket_path).release(guest)
+    click.echo(f"released {guest}" if held else f"{guest} held nothing")
+
+
+@cli.command("status")
+@_SOCKET
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def status(socket_path, as_json):
+    """Per GPU: memory and compute reserved and free; per guest: its slices."""
+    from vmgpu.client import Client
+
+    reply = Client(socket_path).status()
+    data = {
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "mem_mib": g.mem_mib,
+                "mem_reserved_mib": g.mem_reserved_mib,
+                "compute_reserved_pct": g.compute_reserved_pct,
+            }
+            for g in reply.gpus
+        ],
+        "guests": [
+            {"guest": s.guest, "gpu": s.gpu_index, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
+            for s in reply.slices
+        ],
+    }
+
+    def render(d):
+        con = Console()
+        t = Table(title="GPUs")
+        for col in ("gpu", "name", "memory reserved", "memory free", "compute reserved"):
+            t.add_column(col)
+        for g in d["gpus"]:
+            t.add_row(
+                str(g["index"]),
+                g["name"],
+                f"{g['mem_reserved_mib']} / {g['mem_mib']} MiB",
+                f"{g['mem_mib'] - g['mem_reserved_mib']} MiB",
+                f"{g['compute_reserved_pct']}%",
+            )
+        con.print(t)
+        t = Table(title="guests")
+        for col in ("guest", "gpu", "memory", "compute"):
+            t.add_column(col)
+        for s in d["guests"]:
+            t.add_row(s["guest"], str(s["gpu"]), f"{s['mem_mib']} MiB", f"{s['compute_pct']}%")
+        con.print(t)
+
+    _emit(data, as_json, render)
+
+
 @cli.command("demo")
 @click.option(
     "--backend",

@@ -1,0 +1,161 @@
+"""vmgpud on a temporary socket and database: the API through the client and the CLI,
+errors that come back as the same error, an owner-only socket, and kill -9 of the daemon
+in the middle of admissions and releases losing or doubling nothing."""
+
+import json
+import os
+import random
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from vmgpu.cli.main import cli
+from vmgpu.client import Client
+from vmgpu.daemon import serve
+from vmgpu.errors import DaemonUnavailable, Refused
+from vmgpu.spec import SpecError
+
+INVENTORY = "".join(
+    f'[[gpu]]\nindex = {i}\nuuid = "GPU-0000000{i}-0000-0000-0000-000000000000"\nname = "test"\nmemory = "32G"\n'
+    for i in range(3)
+)
+
+
+@pytest.fixture
+def host(tmp_path):
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    return tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db", inv
+
+
+@pytest.fixture
+def daemon(host):
+    sock, db, inv = host
+    server, ledger = serve(sock, db, inv)
+    yield str(sock)
+    server.stop(grace=None).wait()
+    ledger.close()
+
+
+def test_admit_status_release_through_the_client(daemon):
+    c = Client(daemon)
+    reply = c.admit("vm1", "vm", "gpu=0,mem=8G,compute=50;gpu=2,mem=25%")
+    assert [(s.gpu_index, s.mem_mib, s.compute_pct) for s in reply.slices] == [(0, 8192, 50), (2, 8192, 100)]
+    st = c.status()
+    assert [(g.index, g.mem_reserved_mib, g.compute_reserved_pct) for g in st.gpus] == [
+        (0, 8192, 50),
+        (1, 0, 0),
+        (2, 8192, 100),
+    ]
+    assert c.release("vm1") is True and c.release("vm1") is False
+    assert all(g.mem_reserved_mib == 0 for g in c.status().gpus)
+
+
+def test_errors_come_back_as_themselves(daemon):
+    c = Client(daemon)
+    c.admit("a", "vm", "gpu=1,mem=32G")
+    with pytest.raises(Refused, match=r"GPU 1 .*memory: asked 1024 MiB, free 0 MiB"):
+        c.admit("b", "container", "gpu=1,mem=1G")
+    with pytest.raises(SpecError, match="slice 1: compute 110% is outside 1..100"):
+        c.admit("c", "vm", "gpu=0,mem=1G,compute=110")
+
+
+def test_socket_is_owner_only(daemon):
+    assert stat.S_IMODE(os.stat(daemon).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(daemon)).st_mode) == 0o700
+
+
+def test_cli_against_the_daemon(daemon):
+    run = CliRunner(mix_stderr=False).invoke
+    r = run(cli, ["admit", "c1", "gpu=0,mem=2G,compute=10", "--kind", "container", "--socket", daemon, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == [
+        {"gpu": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "mem_mib": 2048, "compute_pct": 10}
+    ]
+    r = run(cli, ["status", "--socket", daemon, "--json"])
+    assert json.loads(r.output)["guests"] == [{"guest": "c1", "gpu": 0, "mem_mib": 2048, "compute_pct": 10}]
+    r = run(cli, ["admit", "c2", "gpu=0,mem=31G", "--socket", daemon])
+    assert r.exit_code == 8 and "vmgpu: error:" in r.stderr and "[REFUSED]" in r.stderr
+    r = run(cli, ["release", "c1", "--socket", daemon])
+    assert r.exit_code == 0 and "released c1" in r.output
+
+
+def test_no_daemon_is_one_clear_error(tmp_path):
+    with pytest.raises(DaemonUnavailable, match="is not answering"):
+        Client(str(tmp_path / "none.sock"), timeout=1).status()
+
+
+def _start(sock, db, inv):
+    if os.path.exists(sock):
+        os.unlink(sock)  # what a supervisor restarting vmgpud finds: the dead one's socket
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vmgpu.cli.main",
+            "daemon",
+            "--socket",
+            str(sock),
+            "--db",
+            str(db),
+            "--inventory",
+            str(inv),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while not os.path.exists(sock):
+        assert p.poll() is None and time.monotonic() < deadline, "vmgpud did not start"
+        time.sleep(0.02)
+    return p
+
+
+def test_kill_9_during_admit_and_release_loses_or_doubles_nothing(host):
+    """A client admits and releases two-GPU guests while vmgpud is killed with SIGKILL and
+    restarted, over and over; the ledger must only ever hold whole guests, within capacity."""
+    sock, db, inv = host
+    rng = random.Random(7)
+    daemon = _start(sock, db, inv)
+    acked = set()
+    calls = 0
+    try:
+        for round_ in range(6):
+            c = Client(str(sock), timeout=2)
+            deadline = time.monotonic() + rng.uniform(0.2, 0.6)
+            i = 0
+            while time.monotonic() < deadline:
+                name = f"g{round_}-{i}"
+                i += 1
+                calls += 1
+                try:
+                    if acked and rng.random() < 0.3:
+                        victim = rng.choice(sorted(acked))
+                        c.release(victim)
+                        acked.discard(victim)
+                    else:
+                        c.admit(name, "vm", "gpu=0,mem=700M,compute=1;gpu=1,mem=900M,compute=2")
+                        acked.add(name)
+                except Refused:
+                    pass
+            os.kill(daemon.pid, 9)  # the client may be between any two of its calls
+            daemon.wait()
+            c.close()
+            daemon = _start(sock, db, inv)
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert calls > 50 and acked  # the daemon was really busy when it was killed
+    con = sqlite3.connect(db)
+    guests = {r[0] for r in con.execute("SELECT name FROM guests")}
+    per_guest = dict(con.execute("SELECT guest, COUNT(*) FROM slices GROUP BY guest").fetchall())
+    assert all(per_guest.get(g) == 2 for g in guests)  # whole guests only
+    assert set(per_guest) <= guests
+    assert acked <= guests  # every acknowledged admission survived
+    used = dict(con.execute("SELECT gpu, SUM(mem_mib) FROM slices GROUP BY gpu").fetchall())
+    assert all(v <= 32768 for v in used.values())
+    assert con.execute("SELECT COUNT(*) FROM slices WHERE gpu LIKE 'GPU-00000000%'").fetchone()[0] == len(guests)

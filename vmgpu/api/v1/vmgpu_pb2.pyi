@@ -1,0 +1,76 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("guest", "kind", "spec")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    kind: str
+    spec: str
+    def __init__(self, guest: _Optional[str] = ..., kind: _Optional[str] = ..., spec: _Optional[str] = ...) -> None: ...
+
+class Slice(_message.Message):
+    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    MEM_MIB_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    gpu_index: int
+    gpu_uuid: str
+    mem_mib: int
+    compute_pct: int
+    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("slices",)
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    slices: _containers.RepeatedCompositeFieldContainer[Slice]
+    def __init__(self, slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("guest",)
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    def __init__(self, guest: _Optional[str] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: bool = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GpuStatus(_message.Message):
+    __slots__ = ("index", "uuid", "name", "mem_mib", "mem_reserved_mib", "compute_reserved_pct")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEM_MIB_FIELD_NUMBER: _ClassVar[int]
+    MEM_RESERVED_MIB_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_RESERVED_PCT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    mem_mib: int
+    mem_reserved_mib: int
+    compute_reserved_pct: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_mib: _Optional[int] = ..., mem_reserved_mib: _Optional[int] = ..., compute_reserved_pct: _Optional[int] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("gpus", "slices")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuStatus]
+    slices: _containers.RepeatedCompositeFieldContainer[Slice]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,56 @@
+"""Talking to vmgpud: the CLI and the hooks use this.  Connection retries are bounded
+(a named tenacity policy); domain errors come back as the same VmgpuError subclasses."""
+
+from __future__ import annotations
+
+import grpc
+import tenacity
+
+from vmgpu import errors
+from vmgpu.api.v1 import vmgpu_pb2 as pb
+from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
+
+# a daemon being (re)started: try for a few seconds, then say so
+RPC_RETRY = dict(
+    retry=tenacity.retry_if_exception(
+        lambda e: isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
+    ),
+    stop=tenacity.stop_after_delay(5),
+    wait=tenacity.wait_exponential(multiplier=0.05, max=0.5),
+    reraise=True,
+)
+
+
+class Client:
+    def __init__(self, socket_path: str, timeout: float = 10.0):
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self.stub = pb_grpc.VmgpudStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _rpc(self, method, request):
+        try:
+            for attempt in tenacity.Retrying(**RPC_RETRY):
+                with attempt:
+                    return method(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            code = dict(e.trailing_metadata() or ()).get("vmgpu-error")
+            if code in errors.BY_CODE:
+                raise errors.BY_CODE[code](e.details()) from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise errors.DaemonUnavailable(
+                    f"vmgpud is not answering on {self.socket_path} (is `vmgpu daemon` running?)"
+                ) from None
+            raise errors.VmgpuError(f"vmgpud: {e.code().name}: {e.details()}") from None
+
+    def admit(self, guest: str, kind: str, spec: str) -> pb.AdmitReply:
+        return self._rpc(self.stub.Admit, pb.AdmitRequest(guest=guest, kind=kind, spec=spec))
+
+    def release(self, guest: str) -> bool:
+        return self._rpc(self.stub.Release, pb.ReleaseRequest(guest=guest)).released
+
+    def status(self) -> pb.StatusReply:
+        return self._rpc(self.stub.Status, pb.StatusRequest())

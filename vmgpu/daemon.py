@@ -1,0 +1,123 @@
+"""vmgpud: the host daemon.  Keeps the admission ledger and answers on a unix socket (gRPC).
+
+The servicer is thin: it converts messages, calls the ledger, converts back.  Domain errors
+become gRPC status codes in one table (`STATUS`), with the vmgpu error code in the trailing
+metadata so that clients rebuild the same error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from vmgpu import errors, gpu
+from vmgpu.api.v1 import vmgpu_pb2 as pb
+from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
+from vmgpu.ledger import Ledger
+from vmgpu.logging import get_logger
+from vmgpu.spec import parse
+
+DEFAULT_SOCKET = "/run/vmgpu/vmgpud.sock"
+DEFAULT_DB = "/var/lib/vmgpu/ledger.db"
+KINDS = ("vm", "container", "process")
+
+# vmgpu error -> gRPC status; the only place the mapping lives
+STATUS = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.Refused: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Conflict: grpc.StatusCode.ALREADY_EXISTS,
+    errors.GpuError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.VmgpuError: grpc.StatusCode.INTERNAL,
+}
+
+
+def _slice(r) -> pb.Slice:
+    return pb.Slice(
+        guest=r.guest, gpu_index=r.gpu_index, gpu_uuid=r.gpu_uuid, mem_mib=r.mem_mib, compute_pct=r.compute_pct
+    )
+
+
+class Servicer(pb_grpc.VmgpudServicer):
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+        self.lock = threading.Lock()
+
+    def _call(self, context, fn, *args):
+        try:
+            with self.lock:
+                return fn(*args)
+        except errors.VmgpuError as e:
+            status = next(s for cls, s in STATUS.items() if isinstance(e, cls))
+            context.set_trailing_metadata((("vmgpu-error", e.code),))
+            context.abort(status, e.message)
+
+    def Admit(self, request, context):
+        if request.kind not in KINDS:
+            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind '{request.kind}' is not one of {', '.join(KINDS)}")
+        if not request.guest:
+            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "guest name is empty")
+        res = self._call(context, lambda: self.ledger.admit(request.guest, request.kind, parse(request.spec)))
+        return pb.AdmitReply(slices=[_slice(r) for r in res])
+
+    def Release(self, request, context):
+        return pb.ReleaseReply(released=self._call(context, self.ledger.release, request.guest))
+
+    def Status(self, request, context):
+        usage, slices = self._call(context, lambda: (self.ledger.usage(), self.ledger.reservations()))
+        return pb.StatusReply(
+            gpus=[
+                pb.GpuStatus(
+                    index=u.index,
+                    uuid=u.uuid,
+                    name=u.name,
+                    mem_mib=u.mem_mib,
+                    mem_reserved_mib=u.mem_reserved_mib,
+                    compute_reserved_pct=u.compute_reserved_pct,
+                )
+                for u in usage
+            ],
+            slices=[_slice(r) for r in slices],
+        )
+
+
+def serve(socket_path: str | Path, db_path: str | Path, inventory: str | Path | None = None):
+    """Start vmgpud; returns (server, ledger).  The socket is owner-only (0600) in an
+    owner-only directory."""
+    socket_path, db_path = Path(socket_path), Path(db_path)
+    socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ledger = Ledger(db_path)
+    ledger.sync_gpus(gpu.inventory(inventory))
+    if socket_path.exists():
+        socket_path.unlink()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger), server)
+    old = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix:{socket_path}")
+        server.start()
+    finally:
+        os.umask(old)
+    os.chmod(socket_path, 0o600)
+    get_logger(component="vmgpud").info("serving", socket=str(socket_path), db=str(db_path), gpus=len(ledger.usage()))
+    return server, ledger
+
+
+def run(socket_path, db_path, inventory=None) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    server, ledger = serve(socket_path, db_path, inventory)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.stop(grace=2).wait()
+    ledger.close()
+    get_logger(component="vmgpud").info("stopped")
