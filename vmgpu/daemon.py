@@ -21,6 +21,7 @@ from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.ledger import Ledger
 from vmgpu.logging import get_logger
 from vmgpu.spec import parse
+from vmgpu.supervisor import Supervisor
 
 DEFAULT_SOCKET = "/run/vmgpu/vmgpud.sock"
 DEFAULT_DB = "/var/lib/vmgpu/ledger.db"
@@ -44,9 +45,10 @@ def _slice(r) -> pb.Slice:
 
 
 class Servicer(pb_grpc.VmgpudServicer):
-    def __init__(self, ledger: Ledger):
+    def __init__(self, ledger: Ledger, supervisor: Supervisor, lock: threading.Lock):
         self.ledger = ledger
-        self.lock = threading.Lock()
+        self.supervisor = supervisor
+        self.lock = lock
 
     def _call(self, context, fn, *args):
         try:
@@ -68,10 +70,27 @@ class Servicer(pb_grpc.VmgpudServicer):
         return pb.AdmitReply(slices=[_slice(r) for r in res])
 
     def Release(self, request, context):
-        return pb.ReleaseReply(released=self._call(context, self.ledger.release, request.guest))
+        def release():
+            self.supervisor.stop(request.guest)
+            return self.ledger.release(request.guest)
+
+        return pb.ReleaseReply(released=self._call(context, release))
+
+    def StartForwarder(self, request, context):
+        backend = request.backend or "cuda"
+        if backend not in ("cuda", "sim"):
+            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"backend '{backend}' is neither cuda nor sim")
+        pid = self._call(context, self.supervisor.start, request.guest, request.region, backend, request.size)
+        return pb.StartForwarderReply(pid=pid)
+
+    def StopForwarder(self, request, context):
+        return pb.StopForwarderReply(stopped=self._call(context, self.supervisor.stop, request.guest))
 
     def Status(self, request, context):
-        usage, slices = self._call(context, lambda: (self.ledger.usage(), self.ledger.reservations()))
+        usage, slices, fwds = self._call(
+            context, lambda: (self.ledger.usage(), self.ledger.reservations(), self.ledger.forwarders())
+        )
         return pb.StatusReply(
             gpus=[
                 pb.GpuStatus(
@@ -85,6 +104,7 @@ class Servicer(pb_grpc.VmgpudServicer):
                 for u in usage
             ],
             slices=[_slice(r) for r in slices],
+            forwarders=[pb.Forwarder(guest=g, pid=pid, region=region, backend=b) for g, pid, region, b, _ in fwds],
         )
 
 
@@ -96,10 +116,16 @@ def serve(socket_path: str | Path, db_path: str | Path, inventory: str | Path | 
     db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     ledger = Ledger(db_path)
     ledger.sync_gpus(gpu.inventory(inventory))
+    lock = threading.Lock()
+    supervisor = Supervisor(ledger, lock, db_path.parent)
+    with lock:
+        supervisor.adopt()
+    supervisor.watch()
     if socket_path.exists():
         socket_path.unlink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger), server)
+    pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger, supervisor, lock), server)
+    server.supervisor = supervisor
     old = os.umask(0o177)
     try:
         server.add_insecure_port(f"unix:{socket_path}")
@@ -119,5 +145,6 @@ def run(socket_path, db_path, inventory=None) -> None:
         signal.signal(sig, lambda *_: done.set())
     done.wait()
     server.stop(grace=2).wait()
+    server.supervisor.close()
     ledger.close()
     get_logger(component="vmgpud").info("stopped")

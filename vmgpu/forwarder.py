@@ -48,6 +48,7 @@ class Forwarder:
     size: str | None = "256M"  # create the region with this size; None: serve an existing one
     guest: str | None = None
     extra: tuple = ()
+    log_path: Path | None = None  # keep the log in this file (default: a temporary one)
     proc: subprocess.Popen | None = field(default=None, repr=False)
     _log: object = field(default=None, repr=False)
     _final: str | None = field(default=None, repr=False)
@@ -72,7 +73,8 @@ class Forwarder:
             cmd += ["--create", self.size]
         if self.mem:
             cmd += ["--mem", self.mem]
-        self._log = tempfile.TemporaryFile("w+")
+        self._log = open(self.log_path, "a+") if self.log_path else tempfile.TemporaryFile("w+")
+        self._log_start = self._log.tell()
         self.proc = subprocess.Popen(cmd, stderr=self._log, text=True)
         deadline = time.monotonic() + timeout
         while "serving" not in self.log():
@@ -88,7 +90,7 @@ class Forwarder:
         if self._final is not None:
             return self._final
         self._log.flush()
-        self._log.seek(0)
+        self._log.seek(getattr(self, "_log_start", 0))
         text = self._log.read()
         self._log.seek(0, os.SEEK_END)
         return text
@@ -123,3 +125,13 @@ def guest_env(region: Path, base: dict | None = None, **extra: str) -> dict:
     env["VMGPU_REGION"] = str(region)
     env.update(extra)
     return env
+
+
+def is_forwarder(pid: int, region: str | Path) -> bool:
+    """Is pid a running vmgpu-forwarder serving region?  (Re-adoption after a vmgpud restart.)"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and argv[0].endswith(b"vmgpu-forwarder") and str(region).encode() in argv

@@ -33,6 +33,14 @@ CREATE TABLE IF NOT EXISTS guests (
     spec TEXT NOT NULL,
     admitted_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS forwarders (
+    guest TEXT PRIMARY KEY REFERENCES guests(name),
+    pid INTEGER NOT NULL,
+    region TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    size TEXT NOT NULL,
+    started_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS slices (
     guest TEXT NOT NULL REFERENCES guests(name) ON DELETE CASCADE,
     gpu TEXT NOT NULL REFERENCES gpus(uuid),
@@ -189,3 +197,24 @@ class Ledger:
             "FROM gpus g LEFT JOIN slices s ON s.gpu = g.uuid GROUP BY g.uuid ORDER BY g.idx"
         )
         return [GpuUsage(*r) for r in rows]
+
+    # ---- forwarders (vmgpud's supervisor keeps them here to re-adopt them) ----
+
+    def record_forwarder(self, guest: str, pid: int, region: str, backend: str, size: str) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (guest, pid, region, backend, size or "", time.time()),
+            )
+
+    def forget_forwarder(self, guest: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM forwarders WHERE guest = ?", (guest,))
+
+    def forwarder(self, guest: str):
+        """(pid, region, backend) of guest's forwarder, or None."""
+        return self.db.execute("SELECT pid, region, backend FROM forwarders WHERE guest = ?", (guest,)).fetchone()
+
+    def forwarders(self) -> list[tuple]:
+        return self.db.execute("SELECT guest, pid, region, backend, size FROM forwarders ORDER BY guest").fetchall()

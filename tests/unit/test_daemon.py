@@ -39,6 +39,9 @@ def daemon(host):
     server, ledger = serve(sock, db, inv)
     yield str(sock)
     server.stop(grace=None).wait()
+    server.supervisor.close()
+    for fwd in list(server.supervisor.children.values()):
+        fwd.stop()
     ledger.close()
 
 

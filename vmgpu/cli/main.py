@@ -256,6 +256,44 @@ def release(guest, socket_path):
     click.echo(f"released {guest}" if held else f"{guest} held nothing")
 
 
+@cli.group(cls=_Group)
+def forwarder() -> None:
+    """Forwarders: the host processes that serve a guest's region on its GPUs (via vmgpud)."""
+
+
+@forwarder.command("start")
+@click.argument("guest")
+@click.argument("region")
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "sim"]),
+    default="cuda",
+    show_default=True,
+    help="sim: the simulated backend (tests only).",
+)
+@click.option("--size", default="", help="Create the region with this size (e.g. 1G); default: it exists.")
+@_SOCKET
+def forwarder_start(guest, region, backend, size, socket_path):
+    """Serve the admitted GUEST's REGION with its quota.
+
+    REGION is the region file, such as /dev/shm/vmgpu-GUEST (created with --size)."""
+    from vmgpu.client import Client
+
+    pid = Client(socket_path).start_forwarder(guest, region, backend, size)
+    click.echo(f"forwarder for {guest} running (pid {pid})")
+
+
+@forwarder.command("stop")
+@click.argument("guest")
+@_SOCKET
+def forwarder_stop(guest, socket_path):
+    """Stop GUEST's forwarder (GUEST stays admitted)."""
+    from vmgpu.client import Client
+
+    stopped = Client(socket_path).stop_forwarder(guest)
+    click.echo(f"forwarder for {guest} stopped" if stopped else f"{guest} had no forwarder")
+
+
 @cli.command("status")
 @_SOCKET
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -280,6 +318,9 @@ def status(socket_path, as_json):
             {"guest": s.guest, "gpu": s.gpu_index, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
             for s in reply.slices
         ],
+        "forwarders": [
+            {"guest": f.guest, "pid": f.pid, "region": f.region, "backend": f.backend} for f in reply.forwarders
+        ],
     }
 
     def render(d):
@@ -299,8 +340,17 @@ def status(socket_path, as_json):
         t = Table(title="guests")
         for col in ("guest", "gpu", "memory", "compute"):
             t.add_column(col)
+        fwd = {f["guest"]: f for f in d["forwarders"]}
+        t.add_column("forwarder")
         for s in d["guests"]:
-            t.add_row(s["guest"], str(s["gpu"]), f"{s['mem_mib']} MiB", f"{s['compute_pct']}%")
+            f = fwd.get(s["guest"])
+            t.add_row(
+                s["guest"],
+                str(s["gpu"]),
+                f"{s['mem_mib']} MiB",
+                f"{s['compute_pct']}%",
+                f"pid {f['pid']} ({f['backend']}) {f['region']}" if f else "-",
+            )
         con.print(t)
 
     _emit(data, as_json, render)

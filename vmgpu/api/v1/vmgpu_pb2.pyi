@@ -47,6 +47,48 @@ class ReleaseReply(_message.Message):
     released: bool
     def __init__(self, released: bool = ...) -> None: ...
 
+class StartForwarderRequest(_message.Message):
+    __slots__ = ("guest", "region", "backend", "size")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    region: str
+    backend: str
+    size: str
+    def __init__(self, guest: _Optional[str] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., size: _Optional[str] = ...) -> None: ...
+
+class StartForwarderReply(_message.Message):
+    __slots__ = ("pid",)
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    def __init__(self, pid: _Optional[int] = ...) -> None: ...
+
+class StopForwarderRequest(_message.Message):
+    __slots__ = ("guest",)
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    def __init__(self, guest: _Optional[str] = ...) -> None: ...
+
+class StopForwarderReply(_message.Message):
+    __slots__ = ("stopped",)
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    stopped: bool
+    def __init__(self, stopped: bool = ...) -> None: ...
+
+class Forwarder(_message.Message):
+    __slots__ = ("guest", "pid", "region", "backend")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    pid: int
+    region: str
+    backend: str
+    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -68,9 +110,11 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_mib: _Optional[int] = ..., mem_reserved_mib: _Optional[int] = ..., compute_reserved_pct: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("gpus", "slices")
+    __slots__ = ("gpus", "slices", "forwarders")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SLICES_FIELD_NUMBER: _ClassVar[int]
+    FORWARDERS_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuStatus]
     slices: _containers.RepeatedCompositeFieldContainer[Slice]
-    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ...) -> None: ...
+    forwarders: _containers.RepeatedCompositeFieldContainer[Forwarder]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ..., forwarders: _Optional[_Iterable[_Union[Forwarder, _Mapping]]] = ...) -> None: ...

@@ -44,6 +44,16 @@ class VmgpudStub(object):
                 request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.StartForwarder = channel.unary_unary(
+                '/vmgpu.api.v1.Vmgpud/StartForwarder',
+                request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StartForwarderRequest.SerializeToString,
+                response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StartForwarderReply.FromString,
+                _registered_method=True)
+        self.StopForwarder = channel.unary_unary(
+                '/vmgpu.api.v1.Vmgpud/StopForwarder',
+                request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StopForwarderRequest.SerializeToString,
+                response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StopForwarderReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/vmgpu.api.v1.Vmgpud/Status',
                 request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusRequest.SerializeToString,
@@ -62,7 +72,21 @@ class VmgpudServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Free what a guest holds (idempotent).
+        """Stop the guest's forwarder if it has one, then free what it holds (idempotent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartForwarder(self, request, context):
+        """Start the forwarder that serves an admitted guest's region with its quota.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopForwarder(self, request, context):
+        """Stop it (the guest stays admitted).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,6 +111,16 @@ def add_VmgpudServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.ReleaseRequest.FromString,
                     response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.ReleaseReply.SerializeToString,
+            ),
+            'StartForwarder': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartForwarder,
+                    request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StartForwarderRequest.FromString,
+                    response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StartForwarderReply.SerializeToString,
+            ),
+            'StopForwarder': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopForwarder,
+                    request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StopForwarderRequest.FromString,
+                    response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StopForwarderReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -148,6 +182,60 @@ class Vmgpud(object):
             '/vmgpu.api.v1.Vmgpud/Release',
             vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.ReleaseRequest.SerializeToString,
             vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartForwarder(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vmgpu.api.v1.Vmgpud/StartForwarder',
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StartForwarderRequest.SerializeToString,
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StartForwarderReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopForwarder(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vmgpu.api.v1.Vmgpud/StopForwarder',
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StopForwarderRequest.SerializeToString,
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StopForwarderReply.FromString,
             options,
             channel_credentials,
             insecure,
