@@ -20,6 +20,7 @@ from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.ledger import Ledger
 from vmgpu.logging import get_logger
+from vmgpu.metrics import Metrics
 from vmgpu.spec import parse
 from vmgpu.supervisor import Supervisor
 
@@ -45,10 +46,11 @@ def _slice(r) -> pb.Slice:
 
 
 class Servicer(pb_grpc.VmgpudServicer):
-    def __init__(self, ledger: Ledger, supervisor: Supervisor, lock: threading.Lock):
+    def __init__(self, ledger: Ledger, supervisor: Supervisor, lock: threading.Lock, metrics: Metrics):
         self.ledger = ledger
         self.supervisor = supervisor
         self.lock = lock
+        self.metrics = metrics
 
     def _call(self, context, fn, *args):
         try:
@@ -66,7 +68,17 @@ class Servicer(pb_grpc.VmgpudServicer):
         if not request.guest:
             context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "guest name is empty")
-        res = self._call(context, lambda: self.ledger.admit(request.guest, request.kind, parse(request.spec)))
+
+        def admit():
+            try:
+                res = self.ledger.admit(request.guest, request.kind, parse(request.spec))
+            except errors.VmgpuError as e:
+                self.metrics.admissions.labels(result=e.code.lower()).inc()
+                raise
+            self.metrics.admissions.labels(result="admitted").inc()
+            return res
+
+        res = self._call(context, admit)
         return pb.AdmitReply(slices=[_slice(r) for r in res])
 
     def Release(self, request, context):
@@ -108,9 +120,12 @@ class Servicer(pb_grpc.VmgpudServicer):
         )
 
 
-def serve(socket_path: str | Path, db_path: str | Path, inventory: str | Path | None = None):
+def serve(
+    socket_path: str | Path, db_path: str | Path, inventory: str | Path | None = None, metrics_port: int | None = None
+):
     """Start vmgpud; returns (server, ledger).  The socket is owner-only (0600) in an
-    owner-only directory."""
+    owner-only directory.  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any free
+    port, None: no endpoint); the HTTP server is server.metrics_http."""
     socket_path, db_path = Path(socket_path), Path(db_path)
     socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -124,8 +139,10 @@ def serve(socket_path: str | Path, db_path: str | Path, inventory: str | Path | 
     if socket_path.exists():
         socket_path.unlink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger, supervisor, lock), server)
+    metrics = Metrics(ledger, lock)
+    pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger, supervisor, lock, metrics), server)
     server.supervisor = supervisor
+    server.metrics_http = metrics.serve(metrics_port) if metrics_port is not None else None
     old = os.umask(0o177)
     try:
         server.add_insecure_port(f"unix:{socket_path}")
@@ -137,14 +154,16 @@ def serve(socket_path: str | Path, db_path: str | Path, inventory: str | Path | 
     return server, ledger
 
 
-def run(socket_path, db_path, inventory=None) -> None:
+def run(socket_path, db_path, inventory=None, metrics_port=None) -> None:
     """Serve until SIGTERM or SIGINT."""
-    server, ledger = serve(socket_path, db_path, inventory)
+    server, ledger = serve(socket_path, db_path, inventory, metrics_port)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     done.wait()
     server.stop(grace=2).wait()
+    if server.metrics_http:
+        server.metrics_http.shutdown()
     server.supervisor.close()
     ledger.close()
     get_logger(component="vmgpud").info("stopped")

@@ -33,6 +33,8 @@ def _daemon(sock, db, inv):
             str(db),
             "--inventory",
             str(inv),
+            "--metrics-port",
+            "0",
         ],
         stderr=subprocess.DEVNULL,
     )

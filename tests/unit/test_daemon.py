@@ -108,6 +108,8 @@ def _start(sock, db, inv):
             str(db),
             "--inventory",
             str(inv),
+            "--metrics-port",
+            "0",
         ],
         stderr=subprocess.DEVNULL,
     )
@@ -162,3 +164,28 @@ def test_kill_9_during_admit_and_release_loses_or_doubles_nothing(host):
     used = dict(con.execute("SELECT gpu, SUM(mem_mib) FROM slices GROUP BY gpu").fetchall())
     assert all(v <= 32768 for v in used.values())
     assert con.execute("SELECT COUNT(*) FROM slices WHERE gpu LIKE 'GPU-00000000%'").fetchone()[0] == len(guests)
+
+
+def test_metrics_endpoint(host):
+    import urllib.request
+
+    sock, db, inv = host
+    server, ledger = serve(sock, db, inv, metrics_port=0)
+    try:
+        c = Client(str(sock))
+        c.admit("m1", "vm", "gpu=0,mem=4G,compute=30")
+        with pytest.raises(Refused):
+            c.admit("m2", "vm", "gpu=0,mem=30G")
+        port = server.metrics_http.server_port
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.stop(grace=None).wait()
+        server.metrics_http.shutdown()
+        server.supervisor.close()
+        ledger.close()
+    uuid0 = "GPU-00000000-0000-0000-0000-000000000000"
+    assert f'vmgpu_gpu_memory_mib{{gpu="0",state="reserved",uuid="{uuid0}"}} 4096.0' in text
+    assert f'vmgpu_gpu_compute_reserved_percent{{gpu="0",uuid="{uuid0}"}} 30.0' in text
+    assert 'vmgpu_guest_memory_quota_mib{gpu="0",guest="m1"} 4096.0' in text
+    assert 'vmgpu_admissions_total{result="admitted"} 1.0' in text
+    assert 'vmgpu_admissions_total{result="refused"} 1.0' in text

@@ -203,13 +203,20 @@ _SOCKET = click.option(
     envvar="VMGPU_INVENTORY",
     help="A declared GPU inventory (TOML) instead of NVML.  [env: VMGPU_INVENTORY]",
 )
-def daemon(socket_path, db_path, inventory):
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=9400,
+    show_default=True,
+    help="Prometheus metrics on 127.0.0.1:PORT (0: any free port; -1: none).",
+)
+def daemon(socket_path, db_path, inventory, metrics_port):
     """Run vmgpud in the foreground: the ledger, on a unix socket (JSON logs on stderr)."""
     from vmgpu import daemon as daemon_mod
     from vmgpu.logging import configure
 
     configure(json=True)
-    daemon_mod.run(socket_path, db_path, inventory)
+    daemon_mod.run(socket_path, db_path, inventory, None if metrics_port < 0 else metrics_port)
 
 
 @cli.command("admit")
