@@ -10,21 +10,25 @@ from vmgpu import errors
 from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 
-# a daemon being (re)started: try for a few seconds, then say so
-RPC_RETRY = dict(
-    retry=tenacity.retry_if_exception(
-        lambda e: isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
-    ),
-    stop=tenacity.stop_after_delay(5),
-    wait=tenacity.wait_exponential(multiplier=0.05, max=0.5),
-    reraise=True,
-)
+
+def rpc_retry(seconds: float) -> dict:
+    """The named policy for a daemon being (re)started: retry while it is unavailable, for
+    `seconds` at most, then say so."""
+    return dict(
+        retry=tenacity.retry_if_exception(
+            lambda e: isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE
+        ),
+        stop=tenacity.stop_after_delay(seconds),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=0.5),
+        reraise=True,
+    )
 
 
 class Client:
-    def __init__(self, socket_path: str, timeout: float = 10.0):
+    def __init__(self, socket_path: str, timeout: float = 10.0, retry_s: float = 5.0):
         self.socket_path = socket_path
         self.timeout = timeout
+        self.retry = rpc_retry(retry_s)
         self.channel = grpc.insecure_channel(f"unix:{socket_path}")
         self.stub = pb_grpc.VmgpudStub(self.channel)
 
@@ -33,7 +37,7 @@ class Client:
 
     def _rpc(self, method, request):
         try:
-            for attempt in tenacity.Retrying(**RPC_RETRY):
+            for attempt in tenacity.Retrying(**self.retry):
                 with attempt:
                     return method(request, timeout=self.timeout)
         except grpc.RpcError as e:

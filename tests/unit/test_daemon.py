@@ -189,3 +189,19 @@ def test_metrics_endpoint(host):
     assert 'vmgpu_guest_memory_quota_mib{gpu="0",guest="m1"} 4096.0' in text
     assert 'vmgpu_admissions_total{result="admitted"} 1.0' in text
     assert 'vmgpu_admissions_total{result="refused"} 1.0' in text
+
+
+def test_doctor_reports_and_fails_on_a_failed_check(daemon, tmp_path):
+    from vmgpu.forwarder import gpu_present
+
+    run = CliRunner(mix_stderr=False).invoke
+    r = run(cli, ["doctor", "--socket", daemon, "--json"])
+    checks = {c["name"]: c for c in json.loads(r.output)}
+    assert checks["vmgpud"]["status"] == "ok" and checks["vmgpud socket"]["status"] == "ok"
+    assert checks["/dev/shm"]["status"] in ("ok", "warn")
+    if not gpu_present():
+        assert checks["NVIDIA driver"]["status"] == "fail" and checks["NVIDIA driver"]["fix"]
+        assert r.exit_code == 1
+    gone = run(cli, ["doctor", "--socket", str(tmp_path / "none.sock"), "--json"])
+    down = {c["name"]: c for c in json.loads(gone.output)}["vmgpud"]
+    assert down["status"] == "warn" and down["fix"] == "start it: vmgpu daemon"

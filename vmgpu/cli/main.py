@@ -363,6 +363,31 @@ def status(socket_path, as_json):
     _emit(data, as_json, render)
 
 
+@cli.command("doctor")
+@_SOCKET
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def doctor(socket_path, as_json):
+    """Check this host for vmgpu: driver, NVML, native parts, /dev/shm, vmgpud, libvirt.
+
+    Each line says what is wrong and how to fix it.  Exits 1 if a check failed."""
+    from vmgpu.doctor import run_doctor
+
+    checks = run_doctor(socket_path)
+
+    def render(d):
+        t = Table(title="vmgpu doctor")
+        for col in ("check", "status", "detail", "fix"):
+            t.add_column(col)
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for c in d:
+            t.add_row(c["name"], f"[{colour[c['status']]}]{c['status']}[/]", c["detail"], c["fix"])
+        Console().print(t)
+
+    _emit(checks, as_json, render)
+    if any(c["status"] == "fail" for c in checks):
+        sys.exit(1)
+
+
 @cli.command("demo")
 @click.option(
     "--backend",

@@ -1,0 +1,130 @@
+"""`vmgpu doctor`: what this host needs for vmgpu, what is wrong, and how to fix it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from vmgpu import errors
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok, warn, fail
+    detail: str
+    fix: str = ""
+
+
+def _driver() -> Check:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return Check(
+            "NVIDIA driver",
+            "fail",
+            "libcuda.so.1 cannot be loaded",
+            "install the NVIDIA driver (tests can use the simulated backend: --backend sim)",
+        )
+    if not os.path.exists("/dev/nvidia0"):
+        return Check(
+            "NVIDIA driver",
+            "fail",
+            "libcuda.so.1 loads but there is no /dev/nvidia0",
+            "load the nvidia kernel module (modprobe nvidia) or check the device nodes",
+        )
+    return Check("NVIDIA driver", "ok", "libcuda.so.1 and /dev/nvidia0 present")
+
+
+def _nvml() -> Check:
+    from vmgpu import gpu
+
+    try:
+        gpus = gpu.nvml()
+    except errors.VmgpuError as e:
+        return Check("NVML", "fail", e.message, "vmgpud needs NVML for its inventory, or --inventory FILE")
+    return Check("NVML", "ok", f"{len(gpus)} GPU(s): " + ", ".join(f"{g.index} {g.name}" for g in gpus))
+
+
+def _native() -> Check:
+    from vmgpu.forwarder import native_dir
+
+    try:
+        d = native_dir()
+    except errors.VmgpuError as e:
+        return Check("vmgpu native parts", "fail", e.message, "run `make native`")
+    missing = [p for p in ("guest/libcuda.so.1", "libvmgpu-simcuda.so") if not (d / p).exists()]
+    if missing:
+        return Check("vmgpu native parts", "fail", f"{d}: missing {', '.join(missing)}", "run `make native`")
+    return Check("vmgpu native parts", "ok", f"forwarder and guest library in {d}")
+
+
+def _shm(min_free: int = 1 << 30) -> Check:
+    path = "/dev/shm"
+    if not os.path.isdir(path) or not os.access(path, os.W_OK):
+        return Check("/dev/shm", "fail", "missing or not writable", "mount a tmpfs on /dev/shm")
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    if free < min_free:
+        return Check(
+            "/dev/shm",
+            "warn",
+            f"only {free >> 20} MiB free; each guest's region lives here",
+            "mount -o remount,size=16G /dev/shm (or larger)",
+        )
+    return Check("/dev/shm", "ok", f"{free >> 20} MiB free")
+
+
+def _daemon(socket_path: str) -> list[Check]:
+    from vmgpu.client import Client
+
+    try:
+        st = Client(socket_path, timeout=2, retry_s=0.5).status()
+    except errors.DaemonUnavailable:
+        return [Check("vmgpud", "warn", f"not answering on {socket_path}", "start it: vmgpu daemon")]
+    except errors.VmgpuError as e:
+        return [Check("vmgpud", "fail", e.message, "see vmgpud's log")]
+    checks = [Check("vmgpud", "ok", f"{len(st.gpus)} GPU(s), {len({s.guest for s in st.slices})} guest(s) admitted")]
+    sock_mode = stat.S_IMODE(os.stat(socket_path).st_mode)
+    dir_mode = stat.S_IMODE(os.stat(Path(socket_path).parent).st_mode)
+    if sock_mode & 0o077 or dir_mode & 0o077:
+        checks.append(
+            Check(
+                "vmgpud socket",
+                "warn",
+                f"socket {oct(sock_mode)}, directory {oct(dir_mode)}: " "others can reach the daemon",
+                f"chmod 600 {socket_path}; chmod 700 its directory",
+            )
+        )
+    else:
+        checks.append(Check("vmgpud socket", "ok", "owner only"))
+    return checks
+
+
+def _libvirt() -> list[Check]:
+    sock = "/run/libvirt/libvirt-sock"
+    out = [
+        Check("libvirtd", "ok", f"{sock} present")
+        if os.path.exists(sock)
+        else Check("libvirtd", "warn", f"no {sock}: VMs cannot be used", "start libvirtd (VM guests only)")
+    ]
+    hook = Path("/etc/libvirt/hooks/qemu.d/vmgpu")
+    out.append(
+        Check("libvirt qemu hook", "ok", f"{hook} installed")
+        if hook.exists()
+        else Check(
+            "libvirt qemu hook",
+            "warn",
+            f"{hook} not installed: VM guests are not admitted by vmgpu",
+            "VM support (the hook) is not built yet",
+        )
+    )
+    return out
+
+
+def run_doctor(socket_path: str) -> list[dict]:
+    checks = [_driver(), _nvml(), _native(), _shm(), *_daemon(socket_path), *_libvirt()]
+    return [asdict(c) for c in checks]
