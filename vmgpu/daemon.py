@@ -88,6 +88,14 @@ class Servicer(pb_grpc.VmgpudServicer):
 
         return pb.ReleaseReply(released=self._call(context, release))
 
+    def _forwarder(self, guest, pid, region, backend) -> pb.Forwarder:
+        f = pb.Forwarder(guest=guest, pid=pid, region=region, backend=backend)
+        st = self.supervisor.stats(guest)
+        if st:
+            f.mem_used_mib.extend(m["used"] >> 20 for m in st["memory"])
+            f.processes, f.sync_calls, f.async_calls = st["processes"], st["sync_calls"], st["async_calls"]
+        return f
+
     def StartForwarder(self, request, context):
         backend = request.backend or "cuda"
         if backend not in ("cuda", "sim"):
@@ -116,7 +124,7 @@ class Servicer(pb_grpc.VmgpudServicer):
                 for u in usage
             ],
             slices=[_slice(r) for r in slices],
-            forwarders=[pb.Forwarder(guest=g, pid=pid, region=region, backend=b) for g, pid, region, b, _ in fwds],
+            forwarders=[self._forwarder(g, pid, region, b) for g, pid, region, b, _ in fwds],
         )
 
 

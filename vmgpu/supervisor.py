@@ -41,11 +41,24 @@ class Supervisor:
             size=size or None,
             guest=guest,
             log_path=self.logs / f"{guest}.log",
+            extra=("--stats", str(self.stats_path(guest))),
         ).start()
         self.children[guest] = fwd
         self.ledger.record_forwarder(guest, fwd.proc.pid, region, backend, size)
         self.log.info("forwarder started", guest=guest, pid=fwd.proc.pid, region=region, backend=backend)
         return fwd.proc.pid
+
+    def stats_path(self, guest: str) -> Path:
+        return self.logs / f"{guest}.stats"
+
+    def stats(self, guest: str) -> dict | None:
+        """The guest's forwarder statistics page, or None if there is none to read."""
+        from vmgpu import stats
+
+        try:
+            return stats.read(self.stats_path(guest))
+        except Exception:  # noqa: BLE001 - a forwarder being (re)started has no page yet
+            return None
 
     def stop(self, guest: str) -> bool:
         held = self.ledger.forwarder(guest)

@@ -148,6 +148,8 @@ static CUresult htod(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int a
 		r = B->cuMemcpyHtoD_v2(dst, src, n);
 	}
 	done_buf(ch, kind, a, n);
+	if (r == CUDA_SUCCESS)
+		atomic_fetch_add_explicit(&ch->fwd->stats->htod_bytes, n, memory_order_relaxed);
 	return r;
 }
 
@@ -184,6 +186,8 @@ static CUresult dtoh(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
 		r = B->cuMemcpyDtoH_v2(dst, src, n);
 	}
 	done_buf(ch, kind, a, n);
+	if (r == CUDA_SUCCESS)
+		atomic_fetch_add_explicit(&ch->fwd->stats->dtoh_bytes, n, memory_order_relaxed);
 	return r;
 }
 

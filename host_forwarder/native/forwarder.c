@@ -161,9 +161,19 @@ int vh_serve(struct vh_chan *ch)
 		memcpy(&hdr, rbuf, sizeof hdr);
 		struct vh_rd rd = {(const uint8_t *)rbuf + sizeof hdr, (uint32_t)n - sizeof hdr, 0, 0};
 		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
+		uint64_t t0 = vmgpu_now_ns();
 		CUresult r = set_device(ch, hdr.dev) ? CUDA_ERROR_INVALID_DEVICE
 						     : vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+		uint64_t spent = vmgpu_now_ns() - t0;
 		ch->ncalls++;
+		struct vh_stats *st = ch->fwd->stats;
+		atomic_fetch_add_explicit(&st->busy_ns, spent, memory_order_relaxed);
+		atomic_fetch_add_explicit((hdr.flags & VG_F_NOREPLY) ? &st->async_calls : &st->sync_calls, 1,
+					  memory_order_relaxed);
+		if (hdr.op < VH_STATS_OPS) {
+			atomic_fetch_add_explicit(&st->op[hdr.op].count, 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&st->op[hdr.op].ns, spent, memory_order_relaxed);
+		}
 		if (r != CUDA_SUCCESS && trace_errors)
 			logf_("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
 			      (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
@@ -224,6 +234,7 @@ static int worker(uint32_t idx, pid_t supervisor)
 	B->cuCtxSetCurrent(NULL);
 
 	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1};
+	atomic_fetch_add(&F.stats->processes, 1);
 	logf_("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	      vmgpu_hchan_generation(ch.hc), (int)getpid());
 	int ended = vh_serve(&ch);
@@ -345,6 +356,32 @@ static int probe_devices(const char *gpus, const char *mems)
 	return 0;
 }
 
+/* The statistics page: in a file vmgpud can read (--stats), or anonymous; shared with the workers. */
+static int map_stats(const char *path)
+{
+	int fd = -1, flags = MAP_SHARED | MAP_ANONYMOUS;
+	if (path) {
+		fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd < 0 || ftruncate(fd, sizeof *F.stats) != 0)
+			return die("--stats %s: %s", path, strerror(errno));
+		flags = MAP_SHARED;
+	}
+	F.stats = mmap(NULL, sizeof *F.stats, PROT_READ | PROT_WRITE, flags, fd, 0);
+	if (fd >= 0)
+		close(fd);
+	if (F.stats == MAP_FAILED)
+		return die("cannot map the statistics page: %s", strerror(errno));
+	memset(F.stats, 0, sizeof *F.stats);
+	F.stats->version = VH_STATS_VERSION;
+	F.stats->ndev = (uint32_t)F.ndev;
+	for (int i = 0; i < F.ndev; i++)
+		F.stats->quota[i] = F.quota[i];
+	F.used = F.stats->used;
+	atomic_thread_fence(memory_order_release);
+	F.stats->magic = VH_STATS_MAGIC; /* last: a reader sees a complete header */
+	return 0;
+}
+
 static void remove_image_dir(void)
 {
 	if (!F.image_dir[0])
@@ -379,12 +416,13 @@ static void usage(FILE *f)
 		"  --channels N        region geometry: channels (default 16)\n"
 		"  --bulk SIZE         region geometry: bulk area per channel (default 4M)\n"
 		"  --wait futex|poll   region geometry: wait mode (default futex)\n"
-		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n");
+		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n"
+		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n");
 }
 
 int main(int argc, char **argv)
 {
-	const char *region = NULL, *backend = "cuda", *gpus = "0", *mems = NULL;
+	const char *region = NULL, *backend = "cuda", *gpus = "0", *mems = NULL, *stats_path = NULL;
 	uint64_t create = 0;
 	struct vmgpu_shm_params params;
 	vmgpu_shm_params_default(&params);
@@ -394,7 +432,8 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
 		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
-		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
+		{0, 0, 0, 0},
 	};
 	int o;
 	uint64_t v;
@@ -432,6 +471,7 @@ int main(int argc, char **argv)
 				return die("--peer-timeout: '%s' is not a number of seconds", optarg);
 			wopts.peer_timeout_ns = v * 1000000000ull;
 			break;
+		case 's': stats_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -446,9 +486,8 @@ int main(int argc, char **argv)
 		return die("unknown backend '%s' (cuda or sim)", backend);
 	if (probe_devices(gpus, mems))
 		return 1;
-	F.used = mmap(NULL, VG_MAX_DEVICES * sizeof *F.used, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (F.used == MAP_FAILED)
-		return die("cannot map the quota counters: %s", strerror(errno));
+	if (map_stats(stats_path))
+		return 1;
 
 	int fd = open(region, O_RDWR | (create ? O_CREAT : 0), 0660);
 	if (fd < 0)

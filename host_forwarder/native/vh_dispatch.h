@@ -22,6 +22,7 @@
 #include "vg_kinds.h"
 #include "vg_ops.h"
 #include "vh_backend_fns.h"
+#include "vh_stats.h"
 #include "vmgpu/shm.h"
 
 struct vh_backend {
@@ -52,7 +53,8 @@ struct vh_fwd {
 	CUcontext ctx[VG_MAX_DEVICES];
 	int ordinal[VG_MAX_DEVICES];     /* host device index of each guest device */
 	uint64_t quota[VG_MAX_DEVICES];
-	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers */
+	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */
+	struct vh_stats *stats;          /* shared by the workers; a file if --stats is given */
 	struct vg_dev_info info[VG_MAX_DEVICES];
 	int driver_version;
 	const char *guest;

@@ -2,6 +2,7 @@
 guest serves it with its quota, survives kill -9 of vmgpud and is adopted, is restarted if
 it dies, and is stopped when the guest is released."""
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from tests.forwarder import NATIVE, run_guest
+from tests.forwarder import NATIVE, hold, run_guest
 from tests.unit.test_daemon import INVENTORY
 from vmgpu.client import Client
 from vmgpu.forwarder import is_forwarder
@@ -117,7 +118,16 @@ def test_cli_forwarder_commands(tmp_path, shm_path, monkeypatch):
         assert '"backend": "sim"' in r.output
         r = run(cli, ["status", "--socket", sock])
         assert r.exit_code == 0 and "pid" in r.output and "(sim)" in r.output, r.output + r.stderr
-        assert run_guest([NATIVE / "hold", 0], shm_path).stdout.split() == ["free", str(512 << 20), str(512 << 20)]
+        # what the guest really uses, from the forwarder's statistics page
+        p = hold(shm_path, 100)
+        assert p.stdout.readline().startswith("held")
+        st = json.loads(run(cli, ["status", "--json", "--socket", sock]).output)
+        assert st["forwarders"][0]["mem_used_mib"] == [100] and st["forwarders"][0]["processes"] == 1
+        assert "100 / 512 MiB" in run(cli, ["status", "--socket", sock]).output
+        p.stdin.close()  # the program ends, and its memory is freed with its channel
+        p.wait()
+        full = ["free", str(512 << 20), str(512 << 20)]
+        assert _wait(lambda: run_guest([NATIVE / "hold", 0], shm_path).stdout.split() == full)
         r = run(cli, ["forwarder", "stop", "g", "--socket", sock])
         assert r.exit_code == 0 and "stopped" in r.output
         r = run(cli, ["forwarder", "start", "nobody", str(shm_path), "--socket", sock])

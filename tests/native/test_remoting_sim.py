@@ -281,3 +281,22 @@ def test_vmgpu_demo_runs_programs_and_says_it_is_simulated():
     d = json.loads(r.stdout)
     assert d["simulated"] is True and [p["ok"] for p in d["programs"]] == [True, True]
     assert all("SIMULATED (no GPU)" in ln for ln in d["forwarder_log"])
+
+
+def test_breakdown_explains_a_run(shm_path, tmp_path):
+    """The forwarder's statistics page, read by `vmgpu breakdown`: calls by class, bytes, top functions."""
+    stats = tmp_path / "fwd.stats"
+    with forwarder(shm_path, extra=["--stats", str(stats)]):
+        r = run_guest([NATIVE / "drv_api", PTX, 8], shm_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = subprocess.run(
+            [sys.executable, "-m", "vmgpu.cli.main", "breakdown", str(stats), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+    d = json.loads(out.stdout)
+    assert d["processes"] == 1 and d["sync_calls"] > 20 and d["async_calls"] > 5
+    assert d["htod_bytes"] >= 8 << 20 and d["dtoh_bytes"] >= 8 << 20
+    assert d["ops"]["cuLaunchKernel"]["count"] == 3 and d["ops"]["cuGraphLaunch"]["count"] == 1
+    assert d["ops"]["hello"]["count"] == 1

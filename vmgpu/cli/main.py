@@ -326,7 +326,17 @@ def status(socket_path, as_json):
             for s in reply.slices
         ],
         "forwarders": [
-            {"guest": f.guest, "pid": f.pid, "region": f.region, "backend": f.backend} for f in reply.forwarders
+            {
+                "guest": f.guest,
+                "pid": f.pid,
+                "region": f.region,
+                "backend": f.backend,
+                "mem_used_mib": list(f.mem_used_mib),
+                "processes": f.processes,
+                "sync_calls": f.sync_calls,
+                "async_calls": f.async_calls,
+            }
+            for f in reply.forwarders
         ],
     }
 
@@ -345,22 +355,62 @@ def status(socket_path, as_json):
             )
         con.print(t)
         t = Table(title="guests")
-        for col in ("guest", "gpu", "memory", "compute"):
+        for col in ("guest", "gpu", "memory used / quota", "compute", "forwarder"):
             t.add_column(col)
         fwd = {f["guest"]: f for f in d["forwarders"]}
-        t.add_column("forwarder")
+        nth: dict[str, int] = {}
         for s in d["guests"]:
             f = fwd.get(s["guest"])
+            k = nth[s["guest"]] = nth.get(s["guest"], -1) + 1  # slices come in the forwarder's GPU order
+            used = f["mem_used_mib"][k] if f and k < len(f["mem_used_mib"]) else None
             t.add_row(
                 s["guest"],
                 str(s["gpu"]),
-                f"{s['mem_mib']} MiB",
+                f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
                 f"{s['compute_pct']}%",
-                f"pid {f['pid']} ({f['backend']}) {f['region']}" if f else "-",
+                f"pid {f['pid']} ({f['backend']}), {f['processes']} process(es) served" if f else "-",
             )
         con.print(t)
 
     _emit(data, as_json, render)
+
+
+@cli.command("breakdown")
+@click.argument("stats_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--interval", type=float, default=0.0, help="Report only what happens in the next N seconds.")
+@click.option("--top", type=int, default=10, show_default=True, help="How many functions to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def breakdown(stats_file, interval, top, as_json):
+    """Where a guest's time goes: calls crossed (sync/async), bytes copied, forwarder busy
+    time, and the top functions by count and by time.  STATS_FILE is a forwarder's --stats."""
+    import time as _time
+
+    from vmgpu import stats
+
+    a = stats.read(stats_file)
+    if interval > 0:
+        _time.sleep(interval)
+        d = stats.delta(a, stats.read(stats_file))
+    else:
+        d = {**a, "seconds": None}
+
+    def render(d):
+        con = Console()
+        span = f"in {d['seconds']:.2f} s" if d["seconds"] else "since the forwarder started"
+        con.print(
+            f"{span}: {d['sync_calls']} sync calls (a round trip each), {d['async_calls']} async; "
+            f"forwarder busy {d['busy_ns'] / 1e9:.3f} s; copied {d['htod_bytes'] >> 20} MiB to and "
+            f"{d['dtoh_bytes'] >> 20} MiB from the GPU; {d['processes']} process(es)"
+        )
+        for title, key in (("by count", "count"), ("by time", "ns")):
+            t = Table(title=f"top functions {title}")
+            for col in ("function", "calls", "time (ms)", "µs per call"):
+                t.add_column(col)
+            for name, v in sorted(d["ops"].items(), key=lambda kv: -kv[1][key])[:top]:
+                t.add_row(name, str(v["count"]), f"{v['ns'] / 1e6:.2f}", f"{v['ns'] / 1e3 / v['count']:.2f}")
+            con.print(t)
+
+    _emit(d, as_json, render)
 
 
 @cli.command("doctor")

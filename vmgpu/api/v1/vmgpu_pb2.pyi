@@ -78,16 +78,24 @@ class StopForwarderReply(_message.Message):
     def __init__(self, stopped: bool = ...) -> None: ...
 
 class Forwarder(_message.Message):
-    __slots__ = ("guest", "pid", "region", "backend")
+    __slots__ = ("guest", "pid", "region", "backend", "mem_used_mib", "processes", "sync_calls", "async_calls")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MEM_USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    SYNC_CALLS_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_CALLS_FIELD_NUMBER: _ClassVar[int]
     guest: str
     pid: int
     region: str
     backend: str
-    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    mem_used_mib: _containers.RepeatedScalarFieldContainer[int]
+    processes: int
+    sync_calls: int
+    async_calls: int
+    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., mem_used_mib: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., sync_calls: _Optional[int] = ..., async_calls: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
