@@ -398,6 +398,7 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 struct sim_fn {
 	uint32_t magic;
 	char name[128];
+	int max_dynamic_smem;
 	int np;
 	size_t off[MAX_P], size[MAX_P];
 };
@@ -557,7 +558,19 @@ EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute a, CUfunction f
 {
 	if (!pi) return CUDA_ERROR_INVALID_VALUE;
 	if (!fn_of(func)) return CUDA_ERROR_INVALID_HANDLE;
-	*pi = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+	struct sim_fn *f = fn_of(func);
+	*pi = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024
+	      : a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES ? f->max_dynamic_smem
+								      : 0;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuFuncSetAttribute(CUfunction func, CUfunction_attribute a, int v)
+{
+	struct sim_fn *f = fn_of(func);
+	if (!f) return CUDA_ERROR_INVALID_HANDLE;
+	if (a != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_ERROR_NOT_SUPPORTED;
+	if (v < 0 || v > 227 * 1024) return CUDA_ERROR_INVALID_VALUE;
+	f->max_dynamic_smem = v;
 	return CUDA_SUCCESS;
 }
 

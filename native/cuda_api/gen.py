@@ -225,7 +225,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
     body = [
-        f"static CUresult vg_do_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
+        f"{'' if fn.spec.get('guest') == 'cached' else 'static '}CUresult vg_do_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
         "{",
         "\tstruct vg_call c;",
         f"\tCUresult r = vg_begin(&c, VG_OP_{fn.name}, vg_flags);",
@@ -274,6 +274,12 @@ def emit_guest(funcs: list[Func], handles: dict[str, str]) -> str:
         if fn.cls in ("sync", "async"):
             lines += guest_entry(fn, handles)
             target = f"vg_do_{fn.name}"
+            if fn.spec.get("guest") == "cached":
+                # answered from a hand-written guest cache, which calls vg_do_<name> on a miss
+                lines.append(
+                    f"CUresult vgc_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
+                )
+                target = f"vgc_{fn.name}"
         else:
             lines.append(
                 f"CUresult vgc_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"

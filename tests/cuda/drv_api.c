@@ -135,6 +135,20 @@ int main(int argc, char **argv)
 	size_t poff = 0, psz = 0;
 	step("cuFuncGetParamInfo 3", cuFuncGetParamInfo(fn, 3, &poff, &psz), CUDA_SUCCESS, NULL);
 	check("param 3 is an int at 24", poff == 24 && psz == 4);
+	/* attributes: asked often, answered from the guest's cache, fresh after a set */
+	int maxthr = 0, smem = -1, same = 1;
+	step("cuFuncGetAttribute", cuFuncGetAttribute(&maxthr, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn), CUDA_SUCCESS, NULL);
+	for (int i = 0; i < 100; i++) {
+		int again = 0;
+		cuFuncGetAttribute(&again, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn);
+		same &= again == maxthr;
+	}
+	check("attribute stable", same && maxthr > 0);
+	cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn);
+	step("cuFuncSetAttribute", cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024),
+	     CUDA_SUCCESS, NULL);
+	cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn);
+	check("attribute fresh after a set", smem == 1024);
 	int count = 1 << 20;
 	float *fa = malloc(count * 4), *fb = malloc(count * 4), *fc = malloc(count * 4);
 	for (int i = 0; i < count; i++) {

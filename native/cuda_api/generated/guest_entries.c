@@ -1032,7 +1032,7 @@ VG_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, 
 	return vg_do_cuLibraryGetGlobal(dptr, bytes, library, name, 0);
 }
 
-static CUresult vg_do_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags)
+CUresult vg_do_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuKernelGetFunction, vg_flags);
@@ -1048,12 +1048,13 @@ static CUresult vg_do_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, u
 	return vg_end(&c, r);
 }
 
+CUresult vgc_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
-	return vg_do_cuKernelGetFunction(pFunc, kernel, 0);
+	return vgc_cuKernelGetFunction(pFunc, kernel, 0);
 }
 
-static CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags)
+CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuFuncGetAttribute, vg_flags);
@@ -1070,12 +1071,13 @@ static CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, 
 	return vg_end(&c, r);
 }
 
+CUresult vgc_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
 {
-	return vg_do_cuFuncGetAttribute(pi, attrib, hfunc, 0);
+	return vgc_cuFuncGetAttribute(pi, attrib, hfunc, 0);
 }
 
-static CUresult vg_do_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags)
+CUresult vg_do_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuFuncSetAttribute, vg_flags);
@@ -1088,9 +1090,10 @@ static CUresult vg_do_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute 
 	return vg_end(&c, r);
 }
 
+CUresult vgc_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
 {
-	return vg_do_cuFuncSetAttribute(hfunc, attrib, value, 0);
+	return vgc_cuFuncSetAttribute(hfunc, attrib, value, 0);
 }
 
 static CUresult vg_do_cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config, unsigned vg_flags)
@@ -1110,7 +1113,7 @@ VG_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache c
 	return vg_do_cuFuncSetCacheConfig(hfunc, config, 0);
 }
 
-static CUresult vg_do_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags)
+CUresult vg_do_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuKernelGetAttribute, vg_flags);
@@ -1128,12 +1131,13 @@ static CUresult vg_do_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib
 	return vg_end(&c, r);
 }
 
+CUresult vgc_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
 {
-	return vg_do_cuKernelGetAttribute(pi, attrib, kernel, dev, 0);
+	return vgc_cuKernelGetAttribute(pi, attrib, kernel, dev, 0);
 }
 
-static CUresult vg_do_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags)
+CUresult vg_do_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuKernelSetAttribute, vg_flags);
@@ -1147,9 +1151,10 @@ static CUresult vg_do_cuKernelSetAttribute(CUfunction_attribute attrib, int val,
 	return vg_end(&c, r);
 }
 
+CUresult vgc_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev)
 {
-	return vg_do_cuKernelSetAttribute(attrib, val, kernel, dev, 0);
+	return vgc_cuKernelSetAttribute(attrib, val, kernel, dev, 0);
 }
 
 static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessor(int * numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned vg_flags)
