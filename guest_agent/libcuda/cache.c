@@ -4,7 +4,8 @@
  * (PyTorch: ~3,500 cuKernelGetAttribute and ~280 cuKernelGetFunction per ResNet-50 step):
  * kernel and function attributes, and the function of a kernel in the current context.
  * A miss makes the generated round trip and fills the cache; setting an attribute goes
- * to the host and drops what was cached for that kernel or function (and its partner).
+ * to the host and drops what was cached for that kernel or function (and its partner),
+ * unless the cache already holds that very value: then there is nothing to set.
  */
 #include <pthread.h>
 #include <string.h>
@@ -116,6 +117,10 @@ CUresult vgc_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction
 
 CUresult vgc_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned f)
 {
+	uint64_t v, h = (uint64_t)(uintptr_t)kernel;
+	/* setting what the kernel already has (frameworks do it before every launch) stays here */
+	if (h && lookup(attrs, h, (int32_t)attrib, dev, &v) && (int)v == val)
+		return CUDA_SUCCESS;
 	CUresult r = vg_do_cuKernelSetAttribute(attrib, val, kernel, dev, f);
 	forget((uint64_t)(uintptr_t)kernel);
 	return r;
@@ -123,6 +128,9 @@ CUresult vgc_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel
 
 CUresult vgc_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f)
 {
+	uint64_t v, h = (uint64_t)(uintptr_t)hfunc;
+	if (h && lookup(attrs, h, (int32_t)attrib, -1, &v) && (int)v == value)
+		return CUDA_SUCCESS;
 	CUresult r = vg_do_cuFuncSetAttribute(hfunc, attrib, value, f);
 	forget((uint64_t)(uintptr_t)hfunc);
 	return r;

@@ -149,6 +149,12 @@ int main(int argc, char **argv)
 	     CUDA_SUCCESS, NULL);
 	cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn);
 	check("attribute fresh after a set", smem == 1024);
+	step("cuFuncSetAttribute (same value)", cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024),
+	     CUDA_SUCCESS, NULL);
+	step("cuFuncSetAttribute (back to 0)", cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 0),
+	     CUDA_SUCCESS, NULL);
+	cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn);
+	check("attribute reset", smem == 0);
 	int count = 1 << 20;
 	float *fa = malloc(count * 4), *fb = malloc(count * 4), *fc = malloc(count * 4);
 	for (int i = 0; i < count; i++) {

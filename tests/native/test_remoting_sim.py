@@ -300,5 +300,7 @@ def test_breakdown_explains_a_run(shm_path, tmp_path):
     assert d["htod_bytes"] >= 8 << 20 and d["dtoh_bytes"] >= 8 << 20
     assert d["ops"]["cuLaunchKernel"]["count"] == 3 and d["ops"]["cuGraphLaunch"]["count"] == 1
     assert d["ops"]["hello"]["count"] == 1
-    # 103 attribute queries: the guest's cache sends one per attribute, and one again after a set
-    assert d["ops"]["cuFuncGetAttribute"]["count"] == 3
+    # 104 attribute queries: the guest's cache sends one per attribute, and one again after each
+    # real set; of three sets, the one that repeats the cached value does not cross
+    assert d["ops"]["cuFuncGetAttribute"]["count"] == 4
+    assert d["ops"]["cuFuncSetAttribute"]["count"] == 2
