@@ -104,7 +104,8 @@ CUresult vgc_cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel
 
 CUresult vgc_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned f)
 {
-	uint64_t v, h = (uint64_t)(uintptr_t)hfunc;
+	uint64_t v, h = vg_fn_handle(hfunc);
+	hfunc = (CUfunction)(uintptr_t)h;
 	if (pi && h && lookup(attrs, h, (int32_t)attrib, -1, &v)) {
 		*pi = (int)v;
 		return CUDA_SUCCESS;
@@ -128,7 +129,8 @@ CUresult vgc_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel
 
 CUresult vgc_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f)
 {
-	uint64_t v, h = (uint64_t)(uintptr_t)hfunc;
+	uint64_t v, h = vg_fn_handle(hfunc);
+	hfunc = (CUfunction)(uintptr_t)h;
 	if (h && lookup(attrs, h, (int32_t)attrib, -1, &v) && (int)v == value)
 		return CUDA_SUCCESS;
 	CUresult r = vg_do_cuFuncSetAttribute(hfunc, attrib, value, f);

@@ -493,14 +493,15 @@ CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsi
 {
 	if (!f)
 		return CUDA_ERROR_INVALID_HANDLE;
+	uint64_t h = vg_fn_handle(f);
 	struct vg_fninfo *fi;
-	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	CUresult r = vg_fninfo(h, &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
 	struct vg_call c;
 	if ((r = vg_begin(&c, VG_OP_cuLaunchKernel, fl)) != CUDA_SUCCESS)
 		return r;
-	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	vg_put_u64(&c, h);
 	uint32_t dims[8] = {gx, gy, gz, bx, by, bz, shmem, 0};
 	vg_put(&c, dims, sizeof dims);
 	vg_put_u64(&c, (uint64_t)(uintptr_t)s);
@@ -515,14 +516,15 @@ CUresult vgc_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void *
 		return CUDA_ERROR_INVALID_HANDLE;
 	if (!config || (config->numAttrs && !config->attrs))
 		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t h = vg_fn_handle(f);
 	struct vg_fninfo *fi;
-	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	CUresult r = vg_fninfo(h, &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
 	struct vg_call c;
 	if ((r = vg_begin(&c, VG_OP_cuLaunchKernelEx, fl)) != CUDA_SUCCESS)
 		return r;
-	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	vg_put_u64(&c, h);
 	put_config(&c, config);
 	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
 		return vg_end(&c, r);
@@ -537,7 +539,7 @@ static CUresult cluster_query(uint32_t op, int *out, CUfunction f, const CUlaunc
 	CUresult r = vg_begin(&c, op, fl);
 	if (r != CUDA_SUCCESS)
 		return r;
-	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	vg_put_u64(&c, vg_fn_handle(f));
 	put_config(&c, config);
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS)
@@ -560,7 +562,7 @@ CUresult vgc_cuFuncGetName(const char **name, CUfunction f, unsigned fl)
 	if (!name)
 		return CUDA_ERROR_INVALID_VALUE;
 	struct vg_fninfo *fi;
-	CUresult r = vg_fninfo((uint64_t)(uintptr_t)f, &fi);
+	CUresult r = vg_fninfo(vg_fn_handle(f), &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (fi->name) {
@@ -570,7 +572,7 @@ CUresult vgc_cuFuncGetName(const char **name, CUfunction f, unsigned fl)
 	struct vg_call c;
 	if ((r = vg_begin(&c, VG_OP_cuFuncGetName, fl)) != CUDA_SUCCESS)
 		return r;
-	vg_put_u64(&c, (uint64_t)(uintptr_t)f);
+	vg_put_u64(&c, vg_fn_handle(f));
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS) {
 		uint64_t n = vg_get_u64(&c);

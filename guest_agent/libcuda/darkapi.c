@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,7 +23,7 @@ typedef void (*vg_slot)(void);
 
 /* ---- slots nobody has explained: callable, logged, refused ---------------------------- */
 
-enum { T_CUDART, T_TLS, T_CHECKS, T_TOOLS_CONTEXT, T_COUNT };
+enum { T_CUDART, T_TLS, T_CHECKS, T_TOOLS_CONTEXT, T_TOOLS_MODULE, T_COUNT };
 
 /* The first call's register arguments are logged: they are how a slot's meaning is found. */
 static CUresult unknown_slot(const char *table, int tid, int slot, const uint64_t a[4])
@@ -420,6 +421,122 @@ static const vg_slot tools_context[93] = {
 	(vg_slot)unk_ctxtools_91, (vg_slot)unk_ctxtools_92,
 };
 
+/* ---- TOOLS_MODULE (6e163fbe): asked for by cuFFT ------------------------------------------
+ * 99 slots in driver 580; cuFFT calls only slot 7 (measured): (ctx, module, callback,
+ * data) calls callback(data, node, tag) for each function of the module and returns 1.
+ * The node is the driver's function object, and cuFFT reads fields inside it, so the
+ * guest hands out node-shaped memory (the fields as the driver fills them) and maps a
+ * node back to its function handle wherever a function crosses to the host. */
+
+#define NODE_BYTES 0x500
+#define NODE_MAX 4096
+struct vg_node {
+	uint64_t w[NODE_BYTES / 8];
+};
+static struct vg_node *nodes[NODE_MAX];
+static uint64_t node_handle[NODE_MAX];
+static unsigned nnodes;
+static pthread_mutex_t node_mu = PTHREAD_MUTEX_INITIALIZER;
+
+uint64_t vg_fn_handle(CUfunction f)
+{
+	uint64_t v = (uint64_t)(uintptr_t)f;
+	if (!__atomic_load_n(&nnodes, __ATOMIC_ACQUIRE))
+		return v;
+	pthread_mutex_lock(&node_mu);
+	for (unsigned i = 0; i < nnodes; i++)
+		if ((uint64_t)(uintptr_t)nodes[i] == v) {
+			v = node_handle[i];
+			break;
+		}
+	pthread_mutex_unlock(&node_mu);
+	return v;
+}
+
+static struct vg_node *node_for(uint64_t handle, uint64_t tag, CUmodule mod)
+{
+	struct vg_node *n = NULL;
+	pthread_mutex_lock(&node_mu);
+	for (unsigned i = 0; i < nnodes && !n; i++)
+		if (node_handle[i] == handle)
+			n = nodes[i];
+	if (!n && nnodes < NODE_MAX && (n = calloc(1, sizeof *n))) {
+		/* the fields the driver's node carries, as measured on driver 580 */
+		n->w[0] = 0x100000001ull;
+		n->w[1] = tag;
+		n->w[2] = 0xd;
+		n->w[3] = 1;
+		n->w[4] = (uint64_t)(uintptr_t)mod;
+		n->w[5] = 0x80;
+		((uint32_t *)n->w)[0x370 / 4] = 2;
+		nodes[nnodes] = n;
+		node_handle[nnodes] = handle;
+		__atomic_store_n(&nnodes, nnodes + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&node_mu);
+	return n;
+}
+
+typedef void (*module_fn_cb)(void *data, void *node, uint64_t tag);
+
+static uint64_t module_functions(CUcontext ctx, CUmodule mod, module_fn_cb cb, void *data)
+{
+	(void)ctx;
+	struct vg_call c;
+	if (!cb || vg_begin(&c, VG_OP_MODULE_FUNCS, 0) != CUDA_SUCCESS)
+		return CUDA_ERROR_INVALID_VALUE;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)mod);
+	CUresult r = vg_call_sync(&c);
+	uint64_t n = r == CUDA_SUCCESS ? vg_get_u64(&c) : 0;
+	const uint64_t *list = n && n <= 65536 ? vg_get_ref(&c, n * 16) : NULL;
+	uint64_t *copy = list ? malloc(n * 16) : NULL;
+	if (copy)
+		memcpy(copy, list, n * 16);
+	vg_end(&c, r);
+	if (r != CUDA_SUCCESS)
+		return r;
+	for (uint64_t i = 0; copy && i < n; i++) {
+		struct vg_node *node = node_for(copy[2 * i], copy[2 * i + 1], mod);
+		if (node)
+			cb(data, node, copy[2 * i + 1]);
+	}
+	free(copy);
+	return 1; /* what the driver returns when it has been through the module */
+}
+
+#define M(n) UNKNOWN(ctxmodule, T_TOOLS_MODULE, n)
+M(1) M(2) M(3) M(4) M(5) M(6) M(8) M(9) M(10) M(11) M(12) M(13)
+M(14) M(15) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25)
+M(26) M(27) M(28) M(29) M(30) M(31) M(32) M(33) M(34) M(35) M(36) M(37)
+M(38) M(39) M(40) M(41) M(42) M(43) M(44) M(45) M(46) M(47) M(48) M(49)
+M(50) M(51) M(52) M(53) M(54) M(55) M(56) M(57) M(58) M(59) M(60) M(61)
+M(62) M(63) M(64) M(65) M(66) M(67) M(68) M(69) M(70) M(71) M(72) M(73)
+M(74) M(75) M(76) M(77) M(78) M(79) M(80) M(81) M(82) M(83) M(84) M(85)
+M(86) M(87) M(88) M(89) M(90) M(91) M(92) M(93) M(94) M(95) M(96) M(97)
+M(98)
+#undef M
+
+static const vg_slot tools_module[99] = {
+	(vg_slot)(uintptr_t)(99 * sizeof(void *)),
+	(vg_slot)unk_ctxmodule_1, (vg_slot)unk_ctxmodule_2, (vg_slot)unk_ctxmodule_3, (vg_slot)unk_ctxmodule_4, (vg_slot)unk_ctxmodule_5, (vg_slot)unk_ctxmodule_6,
+	(vg_slot)module_functions, (vg_slot)unk_ctxmodule_8, (vg_slot)unk_ctxmodule_9, (vg_slot)unk_ctxmodule_10, (vg_slot)unk_ctxmodule_11, (vg_slot)unk_ctxmodule_12,
+	(vg_slot)unk_ctxmodule_13, (vg_slot)unk_ctxmodule_14, (vg_slot)unk_ctxmodule_15, (vg_slot)unk_ctxmodule_16, (vg_slot)unk_ctxmodule_17, (vg_slot)unk_ctxmodule_18,
+	(vg_slot)unk_ctxmodule_19, (vg_slot)unk_ctxmodule_20, (vg_slot)unk_ctxmodule_21, (vg_slot)unk_ctxmodule_22, (vg_slot)unk_ctxmodule_23, (vg_slot)unk_ctxmodule_24,
+	(vg_slot)unk_ctxmodule_25, (vg_slot)unk_ctxmodule_26, (vg_slot)unk_ctxmodule_27, (vg_slot)unk_ctxmodule_28, (vg_slot)unk_ctxmodule_29, (vg_slot)unk_ctxmodule_30,
+	(vg_slot)unk_ctxmodule_31, (vg_slot)unk_ctxmodule_32, (vg_slot)unk_ctxmodule_33, (vg_slot)unk_ctxmodule_34, (vg_slot)unk_ctxmodule_35, (vg_slot)unk_ctxmodule_36,
+	(vg_slot)unk_ctxmodule_37, (vg_slot)unk_ctxmodule_38, (vg_slot)unk_ctxmodule_39, (vg_slot)unk_ctxmodule_40, (vg_slot)unk_ctxmodule_41, (vg_slot)unk_ctxmodule_42,
+	(vg_slot)unk_ctxmodule_43, (vg_slot)unk_ctxmodule_44, (vg_slot)unk_ctxmodule_45, (vg_slot)unk_ctxmodule_46, (vg_slot)unk_ctxmodule_47, (vg_slot)unk_ctxmodule_48,
+	(vg_slot)unk_ctxmodule_49, (vg_slot)unk_ctxmodule_50, (vg_slot)unk_ctxmodule_51, (vg_slot)unk_ctxmodule_52, (vg_slot)unk_ctxmodule_53, (vg_slot)unk_ctxmodule_54,
+	(vg_slot)unk_ctxmodule_55, (vg_slot)unk_ctxmodule_56, (vg_slot)unk_ctxmodule_57, (vg_slot)unk_ctxmodule_58, (vg_slot)unk_ctxmodule_59, (vg_slot)unk_ctxmodule_60,
+	(vg_slot)unk_ctxmodule_61, (vg_slot)unk_ctxmodule_62, (vg_slot)unk_ctxmodule_63, (vg_slot)unk_ctxmodule_64, (vg_slot)unk_ctxmodule_65, (vg_slot)unk_ctxmodule_66,
+	(vg_slot)unk_ctxmodule_67, (vg_slot)unk_ctxmodule_68, (vg_slot)unk_ctxmodule_69, (vg_slot)unk_ctxmodule_70, (vg_slot)unk_ctxmodule_71, (vg_slot)unk_ctxmodule_72,
+	(vg_slot)unk_ctxmodule_73, (vg_slot)unk_ctxmodule_74, (vg_slot)unk_ctxmodule_75, (vg_slot)unk_ctxmodule_76, (vg_slot)unk_ctxmodule_77, (vg_slot)unk_ctxmodule_78,
+	(vg_slot)unk_ctxmodule_79, (vg_slot)unk_ctxmodule_80, (vg_slot)unk_ctxmodule_81, (vg_slot)unk_ctxmodule_82, (vg_slot)unk_ctxmodule_83, (vg_slot)unk_ctxmodule_84,
+	(vg_slot)unk_ctxmodule_85, (vg_slot)unk_ctxmodule_86, (vg_slot)unk_ctxmodule_87, (vg_slot)unk_ctxmodule_88, (vg_slot)unk_ctxmodule_89, (vg_slot)unk_ctxmodule_90,
+	(vg_slot)unk_ctxmodule_91, (vg_slot)unk_ctxmodule_92, (vg_slot)unk_ctxmodule_93, (vg_slot)unk_ctxmodule_94, (vg_slot)unk_ctxmodule_95, (vg_slot)unk_ctxmodule_96,
+	(vg_slot)unk_ctxmodule_97, (vg_slot)unk_ctxmodule_98,
+};
+
 /* ---- lookup -------------------------------------------------------------------------------- */
 
 struct table {
@@ -444,6 +561,8 @@ static const struct table tables[] = {
 	 integrity_check_table, 0},
 	{"TOOLS_CONTEXT", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
 	 tools_context, 0},
+	{"TOOLS_MODULE", {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
+	 tools_module, 0},
 	/* a bootstrap shortcut probe: refusing it keeps cudart on the documented path */
 	{"f8cff951", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9},
 	 NULL, CUDA_ERROR_NOT_FOUND},

@@ -665,7 +665,7 @@ CUresult vgc_cuFuncGetParamInfo(CUfunction func, size_t i, size_t *off, size_t *
 	struct vg_fninfo *fi;
 	if (!func)
 		return CUDA_ERROR_INVALID_HANDLE;
-	CUresult r = vg_fninfo((uint64_t)(uintptr_t)func, &fi);
+	CUresult r = vg_fninfo(vg_fn_handle(func), &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (i >= fi->nparams)

@@ -83,6 +83,9 @@ struct vg_fninfo {
 };
 CUresult vg_fninfo(uint64_t handle, struct vg_fninfo **out);
 
+/* A function as the guest sees it may be a tools node (export table 6e163fbe): its handle. */
+uint64_t vg_fn_handle(CUfunction f);
+
 void vg_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 CUresult vg_unsupported(const char *name, int *once);
 

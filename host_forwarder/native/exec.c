@@ -693,6 +693,33 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 	}
 	case VG_OP_GOODBYE:
 		return CUDA_SUCCESS;
+	case VG_OP_MODULE_FUNCS: {
+		/* a module's functions as handles, each with the tag the driver keeps in its second word */
+		void *mod = (void *)(uintptr_t)vh_get_u64(rd);
+		if (rd->bad || !mod || vh_handle_in(ch, VG_KIND_MODULE, &mod))
+			return CUDA_ERROR_INVALID_HANDLE;
+		unsigned int n = 0;
+		CUresult r = ch->backend->cuModuleGetFunctionCount(&n, mod);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (n > (wr->cap - wr->len) / 16 - 1)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUfunction *fns = n ? vh_scratch(ch, n, sizeof *fns) : NULL;
+		if (n && (!fns || (r = ch->backend->cuModuleEnumerateFunctions(fns, n, mod)) != CUDA_SUCCESS))
+			return fns ? r : CUDA_ERROR_OUT_OF_MEMORY;
+		uint64_t count = n;
+		vh_put(wr, &count, 8);
+		for (unsigned int i = 0; i < n; i++) {
+			uint64_t tag;
+			memcpy(&tag, (const uint8_t *)fns[i] + 8, sizeof tag);
+			void *h = fns[i];
+			if (vh_handle_new(ch, VG_KIND_FUNCTION, &h, mod))
+				return CUDA_ERROR_OUT_OF_MEMORY;
+			uint64_t pair[2] = {(uint64_t)(uintptr_t)h, tag};
+			vh_put(wr, pair, sizeof pair);
+		}
+		return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	}
 	default:
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}

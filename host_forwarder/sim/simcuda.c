@@ -514,6 +514,23 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *fn, CUmodule mod, const char *na
 		}
 	return CUDA_ERROR_NOT_FOUND;
 }
+EXPORT CUresult cuModuleGetFunctionCount(unsigned int *n, CUmodule mod)
+{
+	struct sim_mod *m = (struct sim_mod *)mod;
+	if (!n) return CUDA_ERROR_INVALID_VALUE;
+	if (!is_obj(m, MOD_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	*n = (unsigned int)m->nfn;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *fns, unsigned int n, CUmodule mod)
+{
+	struct sim_mod *m = (struct sim_mod *)mod;
+	if (!fns) return CUDA_ERROR_INVALID_VALUE;
+	if (!is_obj(m, MOD_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	for (unsigned int i = 0; i < n && i < (unsigned int)m->nfn; i++)
+		fns[i] = (CUfunction)&m->fn[i];
+	return CUDA_SUCCESS;
+}
 EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
 				  CUlibraryOption *lo, void **lv, unsigned int nl)
 {

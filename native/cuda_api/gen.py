@@ -244,6 +244,8 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
             body.append(f"\tvg_put_u64(&c, {p.name} != NULL ? (uint64_t)({out_arr[p.name]}) : 0);")
         elif p.ctype == "CUcontext":
             body.append(f"\tvg_put_ctx(&c, {p.name});")
+        elif p.ctype == "CUfunction":
+            body.append(f"\tvg_put_u64(&c, vg_fn_handle({p.name}));")
         else:
             if p.is_pointer:
                 raise SpecError(f"{fn.name}: pointer parameter {p.name} has no marshalling")

@@ -28,6 +28,12 @@ static void check(const char *what, int cond)
 		failures++;
 }
 
+static void on_function(void *data, void *node, uint64_t tag)
+{
+	(void)tag;
+	*(void **)data = node;
+}
+
 static char *read_file(const char *path)
 {
 	FILE *f = fopen(path, "rb");
@@ -211,6 +217,29 @@ int main(int argc, char **argv)
 		check("vadd (cubin) result", fc[10] == 15.0f);
 		step("cuModuleUnload (cubin)", cuModuleUnload(cmod), CUDA_SUCCESS, NULL);
 		free(cubin);
+	}
+
+	/* what cuFFT does: enumerate a module's functions through the driver's tools table */
+	static const CUuuid tools_module = {{0x6e, 0x16, 0x3f, 0xbe, (char)0xb9, 0x58, 0x44, 0x4d, (char)0x83, 0x5c,
+					     (char)0xe1, (char)0x82, (char)0xaf, (char)0xf1, (char)0x99, 0x1e}};
+	const void *tm = NULL;
+	step("cuGetExportTable (tools module)", cuGetExportTable(&tm, &tools_module), CUDA_SUCCESS, NULL);
+	if (tm) {
+		uint64_t (*enumerate)(CUcontext, CUmodule, void (*)(void *, void *, uint64_t), void *) =
+			(uint64_t (*)(CUcontext, CUmodule, void (*)(void *, void *, uint64_t), void *))((void *const *)tm)[7];
+		void *node = NULL;
+		uint64_t rr = enumerate(ctx, mod, on_function, &node);
+		check("module functions enumerated", rr == 1 && node != NULL);
+		const char *nodename = NULL;
+		step("cuFuncGetName (node)", cuFuncGetName(&nodename, (CUfunction)node), CUDA_SUCCESS, NULL);
+		check("node is vadd", nodename && !strcmp(nodename, "vadd"));
+		cuMemsetD32(dc, 0, count);
+		step("cuLaunchKernel (node)",
+		     cuLaunchKernel((CUfunction)node, (count + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL), CUDA_SUCCESS,
+		     NULL);
+		cuCtxSynchronize();
+		cuMemcpyDtoH(fc, dc, 4 * 16);
+		check("vadd (node) result", fc[10] == 15.0f);
 	}
 
 	/* the launch-config form, and a query that takes one */

@@ -1062,7 +1062,7 @@ CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunct
 		return r;
 	vg_put_u64(&c, pi != NULL);
 	vg_put(&c, &attrib, sizeof(attrib));
-	vg_put(&c, &hfunc, sizeof(hfunc));
+	vg_put_u64(&c, vg_fn_handle(hfunc));
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS) {
 		if (pi != NULL)
@@ -1083,7 +1083,7 @@ CUresult vg_do_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib,
 	CUresult r = vg_begin(&c, VG_OP_cuFuncSetAttribute, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
-	vg_put(&c, &hfunc, sizeof(hfunc));
+	vg_put_u64(&c, vg_fn_handle(hfunc));
 	vg_put(&c, &attrib, sizeof(attrib));
 	vg_put(&c, &value, sizeof(value));
 	r = vg_call_sync(&c);
@@ -1102,7 +1102,7 @@ static CUresult vg_do_cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config
 	CUresult r = vg_begin(&c, VG_OP_cuFuncSetCacheConfig, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
-	vg_put(&c, &hfunc, sizeof(hfunc));
+	vg_put_u64(&c, vg_fn_handle(hfunc));
 	vg_put(&c, &config, sizeof(config));
 	r = vg_call_sync(&c);
 	return vg_end(&c, r);
@@ -1164,7 +1164,7 @@ static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessor(int * numBlock
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, numBlocks != NULL);
-	vg_put(&c, &func, sizeof(func));
+	vg_put_u64(&c, vg_fn_handle(func));
 	vg_put(&c, &blockSize, sizeof(blockSize));
 	vg_put(&c, &dynamicSMemSize, sizeof(dynamicSMemSize));
 	r = vg_call_sync(&c);
@@ -1187,7 +1187,7 @@ static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, numBlocks != NULL);
-	vg_put(&c, &func, sizeof(func));
+	vg_put_u64(&c, vg_fn_handle(func));
 	vg_put(&c, &blockSize, sizeof(blockSize));
 	vg_put(&c, &dynamicSMemSize, sizeof(dynamicSMemSize));
 	vg_put(&c, &flags, sizeof(flags));
@@ -1211,7 +1211,7 @@ static CUresult vg_do_cuOccupancyAvailableDynamicSMemPerBlock(size_t * dynamicSm
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, dynamicSmemSize != NULL);
-	vg_put(&c, &func, sizeof(func));
+	vg_put_u64(&c, vg_fn_handle(func));
 	vg_put(&c, &numBlocks, sizeof(numBlocks));
 	vg_put(&c, &blockSize, sizeof(blockSize));
 	r = vg_call_sync(&c);

@@ -101,6 +101,8 @@
 	X(cuStreamGetCaptureInfo_v3) \
 	X(cuStreamGetCaptureInfo_v3_ptsz) \
 	X(cuGraphGetNodes) \
+	X(cuModuleGetFunctionCount) \
+	X(cuModuleEnumerateFunctions) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \

@@ -51,6 +51,7 @@ enum vg_proto_op {
 	VG_OP_BLOB_BEGIN = 3,  /* (u64 size, u64 hash[2]) -> u64 1 if the host holds this image already */
 	VG_OP_BLOB_PUT = 4,    /* (u64 offset, u64 bulk pos, u64 len), async: copy from bulk into the blob */
 	VG_OP_GOODBYE = 5,     /* sync; the host frees the channel's resources */
+	VG_OP_MODULE_FUNCS = 6, /* (u64 module) -> u64 n, n * {u64 function handle, u64 driver tag} */
 };
 
 #define VG_MAX_DEVICES 16
