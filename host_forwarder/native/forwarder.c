@@ -115,6 +115,7 @@ static const char *op_name(uint32_t op)
 	case VG_OP_FUNC_PARAMS: return "function parameters";
 	case VG_OP_BLOB_BEGIN: return "module image";
 	case VG_OP_BLOB_PUT: return "module image chunk";
+	case VG_OP_MODULE_FUNCS: return "module functions";
 	default: return "unknown operation";
 	}
 }
