@@ -73,6 +73,7 @@ OPS = {
     76: "cuStreamGetCaptureInfo",
     77: "cuStreamGetCaptureInfo_v2",
     78: "cuStreamGetCaptureInfo_v3",
+    79: "cuPointerGetAttribute",
     80: "cuMemsetD8Async",
     81: "cuMemsetD16Async",
     82: "cuMemsetD32Async",

@@ -14,6 +14,8 @@
 #include "vg_guest.h"
 #include "vg_hash.h"
 
+CUcontext vg_primary_ctx(int dev);
+
 #define INLINE_MAX (16u << 10)
 
 enum { BUF_INLINE = 0, BUF_HEAP = 1, BUF_BULK = 2 };
@@ -660,6 +662,69 @@ CUresult vgc_cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num, unsigne
 			for (uint64_t i = 0; i < got; i++)
 				nodes[i] = (CUgraphNode)(uintptr_t)h[i];
 		*num = nodes ? got : total;
+	}
+	return vg_end(&c, r);
+}
+
+/* ---- pointer attributes ----------------------------------------------------------------------- */
+
+/* Bytes the driver writes for an attribute; 0: not answered (a handle the guest cannot use). */
+static size_t pointer_attr_size(CUpointer_attribute a)
+{
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+	case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+	case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+	case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+		return 4;
+	case CU_POINTER_ATTRIBUTE_CONTEXT:
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+	case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+	case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+	case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+		return 8;
+	case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+		return sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS);
+	default:
+		return 0;
+	}
+}
+
+/* A pointer is a device address or, in the region's heap, pinned host memory; the host
+ * answers for both, in its terms, and the answer is put back in the guest's. */
+CUresult vgc_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr, unsigned fl)
+{
+	size_t size = pointer_attr_size(attr);
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!size)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuPointerGetAttribute, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)attr);
+	put_unified(&c, ptr, 1);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		uint64_t kind = vg_get_u64(&c), v[2];
+		vg_get(&c, v, sizeof v);
+		if (kind == 1) /* a context: the device's, as the guest names it */
+			*(CUcontext *)data = vg_primary_ctx((int)v[0]);
+		else if (kind == 2) /* host memory: an offset into the region */
+			*(void **)data = vmgpu_guest_ptr(vg.guest, v[0]);
+		else
+			memcpy(data, v, size);
 	}
 	return vg_end(&c, r);
 }

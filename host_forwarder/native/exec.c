@@ -538,6 +538,50 @@ CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
 	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* ---- pointer attributes --------------------------------------------------------------------- */
+
+CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	CUpointer_attribute attr = (CUpointer_attribute)vh_get_u64(rd);
+	uint64_t kind = vh_get_u64(rd), p = vh_get_u64(rd);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (kind == VG_BUF_HEAP) {
+		void *hp = vmgpu_host_heap(ch->fwd->host, p, 1);
+		if (!hp)
+			return CUDA_ERROR_INVALID_VALUE;
+		p = (uint64_t)(uintptr_t)hp;
+	} else if (kind != VG_BUF_INLINE) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+		return CUDA_ERROR_NOT_SUPPORTED; /* a host handle the guest has no name for */
+	uint64_t v[4] = {0};
+	CUresult r = ch->backend->cuPointerGetAttribute(v, attr, p);
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t out[3] = {0, v[0], v[1]};
+	if (attr == CU_POINTER_ATTRIBUTE_CONTEXT) {
+		out[0] = 1;
+		out[1] = UINT64_MAX;
+		for (int d = 0; d < ch->fwd->ndev; d++)
+			if (ch->ctx[d] && (uint64_t)(uintptr_t)ch->ctx[d] == v[0])
+				out[1] = (uint64_t)d;
+		if (out[1] == UINT64_MAX)
+			return CUDA_ERROR_INVALID_VALUE;
+	} else if (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
+		/* only region memory has a host address the guest can use */
+		uint8_t *hp = (uint8_t *)(uintptr_t)v[0];
+		if (hp < ch->fwd->region || hp >= ch->fwd->region + ch->fwd->region_size)
+			return CUDA_ERROR_INVALID_VALUE;
+		out[0] = 2;
+		out[1] = (uint64_t)(hp - ch->fwd->region);
+	}
+	vh_put(wr, out, sizeof out);
+	return CUDA_SUCCESS;
+}
+
 /* ---- stream capture state -------------------------------------------------------------- */
 
 static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)

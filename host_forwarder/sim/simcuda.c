@@ -806,3 +806,30 @@ EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
 	*num = n;
 	return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+	if (!data) return CUDA_ERROR_INVALID_VALUE;
+	uint8_t *host = resolve(p, 1);
+	if (!host) return CUDA_ERROR_INVALID_VALUE;
+	int registered = 0;
+	pthread_mutex_lock(&mu);
+	for (size_t i = 0; i < nranges; i++)
+		if (ranges[i].registered && p >= ranges[i].dev && p - ranges[i].dev < ranges[i].size)
+			registered = 1;
+	pthread_mutex_unlock(&mu);
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned int *)data = registered ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = 0;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+		if (!registered) return CUDA_ERROR_INVALID_VALUE;
+		*(void **)data = host;
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+}

@@ -130,6 +130,15 @@ int main(int argc, char **argv)
 	check("elapsed time >= 0", ms >= 0);
 	CUdeviceptr mapped = 0;
 	step("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer(&mapped, pin, 0), CUDA_SUCCESS, NULL);
+	unsigned int mtype = 0;
+	void *hptr = NULL;
+	step("cuPointerGetAttribute (device)", cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d1),
+	     CUDA_SUCCESS, NULL);
+	check("device memory is device memory", mtype == CU_MEMORYTYPE_DEVICE);
+	step("cuPointerGetAttribute (pinned)",
+	     cuPointerGetAttribute(&hptr, CU_POINTER_ATTRIBUTE_HOST_POINTER, (CUdeviceptr)(uintptr_t)pin), CUDA_SUCCESS,
+	     NULL);
+	check("pinned memory's host address is itself", hptr == pin);
 
 	/* a module from PTX and a launch */
 	char *ptx = read_file(argv[1]);

@@ -1363,6 +1363,12 @@ VG_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int *clusterSize, 
 	return vgc_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
 }
 
+CUresult vgc_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+	return vgc_cuPointerGetAttribute(data, attribute, ptr, 0);
+}
+
 static CUresult vg_do_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode, unsigned vg_flags)
 {
 	struct vg_call c;

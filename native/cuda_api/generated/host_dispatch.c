@@ -24,6 +24,7 @@ CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, st
 CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)
@@ -782,6 +783,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return vhc_cuOccupancyMaxActiveClusters(ch, vg_flags, rd, wr);
 	case VG_OP_cuOccupancyMaxPotentialClusterSize:
 		return vhc_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
+	case VG_OP_cuPointerGetAttribute:
+		return vhc_cuPointerGetAttribute(ch, vg_flags, rd, wr);
 	case VG_OP_cuStreamBeginCapture_v2: {
 		CUstream hStream;
 		vh_get(rd, &hStream, sizeof(hStream));

@@ -66,6 +66,7 @@
 #define VG_OP_cuStreamGetCaptureInfo 76
 #define VG_OP_cuStreamGetCaptureInfo_v2 77
 #define VG_OP_cuStreamGetCaptureInfo_v3 78
+#define VG_OP_cuPointerGetAttribute 79
 #define VG_OP_cuMemsetD8Async 80
 #define VG_OP_cuMemsetD16Async 81
 #define VG_OP_cuMemsetD32Async 82
@@ -148,6 +149,7 @@
 	X(76, cuStreamGetCaptureInfo) \
 	X(77, cuStreamGetCaptureInfo_v2) \
 	X(78, cuStreamGetCaptureInfo_v3) \
+	X(79, cuPointerGetAttribute) \
 	X(80, cuMemsetD8Async) \
 	X(81, cuMemsetD16Async) \
 	X(82, cuMemsetD32Async) \

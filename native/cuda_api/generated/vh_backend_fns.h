@@ -103,6 +103,7 @@
 	X(cuGraphGetNodes) \
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleEnumerateFunctions) \
+	X(cuPointerGetAttribute) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
