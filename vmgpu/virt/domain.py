@@ -1,0 +1,142 @@
+"""A libvirt domain's vmgpu part, edited in place: the share spec in <metadata> and the
+ivshmem-plain <shmem> device that carries the region.  Everything else in the document is
+left as it is (other tools own it).  libvirt-python reads and defines the domain; this
+module only edits its XML.
+
+Region size rule: the smallest power of two in MiB (ivshmem needs one) that holds the
+region's control structures (16 channels, 4 MiB of bulk each) and a heap of pinned host
+memory for the guest (256 MiB unless given).
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from lxml import etree
+
+from vmgpu import shm, spec
+from vmgpu.errors import InvalidArgument
+
+NS = spec.XML_NS
+PREFIX = "vmgpu"
+DEFAULT_HEAP_MIB = 256
+
+
+def region_name(domain: str) -> str:
+    return f"vmgpu-{domain}"
+
+
+def region_size_mib(heap_mib: int = DEFAULT_HEAP_MIB, params: shm.Params | None = None) -> int:
+    need = (params or shm.Params()).min_size(heap_mib << 20)
+    mib = 1
+    while (mib << 20) < need:
+        mib <<= 1
+    return mib
+
+
+def _parse(xml: str) -> etree._Element:
+    try:
+        return etree.fromstring(xml.encode(), etree.XMLParser(remove_blank_text=False))
+    except etree.XMLSyntaxError as e:
+        raise InvalidArgument(f"domain XML: {e}") from None
+
+
+def _shmem(root, name: str):
+    return root.find(f"./devices/shmem[@name='{name}']")
+
+
+def attach(xml: str, share: spec.ShareSpec, heap_mib: int = DEFAULT_HEAP_MIB) -> str:
+    """The domain with vmgpu's share and region device (replacing any earlier ones)."""
+    root = _parse(xml)
+    name = root.findtext("name")
+    if not name:
+        raise InvalidArgument("domain XML has no <name>")
+    _remove(root, name)
+    meta = root.find("metadata")
+    if meta is None:
+        meta = etree.SubElement(root, "metadata")
+    # the one XML form of a share (vmgpu/spec.py), with vmgpu's prefix
+    el = etree.fromstring(ET.tostring(share.to_xml()))
+    clean = etree.Element(f"{{{NS}}}share", nsmap={PREFIX: NS})
+    for sl in el:
+        etree.SubElement(clean, f"{{{NS}}}slice", dict(sl.attrib))
+    meta.append(clean)
+    devices = root.find("devices")
+    if devices is None:
+        devices = etree.SubElement(root, "devices")
+    sh = etree.SubElement(devices, "shmem", name=region_name(name))
+    etree.SubElement(sh, "model", type="ivshmem-plain")
+    size = etree.SubElement(sh, "size", unit="M")
+    size.text = str(region_size_mib(heap_mib))
+    return etree.tostring(root, encoding="unicode")
+
+
+def _remove(root, name: str) -> bool:
+    found = False
+    meta = root.find("metadata")
+    if meta is not None:
+        for el in meta.findall(f"{{{NS}}}share"):
+            meta.remove(el)
+            found = True
+    sh = _shmem(root, region_name(name))
+    if sh is not None:
+        sh.getparent().remove(sh)
+        found = True
+    return found
+
+
+def detach(xml: str) -> str:
+    """The domain without vmgpu's share and region device."""
+    root = _parse(xml)
+    _remove(root, root.findtext("name") or "")
+    return etree.tostring(root, encoding="unicode")
+
+
+def read(xml: str):
+    """(share spec or None, region device {name, model, size_mib} or None)."""
+    root = _parse(xml)
+    el = root.find(f"./metadata/{{{NS}}}share")
+    share = spec.from_xml(_plain(el)) if el is not None else None
+    sh = _shmem(root, region_name(root.findtext("name") or ""))
+    dev = None
+    if sh is not None:
+        size = sh.find("size")
+        unit = (size.get("unit") or "M").upper()[:1] if size is not None else "M"
+        try:
+            value = int(size.text) if size is not None else 0
+        except ValueError:
+            value = 0
+        mib = {"B": value / (1 << 20), "K": value / 1024, "M": value, "G": value * 1024}.get(unit, 0)
+        model = sh.find("model")
+        dev = {"name": sh.get("name"), "model": model.get("type") if model is not None else "", "size_mib": mib}
+    return share, dev
+
+
+def _plain(el):
+    """The lxml element as a standard-library element, for the one share parser."""
+    return ET.fromstring(etree.tostring(el))
+
+
+def check(xml: str, heap_mib: int = DEFAULT_HEAP_MIB) -> spec.ShareSpec | None:
+    """The domain's share if its vmgpu part is consistent; an error that says how to fix it if
+    not; None if the domain has no vmgpu part."""
+    share, dev = read(xml)
+    name = _parse(xml).findtext("name") or "?"
+    if share is None and dev is None:
+        return None
+    fix = f"run `vmgpu vm attach {name} ...` again, or correct the XML and `virsh define` it"
+    if share is None:
+        raise InvalidArgument(f"domain {name} has a vmgpu region device but no vmgpu share in <metadata>; {fix}")
+    if dev is None:
+        raise InvalidArgument(
+            f"domain {name} has a vmgpu share but no <shmem name='{region_name(name)}'> device; {fix}"
+        )
+    if dev["model"] != "ivshmem-plain":
+        raise InvalidArgument(f"domain {name}: the vmgpu region device must be ivshmem-plain, not '{dev['model']}'")
+    want = region_size_mib(heap_mib)
+    if dev["size_mib"] != want:
+        raise InvalidArgument(
+            f"domain {name}: the vmgpu region device is {dev['size_mib']:g} MiB, it must be {want} MiB; "
+            f"set <size unit='M'>{want}</size> in <shmem name='{region_name(name)}'>"
+        )
+    return share
