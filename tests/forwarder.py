@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from vmgpu.forwarder import Forwarder, guest_env
@@ -13,7 +16,19 @@ NATIVE = ROOT / "build" / "native"
 GUEST_LIB = NATIVE / "guest"
 PTX = ROOT / "tests" / "cuda" / "vadd.ptx"
 
-__all__ = ["GUEST_LIB", "NATIVE", "PTX", "ROOT", "forwarder", "guest_env", "hold", "log_text", "run_guest"]
+__all__ = [
+    "GUEST_LIB",
+    "NATIVE",
+    "PTX",
+    "ROOT",
+    "forwarder",
+    "guest_env",
+    "hold",
+    "log_text",
+    "run_guest",
+    "start_daemon",
+    "wait_for",
+]
 
 
 @contextlib.contextmanager
@@ -50,4 +65,42 @@ def hold(region: Path, mib: int) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+    return p
+
+
+def wait_for(pred, timeout: float = 15.0) -> bool:
+    """Poll pred until it holds or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def start_daemon(sock: Path, db: Path, inventory: Path) -> subprocess.Popen:
+    """`vmgpu daemon` as a process (so a test can kill -9 it), answering once its socket exists."""
+    if os.path.exists(sock):
+        os.unlink(sock)  # what a supervisor restarting vmgpud finds: the dead one's socket
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vmgpu.cli.main",
+            "daemon",
+            "--socket",
+            str(sock),
+            "--db",
+            str(db),
+            "--inventory",
+            str(inventory),
+            "--metrics-port",
+            "0",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while not os.path.exists(sock):
+        assert p.poll() is None and time.monotonic() < deadline, "vmgpud did not start"
+        time.sleep(0.02)
     return p

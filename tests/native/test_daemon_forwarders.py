@@ -5,13 +5,10 @@ it dies, and is stopped when the guest is released."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.forwarder import NATIVE, hold, run_guest
+from tests.forwarder import NATIVE, hold, run_guest, start_daemon, wait_for
 from tests.unit.test_daemon import INVENTORY
 from vmgpu.client import Client
 from vmgpu.forwarder import is_forwarder
@@ -19,47 +16,11 @@ from vmgpu.forwarder import is_forwarder
 pytestmark = pytest.mark.native
 
 
-def _daemon(sock, db, inv):
-    if os.path.exists(sock):
-        os.unlink(sock)
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vmgpu.cli.main",
-            "daemon",
-            "--socket",
-            str(sock),
-            "--db",
-            str(db),
-            "--inventory",
-            str(inv),
-            "--metrics-port",
-            "0",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not os.path.exists(sock):
-        assert p.poll() is None and time.monotonic() < deadline, "vmgpud did not start"
-        time.sleep(0.02)
-    return p
-
-
-def _wait(pred, timeout=15):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_forwarder_lifecycle_under_vmgpud(tmp_path, shm_path):
     inv = tmp_path / "inventory.toml"
     inv.write_text(INVENTORY)
     sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
-    daemon = _daemon(sock, db, inv)
+    daemon = start_daemon(sock, db, inv)
     pids = []
     try:
         c = Client(str(sock))
@@ -74,16 +35,16 @@ def test_forwarder_lifecycle_under_vmgpud(tmp_path, shm_path):
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait()
         assert run_guest([NATIVE / "hold", 0], shm_path).returncode == 0
-        daemon = _daemon(sock, db, inv)
+        daemon = start_daemon(sock, db, inv)
         c = Client(str(sock))
         assert [(f.guest, f.pid) for f in c.status().forwarders] == [("guest-a", pid)]
 
         # a forwarder that dies is started again on the same region
         os.kill(pid, signal.SIGKILL)
-        assert _wait(lambda: [f.pid for f in c.status().forwarders] not in ([], [pid]))
+        assert wait_for(lambda: [f.pid for f in c.status().forwarders] not in ([], [pid]))
         new = c.status().forwarders[0].pid
         pids.append(new)
-        assert _wait(lambda: run_guest([NATIVE / "hold", 0], shm_path).returncode == 0)
+        assert wait_for(lambda: run_guest([NATIVE / "hold", 0], shm_path).returncode == 0)
 
         # release: the forwarder stops and the reservation goes
         assert c.release("guest-a") is True
@@ -127,7 +88,7 @@ def test_cli_forwarder_commands(tmp_path, shm_path, monkeypatch):
         p.stdin.close()  # the program ends, and its memory is freed with its channel
         p.wait()
         full = ["free", str(512 << 20), str(512 << 20)]
-        assert _wait(lambda: run_guest([NATIVE / "hold", 0], shm_path).stdout.split() == full)
+        assert wait_for(lambda: run_guest([NATIVE / "hold", 0], shm_path).stdout.split() == full)
         r = run(cli, ["forwarder", "stop", "g", "--socket", sock])
         assert r.exit_code == 0 and "stopped" in r.output
         r = run(cli, ["forwarder", "start", "nobody", str(shm_path), "--socket", sock])

@@ -7,24 +7,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-from tests.forwarder import GUEST_LIB, NATIVE, PTX, ROOT, forwarder, hold, log_text, run_guest
+from tests.forwarder import GUEST_LIB, NATIVE, PTX, ROOT, forwarder, hold, log_text, run_guest, wait_for
 
 pytestmark = pytest.mark.native
 ASAN = ROOT / "build" / "asan"
 GEN = ROOT / "native" / "cuda_api"
-
-
-def _wait_for(pred, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_driver_api_program_runs_through_the_forwarder(shm_path):
@@ -54,7 +44,7 @@ def test_module_image_crosses_once(shm_path):
         for _ in range(2):
             r = run_guest([NATIVE / "vecadd_ptx", 1000], shm_path)
             assert r.returncode == 0, r.stdout + r.stderr
-        assert _wait_for(lambda: log_text(fwd).count("closed after") == 2)
+        assert wait_for(lambda: log_text(fwd).count("closed after") == 2)
     log = log_text(fwd)
     assert "module images: 1 sent, 0 from cache" in log
     assert "module images: 0 sent, 1 from cache" in log
@@ -94,7 +84,7 @@ def test_killed_guest_process_frees_its_memory(shm_path):
         assert held == ["held", str(512 << 20), str(1 << 30)]
         p.send_signal(signal.SIGKILL)
         p.wait()
-        assert _wait_for(lambda: "closed after" in log_text(fwd)), log_text(fwd)
+        assert wait_for(lambda: "closed after" in log_text(fwd)), log_text(fwd)
         free = run_guest([NATIVE / "hold", 0], shm_path)
         assert free.stdout.split() == ["free", str(1 << 30), str(1 << 30)]
 
@@ -124,7 +114,7 @@ def test_hostile_guest_cannot_crash_the_forwarder(shm_path):
         [str(exe), "--region", str(shm_path), "--create", "128M", "--backend", "sim"], stderr=log, env=env
     )
     try:
-        assert _wait_for(lambda: shm_path.exists() and "serving" in open(log.name).read())
+        assert wait_for(lambda: shm_path.exists() and "serving" in open(log.name).read())
         for seed in (1, 2, 3):
             r = subprocess.run(
                 [str(ASAN / "tests" / "fuzz_forwarder"), str(shm_path), "60000", str(seed)],

@@ -7,13 +7,12 @@ import os
 import random
 import sqlite3
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
 from click.testing import CliRunner
 
+from tests.forwarder import start_daemon
 from vmgpu.cli.main import cli
 from vmgpu.client import Client
 from vmgpu.daemon import serve
@@ -93,39 +92,12 @@ def test_no_daemon_is_one_clear_error(tmp_path):
         Client(str(tmp_path / "none.sock"), timeout=1).status()
 
 
-def _start(sock, db, inv):
-    if os.path.exists(sock):
-        os.unlink(sock)  # what a supervisor restarting vmgpud finds: the dead one's socket
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vmgpu.cli.main",
-            "daemon",
-            "--socket",
-            str(sock),
-            "--db",
-            str(db),
-            "--inventory",
-            str(inv),
-            "--metrics-port",
-            "0",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not os.path.exists(sock):
-        assert p.poll() is None and time.monotonic() < deadline, "vmgpud did not start"
-        time.sleep(0.02)
-    return p
-
-
 def test_kill_9_during_admit_and_release_loses_or_doubles_nothing(host):
     """A client admits and releases two-GPU guests while vmgpud is killed with SIGKILL and
     restarted, over and over; the ledger must only ever hold whole guests, within capacity."""
     sock, db, inv = host
     rng = random.Random(7)
-    daemon = _start(sock, db, inv)
+    daemon = start_daemon(sock, db, inv)
     acked = set()
     calls = 0
     try:
@@ -150,7 +122,7 @@ def test_kill_9_during_admit_and_release_loses_or_doubles_nothing(host):
             os.kill(daemon.pid, 9)  # the client may be between any two of its calls
             daemon.wait()
             c.close()
-            daemon = _start(sock, db, inv)
+            daemon = start_daemon(sock, db, inv)
     finally:
         daemon.kill()
         daemon.wait()
