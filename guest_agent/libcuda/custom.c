@@ -489,21 +489,28 @@ static void put_config(struct vg_call *c, const CUlaunchConfig *cfg)
 	vg_put_arr(c, cfg->attrs, cfg->numAttrs, sizeof(CUlaunchAttribute));
 }
 
-CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-			    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
-			    void **extra, unsigned fl)
+/* A launch's common start: the function (a tools node becomes its handle), its parameter
+ * layout, and the request with the function in it; the channel is held on success. */
+static CUresult launch_begin(struct vg_call *c, uint32_t op, CUfunction f, unsigned fl, struct vg_fninfo **fi)
 {
 	if (!f)
 		return CUDA_ERROR_INVALID_HANDLE;
 	uint64_t h = vg_fn_handle(f);
+	CUresult r = vg_fninfo(h, fi);
+	if (r == CUDA_SUCCESS && (r = vg_begin(c, op, fl)) == CUDA_SUCCESS)
+		vg_put_u64(c, h);
+	return r;
+}
+
+CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+			    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
+			    void **extra, unsigned fl)
+{
 	struct vg_fninfo *fi;
-	CUresult r = vg_fninfo(h, &fi);
+	struct vg_call c;
+	CUresult r = launch_begin(&c, VG_OP_cuLaunchKernel, f, fl, &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
-	struct vg_call c;
-	if ((r = vg_begin(&c, VG_OP_cuLaunchKernel, fl)) != CUDA_SUCCESS)
-		return r;
-	vg_put_u64(&c, h);
 	uint32_t dims[8] = {gx, gy, gz, bx, by, bz, shmem, 0};
 	vg_put(&c, dims, sizeof dims);
 	vg_put_u64(&c, (uint64_t)(uintptr_t)s);
@@ -514,19 +521,13 @@ CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsi
 
 CUresult vgc_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra, unsigned fl)
 {
-	if (!f)
-		return CUDA_ERROR_INVALID_HANDLE;
-	if (!config || (config->numAttrs && !config->attrs))
+	if (f && (!config || (config->numAttrs && !config->attrs)))
 		return CUDA_ERROR_INVALID_VALUE;
-	uint64_t h = vg_fn_handle(f);
 	struct vg_fninfo *fi;
-	CUresult r = vg_fninfo(h, &fi);
+	struct vg_call c;
+	CUresult r = launch_begin(&c, VG_OP_cuLaunchKernelEx, f, fl, &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
-	struct vg_call c;
-	if ((r = vg_begin(&c, VG_OP_cuLaunchKernelEx, fl)) != CUDA_SUCCESS)
-		return r;
-	vg_put_u64(&c, h);
 	put_config(&c, config);
 	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
 		return vg_end(&c, r);
