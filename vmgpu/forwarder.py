@@ -52,6 +52,7 @@ class Forwarder:
     proc: subprocess.Popen | None = field(default=None, repr=False)
     _log: object = field(default=None, repr=False)
     _final: str | None = field(default=None, repr=False)
+    _log_start: int = field(default=0, repr=False)  # where this run's lines begin in a kept log
 
     def start(self, timeout: float = 20.0) -> Forwarder:
         exe = native_dir() / "vmgpu-forwarder"
@@ -90,7 +91,7 @@ class Forwarder:
         if self._final is not None:
             return self._final
         self._log.flush()
-        self._log.seek(getattr(self, "_log_start", 0))
+        self._log.seek(self._log_start)
         text = self._log.read()
         self._log.seek(0, os.SEEK_END)
         return text
