@@ -87,6 +87,15 @@ static inline struct vmgpu_wait_opts test_wait_opts(uint64_t peer_timeout_ns)
 	return o;
 }
 
+/* Claim a channel and keep its owner beating, so that however slowly the test runs
+ * (ASan, TSan, a loaded CI machine) the host never takes the test's own owner for
+ * a dead one. Tests of silence (t_liveness) claim without it on purpose. */
+static inline void test_claim(struct vmgpu_guest *g, struct vmgpu_gchan **c)
+{
+	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, c), 0);
+	CHECK_EQ(vmgpu_gchan_autobeat(*c, 50 * MS), 0);
+}
+
 /* A host thread that accepts channels, echoes every request back as a
  * completion (type + 1), and reclaims closed or lost channels. */
 struct echo_host {

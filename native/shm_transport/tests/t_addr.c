@@ -18,7 +18,7 @@ static int guest(const char *path, uint64_t size, uintptr_t host_addr)
 	struct vmgpu_guest *g;
 	struct vmgpu_gchan *c;
 	CHECK_EQ(vmgpu_guest_attach(base, size, NULL, &g), 0);
-	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &c), 0);
+	test_claim(g, &c);
 	for (int i = 0; i < 100; i++) {
 		uint64_t off;
 		CHECK_EQ(vmgpu_guest_heap_alloc(c, 4096, &off), 0);

@@ -55,7 +55,7 @@ int main(void)
 	pthread_t t;
 	struct vmgpu_gchan *c = NULL;
 	pthread_create(&t, NULL, acc_main, hc);
-	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &c), 0);
+	test_claim(g, &c);
 	pthread_join(t, NULL);
 	pthread_create(&t, NULL, bulk_host, hc);
 

@@ -52,8 +52,7 @@ int main(void)
 	/* the owners stay alive by their heartbeats however slow this runs (TSan, a loaded
 	 * machine): a silent owner would rightly be reclaimed, heap blocks and all */
 	for (int i = 0; i < 4; i++) {
-		CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &c[i]), 0);
-		CHECK_EQ(vmgpu_gchan_autobeat(c[i], 100 * 1000000ull), 0);
+		test_claim(g, &c[i]);
 	}
 
 	uint64_t off, off2;

@@ -19,7 +19,7 @@ int main(void)
 	struct vmgpu_guest *g;
 	struct vmgpu_gchan *c;
 	CHECK_EQ(vmgpu_guest_attach(test_region_map_again(&r), r.size, NULL, &g), 0);
-	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &c), 0);
+	test_claim(g, &c);
 	CHECK(vmgpu_gchan_generation(c) != 0);
 	uint32_t maxp = vmgpu_gchan_max_payload(c, 0);
 	CHECK_EQ(maxp, 4096 / 2 - 8);

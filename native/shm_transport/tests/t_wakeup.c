@@ -48,7 +48,7 @@ static void run(uint32_t mode, long n)
 	struct side s = {hc, n, 0};
 	void *acceptor(void *);
 	pthread_create(&acc, NULL, acceptor, hc);
-	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &c), 0);
+	test_claim(g, &c);
 	pthread_join(acc, NULL);
 	pthread_t t;
 	pthread_create(&t, NULL, host_side, &s);
