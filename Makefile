@@ -19,7 +19,7 @@ venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test,libvirt]'
 	touch $@
 
 selftest: native venv

@@ -59,8 +59,10 @@ class Client:
     def status(self) -> pb.StatusReply:
         return self._rpc(self.stub.Status, pb.StatusRequest())
 
-    def start_forwarder(self, guest: str, region: str, backend: str = "cuda", size: str = "") -> int:
-        req = pb.StartForwarderRequest(guest=guest, region=region, backend=backend, size=size)
+    def start_forwarder(
+        self, guest: str, region: str, backend: str = "cuda", size: str = "", wait: str = "futex"
+    ) -> int:
+        req = pb.StartForwarderRequest(guest=guest, region=region, backend=backend, size=size, wait=wait)
         return self._rpc(self.stub.StartForwarder, req).pid
 
     def stop_forwarder(self, guest: str) -> bool:

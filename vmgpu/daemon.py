@@ -101,7 +101,11 @@ class Servicer(pb_grpc.VmgpudServicer):
         if backend not in ("cuda", "sim"):
             context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"backend '{backend}' is neither cuda nor sim")
-        pid = self._call(context, self.supervisor.start, request.guest, request.region, backend, request.size)
+        wait = request.wait or "futex"
+        if wait not in ("futex", "poll"):
+            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"wait '{wait}' is neither futex nor poll")
+        pid = self._call(context, self.supervisor.start, request.guest, request.region, backend, request.size, wait)
         return pb.StartForwarderReply(pid=pid)
 
     def StopForwarder(self, request, context):

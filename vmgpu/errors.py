@@ -86,6 +86,13 @@ class DaemonUnavailable(VmgpuError):
     exit_code = 11
 
 
+class LibvirtError(VmgpuError):
+    """libvirt is missing, unreachable, or refused an operation."""
+
+    code = "LIBVIRT"
+    exit_code = 12
+
+
 ALL = (
     VmgpuError,
     InvalidArgument,
@@ -99,6 +106,7 @@ ALL = (
     Conflict,
     GpuError,
     DaemonUnavailable,
+    LibvirtError,
 )
 BY_CODE = {cls.code: cls for cls in ALL}
 

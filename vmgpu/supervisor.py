@@ -25,7 +25,7 @@ class Supervisor:
         self.log = get_logger(component="supervisor")
         self._stop = threading.Event()
 
-    def start(self, guest: str, region: str, backend: str, size: str) -> int:
+    def start(self, guest: str, region: str, backend: str, size: str, wait: str = "futex") -> int:
         """Start guest's forwarder on its reserved GPUs, each with its reserved memory as quota."""
         slices = self.ledger.reservations(guest)
         if not slices:
@@ -41,7 +41,7 @@ class Supervisor:
             size=size or None,
             guest=guest,
             log_path=self.logs / f"{guest}.log",
-            extra=("--stats", str(self.stats_path(guest))),
+            extra=("--stats", str(self.stats_path(guest)), "--wait", wait),
         ).start()
         self.children[guest] = fwd
         self.ledger.record_forwarder(guest, fwd.proc.pid, region, backend, size)

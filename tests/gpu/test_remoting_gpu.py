@@ -87,3 +87,17 @@ def test_quota_is_what_the_guest_sees_and_enforced(shm_path):
         p.wait()
     # 1536 + 1 MiB held: the next 511 fit under 2 GiB, the rest are refused with OUT_OF_MEMORY (2)
     assert results.count("alloc 0") == 511 and results.count("alloc 2") == 89, results[-5:]
+
+
+@pytest.mark.parametrize("precision,rel", [("fp32", 1e-4), ("bf16", 2e-2)])
+def test_pytorch_training_gives_the_native_losses(shm_path, precision, rel):
+    """A small CNN and a small transformer train a few steps: the same losses natively and through vmgpu."""
+    import json
+
+    program = [sys.executable, HERE / "torch_train_diff.py"] + (["--bf16"] if precision == "bf16" else [])
+    native, vm = _both(shm_path, program)
+    native, vm = json.loads(native.splitlines()[-1]), json.loads(vm.splitlines()[-1])
+    for model in ("cnn", "transformer"):
+        assert len(vm[model]) == len(native[model]) == 6
+        for step, (n, v) in enumerate(zip(native[model], vm[model])):
+            assert v == pytest.approx(n, rel=rel), f"{model} step {step}: native {n}, vmgpu {v}"

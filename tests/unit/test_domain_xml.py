@@ -57,7 +57,11 @@ def test_region_size_is_a_power_of_two_holding_the_heap():
     [
         (
             lambda x: x.replace('<size unit="M">512</size>', '<size unit="M">64</size>'),
-            "is 64 MiB, it must be 512 MiB; set <size unit='M'>512</size>",
+            "is 64 MiB; it must be a power of two of at least 128 MiB; set <size unit='M'>512</size>",
+        ),
+        (
+            lambda x: x.replace('<size unit="M">512</size>', '<size unit="M">384</size>'),
+            "is 384 MiB; it must be a power of two",
         ),
         (lambda x: x.replace("ivshmem-plain", "ivshmem-doorbell"), "must be ivshmem-plain"),
         (
@@ -71,6 +75,13 @@ def test_inconsistent_xml_is_refused_with_the_fix(edit, message):
     with pytest.raises(InvalidArgument) as e:
         domain.check(bad)
     assert message in e.value.message and "web1" in e.value.message
+
+
+def test_a_smaller_or_larger_power_of_two_is_accepted():
+    for mib in (128, 1024):
+        xml = domain.attach(IN, SHARE).replace('<size unit="M">512</size>', f'<size unit="M">{mib}</size>')
+        assert domain.check(xml) == SHARE
+    assert domain.region_size_mib(domain.MIN_HEAP_MIB) == 128
 
 
 def test_a_device_without_a_share_is_refused():

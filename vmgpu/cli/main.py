@@ -413,6 +413,134 @@ def breakdown(stats_file, interval, top, as_json):
     _emit(d, as_json, render)
 
 
+_CONNECT = click.option(
+    "--connect",
+    "-c",
+    "uri",
+    envvar="LIBVIRT_DEFAULT_URI",
+    default="qemu:///system",
+    show_default=True,
+    help="libvirt connection URI.  [env: LIBVIRT_DEFAULT_URI]",
+)
+
+
+@cli.group(cls=_Group)
+def vm() -> None:
+    """libvirt domains: give one a GPU share, take it away, show it (edits the persistent
+    definition; a running domain gets it at its next start)."""
+
+
+def _vm_render(d):
+    t = Table(title=f"domain {d['domain']} ({'running' if d['running'] else 'not running'})")
+    for col in ("gpu", "memory", "compute"):
+        t.add_column(col)
+    for s in d["slices"]:
+        t.add_row(s["gpu"], s["mem"], f"{s['compute']}%")
+    Console().print(t)
+    r = d["region"]
+    if r:
+        click.echo(f"region device: <shmem name='{r['name']}'> {r['model']}, {r['size_mib']:g} MiB")
+    if d["problem"]:
+        click.echo(f"problem: {d['problem']}")
+    elif not d["slices"]:
+        click.echo("no vmgpu share")
+
+
+@vm.command("attach")
+@click.argument("domain_name", metavar="DOMAIN")
+@click.option("--gpu", help="GPU index or UUID (one slice; use --spec for several).")
+@click.option("--mem", help="Memory: MiB, with a unit (8G), or a share of the card (25%).")
+@click.option("--compute", type=int, default=100, show_default=True, help="Compute share in percent.")
+@click.option("--spec", "spec_text", help='The whole share instead: "gpu=0,mem=8G,compute=50;gpu=1,...".')
+@click.option("--heap", default="256M", show_default=True, help="Pinned host memory for the guest (sizes the region).")
+@_CONNECT
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def vm_attach(domain_name, gpu, mem, compute, spec_text, heap, uri, as_json):
+    """Give DOMAIN a GPU share and its shared-memory region device (replaces an earlier one)."""
+    from vmgpu import spec as spec_mod
+    from vmgpu.errors import InvalidArgument
+    from vmgpu.virt.libvirt_domains import Domains
+
+    if spec_text and (gpu or mem):
+        raise InvalidArgument("give either --spec or --gpu/--mem/--compute, not both")
+    if not spec_text:
+        if gpu is None or mem is None:
+            raise InvalidArgument("give --gpu and --mem (or --spec)")
+        spec_text = f"gpu={gpu},mem={mem},compute={compute}"
+    share = spec_mod.parse(spec_text)
+    with Domains(uri) as doms:
+        out = doms.attach(domain_name, share, shm.parse_size(heap) >> 20)
+    _emit(out, as_json, _vm_render)
+
+
+@vm.command("detach")
+@click.argument("domain_name", metavar="DOMAIN")
+@_CONNECT
+def vm_detach(domain_name, uri):
+    """Take DOMAIN's GPU share and region device away."""
+    from vmgpu.virt.libvirt_domains import Domains
+
+    with Domains(uri) as doms:
+        had = doms.detach(domain_name)
+    click.echo(f"detached vmgpu from {domain_name}" if had else f"{domain_name} had no vmgpu share")
+
+
+@vm.command("show")
+@click.argument("domain_name", metavar="DOMAIN")
+@_CONNECT
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def vm_show(domain_name, uri, as_json):
+    """DOMAIN's GPU share and region device as defined, and what is wrong with them if anything."""
+    from vmgpu.virt.libvirt_domains import Domains
+
+    with Domains(uri) as doms:
+        out = doms.show(domain_name)
+    _emit(out, as_json, _vm_render)
+
+
+@cli.group(cls=_Group)
+def hooks() -> None:
+    """The libvirt qemu hook that admits, starts, stops and releases vmgpu guests."""
+
+
+@hooks.command("install")
+@click.option("--dir", "hooks_dir", default="/etc/libvirt/hooks", show_default=True, help="libvirt's hooks directory.")
+@_SOCKET
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "sim"]),
+    default="cuda",
+    show_default=True,
+    help="Backend of the forwarders it starts (sim: tests only).",
+)
+@click.option("--log", "log_path", default="/var/log/vmgpu/hook.log", show_default=True, help="The hook's JSON log.")
+@click.option("--no-reload", is_flag=True, help="Do not send libvirtd SIGHUP (then restart it yourself).")
+def hooks_install(hooks_dir, socket_path, backend, log_path, no_reload):
+    """Install the hook as HOOKS_DIR/qemu.d/50-vmgpu, run by this Python.
+
+    libvirtd looks for hooks only at start-up and on SIGHUP, so this sends a running libvirtd
+    SIGHUP (unless --no-reload)."""
+    from vmgpu.virt import hook
+
+    out = hook.install(hooks_dir, {"socket": socket_path, "backend": backend, "log": log_path}, not no_reload)
+    click.echo(f"installed {out['path']}")
+    if out["libvirtd_reloaded"]:
+        click.echo(f"sent SIGHUP to libvirtd (pid {', '.join(map(str, out['libvirtd_reloaded']))})")
+    elif no_reload:
+        click.echo("libvirtd not signalled: restart it (or send it SIGHUP) before starting vmgpu domains")
+    else:
+        click.echo("libvirtd is not running; it will find the hook when it starts")
+
+
+@hooks.command("uninstall")
+@click.option("--dir", "hooks_dir", default="/etc/libvirt/hooks", show_default=True, help="libvirt's hooks directory.")
+def hooks_uninstall(hooks_dir):
+    """Remove the hook (guests already running keep their forwarders)."""
+    from vmgpu.virt import hook
+
+    click.echo("removed the vmgpu hook" if hook.uninstall(hooks_dir) else "no vmgpu hook was installed")
+
+
 @cli.command("doctor")
 @_SOCKET
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")

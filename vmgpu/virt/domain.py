@@ -5,7 +5,9 @@ module only edits its XML.
 
 Region size rule: the smallest power of two in MiB (ivshmem needs one) that holds the
 region's control structures (16 channels, 4 MiB of bulk each) and a heap of pinned host
-memory for the guest (256 MiB unless given).
+memory for the guest (256 MiB unless given: 512 MiB in all).  A hand-written size is
+accepted if it is a power of two that holds the control structures and at least
+MIN_HEAP_MIB of heap (128 MiB); whatever is left over becomes heap.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from vmgpu.errors import InvalidArgument
 NS = spec.XML_NS
 PREFIX = "vmgpu"
 DEFAULT_HEAP_MIB = 256
+MIN_HEAP_MIB = 16
 
 
 def region_name(domain: str) -> str:
@@ -117,7 +120,13 @@ def _plain(el):
     return ET.fromstring(etree.tostring(el))
 
 
-def check(xml: str, heap_mib: int = DEFAULT_HEAP_MIB) -> spec.ShareSpec | None:
+def size_ok(size_mib: float) -> bool:
+    """Is this a region size the rule accepts (a power of two holding the minimum heap)?"""
+    mib = int(size_mib)
+    return mib == size_mib and mib >= region_size_mib(MIN_HEAP_MIB) and mib & (mib - 1) == 0
+
+
+def check(xml: str) -> spec.ShareSpec | None:
     """The domain's share if its vmgpu part is consistent; an error that says how to fix it if
     not; None if the domain has no vmgpu part."""
     share, dev = read(xml)
@@ -133,10 +142,11 @@ def check(xml: str, heap_mib: int = DEFAULT_HEAP_MIB) -> spec.ShareSpec | None:
         )
     if dev["model"] != "ivshmem-plain":
         raise InvalidArgument(f"domain {name}: the vmgpu region device must be ivshmem-plain, not '{dev['model']}'")
-    want = region_size_mib(heap_mib)
-    if dev["size_mib"] != want:
+    if not size_ok(dev["size_mib"]):
+        want = region_size_mib()
         raise InvalidArgument(
-            f"domain {name}: the vmgpu region device is {dev['size_mib']:g} MiB, it must be {want} MiB; "
-            f"set <size unit='M'>{want}</size> in <shmem name='{region_name(name)}'>"
+            f"domain {name}: the vmgpu region device is {dev['size_mib']:g} MiB; it must be a power of two of "
+            f"at least {region_size_mib(MIN_HEAP_MIB)} MiB; set <size unit='M'>{want}</size> in "
+            f"<shmem name='{region_name(name)}'> (the default)"
         )
     return share

@@ -48,16 +48,18 @@ class ReleaseReply(_message.Message):
     def __init__(self, released: bool = ...) -> None: ...
 
 class StartForwarderRequest(_message.Message):
-    __slots__ = ("guest", "region", "backend", "size")
+    __slots__ = ("guest", "region", "backend", "size", "wait")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     guest: str
     region: str
     backend: str
     size: str
-    def __init__(self, guest: _Optional[str] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., size: _Optional[str] = ...) -> None: ...
+    wait: str
+    def __init__(self, guest: _Optional[str] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., size: _Optional[str] = ..., wait: _Optional[str] = ...) -> None: ...
 
 class StartForwarderReply(_message.Message):
     __slots__ = ("pid",)

@@ -1,0 +1,211 @@
+"""The libvirt qemu hook: libvirt runs it as `qemu DOMAIN OPERATION SUBOPERATION -` with the
+domain's XML on stdin, at every step of a domain's life.  A domain without vmgpu's part is
+none of its business.  For one with it:
+
+  prepare begin    check the XML, admit the share through vmgpud, create the region file
+                   (exact size, initialised header, poll wait mode: the guest is another
+                   kernel).  A refusal exits 1: libvirt refuses to start the domain and shows
+                   the reason (this process's stderr) in virsh's error.
+  started begin    start the guest's forwarder on the region.  A failure exits 1: libvirt
+                   stops the domain again (and calls stopped/release).
+  stopped end      stop the forwarder.
+  release end      release the share, remove the region file.
+  reconnect begin  (libvirtd restarted with the domain running) make sure the forwarder runs.
+
+The hook never calls libvirt (libvirtd waits for it: a deadlock), and its calls to vmgpud are
+bounded (a few seconds in all).  libvirt gives it no environment to speak of, so its settings
+(vmgpud's socket, the backend) are written into the installed script by `vmgpu hooks install`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from vmgpu import shm
+from vmgpu.errors import Conflict, InvalidArgument, VmgpuError
+from vmgpu.logging import configure, get_logger
+from vmgpu.virt import domain
+
+KIND = "vm"
+HOOK_NAME = "50-vmgpu"
+DEFAULTS = {
+    "socket": "/run/vmgpu/vmgpud.sock",
+    "backend": "cuda",
+    "log": "/var/log/vmgpu/hook.log",
+    "shm_dir": "/dev/shm",
+}
+TEMPLATE = Path(__file__).resolve().parent.parent.parent / "libvirt_hooks" / "qemu"
+
+
+def _client(settings):
+    from vmgpu.client import Client
+
+    # bounded: libvirtd waits for the hook, so give up after a few seconds
+    return Client(settings["socket"], timeout=5.0, retry_s=3.0)
+
+
+def region_params() -> shm.Params:
+    """A VM's region: the default geometry, waits by polling (no futex across kernels)."""
+    return shm.Params(wait_mode=shm.WAIT_POLL)
+
+
+def _region_path(settings, dev) -> Path:
+    return Path(settings["shm_dir"]) / dev["name"]
+
+
+def _prepare(name, share, dev, settings, log) -> None:
+    client = _client(settings)
+    try:
+        try:
+            client.admit(name, KIND, share.to_text())
+        except Conflict:
+            # a reservation left by a run whose release hook never came; the domain is not
+            # running (libvirt is preparing it), so it is stale
+            log.warning("stale reservation replaced", guest=name)
+            client.release(name)
+            client.admit(name, KIND, share.to_text())
+        path = _region_path(settings, dev)
+        try:
+            path.unlink(missing_ok=True)
+            shm.Region.create(path, int(dev["size_mib"]) << 20, region_params(), name).close()
+        except VmgpuError:
+            client.release(name)
+            raise
+    finally:
+        client.close()
+    log.info("admitted", guest=name, share=share.to_text(), region=str(path))
+
+
+def _start_forwarder(name, dev, settings, log) -> None:
+    client = _client(settings)
+    try:
+        pid = client.start_forwarder(name, str(_region_path(settings, dev)), settings["backend"], "", "poll")
+    finally:
+        client.close()
+    log.info("forwarder started", guest=name, pid=pid)
+
+
+def _reconnect(name, dev, settings, log) -> None:
+    client = _client(settings)
+    try:
+        running = {f.guest for f in client.status().forwarders if f.pid > 0}
+    finally:
+        client.close()
+    if name not in running:
+        _start_forwarder(name, dev, settings, log)
+
+
+def _stop(name, dev, settings, log, release: bool) -> None:
+    client = _client(settings)
+    try:
+        if release:
+            client.release(name)
+        else:
+            client.stop_forwarder(name)
+    finally:
+        client.close()
+    if release:
+        _region_path(settings, dev).unlink(missing_ok=True)
+    log.info("released" if release else "forwarder stopped", guest=name)
+
+
+def run(args: list[str], xml: str, settings: dict) -> int:
+    """One hook call; returns the exit status.  The reason for a refusal goes to stderr."""
+    settings = {**DEFAULTS, **settings}
+    if len(args) < 2:
+        print("vmgpu hook: usage: qemu DOMAIN OPERATION [SUBOPERATION EXTRA]", file=sys.stderr)
+        return 2
+    name, op = args[0], args[1]
+    log = get_logger(hook=op, guest=name)
+    if op not in ("prepare", "started", "stopped", "release", "reconnect"):
+        return 0
+    try:
+        share, dev = domain.read(xml)
+        if share is None and dev is None:
+            return 0  # not a vmgpu guest
+        if op == "prepare":
+            share = domain.check(xml)
+            _prepare(name, share, dev, settings, log)
+        elif op == "started":
+            _start_forwarder(name, dev, settings, log)
+        elif op == "reconnect":
+            _reconnect(name, dev, settings, log)
+        elif dev is not None:
+            _stop(name, dev, settings, log, release=(op == "release"))
+        return 0
+    except (InvalidArgument, VmgpuError) as e:
+        log.error("failed", error=e.message, code=e.code)
+        if op in ("stopped", "release"):
+            return 0  # libvirt ignores it anyway; the reason is in the log
+        print(f"vmgpu: domain {name} cannot start: {e.message} [{e.code}]", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str], stdin, settings: dict) -> int:
+    """The installed script's entry point (libvirt_hooks/qemu)."""
+    merged = {**DEFAULTS, **settings}
+    log_path = Path(merged["log"])
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        stream = open(log_path, "a", buffering=1)
+    except OSError:
+        stream = sys.stderr
+    configure(json=True, stream=stream)
+    return run(argv, stdin.read(), merged)
+
+
+# ---- installing ------------------------------------------------------------------------
+
+
+def script_text(settings: dict, python: str | None = None) -> str:
+    """The hook script as installed: the template with this interpreter and these settings."""
+    lines = TEMPLATE.read_text().splitlines(keepends=True)
+    out = [f"#!{python or sys.executable}\n"]
+    for ln in lines[1:]:
+        out.append(f"SETTINGS = {({**DEFAULTS, **settings})!r}\n" if ln.startswith("SETTINGS = ") else ln)
+    return "".join(out)
+
+
+def _libvirtd_pids() -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() == "libvirtd":
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def install(hooks_dir: str | Path, settings: dict, reload: bool = True) -> dict:
+    """Write the hook into HOOKS_DIR/qemu.d/ and, if libvirtd runs, send it SIGHUP: libvirtd
+    only looks for qemu hooks at start-up and on SIGHUP (a hook added later is otherwise
+    ignored until it restarts)."""
+    qemu_d = Path(hooks_dir) / "qemu.d"
+    qemu_d.mkdir(parents=True, exist_ok=True)
+    path = qemu_d / HOOK_NAME
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(script_text(settings))
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    signalled = []
+    if reload:
+        for pid in _libvirtd_pids():
+            try:
+                os.kill(pid, signal.SIGHUP)
+                signalled.append(pid)
+            except OSError:
+                continue
+    return {"path": str(path), "libvirtd_reloaded": signalled}
+
+
+def uninstall(hooks_dir: str | Path) -> bool:
+    path = Path(hooks_dir) / "qemu.d" / HOOK_NAME
+    if not path.exists():
+        return False
+    path.unlink()
+    return True
