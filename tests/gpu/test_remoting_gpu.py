@@ -99,5 +99,5 @@ def test_pytorch_training_gives_the_native_losses(shm_path, precision, rel):
     native, vm = json.loads(native.splitlines()[-1]), json.loads(vm.splitlines()[-1])
     for model in ("cnn", "transformer"):
         assert len(vm[model]) == len(native[model]) == 6
-        for step, (n, v) in enumerate(zip(native[model], vm[model])):
+        for step, (n, v) in enumerate(zip(native[model], vm[model], strict=True)):
             assert v == pytest.approx(n, rel=rel), f"{model} step {step}: native {n}, vmgpu {v}"
