@@ -94,7 +94,11 @@ class Domains:
             "running": bool(dom.isActive()),
             "share": share.to_text() if share else None,
             "slices": [
-                {"gpu": s.gpu, "mem": s.to_text().split(",")[1].split("=", 1)[1], "compute": s.compute}
+                {
+                    "gpu": s.gpu,
+                    "mem": f"{s.mem_mib} MiB" if s.mem_mib is not None else f"{(s.mem_fraction or 0) * 100:g}%",
+                    "compute": s.compute,
+                }
                 for s in (share.slices if share else ())
             ],
             "region": dev,
