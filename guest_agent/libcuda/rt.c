@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "vg_guest.h"
+#include "ivshmem.h"
 
 struct vg_conn vg;
 
@@ -93,6 +94,21 @@ __attribute__((destructor)) static void vg_dtor(void)
 	}
 }
 
+struct found {
+	char *buf;
+	size_t len;
+};
+
+static int take_region(const char *dev, const char *res2, void *ctx)
+{
+	(void)dev;
+	struct found *f = ctx;
+	if (!vg_has_region_magic(res2))
+		return 0;
+	snprintf(f->buf, f->len, "%s", res2);
+	return 1;
+}
+
 static const char *region_path(char *buf, size_t len)
 {
 	const char *env = getenv("VMGPU_REGION");
@@ -105,6 +121,11 @@ static const char *region_path(char *buf, size_t len)
 	}
 	/* where the guest agent (VM) or the container runtime puts it */
 	snprintf(buf, len, "/dev/vmgpu/region");
+	if (access(buf, F_OK) == 0)
+		return buf;
+	/* a VM without the agent: the ivshmem device itself, if this process may map it */
+	struct found f = {buf, len};
+	vg_each_ivshmem(take_region, &f);
 	return buf;
 }
 

@@ -465,3 +465,24 @@ VMGPU_EXPORT uint64_t vmgpu_guest_offset(struct vmgpu_guest *g, const void *p)
 	const uint8_t *q = p;
 	return (q >= g->base && q < g->base + g->size) ? (uint64_t)(q - g->base) : UINT64_MAX;
 }
+
+/* The guest agent's reaper: a channel whose owner process is gone (alive() says so) is
+ * closed as its owner would have, so the host reclaims it at once instead of after the
+ * heartbeat timeout.  A claim still in progress is left alone.  Returns how many. */
+VMGPU_EXPORT int vmgpu_guest_reap(struct vmgpu_guest *g, int (*alive)(uint32_t pid, void *ctx), void *ctx)
+{
+	int n = 0;
+	for (uint32_t i = 0; i < g->l.nchannels; i++) {
+		struct vmgpu_chan_desc *d = chan_desc(g->base, &g->l, i);
+		uint64_t ctl = atomic_load_explicit(&d->ctl, memory_order_acquire);
+		if (CTL_STATE(ctl) != VMGPU_CHAN_ACTIVE)
+			continue;
+		uint32_t pid = SHM_LOAD(d->owner_pid);
+		if (pid == 0 || alive(pid, ctx))
+			continue;
+		/* only if nothing changed meanwhile (a new owner has a new generation) */
+		if (atomic_compare_exchange_strong(&d->ctl, &ctl, CTL_MAKE(VMGPU_CHAN_CLOSING, CTL_GEN(ctl))))
+			n++;
+	}
+	return n;
+}

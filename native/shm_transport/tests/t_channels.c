@@ -2,6 +2,18 @@
  * a claim nobody answers; a guest of another major version is refused. */
 #include "common.h"
 
+static int alive_all(uint32_t pid, void *ctx)
+{
+	(void)pid, (void)ctx;
+	return 1;
+}
+
+static int alive_none(uint32_t pid, void *ctx)
+{
+	(void)pid, (void)ctx;
+	return 0;
+}
+
 int main(void)
 {
 	watchdog(60);
@@ -70,8 +82,21 @@ int main(void)
 		vmgpu_gchan_abandon(c[1]);
 		c[1] = NULL;
 	}
-	for (int i = 0; i < 4; i++)
-		vmgpu_gchan_close(c[i]);
+	/* the guest agent's reaper: an owner it finds dead is closed for it, and the host
+	 * reclaims the channel; live owners are left alone */
+	{
+		int rec0 = e.reclaimed;
+		uint32_t dead_idx = vmgpu_gchan_index(c[3]);
+		CHECK_EQ(vmgpu_guest_reap(g, alive_all, NULL), 0);
+		CHECK_EQ(vmgpu_guest_reap(g, alive_none, NULL), 3); /* c[0], c[2], c[3]; c[1] is gone */
+		for (int i = 0; i < 5000 && e.reclaimed < rec0 + 3; i++)
+			usleep(1000);
+		CHECK_EQ(e.reclaimed, rec0 + 3);
+		CHECK_EQ(vmgpu_region_chan_info(r.base, r.size, vmgpu_guest_layout(g), dead_idx, &info), 0);
+		CHECK_EQ(info.state, VMGPU_CHAN_FREE);
+		for (int i = 0; i < 4; i++)
+			vmgpu_gchan_abandon(c[i]);
+	}
 
 	/* a guest speaking another major version: write a claim by hand */
 	for (int i = 0; i < 5000 && e.reclaimed < reclaimed0 + 5; i++)

@@ -144,6 +144,9 @@ struct vmgpu_gchan;
 int vmgpu_guest_attach(void *base, uint64_t size, const struct vmgpu_wait_opts *o, struct vmgpu_guest **out);
 void vmgpu_guest_detach(struct vmgpu_guest *g);
 const struct vmgpu_layout *vmgpu_guest_layout(const struct vmgpu_guest *g);
+/* Close every ACTIVE channel whose owner pid alive() reports gone (the guest agent's
+ * reaper; the host then reclaims at once).  Returns how many were closed. */
+int vmgpu_guest_reap(struct vmgpu_guest *g, int (*alive)(uint32_t pid, void *ctx), void *ctx);
 /* Is the host alive (heartbeat moved within peer_timeout)?  1 yes, 0 no. */
 int vmgpu_guest_host_alive(struct vmgpu_guest *g);
 
