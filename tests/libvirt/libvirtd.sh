@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Start or stop libvirtd (and virtlogd) by hand, for tests on a machine without systemd.
+#   tests/libvirt/libvirtd.sh up|down        (root; Debian 12's libvirt-daemon packages)
+# `up` is idempotent.  `down` destroys and undefines the test domains (names vmgpu-e2e-*)
+# and stops the daemons it started.
+set -euo pipefail
+STATE=${VMGPU_LIBVIRT_STATE:-/run/vmgpu-test-libvirt}
+case "${1:-}" in
+up)
+    mkdir -p "$STATE" /etc/libvirt /var/log/libvirt
+    # the qemu driver resolves its built-in user and group even when qemu.conf names root
+    getent group libvirt-qemu >/dev/null || groupadd --system libvirt-qemu
+    getent passwd libvirt-qemu >/dev/null || useradd --system --gid libvirt-qemu --no-create-home \
+        --home-dir /var/lib/libvirt --shell /usr/sbin/nologin libvirt-qemu
+    [ -f /etc/libvirt/qemu.conf ] || cat > /etc/libvirt/qemu.conf <<'CONF'
+user = "root"
+group = "root"
+dynamic_ownership = 0
+remember_owner = 0
+security_driver = "none"
+cgroup_controllers = [ ]
+namespaces = [ ]
+CONF
+    [ -f /etc/libvirt/libvirtd.conf ] || cat > /etc/libvirt/libvirtd.conf <<'CONF'
+unix_sock_group = "root"
+unix_sock_rw_perms = "0770"
+auth_unix_rw = "none"
+log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
+CONF
+    if ! { [ -f "$STATE/virtlogd.pid" ] && kill -0 "$(cat "$STATE/virtlogd.pid")" 2>/dev/null; }; then
+        /usr/sbin/virtlogd -d --pid-file "$STATE/virtlogd.pid"
+    fi
+    if ! { [ -f "$STATE/libvirtd.pid" ] && kill -0 "$(cat "$STATE/libvirtd.pid")" 2>/dev/null; }; then
+        /usr/sbin/libvirtd -d --pid-file "$STATE/libvirtd.pid"
+    fi
+    for _ in $(seq 1 600); do virsh -q -c qemu:///system version >/dev/null 2>&1 && exit 0; sleep 0.1; done
+    echo "libvirtd did not answer within 60 s (see /var/log/libvirt/libvirtd.log)" >&2
+    exit 1
+    ;;
+down)
+    V="virsh -q -c qemu:///system"
+    if [ -f "$STATE/libvirtd.pid" ] && kill -0 "$(cat "$STATE/libvirtd.pid")" 2>/dev/null; then
+        for d in $($V list --all --name | grep '^vmgpu-e2e-' || true); do
+            $V destroy "$d" >/dev/null 2>&1 || true
+            $V undefine "$d" >/dev/null 2>&1 || true
+        done
+    fi
+    for p in libvirtd virtlogd; do
+        f="$STATE/$p.pid"
+        [ -f "$f" ] || continue
+        pid=$(cat "$f")
+        if kill -TERM "$pid" 2>/dev/null; then
+            for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        fi
+        rm -f "$f"
+    done
+    ;;
+*)
+    echo "usage: $0 up|down" >&2
+    exit 2
+    ;;
+esac
