@@ -1,7 +1,7 @@
 """A tiny Linux guest for TCG domains: Debian's kernel and an initramfs the test builds,
 holding busybox, the guest agent, the guest libcuda.so.1 and CUDA test programs (with the
-shared libraries they need).  Its /init runs a script and ends the guest (reboot, which the domain turns into a stop); everything
-it prints goes to the serial console."""
+shared libraries they need).  Its /init runs a script and ends the guest (a reboot, which
+the domain turns into a stop); everything it prints goes to the serial console."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def initrd(host, tmp_path_factory):
 def define(conn, tmp: Path, name: str, initrd: Path, share: list[str]):
     console = tmp / f"{name}.console"
     console.unlink(missing_ok=True)
-    dom = conn.defineXML(guest.domain_xml(name, initrd, console))
+    conn.defineXML(guest.domain_xml(name, initrd, console))
     vmgpu = [sys.executable, "-m", "vmgpu.cli.main", "vm"]
     r = subprocess.run([*vmgpu, "attach", name, *share, "--heap", "16M"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
