@@ -104,6 +104,24 @@ def _daemon(socket_path: str) -> list[Check]:
     return checks
 
 
+def _hook(hook: Path) -> Check:
+    name = "libvirt qemu hook"
+    if not hook.exists():
+        return Check(name, "warn", f"{hook} not installed: VM guests are not admitted by vmgpu", "vmgpu hooks install")
+    first = hook.read_text(errors="replace").split("\n", 1)[0]
+    interpreter = first[2:].strip() if first.startswith("#!") else ""
+    if not interpreter or not os.access(interpreter, os.X_OK):
+        return Check(
+            name,
+            "fail",
+            f"{hook} names the interpreter '{interpreter}', which is not there: every VM start will fail",
+            "vmgpu hooks install (with the Python that has vmgpu)",
+        )
+    if not os.access(hook, os.X_OK):
+        return Check(name, "fail", f"{hook} is not executable: libvirt skips it", f"chmod 755 {hook}")
+    return Check(name, "ok", f"{hook} installed (runs {interpreter})")
+
+
 def _libvirt() -> list[Check]:
     sock = "/run/libvirt/libvirt-sock"
     out = [
@@ -111,17 +129,7 @@ def _libvirt() -> list[Check]:
         if os.path.exists(sock)
         else Check("libvirtd", "warn", f"no {sock}: VMs cannot be used", "start libvirtd (VM guests only)")
     ]
-    hook = Path("/etc/libvirt/hooks/qemu.d/vmgpu")
-    out.append(
-        Check("libvirt qemu hook", "ok", f"{hook} installed")
-        if hook.exists()
-        else Check(
-            "libvirt qemu hook",
-            "warn",
-            f"{hook} not installed: VM guests are not admitted by vmgpu",
-            "VM support (the hook) is not built yet",
-        )
-    )
+    out.append(_hook(Path("/etc/libvirt/hooks/qemu.d/50-vmgpu")))
     return out
 
 

@@ -131,3 +131,15 @@ def test_vmgpud_down_refuses_quickly(tmp_path):
     out = hook.install(tmp_path / "hooks", {"socket": str(tmp_path / "none.sock"), "log": str(tmp_path / "l")}, False)
     r = call(Path(out["path"]), "web1", "prepare", vm_xml())
     assert r.returncode == 1 and "DAEMON_UNAVAILABLE" in r.stderr, r.stderr
+
+
+def test_doctor_checks_the_installed_hook(tmp_path):
+    from vmgpu.doctor import _hook
+
+    path = tmp_path / "qemu.d" / hook.HOOK_NAME
+    assert _hook(path).status == "warn"
+    hook.install(tmp_path, {}, reload=False)
+    assert _hook(path).status == "ok"
+    path.write_text("#!/nonexistent/python\n")
+    bad = _hook(path)
+    assert bad.status == "fail" and "/nonexistent/python" in bad.detail and bad.fix.startswith("vmgpu hooks install")
