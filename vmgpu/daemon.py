@@ -41,7 +41,12 @@ STATUS = {
 
 def _slice(r) -> pb.Slice:
     return pb.Slice(
-        guest=r.guest, gpu_index=r.gpu_index, gpu_uuid=r.gpu_uuid, mem_mib=r.mem_mib, compute_pct=r.compute_pct
+        guest=r.guest,
+        gpu_index=r.gpu_index,
+        gpu_uuid=r.gpu_uuid,
+        mem_mib=r.mem_mib,
+        compute_pct=r.compute_pct,
+        kind=r.kind,
     )
 
 

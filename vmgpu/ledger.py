@@ -58,6 +58,7 @@ class Reservation:
     gpu_uuid: str
     mem_mib: int
     compute_pct: int
+    kind: str = ""  # vm, container or process
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ class Ledger:
 
     def reservations(self, guest: str | None = None) -> list[Reservation]:
         q = (
-            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct FROM slices s JOIN gpus g ON g.uuid = s.gpu"
+            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind FROM slices s"
+            " JOIN gpus g ON g.uuid = s.gpu JOIN guests c ON c.name = s.guest"
             + (" WHERE s.guest = ?" if guest else "")
             + " ORDER BY s.guest, g.idx"
         )

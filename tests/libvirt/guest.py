@@ -45,10 +45,9 @@ def _libs(binary: Path, search: list[Path]) -> set[Path]:
     return libs
 
 
-def build_initramfs(dest: Path, programs: dict[str, Path], files: dict[str, Path], script: str) -> Path:
-    """An uncompressed newc cpio at dest: programs go to /bin, files to their paths, the
-    guest library to /lib/x86_64-linux-gnu/libcuda.so.1, and /init runs script."""
-    root = dest.with_suffix(".d")
+def build_rootfs(root: Path, programs: dict[str, Path], files: dict[str, Path], guest_lib: bool = True) -> Path:
+    """A minimal root file system at root: busybox, the programs in /bin with the shared
+    libraries they load, files at their paths, and (guest_lib) the guest libcuda.so.1."""
     shutil.rmtree(root, ignore_errors=True)
     for d in ("bin", "dev", "proc", "sys", "tmp", "lib/x86_64-linux-gnu", "lib64"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -58,7 +57,8 @@ def build_initramfs(dest: Path, programs: dict[str, Path], files: dict[str, Path
         if a != "busybox":
             (root / "bin" / a).symlink_to("busybox")
     guestlib = NATIVE / "guest" / "libcuda.so.1"
-    shutil.copy2(guestlib, root / "lib/x86_64-linux-gnu/libcuda.so.1")
+    if guest_lib:
+        shutil.copy2(guestlib, root / "lib/x86_64-linux-gnu/libcuda.so.1")
     libs: set[Path] = set(_libs(guestlib, []))
     for name, src in programs.items():
         shutil.copy2(src, root / "bin" / name)
@@ -72,6 +72,12 @@ def build_initramfs(dest: Path, programs: dict[str, Path], files: dict[str, Path
     for path, src in files.items():
         (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, root / path.lstrip("/"))
+    return root
+
+
+def build_initramfs(dest: Path, programs: dict[str, Path], files: dict[str, Path], script: str) -> Path:
+    """An uncompressed newc cpio at dest holding build_rootfs() and an /init that runs script."""
+    root = build_rootfs(dest.with_suffix(".d"), programs, files)
     init = root / "init"
     init.write_text(INIT_HEAD + script + "\necho 'VMGPU-E2E done'\nsync\nreboot -f\n")
     init.chmod(0o755)

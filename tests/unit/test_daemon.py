@@ -80,7 +80,9 @@ def test_cli_against_the_daemon(daemon):
         {"gpu": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "mem_mib": 2048, "compute_pct": 10}
     ]
     r = run(cli, ["status", "--socket", daemon, "--json"])
-    assert json.loads(r.output)["guests"] == [{"guest": "c1", "gpu": 0, "mem_mib": 2048, "compute_pct": 10}]
+    assert json.loads(r.output)["guests"] == [
+        {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10}
+    ]
     r = run(cli, ["admit", "c2", "gpu=0,mem=31G", "--socket", daemon])
     assert r.exit_code == 8 and "vmgpu: error:" in r.stderr and "[REFUSED]" in r.stderr
     r = run(cli, ["release", "c1", "--socket", daemon])

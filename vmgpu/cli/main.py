@@ -322,7 +322,7 @@ def status(socket_path, as_json):
             for g in reply.gpus
         ],
         "guests": [
-            {"guest": s.guest, "gpu": s.gpu_index, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
+            {"guest": s.guest, "kind": s.kind, "gpu": s.gpu_index, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
             for s in reply.slices
         ],
         "forwarders": [
@@ -355,7 +355,7 @@ def status(socket_path, as_json):
             )
         con.print(t)
         t = Table(title="guests")
-        for col in ("guest", "gpu", "memory used / quota", "compute", "forwarder"):
+        for col in ("guest", "kind", "gpu", "memory used / quota", "compute", "forwarder"):
             t.add_column(col)
         fwd = {f["guest"]: f for f in d["forwarders"]}
         nth: dict[str, int] = {}
@@ -365,6 +365,7 @@ def status(socket_path, as_json):
             used = f["mem_used_mib"][k] if f and k < len(f["mem_used_mib"]) else None
             t.add_row(
                 s["guest"],
+                s["kind"],
                 str(s["gpu"]),
                 f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
                 f"{s['compute_pct']}%",
@@ -539,6 +540,44 @@ def hooks_uninstall(hooks_dir):
     from vmgpu.virt import hook
 
     click.echo("removed the vmgpu hook" if hook.uninstall(hooks_dir) else "no vmgpu hook was installed")
+
+
+@cli.group(cls=_Group)
+def runtime() -> None:
+    """The OCI runtime for docker: `docker run --runtime=vmgpu -e VMGPU="gpu=0,mem=4G" ...`."""
+
+
+@runtime.command("install")
+@click.option(
+    "--path",
+    "script_path",
+    default="/usr/local/bin/vmgpu-container-runtime",
+    show_default=True,
+    help="Where to write the runtime.",
+)
+@click.option(
+    "--daemon-json",
+    default="/etc/docker/daemon.json",
+    show_default=True,
+    help="docker's daemon.json, where the runtime is registered as 'vmgpu' ('' leaves it alone).",
+)
+@_SOCKET
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "sim"]),
+    default="cuda",
+    show_default=True,
+    help="Backend of the forwarders it starts (sim: tests only).",
+)
+@click.option("--runc", default="runc", show_default=True, help="The runc it runs containers with.")
+def runtime_install(script_path, daemon_json, socket_path, backend, runc):
+    """Install the runtime and register it with docker (then restart dockerd or send it SIGHUP)."""
+    from vmgpu import oci
+
+    out = oci.install(script_path, {"socket": socket_path, "backend": backend, "runc": runc}, daemon_json or None)
+    click.echo(f"installed {out['path']}")
+    if out["daemon_json"]:
+        click.echo(f"registered as runtime 'vmgpu' in {out['daemon_json']}: restart dockerd or send it SIGHUP")
 
 
 @cli.command("doctor")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vmgpu/api/v1/vmgpu.proto\x12\x0cvmgpu.api.v1\"9\n\x0c\x41\x64mitRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04spec\x18\x03 \x01(\t\"a\n\x05Slice\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ompute_pct\x18\x05 \x01(\x05\"1\n\nAdmitReply\x12#\n\x06slices\x18\x01 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\"\x1f\n\x0eReleaseRequest\x12\r\n\x05guest\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"c\n\x15StartForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\t\x12\x0c\n\x04wait\x18\x05 \x01(\t\"\"\n\x13StartForwarderReply\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"%\n\x14StopForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\"%\n\x12StopForwarderReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\x9a\x01\n\tForwarder\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x14\n\x0cmem_used_mib\x18\x05 \x03(\x03\x12\x11\n\tprocesses\x18\x06 \x01(\x04\x12\x12\n\nsync_calls\x18\x07 \x01(\x04\x12\x13\n\x0b\x61sync_calls\x18\x08 \x01(\x04\"\x0f\n\rStatusRequest\"\x7f\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x18\n\x10mem_reserved_mib\x18\x05 \x01(\x03\x12\x1c\n\x14\x63ompute_reserved_pct\x18\x06 \x01(\x05\"\x86\x01\n\x0bStatusReply\x12%\n\x04gpus\x18\x01 \x03(\x0b\x32\x17.vmgpu.api.v1.GpuStatus\x12#\n\x06slices\x18\x02 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\x12+\n\nforwarders\x18\x03 \x03(\x0b\x32\x17.vmgpu.api.v1.Forwarder2\xff\x02\n\x06Vmgpud\x12=\n\x05\x41\x64mit\x12\x1a.vmgpu.api.v1.AdmitRequest\x1a\x18.vmgpu.api.v1.AdmitReply\x12\x43\n\x07Release\x12\x1c.vmgpu.api.v1.ReleaseRequest\x1a\x1a.vmgpu.api.v1.ReleaseReply\x12X\n\x0eStartForwarder\x12#.vmgpu.api.v1.StartForwarderRequest\x1a!.vmgpu.api.v1.StartForwarderReply\x12U\n\rStopForwarder\x12\".vmgpu.api.v1.StopForwarderRequest\x1a .vmgpu.api.v1.StopForwarderReply\x12@\n\x06Status\x12\x1b.vmgpu.api.v1.StatusRequest\x1a\x19.vmgpu.api.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vmgpu/api/v1/vmgpu.proto\x12\x0cvmgpu.api.v1\"9\n\x0c\x41\x64mitRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04spec\x18\x03 \x01(\t\"o\n\x05Slice\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ompute_pct\x18\x05 \x01(\x05\x12\x0c\n\x04kind\x18\x06 \x01(\t\"1\n\nAdmitReply\x12#\n\x06slices\x18\x01 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\"\x1f\n\x0eReleaseRequest\x12\r\n\x05guest\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"c\n\x15StartForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\t\x12\x0c\n\x04wait\x18\x05 \x01(\t\"\"\n\x13StartForwarderReply\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"%\n\x14StopForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\"%\n\x12StopForwarderReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\x9a\x01\n\tForwarder\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x14\n\x0cmem_used_mib\x18\x05 \x03(\x03\x12\x11\n\tprocesses\x18\x06 \x01(\x04\x12\x12\n\nsync_calls\x18\x07 \x01(\x04\x12\x13\n\x0b\x61sync_calls\x18\x08 \x01(\x04\"\x0f\n\rStatusRequest\"\x7f\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x18\n\x10mem_reserved_mib\x18\x05 \x01(\x03\x12\x1c\n\x14\x63ompute_reserved_pct\x18\x06 \x01(\x05\"\x86\x01\n\x0bStatusReply\x12%\n\x04gpus\x18\x01 \x03(\x0b\x32\x17.vmgpu.api.v1.GpuStatus\x12#\n\x06slices\x18\x02 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\x12+\n\nforwarders\x18\x03 \x03(\x0b\x32\x17.vmgpu.api.v1.Forwarder2\xff\x02\n\x06Vmgpud\x12=\n\x05\x41\x64mit\x12\x1a.vmgpu.api.v1.AdmitRequest\x1a\x18.vmgpu.api.v1.AdmitReply\x12\x43\n\x07Release\x12\x1c.vmgpu.api.v1.ReleaseRequest\x1a\x1a.vmgpu.api.v1.ReleaseReply\x12X\n\x0eStartForwarder\x12#.vmgpu.api.v1.StartForwarderRequest\x1a!.vmgpu.api.v1.StartForwarderReply\x12U\n\rStopForwarder\x12\".vmgpu.api.v1.StopForwarderRequest\x1a .vmgpu.api.v1.StopForwarderReply\x12@\n\x06Status\x12\x1b.vmgpu.api.v1.StatusRequest\x1a\x19.vmgpu.api.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,29 +34,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMITREQUEST']._serialized_start=42
   _globals['_ADMITREQUEST']._serialized_end=99
   _globals['_SLICE']._serialized_start=101
-  _globals['_SLICE']._serialized_end=198
-  _globals['_ADMITREPLY']._serialized_start=200
-  _globals['_ADMITREPLY']._serialized_end=249
-  _globals['_RELEASEREQUEST']._serialized_start=251
-  _globals['_RELEASEREQUEST']._serialized_end=282
-  _globals['_RELEASEREPLY']._serialized_start=284
-  _globals['_RELEASEREPLY']._serialized_end=316
-  _globals['_STARTFORWARDERREQUEST']._serialized_start=318
-  _globals['_STARTFORWARDERREQUEST']._serialized_end=417
-  _globals['_STARTFORWARDERREPLY']._serialized_start=419
-  _globals['_STARTFORWARDERREPLY']._serialized_end=453
-  _globals['_STOPFORWARDERREQUEST']._serialized_start=455
-  _globals['_STOPFORWARDERREQUEST']._serialized_end=492
-  _globals['_STOPFORWARDERREPLY']._serialized_start=494
-  _globals['_STOPFORWARDERREPLY']._serialized_end=531
-  _globals['_FORWARDER']._serialized_start=534
-  _globals['_FORWARDER']._serialized_end=688
-  _globals['_STATUSREQUEST']._serialized_start=690
-  _globals['_STATUSREQUEST']._serialized_end=705
-  _globals['_GPUSTATUS']._serialized_start=707
-  _globals['_GPUSTATUS']._serialized_end=834
-  _globals['_STATUSREPLY']._serialized_start=837
-  _globals['_STATUSREPLY']._serialized_end=971
-  _globals['_VMGPUD']._serialized_start=974
-  _globals['_VMGPUD']._serialized_end=1357
+  _globals['_SLICE']._serialized_end=212
+  _globals['_ADMITREPLY']._serialized_start=214
+  _globals['_ADMITREPLY']._serialized_end=263
+  _globals['_RELEASEREQUEST']._serialized_start=265
+  _globals['_RELEASEREQUEST']._serialized_end=296
+  _globals['_RELEASEREPLY']._serialized_start=298
+  _globals['_RELEASEREPLY']._serialized_end=330
+  _globals['_STARTFORWARDERREQUEST']._serialized_start=332
+  _globals['_STARTFORWARDERREQUEST']._serialized_end=431
+  _globals['_STARTFORWARDERREPLY']._serialized_start=433
+  _globals['_STARTFORWARDERREPLY']._serialized_end=467
+  _globals['_STOPFORWARDERREQUEST']._serialized_start=469
+  _globals['_STOPFORWARDERREQUEST']._serialized_end=506
+  _globals['_STOPFORWARDERREPLY']._serialized_start=508
+  _globals['_STOPFORWARDERREPLY']._serialized_end=545
+  _globals['_FORWARDER']._serialized_start=548
+  _globals['_FORWARDER']._serialized_end=702
+  _globals['_STATUSREQUEST']._serialized_start=704
+  _globals['_STATUSREQUEST']._serialized_end=719
+  _globals['_GPUSTATUS']._serialized_start=721
+  _globals['_GPUSTATUS']._serialized_end=848
+  _globals['_STATUSREPLY']._serialized_start=851
+  _globals['_STATUSREPLY']._serialized_end=985
+  _globals['_VMGPUD']._serialized_start=988
+  _globals['_VMGPUD']._serialized_end=1371
 # @@protoc_insertion_point(module_scope)

@@ -16,18 +16,20 @@ class AdmitRequest(_message.Message):
     def __init__(self, guest: _Optional[str] = ..., kind: _Optional[str] = ..., spec: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct")
+    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MEM_MIB_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     guest: str
     gpu_index: int
     gpu_uuid: str
     mem_mib: int
     compute_pct: int
-    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ...) -> None: ...
+    kind: str
+    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("slices",)

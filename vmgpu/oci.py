@@ -1,0 +1,261 @@
+"""`vmgpu-container-runtime`: an OCI runtime in front of runc, for
+`docker run --runtime=vmgpu -e VMGPU="gpu=0,mem=4G" IMAGE CMD`.
+
+A container whose process environment has no VMGPU is runc's alone.  For one with it, at
+`create` the runtime admits the share through vmgpud (kind container, guest `ctr-<id12>`),
+starts the guest's forwarder on a fresh region `/dev/shm/vmgpu-ctr-<id12>`, and rewrites the
+bundle's config.json to bind-mount the region at /dev/vmgpu/region and the guest
+libcuda.so.1 over the image's, and to drop any /dev/nvidia* device: the container never
+touches the GPU.  A refusal fails the create, so the container does not start and docker
+shows the reason.  At `delete` (the container exited, was killed, or never started) it
+releases the share, stops the forwarder and removes the region.  Shares of containers that
+runc no longer knows (a delete that never came) are released at the next create.
+
+Everything else goes to runc unchanged.  Settings come from the installed script (written
+by `vmgpu runtime install`), because docker gives a runtime no environment of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vmgpu.errors import VmgpuError
+from vmgpu.logging import configure, get_logger
+
+KIND = "container"
+DEFAULTS = {
+    "socket": "/run/vmgpu/vmgpud.sock",
+    "backend": "cuda",
+    "runc": "runc",
+    "log": "/var/log/vmgpu/runtime.log",
+    "shm_dir": "/dev/shm",
+    "region_size": "256M",
+    "libdir": "",  # where the guest libcuda.so.1 is (default: the build's)
+}
+REGION_IN_CONTAINER = "/dev/vmgpu/region"
+LIB_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
+
+
+def parse(argv: list[str]) -> tuple[dict, str | None, list[str]]:
+    """(global options, subcommand, its arguments) of a runc command line."""
+    opts, i = {}, 0
+    while i < len(argv) and argv[i].startswith("-"):
+        a = argv[i]
+        if "=" in a:
+            k, v = a.split("=", 1)
+            opts[k] = v
+        elif a in GLOBAL_WITH_VALUE and i + 1 < len(argv):
+            opts[a] = argv[i + 1]
+            i += 1
+        else:
+            opts[a] = True
+        i += 1
+    if i >= len(argv):
+        return opts, None, []
+    return opts, argv[i], argv[i + 1 :]
+
+
+def _bundle(args: list[str]) -> Path:
+    for i, a in enumerate(args):
+        if a in ("--bundle", "-b") and i + 1 < len(args):
+            return Path(args[i + 1])
+        if a.startswith("--bundle="):
+            return Path(a.split("=", 1)[1])
+    return Path.cwd()
+
+
+def guest_name(container_id: str) -> str:
+    return f"ctr-{container_id[:12]}"
+
+
+def share_of(config: dict) -> str | None:
+    for kv in config.get("process", {}).get("env", []):
+        if kv.startswith("VMGPU="):
+            return kv.split("=", 1)[1]
+    return None
+
+
+def rewrite(config: dict, region: Path, lib: Path) -> dict:
+    """The container's config with the region and the guest library mounted and no NVIDIA device."""
+    ours = {REGION_IN_CONTAINER: (region, "rw"), LIB_IN_CONTAINER: (lib, "ro")}
+    mounts = [m for m in config.get("mounts", []) if m.get("destination") not in ours]
+    for dest, (src, mode) in ours.items():
+        mounts.append({"destination": dest, "type": "bind", "source": str(src), "options": ["rbind", mode]})
+    config["mounts"] = mounts
+    linux = config.setdefault("linux", {})
+    linux["devices"] = [d for d in linux.get("devices", []) if not d.get("path", "").startswith("/dev/nvidia")]
+    env = [kv for kv in config.setdefault("process", {}).get("env", []) if not kv.startswith("VMGPU_REGION=")]
+    config["process"]["env"] = env + [f"VMGPU_REGION={REGION_IN_CONTAINER}"]
+    return config
+
+
+def report_error(opts: dict, msg: str) -> None:
+    """Where runc would: docker shows the last error line of the runtime's --log file."""
+    path = opts.get("--log")
+    if not path or path is True:
+        return
+    line = {"level": "error", "msg": msg, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+    except OSError:
+        pass
+
+
+class Runtime:
+    def __init__(self, settings: dict):
+        self.s = {**DEFAULTS, **settings}
+        self.log = get_logger(component="runtime")
+
+    def _client(self):
+        from vmgpu.client import Client
+
+        return Client(self.s["socket"], timeout=10.0, retry_s=5.0)
+
+    def _region(self, guest: str) -> Path:
+        return Path(self.s["shm_dir"]) / f"vmgpu-{guest}"
+
+    def _lib(self) -> Path:
+        if self.s["libdir"]:
+            return Path(self.s["libdir"]) / "libcuda.so.1"
+        from vmgpu.forwarder import native_dir
+
+        return native_dir() / "guest" / "libcuda.so.1"
+
+    def runc(self, argv: list[str]) -> int:
+        return subprocess.run([self.s["runc"], *argv]).returncode
+
+    def collect_stale(self, client, root: Path) -> None:
+        """Release container guests whose container runc no longer knows."""
+        try:
+            known = {p.name[:12] for p in root.iterdir()}
+        except OSError:
+            return
+        for sl in client.status().slices:
+            if sl.guest.startswith("ctr-") and sl.guest[4:] not in known:
+                client.release(sl.guest)
+                self._region(sl.guest).unlink(missing_ok=True)
+                self.log.info("released a stale container share", guest=sl.guest)
+
+    def create(self, argv: list[str], opts: dict, args: list[str]) -> int:
+        bundle, cid = _bundle(args), args[-1]
+        cfg_path = bundle / "config.json"
+        config = json.loads(cfg_path.read_text())
+        spec = share_of(config)
+        if spec is None:
+            return self.runc(argv)
+        guest, region = guest_name(cid), self._region(guest_name(cid))
+        client = self._client()
+        try:
+            self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
+            client.admit(guest, KIND, spec)
+            try:
+                client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
+                tmp = cfg_path.with_suffix(".vmgpu-tmp")
+                tmp.write_text(json.dumps(rewrite(config, region, self._lib())))
+                os.replace(tmp, cfg_path)
+            except VmgpuError:
+                client.release(guest)
+                raise
+            self.log.info("admitted", guest=guest, share=spec, region=str(region))
+        finally:
+            client.close()
+        rc = self.runc(argv)
+        if rc != 0:
+            self._release(guest)
+        return rc
+
+    def _release(self, guest: str) -> None:
+        client = self._client()
+        try:
+            client.release(guest)
+        finally:
+            client.close()
+        self._region(guest).unlink(missing_ok=True)
+        self.log.info("released", guest=guest)
+
+    def delete(self, argv: list[str], opts: dict, args: list[str]) -> int:
+        rc = self.runc(argv)
+        cid = args[-1] if args else ""
+        root = Path(opts.get("--root", "/run/runc"))
+        if cid and (rc == 0 or not (root / cid).exists()):
+            guest = guest_name(cid)
+            try:
+                self._release(guest)
+            except VmgpuError as e:
+                self.log.error("release failed", guest=guest, error=e.message)
+        return rc
+
+    def main(self, argv: list[str]) -> int:
+        opts, cmd, args = parse(argv)
+        try:
+            if cmd == "create":
+                return self.create(argv, opts, args)
+            if cmd == "delete":
+                return self.delete(argv, opts, args)
+        except VmgpuError as e:
+            self.log.error("failed", command=cmd, error=e.message, code=e.code)
+            msg = f"vmgpu: {e.message} [{e.code}]"
+            print(msg, file=sys.stderr)
+            report_error(opts, msg)
+            return 1
+        return self.runc(argv)
+
+
+def main(argv: list[str], settings: dict) -> int:
+    """The installed script's entry point."""
+    merged = {**DEFAULTS, **settings}
+    try:
+        Path(merged["log"]).parent.mkdir(parents=True, exist_ok=True)
+        stream = open(merged["log"], "a", buffering=1)
+    except OSError:
+        stream = sys.stderr
+    configure(json=True, stream=stream)
+    return Runtime(merged).main(argv)
+
+
+# ---- installing ------------------------------------------------------------------------
+
+SCRIPT = """#!{python}
+# vmgpu's OCI runtime for docker (`docker run --runtime=vmgpu -e VMGPU=...`), written by
+# `vmgpu runtime install`; what it does: vmgpu/oci.py.
+import sys
+
+SETTINGS = {settings!r}
+
+if __name__ == "__main__":
+    from vmgpu.oci import main
+
+    sys.exit(main(sys.argv[1:], SETTINGS))
+"""
+
+
+def install(path: str | Path, settings: dict, daemon_json: str | Path | None) -> dict:
+    """Write the runtime script at path and register it in docker's daemon.json (kept as
+    it is otherwise); docker reads daemon.json at start-up and on SIGHUP."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(SCRIPT.format(python=sys.executable, settings={**DEFAULTS, **settings}))
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    out = {"path": str(path), "daemon_json": None}
+    if daemon_json:
+        dj = Path(daemon_json)
+        try:
+            conf = json.loads(dj.read_text()) if dj.exists() and dj.read_text().strip() else {}
+        except json.JSONDecodeError as e:
+            raise VmgpuError(f"{dj} is not valid JSON ({e}); fix it, then run this again") from None
+        conf.setdefault("runtimes", {})["vmgpu"] = {"path": str(path)}
+        dj.parent.mkdir(parents=True, exist_ok=True)
+        tmpj = dj.with_suffix(".vmgpu-tmp")
+        tmpj.write_text(json.dumps(conf, indent=2) + "\n")
+        os.replace(tmpj, dj)
+        out["daemon_json"] = str(dj)
+    return out
