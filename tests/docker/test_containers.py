@@ -99,9 +99,11 @@ def host(tmp_path_factory):
         ["docker", "--host", f"unix://{docker.sock}", "import", "-", IMAGE], stdin=tar.stdout, check=True, timeout=120
     )
     tar.wait()
+    client = Client(str(sock))
     try:
-        yield docker, Client(str(sock)), tmp
+        yield docker, client, tmp
     finally:
+        client.close()
         docker("rm", "-f", *docker("ps", "-aq").stdout.split(), check=False)
         docker.stop()
         daemon.terminate()

@@ -60,9 +60,11 @@ def host(tmp_path_factory):
     time.sleep(1)  # libvirtd re-reads its hooks on the SIGHUP install sent
     libvirt.registerErrorHandler(lambda *_: None, None)
     conn = libvirt.open("qemu:///system")
+    client = Client(str(sock))
     try:
-        yield conn, Client(str(sock)), tmp
+        yield conn, client, tmp
     finally:
+        client.close()
         for d in conn.listAllDomains():
             if d.name().startswith("vmgpu-e2e-"):
                 if d.isActive():

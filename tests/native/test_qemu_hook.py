@@ -33,8 +33,10 @@ def host(tmp_path):
         {"socket": str(sock), "backend": "sim", "log": str(tmp_path / "hook.log"), "shm_dir": str(shm_dir)},
         reload=False,
     )
-    yield Path(out["path"]), Client(str(sock)), shm_dir, tmp_path / "hook.log"
-    Client(str(sock)).release("web1")
+    client = Client(str(sock))
+    yield Path(out["path"]), client, shm_dir, tmp_path / "hook.log"
+    client.release("web1")
+    client.close()
     daemon.terminate()
     daemon.wait()
 

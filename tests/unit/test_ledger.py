@@ -130,10 +130,12 @@ def _admit_many(path, prefix, n, out):
 
 
 def test_concurrent_admission_never_overcommits(tmp_path):
+    # spawn, not fork: the test process may hold gRPC and libvirt threads, and forking a
+    # threaded process can crash in their fork handlers
     path = tmp_path / "race.db"
     Ledger(path).sync_gpus(GPUS)
-    q = multiprocessing.get_context("fork").Queue()
-    procs = [multiprocessing.get_context("fork").Process(target=_admit_many, args=(path, p, 20, q)) for p in "abcd"]
+    q = multiprocessing.get_context("spawn").Queue()
+    procs = [multiprocessing.get_context("spawn").Process(target=_admit_many, args=(path, p, 20, q)) for p in "abcd"]
     for p in procs:
         p.start()
     for p in procs:
