@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Finding the vmgpu region in a VM: an ivshmem PCI device (1af4:1110) whose BAR2 starts
- * with the region magic.  Shared by the guest agent and the guest library (header only). */
+/* Where a guest finds its vmgpu region: $VMGPU_REGION, else VG_REGION_LINK (made by the
+ * guest agent in a VM, bind-mounted by the container runtime), else an ivshmem PCI device
+ * (1af4:1110) whose BAR2 starts with the region magic.  Shared by the guest library, the
+ * guest agent and vmgpu-smi (header only). */
 #ifndef VMGPU_IVSHMEM_H
 #define VMGPU_IVSHMEM_H
 
@@ -8,6 +10,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,6 +18,7 @@
 #include "vmgpu/shm.h"
 
 #define VG_PCI_DEVICES "/sys/bus/pci/devices"
+#define VG_REGION_LINK "/dev/vmgpu/region"
 
 static inline int vg_read_small(const char *path, char *buf, size_t n)
 {
@@ -76,6 +80,38 @@ static inline int vg_each_ivshmem(int (*fn)(const char *dev, const char *res2, v
 	}
 	closedir(d);
 	return r;
+}
+
+struct vg_found {
+	char *buf;
+	size_t len;
+};
+
+static inline int vg_take_region(const char *dev, const char *res2, void *ctx)
+{
+	(void)dev;
+	struct vg_found *f = ctx;
+	if (!vg_has_region_magic(res2))
+		return 0;
+	snprintf(f->buf, f->len, "%s", res2);
+	return 1;
+}
+
+/* The region file this guest process should map (see the top of this file). */
+static inline const char *vg_region_path(char *buf, size_t len)
+{
+	const char *env = getenv("VMGPU_REGION");
+	if (env && *env) {
+		snprintf(buf, len, strchr(env, '/') ? "%s" : "/dev/shm/%s", env);
+		return buf;
+	}
+	snprintf(buf, len, "%s", VG_REGION_LINK);
+	if (access(buf, F_OK) == 0)
+		return buf;
+	/* a VM without the agent: the ivshmem device itself, if this process may map it */
+	struct vg_found f = {buf, len};
+	vg_each_ivshmem(vg_take_region, &f);
+	return buf;
 }
 
 #endif

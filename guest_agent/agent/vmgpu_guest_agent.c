@@ -22,7 +22,7 @@
 #include "ivshmem.h"
 
 #define LINK_DIR "/dev/vmgpu"
-#define LINK_PATH LINK_DIR "/region"
+#define LINK_PATH VG_REGION_LINK
 
 static int say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int say(const char *fmt, ...)

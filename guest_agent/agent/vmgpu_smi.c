@@ -12,17 +12,6 @@
 
 #include "ivshmem.h"
 
-static const char *region_path(void)
-{
-	static char buf[512];
-	const char *env = getenv("VMGPU_REGION");
-	if (env && *env) {
-		snprintf(buf, sizeof buf, strchr(env, '/') ? "%s" : "/dev/shm/%s", env);
-		return buf;
-	}
-	return "/dev/vmgpu/region";
-}
-
 static const char *state_name(uint32_t s)
 {
 	switch (s) {
@@ -72,7 +61,8 @@ int main(int argc, char **argv)
 			printf("%-4d %-32s %12zu %12zu %12zu\n", i, name, total >> 20, used >> 20, free_b >> 20);
 	}
 
-	const char *path = region_path();
+	char path[512];
+	vg_region_path(path, sizeof path);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	struct stat st;
 	void *base = MAP_FAILED;
@@ -80,23 +70,17 @@ int main(int argc, char **argv)
 		base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 	if (fd >= 0)
 		close(fd);
-	struct vmgpu_layout L;
-	struct vmgpu_shm_params p;
-	const struct vmgpu_region_header *h = base;
-	if (base == MAP_FAILED || h->magic != VMGPU_SHM_MAGIC) {
+	struct vmgpu_guest *g = NULL;
+	if (base == MAP_FAILED || vmgpu_guest_attach(base, (uint64_t)st.st_size, NULL, &g) != 0) {
 		if (json)
 			printf("], \"processes\": null}\n");
 		else
-			printf("(cannot read the processes: region %s unreadable)\n", path);
+			printf("(cannot read the processes: region %s: %s)\n", path,
+			       base == MAP_FAILED ? "unreadable" : vmgpu_shm_errmsg());
 		return 0;
 	}
-	vmgpu_shm_params_default(&p);
-	p.nchannels = h->nchannels, p.req_ring_size = h->req_ring_size, p.cpl_ring_size = h->cpl_ring_size;
-	p.wait_mode = h->wait_mode, p.bulk_size = h->bulk_size, p.heap_block_size = h->heap_block_size;
-	if (vmgpu_layout_compute((uint64_t)st.st_size, &p, &L) != 0) {
-		printf(json ? "], \"processes\": null}\n" : "(region layout unreadable)\n");
-		return 0;
-	}
+	const struct vmgpu_layout L = *vmgpu_guest_layout(g);
+	vmgpu_guest_detach(g);
 	printf(json ? "], \"processes\": [" : "\n%-8s %-16s %-9s %s\n", "pid", "command", "state", "pinned MiB");
 	int first = 1;
 	for (uint32_t i = 0; i < L.nchannels; i++) {

@@ -94,41 +94,6 @@ __attribute__((destructor)) static void vg_dtor(void)
 	}
 }
 
-struct found {
-	char *buf;
-	size_t len;
-};
-
-static int take_region(const char *dev, const char *res2, void *ctx)
-{
-	(void)dev;
-	struct found *f = ctx;
-	if (!vg_has_region_magic(res2))
-		return 0;
-	snprintf(f->buf, f->len, "%s", res2);
-	return 1;
-}
-
-static const char *region_path(char *buf, size_t len)
-{
-	const char *env = getenv("VMGPU_REGION");
-	if (env && *env) {
-		if (strchr(env, '/'))
-			snprintf(buf, len, "%s", env);
-		else
-			snprintf(buf, len, "/dev/shm/%s", env);
-		return buf;
-	}
-	/* where the guest agent (VM) or the container runtime puts it */
-	snprintf(buf, len, "/dev/vmgpu/region");
-	if (access(buf, F_OK) == 0)
-		return buf;
-	/* a VM without the agent: the ivshmem device itself, if this process may map it */
-	struct found f = {buf, len};
-	vg_each_ivshmem(take_region, &f);
-	return buf;
-}
-
 static CUresult fail(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static CUresult fail(CUresult r, const char *fmt, ...)
 {
@@ -166,7 +131,7 @@ static CUresult hello(void)
 static void connect_once(void)
 {
 	char path[512];
-	region_path(path, sizeof path);
+	vg_region_path(path, sizeof path);
 	int fd = open(path, O_RDWR | O_CLOEXEC);
 	if (fd < 0) {
 		vg.init_result = fail(CUDA_ERROR_NO_DEVICE, "no GPU region at %s (%s); set VMGPU_REGION", path,
