@@ -24,6 +24,19 @@ def configure(json: bool = True, stream=None) -> None:
     )
 
 
+def configure_file(path: str) -> None:
+    """JSON lines appended to path (a hook's or a runtime's log: their stderr is read by
+    libvirt or docker as an error message); stderr if path cannot be opened."""
+    from pathlib import Path
+
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        stream = open(path, "a", buffering=1)
+    except OSError:
+        stream = sys.stderr
+    configure(json=True, stream=stream)
+
+
 def get_logger(**bound):
     """A bound logger; logs go to stderr as JSON until configure() says otherwise (never to
     stdout, which belongs to the command's output)."""

@@ -18,14 +18,14 @@ by `vmgpu runtime install`), because docker gives a runtime no environment of it
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from vmgpu.errors import VmgpuError
-from vmgpu.logging import configure, get_logger
+from vmgpu.files import write_atomic
+from vmgpu.logging import configure_file, get_logger
 
 KIND = "container"
 DEFAULTS = {
@@ -150,16 +150,15 @@ class Runtime:
         spec = share_of(config)
         if spec is None:
             return self.runc(argv)
-        guest, region = guest_name(cid), self._region(guest_name(cid))
+        guest = guest_name(cid)
+        region = self._region(guest)
         client = self._client()
         try:
             self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
             client.admit(guest, KIND, spec)
             try:
                 client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
-                tmp = cfg_path.with_suffix(".vmgpu-tmp")
-                tmp.write_text(json.dumps(rewrite(config, region, self._lib())))
-                os.replace(tmp, cfg_path)
+                write_atomic(cfg_path, json.dumps(rewrite(config, region, self._lib())))
             except VmgpuError:
                 client.release(guest)
                 raise
@@ -211,12 +210,7 @@ class Runtime:
 def main(argv: list[str], settings: dict) -> int:
     """The installed script's entry point."""
     merged = {**DEFAULTS, **settings}
-    try:
-        Path(merged["log"]).parent.mkdir(parents=True, exist_ok=True)
-        stream = open(merged["log"], "a", buffering=1)
-    except OSError:
-        stream = sys.stderr
-    configure(json=True, stream=stream)
+    configure_file(merged["log"])
     return Runtime(merged).main(argv)
 
 
@@ -239,12 +233,7 @@ if __name__ == "__main__":
 def install(path: str | Path, settings: dict, daemon_json: str | Path | None) -> dict:
     """Write the runtime script at path and register it in docker's daemon.json (kept as
     it is otherwise); docker reads daemon.json at start-up and on SIGHUP."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(SCRIPT.format(python=sys.executable, settings={**DEFAULTS, **settings}))
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    path = write_atomic(path, SCRIPT.format(python=sys.executable, settings={**DEFAULTS, **settings}), 0o755)
     out = {"path": str(path), "daemon_json": None}
     if daemon_json:
         dj = Path(daemon_json)
@@ -253,9 +242,6 @@ def install(path: str | Path, settings: dict, daemon_json: str | Path | None) ->
         except json.JSONDecodeError as e:
             raise VmgpuError(f"{dj} is not valid JSON ({e}); fix it, then run this again") from None
         conf.setdefault("runtimes", {})["vmgpu"] = {"path": str(path)}
-        dj.parent.mkdir(parents=True, exist_ok=True)
-        tmpj = dj.with_suffix(".vmgpu-tmp")
-        tmpj.write_text(json.dumps(conf, indent=2) + "\n")
-        os.replace(tmpj, dj)
+        write_atomic(dj, json.dumps(conf, indent=2) + "\n")
         out["daemon_json"] = str(dj)
     return out

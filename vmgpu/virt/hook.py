@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 
 from vmgpu import shm
-from vmgpu.errors import Conflict, InvalidArgument, VmgpuError
-from vmgpu.logging import configure, get_logger
+from vmgpu.errors import Conflict, VmgpuError
+from vmgpu.files import write_atomic
+from vmgpu.logging import configure_file, get_logger
 from vmgpu.virt import domain
 
 KIND = "vm"
@@ -136,7 +137,7 @@ def run(args: list[str], xml: str, settings: dict) -> int:
         elif dev is not None:
             _stop(name, dev, settings, log, release=(op == "release"))
         return 0
-    except (InvalidArgument, VmgpuError) as e:
+    except VmgpuError as e:
         log.error("failed", error=e.message, code=e.code)
         if op in ("stopped", "release"):
             return 0  # libvirt ignores it anyway; the reason is in the log
@@ -147,13 +148,7 @@ def run(args: list[str], xml: str, settings: dict) -> int:
 def main(argv: list[str], stdin, settings: dict) -> int:
     """The installed script's entry point (libvirt_hooks/qemu)."""
     merged = {**DEFAULTS, **settings}
-    log_path = Path(merged["log"])
-    try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(log_path, "a", buffering=1)
-    except OSError:
-        stream = sys.stderr
-    configure(json=True, stream=stream)
+    configure_file(merged["log"])
     return run(argv, stdin.read(), merged)
 
 
@@ -185,13 +180,7 @@ def install(hooks_dir: str | Path, settings: dict, reload: bool = True) -> dict:
     """Write the hook into HOOKS_DIR/qemu.d/ and, if libvirtd runs, send it SIGHUP: libvirtd
     only looks for qemu hooks at start-up and on SIGHUP (a hook added later is otherwise
     ignored until it restarts)."""
-    qemu_d = Path(hooks_dir) / "qemu.d"
-    qemu_d.mkdir(parents=True, exist_ok=True)
-    path = qemu_d / HOOK_NAME
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(script_text(settings))
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    path = write_atomic(Path(hooks_dir) / "qemu.d" / HOOK_NAME, script_text(settings), 0o755)
     signalled = []
     if reload:
         for pid in _libvirtd_pids():
