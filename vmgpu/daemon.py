@@ -57,22 +57,25 @@ class Servicer(pb_grpc.VmgpudServicer):
         self.lock = lock
         self.metrics = metrics
 
+    @staticmethod
+    def _abort(context, e: errors.VmgpuError):
+        """End the call with e: its gRPC status, its stable code in trailing metadata."""
+        status = next(s for cls, s in STATUS.items() if isinstance(e, cls))
+        context.set_trailing_metadata((("vmgpu-error", e.code),))
+        context.abort(status, e.message)
+
     def _call(self, context, fn, *args):
         try:
             with self.lock:
                 return fn(*args)
         except errors.VmgpuError as e:
-            status = next(s for cls, s in STATUS.items() if isinstance(e, cls))
-            context.set_trailing_metadata((("vmgpu-error", e.code),))
-            context.abort(status, e.message)
+            self._abort(context, e)
 
     def Admit(self, request, context):
         if request.kind not in KINDS:
-            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind '{request.kind}' is not one of {', '.join(KINDS)}")
+            self._abort(context, errors.InvalidArgument(f"kind '{request.kind}' is not one of {', '.join(KINDS)}"))
         if not request.guest:
-            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "guest name is empty")
+            self._abort(context, errors.InvalidArgument("guest name is empty"))
 
         def admit():
             try:
@@ -104,12 +107,10 @@ class Servicer(pb_grpc.VmgpudServicer):
     def StartForwarder(self, request, context):
         backend = request.backend or "cuda"
         if backend not in ("cuda", "sim"):
-            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"backend '{backend}' is neither cuda nor sim")
+            self._abort(context, errors.InvalidArgument(f"backend '{backend}' is neither cuda nor sim"))
         wait = request.wait or "futex"
         if wait not in ("futex", "poll"):
-            context.set_trailing_metadata((("vmgpu-error", errors.InvalidArgument.code),))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"wait '{wait}' is neither futex nor poll")
+            self._abort(context, errors.InvalidArgument(f"wait '{wait}' is neither futex nor poll"))
         pid = self._call(context, self.supervisor.start, request.guest, request.region, backend, request.size, wait)
         return pb.StartForwarderReply(pid=pid)
 
