@@ -213,6 +213,21 @@ CUresult vhc_cuMemcpyDtoHAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_
 	return dtoh(ch, flags, rd, wr, 1);
 }
 
+/* One side of a unified-address copy: a device address (VG_BUF_INLINE, kept) or an offset
+ * in the guest's heap (turned into its host address).  0, or -1 if it is neither. */
+static int unified_side(struct vh_chan *ch, uint64_t kind, uint64_t *addr, uint64_t n)
+{
+	if (kind == VG_BUF_INLINE)
+		return 0;
+	if (kind != VG_BUF_HEAP)
+		return -1;
+	void *p = host_buf(ch, VG_BUF_HEAP, *addr, n);
+	if (!p)
+		return -1;
+	*addr = (uint64_t)(uintptr_t)p;
+	return 0;
+}
+
 /* Unified-address copies: each side is a device address or a heap offset. */
 static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int async)
 {
@@ -224,22 +239,8 @@ static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, in
 	CUstream s = stream_in(ch, flags, sraw, &bad);
 	if (rd->bad || bad)
 		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
-	if (dkind == VG_BUF_HEAP) {
-		void *p = host_buf(ch, VG_BUF_HEAP, dst, n);
-		if (!p)
-			return CUDA_ERROR_INVALID_VALUE;
-		dst = (uint64_t)(uintptr_t)p;
-	} else if (dkind != VG_BUF_INLINE) {
+	if (unified_side(ch, dkind, &dst, n) || unified_side(ch, skind, &src, n))
 		return CUDA_ERROR_INVALID_VALUE;
-	}
-	if (skind == VG_BUF_HEAP) {
-		void *p = host_buf(ch, VG_BUF_HEAP, src, n);
-		if (!p)
-			return CUDA_ERROR_INVALID_VALUE;
-		src = (uint64_t)(uintptr_t)p;
-	} else if (skind != VG_BUF_INLINE) {
-		return CUDA_ERROR_INVALID_VALUE;
-	}
 	/* both sides are now device addresses of this context or registered region memory */
 	return async ? ch->backend->cuMemcpyAsync(dst, src, n, s) : ch->backend->cuMemcpy(dst, src, n);
 }
