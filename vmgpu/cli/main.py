@@ -499,6 +499,15 @@ def vm_show(domain_name, uri, as_json):
     _emit(out, as_json, _vm_render)
 
 
+_STARTS_BACKEND = click.option(
+    "--backend",
+    type=click.Choice(["cuda", "sim"]),
+    default="cuda",
+    show_default=True,
+    help="Backend of the forwarders it starts (sim: tests only).",
+)
+
+
 @cli.group(cls=_Group)
 def hooks() -> None:
     """The libvirt qemu hook that admits, starts, stops and releases vmgpu guests."""
@@ -507,13 +516,7 @@ def hooks() -> None:
 @hooks.command("install")
 @click.option("--dir", "hooks_dir", default="/etc/libvirt/hooks", show_default=True, help="libvirt's hooks directory.")
 @_SOCKET
-@click.option(
-    "--backend",
-    type=click.Choice(["cuda", "sim"]),
-    default="cuda",
-    show_default=True,
-    help="Backend of the forwarders it starts (sim: tests only).",
-)
+@_STARTS_BACKEND
 @click.option("--log", "log_path", default="/var/log/vmgpu/hook.log", show_default=True, help="The hook's JSON log.")
 @click.option("--no-reload", is_flag=True, help="Do not send libvirtd SIGHUP (then restart it yourself).")
 def hooks_install(hooks_dir, socket_path, backend, log_path, no_reload):
@@ -562,13 +565,7 @@ def runtime() -> None:
     help="docker's daemon.json, where the runtime is registered as 'vmgpu' ('' leaves it alone).",
 )
 @_SOCKET
-@click.option(
-    "--backend",
-    type=click.Choice(["cuda", "sim"]),
-    default="cuda",
-    show_default=True,
-    help="Backend of the forwarders it starts (sim: tests only).",
-)
+@_STARTS_BACKEND
 @click.option("--runc", default="runc", show_default=True, help="The runc it runs containers with.")
 def runtime_install(script_path, daemon_json, socket_path, backend, runc):
     """Install the runtime and register it with docker (then restart dockerd or send it SIGHUP)."""
