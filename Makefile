@@ -9,7 +9,7 @@ CUDA_INCLUDE ?= /usr/local/cuda/include
 NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 PTXAS ?= $(shell command -v ptxas || echo /usr/local/cuda/bin/ptxas)
 
-.PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting selftest lint clean \
+.PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch selftest lint clean \
 	gen gen-check cuda-programs proto
 
 all: native
@@ -92,7 +92,14 @@ bench-remoting: cuda-programs
 	@mkdir -p $(BUILD)/bench
 	python3 bench/run_remoting.py | tee $(BUILD)/bench/remoting.txt
 
-bench: bench-transport bench-remoting
+# unchanged PyTorch natively and through vmgpu (ResNet-50 fp32/bf16, a GPT step, its CUDA graph)
+bench-pytorch: cuda-programs
+	@mkdir -p $(BUILD)/bench
+	python3 bench/run_torch.py --stats $(BUILD)/bench | tee $(BUILD)/bench/pytorch.txt
+
+# the last line joins the summaries: remoting overheads and the PyTorch ratios
+bench: bench-transport bench-remoting bench-pytorch
+	@python3 bench/summary.py $(BUILD)/bench
 
 lint: venv
 	$(PYTHON) -m ruff check vmgpu tests bench native/cuda_api

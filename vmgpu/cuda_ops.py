@@ -90,4 +90,5 @@ OPS = {
     94: "cuGraphExecDestroy",
     95: "cuGraphDestroy",
     96: "cuGraphGetNodes",
+    97: "cuPointerGetAttributes",
 }

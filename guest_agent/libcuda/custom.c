@@ -701,6 +701,19 @@ static size_t pointer_attr_size(CUpointer_attribute a)
 	}
 }
 
+/* The host's answer for one attribute: kind 1 names a device's context, kind 2 a region
+ * offset; otherwise the value's bytes. */
+static void pointer_attr_put(void *data, CUpointer_attribute attr, size_t size, const uint64_t *v)
+{
+	if (v[0] == 1)
+		*(CUcontext *)data = v[1] == UINT64_MAX ? NULL : vg_primary_ctx((int)v[1]);
+	else if (v[0] == 2)
+		*(void **)data = vmgpu_guest_ptr(vg.guest, v[1]);
+	else
+		memcpy(data, &v[1], size);
+	(void)attr;
+}
+
 /* A pointer is a device address or, in the region's heap, pinned host memory; the host
  * answers for both, in its terms, and the answer is put back in the guest's. */
 CUresult vgc_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr, unsigned fl)
@@ -718,14 +731,35 @@ CUresult vgc_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdevic
 	put_unified(&c, ptr, 1);
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS) {
-		uint64_t kind = vg_get_u64(&c), v[2];
+		uint64_t v[3];
 		vg_get(&c, v, sizeof v);
-		if (kind == 1) /* a context: the device's, as the guest names it */
-			*(CUcontext *)data = vg_primary_ctx((int)v[0]);
-		else if (kind == 2) /* host memory: an offset into the region */
-			*(void **)data = vmgpu_guest_ptr(vg.guest, v[0]);
-		else
-			memcpy(data, v, size);
+		pointer_attr_put(data, attr, size, v);
+	}
+	return vg_end(&c, r);
+}
+
+/* Several attributes in one round trip.  Unlike the single query, an address the driver does
+ * not know is no error: the host's driver fills in its defaults, and those come back. */
+CUresult vgc_cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data, CUdeviceptr ptr, unsigned fl)
+{
+	if (!attrs || !data || n == 0 || n > VG_MAX_POINTER_ATTRS)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned i = 0; i < n; i++)
+		if (!data[i] || !pointer_attr_size(attrs[i]))
+			return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuPointerGetAttributes, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, n);
+	for (unsigned i = 0; i < n; i++)
+		vg_put_u64(&c, (uint64_t)attrs[i]);
+	put_unified(&c, ptr, 1);
+	r = vg_call_sync(&c);
+	for (unsigned i = 0; r == CUDA_SUCCESS && i < n; i++) {
+		uint64_t v[3];
+		vg_get(&c, v, sizeof v);
+		pointer_attr_put(data[i], attrs[i], pointer_attr_size(attrs[i]), v);
 	}
 	return vg_end(&c, r);
 }

@@ -541,46 +541,98 @@ CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
 
 /* ---- pointer attributes --------------------------------------------------------------------- */
 
+/* The queried address in the host's terms: a heap offset becomes the region's mapping. */
+static int pointer_in(struct vh_chan *ch, struct vh_rd *rd, uint64_t *p)
+{
+	uint64_t kind = vh_get_u64(rd);
+	*p = vh_get_u64(rd);
+	if (rd->bad)
+		return -1;
+	if (kind == VG_BUF_HEAP) {
+		void *hp = vmgpu_host_heap(ch->fwd->host, *p, 1);
+		if (!hp)
+			return -1;
+		*p = (uint64_t)(uintptr_t)hp;
+		return 0;
+	}
+	return kind == VG_BUF_INLINE ? 0 : -1;
+}
+
+/* One attribute's value as the guest may see it (out[0] kind, out[1..2] value): a context
+ * becomes a device index (kind 1; UINT64_MAX for none or not the guest's), a host address in
+ * the region an offset (kind 2), any other host address or host handle is withheld (NULL). */
+static void pointer_out(struct vh_chan *ch, CUpointer_attribute attr, const uint64_t *v, uint64_t out[3])
+{
+	out[0] = 0;
+	out[1] = v[0];
+	out[2] = v[1];
+	if (attr == CU_POINTER_ATTRIBUTE_CONTEXT) {
+		out[0] = 1;
+		out[1] = UINT64_MAX;
+		for (int d = 0; v[0] && d < ch->fwd->ndev; d++)
+			if (ch->ctx[d] && (uint64_t)(uintptr_t)ch->ctx[d] == v[0])
+				out[1] = (uint64_t)d;
+	} else if (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
+		uint8_t *hp = (uint8_t *)(uintptr_t)v[0];
+		out[1] = 0;
+		if (hp >= ch->fwd->region && hp < ch->fwd->region + ch->fwd->region_size) {
+			out[0] = 2;
+			out[1] = (uint64_t)(hp - ch->fwd->region);
+		}
+	} else if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+		out[1] = 0;
+	}
+}
+
 CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	CUpointer_attribute attr = (CUpointer_attribute)vh_get_u64(rd);
-	uint64_t kind = vh_get_u64(rd), p = vh_get_u64(rd);
-	if (rd->bad)
+	uint64_t p;
+	if (pointer_in(ch, rd, &p))
 		return CUDA_ERROR_INVALID_VALUE;
-	if (kind == VG_BUF_HEAP) {
-		void *hp = vmgpu_host_heap(ch->fwd->host, p, 1);
-		if (!hp)
-			return CUDA_ERROR_INVALID_VALUE;
-		p = (uint64_t)(uintptr_t)hp;
-	} else if (kind != VG_BUF_INLINE) {
-		return CUDA_ERROR_INVALID_VALUE;
-	}
 	if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
 		return CUDA_ERROR_NOT_SUPPORTED; /* a host handle the guest has no name for */
-	uint64_t v[4] = {0};
+	uint64_t v[4] = {0}, out[3];
 	CUresult r = ch->backend->cuPointerGetAttribute(v, attr, p);
 	if (r != CUDA_SUCCESS)
 		return r;
-	uint64_t out[3] = {0, v[0], v[1]};
-	if (attr == CU_POINTER_ATTRIBUTE_CONTEXT) {
-		out[0] = 1;
-		out[1] = UINT64_MAX;
-		for (int d = 0; d < ch->fwd->ndev; d++)
-			if (ch->ctx[d] && (uint64_t)(uintptr_t)ch->ctx[d] == v[0])
-				out[1] = (uint64_t)d;
-		if (out[1] == UINT64_MAX)
-			return CUDA_ERROR_INVALID_VALUE;
-	} else if (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
-		/* only region memory has a host address the guest can use */
-		uint8_t *hp = (uint8_t *)(uintptr_t)v[0];
-		if (hp < ch->fwd->region || hp >= ch->fwd->region + ch->fwd->region_size)
-			return CUDA_ERROR_INVALID_VALUE;
-		out[0] = 2;
-		out[1] = (uint64_t)(hp - ch->fwd->region);
-	}
+	pointer_out(ch, attr, v, out);
+	/* alone, a context or host address the guest cannot name is an error, as for a bad pointer */
+	if ((out[0] == 1 && out[1] == UINT64_MAX) || (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER && out[0] != 2))
+		return CUDA_ERROR_INVALID_VALUE;
 	vh_put(wr, out, sizeof out);
 	return CUDA_SUCCESS;
+}
+
+CUresult vhc_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	uint64_t n = vh_get_u64(rd), p;
+	if (rd->bad || n == 0 || n > VG_MAX_POINTER_ATTRS)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUpointer_attribute attrs[VG_MAX_POINTER_ATTRS];
+	uint64_t v[VG_MAX_POINTER_ATTRS][4];
+	void *data[VG_MAX_POINTER_ATTRS];
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t a = vh_get_u64(rd);
+		if (a > INT32_MAX)
+			return CUDA_ERROR_INVALID_VALUE;
+		attrs[i] = (CUpointer_attribute)a;
+		memset(v[i], 0, sizeof v[i]);
+		data[i] = v[i];
+	}
+	if (pointer_in(ch, rd, &p))
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = ch->backend->cuPointerGetAttributes((unsigned)n, attrs, data, p);
+	if (r != CUDA_SUCCESS)
+		return r;
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t out[3];
+		pointer_out(ch, attrs[i], v[i], out);
+		vh_put(wr, out, sizeof out);
+	}
+	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 /* ---- stream capture state -------------------------------------------------------------- */

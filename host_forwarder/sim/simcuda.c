@@ -833,3 +833,19 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdevic
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}
 }
+
+/* As the driver: an address it does not know gets zeroes (memory type 0: unregistered). */
+EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
+{
+	if (!attrs || !data)
+		return CUDA_ERROR_INVALID_VALUE;
+	int known = resolve(p, 1) != NULL;
+	for (unsigned i = 0; i < n; i++) {
+		if (!data[i])
+			return CUDA_ERROR_INVALID_VALUE;
+		memset(data[i], 0, 8);
+		if (known)
+			(void)cuPointerGetAttribute(data[i], attrs[i], p);
+	}
+	return CUDA_SUCCESS;
+}

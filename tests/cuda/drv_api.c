@@ -139,6 +139,24 @@ int main(int argc, char **argv)
 	     cuPointerGetAttribute(&hptr, CU_POINTER_ATTRIBUTE_HOST_POINTER, (CUdeviceptr)(uintptr_t)pin), CUDA_SUCCESS,
 	     NULL);
 	check("pinned memory's host address is itself", hptr == pin);
+	/* several at once (cudaPointerGetAttributes, PyTorch's is_pinned): an address the driver
+	 * does not know is no error, only "unregistered" with empty values */
+	CUpointer_attribute pa[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+				     CU_POINTER_ATTRIBUTE_HOST_POINTER};
+	unsigned int ptype = 99;
+	int pdev = 99;
+	void *phost = (void *)1, *pdata[3] = {&ptype, &pdev, &phost};
+	step("cuPointerGetAttributes (pinned)", cuPointerGetAttributes(3, pa, pdata, (CUdeviceptr)(uintptr_t)pin),
+	     CUDA_SUCCESS, NULL);
+	check("pinned: host memory of device 0 at its own address", ptype == CU_MEMORYTYPE_HOST && pdev == 0 && phost == pin);
+	step("cuPointerGetAttributes (device)", cuPointerGetAttributes(2, pa, pdata, d1), CUDA_SUCCESS, NULL);
+	check("device: device memory of device 0", ptype == CU_MEMORYTYPE_DEVICE && pdev == 0);
+	static char plain[64];
+	ptype = 99;
+	step("cuPointerGetAttributes (malloc)", cuPointerGetAttributes(1, pa, pdata, (CUdeviceptr)(uintptr_t)plain),
+	     CUDA_SUCCESS, NULL);
+	check("plain memory is unregistered", ptype == 0);
+	step("cuPointerGetAttributes no data", cuPointerGetAttributes(1, pa, NULL, d1), CUDA_ERROR_INVALID_VALUE, NULL);
 
 	/* a module from PTX and a launch */
 	char *ptx = read_file(argv[1]);

@@ -213,6 +213,11 @@ def test_export_tables_known_served_unknown_refused():
         print("hash", list(a) == list(b), list(a) != list(c), a[0] != 0)
         print("f8cff951", *table("f8cff95121468b4eb9e2fb469e7c0dd9"))
         print("unknown", *table("00112233445566778899aabbccddeeff"))
+        rc, p = table("1734dc26800d47458726c0f1e7dd8bca")
+        slots = ctypes.cast(p, ctypes.POINTER(ctypes.c_uint64))
+        get = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))(slots[4])
+        x, y = ctypes.c_void_p(1), ctypes.c_void_p(1)
+        print("lt_aux", rc, slots[0], get(ctypes.byref(x), ctypes.byref(y)), x.value, y.value)
     """
     r = _in_guest_process(code)
     lines = r.stdout.splitlines()
@@ -222,6 +227,9 @@ def test_export_tables_known_served_unknown_refused():
     assert lines[3] == "f8cff951 500 None"  # NOT_FOUND keeps cudart on its documented path
     assert lines[4] == "unknown 1 None"  # fails closed: INVALID_VALUE, no pointer
     assert "export table 00112233445566778899aabbccddeeff is not provided" in r.stderr
+    # cuBLASLt's table: provided (refusing it kills the process); slot 4 declines, cuBLASLt falls back
+    assert lines[5] == "lt_aux 0 136 801 None None"
+    assert "1734dc26" not in r.stderr and "lt_aux" not in r.stderr  # a deliberate decline logs nothing
 
 
 def test_md2_matches_rfc_1319():

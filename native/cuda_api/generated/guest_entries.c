@@ -1369,6 +1369,12 @@ VG_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute
 	return vgc_cuPointerGetAttribute(data, attribute, ptr, 0);
 }
 
+CUresult vgc_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr)
+{
+	return vgc_cuPointerGetAttributes(numAttributes, attributes, data, ptr, 0);
+}
+
 static CUresult vg_do_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode, unsigned vg_flags)
 {
 	struct vg_call c;

@@ -25,6 +25,7 @@ CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *
 CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)
@@ -785,6 +786,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return vhc_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
 	case VG_OP_cuPointerGetAttribute:
 		return vhc_cuPointerGetAttribute(ch, vg_flags, rd, wr);
+	case VG_OP_cuPointerGetAttributes:
+		return vhc_cuPointerGetAttributes(ch, vg_flags, rd, wr);
 	case VG_OP_cuStreamBeginCapture_v2: {
 		CUstream hStream;
 		vh_get(rd, &hStream, sizeof(hStream));

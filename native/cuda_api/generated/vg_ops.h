@@ -83,7 +83,8 @@
 #define VG_OP_cuGraphExecDestroy 94
 #define VG_OP_cuGraphDestroy 95
 #define VG_OP_cuGraphGetNodes 96
-#define VG_OP_LIMIT 97
+#define VG_OP_cuPointerGetAttributes 97
+#define VG_OP_LIMIT 98
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -166,5 +167,6 @@
 	X(94, cuGraphExecDestroy) \
 	X(95, cuGraphDestroy) \
 	X(96, cuGraphGetNodes) \
+	X(97, cuPointerGetAttributes) \
 
 #endif

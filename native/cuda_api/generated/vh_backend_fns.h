@@ -104,6 +104,7 @@
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleEnumerateFunctions) \
 	X(cuPointerGetAttribute) \
+	X(cuPointerGetAttributes) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \

@@ -55,6 +55,8 @@ enum vg_proto_op {
 };
 
 #define VG_MAX_DEVICES 16
+/* cuPointerGetAttributes: at most this many attributes in one query (the driver has 21) */
+#define VG_MAX_POINTER_ATTRS 32
 #define VG_MAX_ATTRS 160 /* >= CU_DEVICE_ATTRIBUTE_MAX of CUDA 13 */
 #define VG_MAX_PARAMS 1024
 #define VG_MAX_BLOB (1ull << 30)
