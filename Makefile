@@ -40,6 +40,7 @@ native:
 	$(CC) -O1 -g -Wall -o $(NATIVE)/drv_api tests/cuda/drv_api.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/hold tests/cuda/hold.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/multi tests/cuda/multi.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/spin tests/cuda/spin.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 
 # Unchanged CUDA runtime programs (nvcc, static cudart), for the differential tests.
 # vecadd_ptx carries its kernel as uncompressed PTX, which the simulated backend can run.

@@ -163,8 +163,17 @@ int vh_serve(struct vh_chan *ch)
 		struct vh_rd rd = {(const uint8_t *)rbuf + sizeof hdr, (uint32_t)n - sizeof hdr, 0, 0};
 		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
 		uint64_t t0 = vmgpu_now_ns();
-		CUresult r = set_device(ch, hdr.dev) ? CUDA_ERROR_INVALID_DEVICE
-						     : vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+		CUresult r;
+		if (set_device(ch, hdr.dev)) {
+			r = CUDA_ERROR_INVALID_DEVICE;
+		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
+			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
+			vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			vh_sched_exit(sc);
+		} else {
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+		}
 		uint64_t spent = vmgpu_now_ns() - t0;
 		ch->ncalls++;
 		struct vh_stats *st = ch->fwd->stats;
@@ -203,6 +212,32 @@ int vh_serve(struct vh_chan *ch)
 
 static const char *backend_name;
 
+/* ---- the compute scheduler's thread in a worker ------------------------------------ */
+
+static _Atomic int sched_stop;
+static CUcontext *_Atomic sched_ctx; /* the served channel's contexts (ch.ctx) */
+
+static void sched_drain(void *arg, int dev)
+{
+	(void)arg;
+	CUcontext *ctx = atomic_load(&sched_ctx);
+	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
+	if (c)
+		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
+}
+
+static void *sched_thread(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&sched_stop)) {
+		for (int d = 0; d < F.ndev; d++)
+			vh_sched_tick(&F.sched[d], sched_drain, NULL);
+		struct timespec t = {0, 250 * 1000};
+		nanosleep(&t, NULL);
+	}
+	return NULL;
+}
+
 /* In a worker: open the driver, serve one channel, free what the guest process held. */
 static int worker(uint32_t idx, pid_t supervisor)
 {
@@ -238,8 +273,24 @@ static int worker(uint32_t idx, pid_t supervisor)
 	atomic_fetch_add(&F.stats->processes, 1);
 	logf_("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	      vmgpu_hchan_generation(ch.hc), (int)getpid());
+	atomic_store(&sched_ctx, ch.ctx);
+	for (int d = 0; d < F.ndev; d++)
+		vh_sched_worker(&F.sched[d], 1);
+	pthread_t st;
+	int sched_on = pthread_create(&st, NULL, sched_thread, NULL) == 0;
 	int ended = vh_serve(&ch);
+	if (sched_on) {
+		atomic_store(&sched_stop, 1);
+		pthread_join(st, NULL);
+	}
+	/* give up a turn this worker started handing over, and stop counting in hand-overs */
+	for (int d = 0; d < F.ndev; d++) {
+		while (F.sched[d].releasing)
+			vh_sched_tick(&F.sched[d], sched_drain, NULL);
+		vh_sched_worker(&F.sched[d], 0);
+	}
 	uint64_t calls = ch.ncalls, async = ch.nasync;
+	atomic_store(&sched_ctx, NULL);
 	vh_chan_release_all(&ch);
 	logf_("channel %u: closed after %llu calls (%llu async; module images: %llu sent, %llu from cache); its "
 	      "memory and objects are freed",
@@ -418,12 +469,18 @@ static void usage(FILE *f)
 		"  --bulk SIZE         region geometry: bulk area per channel (default 4M)\n"
 		"  --wait futex|poll   region geometry: wait mode (default futex)\n"
 		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n"
-		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n");
+		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n"
+		"  --compute N         the guest's compute weight 1..100 (its cap under the fixed policy;\n"
+		"                      default 100)\n"
+		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm)\n"
+		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n");
 }
 
 int main(int argc, char **argv)
 {
 	const char *region = NULL, *backend = "cuda", *gpus = "0", *mems = NULL, *stats_path = NULL;
+	const char *sched_dir = getenv("VMGPU_SCHED_DIR");
+	int compute = 100, no_sched = 0;
 	uint64_t create = 0;
 	struct vmgpu_shm_params params;
 	vmgpu_shm_params_default(&params);
@@ -434,6 +491,7 @@ int main(int argc, char **argv)
 		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
 		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
 		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
+		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'},
 		{0, 0, 0, 0},
 	};
 	int o;
@@ -473,6 +531,13 @@ int main(int argc, char **argv)
 			wopts.peer_timeout_ns = v * 1000000000ull;
 			break;
 		case 's': stats_path = optarg; break;
+		case 'W':
+			if (parse_size(optarg, &v) || v < 1 || v > 100)
+				return die("--compute: '%s' is not in 1..100", optarg);
+			compute = (int)v;
+			break;
+		case 'D': sched_dir = optarg; break;
+		case 'N': no_sched = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -510,6 +575,17 @@ int main(int argc, char **argv)
 	if (mkdir(F.image_dir, 0700) != 0)
 		F.image_dir[0] = '\0'; /* no cache: every image crosses */
 
+	for (int d = 0; d < F.ndev && !no_sched; d++) {
+		char uuid[48];
+		const uint8_t *u = F.info[d].uuid;
+		snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+			 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+		if (vh_sched_join(&F.sched[d], sched_dir && *sched_dir ? sched_dir : "/dev/shm", uuid, F.guest, compute,
+				  d))
+			return die("cannot join the compute scheduler of %s in %s: %s", uuid,
+				   sched_dir && *sched_dir ? sched_dir : "/dev/shm", strerror(errno));
+	}
+
 	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
 	logf_("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", region,
 	      (unsigned long long)(F.region_size >> 20), L->nchannels, F.ndev, F.info[0].name,
@@ -531,6 +607,9 @@ int main(int argc, char **argv)
 				if (slots[i].worker != pid)
 					continue;
 				slots[i].worker = 0;
+				if (WIFSIGNALED(status))
+					for (int d = 0; d < F.ndev; d++)
+						vh_sched_worker(&F.sched[d], 0); /* it cannot say so itself */
 				if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 					/* nobody serves the guest process now: cut it off, it gets one sticky error */
 					fence[i] = 1;
@@ -574,6 +653,8 @@ int main(int argc, char **argv)
 			waitpid(slots[i].worker, NULL, 0);
 	free(slots);
 	free(fence);
+	for (int d = 0; d < F.ndev; d++)
+		vh_sched_leave(&F.sched[d]);
 	vmgpu_host_close(F.host);
 	vmgpu_host_detach(F.host);
 	munmap(F.region, F.region_size);

@@ -23,6 +23,7 @@
 #include "vg_ops.h"
 #include "vh_backend_fns.h"
 #include "vh_stats.h"
+#include "vh_sched.h"
 #include "vmgpu/shm.h"
 
 struct vh_backend {
@@ -60,6 +61,7 @@ struct vh_fwd {
 	const char *guest;
 	int verbose;
 	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
+	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_vh_sched.c) */
 };
 
 struct vh_image;
@@ -214,6 +216,7 @@ enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 int vh_op_reports_async(uint32_t op);
+int vh_op_gpu_work(uint32_t op);
 
 /* Serve one channel until its owner closes it or is lost.  Returns 0, or
  * VH_EXIT_PROTOCOL if the guest broke the protocol (it must be cut off). */

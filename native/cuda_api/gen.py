@@ -451,6 +451,10 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
     lines.append("int vh_op_reports_async(uint32_t op)\n{\n\tswitch (op) {")
     lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("reports_async")]
     lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
+    lines.append("\n/* Calls that put work on the GPU: the compute scheduler gates them (vh_vh_sched.c). */")
+    lines.append("int vh_op_gpu_work(uint32_t op)\n{\n\tswitch (op) {")
+    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work")]
+    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
     return "\n".join(lines) + "\n"
 
 

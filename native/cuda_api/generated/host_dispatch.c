@@ -1065,3 +1065,30 @@ int vh_op_reports_async(uint32_t op)
 		return 0;
 	}
 }
+
+/* Calls that put work on the GPU: the compute scheduler gates them (vh_vh_sched.c). */
+int vh_op_gpu_work(uint32_t op)
+{
+	switch (op) {
+	case VG_OP_cuMemsetD8_v2:
+	case VG_OP_cuMemsetD16_v2:
+	case VG_OP_cuMemsetD32_v2:
+	case VG_OP_cuMemcpyDtoD_v2:
+	case VG_OP_cuMemcpyHtoD_v2:
+	case VG_OP_cuMemcpyDtoH_v2:
+	case VG_OP_cuMemcpyHtoDAsync_v2:
+	case VG_OP_cuMemcpyDtoHAsync_v2:
+	case VG_OP_cuMemcpy:
+	case VG_OP_cuMemcpyAsync:
+	case VG_OP_cuLaunchKernel:
+	case VG_OP_cuLaunchKernelEx:
+	case VG_OP_cuMemsetD8Async:
+	case VG_OP_cuMemsetD16Async:
+	case VG_OP_cuMemsetD32Async:
+	case VG_OP_cuMemcpyDtoDAsync_v2:
+	case VG_OP_cuGraphLaunch:
+		return 1;
+	default:
+		return 0;
+	}
+}

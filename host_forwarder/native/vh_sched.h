@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The compute scheduler: one shared page per physical GPU (/dev/shm/vmgpu-sched-<GPU UUID>)
+ * through which every forwarder on that GPU takes turns.  A guest's calls that put work on
+ * the GPU (vh_op_gpu_work) pass only while its forwarder holds the GPU; the holder gives it
+ * up, after draining what it queued, when its slice ends and another guest waits, when it
+ * goes idle, or when its cap for the period is spent.  Held time is what a guest is
+ * charged, so a share holds for long kernels, tiny kernels, graphs and sync loops alike.
+ *
+ * Policies (the GPU's, set live with `vmgpu policy`):
+ *   native     no control: calls pass at once.
+ *   equal      every guest on the GPU gets 1/N of the time, even when the others are idle.
+ *   preemptive equal shares, work-conserving: an idle guest's time goes to busy ones.
+ *   weighted   work-conserving, shares by weight (`vmgpu weight`; default: the compute %).
+ *   fixed      a hard cap of weight% per period, even when the card is otherwise idle.
+ *
+ * The layout is read and written by Python (vmgpu/sched.py): keep the offsets.
+ */
+#ifndef VH_SCHED_H
+#define VH_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define VS_MAGIC 0x3144454843534756ull /* "VGSCHED1" */
+#define VS_VERSION 1
+#define VS_SLOTS 64
+#define VS_NAME 64
+
+enum vs_policy { VS_NATIVE = 0, VS_EQUAL = 1, VS_PREEMPTIVE = 2, VS_WEIGHTED = 3, VS_FIXED = 4 };
+
+struct vs_slot {             /* 256 bytes */
+	_Atomic uint32_t pid;     /* 0: free */
+	_Atomic uint32_t weight;  /* 1..100: share weight, or the cap in % under fixed */
+	_Atomic uint32_t waiters; /* worker threads waiting to put work on the GPU */
+	uint32_t pad0;
+	char name[VS_NAME];       /* the guest */
+	uint64_t vtime;           /* held ns * 100 / weight: who is furthest behind goes next */
+	_Atomic uint64_t used_ns; /* all held time */
+	uint64_t period_start, period_used;
+	uint64_t joined_ns;
+	_Atomic uint64_t turns;   /* times it was given the GPU */
+	uint64_t last_active;     /* when its last turn began or ended */
+	/* the guest's worker processes (one per guest process) share its turn: */
+	_Atomic uint32_t inflight;  /* work calls past the gate, not yet returned */
+	_Atomic uint32_t draining;  /* handing over: no new work passes */
+	_Atomic uint64_t last_work; /* when a work call last passed or returned */
+	_Atomic uint32_t nworkers;  /* worker processes */
+	_Atomic uint32_t drained;   /* workers that finished their queued work this hand-over */
+	_Atomic uint32_t drain_gen; /* hand-overs begun */
+	uint8_t pad[256 - 164];
+};
+
+struct vs_page {
+	uint64_t magic;            /*  0 */
+	uint32_t version, nslots;  /*  8 */
+	_Atomic uint32_t policy;   /* 16 */
+	_Atomic uint32_t slice_us; /* 20: longest turn while another guest waits */
+	_Atomic uint32_t period_us;/* 24: the accounting period of caps */
+	_Atomic int32_t owner;     /* 28: slot holding the GPU, -1 none */
+	_Atomic uint32_t gen;      /* 32: futex word, bumped at every hand-over */
+	uint32_t pad0;
+	uint64_t hold_start;       /* 40 */
+	uint8_t mu_space[64];      /* 48: pthread_mutex_t (process-shared, robust) */
+	uint8_t pad1[128 - 112];
+	struct vs_slot slot[VS_SLOTS]; /* 128 */
+};
+
+struct vh_fwd;
+
+/* One forwarder's membership in one GPU's scheduler.  The supervisor joins; its worker
+ * processes inherit the mapping and take part (vh_sched_worker). */
+struct vh_sched {
+	struct vs_page *pg;
+	int me;                    /* slot index */
+	int dev;                   /* the forwarder's device index */
+	/* per worker process: */
+	_Atomic int inflight;      /* this worker's work calls past the gate */
+	uint32_t synced_gen;       /* the last hand-over this worker drained for */
+	int releasing;             /* this worker began the hand-over under way */
+};
+
+/* Join the scheduler of the GPU with this UUID (a page in dir).  weight 1..100.  0 on success. */
+int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev);
+void vh_sched_leave(struct vh_sched *s);
+/* A worker process starts or stops taking part. */
+void vh_sched_worker(struct vh_sched *s, int start);
+/* Around a call that puts work on the GPU. */
+void vh_sched_enter(struct vh_sched *s);
+void vh_sched_exit(struct vh_sched *s);
+/* Each worker's scheduler thread, every few hundred microseconds: hands the GPU over when it
+ * must.  drain(ctx, dev) waits for the worker's queued work on that device. */
+void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx);
+
+#endif
