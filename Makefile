@@ -9,7 +9,7 @@ CUDA_INCLUDE ?= /usr/local/cuda/include
 NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 PTXAS ?= $(shell command -v ptxas || echo /usr/local/cuda/bin/ptxas)
 
-.PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch selftest lint clean \
+.PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation selftest lint clean \
 	gen gen-check cuda-programs proto
 
 all: native
@@ -52,6 +52,7 @@ cuda-programs: native
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/oob tests/cuda/oob.cu
 	$(PTXAS) -arch=sm_90 -o $(NATIVE)/vadd.cubin tests/cuda/vadd.ptx
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/isolation bench/isolation.cu
 	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu
 
 # The CUDA API spec drives generated code on both sides; CI fails if it is stale.
@@ -97,6 +98,11 @@ bench-remoting: cuda-programs
 bench-pytorch: cuda-programs
 	@mkdir -p $(BUILD)/bench
 	python3 bench/run_torch.py --stats $(BUILD)/bench | tee $(BUILD)/bench/pytorch.txt
+
+# compute isolation: N guests under the weighted and fixed policies, caps, convergence, overhead
+bench-isolation: cuda-programs
+	@mkdir -p $(BUILD)/bench
+	python3 bench/run_isolation.py | tee $(BUILD)/bench/isolation.txt
 
 # the last line joins the summaries: remoting overheads and the PyTorch ratios
 bench: bench-transport bench-remoting bench-pytorch
