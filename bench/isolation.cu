@@ -1,9 +1,11 @@
 // A guest that saturates the GPU for the isolation benchmark (an unchanged CUDA program).
-//   isolation MODE SECONDS [WINDOW_MS]
+//   isolation MODE SECONDS [WINDOW_MS [START_NS]]
 // MODE: gemm (a 1024^3 tiled matmul per launch), tiny (empty kernels, a sync per 1000),
 // graph (a CUDA graph of 20 short kernels per replay), sync (a short kernel, then
 // cudaStreamSynchronize, every time).  Prints "iters N" and the completed iterations per
 // window of WINDOW_MS (default 100): "windows a b c ...", with the start as "t0 <CLOCK_MONOTONIC ns>".
+// With START_NS (CLOCK_MONOTONIC) the timed part begins then, after the warm-up: guests
+// started together measure the same stretch of time.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +88,11 @@ int main(int argc, char **argv) {
         CK(cudaStreamSynchronize(st));
     };
     iterate();  // warm-up: modules loaded, graph uploaded
+    long long start = argc > 4 ? atoll(argv[4]) : 0;
+    while (now_ns() < start) {
+        timespec d = {0, 200000};
+        nanosleep(&d, nullptr);
+    }
     long long t0 = now_ns(), end = t0 + (long long)(secs * 1e9);
     std::vector<long long> windows((size_t)((end - t0) / win) + 1, 0);
     long long iters = 0;

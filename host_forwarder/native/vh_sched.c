@@ -108,37 +108,37 @@ static int eligible(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 	return g->period_used < budget_ns(pg, g);
 }
 
-#define RECENT_NS 50000000ull /* a guest that had no turn for this long was idle */
+#define RECENT_NS 50000000ull /* a guest with no turn and no wish for one this long was idle */
 
-/* Under the lock: the waiting, eligible guest furthest behind in virtual time, or -1.  A guest
- * back from idle starts level with the busy ones: time it left unused is not owed to it. */
-static int pick(struct vs_page *pg, uint64_t now)
+/* Under the lock: the waiting, eligible guest furthest behind in virtual time, or -1; on a
+ * tie, not the one that had the last turn.  A guest back from idle first starts level with
+ * the others: time it left unused is not owed to it. */
+static int pick(struct vs_page *pg, uint64_t now, int prev)
 {
-	int best = -1;
 	uint64_t floor = UINT64_MAX;
 	for (int i = 0; i < VS_SLOTS; i++) {
 		struct vs_slot *g = &pg->slot[i];
-		if (atomic_load(&g->pid) && now - g->last_active < RECENT_NS && g->vtime < floor)
+		if (atomic_load(&g->pid) && !atomic_load(&g->rejoin) && (atomic_load(&g->waiters) || i == prev) &&
+		    g->vtime < floor)
 			floor = g->vtime;
 	}
-	for (int i = 0; i < VS_SLOTS; i++) {
-		struct vs_slot *g = &pg->slot[i];
-		if (atomic_load(&g->pid) && atomic_load(&g->waiters) && now - g->last_active >= RECENT_NS &&
-		    floor != UINT64_MAX && g->vtime < floor) {
-			g->vtime = floor;
-			g->last_active = now; /* once per return from idle */
-		}
-	}
+	int best = -1;
 	for (int i = 0; i < VS_SLOTS; i++) {
 		struct vs_slot *g = &pg->slot[i];
 		uint32_t pid = atomic_load(&g->pid);
-		if (!pid || !atomic_load(&g->waiters))
+		if (!pid)
+			continue;
+		if (atomic_exchange(&g->rejoin, 0) && floor != UINT64_MAX && g->vtime < floor)
+			g->vtime = floor;
+		if (!atomic_load(&g->waiters))
 			continue;
 		if (!alive(pid)) {
 			atomic_store(&g->pid, 0);
 			continue;
 		}
-		if (eligible(pg, g, now) && (best < 0 || g->vtime < pg->slot[best].vtime))
+		if (!eligible(pg, g, now))
+			continue;
+		if (best < 0 || g->vtime < pg->slot[best].vtime || (g->vtime == pg->slot[best].vtime && best == prev))
 			best = i;
 	}
 	return best;
@@ -147,7 +147,7 @@ static int pick(struct vs_page *pg, uint64_t now)
 /* Under the lock: give the GPU to whoever should have it now. */
 static void hand_over(struct vs_page *pg, uint64_t now)
 {
-	int next = pick(pg, now);
+	int next = pick(pg, now, atomic_load(&pg->owner));
 	atomic_store(&pg->owner, next);
 	pg->hold_start = now;
 	if (next >= 0) {
@@ -304,7 +304,8 @@ void vh_sched_enter(struct vh_sched *s)
 		}
 		if (!waiting) {
 			waiting = 1;
-			atomic_fetch_add(&g->waiters, 1);
+			if (atomic_fetch_add(&g->waiters, 1) == 0 && now_ns() - g->last_active > RECENT_NS)
+				atomic_store(&g->rejoin, 1);
 		}
 		if (atomic_load(&pg->owner) < 0) {
 			lock(pg);
@@ -332,19 +333,29 @@ void vh_sched_exit(struct vh_sched *s)
 	}
 }
 
-/* Does any other member wait for the GPU (and may have it now)? */
-static int others_wait(struct vh_sched *s, uint64_t now)
+/* Does another member wait for the GPU that may have it now and is further behind than the
+ * holder would be, charged for its turn so far?  Only then does the holder yield at the end
+ * of a slice: a holder between two calls is not waiting, but it is not done either. */
+static int others_wait(struct vh_sched *s, uint64_t now, uint64_t held)
 {
 	struct vs_page *pg = s->pg;
-	for (int i = 0; i < VS_SLOTS; i++)
-		if (i != s->me && atomic_load(&pg->slot[i].pid) && atomic_load(&pg->slot[i].waiters)) {
-			if (!capped(atomic_load(&pg->policy)))
-				return 1;
-			struct vs_slot *g = &pg->slot[i];
+	struct vs_slot *me = &pg->slot[s->me];
+	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&me->weight);
+	if (policy != VS_WEIGHTED && policy != VS_FIXED)
+		w = 100;
+	uint64_t mine = me->vtime + held * 100 / (w ? w : 1);
+	for (int i = 0; i < VS_SLOTS; i++) {
+		struct vs_slot *g = &pg->slot[i];
+		if (i == s->me || !atomic_load(&g->pid) || !atomic_load(&g->waiters))
+			continue;
+		if (capped(policy)) {
 			uint64_t period = (uint64_t)atomic_load(&pg->period_us) * 1000;
-			if (now - g->period_start >= period || g->period_used < budget_ns(pg, g))
-				return 1;
+			if (now - g->period_start < period && g->period_used >= budget_ns(pg, g))
+				continue; /* spent until its next period */
 		}
+		if (atomic_load(&g->rejoin) || g->vtime < mine)
+			return 1;
+	}
 	return 0;
 }
 
@@ -365,7 +376,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 				hand_over(pg, now);
 			}
 			unlock(pg);
-		} else if (owner < 0 && others_wait(s, now)) {
+		} else if (owner < 0 && others_wait(s, now, UINT64_MAX / 200)) {
 			lock(pg);
 			if (atomic_load(&pg->owner) < 0)
 				hand_over(pg, now);
@@ -398,7 +409,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	uint64_t held = now - pg->hold_start;
 	int idle = atomic_load(&g->inflight) == 0 && !atomic_load(&g->waiters) &&
 		   now - atomic_load(&g->last_work) > IDLE_NS;
-	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 && others_wait(s, now);
+	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 && others_wait(s, now, held);
 	int spent = capped(policy) && g->period_used + held >= budget_ns(pg, g);
 	if (!(idle || expired || spent || policy == VS_NATIVE))
 		return;

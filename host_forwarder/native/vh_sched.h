@@ -49,7 +49,8 @@ struct vs_slot {             /* 256 bytes */
 	_Atomic uint32_t nworkers;  /* worker processes */
 	_Atomic uint32_t drained;   /* workers that finished their queued work this hand-over */
 	_Atomic uint32_t drain_gen; /* hand-overs begun */
-	uint8_t pad[256 - 164];
+	_Atomic uint32_t rejoin;    /* back from idle: starts level with the others at its next pick */
+	uint8_t pad[256 - 168];
 };
 
 struct vs_page {

@@ -1,0 +1,108 @@
+"""The compute scheduler on the simulated backend: forwarders of one GPU share its time by
+weight, caps hold, weights and policies change live, and a dead holder does not stop the
+others.  Each guest is tests/cuda/spin.c (cuMemsetD8 in a loop: CPU time in the simulated
+forwarder, what the scheduler shares out).  The GPU numbers come from `make bench-isolation`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.forwarder import NATIVE, forwarder, guest_env, wait_for
+from vmgpu.sched import Page, SchedError
+
+
+@pytest.fixture
+def sched_dir(tmp_path, monkeypatch):
+    d = tmp_path / "sched"
+    d.mkdir()
+    monkeypatch.setenv("VMGPU_SCHED_DIR", str(d))
+    return d
+
+
+def _page(d: Path) -> Page:
+    assert wait_for(lambda: list(d.glob("vmgpu-sched-*")), timeout=10)
+    return Page(next(d.glob("vmgpu-sched-*")))
+
+
+def _spin(region: Path, secs: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(NATIVE / "spin"), str(secs)], env=guest_env(region), stdout=subprocess.PIPE, text=True
+    )
+
+
+def _ops(p: subprocess.Popen) -> int:
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    return int(out.split()[1])
+
+
+def _used(pg: Page) -> dict[str, int]:
+    return {m.guest: m.used_ns for m in pg.members()}
+
+
+def _share(before: dict, after: dict, guest: str) -> float:
+    spent = {g: after[g] - before.get(g, 0) for g in after}
+    return 100 * spent[guest] / sum(spent.values())
+
+
+def test_weights_share_the_gpu_and_change_live(sched_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--compute", "25")), forwarder(b, extra=("--compute", "75")):
+        with _page(sched_dir) as pg:
+            assert pg.policy == "weighted"
+            assert sorted((m.guest, m.weight) for m in pg.members()) == [("a", 25), ("b", 75)]
+            pa, pb = _spin(a, 5), _spin(b, 5)
+            time.sleep(0.5)
+            t0 = _used(pg)
+            time.sleep(2)
+            t1 = _used(pg)
+            assert abs(_share(t0, t1, "a") - 25) < 6, (t0, t1)
+            # live: the operator turns the weights round while both run
+            assert pg.set_weight("a", 75) == 1 and pg.set_weight("b", 25) == 1
+            time.sleep(0.5)
+            t2 = _used(pg)
+            time.sleep(1.5)
+            t3 = _used(pg)
+            assert abs(_share(t2, t3, "a") - 75) < 6, (t2, t3)
+            assert _ops(pa) > 0 and _ops(pb) > 0
+            with pytest.raises(SchedError):
+                pg.set_weight("a", 0)
+            with pytest.raises(SchedError):
+                pg.policy = "fastest"
+
+
+def test_fixed_caps_even_an_idle_card_and_native_lets_all_through(sched_dir, tmp_path):
+    a = tmp_path / "a"
+    with forwarder(a, extra=("--compute", "30")):
+        with _page(sched_dir) as pg:
+            free = _ops(_spin(a, 1.5)) / 1.5
+            pg.policy = "fixed"
+            capped = _ops(_spin(a, 2)) / 2
+            assert 0.18 < capped / free < 0.42, (capped, free)
+            pg.policy = "native"
+            before = _used(pg)["a"]
+            native = _ops(_spin(a, 1.5)) / 1.5
+            assert native / free > 0.7, (native, free)
+            assert _used(pg)["a"] - before < 50_000_000  # no turns are taken (at most the one under way)
+
+
+def test_a_dead_holder_does_not_stop_the_others(sched_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--compute", "50")) as fa, forwarder(b, extra=("--compute", "50")):
+        with _page(sched_dir) as pg:
+            pa, pb = _spin(a, 30), _spin(b, 4)
+            assert wait_for(lambda: pg.owner >= 0 and any(m.guest == "a" and m.used_ns for m in pg.members()))
+            assert wait_for(lambda: pg.owner == next(m.slot for m in pg.members() if m.guest == "a"), timeout=10)
+            os.kill(fa.proc.pid, signal.SIGKILL)  # the supervisor, holding the GPU: its workers die with it
+            t = time.monotonic()
+            assert _ops(pb) > 0  # b finishes its 4 s and was not left waiting
+            assert time.monotonic() - t < 10
+            pa.kill()
+            pa.wait()
+            assert [m.guest for m in pg.members()] == ["b"]
