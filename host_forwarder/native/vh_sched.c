@@ -58,9 +58,23 @@ static void wake(struct vs_page *pg)
 	syscall(SYS_futex, &pg->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
+/* Is the forwarder with this pid still there?  A zombie (dead, not yet reaped by vmgpud) is not. */
 static int alive(uint32_t pid)
 {
-	return pid && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
+	if (!pid || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
+		return 0;
+	char path[64], buf[256];
+	snprintf(path, sizeof path, "/proc/%u/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 1;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 1;
+	buf[n] = '\0';
+	const char *end = strrchr(buf, ')'); /* "pid (comm) S ..." */
+	return !(end && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X'));
 }
 
 static int capped(uint32_t policy)
@@ -95,8 +109,9 @@ static void roll(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 	uint64_t period = (uint64_t)atomic_load(&pg->period_us) * 1000;
 	if (now - g->period_start < period)
 		return;
-	uint64_t b = budget_ns(pg, g);
-	g->period_used = g->period_used > b ? g->period_used - b : 0;
+	/* an overrun (a kernel that ran past the turn) is paid from the next period, at most one budget */
+	uint64_t b = budget_ns(pg, g), over = g->period_used > b ? g->period_used - b : 0;
+	g->period_used = over < b ? over : b;
 	g->period_start = now;
 }
 
@@ -166,7 +181,12 @@ static void charge(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 		w = 100; /* equal shares */
 	atomic_fetch_add(&g->used_ns, held);
 	g->vtime += held * 100 / (w ? w : 1);
-	g->period_used += held;
+	if (capped(policy)) {
+		g->period_used += held;
+	} else { /* no debt from uncapped time when a cap comes in later */
+		g->period_used = 0;
+		g->period_start = now;
+	}
 	g->last_active = now;
 }
 
