@@ -65,5 +65,11 @@ class Client:
         req = pb.StartForwarderRequest(guest=guest, region=region, backend=backend, size=size, wait=wait)
         return self._rpc(self.stub.StartForwarder, req).pid
 
+    def set_weight(self, guest: str, gpu: str, weight: int) -> pb.SetWeightReply:
+        return self._rpc(self.stub.SetWeight, pb.SetWeightRequest(guest=guest, gpu=gpu, weight=weight))
+
+    def set_policy(self, gpu: str, policy: str) -> pb.SetPolicyReply:
+        return self._rpc(self.stub.SetPolicy, pb.SetPolicyRequest(gpu=gpu, policy=policy))
+
     def stop_forwarder(self, guest: str) -> bool:
         return self._rpc(self.stub.StopForwarder, pb.StopForwarderRequest(guest=guest)).stopped

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from vmgpu import errors, gpu
+from vmgpu import errors, gpu, sched
 from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.ledger import Ledger
@@ -47,6 +47,7 @@ def _slice(r) -> pb.Slice:
         mem_mib=r.mem_mib,
         compute_pct=r.compute_pct,
         kind=r.kind,
+        weight=r.weight or r.compute_pct,
     )
 
 
@@ -117,6 +118,16 @@ class Servicer(pb_grpc.VmgpudServicer):
     def StopForwarder(self, request, context):
         return pb.StopForwarderReply(stopped=self._call(context, self.supervisor.stop, request.guest))
 
+    def SetWeight(self, request, context):
+        if not request.guest:
+            self._abort(context, errors.InvalidArgument("guest name is empty"))
+        uuid = self._call(context, self.ledger.set_weight, request.guest, request.gpu, request.weight)
+        return pb.SetWeightReply(gpu_uuid=uuid, live=sched.apply(uuid, weights={request.guest: request.weight}))
+
+    def SetPolicy(self, request, context):
+        uuid = self._call(context, self.ledger.set_policy, request.gpu, request.policy)
+        return pb.SetPolicyReply(gpu_uuid=uuid, live=sched.apply(uuid, policy=request.policy))
+
     def Status(self, request, context):
         usage, slices, fwds = self._call(
             context, lambda: (self.ledger.usage(), self.ledger.reservations(), self.ledger.forwarders())
@@ -130,6 +141,7 @@ class Servicer(pb_grpc.VmgpudServicer):
                     mem_mib=u.mem_mib,
                     mem_reserved_mib=u.mem_reserved_mib,
                     compute_reserved_pct=u.compute_reserved_pct,
+                    policy=u.policy,
                 )
                 for u in usage
             ],

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu.errors import Conflict, NotFound, Refused
+from vmgpu.errors import Conflict, InvalidArgument, NotFound, Refused
 from vmgpu.gpu import Gpu
 from vmgpu.logging import get_logger
 from vmgpu.spec import ShareSpec, SpecError
@@ -59,6 +59,7 @@ class Reservation:
     mem_mib: int
     compute_pct: int
     kind: str = ""  # vm, container or process
+    weight: int = 0  # compute weight: compute_pct unless set
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class GpuUsage:
     mem_mib: int
     mem_reserved_mib: int
     compute_reserved_pct: int
+    policy: str = "weighted"
 
     @property
     def mem_free_mib(self) -> int:
@@ -88,7 +90,18 @@ class Ledger:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(_SCHEMA)
+        self._migrate()
         self.log = get_logger(component="ledger")
+
+    def _migrate(self) -> None:
+        """Columns added after the first schema: a ledger from an older vmgpud gains them."""
+        for table, column, decl in (
+            ("slices", "weight", "INTEGER CHECK (weight BETWEEN 1 AND 100)"),  # NULL: compute_pct
+            ("gpus", "policy", "TEXT NOT NULL DEFAULT 'weighted'"),
+        ):
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         self.db.close()
@@ -177,6 +190,47 @@ class Ledger:
         log.info("admitted", slices=[(r.gpu_index, r.mem_mib, r.compute_pct) for r in res])
         return res
 
+    def set_weight(self, guest: str, gpu: str, weight: int) -> str:
+        """The compute weight of guest's slice on gpu (index or UUID); the GPU's UUID."""
+        if not 1 <= weight <= 100:
+            raise InvalidArgument(f"weight {weight} is not in 1..100")
+        with self._tx():
+            uuid, idx, _ = self._gpu(gpu, f"weight of {guest}")
+            n = self.db.execute(
+                "UPDATE slices SET weight = ? WHERE guest = ? AND gpu = ?", (weight, guest, uuid)
+            ).rowcount
+        if not n:
+            raise NotFound(f"guest {guest} holds no slice on gpu {idx}")
+        self.log.info("weight set", guest=guest, gpu=idx, weight=weight)
+        return uuid
+
+    def weights(self, guest: str) -> list[int]:
+        """guest's weight per slice, in the order of reservations(guest)."""
+        return [
+            r[0]
+            for r in self.db.execute(
+                "SELECT COALESCE(s.weight, s.compute_pct) FROM slices s JOIN gpus g ON g.uuid = s.gpu"
+                " WHERE s.guest = ? ORDER BY g.idx",
+                (guest,),
+            )
+        ]
+
+    def set_policy(self, gpu: str, policy: str) -> str:
+        """The compute policy of gpu (index or UUID); the GPU's UUID."""
+        from vmgpu.sched import POLICIES
+
+        if policy not in POLICIES:
+            raise InvalidArgument(f"policy '{policy}' is not one of {', '.join(POLICIES)}")
+        with self._tx():
+            uuid, idx, _ = self._gpu(gpu, "policy")
+            self.db.execute("UPDATE gpus SET policy = ? WHERE uuid = ?", (policy, uuid))
+        self.log.info("policy set", gpu=idx, policy=policy)
+        return uuid
+
+    def policies(self) -> dict[str, str]:
+        """Each GPU's compute policy, by UUID."""
+        return dict(self.db.execute("SELECT uuid, policy FROM gpus"))
+
     def release(self, guest: str) -> bool:
         """Free everything guest holds.  False if it held nothing (release is idempotent)."""
         with self._tx():
@@ -186,7 +240,8 @@ class Ledger:
 
     def reservations(self, guest: str | None = None) -> list[Reservation]:
         q = (
-            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind FROM slices s"
+            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind, COALESCE(s.weight, s.compute_pct)"
+            " FROM slices s"
             " JOIN gpus g ON g.uuid = s.gpu JOIN guests c ON c.name = s.guest"
             + (" WHERE s.guest = ?" if guest else "")
             + " ORDER BY s.guest, g.idx"
@@ -195,8 +250,8 @@ class Ledger:
 
     def usage(self) -> list[GpuUsage]:
         rows = self.db.execute(
-            "SELECT g.idx, g.uuid, g.name, g.mem_mib, COALESCE(SUM(s.mem_mib), 0), COALESCE(SUM(s.compute_pct), 0) "
-            "FROM gpus g LEFT JOIN slices s ON s.gpu = g.uuid GROUP BY g.uuid ORDER BY g.idx"
+            "SELECT g.idx, g.uuid, g.name, g.mem_mib, COALESCE(SUM(s.mem_mib), 0), COALESCE(SUM(s.compute_pct), 0), "
+            "g.policy FROM gpus g LEFT JOIN slices s ON s.gpu = g.uuid GROUP BY g.uuid ORDER BY g.idx"
         )
         return [GpuUsage(*r) for r in rows]
 

@@ -136,3 +136,20 @@ class Page:
                 self._u32(SLOT0 + m.slot * SLOT_SIZE + 4, weight)
                 n += 1
         return n
+
+
+def apply(uuid: str, weights: dict[str, int] | None = None, policy: str | None = None) -> bool:
+    """Put weights (by guest) and a policy on the GPU's page now, if a forwarder has made it;
+    whether anything running took them (vmgpud keeps them for forwarders started later)."""
+    try:
+        page = Page(page_path(uuid))
+    except SchedError:
+        return False
+    with page:
+        live = False
+        if policy is not None:
+            page.policy = policy
+            live = bool(page.members())
+        for guest, w in (weights or {}).items():
+            live |= page.set_weight(guest, w) > 0
+        return live

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+from vmgpu import sched
 from vmgpu.errors import Conflict, NotFound
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
@@ -41,8 +42,15 @@ class Supervisor:
             size=size or None,
             guest=guest,
             log_path=self.logs / f"{guest}.log",
-            extra=("--stats", str(self.stats_path(guest)), "--wait", wait),
-        ).start()
+            extra=(
+                "--stats", str(self.stats_path(guest)), "--wait", wait,
+                "--compute", ",".join(str(w) for w in self.ledger.weights(guest)),
+                "--sched-id", ",".join(s.gpu_uuid for s in slices),
+            ),
+        ).start()  # fmt: skip
+        policies = self.ledger.policies()
+        for s in slices:  # the forwarder has joined each GPU's scheduler: give the page its policy
+            sched.apply(s.gpu_uuid, policy=policies.get(s.gpu_uuid, "weighted"))
         self.children[guest] = fwd
         self.ledger.record_forwarder(guest, fwd.proc.pid, region, backend, size)
         self.log.info("forwarder started", guest=guest, pid=fwd.proc.pid, region=region, backend=backend)

@@ -470,17 +470,42 @@ static void usage(FILE *f)
 		"  --wait futex|poll   region geometry: wait mode (default futex)\n"
 		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n"
 		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n"
-		"  --compute N         the guest's compute weight 1..100 (its cap under the fixed policy;\n"
-		"                      default 100)\n"
+		"  --compute LIST      the guest's compute weight per GPU, 1..100 (its cap under the fixed\n"
+		"                      policy; default 100)\n"
 		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm)\n"
+		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
+		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n");
+}
+
+/* The d-th comma-separated name of list (vmgpud's name of the GPU, its UUID) into out. */
+static int sched_id(const char *list, int d, char *out, size_t cap)
+{
+	const char *p = list;
+	for (int i = 0; i < d && p; i++)
+		p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+	if (!p)
+		return -1;
+	size_t n = strcspn(p, ",");
+	if (!n || n >= cap)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		if (!(p[i] == '-' || (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
+		      (p[i] >= 'A' && p[i] <= 'Z')))
+			return -1;
+	memcpy(out, p, n);
+	out[n] = '\0';
+	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	const char *region = NULL, *backend = "cuda", *gpus = "0", *mems = NULL, *stats_path = NULL;
 	const char *sched_dir = getenv("VMGPU_SCHED_DIR");
-	int compute = 100, no_sched = 0;
+	int compute[VG_MAX_DEVICES], no_sched = 0;
+	const char *sched_ids = NULL;
+	for (int i = 0; i < VG_MAX_DEVICES; i++)
+		compute[i] = 100;
 	uint64_t create = 0;
 	struct vmgpu_shm_params params;
 	vmgpu_shm_params_default(&params);
@@ -491,7 +516,7 @@ int main(int argc, char **argv)
 		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
 		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
 		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
-		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'},
+		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{0, 0, 0, 0},
 	};
 	int o;
@@ -531,12 +556,23 @@ int main(int argc, char **argv)
 			wopts.peer_timeout_ns = v * 1000000000ull;
 			break;
 		case 's': stats_path = optarg; break;
-		case 'W':
-			if (parse_size(optarg, &v) || v < 1 || v > 100)
-				return die("--compute: '%s' is not in 1..100", optarg);
-			compute = (int)v;
+		case 'W': {
+			char *list = strdup(optarg), *save = NULL;
+			int n = 0;
+			for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+				if (n >= VG_MAX_DEVICES || parse_size(t, &v) || v < 1 || v > 100) {
+					free(list);
+					return die("--compute: '%s' is not a list of weights in 1..100", optarg);
+				}
+				compute[n++] = (int)v;
+			}
+			for (; n > 0 && n < VG_MAX_DEVICES; n++)
+				compute[n] = compute[n - 1]; /* the last one for the GPUs not named */
+			free(list);
 			break;
+		}
 		case 'D': sched_dir = optarg; break;
+		case 'I': sched_ids = optarg; break;
 		case 'N': no_sched = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -576,11 +612,14 @@ int main(int argc, char **argv)
 		F.image_dir[0] = '\0'; /* no cache: every image crosses */
 
 	for (int d = 0; d < F.ndev && !no_sched; d++) {
-		char uuid[48];
+		char uuid[64];
 		const uint8_t *u = F.info[d].uuid;
 		snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
 			 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-		if (vh_sched_join(&F.sched[d], sched_dir && *sched_dir ? sched_dir : "/dev/shm", uuid, F.guest, compute,
+		if (sched_ids && sched_id(sched_ids, d, uuid, sizeof uuid))
+			return die("--sched-id: '%s' names no page for GPU %d (UUIDs of letters, digits and '-')",
+				   sched_ids, d);
+		if (vh_sched_join(&F.sched[d], sched_dir && *sched_dir ? sched_dir : "/dev/shm", uuid, F.guest, compute[d],
 				  d))
 			return die("cannot join the compute scheduler of %s in %s: %s", uuid,
 				   sched_dir && *sched_dir ? sched_dir : "/dev/shm", strerror(errno));

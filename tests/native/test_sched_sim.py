@@ -107,3 +107,30 @@ def test_a_dead_holder_does_not_stop_the_others(sched_dir, tmp_path):
             pa.kill()
             pa.wait()
             assert [m.guest for m in pg.members()] == ["b"]
+
+
+def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_path):
+    from tests.forwarder import start_daemon
+    from tests.unit.test_daemon import INVENTORY
+    from vmgpu.client import Client
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    daemon = start_daemon(tmp_path / "run" / "vmgpud.sock", tmp_path / "ledger.db", inv)
+    region = tmp_path / "region"
+    try:
+        c = Client(str(tmp_path / "run" / "vmgpud.sock"))
+        c.admit("g", "container", "gpu=0,mem=1G,compute=30")
+        assert c.set_policy("0", "equal").live is False  # no forwarder yet: kept for its start
+        c.start_forwarder("g", str(region), backend="sim", size="256M")
+        with _page(sched_dir) as pg:
+            assert [(m.guest, m.weight) for m in pg.members()] == [("g", 30)]
+            assert pg.policy == "equal"  # what vmgpud held, given at the start
+            r = c.set_weight("g", "0", 60)
+            assert r.live and [m.weight for m in pg.members()] == [60]
+            assert c.set_policy("0", "fixed").live and pg.policy == "fixed"
+            assert [s.weight for s in c.status().slices] == [60]
+        c.release("g")
+    finally:
+        daemon.kill()
+        daemon.wait()

@@ -80,9 +80,22 @@ def test_cli_against_the_daemon(daemon):
         {"gpu": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "mem_mib": 2048, "compute_pct": 10}
     ]
     r = run(cli, ["status", "--socket", daemon, "--json"])
-    assert json.loads(r.output)["guests"] == [
-        {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10}
-    ]
+    guest = {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10, "weight": 10}
+    assert json.loads(r.output)["guests"] == [{**guest, "compute_achieved_pct": None}]  # no forwarder runs
+    assert json.loads(r.output)["gpus"][0]["policy"] == "weighted"
+    # compute weight and policy, kept by vmgpud (a forwarder started later gets them)
+    r = run(cli, ["weight", "c1", "0", "40", "--socket", daemon])
+    assert r.exit_code == 0 and "weight 40 (from its forwarder's next start)" in r.output, r.output
+    r = run(cli, ["policy", "GPU-00000000-0000-0000-0000-000000000000", "fixed", "--socket", daemon])
+    assert r.exit_code == 0 and "policy fixed" in r.output, r.output
+    st = json.loads(run(cli, ["status", "--socket", daemon, "--json"]).output)
+    assert st["guests"][0]["weight"] == 40 and st["gpus"][0]["policy"] == "fixed"
+    r = run(cli, ["weight", "c9", "0", "10", "--socket", daemon])
+    assert r.exit_code == 3 and "guest c9 holds no slice on gpu 0" in r.stderr, r.stderr
+    r = run(cli, ["weight", "c1", "7", "10", "--socket", daemon])
+    assert r.exit_code == 3 and "gpu 7 is not on this host" in r.stderr, r.stderr
+    assert run(cli, ["weight", "c1", "0", "101", "--socket", daemon]).exit_code == 2  # usage: 1..100
+    assert run(cli, ["policy", "0", "fastest", "--socket", daemon]).exit_code == 2
     r = run(cli, ["admit", "c2", "gpu=0,mem=31G", "--socket", daemon])
     assert r.exit_code == 8 and "vmgpu: error:" in r.stderr and "[REFUSED]" in r.stderr
     r = run(cli, ["release", "c1", "--socket", daemon])

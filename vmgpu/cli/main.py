@@ -301,6 +301,64 @@ def forwarder_stop(guest, socket_path):
     click.echo(f"forwarder for {guest} stopped" if stopped else f"{guest} had no forwarder")
 
 
+def _achieved(uuids: set[str], sample_s: float = 0.3) -> dict[tuple[str, str], float]:
+    """Each guest's share of each GPU's time over a short sample, from the schedulers' pages."""
+    import time
+
+    from vmgpu import sched
+
+    pages = []
+    for u in uuids:
+        try:
+            pages.append((u, sched.Page(sched.page_path(u))))
+        except sched.SchedError:
+            continue
+    if not pages:
+        return {}
+    t0, before = time.monotonic_ns(), {(u, m.guest): m.used_ns for u, p in pages for m in p.members()}
+    time.sleep(sample_s)
+    t1, after = time.monotonic_ns(), {(u, m.guest): m.used_ns for u, p in pages for m in p.members()}
+    for _, p in pages:
+        p.close()
+    return {k: 100 * (v - before.get(k, v)) / (t1 - t0) for k, v in after.items()}
+
+
+@cli.command("weight")
+@click.argument("guest")
+@click.argument("gpu")
+@click.argument("weight", type=click.IntRange(1, 100))
+@_SOCKET
+def weight(guest, gpu, weight, socket_path):
+    """Set GUEST's compute WEIGHT (1..100) on GPU (index or UUID), live.
+
+    Under the weighted policy guests share a busy GPU in proportion to their weights; under
+    fixed, the weight is the guest's cap in percent.  The default weight is the compute % of
+    the guest's share spec."""
+    from vmgpu.client import Client
+
+    r = Client(socket_path).set_weight(guest, gpu, weight)
+    click.echo(f"{guest} on {r.gpu_uuid}: weight {weight}" + ("" if r.live else " (from its forwarder's next start)"))
+
+
+@cli.command("policy")
+@click.argument("gpu")
+@click.argument("name", type=click.Choice(["native", "equal", "preemptive", "weighted", "fixed"]))
+@_SOCKET
+def policy(gpu, name, socket_path):
+    """Set GPU's (index or UUID) compute policy, live.
+
+    \b
+    native      no compute control
+    equal       1/N of the time per guest, even when the others are idle
+    preemptive  equal shares; an idle guest's time goes to busy ones
+    weighted    shares by weight; an idle guest's time goes to busy ones (default)
+    fixed       a hard cap of weight% per guest, even on an otherwise idle card"""
+    from vmgpu.client import Client
+
+    r = Client(socket_path).set_policy(gpu, name)
+    click.echo(f"{r.gpu_uuid}: policy {name}" + ("" if r.live else " (from the next forwarder's start)"))
+
+
 @cli.command("status")
 @_SOCKET
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -309,6 +367,7 @@ def status(socket_path, as_json):
     from vmgpu.client import Client
 
     reply = Client(socket_path).status()
+    achieved = _achieved({g.uuid for g in reply.gpus})
     data = {
         "gpus": [
             {
@@ -318,11 +377,20 @@ def status(socket_path, as_json):
                 "mem_mib": g.mem_mib,
                 "mem_reserved_mib": g.mem_reserved_mib,
                 "compute_reserved_pct": g.compute_reserved_pct,
+                "policy": g.policy,
             }
             for g in reply.gpus
         ],
         "guests": [
-            {"guest": s.guest, "kind": s.kind, "gpu": s.gpu_index, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
+            {
+                "guest": s.guest,
+                "kind": s.kind,
+                "gpu": s.gpu_index,
+                "mem_mib": s.mem_mib,
+                "compute_pct": s.compute_pct,
+                "weight": s.weight,
+                "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
+            }
             for s in reply.slices
         ],
         "forwarders": [
@@ -343,7 +411,7 @@ def status(socket_path, as_json):
     def render(d):
         con = Console()
         t = Table(title="GPUs")
-        for col in ("gpu", "name", "memory reserved", "memory free", "compute reserved"):
+        for col in ("gpu", "name", "memory reserved", "memory free", "compute reserved", "policy"):
             t.add_column(col)
         for g in d["gpus"]:
             t.add_row(
@@ -352,10 +420,11 @@ def status(socket_path, as_json):
                 f"{g['mem_reserved_mib']} / {g['mem_mib']} MiB",
                 f"{g['mem_mib'] - g['mem_reserved_mib']} MiB",
                 f"{g['compute_reserved_pct']}%",
+                g["policy"],
             )
         con.print(t)
         t = Table(title="guests")
-        for col in ("guest", "kind", "gpu", "memory used / quota", "compute", "forwarder"):
+        for col in ("guest", "kind", "gpu", "memory used / quota", "compute (weight) / now", "forwarder"):
             t.add_column(col)
         fwd = {f["guest"]: f for f in d["forwarders"]}
         nth: dict[str, int] = {}
@@ -368,7 +437,8 @@ def status(socket_path, as_json):
                 s["kind"],
                 str(s["gpu"]),
                 f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
-                f"{s['compute_pct']}%",
+                f"{s['compute_pct']}% ({s['weight']}) / "
+                + ("-" if s["compute_achieved_pct"] is None else f"{s['compute_achieved_pct']:.0f}%"),
                 f"pid {f['pid']} ({f['backend']}), {f['processes']} process(es) served" if f else "-",
             )
         con.print(t)

@@ -24,39 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vmgpu/api/v1/vmgpu.proto\x12\x0cvmgpu.api.v1\"9\n\x0c\x41\x64mitRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04spec\x18\x03 \x01(\t\"o\n\x05Slice\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ompute_pct\x18\x05 \x01(\x05\x12\x0c\n\x04kind\x18\x06 \x01(\t\"1\n\nAdmitReply\x12#\n\x06slices\x18\x01 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\"\x1f\n\x0eReleaseRequest\x12\r\n\x05guest\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"c\n\x15StartForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\t\x12\x0c\n\x04wait\x18\x05 \x01(\t\"\"\n\x13StartForwarderReply\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"%\n\x14StopForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\"%\n\x12StopForwarderReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\x9a\x01\n\tForwarder\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x14\n\x0cmem_used_mib\x18\x05 \x03(\x03\x12\x11\n\tprocesses\x18\x06 \x01(\x04\x12\x12\n\nsync_calls\x18\x07 \x01(\x04\x12\x13\n\x0b\x61sync_calls\x18\x08 \x01(\x04\"\x0f\n\rStatusRequest\"\x7f\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x18\n\x10mem_reserved_mib\x18\x05 \x01(\x03\x12\x1c\n\x14\x63ompute_reserved_pct\x18\x06 \x01(\x05\"\x86\x01\n\x0bStatusReply\x12%\n\x04gpus\x18\x01 \x03(\x0b\x32\x17.vmgpu.api.v1.GpuStatus\x12#\n\x06slices\x18\x02 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\x12+\n\nforwarders\x18\x03 \x03(\x0b\x32\x17.vmgpu.api.v1.Forwarder2\xff\x02\n\x06Vmgpud\x12=\n\x05\x41\x64mit\x12\x1a.vmgpu.api.v1.AdmitRequest\x1a\x18.vmgpu.api.v1.AdmitReply\x12\x43\n\x07Release\x12\x1c.vmgpu.api.v1.ReleaseRequest\x1a\x1a.vmgpu.api.v1.ReleaseReply\x12X\n\x0eStartForwarder\x12#.vmgpu.api.v1.StartForwarderRequest\x1a!.vmgpu.api.v1.StartForwarderReply\x12U\n\rStopForwarder\x12\".vmgpu.api.v1.StopForwarderRequest\x1a .vmgpu.api.v1.StopForwarderReply\x12@\n\x06Status\x12\x1b.vmgpu.api.v1.StatusRequest\x1a\x19.vmgpu.api.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vmgpu/api/v1/vmgpu.proto\x12\x0cvmgpu.api.v1\">\n\x10SetWeightRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x05\"0\n\x0eSetWeightReply\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04live\x18\x02 \x01(\x08\"/\n\x10SetPolicyRequest\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\"0\n\x0eSetPolicyReply\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04live\x18\x02 \x01(\x08\"9\n\x0c\x41\x64mitRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04spec\x18\x03 \x01(\t\"\x7f\n\x05Slice\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ompute_pct\x18\x05 \x01(\x05\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\"1\n\nAdmitReply\x12#\n\x06slices\x18\x01 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\"\x1f\n\x0eReleaseRequest\x12\r\n\x05guest\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"c\n\x15StartForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\t\x12\x0c\n\x04wait\x18\x05 \x01(\t\"\"\n\x13StartForwarderReply\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"%\n\x14StopForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\"%\n\x12StopForwarderReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\x9a\x01\n\tForwarder\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x14\n\x0cmem_used_mib\x18\x05 \x03(\x03\x12\x11\n\tprocesses\x18\x06 \x01(\x04\x12\x12\n\nsync_calls\x18\x07 \x01(\x04\x12\x13\n\x0b\x61sync_calls\x18\x08 \x01(\x04\"\x0f\n\rStatusRequest\"\x8f\x01\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x18\n\x10mem_reserved_mib\x18\x05 \x01(\x03\x12\x1c\n\x14\x63ompute_reserved_pct\x18\x06 \x01(\x05\x12\x0e\n\x06policy\x18\x07 \x01(\t\"\x86\x01\n\x0bStatusReply\x12%\n\x04gpus\x18\x01 \x03(\x0b\x32\x17.vmgpu.api.v1.GpuStatus\x12#\n\x06slices\x18\x02 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\x12+\n\nforwarders\x18\x03 \x03(\x0b\x32\x17.vmgpu.api.v1.Forwarder2\x95\x04\n\x06Vmgpud\x12=\n\x05\x41\x64mit\x12\x1a.vmgpu.api.v1.AdmitRequest\x1a\x18.vmgpu.api.v1.AdmitReply\x12\x43\n\x07Release\x12\x1c.vmgpu.api.v1.ReleaseRequest\x1a\x1a.vmgpu.api.v1.ReleaseReply\x12X\n\x0eStartForwarder\x12#.vmgpu.api.v1.StartForwarderRequest\x1a!.vmgpu.api.v1.StartForwarderReply\x12U\n\rStopForwarder\x12\".vmgpu.api.v1.StopForwarderRequest\x1a .vmgpu.api.v1.StopForwarderReply\x12@\n\x06Status\x12\x1b.vmgpu.api.v1.StatusRequest\x1a\x19.vmgpu.api.v1.StatusReply\x12I\n\tSetWeight\x12\x1e.vmgpu.api.v1.SetWeightRequest\x1a\x1c.vmgpu.api.v1.SetWeightReply\x12I\n\tSetPolicy\x12\x1e.vmgpu.api.v1.SetPolicyRequest\x1a\x1c.vmgpu.api.v1.SetPolicyReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vmgpu.api.v1.vmgpu_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ADMITREQUEST']._serialized_start=42
-  _globals['_ADMITREQUEST']._serialized_end=99
-  _globals['_SLICE']._serialized_start=101
-  _globals['_SLICE']._serialized_end=212
-  _globals['_ADMITREPLY']._serialized_start=214
-  _globals['_ADMITREPLY']._serialized_end=263
-  _globals['_RELEASEREQUEST']._serialized_start=265
-  _globals['_RELEASEREQUEST']._serialized_end=296
-  _globals['_RELEASEREPLY']._serialized_start=298
-  _globals['_RELEASEREPLY']._serialized_end=330
-  _globals['_STARTFORWARDERREQUEST']._serialized_start=332
-  _globals['_STARTFORWARDERREQUEST']._serialized_end=431
-  _globals['_STARTFORWARDERREPLY']._serialized_start=433
-  _globals['_STARTFORWARDERREPLY']._serialized_end=467
-  _globals['_STOPFORWARDERREQUEST']._serialized_start=469
-  _globals['_STOPFORWARDERREQUEST']._serialized_end=506
-  _globals['_STOPFORWARDERREPLY']._serialized_start=508
-  _globals['_STOPFORWARDERREPLY']._serialized_end=545
-  _globals['_FORWARDER']._serialized_start=548
-  _globals['_FORWARDER']._serialized_end=702
-  _globals['_STATUSREQUEST']._serialized_start=704
-  _globals['_STATUSREQUEST']._serialized_end=719
-  _globals['_GPUSTATUS']._serialized_start=721
-  _globals['_GPUSTATUS']._serialized_end=848
-  _globals['_STATUSREPLY']._serialized_start=851
-  _globals['_STATUSREPLY']._serialized_end=985
-  _globals['_VMGPUD']._serialized_start=988
-  _globals['_VMGPUD']._serialized_end=1371
+  _globals['_SETWEIGHTREQUEST']._serialized_start=42
+  _globals['_SETWEIGHTREQUEST']._serialized_end=104
+  _globals['_SETWEIGHTREPLY']._serialized_start=106
+  _globals['_SETWEIGHTREPLY']._serialized_end=154
+  _globals['_SETPOLICYREQUEST']._serialized_start=156
+  _globals['_SETPOLICYREQUEST']._serialized_end=203
+  _globals['_SETPOLICYREPLY']._serialized_start=205
+  _globals['_SETPOLICYREPLY']._serialized_end=253
+  _globals['_ADMITREQUEST']._serialized_start=255
+  _globals['_ADMITREQUEST']._serialized_end=312
+  _globals['_SLICE']._serialized_start=314
+  _globals['_SLICE']._serialized_end=441
+  _globals['_ADMITREPLY']._serialized_start=443
+  _globals['_ADMITREPLY']._serialized_end=492
+  _globals['_RELEASEREQUEST']._serialized_start=494
+  _globals['_RELEASEREQUEST']._serialized_end=525
+  _globals['_RELEASEREPLY']._serialized_start=527
+  _globals['_RELEASEREPLY']._serialized_end=559
+  _globals['_STARTFORWARDERREQUEST']._serialized_start=561
+  _globals['_STARTFORWARDERREQUEST']._serialized_end=660
+  _globals['_STARTFORWARDERREPLY']._serialized_start=662
+  _globals['_STARTFORWARDERREPLY']._serialized_end=696
+  _globals['_STOPFORWARDERREQUEST']._serialized_start=698
+  _globals['_STOPFORWARDERREQUEST']._serialized_end=735
+  _globals['_STOPFORWARDERREPLY']._serialized_start=737
+  _globals['_STOPFORWARDERREPLY']._serialized_end=774
+  _globals['_FORWARDER']._serialized_start=777
+  _globals['_FORWARDER']._serialized_end=931
+  _globals['_STATUSREQUEST']._serialized_start=933
+  _globals['_STATUSREQUEST']._serialized_end=948
+  _globals['_GPUSTATUS']._serialized_start=951
+  _globals['_GPUSTATUS']._serialized_end=1094
+  _globals['_STATUSREPLY']._serialized_start=1097
+  _globals['_STATUSREPLY']._serialized_end=1231
+  _globals['_VMGPUD']._serialized_start=1234
+  _globals['_VMGPUD']._serialized_end=1767
 # @@protoc_insertion_point(module_scope)

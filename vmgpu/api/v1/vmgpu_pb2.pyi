@@ -5,6 +5,40 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetWeightRequest(_message.Message):
+    __slots__ = ("guest", "gpu", "weight")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    gpu: str
+    weight: int
+    def __init__(self, guest: _Optional[str] = ..., gpu: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class SetWeightReply(_message.Message):
+    __slots__ = ("gpu_uuid", "live")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    live: bool
+    def __init__(self, gpu_uuid: _Optional[str] = ..., live: bool = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("gpu", "policy")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    gpu: str
+    policy: str
+    def __init__(self, gpu: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class SetPolicyReply(_message.Message):
+    __slots__ = ("gpu_uuid", "live")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    live: bool
+    def __init__(self, gpu_uuid: _Optional[str] = ..., live: bool = ...) -> None: ...
+
 class AdmitRequest(_message.Message):
     __slots__ = ("guest", "kind", "spec")
     GUEST_FIELD_NUMBER: _ClassVar[int]
@@ -16,20 +50,22 @@ class AdmitRequest(_message.Message):
     def __init__(self, guest: _Optional[str] = ..., kind: _Optional[str] = ..., spec: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind")
+    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind", "weight")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MEM_MIB_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
     guest: str
     gpu_index: int
     gpu_uuid: str
     mem_mib: int
     compute_pct: int
     kind: str
-    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    weight: int
+    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("slices",)
@@ -106,20 +142,22 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GpuStatus(_message.Message):
-    __slots__ = ("index", "uuid", "name", "mem_mib", "mem_reserved_mib", "compute_reserved_pct")
+    __slots__ = ("index", "uuid", "name", "mem_mib", "mem_reserved_mib", "compute_reserved_pct", "policy")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEM_MIB_FIELD_NUMBER: _ClassVar[int]
     MEM_RESERVED_MIB_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_RESERVED_PCT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
     mem_mib: int
     mem_reserved_mib: int
     compute_reserved_pct: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_mib: _Optional[int] = ..., mem_reserved_mib: _Optional[int] = ..., compute_reserved_pct: _Optional[int] = ...) -> None: ...
+    policy: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_mib: _Optional[int] = ..., mem_reserved_mib: _Optional[int] = ..., compute_reserved_pct: _Optional[int] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("gpus", "slices", "forwarders")

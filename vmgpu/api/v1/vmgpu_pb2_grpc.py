@@ -59,6 +59,16 @@ class VmgpudStub(object):
                 request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusRequest.SerializeToString,
                 response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.SetWeight = channel.unary_unary(
+                '/vmgpu.api.v1.Vmgpud/SetWeight',
+                request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightRequest.SerializeToString,
+                response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/vmgpu.api.v1.Vmgpud/SetPolicy',
+                request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyReply.FromString,
+                _registered_method=True)
 
 
 class VmgpudServicer(object):
@@ -99,6 +109,20 @@ class VmgpudServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWeight(self, request, context):
+        """A guest's compute weight on one GPU (1..100; the fixed policy's cap), live.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """A GPU's compute policy: native, equal, preemptive, weighted or fixed, live.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VmgpudServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +150,16 @@ def add_VmgpudServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusRequest.FromString,
                     response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusReply.SerializeToString,
+            ),
+            'SetWeight': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWeight,
+                    request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightRequest.FromString,
+                    response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyRequest.FromString,
+                    response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +297,60 @@ class Vmgpud(object):
             '/vmgpu.api.v1.Vmgpud/Status',
             vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusRequest.SerializeToString,
             vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWeight(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vmgpu.api.v1.Vmgpud/SetWeight',
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightRequest.SerializeToString,
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vmgpu.api.v1.Vmgpud/SetPolicy',
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyRequest.SerializeToString,
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyReply.FromString,
             options,
             channel_credentials,
             insecure,
