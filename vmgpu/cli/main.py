@@ -363,7 +363,8 @@ def policy(gpu, name, socket_path):
 @_SOCKET
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def status(socket_path, as_json):
-    """Per GPU: memory and compute reserved and free; per guest: its slices."""
+    """Per GPU: memory and compute reserved and free, and its policy; per guest: its slices, with
+    its memory in use, its compute weight and the share of GPU time it gets now."""
     from vmgpu.client import Client
 
     reply = Client(socket_path).status()
