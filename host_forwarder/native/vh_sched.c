@@ -316,7 +316,7 @@ void vh_sched_enter(struct vh_sched *s)
 			atomic_fetch_add(&s->inflight, 1);
 			atomic_fetch_add(&g->inflight, 1);
 			if (!atomic_load(&g->draining)) {
-				atomic_store(&g->last_work, now_ns());
+				atomic_fetch_add_explicit(&g->work_calls, 1, memory_order_relaxed);
 				break;
 			}
 			atomic_fetch_sub(&g->inflight, 1);
@@ -347,7 +347,6 @@ void vh_sched_exit(struct vh_sched *s)
 {
 	if (s->pg) {
 		struct vs_slot *g = &s->pg->slot[s->me];
-		atomic_store(&g->last_work, now_ns());
 		atomic_fetch_sub(&g->inflight, 1);
 		atomic_fetch_sub(&s->inflight, 1);
 	}
@@ -427,8 +426,12 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	}
 	uint32_t policy = atomic_load(&pg->policy);
 	uint64_t held = now - pg->hold_start;
-	int idle = atomic_load(&g->inflight) == 0 && !atomic_load(&g->waiters) &&
-		   now - atomic_load(&g->last_work) > IDLE_NS;
+	uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
+	if (calls != s->seen_calls || atomic_load(&g->inflight)) {
+		s->seen_calls = calls;
+		s->seen_at = now;
+	}
+	int idle = atomic_load(&g->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > IDLE_NS;
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 && others_wait(s, now, held);
 	int spent = capped(policy) && g->period_used + held >= budget_ns(pg, g);
 	if (!(idle || expired || spent || policy == VS_NATIVE))

@@ -45,7 +45,7 @@ struct vs_slot {             /* 256 bytes */
 	/* the guest's worker processes (one per guest process) share its turn: */
 	_Atomic uint32_t inflight;  /* work calls past the gate, not yet returned */
 	_Atomic uint32_t draining;  /* handing over: no new work passes */
-	_Atomic uint64_t last_work; /* when a work call last passed or returned */
+	_Atomic uint64_t work_calls; /* work calls that passed the gate (idle: it stops moving) */
 	_Atomic uint32_t nworkers;  /* worker processes */
 	_Atomic uint32_t drained;   /* workers that finished their queued work this hand-over */
 	_Atomic uint32_t drain_gen; /* hand-overs begun */
@@ -80,6 +80,7 @@ struct vh_sched {
 	_Atomic int inflight;      /* this worker's work calls past the gate */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */
 	int releasing;             /* this worker began the hand-over under way */
+	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
 };
 
 /* Join the scheduler of the GPU with this UUID (a page in dir).  weight 1..100.  0 on success. */

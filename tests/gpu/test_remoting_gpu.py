@@ -7,11 +7,12 @@ Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu test
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, PTX, forwarder, hold, log_text, run_guest
+from tests.forwarder import NATIVE, PTX, forwarder, guest_env, hold, log_text, run_guest
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
@@ -69,6 +70,47 @@ def test_kernel_fault_is_the_guests_alone(shm_path):
     assert native.returncode == 0 and "sync=0 " not in native.stdout, native.stdout
     assert vm.stdout == native.stdout, vm.stdout + vm.stderr
     assert after.returncode == 0 and after.stdout.strip() == "vecadd ok n=1048576", after.stdout + after.stderr
+
+
+def test_a_faulting_guest_does_not_harm_its_neighbour(shm_path, tmp_path, monkeypatch):
+    """Two guests share the GPU under the weighted scheduler (50/50): one launches an
+    out-of-bounds kernel again and again, the other multiplies matrices; the second's results
+    are correct and it is not slowed below its share."""
+    monkeypatch.setenv("VMGPU_SCHED_DIR", str(tmp_path))
+    other = Path(str(shm_path) + "-b")
+    solo_t = None
+    with forwarder(shm_path, backend="cuda", size="1G", extra=("--compute", "50")) as fa:
+        with forwarder(other, backend="cuda", size="1G", extra=("--compute", "50")):
+            t = time.monotonic()
+            solo = run_guest([NATIVE / "matmul", 1024], other, timeout=300)
+            solo_t = time.monotonic() - t
+            faulting = subprocess.Popen(
+                ["sh", "-c", f"for i in $(seq 40); do {NATIVE / 'oob'}; done"],
+                env=guest_env(shm_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            t = time.monotonic()
+            beside = run_guest([NATIVE / "matmul", 1024], other, timeout=300)
+            beside_t = time.monotonic() - t
+            faulting.communicate(timeout=300)
+            assert fa.proc.poll() is None, log_text(fa)
+    assert solo.returncode == 0 and beside.returncode == 0, beside.stdout + beside.stderr
+    assert solo.stdout == beside.stdout and " ok" in beside.stdout, (solo.stdout, beside.stdout)
+    assert beside_t < 2.5 * solo_t + 1, (solo_t, beside_t)  # at worst its half of the GPU, with slack
+
+
+@pytest.mark.parametrize("quota,fits", [("3200M", False), ("8G", True)])
+def test_pytorch_training_fits_its_quota_or_gets_a_cuda_oom(shm_path, quota, fits):
+    """Training that needs about 7.6 GB: a CUDA out-of-memory error under 3.2 GiB, trained under 8 GiB."""
+    native = _native([sys.executable, HERE / "torch_mem.py"])
+    assert native.stdout.startswith("trained"), native.stdout + native.stderr
+    with forwarder(shm_path, backend="cuda", size="1G", mem=quota) as fwd:
+        vm = run_guest([sys.executable, HERE / "torch_mem.py"], shm_path, timeout=300)
+        assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
+    if fits:
+        assert vm.stdout.startswith("trained"), vm.stdout + vm.stderr
+        assert int(vm.stdout.split()[1]) <= 8 << 30
+    else:
+        assert vm.stdout.startswith("oom"), vm.stdout + vm.stderr
 
 
 def test_quota_is_what_the_guest_sees_and_enforced(shm_path):
