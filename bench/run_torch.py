@@ -24,10 +24,12 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NATIVE = os.path.join(ROOT, "build", "native")
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+from vmgpu.forwarder import Forwarder, guest_env  # noqa: E402
 
 # name -> (script args, {metric printed by the script: reported name})
 WORKLOADS = {
@@ -38,27 +40,11 @@ WORKLOADS = {
 ORDER = ["resnet50_fp32", "resnet50_bf16", "gpt_train", "gpt_graph_infer"]
 
 
-def start_forwarder(region: str, stats: str | None) -> subprocess.Popen:
-    if os.path.exists(region):
-        os.unlink(region)
-    cmd = [os.path.join(NATIVE, "vmgpu-forwarder"), "--region", region, "--create", "1G", "--guest", "bench-torch"]
-    if stats:
-        cmd += ["--stats", stats]
-    fwd = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    line = fwd.stderr.readline()
-    if "serving" not in line:
-        fwd.kill()
-        sys.exit(f"forwarder did not start: {line.strip()}")
-    print(line.strip(), file=sys.stderr)
-    return fwd
-
-
 def run(args: list[str], vmgpu: bool, region: str, steps: int) -> dict | str:
     """The workload's metrics, or the reason it failed."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VMGPU_REGION")}
     if vmgpu:
-        env["LD_LIBRARY_PATH"] = os.path.join(NATIVE, "guest")
-        env["VMGPU_REGION"] = region
+        env = guest_env(Path(region), env)
     cmd = [sys.executable, os.path.join(HERE, args[0]), *args[1:], "--steps", str(steps)]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -80,7 +66,9 @@ def main() -> int:
     region = f"/dev/shm/vmgpu-bench-torch-{os.getpid()}"
     if a.stats:
         os.makedirs(a.stats, exist_ok=True)
-    fwd = start_forwarder(region, os.path.join(a.stats, "forwarder.stats") if a.stats else None)
+    stats = ("--stats", os.path.join(a.stats, "forwarder.stats")) if a.stats else ()
+    fwd = Forwarder(Path(region), backend="cuda", size="1G", guest="bench-torch", extra=stats).start()
+    print(fwd.log().strip(), file=sys.stderr)
     native: dict[str, list[float]] = {}
     vm: dict[str, list[float]] = {}
     failed: dict[str, str] = {}
@@ -98,10 +86,8 @@ def main() -> int:
                             rows.setdefault(label, []).append(got[metric])
                     print(f"  {name} {'vmgpu' if side else 'native'}: {got}", file=sys.stderr, flush=True)
     finally:
-        fwd.terminate()
-        fwd.wait(timeout=10)
-        if os.path.exists(region):
-            os.unlink(region)
+        fwd.stop()
+        Path(region).unlink(missing_ok=True)
     print(f"{'workload':<18}{'native':>12}{'vmgpu':>12}{'ratio':>8}")
     ratios = {}
     for label in ORDER:

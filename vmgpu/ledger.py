@@ -204,17 +204,6 @@ class Ledger:
         self.log.info("weight set", guest=guest, gpu=idx, weight=weight)
         return uuid
 
-    def weights(self, guest: str) -> list[int]:
-        """guest's weight per slice, in the order of reservations(guest)."""
-        return [
-            r[0]
-            for r in self.db.execute(
-                "SELECT COALESCE(s.weight, s.compute_pct) FROM slices s JOIN gpus g ON g.uuid = s.gpu"
-                " WHERE s.guest = ? ORDER BY g.idx",
-                (guest,),
-            )
-        ]
-
     def set_policy(self, gpu: str, policy: str) -> str:
         """The compute policy of gpu (index or UUID); the GPU's UUID."""
         from vmgpu.sched import POLICIES

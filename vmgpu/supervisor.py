@@ -44,7 +44,7 @@ class Supervisor:
             log_path=self.logs / f"{guest}.log",
             extra=(
                 "--stats", str(self.stats_path(guest)), "--wait", wait,
-                "--compute", ",".join(str(w) for w in self.ledger.weights(guest)),
+                "--compute", ",".join(str(s.weight) for s in slices),
                 "--sched-id", ",".join(s.gpu_uuid for s in slices),
             ),
         ).start()  # fmt: skip

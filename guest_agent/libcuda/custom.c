@@ -703,7 +703,7 @@ static size_t pointer_attr_size(CUpointer_attribute a)
 
 /* The host's answer for one attribute: kind 1 names a device's context, kind 2 a region
  * offset; otherwise the value's bytes. */
-static void pointer_attr_put(void *data, CUpointer_attribute attr, size_t size, const uint64_t *v)
+static void pointer_attr_put(void *data, size_t size, const uint64_t *v)
 {
 	if (v[0] == 1)
 		*(CUcontext *)data = v[1] == UINT64_MAX ? NULL : vg_primary_ctx((int)v[1]);
@@ -711,7 +711,6 @@ static void pointer_attr_put(void *data, CUpointer_attribute attr, size_t size, 
 		*(void **)data = vmgpu_guest_ptr(vg.guest, v[1]);
 	else
 		memcpy(data, &v[1], size);
-	(void)attr;
 }
 
 /* A pointer is a device address or, in the region's heap, pinned host memory; the host
@@ -733,7 +732,7 @@ CUresult vgc_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdevic
 	if (r == CUDA_SUCCESS) {
 		uint64_t v[3];
 		vg_get(&c, v, sizeof v);
-		pointer_attr_put(data, attr, size, v);
+		pointer_attr_put(data, size, v);
 	}
 	return vg_end(&c, r);
 }
@@ -759,7 +758,7 @@ CUresult vgc_cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void
 	for (unsigned i = 0; r == CUDA_SUCCESS && i < n; i++) {
 		uint64_t v[3];
 		vg_get(&c, v, sizeof v);
-		pointer_attr_put(data[i], attrs[i], pointer_attr_size(attrs[i]), v);
+		pointer_attr_put(data[i], pointer_attr_size(attrs[i]), v);
 	}
 	return vg_end(&c, r);
 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The compute scheduler shared by the forwarders of one GPU: see sched.h. */
+/* The compute scheduler shared by the forwarders of one GPU: see vh_sched.h. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -90,10 +90,15 @@ static int nmembers(struct vs_page *pg)
 	return n;
 }
 
+static uint64_t period_ns(struct vs_page *pg)
+{
+	return (uint64_t)atomic_load(&pg->period_us) * 1000;
+}
+
 /* Held-time budget per period of a slot under a capping policy. */
 static uint64_t budget_ns(struct vs_page *pg, struct vs_slot *g)
 {
-	uint64_t period = (uint64_t)atomic_load(&pg->period_us) * 1000;
+	uint64_t period = period_ns(pg);
 	if (atomic_load(&pg->policy) == VS_EQUAL) {
 		int n = nmembers(pg);
 		return period / (uint64_t)(n ? n : 1);
@@ -106,8 +111,7 @@ static uint64_t budget_ns(struct vs_page *pg, struct vs_slot *g)
  * (a kernel that ran past the turn) is paid from the next period. */
 static void roll(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 {
-	uint64_t period = (uint64_t)atomic_load(&pg->period_us) * 1000;
-	if (now - g->period_start < period)
+	if (now - g->period_start < period_ns(pg))
 		return;
 	/* an overrun (a kernel that ran past the turn) is paid from the next period, at most one budget */
 	uint64_t b = budget_ns(pg, g), over = g->period_used > b ? g->period_used - b : 0;
@@ -115,12 +119,29 @@ static void roll(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 	g->period_start = now;
 }
 
+/* Has g spent its budget for the period under way?  (Read only: a period over is not spent.) */
+static int spent_for_period(struct vs_page *pg, struct vs_slot *g, uint64_t now)
+{
+	return capped(atomic_load(&pg->policy)) && now - g->period_start < period_ns(pg) &&
+	       g->period_used >= budget_ns(pg, g);
+}
+
+/* Under the lock: may g have a turn now?  Starts its new period if the last one is over. */
 static int eligible(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 {
-	if (!capped(atomic_load(&pg->policy)))
-		return 1;
-	roll(pg, g, now);
-	return g->period_used < budget_ns(pg, g);
+	if (capped(atomic_load(&pg->policy)))
+		roll(pg, g, now);
+	return !spent_for_period(pg, g, now);
+}
+
+/* Virtual time a turn of `held` ns costs g: its held time per weight (equal weights under
+ * the policies that do not weigh). */
+static uint64_t vcost(struct vs_page *pg, struct vs_slot *g, uint64_t held)
+{
+	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&g->weight);
+	if (policy != VS_WEIGHTED && policy != VS_FIXED)
+		w = 100;
+	return held * 100 / (w ? w : 1);
 }
 
 #define RECENT_NS 50000000ull /* a guest with no turn and no wish for one this long was idle */
@@ -176,12 +197,9 @@ static void hand_over(struct vs_page *pg, uint64_t now)
 static void charge(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 {
 	uint64_t held = now - pg->hold_start;
-	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&g->weight);
-	if (policy != VS_WEIGHTED && policy != VS_FIXED)
-		w = 100; /* equal shares */
 	atomic_fetch_add(&g->used_ns, held);
-	g->vtime += held * 100 / (w ? w : 1);
-	if (capped(policy)) {
+	g->vtime += vcost(pg, g, held);
+	if (capped(atomic_load(&pg->policy))) {
 		g->period_used += held;
 	} else { /* no debt from uncapped time when a cap comes in later */
 		g->period_used = 0;
@@ -352,26 +370,17 @@ void vh_sched_exit(struct vh_sched *s)
 	}
 }
 
-/* Does another member wait for the GPU that may have it now and is further behind than the
- * holder would be, charged for its turn so far?  Only then does the holder yield at the end
- * of a slice: a holder between two calls is not waiting, but it is not done either. */
-static int others_wait(struct vh_sched *s, uint64_t now, uint64_t held)
+/* Does another member wait for the GPU that may have it now and is behind virtual time
+ * `mine` (UINT64_MAX: any)?  The holder yields at the end of a slice only to one behind what
+ * it would be, charged for its turn so far: a holder between two calls is not waiting, but
+ * it is not done either. */
+static int others_wait(struct vh_sched *s, uint64_t now, uint64_t mine)
 {
 	struct vs_page *pg = s->pg;
-	struct vs_slot *me = &pg->slot[s->me];
-	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&me->weight);
-	if (policy != VS_WEIGHTED && policy != VS_FIXED)
-		w = 100;
-	uint64_t mine = me->vtime + held * 100 / (w ? w : 1);
 	for (int i = 0; i < VS_SLOTS; i++) {
 		struct vs_slot *g = &pg->slot[i];
-		if (i == s->me || !atomic_load(&g->pid) || !atomic_load(&g->waiters))
+		if (i == s->me || !atomic_load(&g->pid) || !atomic_load(&g->waiters) || spent_for_period(pg, g, now))
 			continue;
-		if (capped(policy)) {
-			uint64_t period = (uint64_t)atomic_load(&pg->period_us) * 1000;
-			if (now - g->period_start < period && g->period_used >= budget_ns(pg, g))
-				continue; /* spent until its next period */
-		}
 		if (atomic_load(&g->rejoin) || g->vtime < mine)
 			return 1;
 	}
@@ -395,7 +404,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 				hand_over(pg, now);
 			}
 			unlock(pg);
-		} else if (owner < 0 && others_wait(s, now, UINT64_MAX / 200)) {
+		} else if (owner < 0 && others_wait(s, now, UINT64_MAX)) {
 			lock(pg);
 			if (atomic_load(&pg->owner) < 0)
 				hand_over(pg, now);
@@ -432,7 +441,8 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		s->seen_at = now;
 	}
 	int idle = atomic_load(&g->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > IDLE_NS;
-	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 && others_wait(s, now, held);
+	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
+		      others_wait(s, now, g->vtime + vcost(pg, g, held));
 	int spent = capped(policy) && g->period_used + held >= budget_ns(pg, g);
 	if (!(idle || expired || spent || policy == VS_NATIVE))
 		return;

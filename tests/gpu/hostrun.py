@@ -114,11 +114,24 @@ def _check(out: str, fwd: Forwarder) -> int:
     return 1 if bad else 0
 
 
-def vm(src: Path, timeout: float) -> int:
+def _unpack(src: Path, name: str) -> tuple[Path, Path]:
+    """A fresh work folder with src/NAME.tar.gz unpacked in it; (the folder, what was unpacked)."""
     work = Path(tempfile.mkdtemp(prefix="vmgpu-hostrun-"))
-    with tarfile.open(src / "qemu.tar.gz") as t:
+    with tarfile.open(src / f"{name}.tar.gz") as t:
         t.extractall(work)
-    tree = work / "qemu"
+    return work, work / name
+
+
+def _finish(work: Path, out: str, fwd: Forwarder) -> int:
+    """Show what the programs printed and the forwarder's last lines, clean up, judge."""
+    print(out)
+    print("--- forwarder log (tail) ---\n" + "\n".join(fwd.log().splitlines()[-8:]))
+    shutil.rmtree(work, ignore_errors=True)
+    return _check(out, fwd)
+
+
+def vm(src: Path, timeout: float) -> int:
+    work, tree = _unpack(src, "qemu")
     region = Path(f"/dev/shm/vmgpu-hostrun-vm-{os.getpid()}")
     console = work / "console"
     fwd = Forwarder(region, backend=BACKEND, size=REGION_SIZE, mem="4G", guest="hostrun-vm", extra=("--wait", "poll"))
@@ -144,17 +157,11 @@ def vm(src: Path, timeout: float) -> int:
         fwd.stop()
         region.unlink(missing_ok=True)
     out = console.read_text(errors="replace") if console.exists() else ""
-    print(out)
-    print("--- forwarder log (tail) ---\n" + "\n".join(fwd.log().splitlines()[-8:]))
-    shutil.rmtree(work, ignore_errors=True)
-    return _check(out, fwd)
+    return _finish(work, out, fwd)
 
 
 def container(src: Path, timeout: float) -> int:
-    work = Path(tempfile.mkdtemp(prefix="vmgpu-hostrun-"))
-    with tarfile.open(src / "rootfs.tar.gz") as t:
-        t.extractall(work)
-    root = work / "rootfs"
+    work, root = _unpack(src, "rootfs")
     region = Path(f"/dev/shm/vmgpu-hostrun-ctr-{os.getpid()}")
     fwd = Forwarder(region, backend=BACKEND, size="256M", mem="4G", guest="hostrun-ctr")
     fwd.start()
@@ -193,10 +200,7 @@ def container(src: Path, timeout: float) -> int:
     finally:
         fwd.stop()
         region.unlink(missing_ok=True)
-    print(out)
-    print("--- forwarder log (tail) ---\n" + "\n".join(fwd.log().splitlines()[-8:]))
-    shutil.rmtree(work, ignore_errors=True)
-    rc = _check(out, fwd)
+    rc = _finish(work, out, fwd)
     if "NVIDIA NODE" in out:
         print("FAILED: an NVIDIA device node is visible in the container")
         rc = 1
