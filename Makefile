@@ -41,6 +41,8 @@ native:
 	$(CC) -O1 -g -Wall -o $(NATIVE)/hold tests/cuda/hold.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/multi tests/cuda/multi.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/spin tests/cuda/spin.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/memquota tests/cuda/memquota.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/memprobe bench/memprobe.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda -ldl
 
 # Unchanged CUDA runtime programs (nvcc, static cudart), for the differential tests.
 # vecadd_ptx carries its kernel as uncompressed PTX, which the simulated backend can run.
@@ -51,6 +53,7 @@ cuda-programs: native
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/devquery tests/cuda/devquery.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/oob tests/cuda/oob.cu
 	$(PTXAS) -arch=sm_90 -o $(NATIVE)/vadd.cubin tests/cuda/vadd.ptx
+	$(NVCC) -cubin -arch=sm_90 -o $(NATIVE)/bigglobal.cubin tests/cuda/bigglobal.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/isolation bench/isolation.cu
 	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu

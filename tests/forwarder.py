@@ -25,6 +25,7 @@ __all__ = [
     "guest_env",
     "hold",
     "log_text",
+    "memquota",
     "run_guest",
     "start_daemon",
     "wait_for",
@@ -104,3 +105,45 @@ def start_daemon(sock: Path, db: Path, inventory: Path) -> subprocess.Popen:
         assert p.poll() is None and time.monotonic() < deadline, "vmgpud did not start"
         time.sleep(0.02)
     return p
+
+
+def worker_pids(fwd: Forwarder) -> list[int]:
+    """The forwarder's worker processes (one per guest process it serves)."""
+    pid = fwd.proc.pid
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def memquota(fwd: Forwarder, region: Path, seed: int, rounds: int, cubin: Path, paths: str, check) -> dict:
+    """Run tests/cuda/memquota.c through fwd: at each stop ("FULL ..." after taking memory
+    until refused, "EMPTY" at the end) call check(fields, worker_pids) while the program
+    waits.  Returns the refusals per path over all rounds."""
+    p = subprocess.Popen(
+        [str(NATIVE / "memquota"), str(seed), str(rounds), str(cubin), paths],
+        env=guest_env(region),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    refused: dict[str, int] = {}
+    try:
+        for line in p.stdout:
+            words = line.split()
+            assert words and words[0] in ("FULL", "EMPTY"), line + p.stderr.read() + fwd.log()
+            fields = dict(w.split("=", 1) for w in words[1:])
+            for item in fields.get("ooms", "").split(","):
+                if item:
+                    k, n = item.split(":")
+                    refused[k] = refused.get(k, 0) + int(n)
+            check(words[0], fields, worker_pids(fwd))
+            p.stdin.write("\n")
+            p.stdin.flush()
+        assert p.wait(timeout=60) == 0, p.stderr.read() + fwd.log()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return refused

@@ -762,3 +762,46 @@ CUresult vgc_cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void
 	}
 	return vg_end(&c, r);
 }
+
+/* Pool attributes: the value is an int for the three reuse switches, 64 bits for the rest;
+ * it crosses as 64 bits and the host checks which attribute it is. */
+static int pool_attr_is_int(CUmemPool_attribute a)
+{
+	return a == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES || a == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+	       a == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+
+static CUresult pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set, unsigned fl)
+{
+	if (!value)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, set ? VG_OP_cuMemPoolSetAttribute : VG_OP_cuMemPoolGetAttribute, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t v = 0;
+	if (set)
+		v = pool_attr_is_int(attr) ? (uint64_t)(int64_t) * (int *)value : *(cuuint64_t *)value;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)pool);
+	vg_put_u64(&c, (uint64_t)attr);
+	vg_put_u64(&c, v);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS && !set) {
+		vg_get(&c, &v, sizeof v);
+		if (pool_attr_is_int(attr))
+			*(int *)value = (int)v;
+		else
+			*(cuuint64_t *)value = v;
+	}
+	return vg_end(&c, r);
+}
+
+CUresult vgc_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, unsigned fl)
+{
+	return pool_attr(pool, attr, value, 1, fl);
+}
+
+CUresult vgc_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, unsigned fl)
+{
+	return pool_attr(pool, attr, value, 0, fl);
+}

@@ -10,81 +10,6 @@
 
 #include "vh_dispatch.h"
 
-/* ---- memory accounting --------------------------------------------------------- */
-
-static int track(struct vh_chan *ch, CUdeviceptr base, uint64_t size, int dev)
-{
-	if (ch->nallocs == ch->capallocs) {
-		size_t cap = ch->capallocs ? ch->capallocs * 2 : 64;
-		struct vh_alloc *a = realloc(ch->allocs, cap * sizeof *a);
-		if (!a)
-			return -1;
-		ch->allocs = a;
-		ch->capallocs = cap;
-	}
-	ch->allocs[ch->nallocs++] = (struct vh_alloc){base, size, dev};
-	return 0;
-}
-
-CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize)
-{
-	if (ch->cur_dev < 0)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	if (!dptr || bytesize == 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	struct vh_fwd *f = ch->fwd;
-	_Atomic uint64_t *used = &f->used[ch->cur_dev];
-	uint64_t cur = atomic_load(used);
-	do {
-		if (bytesize > f->quota[ch->cur_dev] - cur || cur > f->quota[ch->cur_dev])
-			return CUDA_ERROR_OUT_OF_MEMORY;
-	} while (!atomic_compare_exchange_weak(used, &cur, cur + bytesize));
-	CUresult r = ch->backend->cuMemAlloc_v2(dptr, bytesize);
-	if (r == CUDA_SUCCESS && track(ch, *dptr, bytesize, ch->cur_dev) != 0) {
-		ch->backend->cuMemFree_v2(*dptr);
-		r = CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	if (r != CUDA_SUCCESS)
-		atomic_fetch_sub(used, bytesize);
-	return r;
-}
-
-CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
-{
-	if (dptr == 0)
-		return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the driver */
-	for (size_t i = 0; i < ch->nallocs; i++) {
-		if (ch->allocs[i].base != dptr)
-			continue;
-		CUresult r = ch->backend->cuMemFree_v2(dptr);
-		if (r != CUDA_SUCCESS)
-			return r;
-		atomic_fetch_sub(&ch->fwd->used[ch->allocs[i].dev], ch->allocs[i].size);
-		ch->allocs[i] = ch->allocs[--ch->nallocs];
-		return CUDA_SUCCESS;
-	}
-	/* not an allocation of this process: the driver would say the same */
-	return CUDA_ERROR_INVALID_VALUE;
-}
-
-CUresult vhx_cuMemGetInfo_v2(struct vh_chan *ch, size_t *free_b, size_t *total_b)
-{
-	if (ch->cur_dev < 0)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	size_t hw_free = 0, hw_total = 0;
-	CUresult r = ch->backend->cuMemGetInfo_v2(&hw_free, &hw_total);
-	if (r != CUDA_SUCCESS)
-		return r;
-	uint64_t quota = ch->fwd->quota[ch->cur_dev];
-	uint64_t used = atomic_load(&ch->fwd->used[ch->cur_dev]);
-	uint64_t left = used < quota ? quota - used : 0;
-	if (free_b)
-		*free_b = left < hw_free ? left : hw_free;
-	if (total_b)
-		*total_b = quota;
-	return CUDA_SUCCESS;
-}
-
 /* ---- host buffers -------------------------------------------------------------- */
 
 /* Resolve a guest-named host buffer (heap offset or bulk position) of n bytes. */
@@ -309,8 +234,17 @@ static CUresult load_reply(struct vh_chan *ch, struct vh_wr *wr, CUresult r, int
 	blob_drop(ch);
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (vh_handle_new(ch, kind, &obj, NULL))
+	/* the code and globals of a module take device memory at once: charged, or undone */
+	if (vh_books_after_load(ch) || vh_handle_new(ch, kind, &obj, NULL)) {
+		if (kind == VG_KIND_MODULE)
+			ch->backend->cuModuleUnload(obj);
+		else
+			ch->backend->cuLibraryUnload(obj);
+		vh_books_after_load(ch);
+		vh_oom(ch, ch->cur_dev >= 0 ? ch->cur_dev : 0, kind == VG_KIND_MODULE ? "cuModuleLoadData" : "cuLibraryLoadData",
+		       0);
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	vh_put(wr, &obj, sizeof obj);
 	return CUDA_SUCCESS;
 }

@@ -55,6 +55,14 @@ static void logf_(const char *fmt, ...)
 	va_end(ap);
 }
 
+void vh_log(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vlogf_("", fmt, ap);
+	va_end(ap);
+}
+
 static int parse_size(const char *s, uint64_t *out)
 {
 	char *end;
@@ -164,6 +172,10 @@ int vh_serve(struct vh_chan *ch)
 		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
 		uint64_t t0 = vmgpu_now_ns();
 		CUresult r;
+		/* calls that may take or give memory keep the worker's books to themselves */
+		int books = !vh_op_gpu_work(hdr.op);
+		if (books)
+			pthread_mutex_lock(&ch->books_mu);
 		if (set_device(ch, hdr.dev)) {
 			r = CUDA_ERROR_INVALID_DEVICE;
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
@@ -174,6 +186,8 @@ int vh_serve(struct vh_chan *ch)
 		} else {
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
+		if (books)
+			pthread_mutex_unlock(&ch->books_mu);
 		uint64_t spent = vmgpu_now_ns() - t0;
 		ch->ncalls++;
 		struct vh_stats *st = ch->fwd->stats;
@@ -228,10 +242,13 @@ static void sched_drain(void *arg, int dev)
 
 static void *sched_thread(void *arg)
 {
-	(void)arg;
+	struct vh_chan *ch = arg;
+	unsigned ticks = 0;
 	while (!atomic_load(&sched_stop)) {
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_tick(&F.sched[d], sched_drain, NULL);
+		if (++ticks % 200 == 0) /* every 50 ms */
+			vh_books_refresh(ch);
 		struct timespec t = {0, 250 * 1000};
 		nanosleep(&t, NULL);
 	}
@@ -269,7 +286,8 @@ static int worker(uint32_t idx, pid_t supervisor)
 		      idx, errname(r));
 	B->cuCtxSetCurrent(NULL);
 
-	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1};
+	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1,
+			     .charged = F.charged[idx], .books_mu = PTHREAD_MUTEX_INITIALIZER};
 	atomic_fetch_add(&F.stats->processes, 1);
 	logf_("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	      vmgpu_hchan_generation(ch.hc), (int)getpid());
@@ -277,7 +295,7 @@ static int worker(uint32_t idx, pid_t supervisor)
 	for (int d = 0; d < F.ndev; d++)
 		vh_sched_worker(&F.sched[d], 1);
 	pthread_t st;
-	int sched_on = pthread_create(&st, NULL, sched_thread, NULL) == 0;
+	int sched_on = pthread_create(&st, NULL, sched_thread, &ch) == 0;
 	int ended = vh_serve(&ch);
 	if (sched_on) {
 		atomic_store(&sched_stop, 1);
@@ -475,7 +493,13 @@ static void usage(FILE *f)
 		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm)\n"
 		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
 		"                      default the UUID the driver reports)\n"
-		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n");
+		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
+		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
+		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
+		"                      measurement is charged)\n"
+		"  --oom-script PATH   run PATH GUEST when the guest is refused memory, with VMGPU_GUEST,\n"
+		"                      VMGPU_GPU (UUID), VMGPU_QUOTA, VMGPU_USED, VMGPU_REQUEST, VMGPU_CALL,\n"
+		"                      VMGPU_CHANNEL and VMGPU_WORKER_PID set (at most once a second per process)\n");
 }
 
 /* The d-th comma-separated name of list (vmgpud's name of the GPU, its UUID) into out. */
@@ -512,12 +536,13 @@ int main(int argc, char **argv)
 	struct vmgpu_wait_opts wopts;
 	vmgpu_wait_opts_default(&wopts);
 	F.guest = "guest";
+	int ctx_reserve_set = 0;
 	static const struct option opts[] = {
 		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
 		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
 		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
 		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
-		{0, 0, 0, 0},
+		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {0, 0, 0, 0},
 	};
 	int o;
 	uint64_t v;
@@ -574,6 +599,16 @@ int main(int argc, char **argv)
 		case 'D': sched_dir = optarg; break;
 		case 'I': sched_ids = optarg; break;
 		case 'N': no_sched = 1; break;
+		case 'R':
+			if (parse_size(optarg, &F.ctx_reserve))
+				return die("--ctx-reserve: '%s' is not a size", optarg);
+			ctx_reserve_set = 1;
+			break;
+		case 'O':
+			if (access(optarg, X_OK) != 0)
+				return die("--oom-script: %s is not an executable file", optarg);
+			F.oom_script = optarg;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -584,6 +619,8 @@ int main(int argc, char **argv)
 	}
 	backend_name = backend;
 	BK.simulated = !strcmp(backend, "sim");
+	if (!ctx_reserve_set) /* an H100 context with driver 580, measured; the simulated one has none */
+		F.ctx_reserve = BK.simulated ? 0 : 544ull << 20;
 	if (strcmp(backend, "sim") && strcmp(backend, "cuda"))
 		return die("unknown backend '%s' (cuda or sim)", backend);
 	if (probe_devices(gpus, mems))
@@ -614,8 +651,7 @@ int main(int argc, char **argv)
 	for (int d = 0; d < F.ndev && !no_sched; d++) {
 		char uuid[64];
 		const uint8_t *u = F.info[d].uuid;
-		snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-			 u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+		vh_uuid_str(u, uuid, sizeof uuid);
 		if (sched_ids && sched_id(sched_ids, d, uuid, sizeof uuid))
 			return die("--sched-id: '%s' names no page for GPU %d (UUIDs of letters, digits and '-')",
 				   sched_ids, d);
@@ -636,6 +672,11 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	struct slot *slots = calloc(L->nchannels, sizeof *slots);
+	/* each worker's row of the books, shared, so that its charges come back however it ends */
+	size_t rows = L->nchannels * sizeof *F.charged;
+	F.charged = mmap(NULL, rows, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (F.charged == MAP_FAILED)
+		return die("cannot map the memory books: %s", strerror(errno));
 	uint8_t *fence = calloc(L->nchannels, 1);
 	while (!stopping) {
 		vmgpu_host_beat(F.host);
@@ -646,6 +687,8 @@ int main(int argc, char **argv)
 				if (slots[i].worker != pid)
 					continue;
 				slots[i].worker = 0;
+				for (int d = 0; d < F.ndev; d++)
+					atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[i][d], 0));
 				if (WIFSIGNALED(status))
 					for (int d = 0; d < F.ndev; d++)
 						vh_sched_worker(&F.sched[d], 0); /* it cannot say so itself */

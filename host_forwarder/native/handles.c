@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Per-channel handle table: the guest only ever sees table values, never a host pointer. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "vh_dispatch.h"
@@ -132,8 +133,26 @@ int vh_context_in(struct vh_chan *ch, CUcontext *c)
 CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 {
 	if (!ch->ctx[dev]) {
-		CUresult r = ch->backend->cuCtxCreate_v4(&ch->ctx[dev], NULL, 0, ch->fwd->dev[dev]);
+		/* a context takes device memory of its own: measured and charged where the driver can be
+		 * measured, a flat reserve (--ctx-reserve) where not; a guest whose quota cannot hold it
+		 * gets CUDA_ERROR_OUT_OF_MEMORY */
+		int metered = vh_books_metered(ch);
+		uint64_t reserve = metered ? 0 : ch->fwd->ctx_reserve;
+		if (vh_books_reserve(ch, dev, reserve)) {
+			vh_oom(ch, dev, "context", reserve);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+		/* the device's primary context, retained when the worker started, as a native process's
+		 * runtime uses it: one context per guest process and GPU, as natively */
+		CUresult r = ch->fwd->ctx[dev] ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+		ch->ctx[dev] = ch->fwd->ctx[dev];
+		if (r == CUDA_SUCCESS && metered && vh_books_settle(ch, dev)) {
+			vh_oom(ch, dev, "context", 0);
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		}
 		if (r != CUDA_SUCCESS) {
+			if (!metered)
+				vh_books_release(ch, dev, reserve);
 			ch->ctx[dev] = NULL;
 			return r;
 		}
@@ -188,19 +207,12 @@ void vh_chan_release_all(struct vh_chan *ch)
 	}
 	for (uint32_t i = 0; i < ch->nh; i++)
 		clear(&ch->h[i]);
-	for (size_t i = 0; i < ch->nallocs; i++) {
-		if (ch->ctx[ch->allocs[i].dev])
-			B->cuCtxSetCurrent(ch->ctx[ch->allocs[i].dev]);
-		B->cuMemFree_v2(ch->allocs[i].base);
-		atomic_fetch_sub(&ch->fwd->used[ch->allocs[i].dev], ch->allocs[i].size);
-	}
-	/* whatever is left (and a context a kernel fault poisoned) goes with the context */
+	/* memory goes with the contexts; the supervisor returns this worker's charges when it ends */
+	/* whatever is left (and a context a kernel fault poisoned) goes when the worker exits,
+	 * which it does next */
 	B->cuCtxSetCurrent(NULL);
-	for (int d = 0; d < VG_MAX_DEVICES; d++) {
-		if (ch->ctx[d])
-			B->cuCtxDestroy_v2(ch->ctx[d]);
+	for (int d = 0; d < VG_MAX_DEVICES; d++)
 		ch->ctx[d] = NULL;
-	}
 	ch->cur_dev = -1;
 	free(ch->h);
 	free(ch->allocs);
@@ -211,4 +223,10 @@ void vh_chan_release_all(struct vh_chan *ch)
 	ch->scratch = NULL;
 	ch->nh = ch->caph = 0;
 	ch->nallocs = ch->capallocs = 0;
+}
+
+void vh_uuid_str(const uint8_t u[16], char *out, size_t len)
+{
+	snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+		 u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }

@@ -55,6 +55,9 @@ struct vh_fwd {
 	int ordinal[VG_MAX_DEVICES];     /* host device index of each guest device */
 	uint64_t quota[VG_MAX_DEVICES];
 	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */
+	_Atomic uint64_t (*charged)[VG_MAX_DEVICES]; /* per channel's worker, shared (books.c) */
+	uint64_t ctx_reserve;            /* a context's charge where the driver cannot be measured */
+	const char *oom_script;          /* run with the guest's identity when it is refused memory */
 	struct vh_stats *stats;          /* shared by the workers; a file if --stats is given */
 	struct vg_dev_info info[VG_MAX_DEVICES];
 	int driver_version;
@@ -82,10 +85,21 @@ struct vh_handle {
 	uint8_t kind, params_known;
 };
 
+/* What a guest process holds that the books follow. */
+enum vh_alloc_kind {
+	VH_MEM,          /* cuMemAlloc, cuMemAllocPitch: base is the address */
+	VH_MEM_ASYNC,    /* stream-ordered, from a pool */
+	VH_VMM,          /* cuMemCreate: base is the handle */
+	VH_VMM_RELEASED, /* released but still mapped: its memory stays */
+	VH_VMM_MAP,      /* a mapping at base of size bytes of handle ref */
+	VH_ARRAY,        /* base is the host CUarray */
+	VH_GRAPH,        /* an executable graph with memory nodes: base is the host CUgraphExec */
+};
 struct vh_alloc {
 	CUdeviceptr base;
-	uint64_t size;
-	int dev;
+	uint64_t size; /* what it is charged where the driver cannot be measured */
+	uint64_t ref;
+	int dev, kind;
 };
 
 struct vh_chan {
@@ -102,6 +116,8 @@ struct vh_chan {
 	uint32_t nh, caph, free_hint;
 	struct vh_alloc *allocs;
 	size_t nallocs, capallocs;
+	_Atomic uint64_t *charged;    /* this worker's row of the books, per device */
+	pthread_mutex_t books_mu;     /* held across a call that takes or gives memory, and a refresh */
 	uint8_t *blob;                /* a module image being received */
 	uint64_t blob_size, blob_filled, blob_hash[2];
 	struct vh_image *image;       /* or the cached image this load uses */
@@ -209,6 +225,25 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out); /* made a
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
 void vh_chan_release_all(struct vh_chan *ch);
 void vh_blob_drop(struct vh_chan *ch); /* forget the image being received or used */
+void vh_uuid_str(const uint8_t uuid[16], char *out, size_t len); /* "GPU-xxxxxxxx-..." */
+
+/* A line in the forwarder's log, marked as the others are (forwarder.c). */
+void vh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The memory books (books.c).  reserve: -1 if n more bytes would pass the quota.  settle:
+ * replace this worker's charge by what the driver says it holds (where it can say);
+ * nonzero if the guest is then over its quota. */
+int vh_books_reserve(struct vh_chan *ch, int dev, uint64_t n);
+void vh_books_release(struct vh_chan *ch, int dev, uint64_t n);
+int vh_books_settle(struct vh_chan *ch, int dev);
+int vh_books_metered(struct vh_chan *ch);
+uint64_t vh_round_charge(uint64_t n);
+int vh_books_after_load(struct vh_chan *ch); /* nonzero: the load left the guest over its quota */
+/* From the worker's second thread now and then: the books take what the driver says now
+ * (memory given back at a synchronisation, module code loaded at a launch). */
+void vh_books_refresh(struct vh_chan *ch);
+/* Tell the operator's script (if any) that the guest was refused `want` bytes by `call`. */
+void vh_oom(struct vh_chan *ch, int dev, const char *call, uint64_t want);
 
 /* Host memory a guest names: region heap or channel bulk, checked. */
 enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };

@@ -34,6 +34,21 @@ static struct range *ranges;
 static size_t nranges, capranges;
 static uint64_t next_dev = SIM_BASE;
 static uint64_t used_bytes;
+/* What the process holds, as NVML would say: allocations rounded as the H100's driver rounds
+ * them, and VMGPU_SIM_CTX_MIB (default 0) per context.  vmgpuSimProcessUsage reports it. */
+static uint64_t proc_bytes;
+
+static uint64_t sim_round(uint64_t n)
+{
+	uint64_t unit = n <= (1u << 20) ? (64u << 10) : (2u << 20);
+	return (n + unit - 1) / unit * unit;
+}
+
+static uint64_t ctx_bytes(void)
+{
+	const char *e = getenv("VMGPU_SIM_CTX_MIB");
+	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;
+}
 
 static uint64_t total_mem(void)
 {
@@ -144,6 +159,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
 	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	*c = (CUcontext)&primary_ctx[d];
+	if (__atomic_fetch_add(&primary_ctx[d], 1, __ATOMIC_RELAXED) == 0)
+		__atomic_add_fetch(&proc_bytes, ctx_bytes(), __ATOMIC_RELAXED); /* made by the first retain */
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS; }
@@ -158,6 +175,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int 
 	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
 	*x = CTX_MAGIC;
 	*c = (CUcontext)x;
+	__atomic_add_fetch(&proc_bytes, ctx_bytes(), __ATOMIC_RELAXED);
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
@@ -165,6 +183,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 	if ((uintptr_t)c < 4096 || *(uint32_t *)c != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
 	*(uint32_t *)c = 0;
 	free(c);
+	__atomic_sub_fetch(&proc_bytes, ctx_bytes(), __ATOMIC_RELAXED);
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)
@@ -191,8 +210,10 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 	int over = n > total_mem() - used_bytes;
 	uint64_t dev = next_dev;
 	next_dev += (n + 0xFFFF) & ~0xFFFFull;
-	if (!over)
+	if (!over) {
 		used_bytes += n;
+		proc_bytes += sim_round(n);
+	}
 	pthread_mutex_unlock(&mu);
 	if (over) return CUDA_ERROR_OUT_OF_MEMORY;
 	uint8_t *host = calloc(1, n);
@@ -211,6 +232,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 		if (ranges[i].dev == p && !ranges[i].registered) {
 			free(ranges[i].host);
 			used_bytes -= ranges[i].size;
+			proc_bytes -= sim_round(ranges[i].size);
 			ranges[i] = ranges[--nranges];
 			pthread_mutex_unlock(&mu);
 			return CUDA_SUCCESS;
@@ -847,5 +869,220 @@ EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, v
 		if (known)
 			(void)cuPointerGetAttribute(data[i], attrs[i], p);
 	}
+	return CUDA_SUCCESS;
+}
+
+/* ---- the rest of the allocation paths, and the process's usage ---------------------- */
+
+EXPORT int vmgpuSimProcessUsage(CUdevice d, unsigned long long *bytes)
+{
+	if (d != 0 || !bytes)
+		return -1; /* one device's usage is modelled; the others are not measured */
+	*bytes = __atomic_load_n(&proc_bytes, __ATOMIC_RELAXED);
+	return 0;
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned el)
+{
+	if (!pitch || !w || !h || (el != 4 && el != 8 && el != 16)) return CUDA_ERROR_INVALID_VALUE;
+	size_t pw = (w + 511) & ~(size_t)511;
+	CUresult r = cuMemAlloc_v2(p, pw * h);
+	if (r == CUDA_SUCCESS) *pitch = pw;
+	return r;
+}
+
+#define ARRAY_MAGIC 0x41525259u
+struct sim_array { uint32_t magic; CUDA_ARRAY3D_DESCRIPTOR d; CUdeviceptr mem; };
+
+static CUresult array_new(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+	if (!out || !d || !d->Width || !d->NumChannels) return CUDA_ERROR_INVALID_VALUE;
+	uint64_t n = (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * d->NumChannels * 4;
+	struct sim_array *a = calloc(1, sizeof *a);
+	if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = cuMemAlloc_v2(&a->mem, n);
+	if (r != CUDA_SUCCESS) { free(a); return r; }
+	a->magic = ARRAY_MAGIC;
+	a->d = *d;
+	*out = (CUarray)a;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *d) { return array_new(out, d); }
+EXPORT CUresult cuArrayCreate_v2(CUarray *out, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+	if (!d) return CUDA_ERROR_INVALID_VALUE;
+	CUDA_ARRAY3D_DESCRIPTOR d3 = {d->Width, d->Height, 0, d->Format, d->NumChannels, 0};
+	return array_new(out, &d3);
+}
+EXPORT CUresult cuArrayDestroy(CUarray h)
+{
+	struct sim_array *a = (struct sim_array *)h;
+	if (!is_obj(a, ARRAY_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	cuMemFree_v2(a->mem);
+	a->magic = 0;
+	free(a);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *d, CUarray h)
+{
+	struct sim_array *a = (struct sim_array *)h;
+	if (!d || !is_obj(a, ARRAY_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	*d = a->d;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray h)
+{
+	CUDA_ARRAY3D_DESCRIPTOR d3;
+	CUresult r = cuArray3DGetDescriptor_v2(&d3, h);
+	if (r == CUDA_SUCCESS) *d = (CUDA_ARRAY_DESCRIPTOR){d3.Width, d3.Height, d3.Format, d3.NumChannels};
+	return r;
+}
+
+/* Pools: objects that hand out plain allocations at once (streams complete at once). */
+#define POOL_MAGIC 0x504f4f4cu
+static struct sim_obj default_pool[8] = {{POOL_MAGIC, 0, 0, 0}, {POOL_MAGIC, 0, 0, 0}, {POOL_MAGIC, 0, 0, 0},
+					 {POOL_MAGIC, 0, 0, 0}, {POOL_MAGIC, 0, 0, 0}, {POOL_MAGIC, 0, 0, 0},
+					 {POOL_MAGIC, 0, 0, 0}, {POOL_MAGIC, 0, 0, 0}};
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *p, CUdevice d)
+{
+	if (!p) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+	*p = (CUmemoryPool)&default_pool[d];
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *p, CUdevice d) { return cuDeviceGetDefaultMemPool(p, d); }
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *p, const CUmemPoolProps *props)
+{
+	if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id < 0 ||
+	    props->location.id >= ndev())
+		return CUDA_ERROR_INVALID_VALUE;
+	return new_obj((void **)p, POOL_MAGIC, 0);
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p)
+{
+	for (int i = 0; i < 8; i++)
+		if ((void *)p == (void *)&default_pool[i]) return CUDA_ERROR_INVALID_VALUE;
+	return del_obj(p, POOL_MAGIC);
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep) { (void)keep; return is_obj(p, POOL_MAGIC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v)
+{
+	(void)a;
+	return is_obj(p, POOL_MAGIC) && v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v)
+{
+	if (!is_obj(p, POOL_MAGIC) || !v) return CUDA_ERROR_INVALID_VALUE;
+	if (a <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) *(int *)v = 1;
+	else *(cuuint64_t *)v = 0;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+	(void)s;
+	if (!is_obj(p, POOL_MAGIC)) return CUDA_ERROR_INVALID_VALUE;
+	return cuMemAlloc_v2(d, n);
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { (void)s; return cuMemAlloc_v2(d, n); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { (void)s; return cuMemFree_v2(d); }
+
+/* VMM: a handle is host memory; a mapping makes a range of a reserved address window resolve to it. */
+#define VMM_MAGIC 0x564d4d48u
+struct sim_vmm { uint32_t magic; int released, maps; uint8_t *host; uint64_t size; };
+#define VMM_GRAN (2u << 20)
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *p, CUmemAllocationGranularity_flags o)
+{
+	(void)o;
+	if (!g || !p) return CUDA_ERROR_INVALID_VALUE;
+	*g = VMM_GRAN;
+	return CUDA_SUCCESS;
+}
+static void vmm_maybe_free(struct sim_vmm *v)
+{
+	if (!v->released || v->maps) return;
+	__atomic_sub_fetch(&proc_bytes, v->size, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&mu);
+	used_bytes -= v->size;
+	pthread_mutex_unlock(&mu);
+	free(v->host);
+	v->magic = 0;
+	free(v);
+}
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *p, unsigned long long fl)
+{
+	if (!h || !p || fl || !size || size % VMM_GRAN) return CUDA_ERROR_INVALID_VALUE;
+	if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 || p->location.id >= ndev())
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&mu);
+	int over = size > total_mem() - used_bytes;
+	if (!over) used_bytes += size;
+	pthread_mutex_unlock(&mu);
+	if (over) return CUDA_ERROR_OUT_OF_MEMORY;
+	struct sim_vmm *v = calloc(1, sizeof *v);
+	if (v) v->host = calloc(1, size);
+	if (!v || !v->host) { free(v); return CUDA_ERROR_OUT_OF_MEMORY; }
+	v->magic = VMM_MAGIC;
+	v->size = size;
+	__atomic_add_fetch(&proc_bytes, size, __ATOMIC_RELAXED);
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)v;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+	struct sim_vmm *v = (struct sim_vmm *)(uintptr_t)h;
+	if (!is_obj(v, VMM_MAGIC) || v->released) return CUDA_ERROR_INVALID_VALUE;
+	v->released = 1;
+	vmm_maybe_free(v);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long fl)
+{
+	(void)align; (void)addr; (void)fl;
+	if (!p || !size || size % VMM_GRAN) return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	*p = next_dev;
+	next_dev += size + VMM_GRAN;
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
+struct sim_map { CUdeviceptr va; struct sim_vmm *v; };
+static struct sim_map maps[256];
+EXPORT CUresult cuMemMap(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long fl)
+{
+	struct sim_vmm *v = (struct sim_vmm *)(uintptr_t)h;
+	if (fl || !is_obj(v, VMM_MAGIC) || v->released || off > v->size || size > v->size - off) return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&mu);
+	int slot = -1;
+	for (int i = 0; i < 256 && slot < 0; i++)
+		if (!maps[i].v) slot = i;
+	if (slot >= 0) maps[slot] = (struct sim_map){va, v};
+	pthread_mutex_unlock(&mu);
+	if (slot < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+	v->maps++;
+	return add_range(va, v->host + off, size, 2);
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr va, size_t size)
+{
+	(void)size;
+	struct sim_vmm *v = NULL;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < 256 && !v; i++)
+		if (maps[i].v && maps[i].va == va) { v = maps[i].v; maps[i].v = NULL; }
+	for (size_t i = 0; v && i < nranges; i++)
+		if (ranges[i].dev == va && ranges[i].registered == 2) { ranges[i] = ranges[--nranges]; break; }
+	pthread_mutex_unlock(&mu);
+	if (!v) return CUDA_ERROR_INVALID_VALUE;
+	v->maps--;
+	vmm_maybe_free(v);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, size_t n)
+{
+	(void)p; (void)size;
+	if (!d || !n) return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < n; i++)
+		if (d[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || d[i].location.id < 0 || d[i].location.id >= ndev())
+			return CUDA_ERROR_INVALID_DEVICE;
 	return CUDA_SUCCESS;
 }

@@ -1503,6 +1503,453 @@ VG_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, s
 	return vgc_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
 }
 
+static CUresult vg_do_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemAllocPitch_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, dptr != NULL);
+	vg_put_u64(&c, pPitch != NULL);
+	vg_put(&c, &WidthInBytes, sizeof(WidthInBytes));
+	vg_put(&c, &Height, sizeof(Height));
+	vg_put(&c, &ElementSizeBytes, sizeof(ElementSizeBytes));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (dptr != NULL)
+			vg_get(&c, dptr, sizeof(*dptr));
+		if (pPitch != NULL)
+			vg_get(&c, pPitch, sizeof(*pPitch));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
+{
+	return vg_do_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, 0);
+}
+
+static CUresult vg_do_cuArrayCreate_v2(CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuArrayCreate_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pHandle != NULL);
+	vg_put_opt(&c, pAllocateArray, sizeof(*pAllocateArray));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pHandle != NULL)
+			vg_get(&c, pHandle, sizeof(*pHandle));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+	return vg_do_cuArrayCreate_v2(pHandle, pAllocateArray, 0);
+}
+
+static CUresult vg_do_cuArray3DCreate_v2(CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuArray3DCreate_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pHandle != NULL);
+	vg_put_opt(&c, pAllocateArray, sizeof(*pAllocateArray));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pHandle != NULL)
+			vg_get(&c, pHandle, sizeof(*pHandle));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+	return vg_do_cuArray3DCreate_v2(pHandle, pAllocateArray, 0);
+}
+
+static CUresult vg_do_cuArrayDestroy(CUarray hArray, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuArrayDestroy, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hArray, sizeof(hArray));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
+{
+	return vg_do_cuArrayDestroy(hArray, 0);
+}
+
+static CUresult vg_do_cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR * pArrayDescriptor, CUarray hArray, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuArrayGetDescriptor_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pArrayDescriptor != NULL);
+	vg_put(&c, &hArray, sizeof(hArray));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pArrayDescriptor != NULL)
+			vg_get(&c, pArrayDescriptor, sizeof(*pArrayDescriptor));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescriptor, CUarray hArray)
+{
+	return vg_do_cuArrayGetDescriptor_v2(pArrayDescriptor, hArray, 0);
+}
+
+static CUresult vg_do_cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR * pArrayDescriptor, CUarray hArray, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuArray3DGetDescriptor_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pArrayDescriptor != NULL);
+	vg_put(&c, &hArray, sizeof(hArray));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pArrayDescriptor != NULL)
+			vg_get(&c, pArrayDescriptor, sizeof(*pArrayDescriptor));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDescriptor, CUarray hArray)
+{
+	return vg_do_cuArray3DGetDescriptor_v2(pArrayDescriptor, hArray, 0);
+}
+
+static CUresult vg_do_cuMemAllocAsync(CUdeviceptr * dptr, size_t bytesize, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemAllocAsync, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, dptr != NULL);
+	vg_put(&c, &bytesize, sizeof(bytesize));
+	vg_put(&c, &hStream, sizeof(hStream));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (dptr != NULL)
+			vg_get(&c, dptr, sizeof(*dptr));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	return vg_do_cuMemAllocAsync(dptr, bytesize, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	return vg_do_cuMemAllocAsync(dptr, bytesize, hStream, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuMemAllocFromPoolAsync(CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemAllocFromPoolAsync, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, dptr != NULL);
+	vg_put(&c, &bytesize, sizeof(bytesize));
+	vg_put(&c, &pool, sizeof(pool));
+	vg_put(&c, &hStream, sizeof(hStream));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (dptr != NULL)
+			vg_get(&c, dptr, sizeof(*dptr));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+	return vg_do_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+	return vg_do_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuMemPoolCreate(CUmemoryPool * pool, const CUmemPoolProps * poolProps, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemPoolCreate, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pool != NULL);
+	vg_put_opt(&c, poolProps, sizeof(*poolProps));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pool != NULL)
+			vg_get(&c, pool, sizeof(*pool));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+	return vg_do_cuMemPoolCreate(pool, poolProps, 0);
+}
+
+static CUresult vg_do_cuMemPoolDestroy(CUmemoryPool pool, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemPoolDestroy, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &pool, sizeof(pool));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
+{
+	return vg_do_cuMemPoolDestroy(pool, 0);
+}
+
+static CUresult vg_do_cuDeviceGetDefaultMemPool(CUmemoryPool * pool_out, CUdevice dev, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuDeviceGetDefaultMemPool, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pool_out != NULL);
+	vg_put(&c, &dev, sizeof(dev));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pool_out != NULL)
+			vg_get(&c, pool_out, sizeof(*pool_out));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+	return vg_do_cuDeviceGetDefaultMemPool(pool_out, dev, 0);
+}
+
+static CUresult vg_do_cuDeviceGetMemPool(CUmemoryPool * pool, CUdevice dev, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuDeviceGetMemPool, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pool != NULL);
+	vg_put(&c, &dev, sizeof(dev));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pool != NULL)
+			vg_get(&c, pool, sizeof(*pool));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	return vg_do_cuDeviceGetMemPool(pool, dev, 0);
+}
+
+static CUresult vg_do_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemPoolTrimTo, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &pool, sizeof(pool));
+	vg_put(&c, &minBytesToKeep, sizeof(minBytesToKeep));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+	return vg_do_cuMemPoolTrimTo(pool, minBytesToKeep, 0);
+}
+
+CUresult vgc_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void * value, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	return vgc_cuMemPoolSetAttribute(pool, attr, value, 0);
+}
+
+CUresult vgc_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void * value, unsigned vg_flags);
+VG_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	return vgc_cuMemPoolGetAttribute(pool, attr, value, 0);
+}
+
+static CUresult vg_do_cuMemGetAllocationGranularity(size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemGetAllocationGranularity, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, granularity != NULL);
+	vg_put_opt(&c, prop, sizeof(*prop));
+	vg_put(&c, &option, sizeof(option));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (granularity != NULL)
+			vg_get(&c, granularity, sizeof(*granularity));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)
+{
+	return vg_do_cuMemGetAllocationGranularity(granularity, prop, option, 0);
+}
+
+static CUresult vg_do_cuMemCreate(CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemCreate, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, handle != NULL);
+	vg_put(&c, &size, sizeof(size));
+	vg_put_opt(&c, prop, sizeof(*prop));
+	vg_put(&c, &flags, sizeof(flags));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (handle != NULL)
+			vg_get(&c, handle, sizeof(*handle));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	return vg_do_cuMemCreate(handle, size, prop, flags, 0);
+}
+
+static CUresult vg_do_cuMemRelease(CUmemGenericAllocationHandle handle, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemRelease, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &handle, sizeof(handle));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	return vg_do_cuMemRelease(handle, 0);
+}
+
+static CUresult vg_do_cuMemAddressReserve(CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemAddressReserve, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, ptr != NULL);
+	vg_put(&c, &size, sizeof(size));
+	vg_put(&c, &alignment, sizeof(alignment));
+	vg_put(&c, &addr, sizeof(addr));
+	vg_put(&c, &flags, sizeof(flags));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (ptr != NULL)
+			vg_get(&c, ptr, sizeof(*ptr));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)
+{
+	return vg_do_cuMemAddressReserve(ptr, size, alignment, addr, flags, 0);
+}
+
+static CUresult vg_do_cuMemAddressFree(CUdeviceptr ptr, size_t size, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemAddressFree, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &ptr, sizeof(ptr));
+	vg_put(&c, &size, sizeof(size));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	return vg_do_cuMemAddressFree(ptr, size, 0);
+}
+
+static CUresult vg_do_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemMap, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &ptr, sizeof(ptr));
+	vg_put(&c, &size, sizeof(size));
+	vg_put(&c, &offset, sizeof(offset));
+	vg_put(&c, &handle, sizeof(handle));
+	vg_put(&c, &flags, sizeof(flags));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+	return vg_do_cuMemMap(ptr, size, offset, handle, flags, 0);
+}
+
+static CUresult vg_do_cuMemUnmap(CUdeviceptr ptr, size_t size, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemUnmap, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &ptr, sizeof(ptr));
+	vg_put(&c, &size, sizeof(size));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	return vg_do_cuMemUnmap(ptr, size, 0);
+}
+
+static CUresult vg_do_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemSetAccess, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &ptr, sizeof(ptr));
+	vg_put(&c, &size, sizeof(size));
+	vg_put_arr(&c, desc, (uint64_t)(count), sizeof(*desc));
+	vg_put(&c, &count, sizeof(count));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	return vg_do_cuMemSetAccess(ptr, size, desc, count, 0);
+}
+
 static CUresult vg_do_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
@@ -1700,4 +2147,25 @@ VG_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
 VG_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraph, CUstream hStream)
 {
 	return vg_do_cuGraphUpload(hGraph, hStream, VG_F_PTDS);
+}
+
+static CUresult vg_do_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemFreeAsync, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dptr, sizeof(dptr));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	return vg_do_cuMemFreeAsync(dptr, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+	return vg_do_cuMemFreeAsync(dptr, hStream, VG_F_PTDS);
 }

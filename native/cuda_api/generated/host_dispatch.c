@@ -26,7 +26,27 @@ CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, st
 CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhx_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags);
+CUresult vhx_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec hGraphExec);
 CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhx_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
+CUresult vhx_cuArrayCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray);
+CUresult vhx_cuArray3DCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray);
+CUresult vhx_cuArrayDestroy(struct vh_chan *ch, CUarray hArray);
+CUresult vhx_cuMemAllocAsync(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize, CUstream hStream);
+CUresult vhx_cuMemAllocFromPoolAsync(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult vhx_cuMemPoolCreate(struct vh_chan *ch, CUmemoryPool * pool, const CUmemPoolProps * poolProps);
+CUresult vhx_cuMemPoolDestroy(struct vh_chan *ch, CUmemoryPool pool);
+CUresult vhx_cuMemPoolTrimTo(struct vh_chan *ch, CUmemoryPool pool, size_t minBytesToKeep);
+CUresult vhc_cuMemPoolSetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhc_cuMemPoolGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult vhx_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option);
+CUresult vhx_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags);
+CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle handle);
+CUresult vhx_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
+CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count);
+CUresult vhx_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream);
 
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)
 {
@@ -845,7 +865,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &flags, sizeof(flags));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
+		CUresult r = vhx_cuGraphInstantiateWithFlags(ch, phGraphExec, hGraph, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (phGraphExec != NULL && vh_handle_new(ch, VG_KIND_GRAPH_EXEC, (void **)phGraphExec, NULL))
@@ -861,7 +881,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuGraphExecDestroy(hGraphExec);
+		CUresult r = vhx_cuGraphExecDestroy(ch, hGraphExec);
 		if (r != CUDA_SUCCESS)
 			return r;
 		vh_handle_drop(ch, VG_KIND_GRAPH_EXEC, hGraphExec);
@@ -882,6 +902,366 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 	}
 	case VG_OP_cuGraphGetNodes:
 		return vhc_cuGraphGetNodes(ch, vg_flags, rd, wr);
+	case VG_OP_cuMemAllocPitch_v2: {
+		CUdeviceptr dptr_v;
+		memset(&dptr_v, 0, sizeof(dptr_v));
+		CUdeviceptr *dptr = vh_get_u64(rd) ? &dptr_v : NULL;
+		size_t pPitch_v;
+		memset(&pPitch_v, 0, sizeof(pPitch_v));
+		size_t *pPitch = vh_get_u64(rd) ? &pPitch_v : NULL;
+		size_t WidthInBytes;
+		vh_get(rd, &WidthInBytes, sizeof(WidthInBytes));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		unsigned int ElementSizeBytes;
+		vh_get(rd, &ElementSizeBytes, sizeof(ElementSizeBytes));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemAllocPitch_v2(ch, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (dptr != NULL)
+			vh_put(wr, dptr, sizeof(*dptr));
+		if (pPitch != NULL)
+			vh_put(wr, pPitch, sizeof(*pPitch));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuArrayCreate_v2: {
+		CUarray pHandle_v;
+		memset(&pHandle_v, 0, sizeof(pHandle_v));
+		CUarray *pHandle = vh_get_u64(rd) ? &pHandle_v : NULL;
+		CUDA_ARRAY_DESCRIPTOR pAllocateArray_v;
+		const CUDA_ARRAY_DESCRIPTOR *pAllocateArray = vh_get_opt(rd, &pAllocateArray_v, sizeof(pAllocateArray_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuArrayCreate_v2(ch, pHandle, pAllocateArray);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pHandle != NULL && vh_handle_new(ch, VG_KIND_ARRAY, (void **)pHandle, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (pHandle != NULL)
+			vh_put(wr, pHandle, sizeof(*pHandle));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuArray3DCreate_v2: {
+		CUarray pHandle_v;
+		memset(&pHandle_v, 0, sizeof(pHandle_v));
+		CUarray *pHandle = vh_get_u64(rd) ? &pHandle_v : NULL;
+		CUDA_ARRAY3D_DESCRIPTOR pAllocateArray_v;
+		const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray = vh_get_opt(rd, &pAllocateArray_v, sizeof(pAllocateArray_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuArray3DCreate_v2(ch, pHandle, pAllocateArray);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pHandle != NULL && vh_handle_new(ch, VG_KIND_ARRAY, (void **)pHandle, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (pHandle != NULL)
+			vh_put(wr, pHandle, sizeof(*pHandle));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuArrayDestroy: {
+		CUarray hArray;
+		vh_get(rd, &hArray, sizeof(hArray));
+		if (vh_handle_in(ch, VG_KIND_ARRAY, (void **)&hArray))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuArrayDestroy(ch, hArray);
+		if (r != CUDA_SUCCESS)
+			return r;
+		vh_handle_drop(ch, VG_KIND_ARRAY, hArray);
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuArrayGetDescriptor_v2: {
+		CUDA_ARRAY_DESCRIPTOR pArrayDescriptor_v;
+		memset(&pArrayDescriptor_v, 0, sizeof(pArrayDescriptor_v));
+		CUDA_ARRAY_DESCRIPTOR *pArrayDescriptor = vh_get_u64(rd) ? &pArrayDescriptor_v : NULL;
+		CUarray hArray;
+		vh_get(rd, &hArray, sizeof(hArray));
+		if (vh_handle_in(ch, VG_KIND_ARRAY, (void **)&hArray))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuArrayGetDescriptor_v2(pArrayDescriptor, hArray);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pArrayDescriptor != NULL)
+			vh_put(wr, pArrayDescriptor, sizeof(*pArrayDescriptor));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuArray3DGetDescriptor_v2: {
+		CUDA_ARRAY3D_DESCRIPTOR pArrayDescriptor_v;
+		memset(&pArrayDescriptor_v, 0, sizeof(pArrayDescriptor_v));
+		CUDA_ARRAY3D_DESCRIPTOR *pArrayDescriptor = vh_get_u64(rd) ? &pArrayDescriptor_v : NULL;
+		CUarray hArray;
+		vh_get(rd, &hArray, sizeof(hArray));
+		if (vh_handle_in(ch, VG_KIND_ARRAY, (void **)&hArray))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuArray3DGetDescriptor_v2(pArrayDescriptor, hArray);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pArrayDescriptor != NULL)
+			vh_put(wr, pArrayDescriptor, sizeof(*pArrayDescriptor));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemAllocAsync: {
+		CUdeviceptr dptr_v;
+		memset(&dptr_v, 0, sizeof(dptr_v));
+		CUdeviceptr *dptr = vh_get_u64(rd) ? &dptr_v : NULL;
+		size_t bytesize;
+		vh_get(rd, &bytesize, sizeof(bytesize));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemAllocAsync(ch, dptr, bytesize, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (dptr != NULL)
+			vh_put(wr, dptr, sizeof(*dptr));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemAllocFromPoolAsync: {
+		CUdeviceptr dptr_v;
+		memset(&dptr_v, 0, sizeof(dptr_v));
+		CUdeviceptr *dptr = vh_get_u64(rd) ? &dptr_v : NULL;
+		size_t bytesize;
+		vh_get(rd, &bytesize, sizeof(bytesize));
+		CUmemoryPool pool;
+		vh_get(rd, &pool, sizeof(pool));
+		if (vh_handle_in(ch, VG_KIND_MEMPOOL, (void **)&pool))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemAllocFromPoolAsync(ch, dptr, bytesize, pool, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (dptr != NULL)
+			vh_put(wr, dptr, sizeof(*dptr));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemPoolCreate: {
+		CUmemoryPool pool_v;
+		memset(&pool_v, 0, sizeof(pool_v));
+		CUmemoryPool *pool = vh_get_u64(rd) ? &pool_v : NULL;
+		CUmemPoolProps poolProps_v;
+		const CUmemPoolProps *poolProps = vh_get_opt(rd, &poolProps_v, sizeof(poolProps_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemPoolCreate(ch, pool, poolProps);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pool != NULL && vh_handle_new(ch, VG_KIND_MEMPOOL, (void **)pool, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (pool != NULL)
+			vh_put(wr, pool, sizeof(*pool));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemPoolDestroy: {
+		CUmemoryPool pool;
+		vh_get(rd, &pool, sizeof(pool));
+		if (vh_handle_in(ch, VG_KIND_MEMPOOL, (void **)&pool))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemPoolDestroy(ch, pool);
+		if (r != CUDA_SUCCESS)
+			return r;
+		vh_handle_drop(ch, VG_KIND_MEMPOOL, pool);
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuDeviceGetDefaultMemPool: {
+		CUmemoryPool pool_out_v;
+		memset(&pool_out_v, 0, sizeof(pool_out_v));
+		CUmemoryPool *pool_out = vh_get_u64(rd) ? &pool_out_v : NULL;
+		CUdevice dev;
+		vh_get(rd, &dev, sizeof(dev));
+		if (vh_device_in(ch, &dev))
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuDeviceGetDefaultMemPool(pool_out, dev);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pool_out != NULL && vh_handle_new(ch, VG_KIND_MEMPOOL, (void **)pool_out, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (pool_out != NULL)
+			vh_put(wr, pool_out, sizeof(*pool_out));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuDeviceGetMemPool: {
+		CUmemoryPool pool_v;
+		memset(&pool_v, 0, sizeof(pool_v));
+		CUmemoryPool *pool = vh_get_u64(rd) ? &pool_v : NULL;
+		CUdevice dev;
+		vh_get(rd, &dev, sizeof(dev));
+		if (vh_device_in(ch, &dev))
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuDeviceGetMemPool(pool, dev);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pool != NULL && vh_handle_new(ch, VG_KIND_MEMPOOL, (void **)pool, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (pool != NULL)
+			vh_put(wr, pool, sizeof(*pool));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemPoolTrimTo: {
+		CUmemoryPool pool;
+		vh_get(rd, &pool, sizeof(pool));
+		if (vh_handle_in(ch, VG_KIND_MEMPOOL, (void **)&pool))
+			return CUDA_ERROR_INVALID_HANDLE;
+		size_t minBytesToKeep;
+		vh_get(rd, &minBytesToKeep, sizeof(minBytesToKeep));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemPoolTrimTo(ch, pool, minBytesToKeep);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemPoolSetAttribute:
+		return vhc_cuMemPoolSetAttribute(ch, vg_flags, rd, wr);
+	case VG_OP_cuMemPoolGetAttribute:
+		return vhc_cuMemPoolGetAttribute(ch, vg_flags, rd, wr);
+	case VG_OP_cuMemGetAllocationGranularity: {
+		size_t granularity_v;
+		memset(&granularity_v, 0, sizeof(granularity_v));
+		size_t *granularity = vh_get_u64(rd) ? &granularity_v : NULL;
+		CUmemAllocationProp prop_v;
+		const CUmemAllocationProp *prop = vh_get_opt(rd, &prop_v, sizeof(prop_v));
+		CUmemAllocationGranularity_flags option;
+		vh_get(rd, &option, sizeof(option));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemGetAllocationGranularity(ch, granularity, prop, option);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (granularity != NULL)
+			vh_put(wr, granularity, sizeof(*granularity));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemCreate: {
+		CUmemGenericAllocationHandle handle_v;
+		memset(&handle_v, 0, sizeof(handle_v));
+		CUmemGenericAllocationHandle *handle = vh_get_u64(rd) ? &handle_v : NULL;
+		size_t size;
+		vh_get(rd, &size, sizeof(size));
+		CUmemAllocationProp prop_v;
+		const CUmemAllocationProp *prop = vh_get_opt(rd, &prop_v, sizeof(prop_v));
+		unsigned long long flags;
+		vh_get(rd, &flags, sizeof(flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemCreate(ch, handle, size, prop, flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (handle != NULL)
+			vh_put(wr, handle, sizeof(*handle));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemRelease: {
+		CUmemGenericAllocationHandle handle;
+		vh_get(rd, &handle, sizeof(handle));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemRelease(ch, handle);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemAddressReserve: {
+		CUdeviceptr ptr_v;
+		memset(&ptr_v, 0, sizeof(ptr_v));
+		CUdeviceptr *ptr = vh_get_u64(rd) ? &ptr_v : NULL;
+		size_t size;
+		vh_get(rd, &size, sizeof(size));
+		size_t alignment;
+		vh_get(rd, &alignment, sizeof(alignment));
+		CUdeviceptr addr;
+		vh_get(rd, &addr, sizeof(addr));
+		unsigned long long flags;
+		vh_get(rd, &flags, sizeof(flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuMemAddressReserve(ptr, size, alignment, addr, flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (ptr != NULL)
+			vh_put(wr, ptr, sizeof(*ptr));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemAddressFree: {
+		CUdeviceptr ptr;
+		vh_get(rd, &ptr, sizeof(ptr));
+		size_t size;
+		vh_get(rd, &size, sizeof(size));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuMemAddressFree(ptr, size);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemMap: {
+		CUdeviceptr ptr;
+		vh_get(rd, &ptr, sizeof(ptr));
+		size_t size;
+		vh_get(rd, &size, sizeof(size));
+		size_t offset;
+		vh_get(rd, &offset, sizeof(offset));
+		CUmemGenericAllocationHandle handle;
+		vh_get(rd, &handle, sizeof(handle));
+		unsigned long long flags;
+		vh_get(rd, &flags, sizeof(flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemMap(ch, ptr, size, offset, handle, flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemUnmap: {
+		CUdeviceptr ptr;
+		vh_get(rd, &ptr, sizeof(ptr));
+		size_t size;
+		vh_get(rd, &size, sizeof(size));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemUnmap(ch, ptr, size);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemSetAccess: {
+		CUdeviceptr ptr;
+		vh_get(rd, &ptr, sizeof(ptr));
+		size_t size;
+		vh_get(rd, &size, sizeof(size));
+		uint64_t desc_n;
+		const CUmemAccessDesc *desc = vh_get_arr(rd, sizeof(CUmemAccessDesc), &desc_n);
+		size_t count;
+		vh_get(rd, &count, sizeof(count));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (desc_n != (uint64_t)(count))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemSetAccess(ch, ptr, size, desc, count);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
 	case VG_OP_cuMemsetD8Async: {
 		CUdeviceptr dstDevice;
 		vh_get(rd, &dstDevice, sizeof(dstDevice));
@@ -1034,6 +1414,20 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuGraphUpload_pt ? B->cuGraphUpload_pt(hGraph, hStream) : B->cuGraphUpload(hGraph, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemFreeAsync: {
+		CUdeviceptr dptr;
+		vh_get(rd, &dptr, sizeof(dptr));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = vhx_cuMemFreeAsync(ch, dptr, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;

@@ -5,19 +5,22 @@
 
 enum vg_kind {
 	VG_KIND_NONE = 0,
-	VG_KIND_EVENT = 1,
-	VG_KIND_FUNCTION = 2,
-	VG_KIND_GRAPH = 3,
-	VG_KIND_GRAPH_EXEC = 4,
-	VG_KIND_GRAPH_NODE = 5,
-	VG_KIND_KERNEL = 6,
-	VG_KIND_LIBRARY = 7,
-	VG_KIND_MODULE = 8,
-	VG_KIND_STREAM = 9,
-	VG_KIND_COUNT = 10,
+	VG_KIND_ARRAY = 1,
+	VG_KIND_EVENT = 2,
+	VG_KIND_FUNCTION = 3,
+	VG_KIND_GRAPH = 4,
+	VG_KIND_GRAPH_EXEC = 5,
+	VG_KIND_GRAPH_NODE = 6,
+	VG_KIND_KERNEL = 7,
+	VG_KIND_LIBRARY = 8,
+	VG_KIND_MEMPOOL = 9,
+	VG_KIND_MODULE = 10,
+	VG_KIND_STREAM = 11,
+	VG_KIND_COUNT = 12,
 };
 
 #define VG_KIND_NAMES(X) \
+	X(VG_KIND_ARRAY, "array") \
 	X(VG_KIND_EVENT, "event") \
 	X(VG_KIND_FUNCTION, "function") \
 	X(VG_KIND_GRAPH, "graph") \
@@ -25,6 +28,7 @@ enum vg_kind {
 	X(VG_KIND_GRAPH_NODE, "graph_node") \
 	X(VG_KIND_KERNEL, "kernel") \
 	X(VG_KIND_LIBRARY, "library") \
+	X(VG_KIND_MEMPOOL, "mempool") \
 	X(VG_KIND_MODULE, "module") \
 	X(VG_KIND_STREAM, "stream") \
 

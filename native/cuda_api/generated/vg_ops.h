@@ -84,7 +84,31 @@
 #define VG_OP_cuGraphDestroy 95
 #define VG_OP_cuGraphGetNodes 96
 #define VG_OP_cuPointerGetAttributes 97
-#define VG_OP_LIMIT 98
+#define VG_OP_cuMemAllocPitch_v2 98
+#define VG_OP_cuArrayCreate_v2 99
+#define VG_OP_cuArray3DCreate_v2 100
+#define VG_OP_cuArrayDestroy 101
+#define VG_OP_cuArrayGetDescriptor_v2 102
+#define VG_OP_cuArray3DGetDescriptor_v2 103
+#define VG_OP_cuMemAllocAsync 104
+#define VG_OP_cuMemAllocFromPoolAsync 105
+#define VG_OP_cuMemFreeAsync 106
+#define VG_OP_cuMemPoolCreate 107
+#define VG_OP_cuMemPoolDestroy 108
+#define VG_OP_cuDeviceGetDefaultMemPool 109
+#define VG_OP_cuDeviceGetMemPool 110
+#define VG_OP_cuMemPoolTrimTo 111
+#define VG_OP_cuMemPoolSetAttribute 112
+#define VG_OP_cuMemPoolGetAttribute 113
+#define VG_OP_cuMemGetAllocationGranularity 114
+#define VG_OP_cuMemCreate 115
+#define VG_OP_cuMemRelease 116
+#define VG_OP_cuMemAddressReserve 117
+#define VG_OP_cuMemAddressFree 118
+#define VG_OP_cuMemMap 119
+#define VG_OP_cuMemUnmap 120
+#define VG_OP_cuMemSetAccess 121
+#define VG_OP_LIMIT 122
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -168,5 +192,29 @@
 	X(95, cuGraphDestroy) \
 	X(96, cuGraphGetNodes) \
 	X(97, cuPointerGetAttributes) \
+	X(98, cuMemAllocPitch_v2) \
+	X(99, cuArrayCreate_v2) \
+	X(100, cuArray3DCreate_v2) \
+	X(101, cuArrayDestroy) \
+	X(102, cuArrayGetDescriptor_v2) \
+	X(103, cuArray3DGetDescriptor_v2) \
+	X(104, cuMemAllocAsync) \
+	X(105, cuMemAllocFromPoolAsync) \
+	X(106, cuMemFreeAsync) \
+	X(107, cuMemPoolCreate) \
+	X(108, cuMemPoolDestroy) \
+	X(109, cuDeviceGetDefaultMemPool) \
+	X(110, cuDeviceGetMemPool) \
+	X(111, cuMemPoolTrimTo) \
+	X(112, cuMemPoolSetAttribute) \
+	X(113, cuMemPoolGetAttribute) \
+	X(114, cuMemGetAllocationGranularity) \
+	X(115, cuMemCreate) \
+	X(116, cuMemRelease) \
+	X(117, cuMemAddressReserve) \
+	X(118, cuMemAddressFree) \
+	X(119, cuMemMap) \
+	X(120, cuMemUnmap) \
+	X(121, cuMemSetAccess) \
 
 #endif

@@ -47,9 +47,13 @@
 	X(cuStreamBeginCapture_v2) \
 	X(cuStreamEndCapture) \
 	X(cuThreadExchangeStreamCaptureMode) \
-	X(cuGraphInstantiateWithFlags) \
-	X(cuGraphExecDestroy) \
 	X(cuGraphDestroy) \
+	X(cuArrayGetDescriptor_v2) \
+	X(cuArray3DGetDescriptor_v2) \
+	X(cuDeviceGetDefaultMemPool) \
+	X(cuDeviceGetMemPool) \
+	X(cuMemAddressReserve) \
+	X(cuMemAddressFree) \
 	X(cuMemsetD8Async) \
 	X(cuMemsetD16Async) \
 	X(cuMemsetD32Async) \
@@ -105,6 +109,30 @@
 	X(cuModuleEnumerateFunctions) \
 	X(cuPointerGetAttribute) \
 	X(cuPointerGetAttributes) \
+	X(cuMemAllocPitch_v2) \
+	X(cuArrayCreate_v2) \
+	X(cuArray3DCreate_v2) \
+	X(cuArrayDestroy) \
+	X(cuMemAllocAsync) \
+	X(cuMemAllocFromPoolAsync) \
+	X(cuMemFreeAsync) \
+	X(cuMemPoolCreate) \
+	X(cuMemPoolDestroy) \
+	X(cuMemPoolTrimTo) \
+	X(cuMemPoolSetAttribute) \
+	X(cuMemPoolGetAttribute) \
+	X(cuMemGetAllocationGranularity) \
+	X(cuMemCreate) \
+	X(cuMemRelease) \
+	X(cuMemMap) \
+	X(cuMemUnmap) \
+	X(cuMemSetAccess) \
+	X(cuGraphInstantiateWithFlags) \
+	X(cuGraphExecDestroy) \
+	X(cuGraphNodeGetType) \
+	X(cuGraphMemAllocNodeGetParams) \
+	X(cuDeviceGraphMemTrim) \
+	X(cuCtxGetDevice) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
