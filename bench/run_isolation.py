@@ -19,12 +19,13 @@ share is what the scheduler gave it (the page's held time).  Printed:
   - cap10/cap50/cap100: one guest under the fixed policy capped at 10/50/100 %, its
     throughput as a fraction of its solo throughput;
   - overhead_pct: one guest with the scheduler on (weight 100, never binding) against the
-    same guest with the forwarder's scheduler off (--no-sched).
+    same guest with the forwarder's scheduler off (--no-sched): the mean over the modes of the
+    medians of --reps alternated runs each.
 
 Last line: `isolation max_err_pp=X p95_err_pp=X converge_s=X reclaim_ms=X cap10=X cap50=X overhead_pct=X
 tput_max_err_pp=X tput_p95_err_pp=X`.
 
-    python3 bench/run_isolation.py [--seconds 3] [--modes gemm tiny graph sync]
+    python3 bench/run_isolation.py [--seconds 3] [--reps 3] [--modes gemm tiny graph sync]
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def used(page: Page) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--reps", type=int, default=3, help="solo runs with the scheduler on and off, alternated")
     ap.add_argument("--modes", nargs="*", default=MODES, choices=MODES)
     a = ap.parse_args()
     if not PROG.exists():
@@ -133,13 +135,22 @@ def main() -> int:
     secs = a.seconds
     try:
         # solo rates, the scheduler on (never binding) and off
+        # alternated a.reps times and the medians compared, so that a drift of the card's clocks
+        # between two runs is not taken for the scheduler's cost
         solo, solo_off = {}, {}
         for m in a.modes:
-            (r,) = host.start([100], sched=False)
-            solo_off[m] = steady_rate(run([r], [m], [secs])[0])
-            (r,) = host.start([100])
-            solo[m] = steady_rate(run([r], [m], [secs])[0])
-            print(f"solo {m:<6} {solo[m]:>10.1f} it/s   scheduler off {solo_off[m]:>10.1f} it/s", flush=True)
+            on, off = [], []
+            for _ in range(a.reps):
+                (r,) = host.start([100], sched=False)
+                off.append(steady_rate(run([r], [m], [secs])[0]))
+                (r,) = host.start([100])
+                on.append(steady_rate(run([r], [m], [secs])[0]))
+            solo[m], solo_off[m] = statistics.median(on), statistics.median(off)
+            print(
+                f"solo {m:<6} {solo[m]:>10.1f} it/s   scheduler off {solo_off[m]:>10.1f} it/s"
+                f"   (runs on: {' '.join(f'{x:.1f}' for x in on)}; off: {' '.join(f'{x:.1f}' for x in off)})",
+                flush=True,
+            )
         overhead = statistics.mean(100 * (1 - solo[m] / solo_off[m]) for m in a.modes)
 
         errs, terrs = [], []  # |GPU-time share - set|, |throughput share - set|

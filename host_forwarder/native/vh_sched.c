@@ -331,13 +331,14 @@ void vh_sched_enter(struct vh_sched *s)
 	int waiting = 0;
 	for (;;) {
 		if (atomic_load(&pg->policy) == VS_NATIVE || (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))) {
+			/* the fast path touches only this worker's own counters: the scheduler thread
+			 * publishes them to the page (vh_sched_tick) */
 			atomic_fetch_add(&s->inflight, 1);
-			atomic_fetch_add(&g->inflight, 1);
 			if (!atomic_load(&g->draining)) {
-				atomic_fetch_add_explicit(&g->work_calls, 1, memory_order_relaxed);
+				atomic_store_explicit(&s->calls, atomic_load_explicit(&s->calls, memory_order_relaxed) + 1,
+						      memory_order_relaxed);
 				break;
 			}
-			atomic_fetch_sub(&g->inflight, 1);
 			atomic_fetch_sub(&s->inflight, 1);
 		}
 		if (!waiting) {
@@ -364,8 +365,6 @@ void vh_sched_enter(struct vh_sched *s)
 void vh_sched_exit(struct vh_sched *s)
 {
 	if (s->pg) {
-		struct vs_slot *g = &s->pg->slot[s->me];
-		atomic_fetch_sub(&g->inflight, 1);
 		atomic_fetch_sub(&s->inflight, 1);
 	}
 }
@@ -395,6 +394,12 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	uint64_t now = now_ns();
 	int owner = atomic_load(&pg->owner);
 	struct vs_slot *g = &pg->slot[s->me];
+	/* this worker's work calls, for the guest's idle test */
+	uint64_t mine = atomic_load_explicit(&s->calls, memory_order_relaxed);
+	if (mine != s->published) {
+		atomic_fetch_add_explicit(&g->work_calls, mine - s->published, memory_order_relaxed);
+		s->published = mine;
+	}
 	if (owner != s->me) {
 		/* a holder that died, or nobody holding while guests wait (a period rolled) */
 		if (owner >= 0 && !alive(atomic_load(&pg->slot[owner].pid))) {
@@ -422,7 +427,8 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 			s->synced_gen = gen;
 			atomic_fetch_add(&g->drained, 1);
 		}
-		if (s->releasing && atomic_load(&g->inflight) == 0 && atomic_load(&g->drained) >= atomic_load(&g->nworkers)) {
+		/* every worker counts itself drained only with nothing of its own past the gate */
+		if (s->releasing && atomic_load(&g->drained) >= atomic_load(&g->nworkers)) {
 			lock(pg);
 			uint64_t end = now_ns();
 			charge(pg, g, end);
@@ -436,11 +442,13 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	uint32_t policy = atomic_load(&pg->policy);
 	uint64_t held = now - pg->hold_start;
 	uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
-	if (calls != s->seen_calls || atomic_load(&g->inflight)) {
+	if (calls != s->seen_calls || atomic_load(&s->inflight)) {
 		s->seen_calls = calls;
 		s->seen_at = now;
 	}
-	int idle = atomic_load(&g->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > IDLE_NS;
+	/* idle: no worker of the guest has passed the gate for a while (a call that another worker
+	 * still has in flight is waited for by the drain) */
+	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > IDLE_NS;
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      others_wait(s, now, g->vtime + vcost(pg, g, held));
 	int spent = capped(policy) && g->period_used + held >= budget_ns(pg, g);

@@ -43,9 +43,10 @@ struct vs_slot {             /* 256 bytes */
 	_Atomic uint64_t turns;   /* times it was given the GPU */
 	uint64_t last_active;     /* when its last turn began or ended */
 	/* the guest's worker processes (one per guest process) share its turn: */
-	_Atomic uint32_t inflight;  /* work calls past the gate, not yet returned */
+	_Atomic uint32_t inflight;  /* unused (layout kept): each worker counts its own */
 	_Atomic uint32_t draining;  /* handing over: no new work passes */
-	_Atomic uint64_t work_calls; /* work calls that passed the gate (idle: it stops moving) */
+	_Atomic uint64_t work_calls; /* work calls that passed the gate, as the workers' scheduler
+	                              * threads publish them (idle: it stops moving) */
 	_Atomic uint32_t nworkers;  /* worker processes */
 	_Atomic uint32_t drained;   /* workers that finished their queued work this hand-over */
 	_Atomic uint32_t drain_gen; /* hand-overs begun */
@@ -78,6 +79,8 @@ struct vh_sched {
 	int dev;                   /* the forwarder's device index */
 	/* per worker process: */
 	_Atomic int inflight;      /* this worker's work calls past the gate */
+	_Atomic uint64_t calls;    /* this worker's work calls (one writer, its serving thread) */
+	uint64_t published;        /* how many of them the scheduler thread has added to the page */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */
 	int releasing;             /* this worker began the hand-over under way */
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
