@@ -109,6 +109,10 @@ static int set_device(struct vh_chan *ch, uint16_t dev)
 	return 0;
 }
 
+/* Stream captures the guest process has open: a context-wide synchronisation then would end
+ * them with an error, and their launches put nothing on the GPU anyway. */
+static _Atomic int open_captures;
+
 static int trace_errors; /* VMGPU_TRACE_ERRORS=1: log every call that fails, with its name */
 
 static const char *op_name(uint32_t op)
@@ -188,6 +192,10 @@ int vh_serve(struct vh_chan *ch)
 		}
 		if (books)
 			pthread_mutex_unlock(&ch->books_mu);
+		if (hdr.op == VG_OP_cuStreamBeginCapture_v2 && r == CUDA_SUCCESS)
+			atomic_fetch_add(&open_captures, 1);
+		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
+			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
 		uint64_t spent = vmgpu_now_ns() - t0;
 		ch->ncalls++;
 		struct vh_stats *st = ch->fwd->stats;
@@ -234,6 +242,8 @@ static CUcontext *_Atomic sched_ctx; /* the served channel's contexts (ch.ctx) *
 static void sched_drain(void *arg, int dev)
 {
 	(void)arg;
+	if (atomic_load(&open_captures))
+		return; /* the turn ends without waiting for other streams: rare and short */
 	CUcontext *ctx = atomic_load(&sched_ctx);
 	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
 	if (c)
@@ -244,6 +254,10 @@ static void *sched_thread(void *arg)
 {
 	struct vh_chan *ch = arg;
 	unsigned ticks = 0;
+	/* this thread's drains must not break a stream capture the guest has open in the serving
+	 * thread (a global-mode capture forbids other threads' synchronisation unless relaxed) */
+	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
 	while (!atomic_load(&sched_stop)) {
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_tick(&F.sched[d], sched_drain, NULL);
