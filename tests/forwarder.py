@@ -49,9 +49,16 @@ def log_text(fwd: Forwarder) -> str:
     return fwd.log()
 
 
-def run_guest(args, region: Path, timeout: float = 120, **extra) -> subprocess.CompletedProcess:
+def run_guest(
+    args, region: Path, timeout: float = 120, input: str | None = None, **extra
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(a) for a in args], env=guest_env(region, **extra), capture_output=True, text=True, timeout=timeout
+        [str(a) for a in args],
+        env=guest_env(region, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
     )
 
 

@@ -39,50 +39,22 @@ typedef struct {
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 
 static struct {
-	int tried, ok;
+	int opened;
+	int on[VG_MAX_DEVICES]; /* this guest GPU can be measured */
 	int (*get)(void *, unsigned *, nvml_proc *);
 	void *dev[VG_MAX_DEVICES];
 	int (*sim)(CUdevice, unsigned long long *);
 } M;
 
-static void meter_open(const struct vh_chan *ch)
+/* Bytes this process holds on guest device dev, asked now, or -1 if the answer is no number. */
+static int64_t query(const struct vh_chan *ch, int dev)
 {
-	const struct vh_fwd *f = ch->fwd;
-	M.tried = 1;
-	if (ch->backend->simulated) {
-		M.sim = (int (*)(CUdevice, unsigned long long *))dlsym(ch->backend->dl, "vmgpuSimProcessUsage");
-		M.ok = M.sim != NULL;
-		return;
-	}
-	void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!h)
-		return;
-	int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
-	int (*by_uuid)(const char *, void **) = (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID");
-	M.get = (int (*)(void *, unsigned *, nvml_proc *))dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
-	if (!init || !by_uuid || !M.get || init() != 0)
-		return;
-	for (int d = 0; d < f->ndev; d++) {
-		char uuid[64];
-		vh_uuid_str(f->info[d].uuid, uuid, sizeof uuid);
-		if (by_uuid(uuid, &M.dev[d]) != 0)
-			return;
-	}
-	M.ok = 1;
-}
-
-/* Bytes this process holds on guest device dev, or -1 if that cannot be measured. */
-static int64_t meter(const struct vh_chan *ch, int dev)
-{
-	const struct vh_fwd *f = ch->fwd;
-	if (!M.tried)
-		meter_open(ch);
-	if (!M.ok)
-		return -1;
 	if (M.sim) {
 		unsigned long long b = 0;
-		return M.sim(f->dev[dev], &b) == 0 ? (int64_t)b : -1;
+		return M.sim(ch->fwd->dev[dev], &b) == 0 ? (int64_t)b : -1;
 	}
+	if (!M.get || !M.dev[dev])
+		return -1;
 	nvml_proc stack[64], *p = stack;
 	unsigned n = 64;
 	int r = M.get(M.dev[dev], &n, p);
@@ -93,23 +65,67 @@ static int64_t meter(const struct vh_chan *ch, int dev)
 			return -1;
 		r = M.get(M.dev[dev], &n, p);
 	}
-	int64_t out = r == 0 ? 0 : -1;
+	int64_t out = r == 0 ? 0 : -1; /* not listed yet: nothing held */
 	unsigned pid = (unsigned)getpid();
 	for (unsigned i = 0; r == 0 && i < n; i++)
 		if (p[i].pid == pid)
 			out = p[i].used == NVML_NOT_AVAILABLE ? -1 : (int64_t)p[i].used;
 	if (p != stack)
 		free(p);
-	if (out < 0 && M.ok) {
-		M.ok = 0; /* said once, then the estimates are the charges */
-		vh_log("NVML gives no per-process memory usage here: quotas are kept by estimates");
-	}
 	return out;
 }
 
+/* Once per worker: which of the guest's GPUs can be measured (each asked once). */
+static void meter_open(const struct vh_chan *ch)
+{
+	const struct vh_fwd *f = ch->fwd;
+	M.opened = 1;
+	if (ch->backend->simulated) {
+		M.sim = (int (*)(CUdevice, unsigned long long *))dlsym(ch->backend->dl, "vmgpuSimProcessUsage");
+	} else {
+		void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+		int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+		int (*by_uuid)(const char *, void **) =
+			h ? (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID") : NULL;
+		if (h)
+			M.get = (int (*)(void *, unsigned *, nvml_proc *))dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
+		if (!init || !by_uuid || !M.get || init() != 0)
+			M.get = NULL;
+		for (int d = 0; M.get && d < f->ndev; d++) {
+			char uuid[64];
+			vh_uuid_str(f->info[d].uuid, uuid, sizeof uuid);
+			if (by_uuid(uuid, &M.dev[d]) != 0)
+				M.dev[d] = NULL;
+		}
+	}
+	for (int d = 0; d < f->ndev; d++) {
+		M.on[d] = (M.sim || M.get) && query(ch, d) >= 0;
+		if (!M.on[d])
+			vh_log("GPU %d: no per-process memory usage to be had here: its quota is kept by estimates", d);
+	}
+}
+
+/* Bytes this process holds on guest device dev, or -1 if that cannot be measured. */
+static int64_t meter(const struct vh_chan *ch, int dev)
+{
+	if (!M.opened)
+		meter_open(ch);
+	if (!M.on[dev])
+		return -1;
+	int64_t v = query(ch, dev);
+	if (v < 0) {
+		M.on[dev] = 0; /* said once, then the estimates are the charges */
+		vh_log("GPU %d: NVML stopped giving per-process memory usage: its quota is kept by estimates", dev);
+	}
+	return v;
+}
+
+/* Whether this worker's charges on its current GPU are measurements (no measuring here). */
 int vh_books_metered(struct vh_chan *ch)
 {
-	return meter(ch, ch->cur_dev >= 0 ? ch->cur_dev : 0) >= 0;
+	if (!M.opened)
+		meter_open(ch);
+	return M.on[ch->cur_dev >= 0 ? ch->cur_dev : 0];
 }
 
 /* ---- the books ------------------------------------------------------------------------ */
@@ -150,11 +166,6 @@ int vh_books_settle(struct vh_chan *ch, int dev)
 		atomic_fetch_add(&f->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
 	}
 	return atomic_load(&f->used[dev]) > f->quota[dev];
-}
-
-int vh_books_over(struct vh_chan *ch, int dev)
-{
-	return atomic_load(&ch->fwd->used[dev]) > ch->fwd->quota[dev];
 }
 
 void vh_books_refresh(struct vh_chan *ch)

@@ -97,6 +97,15 @@ static void given_back(struct vh_chan *ch, int dev, uint64_t charge)
 		vh_books_release(ch, dev, charge);
 }
 
+/* A record whose memory the driver has taken back: forget it, and the books follow. */
+static void let_go(struct vh_chan *ch, struct vh_alloc *a)
+{
+	int dev = a->dev;
+	uint64_t charge = a->size;
+	untrack(ch, a);
+	given_back(ch, dev, charge);
+}
+
 static CUresult oom_if(struct vh_chan *ch, int dev, CUresult r, const char *call, uint64_t want)
 {
 	if (r == CUDA_ERROR_OUT_OF_MEMORY)
@@ -218,10 +227,7 @@ CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 	CUresult r = ch->backend->cuMemFree_v2(dptr);
 	if (r != CUDA_SUCCESS)
 		return r;
-	int dev = a->dev;
-	uint64_t charge = a->size;
-	untrack(ch, a);
-	given_back(ch, dev, charge);
+	let_go(ch, a);
 	return CUDA_SUCCESS;
 }
 
@@ -315,10 +321,7 @@ CUresult vhx_cuArrayDestroy(struct vh_chan *ch, CUarray hArray)
 	CUresult r = ch->backend->cuArrayDestroy(hArray);
 	if (r != CUDA_SUCCESS)
 		return r;
-	int dev = a->dev;
-	uint64_t charge = a->size;
-	untrack(ch, a);
-	given_back(ch, dev, charge);
+	let_go(ch, a);
 	return CUDA_SUCCESS;
 }
 
@@ -572,10 +575,7 @@ static void vmm_maybe_gone(struct vh_chan *ch, uint64_t handle)
 	for (size_t i = 0; i < ch->nallocs; i++)
 		if (ch->allocs[i].kind == VH_VMM_MAP && ch->allocs[i].ref == handle)
 			return;
-	int dev = h->dev;
-	uint64_t charge = h->size;
-	untrack(ch, h);
-	given_back(ch, dev, charge);
+	let_go(ch, h);
 }
 
 CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle handle)
@@ -708,11 +708,8 @@ CUresult vhx_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
 		return r;
 	struct vh_alloc *a = find(ch, (CUdeviceptr)(uintptr_t)exec, 1u << VH_GRAPH);
 	if (a) {
-		int dev = a->dev;
-		uint64_t charge = a->size;
-		untrack(ch, a);
-		B->cuDeviceGraphMemTrim(ch->fwd->dev[dev]); /* the graph pool keeps memory until trimmed */
-		given_back(ch, dev, charge);
+		B->cuDeviceGraphMemTrim(ch->fwd->dev[a->dev]); /* the graph pool keeps memory until trimmed */
+		let_go(ch, a);
 	}
 	return CUDA_SUCCESS;
 }

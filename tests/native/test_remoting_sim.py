@@ -130,6 +130,20 @@ def test_every_allocation_path_is_held_to_the_quota(shm_path, tmp_path, monkeypa
     assert all(refused.get(k, 0) > 0 for k in "aprsov"), refused
 
 
+def test_where_nothing_can_be_measured_each_context_is_charged_its_reserve(shm_path, monkeypatch):
+    """The simulated driver measures its first GPU only: on the second, as under MIG, the books
+    are estimates, and each guest process's context is charged --ctx-reserve."""
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    with forwarder(shm_path, mem="256M", extra=["--gpus", "1", "--ctx-reserve", "100M"]) as fwd:
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        fits = run_guest([NATIVE / "hold", 150], shm_path, input="")
+        over = run_guest([NATIVE / "hold", 160], shm_path)
+        assert "GPU 0: no per-process memory usage to be had here" in log_text(fwd)
+    assert free.stdout.split() == ["free", str(156 << 20), str(256 << 20)], free.stdout + free.stderr
+    assert fits.returncode == 0 and fits.stdout.split()[0] == "held", fits.stdout + fits.stderr
+    assert over.returncode == 1 and over.stdout.strip() == "alloc failed"
+
+
 def test_a_dead_worker_gives_its_memory_back(shm_path, tmp_path):
     """A worker killed outright (as a driver crash would) cannot free anything itself: the
     forwarder returns its charges, and the next guest process gets the whole quota."""
