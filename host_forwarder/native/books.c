@@ -120,12 +120,18 @@ static int64_t meter(const struct vh_chan *ch, int dev)
 	return v;
 }
 
-/* Whether this worker's charges on its current GPU are measurements (no measuring here). */
-int vh_books_metered(struct vh_chan *ch)
+/* Whether this worker's charges on guest GPU dev are measurements (no measuring here). */
+int vh_books_metered_dev(struct vh_chan *ch, int dev)
 {
 	if (!M.opened)
 		meter_open(ch);
-	return M.on[ch->cur_dev >= 0 ? ch->cur_dev : 0];
+	return M.on[dev];
+}
+
+/* The same for its current GPU. */
+int vh_books_metered(struct vh_chan *ch)
+{
+	return vh_books_metered_dev(ch, ch->cur_dev >= 0 ? ch->cur_dev : 0);
 }
 
 /* ---- the books ------------------------------------------------------------------------ */

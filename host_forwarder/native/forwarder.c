@@ -33,6 +33,7 @@
 #include "vh_dispatch.h"
 
 static volatile sig_atomic_t stopping;
+static volatile sig_atomic_t region_broken; /* the guest truncated its region file (on_sigbus) */
 static struct vh_fwd F;
 static struct vh_backend BK;
 static void on_signal(int sig);
@@ -160,8 +161,8 @@ int vh_serve(struct vh_chan *ch)
 			if (n == -EAGAIN || n == -ETIMEDOUT)
 				continue;
 		}
-		if (n < 0) {
-			ended = VH_EXIT_PROTOCOL; /* the guest broke the ring protocol */
+		if (n < 0 || region_broken) {
+			ended = VH_EXIT_PROTOCOL; /* the guest broke the ring protocol, or its region */
 			break;
 		}
 		if (type != VG_REC_REQUEST || (uint32_t)n < sizeof(struct vg_req_hdr)) {
@@ -286,19 +287,11 @@ static int worker(uint32_t idx, pid_t supervisor)
 	const struct vh_backend *B = &BK;
 	if (B->cuInit(0) != CUDA_SUCCESS)
 		return 3;
+	/* nothing is made on a GPU here: a context is made, after its charge, at the guest
+	 * process's first call that needs that GPU (context.c) */
 	for (int i = 0; i < F.ndev; i++)
-		if (B->cuDeviceGet(&F.dev[i], F.ordinal[i]) != CUDA_SUCCESS ||
-		    B->cuDevicePrimaryCtxRetain(&F.ctx[i], F.dev[i]) != CUDA_SUCCESS)
+		if (B->cuDeviceGet(&F.dev[i], F.ordinal[i]) != CUDA_SUCCESS)
 			return 3;
-	/* pinned DMA from and to the whole region: heap and bulk copies run at the pinned rate */
-	B->cuCtxSetCurrent(F.ctx[0]);
-	CUresult r = B->cuMemHostRegister_v2(F.region, F.region_size,
-					     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-	F.registered = r == CUDA_SUCCESS;
-	if (!F.registered)
-		logf_("channel %u: cannot register the region with the driver (%s); copies run at pageable speed",
-		      idx, errname(r));
-	B->cuCtxSetCurrent(NULL);
 
 	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1,
 			     .charged = F.charged[idx], .books_mu = PTHREAD_MUTEX_INITIALIZER};
@@ -306,29 +299,93 @@ static int worker(uint32_t idx, pid_t supervisor)
 	logf_("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	      vmgpu_hchan_generation(ch.hc), (int)getpid());
 	atomic_store(&sched_ctx, ch.ctx);
-	for (int d = 0; d < F.ndev; d++)
-		vh_sched_worker(&F.sched[d], 1);
-	pthread_t st;
+	pthread_t st; /* (the supervisor counted this worker into the GPUs' scheduler slots) */
 	int sched_on = pthread_create(&st, NULL, sched_thread, &ch) == 0;
 	int ended = vh_serve(&ch);
 	if (sched_on) {
 		atomic_store(&sched_stop, 1);
 		pthread_join(st, NULL);
 	}
-	/* give up a turn this worker started handing over, and stop counting in hand-overs */
-	for (int d = 0; d < F.ndev; d++) {
-		while (F.sched[d].releasing)
-			vh_sched_tick(&F.sched[d], sched_drain, NULL);
-		vh_sched_worker(&F.sched[d], 0);
-	}
+	/* stop counting in hand-overs: one under way completes without this worker (whoever is
+	 * left, or the supervisor, completes it) */
+	for (int d = 0; d < F.ndev; d++)
+		if (atomic_exchange(&F.sched_joined[idx][d], 0))
+			vh_sched_worker(&F.sched[d], 0);
 	uint64_t calls = ch.ncalls, async = ch.nasync;
 	atomic_store(&sched_ctx, NULL);
 	vh_chan_release_all(&ch);
+	/* its contexts go now, and with them all it held on the GPUs: the books take that back
+	 * here, so that the guest's next process finds its memory free (the supervisor's reap is
+	 * the backstop for a worker that cannot say so) */
+	pthread_mutex_lock(&ch.books_mu);
+	int had = vh_chan_contexts_drop(&ch);
+	for (int d = 0; d < F.ndev; d++) {
+		if (had && vh_books_metered_dev(&ch, d))
+			vh_books_settle(&ch, d);
+		else
+			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
+	}
+	pthread_mutex_unlock(&ch.books_mu);
 	logf_("channel %u: closed after %llu calls (%llu async; module images: %llu sent, %llu from cache); its "
 	      "memory and objects are freed",
 	      idx, (unsigned long long)calls, (unsigned long long)async, (unsigned long long)ch.images_sent,
 	      (unsigned long long)ch.images_cached);
 	return ended;
+}
+
+/* ---- the region file: the host survives whatever the guest does to it ------------- */
+
+/* A container guest has its region file bind-mounted and can truncate it: the host's next
+ * touch of a page past the new end raises SIGBUS.  The handler puts a private zero page
+ * there (so the access completes) and marks the region broken; the worker that touched it
+ * stops serving, and the supervisor restores the file's size, maps it again, formats it
+ * afresh and cuts every guest process off (they broke their own region).  A file the guest
+ * grows is cut back to its size at once, so no host memory goes uncounted for long. */
+static uintptr_t region_lo, region_hi, page_size;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	(void)uc;
+	uintptr_t a = (uintptr_t)si->si_addr;
+	if (a >= region_lo && a < region_hi &&
+	    mmap((void *)(a & ~(page_size - 1)), page_size, PROT_READ | PROT_WRITE,
+		 MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) != MAP_FAILED) {
+		region_broken = 1;
+		return;
+	}
+	signal(sig, SIG_DFL); /* not the region: a real fault */
+	raise(sig);
+}
+
+static void region_guard(void)
+{
+	page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
+	region_lo = (uintptr_t)F.region;
+	region_hi = region_lo + F.region_size;
+	struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_NODEFER};
+	sigaction(SIGBUS, &sa, NULL);
+}
+
+/* 0: the file is as the host made it.  1: it was shrunk or a page went missing: the file
+ * has its size back, is mapped again and must be formatted afresh.  A file that was only
+ * grown is cut back and stays as it is (0). */
+static int region_restore(int fd)
+{
+	struct stat st;
+	int shrunk = fstat(fd, &st) != 0 || (uint64_t)st.st_size < F.region_size || region_broken;
+	if (!shrunk && (uint64_t)st.st_size == F.region_size)
+		return 0;
+	logf_("the guest changed the size of its region file (%lld bytes; it is %llu): %s", (long long)st.st_size,
+	      (unsigned long long)F.region_size,
+	      shrunk ? "restored and formatted afresh; its processes lose their GPU" : "cut back");
+	if (ftruncate(fd, (off_t)F.region_size) != 0)
+		logf_("cannot restore the region file's size: %s", strerror(errno));
+	if (!shrunk)
+		return 0;
+	if (mmap(F.region, F.region_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+		logf_("cannot map the region again: %s", strerror(errno));
+	region_broken = 0;
+	return 1;
 }
 
 /* ---- start-up -------------------------------------------------------------------- */
@@ -536,6 +593,69 @@ static int sched_id(const char *list, int d, char *out, size_t cap)
 	return 0;
 }
 
+/* A worker ended: give back its row of the books and its place in its GPUs' scheduler
+ * slots, however it ended, and fence its channel (reclaimed by the supervisor's loop). */
+static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, uint8_t *fence)
+{
+	slots[i].worker = 0;
+	for (int d = 0; d < F.ndev; d++) {
+		atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[i][d], 0));
+		if (atomic_exchange(&F.sched_joined[i][d], 0))
+			vh_sched_worker(&F.sched[d], 0); /* it could not say so itself */
+	}
+	fence[i] = 1;
+	if (WIFSIGNALED(status))
+		logf_("channel %u: worker %d died (signal %d); the guest process loses its GPU", i, (int)pid,
+		      WTERMSIG(status));
+	else if (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != VH_EXIT_PROTOCOL)
+		logf_("channel %u: worker %d failed (exit %d); the guest process loses its GPU", i, (int)pid,
+		      WEXITSTATUS(status));
+}
+
+/* Reap the workers that ended (waiting for them if block).  Returns how many are left. */
+static uint32_t reap(struct slot *slots, uint32_t n, uint8_t *fence, int block)
+{
+	int status;
+	pid_t pid;
+	while ((pid = waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
+		for (uint32_t i = 0; i < n; i++)
+			if (slots[i].worker == pid)
+				worker_ended(slots, i, pid, status, fence);
+		block = 0;
+	}
+	uint32_t left = 0;
+	for (uint32_t i = 0; i < n; i++)
+		left += slots[i].worker != 0;
+	return left;
+}
+
+static void reap_all(struct slot *slots, uint32_t n, uint8_t *fence)
+{
+	while (reap(slots, n, fence, 1))
+		;
+}
+
+/* A worker for the guest process that opened channel i.  It is counted into its GPUs'
+ * scheduler slots here, before it exists, so that no way it can end leaves a count behind. */
+static void start_worker(struct slot *slots, uint32_t i)
+{
+	for (int d = 0; d < F.ndev; d++) {
+		vh_sched_worker(&F.sched[d], 1);
+		atomic_store(&F.sched_joined[i][d], 1);
+	}
+	pid_t self = getpid(), pid = fork();
+	if (pid == 0)
+		_exit(worker(i, self));
+	if (pid > 0) {
+		slots[i].worker = pid;
+		return;
+	}
+	logf_("channel %u: cannot start a worker: %s", i, strerror(errno));
+	for (int d = 0; d < F.ndev; d++)
+		if (atomic_exchange(&F.sched_joined[i][d], 0))
+			vh_sched_worker(&F.sched[d], 0);
+}
+
 int main(int argc, char **argv)
 {
 	const char *region = NULL, *backend = "cuda", *gpus = "0", *mems = NULL, *stats_path = NULL;
@@ -651,9 +771,9 @@ int main(int argc, char **argv)
 	fstat(fd, &st);
 	F.region_size = (uint64_t)st.st_size;
 	F.region = mmap(NULL, F.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
 	if (F.region == MAP_FAILED)
 		return die("cannot map region %s: %s", region, strerror(errno));
+	region_guard(); /* the fd stays open: the supervisor watches the file's size */
 	if (create && vmgpu_region_format(F.region, F.region_size, &params, F.guest) != 0)
 		return die("cannot format region %s: %s", region, vmgpu_shm_errmsg());
 	if (vmgpu_host_attach(F.region, F.region_size, &params, &wopts, &F.host) != 0)
@@ -686,55 +806,59 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	struct slot *slots = calloc(L->nchannels, sizeof *slots);
-	/* each worker's row of the books, shared, so that its charges come back however it ends */
-	size_t rows = L->nchannels * sizeof *F.charged;
+	/* each worker's row of the books and its scheduler membership, shared, so that both
+	 * come back however the worker ends; and the lock its contexts are made under */
+	size_t rows = L->nchannels * sizeof *F.charged, joined = L->nchannels * sizeof *F.sched_joined;
 	F.charged = mmap(NULL, rows, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (F.charged == MAP_FAILED)
+	F.sched_joined = mmap(NULL, joined, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	F.shared = mmap(NULL, sizeof *F.shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (F.charged == MAP_FAILED || F.sched_joined == MAP_FAILED || F.shared == MAP_FAILED)
 		return die("cannot map the memory books: %s", strerror(errno));
+	pthread_mutexattr_t ma;
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(&F.shared->ctx_mu, &ma);
 	uint8_t *fence = calloc(L->nchannels, 1);
 	while (!stopping) {
 		vmgpu_host_beat(F.host);
-		int status;
-		pid_t pid;
-		while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-			for (uint32_t i = 0; i < L->nchannels; i++) {
-				if (slots[i].worker != pid)
-					continue;
-				slots[i].worker = 0;
-				for (int d = 0; d < F.ndev; d++)
-					atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[i][d], 0));
-				if (WIFSIGNALED(status))
-					for (int d = 0; d < F.ndev; d++)
-						vh_sched_worker(&F.sched[d], 0); /* it cannot say so itself */
-				if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-					/* nobody serves the guest process now: cut it off, it gets one sticky error */
-					fence[i] = 1;
-					if (WIFSIGNALED(status))
-						logf_("channel %u: worker %d died (signal %d); the guest process loses its GPU", i,
-						      (int)pid, WTERMSIG(status));
-					else if (WEXITSTATUS(status) != VH_EXIT_PROTOCOL)
-						logf_("channel %u: worker %d failed (exit %d)", i, (int)pid, WEXITSTATUS(status));
-				}
+		if (region_restore(fd)) {
+			/* every guest process loses its channel; the region starts again, empty */
+			for (uint32_t i = 0; i < L->nchannels; i++)
+				if (slots[i].worker)
+					kill(slots[i].worker, SIGKILL);
+			reap_all(slots, L->nchannels, fence);
+			vmgpu_host_detach(F.host);
+			F.host = NULL;
+			if (vmgpu_region_format(F.region, F.region_size, &params, F.guest) != 0 ||
+			    vmgpu_host_attach(F.region, F.region_size, &params, &wopts, &F.host) != 0) {
+				logf_("cannot format the region again: %s", vmgpu_shm_errmsg());
+				break;
 			}
+			L = vmgpu_host_layout(F.host);
+			memset(fence, 0, L->nchannels);
 		}
+		reap(slots, L->nchannels, fence, 0);
+		for (int d = 0; d < F.ndev; d++)
+			vh_sched_supervise(&F.sched[d]);
 		uint64_t now = vmgpu_now_ns();
 		for (uint32_t i = 0; i < L->nchannels; i++) {
 			if (slots[i].worker)
 				continue;
 			struct vmgpu_hchan *hc = vmgpu_host_chan(F.host, i);
 			int ev = vmgpu_hchan_poll(hc, now);
-			if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST || (fence[i] && ev != VMGPU_HC_IDLE)) {
+			if (fence[i]) {
+				/* its worker ended: whatever the channel says, that owner is done (a worker
+				 * ends only when its owner closed, was lost or broke the protocol, or when the
+				 * worker itself failed).  A new owner comes with a new generation. */
+				if (ev == VMGPU_HC_IDLE || vmgpu_hchan_reclaim(hc) == 0)
+					fence[i] = 0;
+				continue;
+			}
+			if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST) {
 				vmgpu_hchan_reclaim(hc);
-				fence[i] = 0;
 			} else if (ev == VMGPU_HC_OPENED || ev == VMGPU_HC_SERVING) {
-				pid_t self = getpid();
-				pid = fork();
-				if (pid == 0)
-					_exit(worker(i, self));
-				if (pid > 0)
-					slots[i].worker = pid;
-				else
-					logf_("channel %u: cannot start a worker: %s", i, strerror(errno));
+				start_worker(slots, i);
 			}
 		}
 		struct timespec ts = {0, 2 * 1000000};
@@ -744,9 +868,18 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < L->nchannels; i++)
 		if (slots[i].worker)
 			kill(slots[i].worker, SIGTERM);
+	/* workers finish their call and free what their process held; one that does not within
+	 * a few seconds (stuck in the driver) is killed */
+	uint64_t deadline = vmgpu_now_ns() + 5000000000ull;
+	while (reap(slots, L->nchannels, fence, 0) && vmgpu_now_ns() < deadline) {
+		struct timespec ts = {0, 5 * 1000000};
+		nanosleep(&ts, NULL);
+	}
 	for (uint32_t i = 0; i < L->nchannels; i++)
 		if (slots[i].worker)
-			waitpid(slots[i].worker, NULL, 0);
+			kill(slots[i].worker, SIGKILL);
+	reap_all(slots, L->nchannels, fence);
+	close(fd);
 	free(slots);
 	free(fence);
 	for (int d = 0; d < F.ndev; d++)

@@ -130,37 +130,6 @@ int vh_context_in(struct vh_chan *ch, CUcontext *c)
 	return vh_chan_context(ch, (int)(v - 1), c) == CUDA_SUCCESS ? 0 : -1;
 }
 
-CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
-{
-	if (!ch->ctx[dev]) {
-		/* a context takes device memory of its own: measured and charged where the driver can be
-		 * measured, a flat reserve (--ctx-reserve) where not; a guest whose quota cannot hold it
-		 * gets CUDA_ERROR_OUT_OF_MEMORY */
-		int metered = vh_books_metered(ch);
-		uint64_t reserve = metered ? 0 : ch->fwd->ctx_reserve;
-		if (vh_books_reserve(ch, dev, reserve)) {
-			vh_oom(ch, dev, "context", reserve);
-			return CUDA_ERROR_OUT_OF_MEMORY;
-		}
-		/* the device's primary context, retained when the worker started, as a native process's
-		 * runtime uses it: one context per guest process and GPU, as natively */
-		CUresult r = ch->fwd->ctx[dev] ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
-		ch->ctx[dev] = ch->fwd->ctx[dev];
-		if (r == CUDA_SUCCESS && metered && vh_books_settle(ch, dev)) {
-			vh_oom(ch, dev, "context", 0);
-			r = CUDA_ERROR_OUT_OF_MEMORY;
-		}
-		if (r != CUDA_SUCCESS) {
-			if (!metered)
-				vh_books_release(ch, dev, reserve);
-			ch->ctx[dev] = NULL;
-			return r;
-		}
-	}
-	*out = ch->ctx[dev];
-	return CUDA_SUCCESS;
-}
-
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz)
 {
 	if (elsz && n > (64u << 20) / elsz)
@@ -207,12 +176,8 @@ void vh_chan_release_all(struct vh_chan *ch)
 	}
 	for (uint32_t i = 0; i < ch->nh; i++)
 		clear(&ch->h[i]);
-	/* memory goes with the contexts; the supervisor returns this worker's charges when it ends */
-	/* whatever is left (and a context a kernel fault poisoned) goes when the worker exits,
-	 * which it does next */
+	/* memory goes with the contexts, which the worker destroys next (context.c) */
 	B->cuCtxSetCurrent(NULL);
-	for (int d = 0; d < VG_MAX_DEVICES; d++)
-		ch->ctx[d] = NULL;
 	ch->cur_dev = -1;
 	free(ch->h);
 	free(ch->allocs);

@@ -43,12 +43,19 @@ int vh_backend_load(struct vh_backend *b, const char *which, char *err, size_t e
 
 /* ---- the forwarder (one per guest) ------------------------------------------- */
 
+/* What the workers of one guest share besides the books (context.c). */
+struct vh_shared {
+	pthread_mutex_t ctx_mu;                  /* contexts are made one at a time (robust) */
+	_Atomic uint64_t ctx_bytes[VG_MAX_DEVICES]; /* the largest context measured on each GPU */
+};
+
 struct vh_fwd {
 	const struct vh_backend *backend;
 	struct vmgpu_host *host;
 	uint8_t *region;
 	uint64_t region_size;
-	int registered; /* the region is registered with the driver (pinned DMA) */
+	int registered;     /* this worker registered the region with the driver (pinned DMA) */
+	int registered_dev; /* in its context on this GPU */
 	int ndev;
 	CUdevice dev[VG_MAX_DEVICES];
 	CUcontext ctx[VG_MAX_DEVICES];
@@ -56,6 +63,10 @@ struct vh_fwd {
 	uint64_t quota[VG_MAX_DEVICES];
 	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */
 	_Atomic uint64_t (*charged)[VG_MAX_DEVICES]; /* per channel's worker, shared (books.c) */
+	/* per channel: its worker is counted in the GPU's scheduler slot; whoever clears it (the
+	 * worker leaving, or the supervisor reaping it) counts it out, once */
+	_Atomic uint32_t (*sched_joined)[VG_MAX_DEVICES];
+	struct vh_shared *shared;
 	uint64_t ctx_reserve;            /* a context's charge where the driver cannot be measured */
 	const char *oom_script;          /* run with the guest's identity when it is refused memory */
 	struct vh_stats *stats;          /* shared by the workers; a file if --stats is given */
@@ -221,7 +232,11 @@ void vh_handle_drop(struct vh_chan *ch, int kind, void *host_ptr);
 struct vh_handle *vh_handle_entry(struct vh_chan *ch, uint64_t guest_value, int kind);
 int vh_device_in(struct vh_chan *ch, CUdevice *d);
 int vh_context_in(struct vh_chan *ch, CUcontext *c);
-CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out); /* made at first use */
+/* The process's context on dev, made at its first use after its charge was reserved
+ * (context.c); CUDA_ERROR_OUT_OF_MEMORY, with nothing left on the GPU, if it does not fit. */
+CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out);
+/* Destroy every context the process has (at its end); nonzero if it had any. */
+int vh_chan_contexts_drop(struct vh_chan *ch);
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
 void vh_chan_release_all(struct vh_chan *ch);
 void vh_blob_drop(struct vh_chan *ch); /* forget the image being received or used */
@@ -237,6 +252,7 @@ int vh_books_reserve(struct vh_chan *ch, int dev, uint64_t n);
 void vh_books_release(struct vh_chan *ch, int dev, uint64_t n);
 int vh_books_settle(struct vh_chan *ch, int dev);
 int vh_books_metered(struct vh_chan *ch);
+int vh_books_metered_dev(struct vh_chan *ch, int dev);
 uint64_t vh_round_charge(uint64_t n);
 int vh_books_after_load(struct vh_chan *ch); /* nonzero: the load left the guest over its quota */
 /* From the worker's second thread now and then: the books take what the driver says now

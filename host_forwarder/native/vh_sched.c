@@ -314,11 +314,52 @@ void vh_sched_worker(struct vh_sched *s, int start)
 		struct vs_slot *g = &s->pg->slot[s->me];
 		if (start) {
 			atomic_fetch_add(&g->nworkers, 1);
-			s->synced_gen = atomic_load(&g->drain_gen);
+			/* a hand-over under way waits for this worker too: it drains (nothing) at once */
+			s->synced_gen = atomic_load(&g->drain_gen) - (atomic_load(&g->draining) ? 1u : 0u);
 		} else {
 			atomic_fetch_sub(&g->nworkers, 1);
-			atomic_fetch_add(&g->drained, 1); /* it has nothing queued any more */
 		}
+	}
+}
+
+/* Complete the hand-over under way (draining 1) once every worker has drained; whoever gets
+ * here first does it: a worker's scheduler thread or, for workers that are gone, the
+ * supervisor. */
+static void complete(struct vs_page *pg, struct vs_slot *g)
+{
+	uint32_t one = 1;
+	if (atomic_load(&g->drained) < atomic_load(&g->nworkers) ||
+	    !atomic_compare_exchange_strong(&g->draining, &one, 3u)) /* 3: completing */
+		return;
+	lock(pg);
+	if (atomic_load(&pg->owner) == (int32_t)(g - pg->slot)) {
+		uint64_t end = now_ns();
+		charge(pg, g, end);
+		hand_over(pg, end);
+	}
+	unlock(pg);
+	atomic_store(&g->draining, 0);
+}
+
+void vh_sched_supervise(struct vh_sched *s)
+{
+	struct vs_page *pg = s->pg;
+	if (!pg || atomic_load(&pg->owner) != s->me)
+		return;
+	struct vs_slot *g = &pg->slot[s->me];
+	uint32_t zero = 0;
+	if (atomic_load(&g->draining) == 1) {
+		complete(pg, g); /* the workers that would have completed it are gone */
+	} else if (atomic_load(&g->nworkers) == 0 && atomic_compare_exchange_strong(&g->draining, &zero, 3u)) {
+		/* holding the GPU with no worker to use it or give it up */
+		lock(pg);
+		if (atomic_load(&pg->owner) == s->me) {
+			uint64_t end = now_ns();
+			charge(pg, g, end);
+			hand_over(pg, end);
+		}
+		unlock(pg);
+		atomic_store(&g->draining, 0);
 	}
 }
 
@@ -428,15 +469,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 			atomic_fetch_add(&g->drained, 1);
 		}
 		/* every worker counts itself drained only with nothing of its own past the gate */
-		if (s->releasing && atomic_load(&g->drained) >= atomic_load(&g->nworkers)) {
-			lock(pg);
-			uint64_t end = now_ns();
-			charge(pg, g, end);
-			hand_over(pg, end);
-			unlock(pg);
-			s->releasing = 0;
-			atomic_store(&g->draining, 0);
-		}
+		complete(pg, g);
 		return;
 	}
 	uint32_t policy = atomic_load(&pg->policy);
@@ -459,6 +492,5 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		return;
 	atomic_store(&g->drained, 0);
 	atomic_fetch_add(&g->drain_gen, 1);
-	s->releasing = 1;
 	atomic_store(&g->draining, 1);
 }

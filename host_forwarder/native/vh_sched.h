@@ -82,15 +82,18 @@ struct vh_sched {
 	_Atomic uint64_t calls;    /* this worker's work calls (one writer, its serving thread) */
 	uint64_t published;        /* how many of them the scheduler thread has added to the page */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */
-	int releasing;             /* this worker began the hand-over under way */
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
 };
 
 /* Join the scheduler of the GPU with this UUID (a page in dir).  weight 1..100.  0 on success. */
 int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev);
 void vh_sched_leave(struct vh_sched *s);
-/* A worker process starts or stops taking part. */
+/* A worker process starts or stops taking part: the supervisor counts one in before it forks
+ * it, and counts it out once, when it leaves or when it is reaped, however it ended. */
 void vh_sched_worker(struct vh_sched *s, int start);
+/* The supervisor, every turn of its loop: completes a hand-over that workers which are gone
+ * left under way, and gives up the GPU if the guest holds it with no worker at all. */
+void vh_sched_supervise(struct vh_sched *s);
 /* Around a call that puts work on the GPU. */
 void vh_sched_enter(struct vh_sched *s);
 void vh_sched_exit(struct vh_sched *s);

@@ -13,6 +13,9 @@
  */
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,6 +40,26 @@ static uint64_t used_bytes;
 /* What the process holds, as NVML would say: allocations rounded as the H100's driver rounds
  * them, and VMGPU_SIM_CTX_MIB (default 0) per context.  vmgpuSimProcessUsage reports it. */
 static uint64_t proc_bytes;
+
+/* VMGPU_SIM_USAGE_DIR: each process keeps what it holds in DIR/<pid>, rewritten at every
+ * change, so that tests can check the forwarder's books against the simulated driver's own
+ * account, as the GPU tests check them against NVML. */
+static void usage_add(int64_t delta)
+{
+	uint64_t now = __atomic_add_fetch(&proc_bytes, (uint64_t)delta, __ATOMIC_RELAXED);
+	const char *dir = getenv("VMGPU_SIM_USAGE_DIR");
+	if (!dir || !*dir)
+		return;
+	char path[512], line[32];
+	snprintf(path, sizeof path, "%s/%d", dir, (int)getpid());
+	int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	int n = snprintf(line, sizeof line, "%020llu\n", (unsigned long long)now);
+	if (pwrite(fd, line, (size_t)n, 0) != n)
+		now = 0;
+	close(fd);
+}
 
 static uint64_t sim_round(uint64_t n)
 {
@@ -160,10 +183,33 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
 	*c = (CUcontext)&primary_ctx[d];
 	if (__atomic_fetch_add(&primary_ctx[d], 1, __ATOMIC_RELAXED) == 0)
-		__atomic_add_fetch(&proc_bytes, ctx_bytes(), __ATOMIC_RELAXED); /* made by the first retain */
+		usage_add((int64_t)ctx_bytes()); /* made by the first retain */
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { return d ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS; }
+/* The last release destroys the primary context, and the device memory allocated in it. */
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	if (d < 0 || d >= ndev()) return CUDA_ERROR_INVALID_DEVICE;
+	int was = __atomic_load_n(&primary_ctx[d], __ATOMIC_RELAXED);
+	if (was <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+	if (__atomic_sub_fetch(&primary_ctx[d], 1, __ATOMIC_RELAXED) != 0)
+		return CUDA_SUCCESS;
+	int64_t freed = (int64_t)ctx_bytes();
+	pthread_mutex_lock(&mu);
+	for (size_t i = 0; i < nranges;) {
+		if (!ranges[i].registered) { /* cuMemAlloc's, not mappings */
+			free(ranges[i].host);
+			used_bytes -= ranges[i].size;
+			freed += (int64_t)sim_round(ranges[i].size);
+			ranges[i] = ranges[--nranges];
+		} else {
+			i++;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	usage_add(-freed);
+	return CUDA_SUCCESS;
+}
 /* Contexts: the primary one, and any number created (all share the one address space). */
 #define CTX_MAGIC 0x43545853u
 EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int flags, CUdevice d)
@@ -175,7 +221,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int 
 	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
 	*x = CTX_MAGIC;
 	*c = (CUcontext)x;
-	__atomic_add_fetch(&proc_bytes, ctx_bytes(), __ATOMIC_RELAXED);
+	usage_add((int64_t)ctx_bytes());
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
@@ -183,7 +229,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 	if ((uintptr_t)c < 4096 || *(uint32_t *)c != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
 	*(uint32_t *)c = 0;
 	free(c);
-	__atomic_sub_fetch(&proc_bytes, ctx_bytes(), __ATOMIC_RELAXED);
+	usage_add(-(int64_t)ctx_bytes());
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)
@@ -212,7 +258,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
 	next_dev += (n + 0xFFFF) & ~0xFFFFull;
 	if (!over) {
 		used_bytes += n;
-		proc_bytes += sim_round(n);
+		usage_add((int64_t)sim_round(n));
 	}
 	pthread_mutex_unlock(&mu);
 	if (over) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -232,7 +278,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 		if (ranges[i].dev == p && !ranges[i].registered) {
 			free(ranges[i].host);
 			used_bytes -= ranges[i].size;
-			proc_bytes -= sim_round(ranges[i].size);
+			usage_add(-(int64_t)sim_round(ranges[i].size));
 			ranges[i] = ranges[--nranges];
 			pthread_mutex_unlock(&mu);
 			return CUDA_SUCCESS;
@@ -1000,7 +1046,7 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationPr
 static void vmm_maybe_free(struct sim_vmm *v)
 {
 	if (!v->released || v->maps) return;
-	__atomic_sub_fetch(&proc_bytes, v->size, __ATOMIC_RELAXED);
+	usage_add(-(int64_t)v->size);
 	pthread_mutex_lock(&mu);
 	used_bytes -= v->size;
 	pthread_mutex_unlock(&mu);
@@ -1023,7 +1069,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 	if (!v || !v->host) { free(v); return CUDA_ERROR_OUT_OF_MEMORY; }
 	v->magic = VMM_MAGIC;
 	v->size = size;
-	__atomic_add_fetch(&proc_bytes, size, __ATOMIC_RELAXED);
+	usage_add((int64_t)size);
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)v;
 	return CUDA_SUCCESS;
 }

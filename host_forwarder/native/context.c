@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A guest process's context on each of its GPUs: charged before it exists.
+ *
+ * A context takes device memory of its own (518 MiB on an H100 with driver 580).  A worker
+ * makes none when it starts: the first call of its guest process that needs a GPU reserves
+ * the context's size against the guest's quota, and only then is the context made (the
+ * device's primary context, one per guest process and GPU, as natively).  Where the driver
+ * can be measured the reservation is then replaced by the measurement; a context that
+ * leaves the guest over its quota is destroyed again at once, so a guest process that does
+ * not fit gets CUDA_ERROR_OUT_OF_MEMORY and holds nothing on the GPU.  The workers of one
+ * guest make contexts one at a time (a lock shared by them), so that several processes
+ * starting together cannot pass the quota between the reservation and the measurement.
+ *
+ * The region is registered with the driver (pinned DMA for heap and bulk copies) in the
+ * first context a worker makes, and unregistered before that context goes.
+ */
+#include <errno.h>
+
+#include "vh_dispatch.h"
+
+static void ctx_lock(struct vh_fwd *f)
+{
+	if (pthread_mutex_lock(&f->shared->ctx_mu) == EOWNERDEAD)
+		pthread_mutex_consistent(&f->shared->ctx_mu); /* a worker died making one: nothing to repair */
+}
+
+static void ctx_unlock(struct vh_fwd *f)
+{
+	pthread_mutex_unlock(&f->shared->ctx_mu);
+}
+
+/* What a context on dev is reserved before it is made: the largest one measured by any of
+ * the guest's workers, or --ctx-reserve until one has been measured. */
+static uint64_t estimate(struct vh_fwd *f, int dev, int metered)
+{
+	uint64_t seen = atomic_load(&f->shared->ctx_bytes[dev]);
+	return metered && seen ? seen : f->ctx_reserve;
+}
+
+static void region_register(struct vh_chan *ch, int dev)
+{
+	struct vh_fwd *f = ch->fwd;
+	if (f->registered)
+		return;
+	CUresult r = ch->backend->cuMemHostRegister_v2(f->region, f->region_size,
+						       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	f->registered = r == CUDA_SUCCESS;
+	f->registered_dev = dev;
+	if (!f->registered) {
+		const char *s = NULL;
+		ch->backend->cuGetErrorName(r, &s);
+		vh_log("channel %u: cannot register the region with the driver (%s); copies run at pageable speed",
+		       ch->index, s ? s : "unknown CUDA error");
+	}
+}
+
+static void region_unregister(struct vh_chan *ch)
+{
+	struct vh_fwd *f = ch->fwd;
+	if (f->registered)
+		ch->backend->cuMemHostUnregister(f->region);
+	f->registered = 0;
+}
+
+/* Destroy the context this worker made on dev (the primary context, retained once). */
+static void context_drop(struct vh_chan *ch, int dev)
+{
+	const struct vh_backend *B = ch->backend;
+	struct vh_fwd *f = ch->fwd;
+	B->cuCtxSetCurrent(ch->ctx[dev]);
+	if (f->registered && f->registered_dev == dev)
+		region_unregister(ch);
+	B->cuCtxSetCurrent(NULL);
+	B->cuDevicePrimaryCtxRelease_v2(f->dev[dev]);
+	ch->ctx[dev] = NULL;
+	if (ch->cur_dev == dev)
+		ch->cur_dev = -1;
+}
+
+CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
+{
+	if (ch->ctx[dev]) {
+		*out = ch->ctx[dev];
+		return CUDA_SUCCESS;
+	}
+	struct vh_fwd *f = ch->fwd;
+	const struct vh_backend *B = ch->backend;
+	int metered = vh_books_metered_dev(ch, dev);
+	uint64_t est = estimate(f, dev, metered);
+	ctx_lock(f);
+	if (vh_books_reserve(ch, dev, est)) {
+		ctx_unlock(f);
+		vh_oom(ch, dev, "context", est);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	CUcontext c = NULL;
+	CUresult r = B->cuDevicePrimaryCtxRetain(&c, f->dev[dev]);
+	if (r != CUDA_SUCCESS) {
+		vh_books_release(ch, dev, est);
+		ctx_unlock(f);
+		return r;
+	}
+	ch->ctx[dev] = c;
+	B->cuCtxSetCurrent(c);
+	region_register(ch, dev);
+	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	if (metered) {
+		/* the reservation becomes what the driver says the worker holds now */
+		int over = vh_books_settle(ch, dev);
+		uint64_t now = atomic_load(&ch->charged[dev]), seen = atomic_load(&f->shared->ctx_bytes[dev]);
+		while (now > seen && !atomic_compare_exchange_weak(&f->shared->ctx_bytes[dev], &seen, now))
+			;
+		if (over) {
+			context_drop(ch, dev);
+			vh_books_settle(ch, dev); /* back to what it held before: nothing on this GPU */
+			ctx_unlock(f);
+			vh_oom(ch, dev, "context", now);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	}
+	ctx_unlock(f);
+	*out = c;
+	return CUDA_SUCCESS;
+}
+
+int vh_chan_contexts_drop(struct vh_chan *ch)
+{
+	int held = 0;
+	for (int d = 0; d < ch->fwd->ndev; d++) {
+		if (!ch->ctx[d])
+			continue;
+		context_drop(ch, d);
+		held = 1;
+	}
+	return held;
+}
