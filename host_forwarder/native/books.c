@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "vh_dispatch.h"
@@ -144,7 +145,25 @@ uint64_t vh_round_charge(uint64_t n)
 	return n == 0 ? unit : (n + unit - 1) / unit * unit;
 }
 
-int vh_books_reserve(struct vh_chan *ch, int dev, uint64_t n)
+/* Is some of dev's memory on its way back: a row of a guest process that has closed its
+ * channel (or lost it) whose worker has not yet given it back?  Its worker does so within
+ * moments; until then the books still count it. */
+static int returns_pending(const struct vh_chan *ch, int dev)
+{
+	const struct vh_fwd *f = ch->fwd;
+	const struct vmgpu_layout *L = vmgpu_host_layout(f->host);
+	for (uint32_t i = 0; i < L->nchannels; i++) {
+		if (i == ch->index || !atomic_load(&f->charged[i][dev]))
+			continue;
+		struct vmgpu_chan_desc *d =
+			(struct vmgpu_chan_desc *)(f->region + L->chan_table_off + (uint64_t)i * sizeof *d);
+		if ((uint32_t)atomic_load_explicit(&d->ctl, memory_order_acquire) != VMGPU_CHAN_ACTIVE)
+			return 1;
+	}
+	return 0;
+}
+
+static int reserve_now(struct vh_chan *ch, int dev, uint64_t n)
 {
 	struct vh_fwd *f = ch->fwd;
 	_Atomic uint64_t *used = &f->used[dev];
@@ -155,6 +174,21 @@ int vh_books_reserve(struct vh_chan *ch, int dev, uint64_t n)
 	} while (!atomic_compare_exchange_weak(used, &cur, cur + n));
 	atomic_fetch_add(&ch->charged[dev], n);
 	return 0;
+}
+
+/* A guest process that starts as another ends must not be refused the memory the other is
+ * giving back: a reservation that does not fit waits (up to a second) while such memory is
+ * on its way, as natively a process's memory is free once it has exited. */
+int vh_books_reserve(struct vh_chan *ch, int dev, uint64_t n)
+{
+	for (int waited_ms = 0;; waited_ms++) {
+		if (reserve_now(ch, dev, n) == 0)
+			return 0;
+		if (waited_ms >= 1000 || !returns_pending(ch, dev))
+			return -1;
+		struct timespec t = {0, 1000000};
+		nanosleep(&t, NULL);
+	}
 }
 
 void vh_books_release(struct vh_chan *ch, int dev, uint64_t n)

@@ -94,20 +94,23 @@ struct slot {
 	pid_t worker; /* serving this channel, 0 if none */
 };
 
-static int set_device(struct vh_chan *ch, uint16_t dev)
+/* Make the guest device a call names current, with the process's context on it (made, and
+ * charged, at its first use: CUDA_ERROR_OUT_OF_MEMORY if it does not fit). */
+static CUresult set_device(struct vh_chan *ch, uint16_t dev)
 {
 	int want = dev == VG_NO_DEVICE ? -1 : dev;
 	if (want == ch->cur_dev)
-		return 0;
+		return CUDA_SUCCESS;
 	if (want >= ch->fwd->ndev)
-		return -1;
+		return CUDA_ERROR_INVALID_DEVICE;
 	CUcontext c = NULL;
-	if (want >= 0 && vh_chan_context(ch, want, &c) != CUDA_SUCCESS)
-		return -1;
+	CUresult r = want >= 0 ? vh_chan_context(ch, want, &c) : CUDA_SUCCESS;
+	if (r != CUDA_SUCCESS)
+		return r;
 	if (ch->backend->cuCtxSetCurrent(c) != CUDA_SUCCESS)
-		return -1;
+		return CUDA_ERROR_INVALID_CONTEXT;
 	ch->cur_dev = want;
-	return 0;
+	return CUDA_SUCCESS;
 }
 
 /* Stream captures the guest process has open: a context-wide synchronisation then would end
@@ -181,8 +184,8 @@ int vh_serve(struct vh_chan *ch)
 		int books = !vh_op_gpu_work(hdr.op);
 		if (books)
 			pthread_mutex_lock(&ch->books_mu);
-		if (set_device(ch, hdr.dev)) {
-			r = CUDA_ERROR_INVALID_DEVICE;
+		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
+			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
 			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
 			vh_sched_enter(sc); /* wait for this guest's turn on the GPU */

@@ -378,7 +378,17 @@ static CUresult fill(CUdeviceptr d, const void *v, size_t elsz, size_t n)
 		memcpy(p + i * elsz, v, elsz);
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return fill(d, &v, 1, n); }
+/* VMGPU_SIM_EXIT_AT_MEMSET=N: the process's Nth cuMemsetD8 ends it with exit status 3, as a
+ * driver that calls exit() would (tests: a worker that ends with a status while it holds the
+ * GPU). */
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
+{
+	static unsigned long long calls;
+	const char *e = getenv("VMGPU_SIM_EXIT_AT_MEMSET");
+	if (e && *e && __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED) == strtoull(e, NULL, 10))
+		exit(3);
+	return fill(d, &v, 1, n);
+}
 EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return fill(d, &v, 2, n); }
 EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return fill(d, &v, 4, n); }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)s; return fill(d, &v, 1, n); }

@@ -3,10 +3,13 @@
  *   hold MiB      allocate, print "held <free> <total>", then for each stdin line
  *                 try one more 1 MiB cuMemAlloc and print its CUresult.
  *   hold 0        print "free <free> <total>" (cuMemGetInfo) and exit.
+ *   hold MiB stay as the first, but a process that is refused stays until stdin ends (an
+ *                 idle process that caught its error), printing "init failed" or "alloc failed".
  */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int main(int argc, char **argv)
 {
@@ -14,12 +17,18 @@ int main(int argc, char **argv)
 	CUdevice dev;
 	CUcontext ctx;
 	CUdeviceptr p;
-	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
-		printf("init failed\n");
-		return 1;
-	}
-	if (mib && cuMemAlloc(&p, mib << 20)) {
-		printf("alloc failed\n");
+	int stay = argc > 2 && !strcmp(argv[2], "stay");
+	const char *failed = NULL;
+	char line[64];
+	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+		failed = "init failed";
+	else if (mib && cuMemAlloc(&p, mib << 20))
+		failed = "alloc failed";
+	if (failed) {
+		printf("%s\n", failed);
+		fflush(stdout);
+		while (stay && fgets(line, sizeof line, stdin))
+			;
 		return 1;
 	}
 	cuMemGetInfo(&free_b, &total);
@@ -27,7 +36,6 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	if (!mib)
 		return 0;
-	char line[64];
 	while (fgets(line, sizeof line, stdin)) {
 		CUresult r = cuMemAlloc(&p, 1 << 20);
 		printf("alloc %d\n", (int)r);
