@@ -5,8 +5,8 @@
  *                                       bytes, truncated headers, wrapping offsets, huge
  *                                       counts, PTX without NUL): each must be refused with
  *                                       CUDA_ERROR_INVALID_IMAGE; then valid ones must load
- *   image_guest REGION issue [FILE]     issue 14's image (a fatbin claiming 64 MiB in 4 KiB),
- *                                       refused; then valid images (and FILE) load
+ *   image_guest REGION issue [FILE...]  issue 14's image (a fatbin claiming 64 MiB in 4 KiB),
+ *                                       refused; then PTX and the FILEs load (a real GPU)
  *   image_guest REGION fuzz N SEED [FILE...]  N mutations of valid cubin/fatbin/PTX images
  *                                       (and FILEs); the forwarder must answer each, and
  *                                       still load valid images and answer correctly after
@@ -279,18 +279,29 @@ static struct buf read_image(const char *path)
 
 /* ---- modes ------------------------------------------------------------------------ */
 
-static int valid_images_load(void)
+/* Valid images load: PTX, and (on the simulated backend, which runs no code) the synthetic
+ * cubin and fatbin, whose instructions a real GPU would not take. */
+static int valid_images_load_as(int synthetic)
 {
 	struct buf c = cubin(), f = fatbin();
 	int ok = 1, r;
 	if ((r = load((const uint8_t *)PTX_TEXT, sizeof PTX_TEXT, 0)) != 0)
 		ok = 0, fprintf(stderr, "a valid PTX image was refused (%d)\n", r);
+	if (!synthetic) {
+		free(c.p), free(f.p);
+		return ok;
+	}
 	if ((r = load(c.p, c.n, 0)) != 0)
 		ok = 0, fprintf(stderr, "a valid cubin was refused (%d)\n", r);
 	if ((r = load(f.p, f.n, 0)) != 0)
 		ok = 0, fprintf(stderr, "a valid fatbin was refused (%d)\n", r);
 	free(c.p), free(f.p);
 	return ok;
+}
+
+static int valid_images_load(void)
+{
+	return valid_images_load_as(1);
 }
 
 static int expect_refused(const char *what, struct buf b)
@@ -412,11 +423,13 @@ static int hostile(void)
 
 static int issue(int argc, char **argv)
 {
-	int r = load(issue_image().p, 4096, 0);
+	struct buf bad = issue_image();
+	int r = load(bad.p, bad.n, 0);
+	free(bad.p);
 	printf("fatbin claiming 64 MiB in 4 KiB: %d\n", r);
 	if (r != INVALID_IMAGE)
 		return 1;
-	if (!valid_images_load())
+	if (!valid_images_load_as(0))
 		return 1;
 	for (int i = 0; i < argc; i++) {
 		struct buf b = read_image(argv[i]);
@@ -424,6 +437,7 @@ static int issue(int argc, char **argv)
 			fprintf(stderr, "%s was refused (%d)\n", argv[i], r);
 			return 1;
 		}
+		free(b.p);
 		printf("%s: loaded\n", argv[i]);
 	}
 	printf("refused cleanly; the worker then loads valid images\n");
@@ -509,6 +523,8 @@ static int fuzz(long iters, uint64_t seed, int nfiles, char **files)
 		if (i % 500 == 499 && !valid_images_load())
 			return 1;
 	}
+	for (int i = 0; i < nbase; i++)
+		free(base[i].p);
 	if (!healthy() || !valid_images_load())
 		return 1;
 	printf("image fuzz: %ld images, %ld loaded, %ld refused; forwarder healthy\n", iters, loaded, refused);
