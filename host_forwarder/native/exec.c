@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "vh_dispatch.h"
+#include "vh_images.h"
 
 /* ---- host buffers -------------------------------------------------------------- */
 
@@ -201,11 +202,32 @@ CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, st
 
 /* ---- module images --------------------------------------------------------------- */
 
+/* The image to give the driver: the bytes received (or the cache's copy of the same bytes),
+ * checked against their own headers (image_check.c), with a zeroed guard after them. */
 static CUresult blob_take(struct vh_chan *ch, const void **image)
 {
-	if (!ch->image) {
+	static unsigned logged; /* a guest sending bad images does not flood the log */
+	char why[200];
+	const uint8_t *bytes;
+	uint64_t size;
+	if (ch->image) {
+		bytes = vh_image_bytes(ch->image);
+		size = ch->blob_size;
+	} else {
 		if (!ch->blob || ch->blob_filled != ch->blob_size)
 			return CUDA_ERROR_INVALID_IMAGE;
+		bytes = ch->blob;
+		size = ch->blob_size;
+	}
+	if (vh_image_check(bytes, size, why, sizeof why)) {
+		if (logged < 16) {
+			logged++;
+			vh_log("channel %u: module image of %llu bytes refused (CUDA_ERROR_INVALID_IMAGE): %s", ch->index,
+			       (unsigned long long)size, why);
+		}
+		return CUDA_ERROR_INVALID_IMAGE;
+	}
+	if (!ch->image) {
 		/* keep it for the next load of the same bytes, if it is what the guest said */
 		ch->image = vh_image_add(ch->fwd, ch->blob, ch->blob_size, ch->blob_hash);
 		if (!ch->image) {
@@ -695,12 +717,13 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 		blob_drop(ch);
 		ch->image = vh_image_find(ch->fwd, size, hash);
 		uint64_t cached = ch->image != NULL;
+		ch->blob_size = size;
 		if (!cached) {
-			ch->blob = malloc(size + 1);
+			/* a reader past the bytes (a size field, a string) meets zeros of ours */
+			ch->blob = malloc(size + VH_IMAGE_GUARD);
 			if (!ch->blob)
 				return CUDA_ERROR_OUT_OF_MEMORY;
-			ch->blob[size] = 0; /* a PTX image read as text ends here whatever the guest sent */
-			ch->blob_size = size;
+			memset(ch->blob + size, 0, VH_IMAGE_GUARD);
 			memcpy(ch->blob_hash, hash, sizeof hash);
 		}
 		ch->images_cached += cached;

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "vh_dispatch.h"
+#include "vh_images.h"
 
 static volatile sig_atomic_t stopping;
 static volatile sig_atomic_t region_broken; /* the guest truncated its region file (on_sigbus) */
@@ -526,20 +527,6 @@ static int map_stats(const char *path)
 	return 0;
 }
 
-static void remove_image_dir(void)
-{
-	if (!F.image_dir[0])
-		return;
-	DIR *d = opendir(F.image_dir);
-	struct dirent *e;
-	while (d && (e = readdir(d)))
-		if (e->d_name[0] != '.')
-			unlinkat(dirfd(d), e->d_name, 0);
-	if (d)
-		closedir(d);
-	rmdir(F.image_dir);
-}
-
 static void on_signal(int sig)
 {
 	(void)sig;
@@ -781,9 +768,7 @@ int main(int argc, char **argv)
 		return die("cannot format region %s: %s", region, vmgpu_shm_errmsg());
 	if (vmgpu_host_attach(F.region, F.region_size, &params, &wopts, &F.host) != 0)
 		return die("cannot serve region %s: %s", region, vmgpu_shm_errmsg());
-	snprintf(F.image_dir, sizeof F.image_dir, "/dev/shm/vmgpu-images-%d", (int)getpid());
-	if (mkdir(F.image_dir, 0700) != 0)
-		F.image_dir[0] = '\0'; /* no cache: every image crosses */
+	vh_images_open(&F); /* none: every image crosses */
 
 	for (int d = 0; d < F.ndev && !no_sched; d++) {
 		char uuid[64];
@@ -890,6 +875,6 @@ int main(int argc, char **argv)
 	vmgpu_host_close(F.host);
 	vmgpu_host_detach(F.host);
 	munmap(F.region, F.region_size);
-	remove_image_dir();
+	vh_images_close(&F);
 	return 0;
 }

@@ -80,7 +80,7 @@ struct vh_fwd {
 
 struct vh_image;
 struct vh_image *vh_image_find(struct vh_fwd *f, uint64_t size, const uint64_t hash[2]);
-/* Take bytes (malloc'd, size + 1 with a final NUL) as an image; kept for others if their
+/* Take bytes (malloc'd, size + VH_IMAGE_GUARD, the guard zeroed) as an image; kept for others if their
  * hash is `claimed`.  NULL if the claim was false (the caller keeps the bytes). */
 struct vh_image *vh_image_add(struct vh_fwd *f, uint8_t *bytes, uint64_t size, const uint64_t claimed[2]);
 void vh_image_put(struct vh_fwd *f, struct vh_image *img);

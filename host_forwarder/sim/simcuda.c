@@ -5,7 +5,7 @@
  * addresses, every address a call names is checked against what was
  * allocated, streams and events are objects that complete at once, and
  * modules are read from PTX text, alone or uncompressed inside a fatbin (entry
- * names and parameter layouts).  One
+ * names and parameter layouts; images checked by the forwarder first).  One
  * kernel really runs: any entry whose name contains "vadd" with (const float*,
  * const float*, float*, int) computes c = a + b, so tests can check results.
  * Other launches are accepted and do nothing.  It is for tests only; the
@@ -473,6 +473,7 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 
 #define MAX_FN 64
 #define MAX_P 32
+#define MAX_PARAM_BYTES 32764 /* the most a launch can pass */
 struct sim_fn {
 	uint32_t magic;
 	char name[128];
@@ -497,7 +498,8 @@ static size_t ptx_type_size(const char *t)
 	return 0;
 }
 
-/* Entry points and their parameter layouts, read from PTX. */
+/* Entry points and their parameter layouts, read from PTX (NUL-terminated text).  A
+ * parameter whose size or alignment makes no sense ends the parse of its entry. */
 static void parse_ptx(struct sim_mod *m, const char *text)
 {
 	const char *p = text;
@@ -521,15 +523,59 @@ static void parse_ptx(struct sim_mod *m, const char *text)
 			}
 			sz = ptx_type_size(t);
 			const char *br = strchr(t, '[');
-			if (br && br < close && (!strchr(t, ',') || br < strchr(t, ',')))
-				sz *= strtoul(br + 1, NULL, 10);
+			if (br && br < close && (!strchr(t, ',') || br < strchr(t, ','))) {
+				unsigned long count = strtoul(br + 1, NULL, 10);
+				sz = count <= MAX_PARAM_BYTES ? sz * count : MAX_PARAM_BYTES + 1;
+			}
 			if (!align) align = sz ? (sz > 8 ? 8 : sz) : 1;
+			if (sz > MAX_PARAM_BYTES || align > MAX_PARAM_BYTES || (align & (align - 1)))
+				break; /* not a parameter a kernel can have */
 			off = (off + align - 1) / align * align;
+			if (off + sz > MAX_PARAM_BYTES)
+				break;
 			f->off[f->np] = off;
 			f->size[f->np] = sz;
 			f->np++;
 			off += sz;
 		}
+	}
+}
+
+/* The uncompressed PTX entries of a fatbin (nvcc -no-compress), container after container.
+ * Like the driver, it sizes the image from its own headers: the forwarder has checked them
+ * against the bytes it received (image_check.c), and left zeros after them.  A header that
+ * contradicts itself ends the walk. */
+static void parse_fatbin(struct sim_mod *m, const uint8_t *image)
+{
+	uint64_t total = 0;
+	for (;;) {
+		struct { uint32_t magic; uint16_t version, header_size; uint64_t size; } h;
+		memcpy(&h, image + total, sizeof h);
+		if (h.magic != 0xBA55ED50u || h.header_size < sizeof h || h.size > (1ull << 30) ||
+		    total + h.header_size + h.size > (1ull << 30))
+			return;
+		const uint8_t *e = image + total + h.header_size, *end = e + h.size;
+		while (end - e >= 64) {
+			uint32_t hs;
+			uint64_t size, flags;
+			uint16_t kind;
+			memcpy(&kind, e, 2);
+			memcpy(&hs, e + 4, 4);
+			memcpy(&size, e + 8, 8);
+			memcpy(&flags, e + 40, 8);
+			if (hs < 64 || hs > (uint64_t)(end - e) || size > (uint64_t)(end - e) - hs)
+				return;
+			if (kind == 1 && !(flags & 0xA000)) { /* PTX, not compressed */
+				char *text = malloc(size + 1);
+				if (!text) return;
+				memcpy(text, e + hs, size);
+				text[size] = 0;
+				parse_ptx(m, text);
+				free(text);
+			}
+			e += hs + size;
+		}
+		total += h.header_size + h.size;
 	}
 }
 
@@ -541,29 +587,10 @@ EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image)
 	m->magic = MOD_MAGIC;
 	uint32_t magic;
 	memcpy(&magic, image, 4);
-	if (magic == 0xBA55ED50u) {
-		/* a fatbin: read the PTX it carries uncompressed (nvcc -no-compress), if any */
-		uint64_t total = 0;
-		for (;;) {
-			struct { uint32_t magic; uint16_t version, header_size; uint64_t fat_size; } h;
-			memcpy(&h, (const uint8_t *)image + total, sizeof h);
-			if (h.magic != 0xBA55ED50u || total + h.header_size + h.fat_size > (1ull << 30))
-				break;
-			total += h.header_size + h.fat_size;
-		}
-		char *text = malloc(total + 1);
-		if (text) {
-			memcpy(text, image, total);
-			for (uint64_t i = 0; i < total; i++)
-				if (!text[i])
-					text[i] = '\n';
-			text[total] = 0;
-			parse_ptx(m, text);
-			free(text);
-		}
-	} else if (memcmp(image, "\x7f" "ELF", 4) != 0) {
+	if (magic == 0xBA55ED50u)
+		parse_fatbin(m, image);
+	else if (memcmp(image, "\x7f" "ELF", 4) != 0)
 		parse_ptx(m, image);
-	}
 	*mod = (CUmodule)m;
 	return CUDA_SUCCESS;
 }
@@ -858,7 +885,7 @@ static int capture_launch(CUstream s, CUfunction func, const unsigned dims[7], v
 	nd->fn = func;
 	memcpy(nd->dims, dims, sizeof nd->dims);
 	for (int k = 0; k < f->np; k++) {
-		if (f->off[k] + f->size[k] > sizeof nd->params) {
+		if (f->off[k] > sizeof nd->params || f->size[k] > sizeof nd->params - f->off[k]) {
 			*r = CUDA_ERROR_INVALID_VALUE;
 			return 1;
 		}

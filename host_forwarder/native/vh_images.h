@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Module images on the host: the check every image passes before the driver
+ * sees it (image_check.c) and the image cache's life (images.c).
+ */
+#ifndef VH_IMAGES_H
+#define VH_IMAGES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct vh_fwd;
+
+/* Zero bytes after every image the driver is given: a reader that runs past what was
+ * checked (a record's size field, a string, the next container's header) meets zeros
+ * in memory we own, never another allocation.  64 KiB covers the largest size a
+ * 16-bit field can declare. */
+#define VH_IMAGE_GUARD (64u << 10)
+
+/* Check a module image of n bytes as the driver will read it: a cubin (64-bit ELF:
+ * header, section and program header tables, every section, string and symbol table,
+ * relocation, note and .nv.info record within the bytes), a fatbin (back-to-back
+ * containers, each entry's header and sizes, compressed sizes declared sanely,
+ * uncompressed ELF and PTX entries checked as such), or PTX (text with its NUL within
+ * the bytes).  0 if the image may be given to the driver; -1 with a sentence in why
+ * (the caller answers CUDA_ERROR_INVALID_IMAGE). */
+int vh_image_check(const uint8_t *p, uint64_t n, char *why, size_t whylen);
+
+/* The cache directory: made (0700, private, under /dev/shm) by the supervisor before it
+ * forks workers, after removing the directories dead forwarders left behind; workers
+ * inherit it.  Failing to make one only disables the cache.  vh_images_close removes it. */
+void vh_images_open(struct vh_fwd *f);
+void vh_images_close(struct vh_fwd *f);
+
+/* The directory under which caches are made, and the part of their names before the pid. */
+#define VH_IMAGE_CACHE_PARENT "/dev/shm"
+#define VH_IMAGE_CACHE_PREFIX "vmgpu-images-"
+
+#endif

@@ -1,0 +1,242 @@
+"""Module images from a hostile guest, and the forwarder's image cache.
+
+A raw guest (host_forwarder/tests/image_guest.c) sends images whose headers lie to the
+ASan/UBSan forwarder on the simulated backend: each is refused, nothing is read past the
+bytes received.  The cache is bounded across workers, private, follows no link, and what
+a killed forwarder left is removed at the next start."""
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.forwarder import NATIVE, ROOT, forwarder, log_text, wait_for, worker_pids
+
+pytestmark = pytest.mark.native
+ASAN = ROOT / "build" / "asan"
+GUEST = NATIVE / "tests" / "image_guest"
+SHM = Path("/dev/shm")
+
+
+def _caches(pid: int) -> list[Path]:
+    """The image cache directories of forwarder pid (named vmgpu-images-<pid>[.XXXXXX])."""
+    return [p for p in SHM.glob(f"vmgpu-images-{pid}*") if p.name.split("-")[2].split(".")[0] == str(pid)]
+
+
+def _dir_bytes(d: Path) -> int:
+    total = 0
+    try:
+        for e in os.scandir(d):
+            try:
+                total += e.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass
+    except FileNotFoundError:
+        pass
+    return total
+
+
+class _AsanForwarder:
+    """The ASan/UBSan forwarder on the simulated backend, its log kept to be checked."""
+
+    def __init__(self, region: Path, env=None):
+        if not (ASAN / "vmgpu-forwarder").exists():
+            pytest.fail("build/asan is missing: run `make native-asan`")
+        if not GUEST.exists():
+            pytest.fail("build/native/tests/image_guest is missing: run `make native`")
+        self.region = region
+        self.env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"), **(env or {}))
+        self.log = open(f"/tmp/{region.name}.asan.log", "w+")
+
+    def __enter__(self):
+        if self.region.exists():
+            self.region.unlink()
+        cmd = [str(ASAN / "vmgpu-forwarder"), "--region", str(self.region), "--create", "128M", "--backend", "sim"]
+        self.proc = subprocess.Popen(cmd, stderr=self.log, env=self.env)
+        assert wait_for(lambda: "serving" in self.text() or self.proc.poll() is not None), self.text()
+        assert self.proc.poll() is None, self.text()
+        return self
+
+    def text(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def guest(self, *args, timeout=600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(GUEST), str(self.region), *map(str, args)], capture_output=True, text=True, timeout=timeout
+        )
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+        if self.region.exists():
+            self.region.unlink()
+        self.log.close()
+        os.unlink(self.log.name)
+
+    def assert_clean(self, text: str):
+        assert "AddressSanitizer" not in text and "runtime error" not in text, text
+        assert "died (signal" not in text, text
+
+
+def test_images_whose_headers_lie_are_refused_and_the_forwarder_stays_clean(shm_path):
+    """Sizes past the bytes sent, truncated headers, lying back-to-back containers, wrapping
+    offsets, huge counts, PTX without NUL, a wrapper holding a pointer: each gets
+    CUDA_ERROR_INVALID_IMAGE from the same worker, which then loads valid images."""
+    with _AsanForwarder(shm_path) as fwd:
+        r = fwd.guest("hostile")
+        text = fwd.text()
+        assert r.returncode == 0, r.stdout + r.stderr + text
+        assert "NOT REFUSED" not in r.stdout
+        assert r.stdout.count("refused (200)") >= 30
+        assert "every hostile image refused; valid images load" in r.stdout
+        assert "module image of 4096 bytes refused (CUDA_ERROR_INVALID_IMAGE): a fatbin container at 0" in text
+        assert fwd.proc.poll() is None
+    fwd.assert_clean(text)
+
+
+def test_mutated_images_never_hurt_the_forwarder(shm_path):
+    """A bounded mutation fuzzer of valid cubin, fatbin and PTX images (and nvcc's, where
+    built): every image is answered, valid images still load, ASan and UBSan stay silent."""
+    real = [p for p in (NATIVE / "vadd.cubin", NATIVE / "bigglobal.cubin", NATIVE / "vecadd_ptx") if p.exists()]
+    with _AsanForwarder(shm_path) as fwd:
+        for seed in (1, 2, 3):
+            r = fwd.guest("fuzz", 3000, seed, *real)
+            assert r.returncode == 0, r.stdout + r.stderr + fwd.text()
+            assert "forwarder healthy" in r.stdout
+            m = re.search(r"(\d+) loaded, (\d+) refused", r.stdout)
+            loaded, refused = int(m[1]), int(m[2])
+            assert loaded > 0 and refused > 0, r.stdout  # both sides of the check were reached
+        assert fwd.proc.poll() is None
+        text = fwd.text()
+    fwd.assert_clean(text)
+
+
+def test_images_nvcc_makes_pass_the_check():
+    """The check refuses no real image: nvcc's cubins and fatbins (cuda-programs)."""
+    files = [NATIVE / n for n in ("vadd.cubin", "bigglobal.cubin", "vecadd", "vecadd_ptx", "matmul", "streams", "oob")]
+    present = [f for f in files if f.exists()]
+    if not present:
+        pytest.skip("no nvcc-built programs in build/native: run `make cuda-programs` (needs nvcc)")
+    r = subprocess.run([str(GUEST), "check", *map(str, present)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(": ok") == len(present)
+
+
+def test_the_image_cache_keeps_its_limit_when_workers_fill_it_at_once(shm_path):
+    """Eight guest processes load distinct images at once against a 4 MiB cache: the cache
+    directory never holds more than 4 MiB, measured while they run and after."""
+    limit = 4 << 20
+    env = dict(os.environ, VMGPU_IMAGE_CACHE_MIB="4")
+    with _AsanForwarder(shm_path, env=env) as fwd:
+        (cache,) = _caches(fwd.proc.pid)
+        most, stop = [0], threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                most[0] = max(most[0], _dir_bytes(cache))
+
+        t = threading.Thread(target=watch)
+        t.start()
+        try:
+            guests = [
+                subprocess.Popen(
+                    [str(GUEST), str(shm_path), "many", "6", "384", str(seed)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for seed in range(8)
+            ]
+            outs = [g.communicate(timeout=300) for g in guests]
+        finally:
+            stop.set()
+            t.join()
+        for g, (out, err) in zip(guests, outs, strict=True):
+            assert g.returncode == 0, out + err + fwd.text()
+        final = _dir_bytes(cache)
+        text = fwd.text()
+    assert final <= limit, f"the cache holds {final} bytes against a limit of {limit}"
+    assert most[0] <= limit, f"the cache held {most[0]} bytes against a limit of {limit}"
+    assert final > limit // 2  # it was used, not merely left empty
+    fwd.assert_clean(text)
+
+
+def test_a_killed_forwarders_image_cache_is_removed_at_the_next_start(shm_path):
+    """SIGKILL leaves the cache behind; the next forwarder to start removes it."""
+    with forwarder(shm_path) as fwd:
+        r = subprocess.run([str(GUEST), str(shm_path), "many", "2", "16", "1"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr + log_text(fwd)
+        pid = fwd.proc.pid
+        left = _caches(pid)
+        assert left and any(left[0].iterdir())
+        workers = worker_pids(fwd)
+        fwd.proc.send_signal(signal.SIGKILL)
+        for w in workers:
+            os.kill(w, signal.SIGKILL)
+        fwd.proc.wait()
+        assert wait_for(lambda: all(not Path(f"/proc/{w}").exists() for w in workers))
+        assert all(p.exists() for p in left)
+    other = SHM / f"{shm_path.name}-2"
+    try:
+        with forwarder(other) as second:
+            gone = not any(p.exists() for p in left)
+            text = log_text(second)
+    finally:
+        for p in left:  # what a failing forwarder left, cleaned here so the test leaves nothing
+            if p.exists():
+                for f in p.iterdir():
+                    f.unlink()
+                p.rmdir()
+    assert gone, f"{left} is still there after the next forwarder started:\n{text}"
+    assert f"of forwarder {pid}, which is gone" in text
+
+
+def test_the_cache_sweep_follows_no_link_and_removes_no_file(shm_path, tmp_path):
+    """Names of the cache's pattern that are a link to a directory or a plain file are left
+    alone, and nothing behind the link is removed; the forwarder's own cache is a private
+    directory of its user with private files."""
+    dead = 2**22 + 12345  # above the largest pid_max: no process has it
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    planted = [SHM / f"vmgpu-images-{dead}.aaaaaa", SHM / f"vmgpu-images-{dead + 1}.bbbbbb"]
+    planted[0].symlink_to(victim)
+    planted[1].write_text("not a directory")
+    try:
+        with forwarder(shm_path) as fwd:
+            r = subprocess.run([str(GUEST), str(shm_path), "many", "1", "8", "3"], capture_output=True, text=True)
+            assert r.returncode == 0, r.stdout + r.stderr
+            (mine,) = _caches(fwd.proc.pid)
+            st = mine.lstat()
+            assert oct(st.st_mode & 0o7777) == "0o700" and st.st_uid == os.geteuid() and mine.is_dir()
+            files = [f for f in mine.iterdir() if not f.name.startswith(".")]
+            assert files and all(f.lstat().st_mode & 0o077 == 0 for f in files)
+        assert (victim / "keep").exists()
+        assert planted[0].is_symlink() and planted[1].is_file()
+    finally:
+        for p in planted:
+            p.unlink()
+
+
+def test_the_cache_sweep_leaves_another_users_directory(shm_path):
+    """A directory of the cache's pattern made by another user (here nobody) is not removed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory as another user (CI runs as root)")
+    foreign = SHM / f"vmgpu-images-{2**22 + 12347}.cccccc"
+    foreign.mkdir()
+    (foreign / "theirs").write_text("x")
+    os.chown(foreign / "theirs", 65534, 65534)
+    os.chown(foreign, 65534, 65534)
+    try:
+        with forwarder(shm_path):
+            pass
+        assert (foreign / "theirs").exists()
+    finally:
+        (foreign / "theirs").unlink()
+        foreign.rmdir()
