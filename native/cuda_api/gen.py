@@ -419,9 +419,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             )
     for n, size in s.get("device", {}).items():
         count, k = device_size(fn, size)
-        b.append(
-            f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
-        )
+        b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     call_args = ", ".join(p.name for p in fn.params)
     if s.get("host") == "custom":
         b.append(f"\t\tCUresult r = vhx_{fn.name}(ch{', ' + call_args if call_args else ''});")

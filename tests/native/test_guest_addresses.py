@@ -6,10 +6,11 @@ ASan/UBSan forwarder on the simulated backend (host_forwarder/tests/guest_addres
 
 import os
 import subprocess
+import sys
 
 import pytest
 
-from tests.forwarder import PTX, ROOT, wait_for
+from tests.forwarder import PTX, ROOT, forwarder, log_text, run_guest, wait_for
 
 pytestmark = pytest.mark.native
 ASAN = ROOT / "build" / "asan"
@@ -59,3 +60,16 @@ def test_no_reply_carries_a_host_address_of_the_worker(shm_path, tmp_path):
     r = run_hostile_guest(shm_path, tmp_path, "replies")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
+
+
+def test_pinned_memory_has_the_programs_own_pointer_as_device_address_and_a_kernel_can_use_it(shm_path):
+    """cuMemHostGetDevicePointer gives the program its own pointer (natively, with unified addressing,
+    the same), a kernel given it computes on pinned memory, and a copy from it works."""
+    with forwarder(shm_path) as fwd:
+        r = run_guest([sys.executable, ROOT / "tests" / "gpu" / "zero_copy.py", PTX], shm_path)
+        assert r.returncode == 0, r.stdout + r.stderr + log_text(fwd)
+    assert r.stdout.splitlines() == [
+        "device pointer is the host pointer: True",
+        "kernel on pinned memory: True",
+        "copy from its device address: True",
+    ]
