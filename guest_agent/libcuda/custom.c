@@ -292,9 +292,17 @@ CUresult vgc_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigned int
 		return r;
 	vg_put_u64(&c, off);
 	vg_put_u64(&c, flags);
+	/* where this process has the region: the host maps it there too, so that the device
+	 * address of pinned memory is this process's own pointer, which a kernel can be given */
+	vg_put_u64(&c, (uint64_t)(uintptr_t)vmgpu_guest_ptr(vg.guest, 0));
 	r = vg_call_sync(&c);
-	if (r == CUDA_SUCCESS)
-		vg_get(&c, pd, sizeof *pd);
+	if (r == CUDA_SUCCESS) {
+		/* kind 0: a device address (our own pointer); kind 2: a region offset (a kernel
+		 * cannot use it, but copies can, as for any pinned pointer) */
+		uint64_t v[2];
+		vg_get(&c, v, sizeof v);
+		*pd = v[0] == 2 ? (CUdeviceptr)(uintptr_t)vmgpu_guest_ptr(vg.guest, v[1]) : (CUdeviceptr)v[1];
+	}
 	return vg_end(&c, r);
 }
 

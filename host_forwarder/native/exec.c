@@ -4,9 +4,12 @@
  * (host buffers, module images, kernel parameters, memory accounting) and the
  * protocol's own operations.  The wire formats here match guest_agent/libcuda/custom.c.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "vh_dispatch.h"
 #include "vh_images.h"
@@ -58,7 +61,7 @@ static CUresult htod(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int a
 	} else {
 		src = host_buf(ch, kind, a, n);
 	}
-	if (rd->bad || bad || (n && !src)) {
+	if (rd->bad || bad || (n && !src) || vh_addr_ok(ch, dst, n)) {
 		done_buf(ch, kind, a, n);
 		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
 	}
@@ -89,6 +92,8 @@ static CUresult dtoh(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
 	CUstream s = stream_in(ch, flags, sraw, &bad);
 	if (rd->bad || bad)
 		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+	if (vh_addr_ok(ch, src, n))
+		return CUDA_ERROR_INVALID_VALUE; /* not this process's device memory */
 	void *dst;
 	if (kind == VG_BUF_INLINE) {
 		if (n > wr->cap - wr->len - 8)
@@ -139,14 +144,32 @@ CUresult vhc_cuMemcpyDtoHAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_
 	return dtoh(ch, flags, rd, wr, 1);
 }
 
-/* One side of a unified-address copy: a device address (VG_BUF_INLINE, kept) or an offset
- * in the guest's heap (turned into its host address).  0, or -1 if it is neither. */
+/* The region's offset of an address inside its mapping at the guest's own address (the alias
+ * that kernels use, see region_alias), or UINT64_MAX. */
+static uint64_t alias_offset(struct vh_chan *ch, uint64_t addr)
+{
+	uint64_t base = (uint64_t)(uintptr_t)ch->alias;
+	if (!ch->alias || addr < base || addr - base >= ch->fwd->region_size)
+		return UINT64_MAX;
+	return addr - base;
+}
+
+/* One side of a unified-address copy: a device address of this process (VG_BUF_INLINE, kept)
+ * or an offset in the guest's heap (turned into its host address).  Anything else, a host
+ * address of the worker above all, is refused: 0, or -1. */
 static int unified_side(struct vh_chan *ch, uint64_t kind, uint64_t *addr, uint64_t n)
 {
-	if (kind == VG_BUF_INLINE)
-		return 0;
-	if (kind != VG_BUF_HEAP)
+	if (kind == VG_BUF_INLINE) {
+		if (vh_addr_ok(ch, *addr, n) == 0)
+			return 0;
+		/* the guest's own address of pinned memory, as cuMemHostGetDevicePointer gave it */
+		uint64_t off = alias_offset(ch, *addr);
+		if (off == UINT64_MAX)
+			return -1;
+		*addr = off;
+	} else if (kind != VG_BUF_HEAP) {
 		return -1;
+	}
 	void *p = host_buf(ch, VG_BUF_HEAP, *addr, n);
 	if (!p)
 		return -1;
@@ -183,21 +206,76 @@ CUresult vhc_cuMemcpyAsync(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
 	return unified(ch, flags, rd, 1);
 }
 
+/* Pinned memory for kernels (cuMemHostGetDevicePointer).  A kernel must be given an address
+ * its GPU can use, and with unified addressing that is the host address of the registered
+ * memory; the worker's own address of the region must not leave the host.  So the worker maps
+ * the region a second time at the very address the guest process has it at (never over
+ * anything: the placeholder is made with MAP_FIXED_NOREPLACE) and registers that mapping: the
+ * device address of pinned memory is then the guest's own pointer, which the guest already
+ * knows.  It is made once, at the first request; if that address is taken in the worker, the
+ * guest gets its own pointer all the same (copies work; a kernel cannot read it). */
+static uint8_t *region_alias(struct vh_chan *ch, uint64_t guest_base)
+{
+	struct vh_fwd *f = ch->fwd;
+	if (ch->alias || ch->alias_tried)
+		return ch->alias && (uint64_t)(uintptr_t)ch->alias == guest_base ? ch->alias : NULL;
+	ch->alias_tried = 1;
+	uint64_t end;
+	long page = sysconf(_SC_PAGESIZE);
+	if (!f->registered || guest_base == 0 || guest_base % (uint64_t)page ||
+	    __builtin_add_overflow(guest_base, f->region_size, &end) || end > (1ull << 47))
+		return NULL;
+	void *want = (void *)(uintptr_t)guest_base;
+	void *ph = mmap(want, f->region_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+			-1, 0);
+	if (ph != want) {
+		if (ph != MAP_FAILED)
+			munmap(ph, f->region_size); /* an old kernel that took the flag for a hint */
+		vh_log("channel %u: the guest's address of the region is taken in the worker: kernels cannot use "
+		       "pinned memory through cuMemHostGetDevicePointer (copies can)", ch->index);
+		return NULL;
+	}
+	/* the same pages again (a shared mapping remapped with old size 0), over our placeholder */
+	void *m = mremap(f->region, 0, f->region_size, MREMAP_MAYMOVE | MREMAP_FIXED, want);
+	if (m != want) {
+		munmap(want, f->region_size);
+		return NULL;
+	}
+	CUresult r = ch->backend->cuMemHostRegister_v2(want, f->region_size,
+						       CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	if (r != CUDA_SUCCESS) {
+		munmap(want, f->region_size);
+		return NULL;
+	}
+	ch->alias = want;
+	return ch->alias;
+}
+
+/* The device address of heap memory, as the guest may see it: (kind 0, its own pointer, which
+ * is the device address of the alias) where the alias exists, else (kind 2, region offset),
+ * which the guest library turns into its own pointer.  Never the worker's address. */
 CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	uint64_t off = vh_get_u64(rd);
 	unsigned int fl = (unsigned int)vh_get_u64(rd);
+	uint64_t guest_base = vh_get_u64(rd);
 	void *p = vmgpu_host_heap(ch->fwd->host, off, 1);
-	if (rd->bad || !p)
-		return CUDA_ERROR_INVALID_VALUE;
+	if (rd->bad || !p || fl != 0)
+		return CUDA_ERROR_INVALID_VALUE; /* flags must be 0, as for the driver */
 	if (!ch->fwd->registered)
 		return CUDA_ERROR_NOT_SUPPORTED;
+	uint64_t out[2] = {2, off};
+	uint8_t *alias = region_alias(ch, guest_base);
 	CUdeviceptr d;
-	CUresult r = ch->backend->cuMemHostGetDevicePointer_v2(&d, p, fl);
-	if (r == CUDA_SUCCESS)
-		vh_put(wr, &d, sizeof d);
-	return r;
+	/* with unified addressing the device address is alias + off: the guest's own pointer */
+	if (alias && ch->backend->cuMemHostGetDevicePointer_v2(&d, alias + off, 0) == CUDA_SUCCESS &&
+	    d == (CUdeviceptr)(uintptr_t)(alias + off)) {
+		out[0] = 0;
+		out[1] = d;
+	}
+	vh_put(wr, out, sizeof out);
+	return CUDA_SUCCESS;
 }
 
 /* ---- module images --------------------------------------------------------------- */
@@ -495,28 +573,74 @@ CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
 	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* ---- a module's functions (VG_OP_MODULE_FUNCS) ------------------------------------------- */
+
+#define VH_MAX_FN_TAGS 4095
+
+/* The tag the driver keeps in a function object's second word is a host pointer of the driver:
+ * the guest gets a number for it instead, the same number for the same tag (all the guest can do
+ * with a tag is hand it on and compare it).  The numbers, (index + 1) * 16, lie below the lowest
+ * address any process may map.  0 if there is no room for another. */
+static uint64_t fn_tag_out(struct vh_chan *ch, uint64_t tag)
+{
+	if (!tag)
+		return 0;
+	for (uint32_t i = 0; i < ch->nfn_tags; i++)
+		if (ch->fn_tags[i] == tag)
+			return (uint64_t)(i + 1) << 4;
+	if (ch->nfn_tags == VH_MAX_FN_TAGS)
+		return 0;
+	if ((ch->nfn_tags & 63) == 0) {
+		uint64_t *t = realloc(ch->fn_tags, (ch->nfn_tags + 64) * sizeof *t);
+		if (!t)
+			return 0;
+		ch->fn_tags = t;
+	}
+	ch->fn_tags[ch->nfn_tags++] = tag;
+	return (uint64_t)ch->nfn_tags << 4;
+}
+
 /* ---- pointer attributes --------------------------------------------------------------------- */
 
-/* The queried address in the host's terms: a heap offset becomes the region's mapping. */
+/* What the driver says of memory it does not know: asked of this unregistered object of the
+ * worker, never of an address the guest chose. */
+static const uint64_t unknown_memory[8];
+
+/* The queried address in the host's terms: a heap offset (or the guest's own address of pinned
+ * memory) becomes the region's mapping; a device address must be this process's own.  0, 1 if
+ * the address is none of these (*p is then an unregistered object of the worker), -1 if the
+ * request is malformed. */
 static int pointer_in(struct vh_chan *ch, struct vh_rd *rd, uint64_t *p)
 {
 	uint64_t kind = vh_get_u64(rd);
 	*p = vh_get_u64(rd);
-	if (rd->bad)
+	if (rd->bad || (kind != VG_BUF_HEAP && kind != VG_BUF_INLINE))
 		return -1;
-	if (kind == VG_BUF_HEAP) {
-		void *hp = vmgpu_host_heap(ch->fwd->host, *p, 1);
-		if (!hp)
-			return -1;
+	if (kind == VG_BUF_INLINE && vh_addr_ok(ch, *p, 1) == 0)
+		return 0;
+	uint64_t off = kind == VG_BUF_HEAP ? *p : alias_offset(ch, *p);
+	void *hp = off == UINT64_MAX ? NULL : vmgpu_host_heap(ch->fwd->host, off, 1);
+	if (hp) {
 		*p = (uint64_t)(uintptr_t)hp;
 		return 0;
 	}
-	return kind == VG_BUF_INLINE ? 0 : -1;
+	if (kind == VG_BUF_HEAP)
+		return -1;
+	*p = (uint64_t)(uintptr_t)unknown_memory;
+	return 1;
+}
+
+static int attr_is_address(CUpointer_attribute attr)
+{
+	return attr == CU_POINTER_ATTRIBUTE_HOST_POINTER || attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER ||
+	       attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attr == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR;
 }
 
 /* One attribute's value as the guest may see it (out[0] kind, out[1..2] value): a context
- * becomes a device index (kind 1; UINT64_MAX for none or not the guest's), a host address in
- * the region an offset (kind 2), any other host address or host handle is withheld (NULL). */
+ * becomes a device index (kind 1; UINT64_MAX for none or not the guest's), an address in the
+ * region a region offset (kind 2, which the guest turns into its own pointer), an address of
+ * this process's device memory stays; any other address, host handle or token is withheld (0):
+ * no host address of the worker leaves the host. */
 static void pointer_out(struct vh_chan *ch, CUpointer_attribute attr, const uint64_t *v, uint64_t out[3])
 {
 	out[0] = 0;
@@ -528,15 +652,19 @@ static void pointer_out(struct vh_chan *ch, CUpointer_attribute attr, const uint
 		for (int d = 0; v[0] && d < ch->fwd->ndev; d++)
 			if (ch->ctx[d] && (uint64_t)(uintptr_t)ch->ctx[d] == v[0])
 				out[1] = (uint64_t)d;
-	} else if (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
-		uint8_t *hp = (uint8_t *)(uintptr_t)v[0];
-		out[1] = 0;
-		if (hp >= ch->fwd->region && hp < ch->fwd->region + ch->fwd->region_size) {
+	} else if (attr_is_address(attr)) {
+		uint64_t region = (uint64_t)(uintptr_t)ch->fwd->region, off = alias_offset(ch, v[0]);
+		if (v[0] >= region && v[0] - region < ch->fwd->region_size)
+			off = v[0] - region;
+		out[2] = 0;
+		if (off != UINT64_MAX) {
 			out[0] = 2;
-			out[1] = (uint64_t)(hp - ch->fwd->region);
+			out[1] = off;
+		} else if (v[0] && !vh_addr_owned(ch, v[0])) {
+			out[1] = 0;
 		}
-	} else if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
-		out[1] = 0;
+	} else if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE || attr == CU_POINTER_ATTRIBUTE_P2P_TOKENS) {
+		out[1] = out[2] = 0;
 	}
 }
 
@@ -546,16 +674,17 @@ CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh
 	CUpointer_attribute attr = (CUpointer_attribute)vh_get_u64(rd);
 	uint64_t p;
 	if (pointer_in(ch, rd, &p))
-		return CUDA_ERROR_INVALID_VALUE;
-	if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
-		return CUDA_ERROR_NOT_SUPPORTED; /* a host handle the guest has no name for */
+		return CUDA_ERROR_INVALID_VALUE; /* as the driver says of memory it does not know */
+	if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE || attr == CU_POINTER_ATTRIBUTE_P2P_TOKENS)
+		return CUDA_ERROR_NOT_SUPPORTED; /* host handles and tokens the guest has no name for */
 	uint64_t v[4] = {0}, out[3];
 	CUresult r = ch->backend->cuPointerGetAttribute(v, attr, p);
 	if (r != CUDA_SUCCESS)
 		return r;
 	pointer_out(ch, attr, v, out);
-	/* alone, a context or host address the guest cannot name is an error, as for a bad pointer */
-	if ((out[0] == 1 && out[1] == UINT64_MAX) || (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER && out[0] != 2))
+	/* alone, a context or address the guest cannot name is an error, as for a bad pointer */
+	if ((out[0] == 1 && out[1] == UINT64_MAX) || (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER && out[0] != 2) ||
+	    (attr_is_address(attr) && out[0] == 0 && out[1] == 0))
 		return CUDA_ERROR_INVALID_VALUE;
 	vh_put(wr, out, sizeof out);
 	return CUDA_SUCCESS;
@@ -578,7 +707,9 @@ CUresult vhc_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct v
 		memset(v[i], 0, sizeof v[i]);
 		data[i] = v[i];
 	}
-	if (pointer_in(ch, rd, &p))
+	/* an address that is none of the guest's gets what the driver says of unknown memory (as
+	 * natively for a pageable pointer): its answer for an unregistered object of the worker */
+	if (pointer_in(ch, rd, &p) < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	CUresult r = ch->backend->cuPointerGetAttributes((unsigned)n, attrs, data, p);
 	if (r != CUDA_SUCCESS)
@@ -766,6 +897,7 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 		for (unsigned int i = 0; i < n; i++) {
 			uint64_t tag;
 			memcpy(&tag, (const uint8_t *)fns[i] + 8, sizeof tag);
+			tag = fn_tag_out(ch, tag);
 			void *h = fns[i];
 			if (vh_handle_new(ch, VG_KIND_FUNCTION, &h, mod))
 				return CUDA_ERROR_OUT_OF_MEMORY;

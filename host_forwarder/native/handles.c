@@ -102,6 +102,8 @@ void vh_handle_drop(struct vh_chan *ch, int kind, void *host_ptr)
 			void *child = e->ptr;
 			int child_kind = e->kind;
 			int is_self = e->ptr == host_ptr;
+			if (child_kind == VG_KIND_MODULE || child_kind == VG_KIND_LIBRARY)
+				vh_addr_forget_owner(ch, child); /* its globals are no longer memory to name */
 			clear(e);
 			if (i < ch->free_hint)
 				ch->free_hint = i;
@@ -181,6 +183,12 @@ void vh_chan_release_all(struct vh_chan *ch)
 	ch->cur_dev = -1;
 	free(ch->h);
 	free(ch->allocs);
+	free(ch->spans);
+	free(ch->fn_tags);
+	ch->spans = NULL;
+	ch->fn_tags = NULL;
+	ch->nspans = ch->capspans = 0;
+	ch->nfn_tags = 0;
 	vh_blob_drop(ch);
 	free(ch->scratch);
 	ch->h = NULL;

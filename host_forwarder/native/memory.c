@@ -50,9 +50,131 @@ static struct vh_alloc *find(struct vh_chan *ch, uint64_t base, unsigned kinds)
 	return NULL;
 }
 
+/* A VMM handle by the value the guest knows it by. */
+static struct vh_alloc *find_vmm(struct vh_chan *ch, uint64_t guest, unsigned kinds)
+{
+	for (size_t i = 0; guest && i < ch->nallocs; i++)
+		if (ch->allocs[i].guest == guest && (kinds >> ch->allocs[i].kind & 1))
+			return &ch->allocs[i];
+	return NULL;
+}
+
+/* Whether [p, p+n) lies inside one virtual address range this process reserved. */
+static int va_inside(struct vh_chan *ch, uint64_t p, uint64_t n)
+{
+	for (size_t i = 0; i < ch->nallocs; i++) {
+		const struct vh_alloc *a = &ch->allocs[i];
+		if (a->kind == VH_VA && p >= a->base && n <= a->size && p - a->base <= a->size - n)
+			return 1;
+	}
+	return 0;
+}
+
 static void untrack(struct vh_chan *ch, struct vh_alloc *a)
 {
 	*a = ch->allocs[--ch->nallocs];
+}
+
+/* ---- the device addresses it may name ---------------------------------------------
+ *
+ * Every address a guest gives is resolved here before the driver sees it (DESIGN.md, the
+ * trust boundary, rule 2).  With unified addressing the driver takes any address of the
+ * worker for host memory, so an address that is not one of this process's own objects
+ * would be a read or write of the worker itself.  The table is per guest process (one
+ * worker each), sorted by base; a lookup is a binary search, so the check on every copy
+ * and memset costs O(log n) however many allocations a program holds. */
+
+/* The index of the last span whose base is <= addr, or -1. */
+static ptrdiff_t span_at(const struct vh_chan *ch, uint64_t addr)
+{
+	size_t lo = 0, hi = ch->nspans;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (ch->spans[mid].base <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return (ptrdiff_t)lo - 1;
+}
+
+static int span_add(struct vh_chan *ch, uint64_t base, uint64_t size, int kind, void *owner)
+{
+	uint64_t end;
+	if (size == 0 || __builtin_add_overflow(base, size, &end))
+		return -1;
+	ptrdiff_t i = span_at(ch, base);
+	if (i >= 0 && ch->spans[i].base == base && ch->spans[i].end == end && ch->spans[i].kind == kind &&
+	    ch->spans[i].owner == owner)
+		return 0; /* the same global asked for again */
+	/* the driver never hands out overlapping live objects; refuse rather than trust it */
+	if ((i >= 0 && ch->spans[i].end > base) || ((size_t)(i + 1) < ch->nspans && ch->spans[i + 1].base < end))
+		return -1;
+	if (ch->nspans == ch->capspans) {
+		size_t cap = ch->capspans ? ch->capspans * 2 : 64;
+		struct vh_span *p = realloc(ch->spans, cap * sizeof *p);
+		if (!p)
+			return -1;
+		ch->spans = p;
+		ch->capspans = cap;
+	}
+	size_t at = (size_t)(i + 1);
+	memmove(&ch->spans[at + 1], &ch->spans[at], (ch->nspans - at) * sizeof *ch->spans);
+	ch->spans[at] = (struct vh_span){.base = base, .end = end, .owner = owner, .kind = kind};
+	ch->nspans++;
+	return 0;
+}
+
+static void span_del(struct vh_chan *ch, uint64_t base, int kind)
+{
+	ptrdiff_t i = span_at(ch, base);
+	if (i < 0 || ch->spans[i].base != base || ch->spans[i].kind != kind)
+		return;
+	memmove(&ch->spans[i], &ch->spans[i + 1], (ch->nspans - (size_t)i - 1) * sizeof *ch->spans);
+	ch->nspans--;
+}
+
+void vh_addr_forget_owner(struct vh_chan *ch, void *owner)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < ch->nspans; i++)
+		if (ch->spans[i].kind != VH_SPAN_GLOBAL || ch->spans[i].owner != owner)
+			ch->spans[k++] = ch->spans[i];
+	ch->nspans = k;
+}
+
+int vh_addr_owned(struct vh_chan *ch, uint64_t addr)
+{
+	ptrdiff_t i = span_at(ch, addr);
+	return i >= 0 && addr < ch->spans[i].end;
+}
+
+int vh_addr_ok(struct vh_chan *ch, uint64_t addr, uint64_t n)
+{
+	uint64_t end;
+	if (__builtin_add_overflow(addr, n, &end))
+		return -1; /* a range that wraps names nothing of anyone's */
+	ptrdiff_t i = span_at(ch, addr);
+	if (n == 0)
+		return addr == 0 || (i >= 0 && addr <= ch->spans[i].end) ? 0 : -1;
+	if (i < 0 || addr >= ch->spans[i].end)
+		return -1;
+	/* inside one object; VMM mappings placed back to back (an expandable segment) count as one */
+	while (end > ch->spans[i].end) {
+		if (ch->spans[i].kind != VH_SPAN_MAP || (size_t)(i + 1) >= ch->nspans ||
+		    ch->spans[i + 1].kind != VH_SPAN_MAP || ch->spans[i + 1].base != ch->spans[i].end)
+			return -1;
+		i++;
+	}
+	return 0;
+}
+
+int vh_dev_range(struct vh_chan *ch, uint64_t addr, uint64_t count, uint64_t elsz)
+{
+	uint64_t n;
+	if (__builtin_mul_overflow(count, elsz, &n))
+		return -1;
+	return vh_addr_ok(ch, addr, n);
 }
 
 /* ---- the charging pattern -------------------------------------------------------- */
@@ -195,10 +317,15 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 	if (r == CUDA_SUCCESS && !track(ch, *dptr, est, dev, VH_MEM)) {
 		B->cuMemFree_v2(*dptr);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else if (r == CUDA_SUCCESS && span_add(ch, *dptr, pitch ? (uint64_t)*pitch * height : n, VH_SPAN_MEM, NULL)) {
+		untrack(ch, find(ch, *dptr, 1u << VH_MEM));
+		B->cuMemFree_v2(*dptr);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	if (take_end(ch, dev, est, r)) {
 		B->cuMemFree_v2(*dptr);
 		untrack(ch, find(ch, *dptr, 1u << VH_MEM));
+		span_del(ch, *dptr, VH_SPAN_MEM);
 		return undone(ch, dev, est, call);
 	}
 	return oom_if(ch, dev, r, call, est);
@@ -227,6 +354,7 @@ CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 	CUresult r = ch->backend->cuMemFree_v2(dptr);
 	if (r != CUDA_SUCCESS)
 		return r;
+	span_del(ch, dptr, VH_SPAN_MEM); /* from now on the address names nothing */
 	let_go(ch, a);
 	return CUDA_SUCCESS;
 }
@@ -350,9 +478,14 @@ static CUresult alloc_async(struct vh_chan *ch, CUdeviceptr *dptr, size_t n, CUm
 	if (r == CUDA_SUCCESS && !track(ch, *dptr, est, dev, VH_MEM_ASYNC)) {
 		B->cuMemFreeAsync(*dptr, s);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else if (r == CUDA_SUCCESS && span_add(ch, *dptr, n, VH_SPAN_MEM, NULL)) {
+		untrack(ch, find(ch, *dptr, 1u << VH_MEM_ASYNC));
+		B->cuMemFreeAsync(*dptr, s);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	if (take_end(ch, dev, est, r)) {
 		untrack(ch, find(ch, *dptr, 1u << VH_MEM_ASYNC));
+		span_del(ch, *dptr, VH_SPAN_MEM);
 		/* give the pool's growth back now: free, wait, trim */
 		B->cuMemFreeAsync(*dptr, s);
 		B->cuStreamSynchronize(s);
@@ -385,6 +518,7 @@ CUresult vhx_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStre
 	CUresult r = ch->backend->cuMemFreeAsync(dptr, hStream);
 	if (r != CUDA_SUCCESS)
 		return r;
+	span_del(ch, dptr, VH_SPAN_MEM);
 	int dev = a->dev;
 	uint64_t charge = a->size;
 	untrack(ch, a);
@@ -563,6 +697,12 @@ CUresult vhx_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle *handl
 		B->cuMemRelease(*handle);
 		return undone(ch, dev, size, "cuMemCreate");
 	}
+	if (r == CUDA_SUCCESS) {
+		/* the driver's handle is its own (a host pointer): the guest gets a number of its own */
+		struct vh_alloc *a = find(ch, *handle, 1u << VH_VMM);
+		a->guest = (uint64_t)0x766d6d << 40 | ++ch->vmm_ids;
+		*handle = a->guest;
+	}
 	return oom_if(ch, dev, r, "cuMemCreate", size);
 }
 
@@ -578,31 +718,38 @@ static void vmm_maybe_gone(struct vh_chan *ch, uint64_t handle)
 	let_go(ch, h);
 }
 
-CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle handle)
+CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle guest)
 {
-	struct vh_alloc *a = find(ch, handle, 1u << VH_VMM);
+	struct vh_alloc *a = find_vmm(ch, guest, 1u << VH_VMM);
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t handle = a->base;
 	CUresult r = ch->backend->cuMemRelease(handle);
 	if (r != CUDA_SUCCESS)
 		return r;
 	a->kind = VH_VMM_RELEASED;
+	a->guest = 0;
 	vmm_maybe_gone(ch, handle);
 	return CUDA_SUCCESS;
 }
 
 CUresult vhx_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset,
-		      CUmemGenericAllocationHandle handle, unsigned long long flags)
+		      CUmemGenericAllocationHandle guest, unsigned long long flags)
 {
-	struct vh_alloc *a = find(ch, handle, 1u << VH_VMM);
+	struct vh_alloc *a = find_vmm(ch, guest, 1u << VH_VMM);
 	if (!a)
 		return CUDA_ERROR_INVALID_HANDLE; /* only a handle this guest process made and holds */
+	if (size == 0 || !va_inside(ch, ptr, size))
+		return CUDA_ERROR_INVALID_VALUE; /* only inside a range this guest process reserved */
 	int dev = a->dev;
+	uint64_t handle = a->base;
 	CUresult r = ch->backend->cuMemMap(ptr, size, offset, handle, flags);
 	if (r != CUDA_SUCCESS)
 		return r;
 	struct vh_alloc *m = track(ch, ptr, size, dev, VH_VMM_MAP);
-	if (!m) {
+	if (!m || span_add(ch, ptr, size, VH_SPAN_MAP, NULL)) {
+		if (m)
+			untrack(ch, m);
 		ch->backend->cuMemUnmap(ptr, size);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -618,6 +765,7 @@ CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
 	CUresult r = ch->backend->cuMemUnmap(ptr, size);
 	if (r != CUDA_SUCCESS)
 		return r;
+	span_del(ch, ptr, VH_SPAN_MAP);
 	uint64_t handle = m->ref;
 	int dev = m->dev;
 	untrack(ch, m);
@@ -630,7 +778,7 @@ CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
 CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
 			    size_t count)
 {
-	if (!desc || count == 0 || count > VH_MAX_ACCESS_DESCS)
+	if (!desc || count == 0 || count > VH_MAX_ACCESS_DESCS || size == 0 || !va_inside(ch, ptr, size))
 		return CUDA_ERROR_INVALID_VALUE;
 	CUmemAccessDesc d[VH_MAX_ACCESS_DESCS];
 	for (size_t i = 0; i < count; i++) {
@@ -639,6 +787,72 @@ CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, co
 			return CUDA_ERROR_INVALID_DEVICE;
 	}
 	return ch->backend->cuMemSetAccess(ptr, size, d, count);
+}
+
+/* A virtual address range for VMM mappings.  The guest's address hint is not passed on: the
+ * driver may place a reservation anywhere (a hint is only a wish), and a hint is a guest's
+ * choice of a worker address. */
+CUresult vhx_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr *ptr, size_t size, size_t alignment,
+				 CUdeviceptr addr, unsigned long long flags)
+{
+	(void)addr;
+	if (!ptr || size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = ch->backend->cuMemAddressReserve(ptr, size, alignment, 0, flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!track(ch, *ptr, size, ch->cur_dev >= 0 ? ch->cur_dev : 0, VH_VA)) {
+		ch->backend->cuMemAddressFree(*ptr, size);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult vhx_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
+{
+	struct vh_alloc *a = find(ch, ptr, 1u << VH_VA);
+	if (!a || a->size != size)
+		return CUDA_ERROR_INVALID_VALUE; /* only a whole range this guest process reserved */
+	CUresult r = ch->backend->cuMemAddressFree(ptr, size);
+	if (r == CUDA_SUCCESS)
+		untrack(ch, a); /* an address range holds no memory: nothing to give back */
+	return r;
+}
+
+/* ---- module globals: device memory a program names by symbol ------------------------ */
+
+static CUresult global_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, void *owner, CUresult r,
+			      CUdeviceptr d, size_t n)
+{
+	if (r != CUDA_SUCCESS)
+		return r;
+	/* copies to and from it (cudaMemcpyToSymbol) must resolve: it is this process's until the
+	 * module goes */
+	if (n && span_add(ch, d, n, VH_SPAN_GLOBAL, owner) && vh_addr_ok(ch, d, n) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY; /* (already known: a library's global through its module) */
+	if (dptr)
+		*dptr = d;
+	if (bytes)
+		*bytes = n;
+	return CUDA_SUCCESS;
+}
+
+CUresult vhx_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
+				  const char *name)
+{
+	CUdeviceptr d = 0;
+	size_t n = 0;
+	CUresult r = ch->backend->cuModuleGetGlobal_v2(&d, &n, hmod, name);
+	return global_common(ch, dptr, bytes, hmod, r, d, n);
+}
+
+CUresult vhx_cuLibraryGetGlobal(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
+				const char *name)
+{
+	CUdeviceptr d = 0;
+	size_t n = 0;
+	CUresult r = ch->backend->cuLibraryGetGlobal(&d, &n, library, name);
+	return global_common(ch, dptr, bytes, library, r, d, n);
 }
 
 /* ---- graph memory nodes ------------------------------------------------------------ */

@@ -105,12 +105,24 @@ enum vh_alloc_kind {
 	VH_VMM_MAP,      /* a mapping at base of size bytes of handle ref */
 	VH_ARRAY,        /* base is the host CUarray */
 	VH_GRAPH,        /* an executable graph with memory nodes: base is the host CUgraphExec */
+	VH_VA,           /* a virtual address range reserved for VMM mappings: base, size bytes */
 };
 struct vh_alloc {
 	CUdeviceptr base;
-	uint64_t size; /* what it is charged where the driver cannot be measured */
+	uint64_t size; /* what it is charged where the driver cannot be measured (VH_VA: its length) */
 	uint64_t ref;
+	uint64_t guest; /* VH_VMM, VH_VMM_RELEASED: the value the guest knows the handle by */
 	int dev, kind;
+};
+
+/* A device address range this guest process may name in a copy, a memset or a query
+ * (memory.c): its allocations, its VMM mappings and the globals of its modules.  Kept sorted
+ * by base and never overlapping, so an address is found in O(log n). */
+enum vh_span_kind { VH_SPAN_MEM, VH_SPAN_MAP, VH_SPAN_GLOBAL };
+struct vh_span {
+	uint64_t base, end; /* [base, end) */
+	void *owner;        /* a global's module or library (host object); NULL otherwise */
+	int kind;
 };
 
 struct vh_chan {
@@ -127,6 +139,13 @@ struct vh_chan {
 	uint32_t nh, caph, free_hint;
 	struct vh_alloc *allocs;
 	size_t nallocs, capallocs;
+	struct vh_span *spans;        /* device addresses it may name, sorted (memory.c) */
+	size_t nspans, capspans;
+	uint64_t vmm_ids;             /* VMM handles given out (the guest never sees the driver's) */
+	uint64_t *fn_tags;            /* driver function tags seen, by the guest-side value's index */
+	uint32_t nfn_tags;
+	uint8_t *alias;               /* the region mapped again at the guest's own address, or NULL */
+	int alias_tried;
 	_Atomic uint64_t *charged;    /* this worker's row of the books, per device */
 	pthread_mutex_t books_mu;     /* held across a call that takes or gives memory, and a refresh */
 	uint8_t *blob;                /* a module image being received */
@@ -260,6 +279,16 @@ int vh_books_after_load(struct vh_chan *ch); /* nonzero: the load left the guest
 void vh_books_refresh(struct vh_chan *ch);
 /* Tell the operator's script (if any) that the guest was refused `want` bytes by `call`. */
 void vh_oom(struct vh_chan *ch, int dev, const char *call, uint64_t want);
+
+/* Guest addresses (memory.c).  vh_addr_ok: 0 if [addr, addr+n) lies inside this process's
+ * own device memory (one allocation or module global, or VMM mappings back to back); -1
+ * otherwise, and for a range that wraps.  n == 0 names nothing: only 0 or an address inside
+ * (or just past) one of its objects.  vh_dev_range: the same for count elements of elsz
+ * bytes.  vh_addr_forget_owner: a module or library went, and its globals with it. */
+int vh_addr_ok(struct vh_chan *ch, uint64_t addr, uint64_t n);
+int vh_dev_range(struct vh_chan *ch, uint64_t addr, uint64_t count, uint64_t elsz);
+int vh_addr_owned(struct vh_chan *ch, uint64_t addr); /* an address inside one of its objects */
+void vh_addr_forget_owner(struct vh_chan *ch, void *owner);
 
 /* Host memory a guest names: region heap or channel bulk, checked. */
 enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };

@@ -158,6 +158,16 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
             if n not in names or count not in names:
                 raise SpecError(f"{fn.name}: {key} {n}={count} names an unknown parameter")
             described.add(n)
+    device = fn.spec.get("device", {})
+    for n, size in device.items():
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.ctype != "CUdeviceptr":
+            raise SpecError(f"{fn.name}: device names {n!r}, which is not a CUdeviceptr parameter")
+        device_size(fn, size)
+    for p in fn.params:
+        # every device address reaches the driver checked (DESIGN.md: the trust boundary, rule 2)
+        if p.ctype == "CUdeviceptr" and p.name not in device and fn.spec.get("host") != "custom":
+            raise SpecError(f"{fn.name}: device address {p.name} is not described (device = {{ {p.name} = ... }})")
     for p in fn.params:
         if p.is_pointer and p.name not in described:
             raise SpecError(f"{fn.name}: pointer parameter {p.name} ({p.ctype}) is not described")
@@ -175,6 +185,17 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
         p = next((p for p in fn.params if p.name == d), None)
         if p is None or p.ctype not in handles:
             raise SpecError(f"{fn.name}: destroys must name a handle parameter")
+
+
+def device_size(fn: Func, size: str) -> tuple[str, int]:
+    """A device range's size, "count[*k]" or a number of bytes: (count expression, element size)."""
+    m = re.fullmatch(r"(\w+)(?:\*(\d+))?", str(size))
+    if not m:
+        raise SpecError(f"{fn.name}: device size {size!r} is not 'count', 'count*k' or a number")
+    count, k = m.group(1), int(m.group(2) or 1)
+    if not count.isdigit() and count not in {p.name for p in fn.params}:
+        raise SpecError(f"{fn.name}: device size {size!r} names an unknown parameter")
+    return count, k
 
 
 # ---- C emission -----------------------------------------------------------------
@@ -396,6 +417,9 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(
                 f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
             )
+    for n, size in s.get("device", {}).items():
+        count, k = device_size(fn, size)
+        b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     call_args = ", ".join(p.name for p in fn.params)
     if s.get("host") == "custom":
         b.append(f"\t\tCUresult r = vhx_{fn.name}(ch{', ' + call_args if call_args else ''});")

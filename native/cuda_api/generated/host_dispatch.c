@@ -8,6 +8,8 @@ CUresult vhc_cuStreamGetCaptureInfo_v3(struct vh_chan *ch, uint32_t flags, struc
 CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize);
 CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr);
 CUresult vhx_cuMemGetInfo_v2(struct vh_chan *ch, size_t * free, size_t * total);
+CUresult vhx_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * bytes, CUmodule hmod, const char * name);
+CUresult vhx_cuLibraryGetGlobal(struct vh_chan *ch, CUdeviceptr * dptr, size_t * bytes, CUlibrary library, const char * name);
 CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuMemcpyHtoD_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vhc_cuMemcpyDtoH_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
@@ -43,6 +45,8 @@ CUresult vhc_cuMemPoolGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh
 CUresult vhx_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option);
 CUresult vhx_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags);
 CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle handle);
+CUresult vhx_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
+CUresult vhx_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
 CUresult vhx_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
 CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count);
@@ -201,6 +205,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &dptr, sizeof(dptr));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dptr, (uint64_t)(1), 1))
+			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = B->cuMemGetAddressRange_v2(pbase, psize, dptr);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -219,6 +225,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &N, sizeof(N));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(N), 1))
+			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemsetD8_v2_pt ? B->cuMemsetD8_v2_pt(dstDevice, uc, N) : B->cuMemsetD8_v2(dstDevice, uc, N);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -232,6 +240,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		size_t N;
 		vh_get(rd, &N, sizeof(N));
 		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(N), 2))
 			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemsetD16_v2_pt ? B->cuMemsetD16_v2_pt(dstDevice, us, N) : B->cuMemsetD16_v2(dstDevice, us, N);
 		if (r != CUDA_SUCCESS)
@@ -247,6 +257,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &N, sizeof(N));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(N), 4))
+			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemsetD32_v2_pt ? B->cuMemsetD32_v2_pt(dstDevice, ui, N) : B->cuMemsetD32_v2(dstDevice, ui, N);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -260,6 +272,10 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		size_t ByteCount;
 		vh_get(rd, &ByteCount, sizeof(ByteCount));
 		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(ByteCount), 1))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, srcDevice, (uint64_t)(ByteCount), 1))
 			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemcpyDtoD_v2_pt ? B->cuMemcpyDtoD_v2_pt(dstDevice, srcDevice, ByteCount) : B->cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount);
 		if (r != CUDA_SUCCESS)
@@ -512,7 +528,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const char *name = vh_get_str(rd);
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuModuleGetGlobal_v2(dptr, bytes, hmod, name);
+		CUresult r = vhx_cuModuleGetGlobal_v2(ch, dptr, bytes, hmod, name);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -587,7 +603,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const char *name = vh_get_str(rd);
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuLibraryGetGlobal(dptr, bytes, library, name);
+		CUresult r = vhx_cuLibraryGetGlobal(ch, dptr, bytes, library, name);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -1195,7 +1211,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &flags, sizeof(flags));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuMemAddressReserve(ptr, size, alignment, addr, flags);
+		CUresult r = vhx_cuMemAddressReserve(ch, ptr, size, alignment, addr, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (ptr != NULL)
@@ -1209,7 +1225,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &size, sizeof(size));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuMemAddressFree(ptr, size);
+		CUresult r = vhx_cuMemAddressFree(ch, ptr, size);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1275,6 +1291,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(N), 1))
+			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemsetD8Async_pt ? B->cuMemsetD8Async_pt(dstDevice, uc, N, hStream) : B->cuMemsetD8Async(dstDevice, uc, N, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -1292,6 +1310,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(N), 2))
 			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemsetD16Async_pt ? B->cuMemsetD16Async_pt(dstDevice, us, N, hStream) : B->cuMemsetD16Async(dstDevice, us, N, hStream);
 		if (r != CUDA_SUCCESS)
@@ -1311,6 +1331,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(N), 4))
+			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemsetD32Async_pt ? B->cuMemsetD32Async_pt(dstDevice, ui, N, hStream) : B->cuMemsetD32Async(dstDevice, ui, N, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
@@ -1328,6 +1350,10 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, dstDevice, (uint64_t)(ByteCount), 1))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (vh_dev_range(ch, srcDevice, (uint64_t)(ByteCount), 1))
 			return CUDA_ERROR_INVALID_VALUE;
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuMemcpyDtoDAsync_v2_pt ? B->cuMemcpyDtoDAsync_v2_pt(dstDevice, srcDevice, ByteCount, hStream) : B->cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream);
 		if (r != CUDA_SUCCESS)

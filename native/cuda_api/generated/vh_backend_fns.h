@@ -30,11 +30,9 @@
 	X(cuEventElapsedTime_v2) \
 	X(cuModuleUnload) \
 	X(cuModuleGetFunction) \
-	X(cuModuleGetGlobal_v2) \
 	X(cuLibraryUnload) \
 	X(cuLibraryGetKernel) \
 	X(cuLibraryGetModule) \
-	X(cuLibraryGetGlobal) \
 	X(cuKernelGetFunction) \
 	X(cuFuncGetAttribute) \
 	X(cuFuncSetAttribute) \
@@ -52,8 +50,6 @@
 	X(cuArray3DGetDescriptor_v2) \
 	X(cuDeviceGetDefaultMemPool) \
 	X(cuDeviceGetMemPool) \
-	X(cuMemAddressReserve) \
-	X(cuMemAddressFree) \
 	X(cuMemsetD8Async) \
 	X(cuMemsetD16Async) \
 	X(cuMemsetD32Async) \
@@ -133,6 +129,10 @@
 	X(cuGraphMemAllocNodeGetParams) \
 	X(cuDeviceGraphMemTrim) \
 	X(cuCtxGetDevice) \
+	X(cuMemAddressReserve) \
+	X(cuMemAddressFree) \
+	X(cuModuleGetGlobal_v2) \
+	X(cuLibraryGetGlobal) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
