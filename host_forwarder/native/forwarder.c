@@ -824,6 +824,7 @@ int main(int argc, char **argv)
 				break;
 			}
 			L = vmgpu_host_layout(F.host);
+			logf_("the region is formatted afresh and served again");
 			memset(fence, 0, L->nchannels);
 		}
 		reap(slots, L->nchannels, fence, 0);

@@ -203,7 +203,8 @@ def test_the_host_survives_a_guest_truncating_its_region_file(shm_path, monkeypa
         p.kill()
         p.communicate()
         assert fwd.proc.poll() is None, fwd.log()
-        assert wait_for(lambda: shm_path.stat().st_size == full), fwd.log()
+        assert wait_for(lambda: "served again" in fwd.log()), fwd.log()
+        assert shm_path.stat().st_size == full
         r = run_guest([NATIVE / "hold", 0], shm_path)
         assert r.stdout.startswith("free"), (r.stdout, r.stderr, fwd.log())
 
