@@ -51,8 +51,8 @@ def private_dir(path: str | os.PathLike, create: bool = True) -> Path:
         raise UnsafePath(f"{path} is not a directory (a symbolic link or a file): remove it; vmgpu makes it 0700")
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise UnsafePath(
-            f"the directory {path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: it must be "
-            f"this user's (uid {os.geteuid()}) and writable by no one else; remove it or fix its owner and mode"
+            f"the directory {path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: refusing it; "
+            f"it must be this user's (uid {os.geteuid()}) and writable by no one else (fix its owner and mode)"
         )
     return path
 

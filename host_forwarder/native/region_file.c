@@ -119,8 +119,8 @@ int vh_private_dir(const char *path)
 	}
 	struct stat st;
 	if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022)) {
-		vh_log("the directory %s belongs to uid %u with mode %04o: it must be this user's (uid %u) and "
-		       "writable by no one else; remove it (vmgpu makes it 0700)",
+		vh_log("the directory %s belongs to uid %u with mode %04o: refusing it; it must be this user's "
+		       "(uid %u) and writable by no one else (remove it: vmgpu makes it 0700)",
 		       path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
 		close(fd);
 		errno = EPERM;
