@@ -202,6 +202,7 @@ def test_a_non_root_guest_user_given_the_region_uses_the_gpu_and_nobody_else_can
         ok = run_as(1000, prog, str(NATIVE / "hold"), env=env)
         assert ok.returncode == 0, ok.stdout + ok.stderr
         denied = run_as(NOBODY, prog, str(NATIVE / "hold"), env=env)
-        assert denied.returncode != 0 and "Permission denied" in denied.stdout + denied.stderr
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+        assert "is not this user's" in denied.stderr and "set VMGPU_REGION" not in denied.stderr  # the right hint
     finally:
         stop(p, log)
