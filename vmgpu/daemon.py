@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from vmgpu import errors, gpu, sched
+from vmgpu import errors, files, gpu, names, sched
 from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.ledger import Ledger
@@ -65,6 +65,13 @@ class Servicer(pb_grpc.VmgpudServicer):
         context.set_trailing_metadata((("vmgpu-error", e.code),))
         context.abort(status, e.message)
 
+    def _guest(self, context, name: str) -> None:
+        """Every call that takes a guest name: the one rule (vmgpu/names.py), or INVALID_ARGUMENT."""
+        try:
+            names.check_guest(name)
+        except errors.InvalidArgument as e:
+            self._abort(context, e)
+
     def _call(self, context, fn, *args):
         try:
             with self.lock:
@@ -75,8 +82,7 @@ class Servicer(pb_grpc.VmgpudServicer):
     def Admit(self, request, context):
         if request.kind not in KINDS:
             self._abort(context, errors.InvalidArgument(f"kind '{request.kind}' is not one of {', '.join(KINDS)}"))
-        if not request.guest:
-            self._abort(context, errors.InvalidArgument("guest name is empty"))
+        self._guest(context, request.guest)
 
         def admit():
             try:
@@ -91,6 +97,8 @@ class Servicer(pb_grpc.VmgpudServicer):
         return pb.AdmitReply(slices=[_slice(r) for r in res])
 
     def Release(self, request, context):
+        self._guest(context, request.guest)
+
         def release():
             self.supervisor.stop(request.guest)
             return self.ledger.release(request.guest)
@@ -106,6 +114,7 @@ class Servicer(pb_grpc.VmgpudServicer):
         return f
 
     def StartForwarder(self, request, context):
+        self._guest(context, request.guest)
         backend = request.backend or "cuda"
         if backend not in ("cuda", "sim"):
             self._abort(context, errors.InvalidArgument(f"backend '{backend}' is neither cuda nor sim"))
@@ -116,11 +125,11 @@ class Servicer(pb_grpc.VmgpudServicer):
         return pb.StartForwarderReply(pid=pid)
 
     def StopForwarder(self, request, context):
+        self._guest(context, request.guest)
         return pb.StopForwarderReply(stopped=self._call(context, self.supervisor.stop, request.guest))
 
     def SetWeight(self, request, context):
-        if not request.guest:
-            self._abort(context, errors.InvalidArgument("guest name is empty"))
+        self._guest(context, request.guest)
         uuid = self._call(context, self.ledger.set_weight, request.guest, request.gpu, request.weight)
         return pb.SetWeightReply(gpu_uuid=uuid, live=sched.apply(uuid, weights={request.guest: request.weight}))
 
@@ -157,8 +166,9 @@ def serve(
     owner-only directory.  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any free
     port, None: no endpoint); the HTTP server is server.metrics_http."""
     socket_path, db_path = Path(socket_path), Path(db_path)
-    socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # root's alone: the forwarders' logs and statistics are made in the state directory
+    files.private_dir(socket_path.parent)
+    files.private_dir(db_path.parent)
     ledger = Ledger(db_path)
     ledger.sync_gpus(gpu.inventory(inventory))
     lock = threading.Lock()

@@ -93,6 +93,14 @@ class LibvirtError(VmgpuError):
     exit_code = 12
 
 
+class UnsafePath(VmgpuError):
+    """A file or directory vmgpu uses is not safe from other local users: a symbolic link,
+    someone else's, or open to others.  The message names it and says what to do."""
+
+    code = "UNSAFE_PATH"
+    exit_code = 13
+
+
 ALL = (
     VmgpuError,
     InvalidArgument,
@@ -107,6 +115,7 @@ ALL = (
     GpuError,
     DaemonUnavailable,
     LibvirtError,
+    UnsafePath,
 )
 BY_CODE = {cls.code: cls for cls in ALL}
 

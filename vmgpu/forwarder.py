@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmgpu.errors import ForwarderError, NativeLibraryMissing
+from vmgpu.files import open_ours, private_dir
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,13 +69,16 @@ class Forwarder:
             self.guest or self.region.name,
             *self.extra,
         ]
-        if self.size:
-            if self.region.exists():
-                self.region.unlink()
+        args = list(self.extra)
+        if "--stats" in args[:-1]:  # the statistics page: also in a private directory, made afresh
+            stats = Path(args[args.index("--stats") + 1])
+            private_dir(stats.parent, create=False)
+            stats.unlink(missing_ok=True)  # no one else can put a name back in a private directory
+        if self.size:  # the forwarder replaces whatever is at the path in one step (region_file.c)
             cmd += ["--create", self.size]
         if self.mem:
             cmd += ["--mem", self.mem]
-        self._log = open(self.log_path, "a+") if self.log_path else tempfile.TemporaryFile("w+")
+        self._log = self._open_log() if self.log_path else tempfile.TemporaryFile("w+")
         self._log_start = self._log.tell()
         self.proc = subprocess.Popen(cmd, stderr=self._log, text=True)
         deadline = time.monotonic() + timeout
@@ -85,6 +89,12 @@ class Forwarder:
                 raise ForwarderError(f"the forwarder for {self.region} did not start: {text or 'no output'}")
             time.sleep(0.02)
         return self
+
+    def _open_log(self):
+        """The kept log: in a directory only this user can change, never through a link."""
+        private_dir(self.log_path.parent, create=False)
+        fd = open_ours(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        return os.fdopen(fd, "a+")
 
     def log(self) -> str:
         """Everything the forwarder logged so far (all of it once stopped)."""

@@ -6,10 +6,16 @@ A container whose process environment has no VMGPU is runc's alone.  For one wit
 starts the guest's forwarder on a fresh region `/dev/shm/vmgpu-ctr-<id12>`, and rewrites the
 bundle's config.json to bind-mount the region at /dev/vmgpu/region and the guest
 libcuda.so.1 over the image's, and to drop any /dev/nvidia* device: the container never
-touches the GPU.  A refusal fails the create, so the container does not start and docker
-shows the reason.  At `delete` (the container exited, was killed, or never started) it
-releases the share, stops the forwarder and removes the region.  Shares of containers that
-runc no longer knows (a delete that never came) are released at the next create.
+touches the GPU.  A bind mount of the host's /dev/shm (`-v /dev/shm:...`, `--ipc=host`), where
+every guest's region lives, becomes a private tmpfs, and a recursive bind of a directory above
+it (`-v /dev:/dev`, `-v /:/host`) is refused: a container sees its own region only.  The region
+stays root's, mode 0600, and the container's user and group (process.user, through the
+container's user namespace if it has one) are given read and write access by ACL entries: a
+non-root container can use the GPU, nobody else can.  A refusal fails the create, so the
+container does not start and docker shows the reason.  At `delete` (the container exited, was
+killed, or never started) it releases the share, stops the forwarder and removes the region.
+Shares of containers that runc no longer knows (a delete that never came) are released at the
+next create.
 
 Everything else goes to runc unchanged.  Settings come from the installed script (written
 by `vmgpu runtime install`), because docker gives a runtime no environment of its own.
@@ -18,12 +24,14 @@ by `vmgpu runtime install`), because docker gives a runtime no environment of it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from vmgpu.errors import VmgpuError
+from vmgpu import files, names, sched
+from vmgpu.errors import InvalidArgument, VmgpuError
 from vmgpu.files import write_atomic
 from vmgpu.logging import configure_file, get_logger
 
@@ -71,7 +79,7 @@ def _bundle(args: list[str]) -> Path:
 
 
 def guest_name(container_id: str) -> str:
-    return f"ctr-{container_id[:12]}"
+    return names.check_guest(f"ctr-{container_id[:12]}", "container guest name")
 
 
 def share_of(config: dict) -> str | None:
@@ -81,10 +89,76 @@ def share_of(config: dict) -> str | None:
     return None
 
 
-def rewrite(config: dict, region: Path, lib: Path) -> dict:
-    """The container's config with the region and the guest library mounted and no NVIDIA device."""
+PRIVATE_SHM = {"type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def private_mounts(mounts: list[dict], guarded: list[str], bundle: Path | None = None) -> list[dict]:
+    """mounts with every bind of a host directory in guarded (or below) turned into a private
+    tmpfs at the same place; a recursive bind of a directory above one refused (InvalidArgument)."""
+    tops = [os.path.realpath(g) for g in guarded]
+    out = []
+    for m in mounts:
+        opts = m.get("options") or []
+        if m.get("type") != "bind" and not {"bind", "rbind"} & set(opts):
+            out.append(m)
+            continue
+        src = os.path.realpath(os.path.join(bundle or "/", m.get("source") or "/"))
+        if any(_within(src, top) for top in tops):
+            out.append({"destination": m.get("destination"), **PRIVATE_SHM})
+            continue
+        if "rbind" in opts and any(_within(top, src) for top in tops):
+            raise InvalidArgument(
+                f"the container mounts the host's {m.get('source')} with everything below it, which holds the "
+                f"other guests' GPU regions ({', '.join(guarded)}); a container with a GPU share may not: mount "
+                "only what it needs"
+            )
+        out.append(m)
+    return out
+
+
+def _host_id(cid: int, mappings: list[dict] | None) -> int:
+    """A container uid/gid as the host sees it (the container's user namespace, if any)."""
+    for mp in mappings or []:
+        c, h, n = int(mp.get("containerID", 0)), int(mp.get("hostID", 0)), int(mp.get("size", 0))
+        if c <= cid < c + n:
+            return h + cid - c
+    if mappings:
+        raise InvalidArgument(f"the container's id {cid} is outside its user namespace's mappings")
+    return cid
+
+
+def region_owner(config: dict) -> tuple[int, int]:
+    """(uid, gid) on the host that the container's process runs as: they get the region."""
+    user = config.get("process", {}).get("user", {}) or {}
+    linux = config.get("linux", {}) or {}
+    uid, gid = int(user.get("uid", 0)), int(user.get("gid", 0))
+    return _host_id(uid, linux.get("uidMappings")), _host_id(gid, linux.get("gidMappings"))
+
+
+def give_region(region: Path, uid: int, gid: int) -> None:
+    """Give the container's user and group read and write access to its region (root's, 0600;
+    ACL entries: files.grant).  Only a region vmgpu made (ours, one link, not a link) is touched."""
+    fd = files.open_ours(region, os.O_RDONLY)
+    try:
+        files.grant(fd, uid, gid, region)
+    finally:
+        os.close(fd)
+
+
+def rewrite(
+    config: dict, region: Path, lib: Path, guarded: list[str] | None = None, bundle: Path | None = None
+) -> dict:
+    """The container's config with the region and the guest library mounted, no NVIDIA device, and
+    no view of the host's shared memory (guarded: the host directories of regions and scheduler
+    pages; default /dev/shm and the scheduler's)."""
     ours = {REGION_IN_CONTAINER: (region, "rw"), LIB_IN_CONTAINER: (lib, "ro")}
+    guarded = guarded if guarded is not None else ["/dev/shm", str(sched.sched_dir())]
     mounts = [m for m in config.get("mounts", []) if m.get("destination") not in ours]
+    mounts = private_mounts(mounts, guarded, bundle)
     for dest, (src, mode) in ours.items():
         mounts.append({"destination": dest, "type": "bind", "source": str(src), "options": ["rbind", mode]})
     config["mounts"] = mounts
@@ -152,13 +226,17 @@ class Runtime:
             return self.runc(argv)
         guest = guest_name(cid)
         region = self._region(guest)
+        guarded = sorted({"/dev/shm", self.s["shm_dir"], str(sched.sched_dir())})
+        uid, gid = region_owner(config)
+        new_config = rewrite(config, region, self._lib(), guarded, bundle)  # refuses before admitting
         client = self._client()
         try:
             self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
             client.admit(guest, KIND, spec)
             try:
                 client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
-                write_atomic(cfg_path, json.dumps(rewrite(config, region, self._lib())))
+                give_region(region, uid, gid)
+                write_atomic(cfg_path, json.dumps(new_config))
             except VmgpuError:
                 client.release(guest)
                 raise

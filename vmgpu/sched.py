@@ -2,9 +2,11 @@
 weight, how much GPU time each was given; and the live controls (policy, weights).
 
 The page is host_forwarder/native/vh_sched.h's `struct vs_page`, one per physical GPU at
-`<dir>/vmgpu-sched-<GPU UUID>` (dir: $VMGPU_SCHED_DIR or /dev/shm).  Forwarders create it and
-take turns through it; vmgpud and `vmgpu weight` / `vmgpu policy` write its controls.
-Standard library only: the GPU host's benchmarks use it too.
+`<dir>/vmgpu-sched-<GPU UUID>` (dir: $VMGPU_SCHED_DIR or /dev/shm/vmgpu).  Forwarders create it and
+take turns through it; vmgpud and `vmgpu weight` / `vmgpu policy` write its controls.  Whoever
+writes a page sets every guest's share, so the directory must be root's and writable by no one
+else, and a page is used only if root made it (host_forwarder/native/region_file.c makes both).
+Standard library only (and vmgpu's own): the GPU host's benchmarks use it too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from vmgpu import files
+from vmgpu.errors import UnsafePath
 
 MAGIC = 0x3144454843534756
 VERSION = 1
@@ -32,12 +37,15 @@ POLICY_HELP = {
 }
 
 
+DEFAULT_DIR = "/dev/shm/vmgpu"  # host_forwarder/native/vh_sched.h VS_DIR
+
+
 class SchedError(Exception):
     pass
 
 
 def sched_dir() -> Path:
-    return Path(os.environ.get("VMGPU_SCHED_DIR") or "/dev/shm")
+    return Path(os.environ.get("VMGPU_SCHED_DIR") or DEFAULT_DIR)
 
 
 def page_path(uuid: str, directory: str | Path | None = None) -> Path:
@@ -62,9 +70,12 @@ class Page:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            files.private_dir(self.path.parent, create=False)
+            fd = files.open_ours(self.path, os.O_RDWR)
         except FileNotFoundError:
             raise SchedError(f"{self.path}: no scheduler page (no forwarder has run on this GPU)") from None
+        except UnsafePath as e:
+            raise SchedError(f"{e.message}: not touching this scheduler page") from None
         try:
             if os.fstat(fd).st_size < PAGE_SIZE:
                 raise SchedError(f"{self.path}: not a scheduler page (too small)")

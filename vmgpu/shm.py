@@ -11,10 +11,12 @@ import ctypes
 import errno
 import mmap
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu.errors import InvalidArgument, NativeLibraryMissing, NotFound, RegionError, VersionMismatch
+from vmgpu import files
+from vmgpu.errors import InvalidArgument, NativeLibraryMissing, NotFound, RegionError, VersionMismatch, VmgpuError
 
 WAIT_FUTEX = 1
 WAIT_POLL = 2
@@ -270,39 +272,70 @@ class Region:
         return Path(name) if "/" in name else Path("/dev/shm") / name
 
     @classmethod
-    def create(cls, path: str | os.PathLike, size: int, params: Params, name: str = "", exclusive: bool = True):
+    def create(
+        cls,
+        path: str | os.PathLike,
+        size: int,
+        params: Params,
+        name: str = "",
+        exclusive: bool = True,
+        uid: int | None = None,
+        gid: int | None = None,
+    ):
+        """A new region file at path, formatted, mode 0600 (uid/gid: also theirs to read and write,
+        by ACL entries: files.grant).  It is made and formatted under a fresh name beside path
+        (O_CREAT|O_EXCL|O_NOFOLLOW), then given path in one step: a link or a file planted at path
+        is never written through.  exclusive: refuse an existing path; otherwise replace it."""
         params.layout(size)  # validate before touching the file system
-        flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if exclusive else 0)
+        path = Path(path)
         try:
-            fd = os.open(path, flags, 0o600)
-        except FileExistsError:
-            raise RegionError(f"{path} already exists; remove it or choose another name") from None
+            fd, tmp = files.create_beside(path)
         except OSError as e:
             raise RegionError(f"cannot create {path}: {e.strerror}") from None
         try:
             os.ftruncate(fd, size)
+            files.grant(fd, uid, gid, path)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
             os.close(fd)
-            os.unlink(path)
+            os.unlink(tmp)
             raise RegionError(f"cannot size or map {path}: {e.strerror}") from None
+        except VmgpuError:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
         r = cls(path, mm, fd)
         rc = lib().vmgpu_region_format(r.base, size, ctypes.byref(params.c()), name.encode()[:63])
         if rc:
             r.close()
-            os.unlink(path)
+            os.unlink(tmp)
             _raise(rc, "format")
+        try:
+            files.publish(tmp, path, replace=not exclusive)
+        except FileExistsError:
+            r.close()
+            raise RegionError(f"{path} already exists; remove it or choose another name") from None
+        except OSError as e:
+            r.close()
+            raise RegionError(f"cannot create {path}: {e.strerror}") from None
         return r
 
     @classmethod
     def open(cls, path: str | os.PathLike):
+        """An existing region file (never through a symbolic link)."""
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NotFound(f"no region at {path}") from None
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RegionError(f"{path} is a symbolic link: refusing to follow it (remove it)") from None
             raise RegionError(f"cannot open {path}: {e.strerror}") from None
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise RegionError(f"{path} is not a regular file, so not a region")
+        size = st.st_size
         if size < 4096:
             os.close(fd)
             raise RegionError(f"{path} is {size} bytes, too small to be a region")

@@ -133,6 +133,14 @@ static void connect_once(void)
 	char path[512];
 	vg_region_path(path, sizeof path);
 	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0 && (errno == EACCES || errno == EPERM)) {
+		vg.init_result = fail(CUDA_ERROR_NO_DEVICE,
+				      "the GPU region %s is not this user's (%s): the host gives it to the container's "
+				      "user and group (docker run --user) or, in a VM, to the group of vmgpu-guest-agent "
+				      "--gid; run as that user, or ask the host's operator",
+				      path, strerror(errno));
+		return;
+	}
 	if (fd < 0) {
 		vg.init_result = fail(CUDA_ERROR_NO_DEVICE, "no GPU region at %s (%s); set VMGPU_REGION", path,
 				      strerror(errno));

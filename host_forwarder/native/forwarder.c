@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "region_file.h"
 #include "vh_dispatch.h"
 #include "vh_images.h"
 
@@ -551,7 +552,7 @@ static void usage(FILE *f)
 		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n"
 		"  --compute LIST      the guest's compute weight per GPU, 1..100 (its cap under the fixed\n"
 		"                      policy; default 100)\n"
-		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm)\n"
+		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm/vmgpu)\n"
 		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
 		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
@@ -752,11 +753,9 @@ int main(int argc, char **argv)
 	if (map_stats(stats_path))
 		return 1;
 
-	int fd = open(region, O_RDWR | (create ? O_CREAT : 0), 0660);
+	int fd = vh_region_open(region, create); /* never through a link, never someone else's file */
 	if (fd < 0)
 		return die("cannot open region %s: %s", region, strerror(errno));
-	if (create && ftruncate(fd, (off_t)create) != 0)
-		return die("cannot size region %s: %s", region, strerror(errno));
 	struct stat st;
 	fstat(fd, &st);
 	F.region_size = (uint64_t)st.st_size;
@@ -777,10 +776,10 @@ int main(int argc, char **argv)
 		if (sched_ids && sched_id(sched_ids, d, uuid, sizeof uuid))
 			return die("--sched-id: '%s' names no page for GPU %d (UUIDs of letters, digits and '-')",
 				   sched_ids, d);
-		if (vh_sched_join(&F.sched[d], sched_dir && *sched_dir ? sched_dir : "/dev/shm", uuid, F.guest, compute[d],
+		if (vh_sched_join(&F.sched[d], sched_dir && *sched_dir ? sched_dir : VS_DIR, uuid, F.guest, compute[d],
 				  d))
 			return die("cannot join the compute scheduler of %s in %s: %s", uuid,
-				   sched_dir && *sched_dir ? sched_dir : "/dev/shm", strerror(errno));
+				   sched_dir && *sched_dir ? sched_dir : VS_DIR, strerror(errno));
 	}
 
 	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);

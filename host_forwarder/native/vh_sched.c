@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "region_file.h"
 #include "vh_sched.h"
 
 _Static_assert(sizeof(struct vs_slot) == 256, "slot layout");
@@ -210,9 +211,14 @@ static void charge(struct vs_page *pg, struct vs_slot *g, uint64_t now)
 
 static struct vs_page *map_page(const char *dir, const char *uuid)
 {
-	char path[512];
-	snprintf(path, sizeof path, "%s/vmgpu-sched-%s", dir, uuid);
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	/* in a directory only root can change, made by us: no one else can plant or swap a page */
+	char name[128];
+	snprintf(name, sizeof name, "vmgpu-sched-%s", uuid);
+	int dfd = vh_private_dir(dir);
+	if (dfd < 0)
+		return NULL;
+	int fd = vh_private_file(dfd, dir, name);
+	close(dfd);
 	if (fd < 0)
 		return NULL;
 	flock(fd, LOCK_EX);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The compute scheduler: one shared page per physical GPU (/dev/shm/vmgpu-sched-<GPU UUID>)
+ * The compute scheduler: one shared page per physical GPU (/dev/shm/vmgpu/vmgpu-sched-<GPU UUID>,
+ * in a directory only root can change: region_file.h)
  * through which every forwarder on that GPU takes turns.  A guest's calls that put work on
  * the GPU (vh_op_gpu_work) pass only while its forwarder holds the GPU; the holder gives it
  * up, after draining what it queued, when its slice ends and another guest waits, when it
@@ -27,6 +28,7 @@
 #define VS_VERSION 1
 #define VS_SLOTS 64
 #define VS_NAME 64
+#define VS_DIR "/dev/shm/vmgpu" /* the default directory of the pages (root's, 0700) */
 
 enum vs_policy { VS_NATIVE = 0, VS_EQUAL = 1, VS_PREEMPTIVE = 2, VS_WEIGHTED = 3, VS_FIXED = 4 };
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from vmgpu import __version__, shm
+from vmgpu import __version__, names, shm
 from vmgpu.demo import run_demo
 from vmgpu.errors import VmgpuError
 from vmgpu.selftest import run_selftest
@@ -25,6 +25,11 @@ class _Group(click.Group):
         except VmgpuError as e:
             click.echo(f"vmgpu: error: {e.message} [{e.code}]", err=True)
             ctx.exit(e.exit_code)
+
+
+def _guest(ctx, param, value):
+    """A guest name argument: the one rule (vmgpu/names.py)."""
+    return names.check_guest(value)
 
 
 @click.group(cls=_Group)
@@ -220,7 +225,7 @@ def daemon(socket_path, db_path, inventory, metrics_port):
 
 
 @cli.command("admit")
-@click.argument("guest")
+@click.argument("guest", callback=_guest)
 @click.argument("spec")
 @click.option(
     "--kind",
@@ -253,7 +258,7 @@ def admit(guest, spec, kind, socket_path, as_json):
 
 
 @cli.command("release")
-@click.argument("guest")
+@click.argument("guest", callback=_guest)
 @_SOCKET
 def release(guest, socket_path):
     """Free everything GUEST holds (nothing to free is not an error)."""
@@ -269,7 +274,7 @@ def forwarder() -> None:
 
 
 @forwarder.command("start")
-@click.argument("guest")
+@click.argument("guest", callback=_guest)
 @click.argument("region")
 @click.option(
     "--backend",
@@ -291,7 +296,7 @@ def forwarder_start(guest, region, backend, size, socket_path):
 
 
 @forwarder.command("stop")
-@click.argument("guest")
+@click.argument("guest", callback=_guest)
 @_SOCKET
 def forwarder_stop(guest, socket_path):
     """Stop GUEST's forwarder (GUEST stays admitted)."""
@@ -324,7 +329,7 @@ def _achieved(uuids: set[str], sample_s: float = 0.3) -> dict[tuple[str, str], f
 
 
 @cli.command("weight")
-@click.argument("guest")
+@click.argument("guest", callback=_guest)
 @click.argument("gpu")
 @click.argument("weight", type=click.IntRange(1, 100))
 @_SOCKET
@@ -519,7 +524,7 @@ def _vm_render(d):
 
 
 @vm.command("attach")
-@click.argument("domain_name", metavar="DOMAIN")
+@click.argument("domain_name", metavar="DOMAIN", callback=lambda c, p, v: names.check_guest(v, "domain name"))
 @click.option("--gpu", help="GPU index or UUID (one slice; use --spec for several).")
 @click.option("--mem", help="Memory: MiB, with a unit (8G), or a share of the card (25%).")
 @click.option("--compute", type=int, default=100, show_default=True, help="Compute share in percent.")

@@ -45,7 +45,8 @@ def _parse(xml: str) -> etree._Element:
 
 
 def _shmem(root, name: str):
-    return root.find(f"./devices/shmem[@name='{name}']")
+    """The <shmem> device named name (compared as a value: a name never becomes XPath)."""
+    return next((sh for sh in root.iterfind("./devices/shmem") if sh.get("name") == name), None)
 
 
 def attach(xml: str, share: spec.ShareSpec, heap_mib: int = DEFAULT_HEAP_MIB) -> str:

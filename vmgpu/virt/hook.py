@@ -4,13 +4,20 @@ none of its business.  For one with it:
 
   prepare begin    check the XML, admit the share through vmgpud, create the region file
                    (exact size, initialised header, poll wait mode: the guest is another
-                   kernel).  A refusal exits 1: libvirt refuses to start the domain and shows
+                   kernel; root's, mode 0600, readable and writable by QEMU's user and group
+                   as libvirt runs it: `qemu_user` in the settings, or qemu.conf's user/group).
+                   A refusal exits 1: libvirt refuses to start the domain and shows
                    the reason (this process's stderr) in virsh's error.
   started begin    start the guest's forwarder on the region.  A failure exits 1: libvirt
                    stops the domain again (and calls stopped/release).
   stopped end      stop the forwarder.
   release end      release the share, remove the region file.
   reconnect begin  (libvirtd restarted with the domain running) make sure the forwarder runs.
+
+The domain's name is its guest name, so it must follow vmgpu's one rule (vmgpu/names.py:
+letters, digits, '.', '_', '-', at most 64): a vmgpu domain named otherwise is refused at
+prepare with that reason (rename it: `virsh domrename`); domains without vmgpu's part are never
+looked at.  No name is derived from another: the name in `vmgpu status` is the domain's.
 
 The hook never calls libvirt (libvirtd waits for it: a deadlock), and its calls to vmgpud are
 bounded (a few seconds in all).  libvirt gives it no environment to speak of, so its settings
@@ -19,12 +26,15 @@ bounded (a few seconds in all).  libvirt gives it no environment to speak of, so
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
+import re
 import signal
 import sys
 from pathlib import Path
 
-from vmgpu import shm
+from vmgpu import names, shm
 from vmgpu.errors import Conflict, VmgpuError
 from vmgpu.files import write_atomic
 from vmgpu.logging import configure_file, get_logger
@@ -37,7 +47,11 @@ DEFAULTS = {
     "backend": "cuda",
     "log": "/var/log/vmgpu/hook.log",
     "shm_dir": "/dev/shm",
+    "qemu_user": "",  # QEMU's user[:group] as libvirt runs it; default: qemu.conf's, else libvirt's
+    "qemu_conf": "/etc/libvirt/qemu.conf",
 }
+# libvirt's built-in QEMU user where qemu.conf names none (Debian/Ubuntu, then Fedora/RHEL)
+LIBVIRT_QEMU_USERS = ("libvirt-qemu", "qemu")
 TEMPLATE = Path(__file__).resolve().parent.parent.parent / "libvirt_hooks" / "qemu"
 
 
@@ -57,6 +71,63 @@ def _region_path(settings, dev) -> Path:
     return Path(settings["shm_dir"]) / dev["name"]
 
 
+def _qemu_conf(path: str) -> dict:
+    """user and group from a qemu.conf (`user = "NAME"`, `group = "+GID"`), where set."""
+    out = {}
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return out
+    for key, value in re.findall(r'^\s*(user|group)\s*=\s*"([^"]*)"', text, re.MULTILINE):
+        out[key] = value
+    return out
+
+
+def _uid(user: str) -> tuple[int, int]:
+    """(uid, primary gid) of a user name or "+UID"."""
+    if user.startswith("+") and user[1:].isdigit():
+        uid = int(user[1:])
+        try:
+            return uid, pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            return uid, uid
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise VmgpuError(f"QEMU's user '{user}' does not exist on this host; set qemu_user in the hook") from None
+    return pw.pw_uid, pw.pw_gid
+
+
+def _gid(group: str) -> int:
+    if group.startswith("+") and group[1:].isdigit():
+        return int(group[1:])
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise VmgpuError(f"QEMU's group '{group}' does not exist on this host; set qemu_user in the hook") from None
+
+
+def qemu_identity(settings: dict) -> tuple[int, int]:
+    """(uid, gid) QEMU runs as, which must read and write the region: the hook's qemu_user
+    setting ("user[:group]"), else qemu.conf's user and group, else libvirt's built-in user."""
+    user, group = (settings.get("qemu_user") or "").partition(":")[::2]
+    if not user:
+        conf = _qemu_conf(settings.get("qemu_conf") or DEFAULTS["qemu_conf"])
+        user, group = conf.get("user", ""), group or conf.get("group", "")
+    if not user:
+        user = next((u for u in LIBVIRT_QEMU_USERS if _exists(u)), "root")
+    uid, gid = _uid(user)
+    return uid, _gid(group) if group else gid
+
+
+def _exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
+
+
 def _prepare(name, share, dev, settings, log) -> None:
     client = _client(settings)
     try:
@@ -70,8 +141,10 @@ def _prepare(name, share, dev, settings, log) -> None:
             client.admit(name, KIND, share.to_text())
         path = _region_path(settings, dev)
         try:
-            path.unlink(missing_ok=True)
-            shm.Region.create(path, int(dev["size_mib"]) << 20, region_params(), name).close()
+            uid, gid = qemu_identity(settings)
+            # made beside and renamed over the path: a stale region or a planted link is replaced
+            size = int(dev["size_mib"]) << 20
+            shm.Region.create(path, size, region_params(), name, exclusive=False, uid=uid, gid=gid).close()
         except VmgpuError:
             client.release(name)
             raise
@@ -127,6 +200,7 @@ def run(args: list[str], xml: str, settings: dict) -> int:
         share, dev = domain.read(xml)
         if share is None and dev is None:
             return 0  # not a vmgpu guest
+        names.check_guest(name, "domain name")
         if op == "prepare":
             share = domain.check(xml)
             _prepare(name, share, dev, settings, log)

@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The forwarder's files on the host, opened so that no other local user can slip one in: see
+ * region_file.h. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "region_file.h"
+#include "vh_dispatch.h"
+
+/* Is st a regular file of ours, with one name, that no one else may read or write? */
+static int ours(const struct stat *st, const char *path, mode_t others)
+{
+	if (!S_ISREG(st->st_mode)) {
+		vh_log("%s is not a regular file: refusing it (remove it)", path);
+		errno = EINVAL;
+		return 0;
+	}
+	if (st->st_uid != geteuid()) {
+		vh_log("%s belongs to uid %u, not to this forwarder's user (uid %u): refusing a file someone else "
+		       "made (remove it; vmgpu makes its own)",
+		       path, (unsigned)st->st_uid, (unsigned)geteuid());
+		errno = EPERM;
+		return 0;
+	}
+	if (st->st_nlink != 1) {
+		vh_log("%s has %u names (hard links): refusing it (remove it)", path, (unsigned)st->st_nlink);
+		errno = EPERM;
+		return 0;
+	}
+	if (st->st_mode & others) {
+		vh_log("%s has mode %04o, open to other users: refusing it (remove it)", path,
+		       (unsigned)(st->st_mode & 07777));
+		errno = EPERM;
+		return 0;
+	}
+	return 1;
+}
+
+static int refuse_link(const char *path)
+{
+	if (errno == ELOOP)
+		vh_log("%s is a symbolic link: refusing to follow it (remove it)", path);
+	return -1;
+}
+
+int vh_region_open(const char *path, uint64_t create)
+{
+	if (!create) {
+		int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (fd < 0)
+			return refuse_link(path);
+		struct stat st;
+		/* group and others: the ACL mask shows there when guests are given access */
+		if (fstat(fd, &st) != 0 || !ours(&st, path, 0)) {
+			int e = errno;
+			close(fd);
+			errno = e;
+			return -1;
+		}
+		return fd;
+	}
+	char dir[4096], tmp[4096 + 64];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(dir, sizeof dir, ".");
+	else if (slash == path)
+		snprintf(dir, sizeof dir, "/");
+	else
+		snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+	int fd = -1;
+	for (int tries = 0; fd < 0 && tries < 16; tries++) {
+		uint32_t r = 0;
+		if (getrandom(&r, sizeof r, 0) != sizeof r)
+			r = (uint32_t)tries * 2654435761u;
+		snprintf(tmp, sizeof tmp, "%s/.vmgpu-new-%d-%08x", dir, (int)getpid(), r);
+		fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0 && errno != EEXIST) {
+			vh_log("cannot create a region in %s: %s", dir, strerror(errno));
+			return -1;
+		}
+	}
+	if (fd < 0) {
+		vh_log("cannot create a region in %s: every fresh name was taken", dir);
+		return -1;
+	}
+	/* 0600 whatever the umask: others get access only by the ACL entries vmgpu adds for the guest */
+	if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)create) != 0 || rename(tmp, path) != 0) {
+		int e = errno;
+		vh_log("cannot create region %s: %s", path, strerror(e));
+		unlink(tmp);
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+int vh_private_dir(const char *path)
+{
+	if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+		vh_log("cannot make the directory %s: %s", path, strerror(errno));
+		return -1;
+	}
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		if (e == ELOOP || e == ENOTDIR)
+			vh_log("%s is not a directory (a symbolic link or a file): refusing it (remove it)", path);
+		else
+			vh_log("cannot open the directory %s: %s", path, strerror(e));
+		errno = e;
+		return -1;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022)) {
+		vh_log("the directory %s belongs to uid %u with mode %04o: refusing it; it must be this user's "
+		       "(uid %u) and writable by no one else (remove it: vmgpu makes it 0700)",
+		       path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+		close(fd);
+		errno = EPERM;
+		return -1;
+	}
+	return fd;
+}
+
+int vh_private_file(int dirfd, const char *dir, const char *name)
+{
+	char shown[4096 + 256];
+	snprintf(shown, sizeof shown, "%s/%s", dir, name);
+	int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0 || errno != EEXIST)
+		return fd >= 0 ? fd : refuse_link(shown);
+	fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0)
+		return refuse_link(shown);
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !ours(&st, shown, 077)) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}

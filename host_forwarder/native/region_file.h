@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The forwarder's files on the host: the guest's region and the GPUs' scheduler pages.  Any local
+ * user may be hostile (DESIGN.md, the trust boundary): nothing here follows a symbolic link, opens
+ * a file someone else made, or truncates an existing file through a path.
+ *
+ * Each function logs why it refused (vh_log) and returns -1 with errno set.
+ */
+#ifndef VH_REGION_FILE_H
+#define VH_REGION_FILE_H
+
+#include <stdint.h>
+
+/* The region at path, open for reading and writing.
+ * create != 0: a new region file of that many bytes, mode 0600, made under a fresh name beside path
+ *   (O_CREAT|O_EXCL|O_NOFOLLOW) and renamed over path: whatever was at path (a stale region, a
+ *   link someone planted) is replaced, never written through.  The caller formats it.
+ * create == 0: an existing region: a regular file with one link, owned by this process's user
+ *   (vmgpu gives guests access by ACL entries, so the owner stays root), not a link. */
+int vh_region_open(const char *path, uint64_t create);
+
+/* A directory only this process's user can change: made (0700) if missing; refused if it is a
+ * link, not a directory, not ours, or writable by group or others.  Returns an O_DIRECTORY fd. */
+int vh_private_dir(const char *path);
+
+/* name in the private directory dirfd (shown as dir in messages), open for reading and writing:
+ * made (mode 0600, empty) if missing, with O_EXCL; an existing one must be a regular file of ours
+ * with one link, not readable or writable by anyone else. */
+int vh_private_file(int dirfd, const char *dir, const char *name);
+
+#endif
