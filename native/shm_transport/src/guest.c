@@ -47,6 +47,7 @@ struct vmgpu_gchan {
 	pthread_t beat_thread;
 	VMGPU_ATOMIC(uint32_t) beat_stop;  /* futex word: 1 = stop */
 	VMGPU_ATOMIC(uint32_t) beat_ready; /* futex word: 1 = running (word armed if arm), 2 = failed */
+	VMGPU_ATOMIC(bool) beat_closing;   /* the owner closes: mark the word closed, not died */
 	VMGPU_ATOMIC(uint64_t) beat_interval_ns;
 	bool beating;
 	bool arm;                          /* arm the owner word (the host reads it) */
@@ -225,7 +226,12 @@ static void *beat_main(void *arg)
 		futex_op(&c->beat_stop, FUTEX_WAIT_PRIVATE, 0,
 			 atomic_load_explicit(&c->beat_interval_ns, memory_order_relaxed));
 	}
-	return NULL; /* the kernel now marks the owner word: the host sees the owner gone */
+	if (c->arm && atomic_load(&c->beat_closing)) {
+		/* a close, not a death: say so in the word (then the kernel leaves it alone) */
+		uint32_t tid = (uint32_t)syscall(SYS_gettid) & VMGPU_OWNER_TID_MASK;
+		atomic_compare_exchange_strong(&d->owner_word, &tid, VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED);
+	}
+	return NULL; /* else the kernel marks the owner word died as this thread ends */
 }
 
 static int start_beat(struct vmgpu_gchan *c, uint64_t interval_ns)
@@ -242,10 +248,11 @@ static int start_beat(struct vmgpu_gchan *c, uint64_t interval_ns)
 	return 0;
 }
 
-static void stop_beat(struct vmgpu_gchan *c)
+static void stop_beat(struct vmgpu_gchan *c, bool closing)
 {
 	if (!c->beating)
 		return;
+	atomic_store(&c->beat_closing, closing);
 	atomic_store_explicit(&c->beat_stop, 1, memory_order_release);
 	futex_op(&c->beat_stop, FUTEX_WAKE_PRIVATE, 1, 0);
 	pthread_join(c->beat_thread, NULL); /* its robust list was walked before the join returns */
@@ -328,7 +335,7 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	if (c->arm) {
 		int e = start_beat(c, 100000000ull);
 		if (e == 0 && atomic_load(&c->beat_ready) != 1) {
-			stop_beat(c);
+			stop_beat(c, true);
 			e = vmgpu_seterr(ENOSYS, "this kernel refused a robust futex list (set_robust_list)");
 		}
 		if (e) {
@@ -361,7 +368,7 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 		}
 		uint64_t spent = vmgpu_now_ns() - t0;
 		if (spent >= ack_timeout_ns) {
-			stop_beat(c);
+			stop_beat(c, true);
 			uint64_t v = CTL_MAKE(VMGPU_CHAN_ACTIVE, gen);
 			/* nobody saw it: give it back as it was */
 			if (atomic_compare_exchange_strong(&d->ctl, &v, CTL_MAKE(VMGPU_CHAN_FREE, gen)))
@@ -385,7 +392,7 @@ VMGPU_EXPORT void vmgpu_gchan_close(struct vmgpu_gchan *c)
 {
 	if (!c)
 		return;
-	stop_beat(c); /* first the liveness: the host frees a channel only when its owner is gone */
+	stop_beat(c, true); /* first the liveness: the host frees a channel only when its owner is gone */
 	struct vmgpu_chan_desc *d = gdesc(c);
 	uint64_t v = CTL_MAKE(VMGPU_CHAN_ACTIVE, c->gen);
 	atomic_compare_exchange_strong(&d->ctl, &v, CTL_MAKE(VMGPU_CHAN_CLOSING, c->gen));
@@ -396,7 +403,7 @@ VMGPU_EXPORT void vmgpu_gchan_abandon(struct vmgpu_gchan *c)
 {
 	if (!c)
 		return;
-	stop_beat(c);
+	stop_beat(c, false); /* as in a crash: the kernel marks the owner word died */
 	free(c);
 }
 

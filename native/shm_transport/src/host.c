@@ -245,6 +245,13 @@ static bool owner_word_died(struct vmgpu_hchan *c)
 	return atomic_load_explicit(&desc_of(c)->owner_word, memory_order_acquire) & VMGPU_OWNER_DIED;
 }
 
+/* The owner ended its liveness to close the channel (not a death). */
+static bool owner_word_closed(struct vmgpu_hchan *c)
+{
+	uint32_t w = atomic_load_explicit(&desc_of(c)->owner_word, memory_order_acquire);
+	return (w & (VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED)) == (VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED);
+}
+
 static void accept_owner(struct vmgpu_hchan *c, uint32_t gen, uint32_t status)
 {
 	struct vmgpu_chan_desc *d = desc_of(c);
@@ -324,8 +331,8 @@ VMGPU_EXPORT int vmgpu_hchan_poll(struct vmgpu_hchan *c, uint64_t now)
 			accept_owner(c, gen, VMGPU_HOST_ACCEPTED);
 			return VMGPU_HC_OPENED;
 		}
-		if (c->armed && !owner_word_alive(c))
-			return VMGPU_HC_LOST; /* its liveness thread ended: the process died */
+		if (c->armed && !owner_word_alive(c)) /* its liveness ended: closed, or the process died */
+			return owner_word_closed(c) ? VMGPU_HC_CLOSED : VMGPU_HC_LOST;
 		return alive ? VMGPU_HC_SERVING : VMGPU_HC_LOST;
 	case VMGPU_CHAN_CLOSING:
 		if (restore_forged(c, ctl))

@@ -26,8 +26,9 @@
  *  - Liveness of a channel's owner (1.1, VMGPU_FEAT_OWNER_WORD): the owner's
  *    liveness thread registers the descriptor's owner_word as the single entry
  *    of its own robust futex list and stores its thread id there.  When that
- *    thread ends (a clean close, or the process dies: kill -9, a crash), the
- *    owner's kernel sets VMGPU_OWNER_DIED in the word.  The host only reads the
+ *    thread ends because the process died (kill -9, a crash, exit without a
+ *    close), the owner's kernel sets VMGPU_OWNER_DIED in the word; a closing
+ *    owner's thread writes VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED itself.  The host only reads the
  *    word.  The heartbeat stays as the fallback for a frozen owner.  A closing
  *    owner stops its liveness thread first; the host frees a channel it serves
  *    only when the word says the owner is gone (or its heartbeat went silent),
@@ -76,6 +77,9 @@
  * VMGPU_OWNER_DIED set = the owner's liveness thread has ended. */
 #define VMGPU_OWNER_TID_MASK 0x3fffffffu
 #define VMGPU_OWNER_DIED 0x40000000u
+/* Set with VMGPU_OWNER_DIED by an owner that ends its liveness to close the
+ * channel (the kernel never sets it; no Linux thread id reaches bit 29). */
+#define VMGPU_OWNER_CLOSED 0x20000000u
 
 /* The most channels the host serves at once to one owner_pid value, unless the
  * host sets another limit (header.chans_per_owner). */
