@@ -25,6 +25,10 @@ PROGRAMS = [
     ("t_stress", ["proc", "4", "100000"], ("asan",)),
     ("t_stress", ["thread", "3", "30000"], ("tsan",)),
     ("t_kill", [], ("native", "asan")),
+    ("t_owner_death", [], ("native", "asan")),
+    ("t_forged_close", [], ("native", "asan", "tsan")),
+    ("t_owner_limit", [], ("native", "asan")),
+    ("t_republish", [], ("native", "asan", "tsan")),
 ]
 
 CASES = [
