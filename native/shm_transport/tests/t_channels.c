@@ -62,8 +62,8 @@ int main(void)
 
 	/* release one; the host reclaims it; the next claim gets it with a new generation */
 	uint32_t idx = vmgpu_gchan_index(c[2]);
+	int reclaimed0 = e.reclaimed; /* before the close: the host may reclaim at once */
 	vmgpu_gchan_close(c[2]);
-	int reclaimed0 = e.reclaimed;
 	for (int i = 0; i < 5000 && e.reclaimed == reclaimed0; i++)
 		usleep(1000);
 	CHECK_EQ(e.reclaimed, reclaimed0 + 1);
@@ -83,9 +83,9 @@ int main(void)
 		struct vmgpu_ring_ctl *rc = &((struct vmgpu_chan_ctl *)blk)->req;
 		uint32_t head = atomic_load(&rc->head);
 		struct vmgpu_rec_hdr *bad = (struct vmgpu_rec_hdr *)(blk + gl->req_ring_off + (head & (gl->req_ring_size - 1)));
+		int rec0 = e.reclaimed;
 		bad->type = 1;
 		atomic_store(&bad->len, gl->req_ring_size * 2); /* longer than the ring */
-		int rec0 = e.reclaimed;
 		for (int i = 0; i < 5000 && e.reclaimed == rec0; i++)
 			usleep(1000);
 		CHECK_EQ(e.reclaimed, rec0 + 1);
