@@ -349,8 +349,9 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	/* wait for the host to accept (or refuse) this generation */
 	uint64_t t0 = vmgpu_now_ns(), backoff = 1000;
 	for (;;) {
-		if (atomic_load_explicit(&d->host_ack_gen, memory_order_acquire) == gen) {
-			uint32_t st = atomic_load_explicit(&d->host_status, memory_order_relaxed);
+		uint32_t st = VMGPU_HOST_PENDING;
+		if (atomic_load_explicit(&d->host_ack_gen, memory_order_acquire) == gen &&
+		    (st = atomic_load_explicit(&d->host_status, memory_order_relaxed)) != VMGPU_HOST_PENDING) {
 			if (st == VMGPU_HOST_ACCEPTED)
 				break;
 			vmgpu_gchan_close(c);

@@ -372,6 +372,7 @@ VMGPU_EXPORT int vmgpu_hchan_reclaim(struct vmgpu_hchan *c)
 	atomic_store_explicit(&d->heartbeat, 0, memory_order_relaxed);
 	atomic_store_explicit(&d->owner_word, 0, memory_order_relaxed);
 	atomic_store_explicit(&d->host_status, VMGPU_HOST_PENDING, memory_order_relaxed);
+	atomic_store_explicit(&d->host_ack_gen, 0, memory_order_relaxed);
 	hchan_reset_private(c);
 	c->seen_change_ns = c->seen_poll_ns = vmgpu_now_ns();
 	/* Keep the generation: the next claim moves it on. */
