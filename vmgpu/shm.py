@@ -23,7 +23,7 @@ WAIT_POLL = 2
 WAIT_MODES = {"futex": WAIT_FUTEX, "poll": WAIT_POLL}
 
 CHAN_STATES = {0: "free", 1: "claiming", 2: "active", 3: "closing", 4: "dead"}
-HOST_STATUS = {0: "pending", 1: "accepted", 2: "refused-version", 3: "refused-broken"}
+HOST_STATUS = {0: "pending", 1: "accepted", 2: "refused-version", 3: "refused-broken", 4: "refused-limit"}
 HC_EVENTS = {0: "idle", 1: "opened", 2: "serving", 3: "closed", 4: "lost", 5: "refused"}
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +87,7 @@ class _ChanInfo(ctypes.Structure):
         ("cpl_used", ctypes.c_uint32),
         ("bulk_used", ctypes.c_uint64),
         ("heap_blocks", ctypes.c_uint32),
+        ("owner_word", ctypes.c_uint32),
     ]
 
 
@@ -129,6 +130,8 @@ def lib() -> ctypes.CDLL:
         "vmgpu_host_detach": (None, [vp]),
         "vmgpu_host_beat": (None, [vp]),
         "vmgpu_host_close": (None, [vp]),
+        "vmgpu_host_republish": (i, [vp]),
+        "vmgpu_host_set_chans_per_owner": (i, [vp, u32]),
         "vmgpu_host_chan": (vp, [vp, u32]),
         "vmgpu_hchan_poll": (i, [vp, u64]),
         "vmgpu_hchan_reclaim": (i, [vp]),
@@ -245,13 +248,25 @@ class _Header(ctypes.Structure):
         ("region_state", ctypes.c_uint32),
         ("host_epoch", ctypes.c_uint64),
         ("name", ctypes.c_char * 64),
-        ("reserved0", ctypes.c_uint8 * 64),
+        ("chans_per_owner", ctypes.c_uint32),
+        ("pad0", ctypes.c_uint32),
+        ("reserved0", ctypes.c_uint8 * 56),
         ("host_heartbeat", ctypes.c_uint64),
         ("host_pid", ctypes.c_uint32),
     ]
 
 
 MAGIC = 0x4D48535550474D56
+OWNER_TID_MASK = 0x3FFFFFFF
+OWNER_DIED = 0x40000000
+OWNER_CLOSED = 0x20000000
+
+
+def _liveness(word: int) -> str:
+    """What a channel's owner word says (ABI 1.1): see shm_abi.h."""
+    if word & OWNER_DIED:
+        return "closed" if word & OWNER_CLOSED else "died"
+    return "alive" if word & OWNER_TID_MASK else "unarmed"
 
 
 class Region:
@@ -345,7 +360,7 @@ class Region:
     def header(self) -> dict:
         """A copy of the header fields (as the region says; untrusted)."""
         h = _Header.from_buffer_copy(self.mm[: ctypes.sizeof(_Header)])
-        out = {f: getattr(h, f) for f, _ in _Header._fields_ if not f.startswith("reserved")}
+        out = {f: getattr(h, f) for f, _ in _Header._fields_ if not f.startswith(("reserved", "pad"))}
         out["name"] = h.name.decode(errors="replace")
         return out
 
@@ -379,6 +394,7 @@ class Region:
                     "guest_version": f"{ci.guest_version >> 16}.{ci.guest_version & 0xFFFF}",
                     "host_status": HOST_STATUS.get(ci.host_status, str(ci.host_status)),
                     "heartbeat": ci.heartbeat,
+                    "liveness": _liveness(ci.owner_word),
                     "req_used": ci.req_used,
                     "cpl_used": ci.cpl_used,
                     "bulk_used": ci.bulk_used,
@@ -423,6 +439,15 @@ class Host:
 
     def beat(self) -> None:
         lib().vmgpu_host_beat(self.h)
+
+    def republish(self) -> int:
+        """Rewrite what the host owns in the header where a guest changed it; returns the words rewritten."""
+        return lib().vmgpu_host_republish(self.h)
+
+    def set_chans_per_owner(self, n: int) -> None:
+        rc = lib().vmgpu_host_set_chans_per_owner(self.h, n)
+        if rc:
+            _raise(rc, "channels per process")
 
     def poll(self, idx: int) -> str:
         c = lib().vmgpu_host_chan(self.h, idx)

@@ -1,23 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* vmgpu-guest-agent: runs as root inside a VM.
  *
- *   vmgpu-guest-agent setup [--mode OCTAL] [--gid GID]
+ *   vmgpu-guest-agent setup [--mode OCTAL] [--group NAME | --gid GID]
  *       find the ivshmem device (PCI 1af4:1110) that carries the vmgpu region, enable it,
- *       give its BAR2 to CUDA users (mode, default 0666; or 0660 and a group), and link it
- *       as /dev/vmgpu/region, where the guest libcuda.so.1 looks.
+ *       give its BAR2 to CUDA users (default: group `vmgpu`, created if missing, mode
+ *       0660), and link it as /dev/vmgpu/region, where the guest libcuda.so.1 looks.
  *   vmgpu-guest-agent reap [--interval MS] [--once]
  *       close the channels of guest processes that died without closing them, so the host
  *       frees their GPU memory at once instead of after the heartbeat timeout.
- *   vmgpu-guest-agent run [--mode OCTAL] [--gid GID] [--interval MS]
+ *   vmgpu-guest-agent run [--mode OCTAL] [--group NAME | --gid GID] [--interval MS]
  *       setup, then reap until killed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>
 #include <getopt.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "ivshmem.h"
 
@@ -85,6 +87,51 @@ static int setup(mode_t mode, gid_t gid)
 	return 0;
 }
 
+/* The gid of group `name`, created if missing: by groupadd where there is one, else by
+ * a line appended to /etc/group (a minimal guest image) with an unused system gid. */
+static int group_gid(const char *name, gid_t *gid)
+{
+	struct group *gr = getgrnam(name);
+	if (gr) {
+		*gid = gr->gr_gid;
+		return 0;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		if (null >= 0)
+			dup2(null, 2);
+		execlp("groupadd", "groupadd", "--system", name, (char *)NULL);
+		_exit(127);
+	}
+	int st = 0;
+	if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0 && (gr = getgrnam(name))) {
+		*gid = gr->gr_gid;
+		printf("created group %s (gid %u); let a user use the GPU with: usermod -aG %s USER\n", name,
+		       (unsigned)*gid, name);
+		return 0;
+	}
+	gid_t g = 999;
+	while (g >= 100 && getgrgid(g))
+		g--;
+	if (g < 100)
+		return say("group %s does not exist and no system gid is free; create it or pass --gid", name);
+	int fd = open("/etc/group", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	char line[160];
+	int n = snprintf(line, sizeof line, "%s:x:%u:\n", name, (unsigned)g);
+	if (fd < 0 || write(fd, line, (size_t)n) != n) {
+		if (fd >= 0)
+			close(fd);
+		return say("group %s does not exist and /etc/group cannot be written (%s); create it or pass --gid",
+			   name, strerror(errno));
+	}
+	close(fd);
+	*gid = g;
+	printf("created group %s (gid %u) in /etc/group; let a user use the GPU by adding it there\n", name,
+	       (unsigned)g);
+	return 0;
+}
+
 static int pid_alive(uint32_t pid, void *ctx)
 {
 	(void)ctx;
@@ -129,8 +176,10 @@ static int reap(unsigned interval_ms, int once)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run [--mode OCTAL] [--gid GID] [--interval MS] [--once]\n"
-		   "  setup   find the vmgpu ivshmem device, enable it, link it as " LINK_PATH "\n"
+	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run [--mode OCTAL] [--group NAME | --gid GID] [--interval MS] "
+		   "[--once]\n"
+		   "  setup   find the vmgpu ivshmem device, enable it, give it to group NAME (default vmgpu,\n"
+		   "          created if missing) with mode OCTAL (default 0660), link it as " LINK_PATH "\n"
 		   "  reap    close the channels of processes that exited without closing them\n"
 		   "  run     setup, then reap until killed\n");
 }
@@ -142,12 +191,14 @@ int main(int argc, char **argv)
 		return argc < 2 ? 2 : 0;
 	}
 	const char *cmd = argv[1];
-	mode_t mode = 0666;
+	mode_t mode = 0660;
 	gid_t gid = (gid_t)-1;
+	const char *group = "vmgpu";
 	unsigned interval = 500;
 	int once = 0;
 	static const struct option opts[] = {
-		{"mode", 1, 0, 'm'}, {"gid", 1, 0, 'g'}, {"interval", 1, 0, 'i'}, {"once", 0, 0, 'o'}, {0, 0, 0, 0},
+		{"mode", 1, 0, 'm'}, {"gid", 1, 0, 'g'},  {"group", 1, 0, 'G'},
+		{"interval", 1, 0, 'i'}, {"once", 0, 0, 'o'}, {0, 0, 0, 0},
 	};
 	int o;
 	optind = 2;
@@ -164,6 +215,11 @@ int main(int argc, char **argv)
 			if (*end)
 				return say("--gid: '%s' is not a number", optarg), 2;
 			break;
+		case 'G':
+			if (!*optarg)
+				return say("--group: a group name is needed"), 2;
+			group = optarg;
+			break;
 		case 'i':
 			interval = (unsigned)strtoul(optarg, &end, 10);
 			if (*end || !interval)
@@ -173,6 +229,9 @@ int main(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
+	int needs_device = !strcmp(cmd, "setup") || !strcmp(cmd, "run");
+	if (needs_device && gid == (gid_t)-1 && group_gid(group, &gid))
+		return 1;
 	if (!strcmp(cmd, "setup"))
 		return setup(mode, gid);
 	if (!strcmp(cmd, "reap"))

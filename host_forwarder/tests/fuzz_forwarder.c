@@ -6,6 +6,14 @@
  *
  *   fuzz_forwarder REGION ITERATIONS SEED
  * Exit 0: the forwarder survived and still answers correctly.
+ *
+ *   fuzz_forwarder REGION ITERATIONS SEED PROCS [scribble]
+ * Several hostile guest processes at once (PROCS), each on its own channel with
+ * its own seed; some are killed (kill -9) mid-way and replaced, some exit holding
+ * their channel.  With `scribble`, another process meanwhile writes random words
+ * over the region's header, channel table, ring and bulk control, ring data and
+ * heap map.  Then all stop, and a fresh process must attach (the forwarder
+ * re-publishes its header), claim a channel and be answered correctly.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,8 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "vg_ops.h"
@@ -65,10 +76,130 @@ static int call(uint32_t op, uint16_t dev, uint16_t flags, const void *args, uin
 	return r.result;
 }
 
+/* Random words where the forwarder looks, until killed. */
+static int scribbler(const char *region)
+{
+	int fd = open(region, O_RDWR);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st))
+		return 2;
+	uint8_t *b = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (b == MAP_FAILED)
+		return 2;
+	const struct vmgpu_region_header *h = (const void *)b;
+	/* the geometry as formatted (the scribbler's own copy, taken before it starts) */
+	struct vmgpu_shm_params p = {h->nchannels, h->req_ring_size, h->cpl_ring_size, h->wait_mode, h->bulk_size,
+				     h->heap_block_size};
+	struct vmgpu_layout l;
+	if (vmgpu_layout_compute(st.st_size, &p, &l))
+		return 2;
+	for (;;) {
+		uint64_t blk = l.chan_area_off + (rnd() % l.nchannels) * l.chan_stride, off;
+		switch (rnd() % 6) {
+		case 0: off = rnd() % VMGPU_PAGE; break;
+		case 1: off = l.chan_table_off + rnd() % (l.nchannels * 64ull); break;
+		case 2: off = blk + rnd() % (6 * VMGPU_CACHELINE); break;
+		case 3: off = blk + l.req_ring_off + rnd() % l.req_ring_size; break;
+		case 4: off = l.heap_map_off + rnd() % (l.heap_blocks * 8ull); break;
+		default: off = blk + l.cpl_ring_off + rnd() % l.cpl_ring_size; break;
+		}
+		uint64_t v = rnd();
+		if (rnd() % 2)
+			v &= 0xffffffffull >> (rnd() % 32);
+		__atomic_store_n((uint64_t *)(void *)(b + (off & ~7ull)), v, __ATOMIC_RELAXED);
+		usleep((useconds_t)(rnd() % 2000));
+	}
+}
+
+static pid_t spawn(char *const argv[])
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		execv("/proc/self/exe", argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+static pid_t spawn_fuzzer(const char *region, long iters, uint64_t seed)
+{
+	char it[32], sd[32];
+	snprintf(it, sizeof it, "%ld", iters);
+	snprintf(sd, sizeof sd, "%llu", (unsigned long long)seed);
+	char *const args[] = {"fuzz_forwarder", (char *)region, it, sd, NULL};
+	return spawn(args);
+}
+
+static int many(const char *region, long iters, uint64_t seed, int procs, int scribble)
+{
+	rng = seed * 2654435761u + 7;
+	if (procs < 1 || procs > 64)
+		return 2;
+	pid_t kids[64], scrib = 0;
+	long each = iters / procs + 1, started = 0, killed = 0, failed = 0, ok = 0;
+	for (int k = 0; k < procs; k++, started++)
+		kids[k] = spawn_fuzzer(region, each, seed * 1000 + (uint64_t)started);
+	if (scribble) {
+		char sd[32];
+		snprintf(sd, sizeof sd, "%llu", (unsigned long long)seed);
+		char *const args[] = {"fuzz_forwarder", (char *)region, "scribble", sd, NULL};
+		scrib = spawn(args);
+	}
+	/* replace each one that ends (or that we kill) until 3 generations have run */
+	int alive = procs;
+	while (alive) {
+		usleep(20000);
+		for (int k = 0; k < procs; k++) {
+			if (!kids[k])
+				continue;
+			if (rnd() % 100 == 0) {
+				kill(kids[k], SIGKILL);
+				killed++;
+			}
+			int st;
+			if (waitpid(kids[k], &st, WNOHANG) != kids[k])
+				continue;
+			if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+				ok++;
+			else if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL))
+				failed++;
+			kids[k] = started < 3 * procs ? spawn_fuzzer(region, each, seed * 1000 + (uint64_t)started++) : 0;
+			alive -= !kids[k];
+		}
+	}
+	if (scrib) {
+		kill(scrib, SIGKILL);
+		waitpid(scrib, NULL, 0);
+	}
+	printf("fuzz_forwarder: %ld hostile processes (%d at once), %ld killed, %ld finished, %ld cut off%s\n",
+	       started, procs, killed, ok, failed, scribble ? " by the scribbling" : "");
+	if (failed && !scribble) {
+		fprintf(stderr, "a hostile process that was neither killed nor scribbled on failed\n");
+		return 1;
+	}
+	/* quiet again: a fresh process attaches, is served and answered correctly */
+	fflush(stdout);
+	pid_t probe = spawn_fuzzer(region, 200, seed + 99);
+	int st;
+	if (waitpid(probe, &st, 0) != probe || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "after the hostile processes, a fresh one was not served\n");
+		return 1;
+	}
+	return 0;
+}
+
+
 int main(int argc, char **argv)
 {
+	if (argc == 4 && !strcmp(argv[2], "scribble")) {
+		rng = strtoull(argv[3], NULL, 10) * 2654435761u + 1;
+		return scribbler(argv[1]);
+	}
+	if (argc == 5 || argc == 6)
+		return many(argv[1], atol(argv[2]), strtoull(argv[3], NULL, 10), atoi(argv[4]),
+			    argc == 6 && !strcmp(argv[5], "scribble"));
 	if (argc != 4) {
-		fprintf(stderr, "usage: fuzz_forwarder REGION ITERATIONS SEED\n");
+		fprintf(stderr, "usage: fuzz_forwarder REGION ITERATIONS SEED [PROCS [scribble]]\n");
 		return 2;
 	}
 	long iters = atol(argv[2]);
@@ -83,7 +214,14 @@ int main(int argc, char **argv)
 	struct vmgpu_wait_opts wo;
 	vmgpu_wait_opts_default(&wo);
 	struct vmgpu_guest *g;
-	if (vmgpu_guest_attach(base, st.st_size, &wo, &g) || vmgpu_guest_claim(g, 5000000000ull, &ch)) {
+	/* a header just scribbled is re-published by the forwarder within a tick: retry a while */
+	int e = -1;
+	for (int tries = 0; tries < 3000 && e; tries++) {
+		e = vmgpu_guest_attach(base, st.st_size, &wo, &g);
+		if (e)
+			usleep(1000);
+	}
+	if (e || vmgpu_guest_claim(g, 5000000000ull, &ch)) {
 		fprintf(stderr, "attach: %s\n", vmgpu_shm_errmsg());
 		return 2;
 	}

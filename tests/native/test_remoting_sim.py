@@ -221,6 +221,17 @@ def test_hostile_guest_cannot_crash_the_forwarder(shm_path):
             )
             assert r.returncode == 0, r.stdout + r.stderr + open(log.name).read()
             assert "forwarder healthy" in r.stdout
+        # several hostile processes at once, some killed mid-way; then the same while another
+        # process scribbles the header, channel table, rings, bulk control and heap map
+        for extra in (["4"], ["4", "scribble"]):
+            r = subprocess.run(
+                [str(ASAN / "tests" / "fuzz_forwarder"), str(shm_path), "24000", "7", *extra],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert r.returncode == 0, r.stdout + r.stderr + open(log.name).read()
+            assert "hostile processes (4 at once)" in r.stdout and "forwarder healthy" in r.stdout
         assert fwd.poll() is None, open(log.name).read()
     finally:
         fwd.terminate()

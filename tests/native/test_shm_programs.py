@@ -25,6 +25,10 @@ PROGRAMS = [
     ("t_stress", ["proc", "4", "100000"], ("asan",)),
     ("t_stress", ["thread", "3", "30000"], ("tsan",)),
     ("t_kill", [], ("native", "asan")),
+    ("t_owner_death", [], ("native", "asan")),
+    ("t_forged_close", [], ("native", "asan", "tsan")),
+    ("t_owner_limit", [], ("native", "asan")),
+    ("t_republish", [], ("native", "asan", "tsan")),
 ]
 
 CASES = [
@@ -71,4 +75,17 @@ def test_fuzz_host_bounded():
     res = run_program("asan", "fuzz_host", [secs], timeout=int(float(secs)) + 120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "no crash" in res.stdout
+    print(res.stdout)
+
+
+@pytest.mark.native
+@pytest.mark.sanitizer
+def test_host_survives_guests_dying_and_scribbling_while_it_serves():
+    """Several guest processes claim, close, abandon and are killed while another scribbles the
+    header, descriptors, ring and bulk control and the heap map; the ASan/UBSan host never
+    crashes nor touches memory outside the region, and serves an honest guest afterwards."""
+    secs = os.environ.get("VMGPU_FUZZ_LIVE_SECONDS", "30")
+    res = run_program("asan", "fuzz_host", ["live", secs], timeout=int(float(secs)) + 120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "an honest guest is served after it" in res.stdout
     print(res.stdout)

@@ -46,7 +46,7 @@ def test_refuses_other_major_version(shm_path):
     r = shm.Region.create(shm_path, SMALL.min_size(), SMALL)
     try:
         r.mm[8:10] = (2).to_bytes(2, "little")
-        with pytest.raises(VersionMismatch, match="speaks ABI 2.0"):
+        with pytest.raises(VersionMismatch, match=r"speaks ABI 2\.\d"):
             r.check()
         with pytest.raises(VersionMismatch):
             shm.Host(r, SMALL)
@@ -159,7 +159,7 @@ def test_cli_region_create_show_and_errors(shm_path):
     shown = json.loads(res.output)
     assert shown["header"]["nchannels"] == 4 and len(shown["channels"]) == 4
     res = _run(["region", "show", str(shm_path)])
-    assert "ABI 1.0" in res.output and "no channel has been used yet" in res.output
+    assert "ABI 1." in res.output and "no channel has been used yet" in res.output
     # errors: one line, stable exit code
     res = _run(["region", "create", str(shm_path)])
     assert res.exit_code == EXIT_CODES["REGION"] and "already exists" in res.output

@@ -3,13 +3,23 @@
 #define _GNU_SOURCE
 #include "internal.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+_Static_assert(VMGPU_OWNER_DIED == FUTEX_OWNER_DIED && VMGPU_OWNER_TID_MASK == FUTEX_TID_MASK,
+	       "the owner word is the kernel's robust futex word");
+
+/* A region state other than READY is believed after this long (a guest that
+ * scribbled on the header must not cut its siblings off before the host
+ * re-publishes it). */
+#define NOT_READY_GRACE_NS (250ull * 1000000ull)
 
 struct vmgpu_guest {
 	uint8_t *base;
@@ -18,7 +28,10 @@ struct vmgpu_guest {
 	struct vmgpu_wait_opts wo;
 	VMGPU_ATOMIC(uint64_t) host_beat;
 	VMGPU_ATOMIC(uint64_t) host_beat_ns;
+	VMGPU_ATOMIC(uint64_t) not_ready_ns; /* when the region was first seen not READY, 0 if it is */
 	VMGPU_ATOMIC(uint32_t) heap_hint;
+	uint64_t features;                   /* as the host published them at attach */
+	uint32_t chans_per_owner;
 };
 
 struct vmgpu_gchan {
@@ -29,10 +42,17 @@ struct vmgpu_gchan {
 	uint8_t *bulk_data;
 	uint64_t bulk_pos, bulk_released;
 	struct peer_check pc;
+	VMGPU_ATOMIC(uint64_t) odd_since_ns; /* when the descriptor was first seen not ours, 0 if it is */
+	/* the liveness thread: beats, and holds the owner word in its robust list */
 	pthread_t beat_thread;
-	VMGPU_ATOMIC(bool) beat_stop;
+	VMGPU_ATOMIC(uint32_t) beat_stop;  /* futex word: 1 = stop */
+	VMGPU_ATOMIC(uint32_t) beat_ready; /* futex word: 1 = running (word armed if arm), 2 = failed */
+	VMGPU_ATOMIC(bool) beat_closing;   /* the owner closes: mark the word closed, not died */
+	VMGPU_ATOMIC(uint64_t) beat_interval_ns;
 	bool beating;
-	uint64_t beat_interval_ns;
+	bool arm;                          /* arm the owner word (the host reads it) */
+	struct robust_list_head rhead;     /* this thread's robust list: one entry, the owner word */
+	struct robust_list rentry;
 };
 
 static struct vmgpu_region_header *ghdr(struct vmgpu_guest *g)
@@ -43,10 +63,17 @@ static struct vmgpu_region_header *ghdr(struct vmgpu_guest *g)
 VMGPU_EXPORT int vmgpu_guest_attach(void *base, uint64_t size, const struct vmgpu_wait_opts *o,
 				    struct vmgpu_guest **out)
 {
-	const struct vmgpu_region_header *h = base;
-	if (size < sizeof *h)
+	if (size < sizeof(struct vmgpu_region_header))
 		return vmgpu_seterr(EINVAL, "mapping of %llu bytes is smaller than a region header",
 				    (unsigned long long)size);
+	/* copy, then validate, then use: other processes may write the header meanwhile */
+	struct vmgpu_region_header hc;
+	const uint64_t *src = base;
+	for (size_t i = 0; i < sizeof hc / 8; i++) {
+		uint64_t w = __atomic_load_n(&src[i], __ATOMIC_ACQUIRE);
+		memcpy((uint8_t *)&hc + 8 * i, &w, 8);
+	}
+	const struct vmgpu_region_header *h = &hc;
 	if (h->magic != VMGPU_SHM_MAGIC)
 		return vmgpu_seterr(EINVAL, "not a vmgpu region (magic %016llx); has the host formatted it?",
 				    (unsigned long long)h->magic);
@@ -83,6 +110,9 @@ VMGPU_EXPORT int vmgpu_guest_attach(void *base, uint64_t size, const struct vmgp
 	g->base = base;
 	g->size = h->region_size;
 	g->l = l;
+	/* a 1.0 host publishes no features and no limit */
+	g->features = h->version_minor >= 1 ? h->features : 0;
+	g->chans_per_owner = h->version_minor >= 1 && h->chans_per_owner ? h->chans_per_owner : l.nchannels;
 	if (o)
 		g->wo = *o;
 	else
@@ -106,10 +136,17 @@ VMGPU_EXPORT const struct vmgpu_layout *vmgpu_guest_layout(const struct vmgpu_gu
 VMGPU_EXPORT int vmgpu_guest_host_alive(struct vmgpu_guest *g)
 {
 	struct vmgpu_region_header *h = ghdr(g);
-	if (atomic_load_explicit(&h->region_state, memory_order_acquire) != VMGPU_REGION_READY)
-		return 0;
-	uint64_t beat = atomic_load_explicit(&h->host_heartbeat, memory_order_acquire);
 	uint64_t now = vmgpu_now_ns();
+	if (atomic_load_explicit(&h->region_state, memory_order_acquire) != VMGPU_REGION_READY) {
+		uint64_t since = atomic_load_explicit(&g->not_ready_ns, memory_order_relaxed);
+		if (!since)
+			atomic_store_explicit(&g->not_ready_ns, since = now, memory_order_relaxed);
+		if (now - since >= NOT_READY_GRACE_NS)
+			return 0;
+	} else {
+		atomic_store_explicit(&g->not_ready_ns, 0, memory_order_relaxed);
+	}
+	uint64_t beat = atomic_load_explicit(&h->host_heartbeat, memory_order_acquire);
 	if (beat != atomic_load_explicit(&g->host_beat, memory_order_relaxed)) {
 		atomic_store_explicit(&g->host_beat, beat, memory_order_relaxed);
 		atomic_store_explicit(&g->host_beat_ns, now, memory_order_relaxed);
@@ -123,13 +160,25 @@ static struct vmgpu_chan_desc *gdesc(struct vmgpu_gchan *c)
 	return chan_desc(c->g->base, &c->g->l, c->idx);
 }
 
-/* The host is alive and still considers this channel ours. */
+/* The host is alive and still considers this channel ours.  DEAD with our
+ * generation is the host's fence: believed at once.  Any other state is either
+ * the host's reclaim (FREE follows DEAD) or a sibling's scribble, which the host
+ * undoes within a tick: believed when it lasts. */
 static bool gchan_peer_alive(void *ctx)
 {
 	struct vmgpu_gchan *c = ctx;
 	uint64_t ctl = atomic_load_explicit(&gdesc(c)->ctl, memory_order_acquire);
-	if (ctl != CTL_MAKE(VMGPU_CHAN_ACTIVE, c->gen))
-		return false;
+	if (ctl != CTL_MAKE(VMGPU_CHAN_ACTIVE, c->gen)) {
+		if (ctl == CTL_MAKE(VMGPU_CHAN_DEAD, c->gen))
+			return false;
+		uint64_t now = vmgpu_now_ns(), since = atomic_load_explicit(&c->odd_since_ns, memory_order_relaxed);
+		if (!since)
+			atomic_store_explicit(&c->odd_since_ns, since = now, memory_order_relaxed);
+		if (now - since >= NOT_READY_GRACE_NS)
+			return false;
+	} else {
+		atomic_store_explicit(&c->odd_since_ns, 0, memory_order_relaxed);
+	}
 	return vmgpu_guest_host_alive(c->g);
 }
 
@@ -139,9 +188,97 @@ static void sleep_ns(uint64_t ns)
 	nanosleep(&ts, NULL);
 }
 
+static long futex_op(VMGPU_ATOMIC(uint32_t) *w, int op, uint32_t val, uint64_t timeout_ns)
+{
+	struct timespec ts = {.tv_sec = (time_t)(timeout_ns / 1000000000ull), .tv_nsec = (long)(timeout_ns % 1000000000ull)};
+	return syscall(SYS_futex, (uint32_t *)w, op, val, timeout_ns ? &ts : NULL, NULL, 0);
+}
+
+/* The channel's liveness thread.  It makes the owner word the one entry of its
+ * own robust futex list (the kernel's list is per thread; this thread holds no
+ * robust mutex of glibc's) and stores its thread id there: when the thread ends,
+ * however the process ends, the kernel sets VMGPU_OWNER_DIED in the word.  Then
+ * it beats the heartbeat until told to stop, while the channel is still ours. */
+static void *beat_main(void *arg)
+{
+	struct vmgpu_gchan *c = arg;
+	struct vmgpu_chan_desc *d = gdesc(c);
+	uint32_t ready = 1;
+	if (c->arm) {
+		c->rentry.next = &c->rhead.list;
+		c->rhead.list.next = &c->rentry;
+		c->rhead.futex_offset = (long)((uint8_t *)&d->owner_word - (uint8_t *)&c->rentry);
+		c->rhead.list_op_pending = NULL;
+		if (syscall(SYS_set_robust_list, &c->rhead, sizeof c->rhead) != 0)
+			ready = 2;
+		else
+			atomic_store_explicit(&d->owner_word, (uint32_t)syscall(SYS_gettid) & VMGPU_OWNER_TID_MASK,
+					      memory_order_release);
+	}
+	atomic_store_explicit(&c->beat_ready, ready, memory_order_release);
+	futex_op(&c->beat_ready, FUTEX_WAKE_PRIVATE, 1, 0);
+	if (ready != 1)
+		return NULL;
+	while (!atomic_load_explicit(&c->beat_stop, memory_order_acquire)) {
+		uint64_t v = atomic_load_explicit(&d->ctl, memory_order_acquire);
+		if (CTL_GEN(v) == c->gen && (CTL_STATE(v) == VMGPU_CHAN_ACTIVE || CTL_STATE(v) == VMGPU_CHAN_CLAIMING))
+			atomic_fetch_add_explicit(&d->heartbeat, 1, memory_order_relaxed);
+		futex_op(&c->beat_stop, FUTEX_WAIT_PRIVATE, 0,
+			 atomic_load_explicit(&c->beat_interval_ns, memory_order_relaxed));
+	}
+	if (c->arm && atomic_load(&c->beat_closing)) {
+		/* a close, not a death: say so in the word (then the kernel leaves it alone) */
+		uint32_t tid = (uint32_t)syscall(SYS_gettid) & VMGPU_OWNER_TID_MASK;
+		atomic_compare_exchange_strong(&d->owner_word, &tid, VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED);
+	}
+	return NULL; /* else the kernel marks the owner word died as this thread ends */
+}
+
+static int start_beat(struct vmgpu_gchan *c, uint64_t interval_ns)
+{
+	atomic_store(&c->beat_interval_ns, interval_ns);
+	atomic_store(&c->beat_stop, 0);
+	atomic_store(&c->beat_ready, 0);
+	int e = pthread_create(&c->beat_thread, NULL, beat_main, c);
+	if (e)
+		return vmgpu_seterr(e, "cannot start the liveness thread of channel %u", c->idx);
+	c->beating = true;
+	while (atomic_load_explicit(&c->beat_ready, memory_order_acquire) == 0)
+		futex_op(&c->beat_ready, FUTEX_WAIT_PRIVATE, 0, 0);
+	return 0;
+}
+
+static void stop_beat(struct vmgpu_gchan *c, bool closing)
+{
+	if (!c->beating)
+		return;
+	atomic_store(&c->beat_closing, closing);
+	atomic_store_explicit(&c->beat_stop, 1, memory_order_release);
+	futex_op(&c->beat_stop, FUTEX_WAKE_PRIVATE, 1, 0);
+	pthread_join(c->beat_thread, NULL); /* its robust list was walked before the join returns */
+	c->beating = false;
+}
+
+/* Channels of the region that this process (by pid) holds or is claiming. */
+static uint32_t held_by_me(struct vmgpu_guest *g)
+{
+	uint32_t n = 0, me = (uint32_t)getpid();
+	for (uint32_t i = 0; i < g->l.nchannels; i++) {
+		struct vmgpu_chan_desc *d = chan_desc(g->base, &g->l, i);
+		uint32_t st = CTL_STATE(atomic_load_explicit(&d->ctl, memory_order_acquire));
+		n += (st == VMGPU_CHAN_CLAIMING || st == VMGPU_CHAN_ACTIVE) && SHM_LOAD(d->owner_pid) == me;
+	}
+	return n;
+}
+
 VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_ns, struct vmgpu_gchan **out)
 {
 	const struct vmgpu_layout *l = &g->l;
+	if (held_by_me(g) >= g->chans_per_owner)
+		return vmgpu_seterr(EMFILE,
+				    "this process already holds %u channels of the region, the most the host "
+				    "serves to one process; close one first",
+				    g->chans_per_owner);
 	uint32_t n = l->nchannels, start = (uint32_t)getpid() % n;
 	struct vmgpu_chan_desc *d = NULL;
 	uint32_t idx = 0, gen = 0;
@@ -171,6 +308,7 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	c->g = g;
 	c->idx = idx;
 	c->gen = gen;
+	c->arm = g->features & VMGPU_FEAT_OWNER_WORD;
 	uint8_t *blk = chan_block(g->base, l, idx);
 	struct vmgpu_chan_ctl *ctl = (struct vmgpu_chan_ctl *)blk;
 	ring_init(&c->req, blk + l->req_ring_off, &ctl->req, l->req_ring_size, &g->wo, l->wait_mode, idx, 0);
@@ -186,18 +324,34 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	SHM_STORE(d->owner_nonce, nonce);
 	SHM_STORE(d->owner_pid, (uint32_t)getpid());
 	SHM_STORE(d->guest_version, (uint32_t)((VMGPU_SHM_VERSION_MAJOR << 16) | VMGPU_SHM_VERSION_MINOR));
+	atomic_store_explicit(&d->owner_word, 0, memory_order_relaxed);
 	char comm[17] = {0};
 	prctl(PR_GET_NAME, comm);
 	for (int k = 0; k < 16; k++)
 		SHM_STORE(d->owner_comm[k], comm[k]);
 	atomic_fetch_add_explicit(&d->heartbeat, 1, memory_order_relaxed);
+	/* where the host reads owner words, the liveness thread arms ours before the
+	 * channel becomes ACTIVE: from then on, however this process ends, the host knows */
+	if (c->arm) {
+		int e = start_beat(c, 100000000ull);
+		if (e == 0 && atomic_load(&c->beat_ready) != 1) {
+			stop_beat(c, true);
+			e = vmgpu_seterr(ENOSYS, "this kernel refused a robust futex list (set_robust_list)");
+		}
+		if (e) {
+			atomic_store_explicit(&d->ctl, CTL_MAKE(VMGPU_CHAN_CLOSING, gen), memory_order_release);
+			free(c);
+			return e;
+		}
+	}
 	atomic_store_explicit(&d->ctl, CTL_MAKE(VMGPU_CHAN_ACTIVE, gen), memory_order_release);
 
 	/* wait for the host to accept (or refuse) this generation */
 	uint64_t t0 = vmgpu_now_ns(), backoff = 1000;
 	for (;;) {
-		if (atomic_load_explicit(&d->host_ack_gen, memory_order_acquire) == gen) {
-			uint32_t st = atomic_load_explicit(&d->host_status, memory_order_relaxed);
+		uint32_t st = VMGPU_HOST_PENDING;
+		if (atomic_load_explicit(&d->host_ack_gen, memory_order_acquire) == gen &&
+		    (st = atomic_load_explicit(&d->host_status, memory_order_relaxed)) != VMGPU_HOST_PENDING) {
 			if (st == VMGPU_HOST_ACCEPTED)
 				break;
 			vmgpu_gchan_close(c);
@@ -206,13 +360,20 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 						    "the host refused ABI %u.%u of this guest library; install the "
 						    "guest library that matches the host",
 						    VMGPU_SHM_VERSION_MAJOR, VMGPU_SHM_VERSION_MINOR);
+			if (st == VMGPU_HOST_REFUSED_LIMIT)
+				return vmgpu_seterr(EMFILE,
+						    "the host refused channel %u: this process already holds %u "
+						    "channels, the most the host serves to one process; close one first",
+						    idx, g->chans_per_owner);
 			return vmgpu_seterr(ECONNREFUSED, "the host refused channel %u (status %u)", idx, st);
 		}
 		uint64_t spent = vmgpu_now_ns() - t0;
 		if (spent >= ack_timeout_ns) {
+			stop_beat(c, true);
 			uint64_t v = CTL_MAKE(VMGPU_CHAN_ACTIVE, gen);
 			/* nobody saw it: give it back as it was */
-			atomic_compare_exchange_strong(&d->ctl, &v, CTL_MAKE(VMGPU_CHAN_FREE, gen));
+			if (atomic_compare_exchange_strong(&d->ctl, &v, CTL_MAKE(VMGPU_CHAN_FREE, gen)))
+				atomic_store_explicit(&d->owner_word, 0, memory_order_relaxed);
 			free(c);
 			return vmgpu_seterr(ETIMEDOUT,
 					    "no host forwarder answered on channel %u within %.1f s; is the "
@@ -228,20 +389,11 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	return 0;
 }
 
-static void stop_beat(struct vmgpu_gchan *c)
-{
-	if (!c->beating)
-		return;
-	atomic_store(&c->beat_stop, true);
-	pthread_join(c->beat_thread, NULL);
-	c->beating = false;
-}
-
 VMGPU_EXPORT void vmgpu_gchan_close(struct vmgpu_gchan *c)
 {
 	if (!c)
 		return;
-	stop_beat(c);
+	stop_beat(c, true); /* first the liveness: the host frees a channel only when its owner is gone */
 	struct vmgpu_chan_desc *d = gdesc(c);
 	uint64_t v = CTL_MAKE(VMGPU_CHAN_ACTIVE, c->gen);
 	atomic_compare_exchange_strong(&d->ctl, &v, CTL_MAKE(VMGPU_CHAN_CLOSING, c->gen));
@@ -252,7 +404,7 @@ VMGPU_EXPORT void vmgpu_gchan_abandon(struct vmgpu_gchan *c)
 {
 	if (!c)
 		return;
-	stop_beat(c);
+	stop_beat(c, false); /* as in a crash: the kernel marks the owner word died */
 	free(c);
 }
 
@@ -271,27 +423,14 @@ VMGPU_EXPORT void vmgpu_gchan_beat(struct vmgpu_gchan *c)
 	atomic_fetch_add_explicit(&gdesc(c)->heartbeat, 1, memory_order_relaxed);
 }
 
-static void *beat_main(void *arg)
-{
-	struct vmgpu_gchan *c = arg;
-	while (!atomic_load(&c->beat_stop)) {
-		vmgpu_gchan_beat(c);
-		sleep_ns(c->beat_interval_ns);
-	}
-	return NULL;
-}
-
 VMGPU_EXPORT int vmgpu_gchan_autobeat(struct vmgpu_gchan *c, uint64_t interval_ns)
 {
-	if (c->beating)
+	interval_ns = interval_ns ? interval_ns : 100000000ull;
+	if (c->beating) { /* the claim's liveness thread takes the new interval */
+		atomic_store(&c->beat_interval_ns, interval_ns);
 		return 0;
-	c->beat_interval_ns = interval_ns ? interval_ns : 100000000ull;
-	atomic_store(&c->beat_stop, false);
-	int e = pthread_create(&c->beat_thread, NULL, beat_main, c);
-	if (e)
-		return vmgpu_seterr(e, "cannot start the heartbeat thread");
-	c->beating = true;
-	return 0;
+	}
+	return start_beat(c, interval_ns);
 }
 
 VMGPU_EXPORT void *vmgpu_gchan_reserve(struct vmgpu_gchan *c, uint32_t len, uint64_t timeout_ns, int *err)

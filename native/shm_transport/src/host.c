@@ -17,13 +17,19 @@ struct vmgpu_hchan {
 	uint32_t gen;          /* generation being served, 0 if none */
 	bool serving;
 	bool refused;
+	bool armed;            /* the accepted owner speaks 1.1: its owner word is the liveness verdict */
+	uint32_t owner_pid;    /* owner_pid as copied when the owner was accepted (for the per-owner limit) */
 	struct ring req, cpl;
 	struct vmgpu_bulk_ctl *bulk;
 	uint8_t *bulk_data;
 	uint64_t bulk_released;
 	/* liveness, private */
-	uint64_t seen_ctl, seen_beat, seen_change_ns;
+	uint64_t seen_ctl, seen_beat, seen_change_ns, seen_poll_ns;
 };
+
+/* What the host owns in the header: everything up to the host's liveness
+ * line (geometry, version, features, limits, epoch, name), and the host pid. */
+#define HOST_OWNED_BYTES offsetof(struct vmgpu_region_header, host_heartbeat)
 
 struct vmgpu_host {
 	uint8_t *base;
@@ -31,6 +37,8 @@ struct vmgpu_host {
 	struct vmgpu_layout l;
 	struct vmgpu_wait_opts wo;
 	struct vmgpu_hchan *chans;
+	struct vmgpu_region_header pub; /* the header as this host publishes it (host-owned part) */
+	uint32_t state;                 /* region_state as this host publishes it */
 };
 
 static struct vmgpu_region_header *hdr_of(struct vmgpu_host *h)
@@ -62,6 +70,8 @@ static void hchan_reset_private(struct vmgpu_hchan *c)
 	c->bulk_released = atomic_load_explicit(&ctl->bulk.released, memory_order_acquire);
 	c->serving = false;
 	c->refused = false;
+	c->armed = false;
+	c->owner_pid = 0;
 	c->gen = 0;
 }
 
@@ -96,16 +106,61 @@ VMGPU_EXPORT int vmgpu_host_attach(void *base, uint64_t size, const struct vmgpu
 		c->h = h;
 		c->idx = i;
 		hchan_reset_private(c);
-		c->seen_change_ns = now;
+		c->seen_change_ns = c->seen_poll_ns = now;
 	}
-	struct vmgpu_region_header *hdr = hdr_of(h);
 	uint64_t epoch = 0;
 	if (getrandom(&epoch, sizeof epoch, 0) != sizeof epoch)
 		epoch = now;
-	hdr->host_epoch = epoch;
-	hdr->host_pid = (uint32_t)getpid();
+	/* the header as we publish it from now on: our geometry, the region's name */
+	char name[sizeof h->pub.name];
+	const struct vmgpu_region_header *rh = base;
+	for (size_t k = 0; k < sizeof name; k++)
+		name[k] = SHM_LOAD(rh->name[k]);
+	name[sizeof name - 1] = 0;
+	region_header_fill(&h->pub, &l, name);
+	h->pub.host_epoch = epoch;
+	h->pub.host_pid = (uint32_t)getpid();
+	h->state = VMGPU_REGION_READY;
+	vmgpu_host_republish(h);
 	vmgpu_host_beat(h);
 	*out = h;
+	return 0;
+}
+
+/* Compare the host-owned part of the header with our copy, 8 bytes at a time,
+ * and write back what differs.  Returns how many 8-byte words were rewritten. */
+VMGPU_EXPORT int vmgpu_host_republish(struct vmgpu_host *h)
+{
+	_Static_assert(HOST_OWNED_BYTES % 8 == 0, "host-owned header part is whole words");
+	_Static_assert(offsetof(struct vmgpu_region_header, region_state) % 8 == 4, "region_state shares a word");
+	uint64_t *shared = (uint64_t *)(void *)h->base;
+	uint64_t want[HOST_OWNED_BYTES / 8];
+	memcpy(want, &h->pub, sizeof want);
+	/* region_state is ours too: fold it into the word it shares with heap_blocks */
+	size_t sw = offsetof(struct vmgpu_region_header, region_state) / 8;
+	want[sw] = (want[sw] & 0xffffffffull) | ((uint64_t)h->state << 32);
+	int n = 0;
+	for (size_t i = 0; i < HOST_OWNED_BYTES / 8; i++) {
+		if (__atomic_load_n(&shared[i], __ATOMIC_RELAXED) != want[i]) {
+			__atomic_store_n(&shared[i], want[i], __ATOMIC_RELEASE);
+			n++;
+		}
+	}
+	struct vmgpu_region_header *hdr = hdr_of(h);
+	if (SHM_LOAD(hdr->host_pid) != h->pub.host_pid) {
+		SHM_STORE(hdr->host_pid, h->pub.host_pid);
+		n++;
+	}
+	return n;
+}
+
+VMGPU_EXPORT int vmgpu_host_set_chans_per_owner(struct vmgpu_host *h, uint32_t n)
+{
+	if (n < 1 || n > h->l.nchannels)
+		return vmgpu_seterr(EINVAL, "channels per process %u is outside 1..%u (the region's channels)", n,
+				    h->l.nchannels);
+	h->pub.chans_per_owner = n;
+	vmgpu_host_republish(h);
 	return 0;
 }
 
@@ -129,6 +184,7 @@ VMGPU_EXPORT void vmgpu_host_beat(struct vmgpu_host *h)
 
 VMGPU_EXPORT void vmgpu_host_close(struct vmgpu_host *h)
 {
+	h->state = VMGPU_REGION_CLOSED;
 	atomic_store_explicit(&hdr_of(h)->region_state, VMGPU_REGION_CLOSED, memory_order_release);
 }
 
@@ -152,17 +208,48 @@ static struct vmgpu_chan_desc *desc_of(struct vmgpu_hchan *c)
 	return chan_desc(c->h->base, &c->h->l, c->idx);
 }
 
-/* Has the owner shown a sign of life (heartbeat, descriptor change) recently? */
+/* Has the owner shown a sign of life (heartbeat, descriptor change) recently?
+ * A change seen across a gap longer than the timeout (a view left stale while
+ * another process served the channel) proves nothing about now: the owner then
+ * gets half a timeout to show another one. */
 static bool owner_alive(struct vmgpu_hchan *c, uint64_t ctl, uint64_t now)
 {
+	uint64_t to = c->h->wo.peer_timeout_ns;
 	uint64_t beat = atomic_load_explicit(&desc_of(c)->heartbeat, memory_order_relaxed);
+	bool stale = now - c->seen_poll_ns > to;
+	c->seen_poll_ns = now;
 	if (beat != c->seen_beat || ctl != c->seen_ctl) {
 		c->seen_beat = beat;
 		c->seen_ctl = ctl;
-		c->seen_change_ns = now;
-		return true;
+		if (!stale) {
+			c->seen_change_ns = now;
+			return true;
+		}
+		uint64_t half = now > to / 2 ? now - to / 2 : 0;
+		if ((int64_t)(half - c->seen_change_ns) > 0)
+			c->seen_change_ns = half;
 	}
-	return now - c->seen_change_ns < c->h->wo.peer_timeout_ns;
+	return now - c->seen_change_ns < to;
+}
+
+/* The owner word of a 1.1 owner: the owner's kernel sets VMGPU_OWNER_DIED when
+ * its liveness thread ends.  True while it holds a thread id without that bit. */
+static bool owner_word_alive(struct vmgpu_hchan *c)
+{
+	uint32_t w = atomic_load_explicit(&desc_of(c)->owner_word, memory_order_acquire);
+	return !(w & VMGPU_OWNER_DIED) && (w & VMGPU_OWNER_TID_MASK) != 0;
+}
+
+static bool owner_word_died(struct vmgpu_hchan *c)
+{
+	return atomic_load_explicit(&desc_of(c)->owner_word, memory_order_acquire) & VMGPU_OWNER_DIED;
+}
+
+/* The owner ended its liveness to close the channel (not a death). */
+static bool owner_word_closed(struct vmgpu_hchan *c)
+{
+	uint32_t w = atomic_load_explicit(&desc_of(c)->owner_word, memory_order_acquire);
+	return (w & (VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED)) == (VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED);
 }
 
 static void accept_owner(struct vmgpu_hchan *c, uint32_t gen, uint32_t status)
@@ -170,6 +257,26 @@ static void accept_owner(struct vmgpu_hchan *c, uint32_t gen, uint32_t status)
 	struct vmgpu_chan_desc *d = desc_of(c);
 	atomic_store_explicit(&d->host_status, status, memory_order_relaxed);
 	atomic_store_explicit(&d->host_ack_gen, gen, memory_order_release);
+}
+
+/* Someone wrote another state into the descriptor of an owner we serve whose
+ * owner word says it is alive (an honest owner stops its liveness before it
+ * closes): not the owner's doing.  Put the channel back as it was. */
+static bool restore_forged(struct vmgpu_hchan *c, uint64_t ctl)
+{
+	if (!c->serving || !c->armed || !owner_word_alive(c))
+		return false;
+	atomic_compare_exchange_strong(&desc_of(c)->ctl, &ctl, CTL_MAKE(VMGPU_CHAN_ACTIVE, c->gen));
+	return true;
+}
+
+/* Channels served now to owners that said they are process `pid`. */
+static uint32_t served_to(struct vmgpu_host *h, uint32_t pid)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < h->l.nchannels; i++)
+		n += h->chans[i].serving && h->chans[i].owner_pid == pid;
+	return n;
 }
 
 VMGPU_EXPORT int vmgpu_hchan_poll(struct vmgpu_hchan *c, uint64_t now)
@@ -183,17 +290,23 @@ VMGPU_EXPORT int vmgpu_hchan_poll(struct vmgpu_hchan *c, uint64_t now)
 		return VMGPU_HC_LOST; /* the owner is cut off: reclaim fences it out (DEAD) */
 	switch (state) {
 	case VMGPU_CHAN_FREE:
+		if (restore_forged(c, ctl))
+			return VMGPU_HC_SERVING;
 		if (c->serving) /* the owner freed it behind our back: treat as closed */
 			return VMGPU_HC_CLOSED;
 		return VMGPU_HC_IDLE;
 	case VMGPU_CHAN_CLAIMING:
+		if (restore_forged(c, ctl))
+			return VMGPU_HC_SERVING;
+		if (owner_word_died(c))
+			return VMGPU_HC_LOST; /* the claimer died after arming its word */
 		return alive ? VMGPU_HC_IDLE : VMGPU_HC_LOST;
 	case VMGPU_CHAN_ACTIVE:
 		if (!c->serving || gen != c->gen) {
 			if (c->serving) /* a new owner replaced the one we served: the old one is gone */
 				return VMGPU_HC_LOST;
 			if (c->refused && gen == c->gen)
-				return alive ? VMGPU_HC_REFUSED : VMGPU_HC_LOST;
+				return alive && !(c->armed && !owner_word_alive(c)) ? VMGPU_HC_REFUSED : VMGPU_HC_LOST;
 			hchan_reset_private(c);
 			c->gen = gen;
 			uint32_t gv = SHM_LOAD(d->guest_version);
@@ -202,15 +315,32 @@ VMGPU_EXPORT int vmgpu_hchan_poll(struct vmgpu_hchan *c, uint64_t now)
 				accept_owner(c, gen, VMGPU_HOST_REFUSED_VERSION);
 				return VMGPU_HC_REFUSED;
 			}
+			/* a 1.1 owner armed its word before it made the channel ACTIVE */
+			c->armed = (gv & 0xffffu) >= 1;
+			if (c->armed && !owner_word_alive(c))
+				return VMGPU_HC_LOST;
+			uint32_t pid = SHM_LOAD(d->owner_pid);
+			if (served_to(c->h, pid) >= c->h->pub.chans_per_owner) {
+				c->refused = true;
+				accept_owner(c, gen, VMGPU_HOST_REFUSED_LIMIT);
+				return VMGPU_HC_REFUSED;
+			}
+			c->owner_pid = pid;
 			c->serving = true;
 			c->seen_change_ns = now;
 			accept_owner(c, gen, VMGPU_HOST_ACCEPTED);
 			return VMGPU_HC_OPENED;
 		}
+		if (c->armed && !owner_word_alive(c)) /* its liveness ended: closed, or the process died */
+			return owner_word_closed(c) ? VMGPU_HC_CLOSED : VMGPU_HC_LOST;
 		return alive ? VMGPU_HC_SERVING : VMGPU_HC_LOST;
 	case VMGPU_CHAN_CLOSING:
+		if (restore_forged(c, ctl))
+			return VMGPU_HC_SERVING;
 		return VMGPU_HC_CLOSED;
 	default: /* DEAD, or garbage written by the guest */
+		if (restore_forged(c, ctl))
+			return VMGPU_HC_SERVING;
 		return VMGPU_HC_LOST;
 	}
 }
@@ -240,9 +370,11 @@ VMGPU_EXPORT int vmgpu_hchan_reclaim(struct vmgpu_hchan *c)
 	for (int k = 0; k < 16; k++)
 		SHM_STORE(d->owner_comm[k], 0);
 	atomic_store_explicit(&d->heartbeat, 0, memory_order_relaxed);
+	atomic_store_explicit(&d->owner_word, 0, memory_order_relaxed);
 	atomic_store_explicit(&d->host_status, VMGPU_HOST_PENDING, memory_order_relaxed);
+	atomic_store_explicit(&d->host_ack_gen, 0, memory_order_relaxed);
 	hchan_reset_private(c);
-	c->seen_change_ns = vmgpu_now_ns();
+	c->seen_change_ns = c->seen_poll_ns = vmgpu_now_ns();
 	/* Keep the generation: the next claim moves it on. */
 	atomic_store_explicit(&d->ctl, CTL_MAKE(VMGPU_CHAN_FREE, gen), memory_order_release);
 	return 0;
@@ -264,7 +396,9 @@ static bool hchan_owner_alive_cb(void *ctx)
 	struct vmgpu_hchan *c = ctx;
 	struct vmgpu_chan_desc *d = desc_of(c);
 	uint64_t ctl = atomic_load_explicit(&d->ctl, memory_order_acquire);
-	if (CTL_STATE(ctl) != VMGPU_CHAN_ACTIVE || CTL_GEN(ctl) != c->gen)
+	if (c->armed && !owner_word_alive(c))
+		return false;
+	if (ctl != CTL_MAKE(VMGPU_CHAN_ACTIVE, c->gen) && !restore_forged(c, ctl))
 		return false;
 	return owner_alive(c, ctl, vmgpu_now_ns());
 }

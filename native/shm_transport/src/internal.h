@@ -60,6 +60,7 @@ void shm_wait_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, uint32_t ex
 void shm_wake_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, const struct vmgpu_wait_opts *wo,
 		   uint32_t chan, int which);
 
+void region_header_fill(struct vmgpu_region_header *h, const struct vmgpu_layout *l, const char *name);
 void chan_zero(uint8_t *base, const struct vmgpu_layout *l, uint32_t i);
 int layout_check_header(const struct vmgpu_region_header *hdr, uint64_t size, const struct vmgpu_layout *want);
 

@@ -104,14 +104,16 @@ VMGPU_EXPORT uint64_t vmgpu_region_min_size(const struct vmgpu_shm_params *p, ui
 	return ALIGN_UP(l.heap_off + l.heap_size, (uint64_t)(2u << 20)); /* whole 2 MiB pages */
 }
 
-static void write_header(struct vmgpu_region_header *h, const struct vmgpu_layout *l, const char *name)
+/* The header a host publishes for this layout (all of it zero but the fields). */
+void region_header_fill(struct vmgpu_region_header *h, const struct vmgpu_layout *l, const char *name)
 {
+	memset(h, 0, sizeof *h);
 	h->magic = VMGPU_SHM_MAGIC;
 	h->version_major = VMGPU_SHM_VERSION_MAJOR;
 	h->version_minor = VMGPU_SHM_VERSION_MINOR;
 	h->header_size = sizeof *h;
 	h->region_size = l->region_size;
-	h->features = VMGPU_FEAT_NONE;
+	h->features = VMGPU_FEATURES;
 	h->wait_mode = l->wait_mode;
 	h->nchannels = l->nchannels;
 	h->chan_table_off = l->chan_table_off;
@@ -125,7 +127,7 @@ static void write_header(struct vmgpu_region_header *h, const struct vmgpu_layou
 	h->heap_block_size = l->heap_block_size;
 	h->heap_map_off = l->heap_map_off;
 	h->heap_blocks = l->heap_blocks;
-	memset(h->name, 0, sizeof h->name);
+	h->chans_per_owner = VMGPU_CHANS_PER_OWNER_DEFAULT < l->nchannels ? VMGPU_CHANS_PER_OWNER_DEFAULT : l->nchannels;
 	if (name)
 		strncpy(h->name, name, sizeof h->name - 1);
 }
@@ -169,8 +171,10 @@ VMGPU_EXPORT int vmgpu_region_format(void *base, uint64_t size, const struct vmg
 	memset(b + l.chan_table_off, 0, l.chan_area_off - l.chan_table_off); /* table + heap map */
 	for (uint32_t i = 0; i < l.nchannels; i++)
 		chan_zero(b, &l, i);
-	memset(b, 0, sizeof *h);
-	write_header(h, &l, name);
+	struct vmgpu_region_header fresh;
+	region_header_fill(&fresh, &l, name);
+	fresh.region_state = VMGPU_REGION_INIT;
+	memcpy(b, &fresh, sizeof fresh);
 	atomic_store_explicit(&h->region_state, VMGPU_REGION_READY, memory_order_release);
 	return 0;
 }
@@ -234,6 +238,7 @@ VMGPU_EXPORT int vmgpu_region_chan_info(const void *base, uint64_t size, const s
 	for (int k = 0; k < 16; k++)
 		out->owner_comm[k] = SHM_LOAD(d->owner_comm[k]);
 	out->owner_comm[16] = 0;
+	out->owner_word = atomic_load_explicit(&d->owner_word, memory_order_relaxed);
 	uint32_t u = atomic_load_explicit(&ctl->req.tail, memory_order_relaxed) -
 		     atomic_load_explicit(&ctl->req.head, memory_order_relaxed);
 	out->req_used = u > l->req_ring_size ? l->req_ring_size : u;

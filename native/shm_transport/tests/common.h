@@ -118,6 +118,7 @@ static void *echo_host_main(void *arg)
 		uint64_t now = vmgpu_now_ns();
 		if (!e->no_beat && now - last_beat > e->beat_every_ns) {
 			vmgpu_host_beat(e->h);
+			vmgpu_host_republish(e->h); /* as the forwarder's supervisor does every tick */
 			last_beat = now;
 		}
 		int busy = 0;

@@ -1,5 +1,6 @@
-/* Heartbeats: a silent owner is declared lost and reclaimed; an owner with a
- * heartbeat thread stays served while idle; a guest waiting on a host that
+/* Heartbeats: a silent owner whose process is still there (frozen: its owner
+ * word says alive, its heartbeat stopped) is declared lost and reclaimed; an
+ * owner with a heartbeat thread stays served while idle; a guest waiting on a host that
  * stopped gets -EPIPE instead of hanging. */
 #include "common.h"
 
@@ -18,8 +19,9 @@ int main(void)
 	struct vmgpu_gchan *a, *b;
 	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &a), 0);
 	CHECK_EQ(vmgpu_gchan_autobeat(a, 20 * MS), 0);
-	/* idle without one: lost after the timeout */
+	/* frozen (its liveness thread beats once an hour): lost after the timeout */
 	CHECK_EQ(vmgpu_guest_claim(g, 5 * SEC, &b), 0);
+	CHECK_EQ(vmgpu_gchan_autobeat(b, 3600 * SEC), 0);
 	uint32_t bi = vmgpu_gchan_index(b);
 	usleep(1200 * 1000);
 	CHECK(e.lost >= 1);

@@ -92,6 +92,18 @@ int vmgpu_host_attach(void *base, uint64_t size, const struct vmgpu_shm_params *
 void vmgpu_host_detach(struct vmgpu_host *h);
 const struct vmgpu_layout *vmgpu_host_layout(const struct vmgpu_host *h);
 void vmgpu_host_beat(struct vmgpu_host *h);              /* publish the host heartbeat */
+/* Re-publish everything the host owns in the header (magic, version, geometry,
+ * features, limits, epoch, name, state, pid) from the host's private copy, so a
+ * guest that scribbled on it does not lock out the guests that attach next.
+ * Compares, then writes only what differs (a few hundred bytes read): call it
+ * every supervisor tick.  Returns how many 8-byte words it had to rewrite. */
+int vmgpu_host_republish(struct vmgpu_host *h);
+/* How many channels the host serves at once to one owner_pid value (default
+ * VMGPU_CHANS_PER_OWNER_DEFAULT, at most nchannels); published in the header.
+ * A claim over the limit is refused (the guest gets -EMFILE).  The pid is what
+ * the guest wrote: the limit bounds honest processes and careless ones; a
+ * process that lies about its pid is bounded only by nchannels. */
+int vmgpu_host_set_chans_per_owner(struct vmgpu_host *h, uint32_t n);
 void vmgpu_host_close(struct vmgpu_host *h);             /* mark the region CLOSED */
 struct vmgpu_hchan *vmgpu_host_chan(struct vmgpu_host *h, uint32_t idx);
 
@@ -101,9 +113,19 @@ enum vmgpu_hchan_event {
 	VMGPU_HC_SERVING = 2, /* the owner we serve is alive */
 	VMGPU_HC_CLOSED = 3,  /* the owner released the channel: reclaim it */
 	VMGPU_HC_LOST = 4,    /* the owner is gone or broke the protocol: reclaim it */
-	VMGPU_HC_REFUSED = 5, /* the owner speaks another ABI major: it was told so */
+	VMGPU_HC_REFUSED = 5, /* the owner speaks another ABI major, or is over the per-owner limit: it was told so */
 };
-/* Look at the channel descriptor and the owner's heartbeat; never blocks. */
+/* Look at the channel descriptor, the owner's word and heartbeat; never blocks.
+ * Verdicts are sound whatever this view saw before (a forked copy may be stale):
+ *  - a 1.1 owner is LOST as soon as its owner word says its liveness thread
+ *    ended (process killed or crashed: the owner's kernel writes the word);
+ *  - any owner is LOST after peer_timeout without a heartbeat (a frozen guest);
+ *    a heartbeat change seen across a gap longer than that is not taken as
+ *    proof of life;
+ *  - a state written into the descriptor of a 1.1 owner we serve whose word
+ *    says it is alive (CLOSING, FREE, DEAD, garbage) is not obeyed: the
+ *    channel is put back to ACTIVE and the poll says SERVING;
+ *  - CLOSED only when the owner closed it (its word says its liveness ended). */
 int vmgpu_hchan_poll(struct vmgpu_hchan *c, uint64_t now_ns);
 /* Reset the rings and bulk area, free the owner's heap blocks, and make the
  * channel FREE again (its generation changes at the next claim). */
@@ -131,6 +153,7 @@ struct vmgpu_chan_info {
 	uint32_t req_used, cpl_used; /* bytes in the rings, as published */
 	uint64_t bulk_used;
 	uint32_t heap_blocks;        /* heap blocks tagged with this channel */
+	uint32_t owner_word;         /* 1.1: the owner's robust futex word (VMGPU_OWNER_*) */
 };
 int vmgpu_region_chan_info(const void *base, uint64_t size, const struct vmgpu_layout *l, uint32_t idx,
 			   struct vmgpu_chan_info *out);
@@ -152,16 +175,22 @@ int vmgpu_guest_host_alive(struct vmgpu_guest *g);
 
 /* Claim a free channel for this process and wait up to ack_timeout_ns for the
  * host to accept it.  -EBUSY: no free channel; -ETIMEDOUT: no host answered;
- * -EPROTONOSUPPORT: the host refused our version. */
+ * -EPROTONOSUPPORT: the host refused our version; -EMFILE: this process holds
+ * the most channels the host serves to one process.  Where the host reads owner
+ * words (VMGPU_FEAT_OWNER_WORD), the claim starts the channel's liveness thread
+ * (it beats every 100 ms; see vmgpu_gchan_autobeat), whose end the host sees at
+ * once, however the process ends. */
 int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_ns, struct vmgpu_gchan **out);
-/* Release the channel (CLOSING); the host reclaims it.  Frees `c`. */
+/* Release the channel: stop its liveness, then CLOSING; the host reclaims it.  Frees `c`. */
 void vmgpu_gchan_close(struct vmgpu_gchan *c);
-/* Forget the channel without telling the host (what a crash looks like). */
+/* Forget the channel without telling the host (what a crash looks like: its
+ * liveness thread ends, so the host finds the owner gone). */
 void vmgpu_gchan_abandon(struct vmgpu_gchan *c);
 uint32_t vmgpu_gchan_index(const struct vmgpu_gchan *c);
 uint32_t vmgpu_gchan_generation(const struct vmgpu_gchan *c);
 void vmgpu_gchan_beat(struct vmgpu_gchan *c);
-/* Beat from a background thread every interval_ns until close/abandon. */
+/* Beat from a background thread every interval_ns until close/abandon (the
+ * liveness thread the claim started, if any, takes the new interval). */
 int vmgpu_gchan_autobeat(struct vmgpu_gchan *c, uint64_t interval_ns);
 
 /* Zero-copy send: reserve room for len payload bytes, fill it, commit. */

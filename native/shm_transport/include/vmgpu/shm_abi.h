@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * vmgpu shared-memory region ABI, version 1.0.
+ * vmgpu shared-memory region ABI, version 1.1.
  *
  * This header is the single written definition of the region shared between a
  * guest (VM through an ivshmem BAR, container through a /dev/shm file) and its
@@ -21,6 +21,18 @@
  *    record.  A record never wraps; a padding record fills the end of the ring.
  *  - The host keeps its own private copy of the geometry; it never takes an
  *    offset or a size from shared memory without checking it against that copy.
+ *    It re-publishes what it owns in the header (everything but the agent's
+ *    line) from that copy, so a scribbled header heals while guests run.
+ *  - Liveness of a channel's owner (1.1, VMGPU_FEAT_OWNER_WORD): the owner's
+ *    liveness thread registers the descriptor's owner_word as the single entry
+ *    of its own robust futex list and stores its thread id there.  When that
+ *    thread ends because the process died (kill -9, a crash, exit without a
+ *    close), the owner's kernel sets VMGPU_OWNER_DIED in the word; a closing
+ *    owner's thread writes VMGPU_OWNER_DIED | VMGPU_OWNER_CLOSED itself.  The host only reads the
+ *    word.  The heartbeat stays as the fallback for a frozen owner.  A closing
+ *    owner stops its liveness thread first; the host frees a channel it serves
+ *    only when the word says the owner is gone (or its heartbeat went silent),
+ *    never on a state written into the descriptor alone.
  *
  * Region map (all offsets from the region base, every area 4 KiB aligned):
  *
@@ -50,13 +62,28 @@
 
 #define VMGPU_SHM_MAGIC 0x4D48535550474D56ULL /* "VMGPUSHM" in little-endian bytes */
 #define VMGPU_SHM_VERSION_MAJOR 1
-#define VMGPU_SHM_VERSION_MINOR 0
+#define VMGPU_SHM_VERSION_MINOR 1
 
 #define VMGPU_CACHELINE 64u
 #define VMGPU_PAGE 4096u
 
-/* Feature bits (header.features).  None are defined in 1.0. */
+/* Feature bits (header.features), published by the host. */
 #define VMGPU_FEAT_NONE 0ULL
+#define VMGPU_FEAT_OWNER_WORD (1ULL << 0) /* 1.1: the host reads vmgpu_chan_desc.owner_word */
+#define VMGPU_FEATURES (VMGPU_FEAT_OWNER_WORD)
+
+/* vmgpu_chan_desc.owner_word: the Linux robust futex word (FUTEX_TID_MASK,
+ * FUTEX_OWNER_DIED).  0 = not armed; a thread id = armed, owner alive;
+ * VMGPU_OWNER_DIED set = the owner's liveness thread has ended. */
+#define VMGPU_OWNER_TID_MASK 0x3fffffffu
+#define VMGPU_OWNER_DIED 0x40000000u
+/* Set with VMGPU_OWNER_DIED by an owner that ends its liveness to close the
+ * channel (the kernel never sets it; no Linux thread id reaches bit 29). */
+#define VMGPU_OWNER_CLOSED 0x20000000u
+
+/* The most channels the host serves at once to one owner_pid value, unless the
+ * host sets another limit (header.chans_per_owner). */
+#define VMGPU_CHANS_PER_OWNER_DEFAULT 4u
 
 /* How a side waits for the other (header.wait_mode), chosen by the creator. */
 enum vmgpu_wait_mode {
@@ -86,6 +113,7 @@ enum vmgpu_chan_host_status {
 	VMGPU_HOST_ACCEPTED = 1,
 	VMGPU_HOST_REFUSED_VERSION = 2, /* guest speaks another major ABI version */
 	VMGPU_HOST_REFUSED_BROKEN = 3,  /* reserved: a protocol breaker is fenced out by reclaim instead */
+	VMGPU_HOST_REFUSED_LIMIT = 4,   /* 1.1: this owner_pid already holds chans_per_owner channels */
 };
 
 /* Ring record header.  type 0 is padding; other types belong to the user. */
@@ -123,7 +151,9 @@ struct vmgpu_region_header {
 	VMGPU_ATOMIC(uint32_t) region_state; /* enum vmgpu_region_state (release after geometry) */
 	uint64_t host_epoch;      /* changes each time a host side attaches */
 	char name[64];            /* the guest's name, NUL padded, informational */
-	uint8_t reserved0[256 - 192];
+	uint32_t chans_per_owner; /* 1.1: channels served at once to one owner_pid value */
+	uint32_t pad0;
+	uint8_t reserved0[256 - 200];
 
 	/* liveness, one line per writer */
 	VMGPU_ATOMIC(uint64_t) host_heartbeat; /* bumped by the host while it serves */
@@ -136,7 +166,8 @@ struct vmgpu_region_header {
 };
 
 /* One channel descriptor: one cache line, written by the owner (guest) except
- * host_ack_gen/host_status, which the host writes once per claim. */
+ * host_ack_gen/host_status, which the host writes once per claim, and
+ * owner_word, which the owner's kernel also writes (see the top of this file). */
 struct vmgpu_chan_desc {
 	VMGPU_ATOMIC(uint64_t) ctl;       /* state | (uint64_t)generation << 32 */
 	VMGPU_ATOMIC(uint64_t) heartbeat; /* bumped by the owner process */
@@ -146,7 +177,8 @@ struct vmgpu_chan_desc {
 	char owner_comm[16];              /* process name, NUL padded */
 	VMGPU_ATOMIC(uint32_t) host_ack_gen; /* generation the host acknowledged */
 	VMGPU_ATOMIC(uint32_t) host_status;  /* enum vmgpu_chan_host_status */
-	uint8_t reserved[8];
+	VMGPU_ATOMIC(uint32_t) owner_word;   /* 1.1: robust futex word of the owner's liveness thread */
+	uint8_t reserved[4];
 };
 
 /* Control block of one ring.  The consumer writes line c, the producer line p. */
@@ -201,7 +233,9 @@ _Static_assert(sizeof(struct vmgpu_rec_hdr) == VMGPU_REC_HDR, "record header");
 _Static_assert(offsetof(struct vmgpu_region_header, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_region_header, version_major) == 8, "version second");
 _Static_assert(offsetof(struct vmgpu_region_header, name) == 128, "header name");
+_Static_assert(offsetof(struct vmgpu_region_header, chans_per_owner) == 192, "header 1.1 fields");
 _Static_assert(offsetof(struct vmgpu_region_header, host_heartbeat) == 256, "host liveness line");
+_Static_assert(offsetof(struct vmgpu_chan_desc, owner_word) == 56, "owner word");
 _Static_assert(offsetof(struct vmgpu_region_header, agent_heartbeat) == 320, "agent liveness line");
 _Static_assert(sizeof(struct vmgpu_region_header) == VMGPU_PAGE, "header is one page");
 _Static_assert(sizeof(struct vmgpu_chan_desc) == VMGPU_CACHELINE, "channel descriptor is one line");
