@@ -507,8 +507,15 @@ static int map_stats(const char *path)
 {
 	int fd = -1, flags = MAP_SHARED | MAP_ANONYMOUS;
 	if (path) {
-		fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		if (fd < 0 || ftruncate(fd, sizeof *F.stats) != 0)
+		/* never through a link, never a file someone else made (vmgpud keeps it in its own
+		 * private directory) */
+		struct stat st;
+		fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0)
+			return die("--stats %s: %s", path, strerror(errno));
+		if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1)
+			return die("--stats %s: not a regular file of this user's with one link: refusing it", path);
+		if (ftruncate(fd, 0) != 0 || ftruncate(fd, sizeof *F.stats) != 0)
 			return die("--stats %s: %s", path, strerror(errno));
 		flags = MAP_SHARED;
 	}
@@ -809,6 +816,7 @@ int main(int argc, char **argv)
 	uint8_t *fence = calloc(L->nchannels, 1);
 	while (!stopping) {
 		vmgpu_host_beat(F.host);
+		vmgpu_host_republish(F.host); /* what the host owns in the header, put back if scribbled */
 		if (region_restore(fd)) {
 			/* every guest process loses its channel; the region starts again, empty */
 			for (uint32_t i = 0; i < L->nchannels; i++)
