@@ -313,9 +313,11 @@ static int worker(uint32_t idx, pid_t supervisor)
 	}
 	/* stop counting in hand-overs: one under way completes without this worker (whoever is
 	 * left, or the supervisor, completes it) */
-	for (int d = 0; d < F.ndev; d++)
+	for (int d = 0; d < F.ndev; d++) {
 		if (atomic_exchange(&F.sched_joined[idx][d], 0))
 			vh_sched_worker(&F.sched[d], 0);
+		vh_sched_unheld(&F.sched[d]);
+	}
 	uint64_t calls = ch.ncalls, async = ch.nasync;
 	atomic_store(&sched_ctx, NULL);
 	vh_chan_release_all(&ch);
@@ -836,7 +838,7 @@ int main(int argc, char **argv)
 		}
 		reap(slots, L->nchannels, fence, 0);
 		for (int d = 0; d < F.ndev; d++)
-			vh_sched_supervise(&F.sched[d]);
+			vh_sched_unheld(&F.sched[d]);
 		uint64_t now = vmgpu_now_ns();
 		for (uint32_t i = 0; i < L->nchannels; i++) {
 			if (slots[i].worker)

@@ -347,7 +347,7 @@ static void complete(struct vs_page *pg, struct vs_slot *g)
 	atomic_store(&g->draining, 0);
 }
 
-void vh_sched_supervise(struct vh_sched *s)
+void vh_sched_unheld(struct vh_sched *s)
 {
 	struct vs_page *pg = s->pg;
 	if (!pg || atomic_load(&pg->owner) != s->me)

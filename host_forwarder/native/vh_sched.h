@@ -93,9 +93,10 @@ void vh_sched_leave(struct vh_sched *s);
 /* A worker process starts or stops taking part: the supervisor counts one in before it forks
  * it, and counts it out once, when it leaves or when it is reaped, however it ended. */
 void vh_sched_worker(struct vh_sched *s, int start);
-/* The supervisor, every turn of its loop: completes a hand-over that workers which are gone
- * left under way, and gives up the GPU if the guest holds it with no worker at all. */
-void vh_sched_supervise(struct vh_sched *s);
+/* Completes a hand-over that workers which are gone left under way, and gives up the GPU if the
+ * guest holds it with no worker left to use it: the supervisor every turn of its loop, and a
+ * worker as it leaves (so the GPU is free at once when the guest's last process ends). */
+void vh_sched_unheld(struct vh_sched *s);
 /* Around a call that puts work on the GPU. */
 void vh_sched_enter(struct vh_sched *s);
 void vh_sched_exit(struct vh_sched *s);

@@ -80,12 +80,15 @@ def test_fixed_caps_even_an_idle_card_and_native_lets_all_through(sched_dir, tmp
     with forwarder(a, extra=("--compute", "30")):
         with _page(sched_dir) as pg:
             free = _ops(_spin(a, 1.5)) / 1.5
+            # the turn that run held ends (and is charged) as its worker sees it go
+            assert wait_for(lambda: pg.owner < 0, timeout=5)
             pg.policy = "fixed"
             before = _used(pg)["a"]
             capped = _ops(_spin(a, 2)) / 2
             held = (_used(pg)["a"] - before) / 2e9  # of the 2 s it ran, on the GPU
             assert 0.24 < held < 0.36, held
             assert 0.1 < capped / free < 0.4, (capped, free)  # this 2-core host loses some to switching
+            assert wait_for(lambda: pg.owner < 0, timeout=5)
             pg.policy = "native"
             before = _used(pg)["a"]
             native = _ops(_spin(a, 1.5)) / 1.5
