@@ -93,6 +93,21 @@ class LibvirtError(VmgpuError):
     exit_code = 12
 
 
+class LedgerError(VmgpuError):
+    """The admission ledger cannot be read or written (corrupt, read-only, disk full).  The
+    message names the file and what to do; nothing half-done was acknowledged."""
+
+    code = "LEDGER"
+    exit_code = 13
+
+
+class DaemonRunning(VmgpuError):
+    """Another vmgpud already serves this socket (the message names its pid)."""
+
+    code = "DAEMON_RUNNING"
+    exit_code = 14
+
+
 ALL = (
     VmgpuError,
     InvalidArgument,
@@ -107,6 +122,8 @@ ALL = (
     GpuError,
     DaemonUnavailable,
     LibvirtError,
+    LedgerError,
+    DaemonRunning,
 )
 BY_CODE = {cls.code: cls for cls in ALL}
 
