@@ -100,8 +100,10 @@ class Servicer(pb_grpc.VmgpudServicer):
         return pb.ReleaseReply(released=self._call(context, release))
 
     def _forwarder(self, guest, pid, region, backend) -> pb.Forwarder:
-        f = pb.Forwarder(guest=guest, pid=pid, region=region, backend=backend)
-        st = self.supervisor.stats(guest)
+        state, attempt, why = self.supervisor.state(guest, pid, region)
+        f = pb.Forwarder(guest=guest, pid=pid, region=region, backend=backend, state=state)
+        f.restart_attempt, f.restart_error = attempt, why
+        st = self.supervisor.stats(guest) if state == "running" else None
         if st:
             f.mem_used_mib.extend(m["used"] >> 20 for m in st["memory"])
             f.processes, f.sync_calls, f.async_calls = st["processes"], st["sync_calls"], st["async_calls"]

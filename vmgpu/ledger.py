@@ -10,6 +10,7 @@ logged with the guest's identity.
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -155,6 +156,7 @@ class Ledger:
         for table, column, decl in (
             ("slices", "weight", "INTEGER CHECK (weight BETWEEN 1 AND 100)"),  # NULL: compute_pct
             ("gpus", "policy", "TEXT NOT NULL DEFAULT 'weighted'"),
+            ("forwarders", "geometry", "TEXT NOT NULL DEFAULT ''"),  # JSON: wait, channels, bulk
         ):
             have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
@@ -327,13 +329,22 @@ class Ledger:
     # ---- forwarders (vmgpud's supervisor keeps them here to re-adopt them) ----
 
     @_guarded
-    def record_forwarder(self, guest: str, pid: int, region: str, backend: str, size: str) -> None:
+    def record_forwarder(
+        self, guest: str, pid: int, region: str, backend: str, size: str, geometry: dict | None = None
+    ) -> None:
+        """geometry: the region's wait mode, channels and bulk size (a restart serves it with them)."""
         with self._tx():
             self.db.execute(
-                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (guest, pid, region, backend, size or "", time.time()),
+                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at, geometry) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (guest, pid, region, backend, size or "", time.time(), json.dumps(geometry) if geometry else ""),
             )
+
+    @_guarded
+    def forwarder_geometry(self, guest: str) -> dict | None:
+        """The geometry recorded with guest's forwarder, or None (none, or recorded by an older vmgpud)."""
+        row = self.db.execute("SELECT geometry FROM forwarders WHERE guest = ?", (guest,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
 
     @_guarded
     def forget_forwarder(self, guest: str) -> None:
