@@ -97,6 +97,7 @@ def test_cli_forwarder_commands(tmp_path, shm_path, monkeypatch):
         assert r.exit_code == 3 and "guest nobody is not admitted" in r.stderr
     finally:
         server.stop(grace=None).wait()
+        server.socket_claim.release()
         server.supervisor.close()
         for fwd in list(server.supervisor.children.values()):
             fwd.stop()
