@@ -7,8 +7,10 @@ metadata so that clients rebuild the same error.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import stat
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -106,8 +108,10 @@ class Servicer(pb_grpc.VmgpudServicer):
         return pb.ReleaseReply(released=self._call(context, release))
 
     def _forwarder(self, guest, pid, region, backend) -> pb.Forwarder:
-        f = pb.Forwarder(guest=guest, pid=pid, region=region, backend=backend)
-        st = self.supervisor.stats(guest)
+        state, attempt, why = self.supervisor.state(guest, pid, region)
+        f = pb.Forwarder(guest=guest, pid=pid, region=region, backend=backend, state=state)
+        f.restart_attempt, f.restart_error = attempt, why
+        st = self.supervisor.stats(guest) if state == "running" else None
         if st:
             f.mem_used_mib.extend(m["used"] >> 20 for m in st["memory"])
             f.processes, f.sync_calls, f.async_calls = st["processes"], st["sync_calls"], st["async_calls"]
@@ -159,39 +163,150 @@ class Servicer(pb_grpc.VmgpudServicer):
         )
 
 
+class SocketClaim:
+    """vmgpud's hold on its socket path.  An exclusive lock on SOCKET.lock (a plain file of
+    its own, no link, in a directory only its owner can write) says which vmgpud serves
+    SOCKET; a second one is refused, naming the first's pid.  gRPC listens on a private name
+    (it unlinks that name when it stops); SOCKET is a hard link to the same socket, replaced
+    only while the lock is held and unlinked at exit only if it is still that socket."""
+
+    def __init__(self, socket_path: Path):
+        self.path = socket_path
+        self.lock_path = socket_path.with_name(socket_path.name + ".lock")
+        self.private = socket_path.with_name(f".{socket_path.name}.{os.getpid()}")
+        self.fd = -1
+        self.bound: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket this vmgpud made
+
+    def take(self) -> SocketClaim:
+        d = self.path.parent
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            st = os.stat(d)
+        except OSError as e:
+            raise errors.VmgpuError(f"cannot make vmgpud's socket directory {d}: {e.strerror}") from None
+        if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise errors.VmgpuError(
+                f"vmgpud's socket directory {d} can be written by other users: "
+                f"make it owned by root and mode 0700 (or choose another --socket)"
+            )
+        try:
+            self.fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise errors.VmgpuError(
+                f"cannot open vmgpud's lock file {self.lock_path}: {e.strerror} (remove it if it is a link)"
+            ) from None
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            self.release()
+            raise errors.VmgpuError(
+                f"{self.lock_path} is not vmgpud's lock file (not a plain file of its own with one name): remove it"
+            )
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            self.release()
+            raise errors.DaemonRunning(
+                f"another vmgpud (pid {holder}) is serving {self.path}: stop it first, "
+                f"or give this one another --socket"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        # what a vmgpud that died left here is stale now (the lock is ours): its private names
+        for old in d.glob(f".{self.path.name}.*"):
+            if old.name.removeprefix(f".{self.path.name}.").isdigit() and stat.S_ISSOCK(os.lstat(old).st_mode):
+                old.unlink()
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            return self
+        if not stat.S_ISSOCK(mode):
+            self.release()
+            raise errors.VmgpuError(f"{self.path} exists and is not a socket: move it away, or choose another --socket")
+        return self
+
+    def publish(self) -> None:
+        """Give the socket gRPC listens on (at self.private) its public name."""
+        os.chmod(self.private, 0o600)
+        st = os.lstat(self.private)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+        os.link(self.private, tmp)
+        os.replace(tmp, self.path)  # a stale socket of a dead vmgpud goes; we hold the lock
+        self.bound = (st.st_dev, st.st_ino)
+
+    def release(self) -> None:
+        """Unlink the public name if it is still our socket; let go of the lock."""
+        if self.bound is not None:
+            try:
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self.bound:
+                    self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self.bound = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def serve(
     socket_path: str | Path, db_path: str | Path, inventory: str | Path | None = None, metrics_port: int | None = None
 ):
     """Start vmgpud; returns (server, ledger).  The socket is owner-only (0600) in an
-    owner-only directory.  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any free
-    port, None: no endpoint); the HTTP server is server.metrics_http."""
+    owner-only directory, held by one vmgpud at a time (server.socket_claim; release() it
+    after stopping the server).  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any
+    free port, None: no endpoint); the HTTP server is server.metrics_http."""
     socket_path, db_path = Path(socket_path), Path(db_path)
+<<<<<<< HEAD
     # root's alone: the forwarders' logs and statistics are made in the state directory
     files.private_dir(socket_path.parent)
     files.private_dir(db_path.parent)
     ledger = Ledger(db_path)
+=======
+    claim = SocketClaim(socket_path).take()
+    try:
+        try:
+            db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise errors.LedgerError(
+                f"cannot make the ledger's directory {db_path.parent}: {e.strerror}: make it writable by root, "
+                f"or choose another --db"
+            ) from None
+        ledger = Ledger(db_path)
+        try:
+            server = _start(claim, ledger, inventory, db_path, metrics_port)
+        except BaseException:
+            ledger.close()
+            raise
+    except BaseException:
+        claim.release()
+        raise
+    get_logger(component="vmgpud").info("serving", socket=str(socket_path), db=str(db_path), gpus=len(ledger.usage()))
+    return server, ledger
+
+
+def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics_port: int | None):
+>>>>>>> ops
     ledger.sync_gpus(gpu.inventory(inventory))
     lock = threading.Lock()
     supervisor = Supervisor(ledger, lock, db_path.parent)
     with lock:
         supervisor.adopt()
     supervisor.watch()
-    if socket_path.exists():
-        socket_path.unlink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     metrics = Metrics(ledger, lock)
     pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger, supervisor, lock, metrics), server)
     server.supervisor = supervisor
+    server.socket_claim = claim
     server.metrics_http = metrics.serve(metrics_port) if metrics_port is not None else None
     old = os.umask(0o177)
     try:
-        server.add_insecure_port(f"unix:{socket_path}")
+        server.add_insecure_port(f"unix:{claim.private}")
         server.start()
     finally:
         os.umask(old)
-    os.chmod(socket_path, 0o600)
-    get_logger(component="vmgpud").info("serving", socket=str(socket_path), db=str(db_path), gpus=len(ledger.usage()))
-    return server, ledger
+    claim.publish()
+    return server
 
 
 def run(socket_path, db_path, inventory=None, metrics_port=None) -> None:
@@ -202,6 +317,7 @@ def run(socket_path, db_path, inventory=None, metrics_port=None) -> None:
         signal.signal(sig, lambda *_: done.set())
     done.wait()
     server.stop(grace=2).wait()
+    server.socket_claim.release()
     if server.metrics_http:
         server.metrics_http.shutdown()
     server.supervisor.close()

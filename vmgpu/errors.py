@@ -101,6 +101,21 @@ class UnsafePath(VmgpuError):
     exit_code = 13
 
 
+class LedgerError(VmgpuError):
+    """The admission ledger cannot be read or written (corrupt, read-only, disk full).  The
+    message names the file and what to do; nothing half-done was acknowledged."""
+
+    code = "LEDGER"
+    exit_code = 14
+
+
+class DaemonRunning(VmgpuError):
+    """Another vmgpud already serves this socket (the message names its pid)."""
+
+    code = "DAEMON_RUNNING"
+    exit_code = 15
+
+
 ALL = (
     VmgpuError,
     InvalidArgument,
@@ -116,6 +131,8 @@ ALL = (
     DaemonUnavailable,
     LibvirtError,
     UnsafePath,
+    LedgerError,
+    DaemonRunning,
 )
 BY_CODE = {cls.code: cls for cls in ALL}
 

@@ -9,12 +9,14 @@ logged with the guest's identity.
 
 from __future__ import annotations
 
+import functools
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu.errors import Conflict, InvalidArgument, NotFound, Refused
+from vmgpu.errors import Conflict, InvalidArgument, LedgerError, NotFound, Refused
 from vmgpu.gpu import Gpu
 from vmgpu.logging import get_logger
 from vmgpu.spec import ShareSpec, SpecError
@@ -51,6 +53,51 @@ CREATE TABLE IF NOT EXISTS slices (
 """
 
 
+# SQLite's error (by name prefix) -> what it means for the ledger file, and what to do
+_MOVE_ASIDE = (
+    "restore it from a backup, or move it aside and restart vmgpud with an empty ledger (then admit the guests again)"
+)
+_TROUBLE = (
+    ("SQLITE_NOTADB", "is not an SQLite database", _MOVE_ASIDE),
+    ("SQLITE_CORRUPT", "is damaged", _MOVE_ASIDE),
+    ("SQLITE_FULL", "cannot grow: its disk is full", "free space on its file system; nothing was changed"),
+    (
+        "SQLITE_READONLY",
+        "cannot be written",
+        "make it and its directory writable by vmgpud's user (is the file system read-only?)",
+    ),
+    (
+        "SQLITE_CANTOPEN",
+        "cannot be opened",
+        "check that it and its directory exist and are writable by vmgpud's user (is the file system read-only?)",
+    ),
+    ("SQLITE_IOERR", "could not be read or written", "check its disk and file system (full? read-only?)"),
+    ("SQLITE_BUSY", "is locked by another process", "stop the other process using it (another vmgpud?)"),
+)
+
+
+def ledger_error(path: str, e: sqlite3.Error) -> LedgerError:
+    """One line for a failed ledger operation: the file, what is wrong, what to do."""
+    name = getattr(e, "sqlite_errorname", "") or ""
+    for prefix, what, fix in _TROUBLE:
+        if name.startswith(prefix):
+            return LedgerError(f"ledger {path} {what} ({e}): {fix}")
+    return LedgerError(f"ledger {path}: {e}: check the file and its directory")
+
+
+def _guarded(fn):
+    """SQLite's errors leave as LedgerError (one line that names the file)."""
+
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise ledger_error(self.path, e) from None
+
+    return call
+
+
 @dataclass(frozen=True)
 class Reservation:
     guest: str
@@ -82,22 +129,34 @@ class GpuUsage:
 
 
 class Ledger:
+    """Every method raises LedgerError (never a raw sqlite3 error) when the file fails it; a
+    change is acknowledged (the method returns) only once it is committed."""
+
+    @_guarded
     def __init__(self, path: str | Path):
         self.path = str(path)
+        self.log = get_logger(component="ledger")
         # one connection, used by one thread at a time (the daemon serialises its calls)
         self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(_SCHEMA)
-        self._migrate()
-        self.log = get_logger(component="ledger")
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            bad = [r[0] for r in self.db.execute("PRAGMA quick_check")]
+            if bad != ["ok"]:
+                raise LedgerError(f"ledger {self.path} is damaged ({bad[0]}): {_MOVE_ASIDE}")
+            self.db.executescript(_SCHEMA)
+            self._migrate()
+        except BaseException:
+            self.db.close()
+            raise
 
     def _migrate(self) -> None:
         """Columns added after the first schema: a ledger from an older vmgpud gains them."""
         for table, column, decl in (
             ("slices", "weight", "INTEGER CHECK (weight BETWEEN 1 AND 100)"),  # NULL: compute_pct
             ("gpus", "policy", "TEXT NOT NULL DEFAULT 'weighted'"),
+            ("forwarders", "geometry", "TEXT NOT NULL DEFAULT ''"),  # JSON: wait, channels, bulk
         ):
             have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
@@ -106,6 +165,7 @@ class Ledger:
     def close(self) -> None:
         self.db.close()
 
+    @_guarded
     def sync_gpus(self, gpus: list[Gpu]) -> None:
         """Record the host's GPUs (by UUID; an index or size change is taken as given)."""
         with self._tx():
@@ -125,7 +185,22 @@ class Ledger:
                 ledger.db.execute("BEGIN IMMEDIATE")
 
             def __exit__(self, exc_type, exc, tb):
-                ledger.db.execute("ROLLBACK" if exc_type else "COMMIT")
+                if exc_type is None:
+                    try:
+                        ledger.db.execute("COMMIT")
+                        return
+                    except sqlite3.Error:
+                        self._rollback()  # not committed: not acknowledged
+                        raise
+                self._rollback()
+
+            @staticmethod
+            def _rollback():
+                if ledger.db.in_transaction:
+                    try:
+                        ledger.db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite rolled it back itself (disk full, I/O error)
 
         return Tx()
 
@@ -140,6 +215,7 @@ class Ledger:
             raise NotFound(f"{where}: gpu {ref} is not on this host (GPUs: {known or 'none'})")
         return row
 
+    @_guarded
     def admit(self, guest: str, kind: str, spec: ShareSpec) -> list[Reservation]:
         """Reserve every slice of spec for guest, or none.  Admitting the same guest with
         the same spec again returns its reservations (hooks retry)."""
@@ -190,6 +266,7 @@ class Ledger:
         log.info("admitted", slices=[(r.gpu_index, r.mem_mib, r.compute_pct) for r in res])
         return res
 
+    @_guarded
     def set_weight(self, guest: str, gpu: str, weight: int) -> str:
         """The compute weight of guest's slice on gpu (index or UUID); the GPU's UUID."""
         if not 1 <= weight <= 100:
@@ -204,6 +281,7 @@ class Ledger:
         self.log.info("weight set", guest=guest, gpu=idx, weight=weight)
         return uuid
 
+    @_guarded
     def set_policy(self, gpu: str, policy: str) -> str:
         """The compute policy of gpu (index or UUID); the GPU's UUID."""
         from vmgpu.sched import POLICIES
@@ -216,10 +294,12 @@ class Ledger:
         self.log.info("policy set", gpu=idx, policy=policy)
         return uuid
 
+    @_guarded
     def policies(self) -> dict[str, str]:
         """Each GPU's compute policy, by UUID."""
         return dict(self.db.execute("SELECT uuid, policy FROM gpus"))
 
+    @_guarded
     def release(self, guest: str) -> bool:
         """Free everything guest holds.  False if it held nothing (release is idempotent)."""
         with self._tx():
@@ -227,6 +307,7 @@ class Ledger:
         self.log.info("released" if n else "release: nothing held", guest=guest)
         return bool(n)
 
+    @_guarded
     def reservations(self, guest: str | None = None) -> list[Reservation]:
         q = (
             "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind, COALESCE(s.weight, s.compute_pct)"
@@ -237,6 +318,7 @@ class Ledger:
         )
         return [Reservation(*r) for r in self.db.execute(q, (guest,) if guest else ())]
 
+    @_guarded
     def usage(self) -> list[GpuUsage]:
         rows = self.db.execute(
             "SELECT g.idx, g.uuid, g.name, g.mem_mib, COALESCE(SUM(s.mem_mib), 0), COALESCE(SUM(s.compute_pct), 0), "
@@ -246,21 +328,34 @@ class Ledger:
 
     # ---- forwarders (vmgpud's supervisor keeps them here to re-adopt them) ----
 
-    def record_forwarder(self, guest: str, pid: int, region: str, backend: str, size: str) -> None:
+    @_guarded
+    def record_forwarder(
+        self, guest: str, pid: int, region: str, backend: str, size: str, geometry: dict | None = None
+    ) -> None:
+        """geometry: the region's wait mode, channels and bulk size (a restart serves it with them)."""
         with self._tx():
             self.db.execute(
-                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (guest, pid, region, backend, size or "", time.time()),
+                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at, geometry) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (guest, pid, region, backend, size or "", time.time(), json.dumps(geometry) if geometry else ""),
             )
 
+    @_guarded
+    def forwarder_geometry(self, guest: str) -> dict | None:
+        """The geometry recorded with guest's forwarder, or None (none, or recorded by an older vmgpud)."""
+        row = self.db.execute("SELECT geometry FROM forwarders WHERE guest = ?", (guest,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    @_guarded
     def forget_forwarder(self, guest: str) -> None:
         with self._tx():
             self.db.execute("DELETE FROM forwarders WHERE guest = ?", (guest,))
 
+    @_guarded
     def forwarder(self, guest: str):
         """(pid, region, backend) of guest's forwarder, or None."""
         return self.db.execute("SELECT pid, region, backend FROM forwarders WHERE guest = ?", (guest,)).fetchone()
 
+    @_guarded
     def forwarders(self) -> list[tuple]:
         return self.db.execute("SELECT guest, pid, region, backend, size FROM forwarders ORDER BY guest").fetchall()

@@ -22,13 +22,31 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from decimal import Decimal
 
 from vmgpu.errors import SpecError
 
 XML_NS = "https://vmgpu.dev/xmlns/share/1"
-_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
-_UNITS_MIB = {"": 1.0, "B": 1 / (1 << 20), "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", re.ASCII)
+# ASCII digits only: str.isdigit() and int() also take "²" or "٣", which are no sizes or GPUs
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+_SIZE = re.compile(rf"^{_NUMBER}\s*([KMGT]i?B?|B)?$", re.IGNORECASE | re.ASCII)
+_PERCENT = re.compile(rf"^{_NUMBER}\s*%$", re.ASCII)
+_INDEX = re.compile(r"^[0-9]+$", re.ASCII)
+_UNITS_MIB = {"": Decimal(1), "B": Decimal(1) / (1 << 20), "K": Decimal(1) / 1024, "M": Decimal(1), "G": Decimal(1024)}
+_UNITS_MIB["T"] = _UNITS_MIB["G"] * 1024
+MAX_MEM_MIB = 1 << 30  # 1 PiB: more than any GPU has, and what the ledger can hold
+MAX_GPU_INDEX = 1023
+
+
+def _show(value: str) -> str:
+    """value as an error message quotes it: a hostile one can be long."""
+    return value if len(value) <= 40 else value[:40] + "..."
+
+
+def _percent_text(fraction: float) -> str:
+    """fraction as the percentage that parses back to the same float ("25%", "33.3%")."""
+    return f"{(Decimal(repr(fraction)) * 100).normalize():f}%"
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,7 @@ class Slice:
         return int(card_mib * (self.mem_fraction or 0))
 
     def to_text(self) -> str:
-        mem = f"{self.mem_mib}M" if self.mem_mib is not None else f"{round((self.mem_fraction or 0) * 100, 4):g}%"
+        mem = f"{self.mem_mib}M" if self.mem_mib is not None else _percent_text(self.mem_fraction or 0)
         return f"gpu={self.gpu},mem={mem},compute={self.compute}"
 
 
@@ -63,7 +81,7 @@ class ShareSpec:
         for s in self.slices:
             el = ET.SubElement(root, f"{{{XML_NS}}}slice")
             el.set("gpu", s.gpu)
-            el.set("mem", f"{s.mem_mib}M" if s.mem_mib is not None else f"{(s.mem_fraction or 0) * 100:g}%")
+            el.set("mem", f"{s.mem_mib}M" if s.mem_mib is not None else _percent_text(s.mem_fraction or 0))
             el.set("compute", str(s.compute))
         return root
 
@@ -71,28 +89,33 @@ class ShareSpec:
 def _mem(value: str, where: str) -> tuple[int | None, float | None]:
     v = value.strip()
     if v.endswith("%"):
-        try:
-            pct = float(v[:-1])
-        except ValueError:
-            raise SpecError(f"{where}: mem '{value}' is not a percentage") from None
+        m = _PERCENT.match(v)
+        if not m:
+            raise SpecError(f"{where}: mem '{_show(value)}' is not a percentage (like 50%)")
+        pct = Decimal(m.group(1))
         if not 0 < pct <= 100:
-            raise SpecError(f"{where}: mem {value} must be more than 0% and at most 100% of the card")
-        return None, pct / 100
+            raise SpecError(f"{where}: mem {_show(value)} must be more than 0% and at most 100% of the card")
+        return None, float(pct / 100)
     m = _SIZE.match(v)
     if not m:
-        raise SpecError(f"{where}: mem '{value}' is not a size (like 8G, 8192M, 8192 for MiB, or 50%)")
+        raise SpecError(f"{where}: mem '{_show(value)}' is not a size (like 8G, 8192M, 8192 for MiB, or 50%)")
     unit = (m.group(2) or "").upper()[:1]
-    mib = float(m.group(1)) * _UNITS_MIB[unit]
+    mib = Decimal(m.group(1)) * _UNITS_MIB[unit]
+    if mib > MAX_MEM_MIB:
+        raise SpecError(f"{where}: mem {_show(value)} is more than any GPU has (at most {MAX_MEM_MIB} MiB)")
     if mib < 1 or mib != int(mib):
-        raise SpecError(f"{where}: mem {value} must be a whole number of MiB, at least 1")
+        raise SpecError(f"{where}: mem {_show(value)} must be a whole number of MiB, at least 1")
     return int(mib), None
 
 
 def _compute(value: str, where: str) -> int:
     v = value.strip().removesuffix("%")
-    if not v.isdigit():
-        raise SpecError(f"{where}: compute '{value}' is not a whole percentage")
-    c = int(v)
+    if not _INDEX.match(v):
+        raise SpecError(f"{where}: compute '{_show(value)}' is not a whole percentage")
+    digits = v.lstrip("0") or "0"
+    if len(digits) > 3:
+        raise SpecError(f"{where}: compute {_show(v)}% is outside 1..100")
+    c = int(digits)
     if not 1 <= c <= 100:
         raise SpecError(f"{where}: compute {c}% is outside 1..100")
     return c
@@ -100,17 +123,20 @@ def _compute(value: str, where: str) -> int:
 
 def _gpu(value: str, where: str) -> str:
     v = value.strip()
-    if v.isdigit():
-        return str(int(v))
+    if _INDEX.match(v):
+        digits = v.lstrip("0") or "0"
+        if len(digits) > 4 or int(digits) > MAX_GPU_INDEX:
+            raise SpecError(f"{where}: gpu index {_show(v)} is outside 0..{MAX_GPU_INDEX}")
+        return str(int(digits))
     if _UUID.match(v):
         return v
-    raise SpecError(f"{where}: gpu '{value}' is neither an index nor a UUID (GPU-xxxxxxxx-...)")
+    raise SpecError(f"{where}: gpu '{_show(value)}' is neither an index nor a UUID (GPU-xxxxxxxx-...)")
 
 
 def _slice(fields: dict[str, str], where: str) -> Slice:
     unknown = sorted(set(fields) - {"gpu", "mem", "compute"})
     if unknown:
-        raise SpecError(f"{where}: unknown field '{unknown[0]}' (fields are gpu, mem, compute)")
+        raise SpecError(f"{where}: unknown field '{_show(unknown[0])}' (fields are gpu, mem, compute)")
     if "gpu" not in fields:
         raise SpecError(f"{where}: gpu is missing")
     if "mem" not in fields:
@@ -143,11 +169,11 @@ def parse(text: str) -> ShareSpec:
             if not item.strip():
                 raise SpecError(f"{where}: empty field")
             if "=" not in item:
-                raise SpecError(f"{where}: '{item.strip()}' is not key=value")
+                raise SpecError(f"{where}: '{_show(item.strip())}' is not key=value")
             k, v = item.split("=", 1)
             k = k.strip().lower()
             if k in fields:
-                raise SpecError(f"{where}: {k} is given twice")
+                raise SpecError(f"{where}: {_show(k)} is given twice")
             fields[k] = v
         slices.append(_slice(fields, where))
     return _check_unique(slices)

@@ -133,27 +133,42 @@ static int symbols_ok(const struct elf *e, unsigned i, const Elf64_Shdr *sh)
 	return 0;
 }
 
+/* The symbol table relocations index: the one sh_link names, or (as some libraries' cubins
+ * link their relocations to another section) the image's own symbol table.  Its symbol count,
+ * 0 if the image has none. */
+static uint64_t reloc_symbols(const struct elf *e, const Elf64_Shdr *sh)
+{
+	Elf64_Shdr sym = shdr(e, sh->sh_link);
+	for (unsigned k = 0; sym.sh_type != SHT_SYMTAB && sym.sh_type != SHT_DYNSYM && k < e->eh.e_shnum; k++)
+		sym = shdr(e, k);
+	if (sym.sh_type != SHT_SYMTAB && sym.sh_type != SHT_DYNSYM)
+		return 0;
+	return sym.sh_entsize ? sym.sh_size / sym.sh_entsize : 0;
+}
+
 static int relocations_ok(const struct elf *e, unsigned i, const Elf64_Shdr *sh)
 {
 	uint64_t ent = sh->sh_type == SHT_RELA ? sizeof(Elf64_Rela) : sizeof(Elf64_Rel);
 	if (sh->sh_entsize != ent || sh->sh_size % ent)
 		return refuse(e->why, e->whylen, "ELF section %u: relocations of %llu bytes each", i,
 			      (unsigned long long)sh->sh_entsize);
-	Elf64_Shdr sym = shdr(e, sh->sh_link);
-	if (sym.sh_type != SHT_SYMTAB && sym.sh_type != SHT_DYNSYM)
-		return refuse(e->why, e->whylen, "ELF section %u: relocations without a symbol table", i);
 	if (sh->sh_info >= e->eh.e_shnum)
 		return refuse(e->why, e->whylen, "ELF section %u: relocations of section %u, which does not exist", i,
 			      sh->sh_info);
+	/* every relocation names a symbol that exists (or none) and, where it names the section it
+	 * applies to, an offset inside it */
 	Elf64_Shdr target = shdr(e, sh->sh_info);
-	uint64_t nsym = sym.sh_entsize ? sym.sh_size / sym.sh_entsize : 0;
+	uint64_t nsym = reloc_symbols(e, sh);
 	for (uint64_t k = 0; k < sh->sh_size / ent; k++) {
 		Elf64_Rel r;
 		memcpy(&r, e->p + sh->sh_offset + k * ent, sizeof r);
-		if (ELF64_R_SYM(r.r_info) >= nsym || r.r_offset >= target.sh_size)
+		uint64_t s = ELF64_R_SYM(r.r_info);
+		if ((s && s >= nsym) || (sh->sh_info && target.sh_type != SHT_NULL && r.r_offset >= target.sh_size))
 			return refuse(e->why, e->whylen,
-				      "ELF section %u: relocation %llu names a symbol or an offset that does not exist",
-				      i, (unsigned long long)k);
+				      "ELF section %u: relocation %llu names a symbol (%llu of %llu) or an offset "
+				      "(%llu in section %u of %llu bytes) that does not exist",
+				      i, (unsigned long long)k, (unsigned long long)s, (unsigned long long)nsym,
+				      (unsigned long long)r.r_offset, sh->sh_info, (unsigned long long)target.sh_size);
 	}
 	return 0;
 }

@@ -3,8 +3,14 @@
 #   tests/libvirt/libvirtd.sh up|down        (root; Debian 12's libvirt-daemon packages)
 # `up` is idempotent.  `down` destroys and undefines the test domains (names vmgpu-e2e-*)
 # and stops the daemons it started.
+#
+# VMGPU_LIBVIRT_ETC=DIR: libvirtd runs in a mount namespace of its own where DIR is its
+# /etc/libvirt (a copy of the system's, but for hooks/: DIR/hooks is the tests' own).  libvirt
+# looks for hooks only in the /etc/libvirt/hooks it was built with, so this is how a test
+# libvirtd gets a private hooks directory: the system's hooks are never read nor touched.
 set -euo pipefail
 STATE=${VMGPU_LIBVIRT_STATE:-/run/vmgpu-test-libvirt}
+ETC=${VMGPU_LIBVIRT_ETC:-}
 case "${1:-}" in
 up)
     mkdir -p "$STATE" /etc/libvirt /var/log/libvirt
@@ -30,8 +36,24 @@ CONF
     if ! { [ -f "$STATE/virtlogd.pid" ] && kill -0 "$(cat "$STATE/virtlogd.pid")" 2>/dev/null; }; then
         /usr/sbin/virtlogd -d --pid-file "$STATE/virtlogd.pid"
     fi
-    if ! { [ -f "$STATE/libvirtd.pid" ] && kill -0 "$(cat "$STATE/libvirtd.pid")" 2>/dev/null; }; then
+    if [ -f "$STATE/libvirtd.pid" ] && kill -0 "$(cat "$STATE/libvirtd.pid")" 2>/dev/null; then
+        if [ "$(cat "$STATE/libvirtd.etc" 2>/dev/null)" != "$ETC" ]; then
+            echo "a libvirtd started by $0 runs with another /etc/libvirt ($(cat "$STATE/libvirtd.etc" 2>/dev/null)):" \
+                "run '$0 down' first" >&2
+            exit 1
+        fi
+    elif [ -n "$ETC" ]; then
+        mkdir -p "$ETC/hooks"
+        for f in /etc/libvirt/*; do  # the system's settings, never its hooks
+            [ "$(basename "$f")" = hooks ] || cp -a "$f" "$ETC/"
+        done
+        unshare --mount --propagation private -- /bin/sh -c \
+            'mount --bind "$1" /etc/libvirt && exec /usr/sbin/libvirtd -d --pid-file "$2"' \
+            sh "$ETC" "$STATE/libvirtd.pid"
+        printf '%s' "$ETC" > "$STATE/libvirtd.etc"
+    else
         /usr/sbin/libvirtd -d --pid-file "$STATE/libvirtd.pid"
+        printf '' > "$STATE/libvirtd.etc"
     fi
     for _ in $(seq 1 600); do virsh -q -c qemu:///system version >/dev/null 2>&1 && exit 0; sleep 0.1; done
     echo "libvirtd did not answer within 60 s (see /var/log/libvirt/libvirtd.log)" >&2
@@ -54,6 +76,7 @@ down)
         fi
         rm -f "$f"
     done
+    rm -f "$STATE/libvirtd.etc"
     ;;
 *)
     echo "usage: $0 up|down" >&2

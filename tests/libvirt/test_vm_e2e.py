@@ -44,25 +44,40 @@ def _need(condition: bool, why: str):
         pytest.skip(why)
 
 
+def _tree(d: Path) -> dict:
+    """What a directory holds: path -> (mode, content), links as their target."""
+    out = {}
+    for p in sorted(d.rglob("*")) if d.exists() else ():
+        st = p.lstat()
+        out[str(p)] = (st.st_mode, os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None)
+    return out
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    _need(os.geteuid() == 0, "needs root (libvirtd, /etc/libvirt/hooks)")
+    _need(os.geteuid() == 0, "needs root (libvirtd)")
     _need(Path("/usr/sbin/libvirtd").exists(), "libvirt-daemon is not installed (.ci/run installs it)")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    _need(probe.returncode == 0, f"needs a mount namespace for libvirtd's own hooks directory: {probe.stderr.strip()}")
     import libvirt
 
+    system_hooks = _tree(HOOKS)
     tmp = tmp_path_factory.mktemp("e2e")
-    subprocess.run([str(HERE / "libvirtd.sh"), "up"], check=True)
     inv = tmp / "inventory.toml"
     inv.write_text(INVENTORY)
     sock = tmp / "run" / "vmgpud.sock"
     daemon = start_daemon(sock, tmp / "ledger.db", inv)
-    hook.install(HOOKS, {"socket": str(sock), "backend": "sim", "log": str(tmp / "hook.log")})
-    time.sleep(1)  # libvirtd re-reads its hooks on the SIGHUP install sent
+    # the hook goes into the test libvirtd's own /etc/libvirt/hooks (before it starts: no SIGHUP
+    # to any libvirtd of this host)
+    etc = tmp / "etc-libvirt"
+    hook.install(etc / "hooks", {"socket": str(sock), "backend": "sim", "log": str(tmp / "hook.log")}, reload=False)
+    env = {**os.environ, "VMGPU_LIBVIRT_ETC": str(etc)}
+    subprocess.run([str(HERE / "libvirtd.sh"), "up"], check=True, env=env)
     libvirt.registerErrorHandler(lambda *_: None, None)
     conn = libvirt.open("qemu:///system")
     client = Client(str(sock))
     try:
-        yield conn, client, tmp
+        yield conn, client, tmp, system_hooks
     finally:
         client.close()
         for d in conn.listAllDomains():
@@ -71,10 +86,17 @@ def host(tmp_path_factory):
                     d.destroy()
                 d.undefine()
         conn.close()
-        hook.uninstall(HOOKS)
         subprocess.run([str(HERE / "libvirtd.sh"), "down"], check=False)
         daemon.terminate()
         daemon.wait()
+
+
+def test_the_suite_leaves_the_systems_libvirt_hooks_alone(host):
+    """A production hook in /etc/libvirt/hooks is neither replaced nor removed: the test
+    libvirtd runs the vmgpu hook from its own directory (the other tests show it runs)."""
+    conn, client, tmp, system_hooks = host
+    assert _tree(HOOKS) == system_hooks
+    assert (tmp / "etc-libvirt" / "hooks" / "qemu.d" / hook.HOOK_NAME).exists()
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +131,7 @@ def define(conn, tmp: Path, name: str, initrd: Path, share: list[str]):
 
 
 def test_cuda_programs_in_a_vm_run_through_the_host_forwarder(host, initrd):
-    conn, client, tmp = host
+    conn, client, tmp, _ = host
     dom, console = define(conn, tmp, "vmgpu-e2e-run", initrd["run"], ["--gpu", "0", "--mem", "256M"])
     t0 = time.monotonic()
     dom.create()
@@ -142,7 +164,7 @@ def test_cuda_programs_in_a_vm_run_through_the_host_forwarder(host, initrd):
 def test_over_commit_is_refused_with_the_reason(host, initrd):
     import libvirt
 
-    conn, client, tmp = host
+    conn, client, tmp, _ = host
     client.admit("holder", "process", "gpu=0,mem=900M")
     try:
         dom, _ = define(conn, tmp, "vmgpu-e2e-over", initrd["run"], ["--gpu", "0", "--mem", "256M"])
@@ -159,7 +181,7 @@ def test_over_commit_is_refused_with_the_reason(host, initrd):
 
 
 def test_virsh_destroy_releases_the_share(host, initrd):
-    conn, client, tmp = host
+    conn, client, tmp, _ = host
     dom, console = define(conn, tmp, "vmgpu-e2e-kill", initrd["wait"], ["--gpu", "0", "--mem", "512M"])
     dom.create()
     assert wait_for(lambda: client.status().forwarders, timeout=30)

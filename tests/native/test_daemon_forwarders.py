@@ -4,7 +4,9 @@ it dies, and is stopped when the guest is released."""
 
 import json
 import os
+import re
 import signal
+import time
 
 import pytest
 
@@ -95,7 +97,126 @@ def test_cli_forwarder_commands(tmp_path, shm_path, monkeypatch):
         assert r.exit_code == 3 and "guest nobody is not admitted" in r.stderr
     finally:
         server.stop(grace=None).wait()
+        server.socket_claim.release()
         server.supervisor.close()
         for fwd in list(server.supervisor.children.values()):
+            fwd.stop()
+        ledger.close()
+
+
+def _vm_region(path, guest):
+    """A VM's region as the qemu hook makes it: poll wait mode (the guest is another kernel)."""
+    from vmgpu import shm
+    from vmgpu.virt.hook import region_params
+
+    path.unlink(missing_ok=True)
+    shm.Region.create(path, 128 << 20, region_params(), guest).close()
+
+
+def test_a_vms_forwarder_that_dies_is_restarted_with_its_regions_geometry_and_never_dropped(tmp_path, shm_path):
+    from click.testing import CliRunner
+
+    from vmgpu.cli.main import cli
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
+    daemon = start_daemon(sock, db, inv)
+    pids = []
+    status = CliRunner(mix_stderr=False).invoke
+    try:
+        c = Client(str(sock))
+        c.admit("vm-a", "vm", "gpu=0,mem=1G")
+        _vm_region(shm_path, "vm-a")
+        pids.append(c.start_forwarder("vm-a", str(shm_path), backend="sim", size="", wait="poll"))
+        assert run_guest([NATIVE / "hold", 0], shm_path).returncode == 0
+
+        os.kill(pids[0], signal.SIGKILL)
+        assert wait_for(lambda: [(f.pid != pids[0], f.state) for f in c.status().forwarders] == [(True, "running")])
+        pids.append(c.status().forwarders[0].pid)
+        r = run_guest([NATIVE / "hold", 0], shm_path)
+        assert r.stdout.split() == ["free", str(1 << 30), str(1 << 30)], r.stdout + r.stderr
+        log = (db.parent / "forwarders" / "vm-a.log").read_text()
+        assert "expected" not in log, log  # no geometry mismatch on the way
+
+        # the region is lost while its forwarder dies: vmgpud keeps trying, and says so
+        shm_path.unlink()
+        shm_path.write_bytes(b"")
+        os.kill(pids[1], signal.SIGKILL)
+        assert wait_for(lambda: c.status().forwarders[0].restart_attempt >= 2)
+        f = c.status().forwarders[0]
+        assert f.state == "restarting" and str(shm_path) in f.restart_error, f
+        out = status(cli, ["status", "--socket", str(sock)]).output
+        assert "restarting" in out and "(attempt" in out, out
+        assert re.search(rf"vm-a: no forwarder, restart attempt \d+: the forwarder for {shm_path}", out), out
+        assert (
+            json.loads(status(cli, ["status", "--json", "--socket", str(sock)]).output)["forwarders"][0]["state"]
+            == "restarting"
+        )
+        _vm_region(shm_path, "vm-a")  # the region is back: the next attempt serves it
+        assert wait_for(lambda: c.status().forwarders[0].state == "running", timeout=40)
+        pids.append(c.status().forwarders[0].pid)
+        assert wait_for(lambda: run_guest([NATIVE / "hold", 0], shm_path).returncode == 0)
+
+        c.admit("idle", "container", "gpu=1,mem=1G")  # admitted, no forwarder: status says none
+        out = status(cli, ["status", "--socket", str(sock)]).output
+        assert [ln for ln in out.splitlines() if "idle" in ln and "none" in ln], out
+        assert c.release("vm-a") is True
+        assert list(c.status().forwarders) == []
+    finally:
+        daemon.kill()
+        daemon.wait()
+        for p in pids:
+            if is_forwarder(p, shm_path):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_restarts_back_off_instead_of_storming_and_stop_when_the_guest_is_stopped(tmp_path, shm_path):
+    import threading
+
+    from vmgpu import gpu
+    from vmgpu.ledger import Ledger
+    from vmgpu.spec import parse
+    from vmgpu.supervisor import Supervisor, restart_policy
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.sync_gpus(gpu.inventory(inv))
+    ledger.admit("vm-b", "vm", parse("gpu=0,mem=1G"))
+    lock = threading.Lock()
+    sup = Supervisor(ledger, lock, tmp_path, policy=restart_policy(first_s=0.2, max_s=0.8, settle_s=1.0))
+    _vm_region(shm_path, "vm-b")
+    started = []
+    try:
+        with lock:
+            started.append(sup.start("vm-b", str(shm_path), "sim", ""))
+        sup.watch(interval=0.1)
+        # a forwarder that dies at once, every time: each restart must wait longer than the last
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            f = ledger.forwarder("vm-b")
+            if f and f[0] not in started and is_forwarder(f[0], shm_path):
+                started.append(f[0])
+            for p in started:
+                if is_forwarder(p, shm_path):
+                    os.kill(p, signal.SIGKILL)
+            time.sleep(0.01)
+        # waits 0, 0.2, 0.4, 0.8, 0.8 ...: at most ~7 starts in 4 s (a storm: one per check)
+        assert 3 <= len(started) <= 8, started
+        assert ledger.forwarder("vm-b") is not None  # never dropped
+        assert sup.state("vm-b", *ledger.forwarder("vm-b")[:2])[0] in ("restarting", "running")
+        with lock:
+            assert sup.stop("vm-b") is True
+        assert ledger.forwarder("vm-b") is None and "vm-b" not in sup.restarts
+        time.sleep(1.5)  # nothing restarts a stopped guest's forwarder
+        assert ledger.forwarder("vm-b") is None
+        assert not [p for p in started if is_forwarder(p, shm_path)]
+    finally:
+        sup.close()
+        for p in started:
+            if is_forwarder(p, shm_path):
+                os.kill(p, signal.SIGKILL)
+        for fwd in list(sup.children.values()):
             fwd.stop()
         ledger.close()

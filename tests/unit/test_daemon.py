@@ -2,21 +2,24 @@
 errors that come back as the same error, an owner-only socket, and kill -9 of the daemon
 in the middle of admissions and releases losing or doubling nothing."""
 
+import contextlib
 import json
 import os
 import random
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
 from click.testing import CliRunner
 
-from tests.forwarder import start_daemon
+from tests.forwarder import start_daemon, wait_for
 from vmgpu.cli.main import cli
 from vmgpu.client import Client
 from vmgpu.daemon import serve
-from vmgpu.errors import DaemonUnavailable, Refused
+from vmgpu.errors import DaemonUnavailable, LedgerError, Refused
 from vmgpu.spec import SpecError
 
 INVENTORY = "".join(
@@ -38,6 +41,7 @@ def daemon(host):
     server, ledger = serve(sock, db, inv)
     yield str(sock)
     server.stop(grace=None).wait()
+    server.socket_claim.release()
     server.supervisor.close()
     for fwd in list(server.supervisor.children.values()):
         fwd.stop()
@@ -167,6 +171,7 @@ def test_metrics_endpoint(host):
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         server.stop(grace=None).wait()
+        server.socket_claim.release()
         server.metrics_http.shutdown()
         server.supervisor.close()
         ledger.close()
@@ -192,3 +197,192 @@ def test_doctor_reports_and_fails_on_a_failed_check(daemon, tmp_path):
     gone = run(cli, ["doctor", "--socket", str(tmp_path / "none.sock"), "--json"])
     down = {c["name"]: c for c in json.loads(gone.output)}["vmgpud"]
     assert down["status"] == "warn" and down["fix"] == "start it: vmgpu daemon"
+
+
+# ---- the control plane as an unlucky operator runs it --------------------------------------
+
+
+def _vmgpud(sock, db, inv) -> subprocess.Popen:
+    """`vmgpu daemon` as a process whose stderr the test reads."""
+    cmd = [sys.executable, "-m", "vmgpu.cli.main", "daemon", "--socket", str(sock), "--db", str(db)]
+    return subprocess.Popen([*cmd, "--inventory", str(inv), "--metrics-port", "-1"], stderr=subprocess.PIPE, text=True)
+
+
+def _ended(p: subprocess.Popen, timeout: float = 20) -> tuple[int, str]:
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError(f"vmgpud {p.pid} did not stop by itself within {timeout} s") from None
+    return p.returncode, p.stderr.read()
+
+
+def test_a_second_vmgpud_on_the_same_socket_is_refused_and_the_first_keeps_serving(host):
+    sock, db, inv = host
+    first = start_daemon(sock, db, inv)
+    try:
+        Client(str(sock)).admit("before", "vm", "gpu=0,mem=1G")
+        rc, err = _ended(_vmgpud(sock, tmp_db := db.with_name("other.db"), inv))
+        assert rc == 15, err
+        assert err.strip().splitlines() == [
+            f"vmgpu: error: another vmgpud (pid {first.pid}) is serving {sock}: stop it first, "
+            "or give this one another --socket [DAEMON_RUNNING]"
+        ], err
+        assert not tmp_db.exists()  # it touched nothing
+        c = Client(str(sock), timeout=2, retry_s=1)
+        assert [s.guest for s in c.status().slices] == ["before"]  # the first still answers
+    finally:
+        first.terminate()
+        first.wait()
+    # the first stopped cleanly: its socket is gone, and the next vmgpud starts
+    assert not sock.exists()
+    again = _vmgpud(sock, db, inv)
+    try:
+        assert wait_for(lambda: sock.exists() or again.poll() is not None)
+        assert [s.guest for s in Client(str(sock)).status().slices] == ["before"]
+    finally:
+        again.terminate()
+        _ended(again)
+
+
+def test_vmgpud_never_unlinks_a_socket_or_file_it_did_not_create(host):
+    import socket
+
+    sock, db, inv = host
+    sock.parent.mkdir(mode=0o700)
+    sock.write_text("an operator's file")
+    rc, err = _ended(_vmgpud(sock, db, inv))
+    assert rc != 0 and f"{sock} exists and is not a socket" in err and "Traceback" not in err, err
+    assert sock.read_text() == "an operator's file"
+    sock.unlink()
+
+    d = start_daemon(sock, db, inv)
+    other = socket.socket(socket.AF_UNIX)
+    try:
+        # someone moves vmgpud's socket name to another socket while it runs
+        sock.unlink()
+        other.bind(str(sock))
+        d.terminate()
+        assert d.wait(timeout=20) == 0
+        assert stat.S_ISSOCK(os.lstat(sock).st_mode)  # vmgpud left the other one alone
+    finally:
+        other.close()
+        if d.poll() is None:
+            d.kill()
+            d.wait()
+
+
+def test_a_link_at_the_lock_file_is_refused(host, tmp_path):
+    sock, db, inv = host
+    sock.parent.mkdir(mode=0o700)
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    os.symlink(target, sock.with_name(sock.name + ".lock"))
+    rc, err = _ended(_vmgpud(sock, db, inv))
+    assert rc != 0 and "lock file" in err and "Traceback" not in err, err
+    assert target.read_text() == "keep"
+
+
+def test_a_corrupt_ledger_is_one_clear_error_naming_the_file(host):
+    sock, db, inv = host
+    db.parent.mkdir(mode=0o700)
+    db.write_bytes(random.Random(1).randbytes(16384))
+    rc, err = _ended(_vmgpud(sock, db, inv))
+    lines = err.strip().splitlines()
+    assert rc == 14 and len(lines) == 1, err
+    assert lines[0].startswith(f"vmgpu: error: ledger {db} is not an SQLite database") and "[LEDGER]" in lines[0]
+    assert "move it aside" in lines[0]
+    assert not sock.exists()
+
+
+def test_a_ledger_that_cannot_be_written_is_one_clear_error(host):
+    """Read-only: as root a read-only mount (root ignores file modes), else file modes."""
+    sock, db, inv = host
+    d = start_daemon(sock, db, inv)
+    Client(str(sock)).admit("kept", "vm", "gpu=0,mem=1G")
+    d.terminate()
+    d.wait()
+    with _read_only(db.parent):
+        rc, err = _ended(_vmgpud(sock, db, inv))
+        lines = err.strip().splitlines()
+        assert rc == 14 and len(lines) == 1 and "Traceback" not in err, err
+        assert lines[0].startswith(f"vmgpu: error: ledger {db} ") and "[LEDGER]" in lines[0], err
+        assert "writable" in lines[0] or "read-only" in lines[0], err
+    d = start_daemon(sock, db, inv)  # writable again: nothing was lost
+    try:
+        assert [s.guest for s in Client(str(sock)).status().slices] == ["kept"]
+    finally:
+        d.terminate()
+        d.wait()
+
+
+@contextlib.contextmanager
+def _read_only(directory):
+    if os.geteuid() != 0:
+        modes = {p: stat.S_IMODE(p.stat().st_mode) for p in [directory, *directory.iterdir()]}
+        for p in modes:
+            p.chmod(0o500 if p.is_dir() else 0o400)
+        try:
+            yield
+        finally:
+            for p, m in modes.items():
+                p.chmod(m)
+        return
+    if subprocess.run(["mount", "--bind", str(directory), str(directory)], capture_output=True).returncode:
+        pytest.skip("needs a read-only bind mount (root with CAP_SYS_ADMIN): root ignores file modes")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_a_full_disk_refuses_the_admission_cleanly_and_loses_no_acknowledged_one(host, tmp_path):
+    """The ledger on a small tmpfs that fills up while vmgpud admits guests."""
+    sock, _, inv = host
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a size-limited tmpfs (a full disk)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(disk)]).returncode:
+        pytest.skip("needs CAP_SYS_ADMIN to mount a size-limited tmpfs (a full disk)")
+    db = disk / "ledger.db"
+    d = None
+    try:
+        d = start_daemon(sock, db, inv)
+        c = Client(str(sock))
+        c.admit("g0", "vm", "gpu=0,mem=1G,compute=10")
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        acked, refusal = [], None
+        for i in range(1, 2000):
+            try:
+                c.admit(f"guest-{i:04d}-" + "x" * 200, "vm", "gpu=1,mem=1M,compute=1;gpu=2,mem=1M,compute=1")
+            except LedgerError as e:
+                refusal = e
+                break
+            except Refused:
+                break
+            acked.append(f"guest-{i:04d}-" + "x" * 200)
+        assert refusal is not None, "the disk never filled up"
+        assert str(db) in refusal.message and "disk is full" in refusal.message, refusal.message
+        assert d.poll() is None  # vmgpud goes on serving
+        held = {s.guest for s in c.status().slices}
+        assert {"g0", *acked} <= held
+        filler.unlink()  # space again: admissions go on
+        c.admit("after", "vm", "gpu=0,mem=1G,compute=1")
+        os.kill(d.pid, 9)  # nothing acknowledged is lost, even to kill -9
+        d.wait()
+        d = start_daemon(sock, db, inv)
+        assert {"g0", "after", *acked} <= {s.guest for s in Client(str(sock)).status().slices}
+    finally:
+        if d is not None:
+            d.kill()
+            d.wait()
+        subprocess.run(["umount", "-l", str(disk)], check=True)

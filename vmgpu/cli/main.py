@@ -409,6 +409,9 @@ def status(socket_path, as_json):
                 "processes": f.processes,
                 "sync_calls": f.sync_calls,
                 "async_calls": f.async_calls,
+                "state": f.state or "running",
+                "restart_attempt": f.restart_attempt,
+                "restart_error": f.restart_error,
             }
             for f in reply.forwarders
         ],
@@ -445,11 +448,25 @@ def status(socket_path, as_json):
                 f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
                 f"{s['compute_pct']}% ({s['weight']}) / "
                 + ("-" if s["compute_achieved_pct"] is None else f"{s['compute_achieved_pct']:.0f}%"),
-                f"pid {f['pid']} ({f['backend']}), {f['processes']} process(es) served" if f else "-",
+                _forwarder_cell(f),
             )
         con.print(t)
+        for f in d["forwarders"]:  # why a guest has no forwarder, unwrapped
+            if f["state"] == "restarting" and f["restart_error"]:
+                click.echo(f"{f['guest']}: no forwarder, restart attempt {f['restart_attempt']}: {f['restart_error']}")
 
     _emit(data, as_json, render)
+
+
+def _forwarder_cell(f: dict | None) -> str:
+    """What serves a guest now: its forwarder's pid, a restart under way, or none."""
+    if f is None:
+        return "none"
+    if f["state"] == "restarting":
+        return f"restarting (attempt {f['restart_attempt']})"
+    if f["state"] == "stopped":
+        return f"none (pid {f['pid']} exited; restarting)"
+    return f"pid {f['pid']} ({f['backend']}), {f['processes']} process(es) served"
 
 
 @cli.command("breakdown")

@@ -118,7 +118,7 @@ class StopForwarderReply(_message.Message):
     def __init__(self, stopped: bool = ...) -> None: ...
 
 class Forwarder(_message.Message):
-    __slots__ = ("guest", "pid", "region", "backend", "mem_used_mib", "processes", "sync_calls", "async_calls")
+    __slots__ = ("guest", "pid", "region", "backend", "mem_used_mib", "processes", "sync_calls", "async_calls", "state", "restart_attempt", "restart_error")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,9 @@ class Forwarder(_message.Message):
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     SYNC_CALLS_FIELD_NUMBER: _ClassVar[int]
     ASYNC_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESTART_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RESTART_ERROR_FIELD_NUMBER: _ClassVar[int]
     guest: str
     pid: int
     region: str
@@ -135,7 +138,10 @@ class Forwarder(_message.Message):
     processes: int
     sync_calls: int
     async_calls: int
-    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., mem_used_mib: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., sync_calls: _Optional[int] = ..., async_calls: _Optional[int] = ...) -> None: ...
+    state: str
+    restart_attempt: int
+    restart_error: str
+    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., mem_used_mib: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., sync_calls: _Optional[int] = ..., async_calls: _Optional[int] = ..., state: _Optional[str] = ..., restart_attempt: _Optional[int] = ..., restart_error: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
