@@ -257,16 +257,12 @@ def serve(
     after stopping the server).  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any
     free port, None: no endpoint); the HTTP server is server.metrics_http."""
     socket_path, db_path = Path(socket_path), Path(db_path)
-<<<<<<< HEAD
     # root's alone: the forwarders' logs and statistics are made in the state directory
     files.private_dir(socket_path.parent)
-    files.private_dir(db_path.parent)
-    ledger = Ledger(db_path)
-=======
     claim = SocketClaim(socket_path).take()
     try:
         try:
-            db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            files.private_dir(db_path.parent)
         except OSError as e:
             raise errors.LedgerError(
                 f"cannot make the ledger's directory {db_path.parent}: {e.strerror}: make it writable by root, "
@@ -286,7 +282,6 @@ def serve(
 
 
 def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics_port: int | None):
->>>>>>> ops
     ledger.sync_gpus(gpu.inventory(inventory))
     lock = threading.Lock()
     supervisor = Supervisor(ledger, lock, db_path.parent)

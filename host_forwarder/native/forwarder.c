@@ -568,6 +568,8 @@ static void usage(FILE *f)
 		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
 		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
 		"                      measurement is charged)\n"
+		"  --allow-pageable-access  serve a GPU whose kernels reach any pageable host memory (HMM/ATS),\n"
+		"                      though a guest's kernel could then read and write its worker\n"
 		"  --oom-script PATH   run PATH GUEST when the guest is refused memory, with VMGPU_GUEST,\n"
 		"                      VMGPU_GPU (UUID), VMGPU_QUOTA, VMGPU_USED, VMGPU_REQUEST, VMGPU_CALL,\n"
 		"                      VMGPU_CHANNEL and VMGPU_WORKER_PID set (at most once a second per process)\n");
@@ -601,7 +603,7 @@ static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, 
 	for (int d = 0; d < F.ndev; d++) {
 		atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[i][d], 0));
 		if (atomic_exchange(&F.sched_joined[i][d], 0))
-			vh_sched_worker(&F.sched[d], 0); /* it could not say so itself */
+			vh_sched_worker(&F.sched[d], -1); /* it could not say so itself */
 	}
 	fence[i] = 1;
 	if (WIFSIGNALED(status))
@@ -653,7 +655,7 @@ static void start_worker(struct slot *slots, uint32_t i)
 	logf_("channel %u: cannot start a worker: %s", i, strerror(errno));
 	for (int d = 0; d < F.ndev; d++)
 		if (atomic_exchange(&F.sched_joined[i][d], 0))
-			vh_sched_worker(&F.sched[d], 0);
+			vh_sched_worker(&F.sched[d], -1);
 }
 
 int main(int argc, char **argv)
@@ -670,13 +672,14 @@ int main(int argc, char **argv)
 	struct vmgpu_wait_opts wopts;
 	vmgpu_wait_opts_default(&wopts);
 	F.guest = "guest";
-	int ctx_reserve_set = 0;
+	int ctx_reserve_set = 0, allow_pageable = 0;
 	static const struct option opts[] = {
 		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
 		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
 		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
 		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
-		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {0, 0, 0, 0},
+		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
+		{0, 0, 0, 0},
 	};
 	int o;
 	uint64_t v;
@@ -743,6 +746,7 @@ int main(int argc, char **argv)
 				return die("--oom-script: %s is not an executable file", optarg);
 			F.oom_script = optarg;
 			break;
+		case 'P': allow_pageable = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -759,6 +763,24 @@ int main(int argc, char **argv)
 		return die("unknown backend '%s' (cuda or sim)", backend);
 	if (probe_devices(gpus, mems))
 		return 1;
+	/* A GPU whose kernels can reach any pageable memory of the process that runs them (HMM or
+	 * ATS) lets a guest's kernel read and write its worker: the books, the scheduler pages, the
+	 * driver's state.  Addresses given to kernels are the kernels' business, so there is no
+	 * checking them: such a GPU is refused unless the operator accepts it. */
+	for (int d = 0; d < F.ndev; d++) {
+		if (F.info[d].nattrs <= CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS ||
+		    !F.info[d].attrs[CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS])
+			continue;
+		if (!allow_pageable)
+			return die("GPU %d: its kernels can reach any pageable host memory of the process that runs "
+				   "them (HMM/ATS), so a guest's kernel could read and write its worker; refusing to "
+				   "serve it. Load nvidia-uvm with uvm_disable_hmm=1, or pass --allow-pageable-access "
+				   "to accept that risk",
+				   d);
+		logf_("warning: GPU %d: kernels reach pageable host memory (HMM/ATS) and --allow-pageable-access "
+		      "is given: a guest's kernel can read and write its worker",
+		      d);
+	}
 	if (map_stats(stats_path))
 		return 1;
 

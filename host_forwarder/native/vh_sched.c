@@ -318,11 +318,16 @@ void vh_sched_worker(struct vh_sched *s, int start)
 {
 	if (s->pg) {
 		struct vs_slot *g = &s->pg->slot[s->me];
-		if (start) {
+		if (start > 0) {
 			atomic_fetch_add(&g->nworkers, 1);
 			/* a hand-over under way waits for this worker too: it drains (nothing) at once */
 			s->synced_gen = atomic_load(&g->drain_gen) - (atomic_load(&g->draining) ? 1u : 0u);
 		} else {
+			/* a worker that has already counted itself drained in the hand-over under way takes
+			 * that back, or the hand-over would not wait for the others (a supervisor counting
+			 * a dead worker out cannot know, and a hand-over may then end a little early) */
+			if (start == 0 && atomic_load(&g->draining) && s->synced_gen == atomic_load(&g->drain_gen))
+				atomic_fetch_sub(&g->drained, 1);
 			atomic_fetch_sub(&g->nworkers, 1);
 		}
 	}

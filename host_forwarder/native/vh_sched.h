@@ -90,8 +90,9 @@ struct vh_sched {
 /* Join the scheduler of the GPU with this UUID (a page in dir).  weight 1..100.  0 on success. */
 int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev);
 void vh_sched_leave(struct vh_sched *s);
-/* A worker process starts or stops taking part: the supervisor counts one in before it forks
- * it, and counts it out once, when it leaves or when it is reaped, however it ended. */
+/* A worker process starts or stops taking part: the supervisor counts one in (start 1) before
+ * it forks it, and it is counted out once: by itself as it leaves (0), or by the supervisor on
+ * its behalf when it is reaped, however it ended (-1). */
 void vh_sched_worker(struct vh_sched *s, int start);
 /* Completes a hand-over that workers which are gone left under way, and gives up the GPU if the
  * guest holds it with no worker left to use it: the supervisor every turn of its loop, and a

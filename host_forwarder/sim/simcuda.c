@@ -172,6 +172,8 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
 	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *pi = 1; break;
 	case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1000000; break;
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x42 + d; break;
+	/* VMGPU_SIM_PAGEABLE_ACCESS=1: a GPU whose kernels reach pageable host memory (HMM/ATS) */
+	case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: *pi = getenv("VMGPU_SIM_PAGEABLE_ACCESS") != NULL; break;
 	default: *pi = 0; break;
 	}
 	return CUDA_SUCCESS;

@@ -60,7 +60,7 @@ def _programs() -> dict[str, Path]:
 
 
 def _script() -> str:
-    lines = ["vmgpu-guest-agent setup || echo 'VMGPU-E2E agent failed'"]
+    lines = ["vmgpu-guest-agent setup --gid 0 || echo 'VMGPU-E2E agent failed'"]
     for argv, _ in PROGRAMS:
         lines.append(f"/bin/{' '.join(argv)}; echo \"VMGPU-E2E {argv[0]} rc=$?\"")
     lines.append("/bin/vmgpu-smi")

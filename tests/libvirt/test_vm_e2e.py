@@ -114,7 +114,7 @@ def initrd(host, tmp_path_factory):
     subprocess.run(["cc", "-O1", "-o", str(progs["runas"]), str(HERE / "runas.c")], check=True)
     return {
         "run": guest.build_initramfs(d / "run.cpio", progs, ptx, SCRIPT),
-        "wait": guest.build_initramfs(d / "wait.cpio", progs, ptx, "vmgpu-guest-agent setup\nsleep 600\n"),
+        "wait": guest.build_initramfs(d / "wait.cpio", progs, ptx, "vmgpu-guest-agent setup --gid 0\nsleep 600\n"),
     }
 
 

@@ -220,3 +220,20 @@ def test_a_grown_region_file_is_cut_back_at_once(shm_path, monkeypatch):
         assert wait_for(lambda: shm_path.stat().st_size == full), fwd.log()
         out, _ = p.communicate("x\n")
         assert out.split() == ["alloc", "0"], (out, fwd.log())
+
+
+# ---- GPUs whose kernels reach the worker's memory ------------------------------------------
+
+
+def test_a_gpu_whose_kernels_reach_pageable_host_memory_is_refused_unless_the_operator_accepts(shm_path, monkeypatch):
+    """With HMM/ATS a kernel can read and write any memory of the worker that runs it, which no
+    address check can stop: the forwarder refuses such a GPU, saying what to do, and serves it
+    only with --allow-pageable-access, warning in its log."""
+    monkeypatch.setenv("VMGPU_SIM_PAGEABLE_ACCESS", "1")
+    with pytest.raises(Exception, match="uvm_disable_hmm=1, or pass --allow-pageable-access"):
+        Forwarder(shm_path, backend="sim").start()
+    assert not shm_path.exists()
+    with asan_forwarder(shm_path, monkeypatch, extra=("--allow-pageable-access", "--no-sched")) as fwd:
+        assert "kernels reach pageable host memory" in fwd.log()
+        r = run_guest([NATIVE / "hold", 0], shm_path)
+        assert r.stdout.startswith("free"), (r.stdout, fwd.log())
