@@ -65,8 +65,10 @@ def test_idle_processes_never_pass_the_quota_by_nvml(shm_path, tmp_path):
             pids = workers(fwd)
             held = nvml(pids)
             books = stats.read(page)["memory"][0]["used"]
-            print(f"idle: {ran} ran, {first.count('alloc')} refused; workers {len(pids)}; NVML {sum(held.values())} "
-                  f"(peak {peak[0]}); books {books}; quota {quota}; per worker {sorted(held.values())}")
+            print(
+                f"idle: {ran} ran, {first.count('alloc')} refused; workers {len(pids)}; NVML {sum(held.values())} "
+                f"(peak {peak[0]}); books {books}; quota {quota}; per worker {sorted(held.values())}"
+            )
             assert len(pids) == 16 and 1 <= ran < 16 and first.count("alloc") == 16 - ran, (first, log_text(fwd))
             assert peak[0] <= quota and sum(held.values()) <= quota
             assert len([v for v in held.values() if v]) == ran  # the refused hold nothing

@@ -134,7 +134,7 @@ def test_a_worker_ending_any_way_leaves_the_other_guest_on_the_gpu_running(sched
     the two take turns (an exit status from inside the driver, or a signal); b keeps getting
     the GPU, a's next process runs, and a's forwarder still stops at SIGTERM."""
     a, b = tmp_path / "a", tmp_path / "b"
-    with asan_forwarder(b, monkeypatch, extra=("--compute", "50")) as fb:
+    with asan_forwarder(b, monkeypatch, extra=("--compute", "50")):
         with monkeypatch.context() as m:
             if how == "exit status":
                 m.setenv("VMGPU_SIM_EXIT_AT_MEMSET", "300")  # a's worker: exit(3) inside a call
@@ -152,8 +152,10 @@ def test_a_worker_ending_any_way_leaves_the_other_guest_on_the_gpu_running(sched
             assert pb.returncode == 0 and int(out.split()[1]) > 0, out
             pa.kill()
             pa.wait()
-            assert wait_for(lambda: "worker" in fa.log() and ("died" in fa.log() or "failed" in fa.log() or
-                                                               "closed after" in fa.log())), fa.log()
+            assert wait_for(
+                lambda: "worker" in fa.log()
+                and ("died" in fa.log() or "failed" in fa.log() or "closed after" in fa.log())
+            ), fa.log()
             again = run_guest([NATIVE / "spin", "0.5"], a, timeout=60)
             assert again.returncode == 0 and int(again.stdout.split()[1]) > 0, (again.stdout, fa.log())
         finally:
