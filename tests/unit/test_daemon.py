@@ -363,13 +363,13 @@ def test_a_full_disk_refuses_the_admission_cleanly_and_loses_no_acknowledged_one
         acked, refusal = [], None
         for i in range(1, 2000):
             try:
-                c.admit(f"guest-{i:04d}-" + "x" * 200, "vm", "gpu=1,mem=1M,compute=1;gpu=2,mem=1M,compute=1")
+                c.admit(f"guest-{i:04d}-" + "x" * 50, "vm", "gpu=1,mem=1M,compute=1;gpu=2,mem=1M,compute=1")
             except LedgerError as e:
                 refusal = e
                 break
             except Refused:
                 break
-            acked.append(f"guest-{i:04d}-" + "x" * 200)
+            acked.append(f"guest-{i:04d}-" + "x" * 50)
         assert refusal is not None, "the disk never filled up"
         assert str(db) in refusal.message and "disk is full" in refusal.message, refusal.message
         assert d.poll() is None  # vmgpud goes on serving
