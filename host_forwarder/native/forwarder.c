@@ -159,8 +159,10 @@ int vh_serve(struct vh_chan *ch)
 		if (n == -EAGAIN || n == -ETIMEDOUT || now - last_poll > 100 * 1000000ull) {
 			last_poll = now;
 			int ev = vmgpu_hchan_poll(ch->hc, now);
-			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED)
+			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED) {
+				ch->end_event = ev;
 				break;
+			}
 			if (stopping)
 				break;
 			if (n == -EAGAIN || n == -ETIMEDOUT)
@@ -333,9 +335,12 @@ static int worker(uint32_t idx, pid_t supervisor)
 			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
 	}
 	pthread_mutex_unlock(&ch.books_mu);
-	logf_("channel %u: closed after %llu calls (%llu async; module images: %llu sent, %llu from cache); its "
+	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",
+					   "it is gone or cut off", "it was refused"};
+	logf_("channel %u: closed after %llu calls (%s; %llu async; module images: %llu sent, %llu from cache); its "
 	      "memory and objects are freed",
-	      idx, (unsigned long long)calls, (unsigned long long)async, (unsigned long long)ch.images_sent,
+	      idx, (unsigned long long)calls,
+	      ended ? "it broke the protocol" : stopping ? "the forwarder stops" : ch.end_event >= 0 && ch.end_event <= 5 ? why[ch.end_event] : "?", (unsigned long long)async, (unsigned long long)ch.images_sent,
 	      (unsigned long long)ch.images_cached);
 	return ended;
 }

@@ -155,6 +155,7 @@ struct vh_chan {
 	void *scratch;
 	size_t scratch_cap;
 	uint64_t ncalls, nasync;
+	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */
 };
 
 /* Bounds-checked reader over a request's arguments (a private copy). */

@@ -333,14 +333,11 @@ void vh_sched_worker(struct vh_sched *s, int start)
 	}
 }
 
-/* Complete the hand-over under way (draining 1) once every worker has drained; whoever gets
- * here first does it: a worker's scheduler thread or, for workers that are gone, the
- * supervisor. */
-static void complete(struct vs_page *pg, struct vs_slot *g)
+/* The guest's turn ends: charged, and the GPU handed to whoever should have it.  Called by
+ * the one that moved draining from `from` to 3 (completing); draining is 0 again after. */
+static void end_turn(struct vs_page *pg, struct vs_slot *g, uint32_t from)
 {
-	uint32_t one = 1;
-	if (atomic_load(&g->drained) < atomic_load(&g->nworkers) ||
-	    !atomic_compare_exchange_strong(&g->draining, &one, 3u)) /* 3: completing */
+	if (!atomic_compare_exchange_strong(&g->draining, &from, 3u))
 		return;
 	lock(pg);
 	if (atomic_load(&pg->owner) == (int32_t)(g - pg->slot)) {
@@ -352,26 +349,25 @@ static void complete(struct vs_page *pg, struct vs_slot *g)
 	atomic_store(&g->draining, 0);
 }
 
+/* Complete the hand-over under way (draining 1) once every worker has drained; whoever gets
+ * here first does it: a worker's scheduler thread or, for workers that are gone, the
+ * supervisor. */
+static void complete(struct vs_page *pg, struct vs_slot *g)
+{
+	if (atomic_load(&g->drained) >= atomic_load(&g->nworkers))
+		end_turn(pg, g, 1);
+}
+
 void vh_sched_unheld(struct vh_sched *s)
 {
 	struct vs_page *pg = s->pg;
 	if (!pg || atomic_load(&pg->owner) != s->me)
 		return;
 	struct vs_slot *g = &pg->slot[s->me];
-	uint32_t zero = 0;
-	if (atomic_load(&g->draining) == 1) {
+	if (atomic_load(&g->draining) == 1)
 		complete(pg, g); /* the workers that would have completed it are gone */
-	} else if (atomic_load(&g->nworkers) == 0 && atomic_compare_exchange_strong(&g->draining, &zero, 3u)) {
-		/* holding the GPU with no worker to use it or give it up */
-		lock(pg);
-		if (atomic_load(&pg->owner) == s->me) {
-			uint64_t end = now_ns();
-			charge(pg, g, end);
-			hand_over(pg, end);
-		}
-		unlock(pg);
-		atomic_store(&g->draining, 0);
-	}
+	else if (atomic_load(&g->nworkers) == 0)
+		end_turn(pg, g, 0); /* holding the GPU with no worker to use it or give it up */
 }
 
 void vh_sched_enter(struct vh_sched *s)

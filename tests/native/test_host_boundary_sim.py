@@ -110,14 +110,6 @@ def test_memory_a_process_gave_back_is_free_for_the_next_one_at_once(shm_path, m
 # ---- workers that end, every way ----------------------------------------------------------
 
 
-@pytest.fixture
-def sched_dir(tmp_path, monkeypatch):
-    d = tmp_path / "sched"
-    d.mkdir()
-    monkeypatch.setenv("VMGPU_SCHED_DIR", str(d))
-    return d
-
-
 def _spin(region: Path, secs: float, **env) -> subprocess.Popen:
     return subprocess.Popen(
         [str(NATIVE / "spin"), str(secs)],

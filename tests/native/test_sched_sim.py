@@ -17,14 +17,6 @@ from tests.forwarder import NATIVE, forwarder, guest_env, wait_for
 from vmgpu.sched import Page, SchedError
 
 
-@pytest.fixture
-def sched_dir(tmp_path, monkeypatch):
-    d = tmp_path / "sched"
-    d.mkdir()
-    monkeypatch.setenv("VMGPU_SCHED_DIR", str(d))
-    return d
-
-
 def _page(d: Path) -> Page:
     assert wait_for(lambda: list(d.glob("vmgpu-sched-*")), timeout=10)
     return Page(next(d.glob("vmgpu-sched-*")))

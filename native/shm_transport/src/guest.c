@@ -309,6 +309,12 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	c->idx = idx;
 	c->gen = gen;
 	c->arm = g->features & VMGPU_FEAT_OWNER_WORD;
+	/* The claim makes the channel ours alone until it is ACTIVE: start it clean, whatever a
+	 * sibling may have scribbled into it while it was free (ring indices, an acknowledgement
+	 * the host never gave), so that a fresh process is not cut off by another's garbage. */
+	chan_zero(g->base, l, idx);
+	atomic_store_explicit(&d->host_status, VMGPU_HOST_PENDING, memory_order_relaxed);
+	atomic_store_explicit(&d->host_ack_gen, 0, memory_order_release);
 	uint8_t *blk = chan_block(g->base, l, idx);
 	struct vmgpu_chan_ctl *ctl = (struct vmgpu_chan_ctl *)blk;
 	ring_init(&c->req, blk + l->req_ring_off, &ctl->req, l->req_ring_size, &g->wo, l->wait_mode, idx, 0);

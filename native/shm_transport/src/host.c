@@ -15,10 +15,10 @@ struct vmgpu_hchan {
 	struct vmgpu_host *h;
 	uint32_t idx;
 	uint32_t gen;          /* generation being served, 0 if none */
-	bool serving;
+	_Atomic bool serving; /* read by served_to() from other channels' threads */
 	bool refused;
 	bool armed;            /* the accepted owner speaks 1.1: its owner word is the liveness verdict */
-	uint32_t owner_pid;    /* owner_pid as copied when the owner was accepted (for the per-owner limit) */
+	_Atomic uint32_t owner_pid;   /* owner_pid as copied when the owner was accepted (for the per-owner limit) */
 	struct ring req, cpl;
 	struct vmgpu_bulk_ctl *bulk;
 	uint8_t *bulk_data;
