@@ -3,19 +3,20 @@
 
 A container whose process environment has no VMGPU is runc's alone.  For one with it, at
 `create` the runtime admits the share through vmgpud (kind container, guest `ctr-<id12>`),
-starts the guest's forwarder on a fresh region `/dev/shm/vmgpu-ctr-<id12>`, and rewrites the
-bundle's config.json to bind-mount the region at /dev/vmgpu/region and the guest
-libcuda.so.1 over the image's, and to drop any /dev/nvidia* device: the container never
-touches the GPU.  A bind mount of the host's /dev/shm (`-v /dev/shm:...`, `--ipc=host`), where
-every guest's region lives, becomes a private tmpfs, and a recursive bind of a directory above
-it (`-v /dev:/dev`, `-v /:/host`) is refused: a container sees its own region only.  The region
+starts the guest's forwarder on a fresh region `/dev/shm/vmgpu-containers/vmgpu-ctr-<id12>` (a
+directory only root can enter), and rewrites the bundle's config.json to bind-mount the region
+at /dev/vmgpu/region and the guest libcuda.so.1 over the image's, and to drop any /dev/nvidia*
+device: the container never touches the GPU.  A bind mount of the host's /dev/shm
+(`-v /dev/shm:...`, `--ipc=host`), where every guest's region lives, becomes a private tmpfs,
+and a recursive bind of a directory above it (`-v /dev:/dev`, `-v /:/host`) is refused: a
+container sees its own region only.  The region
 stays root's, mode 0600, and the container's user and group (process.user, through the
 container's user namespace if it has one) are given read and write access by ACL entries: a
 non-root container can use the GPU, nobody else can.  A refusal fails the create, so the
 container does not start and docker shows the reason.  At `delete` (the container exited, was
 killed, or never started) it releases the share, stops the forwarder and removes the region.
-Shares of containers that runc no longer knows (a delete that never came) are released at the
-next create.
+Shares of containers (kind container) that runc no longer knows (a delete that never came) are
+released at the next create.
 
 Everything else goes to runc unchanged.  Settings come from the installed script (written
 by `vmgpu runtime install`), because docker gives a runtime no environment of its own.
@@ -46,6 +47,10 @@ DEFAULTS = {
     "libdir": "",  # where the guest libcuda.so.1 is (default: the build's)
 }
 REGION_IN_CONTAINER = "/dev/vmgpu/region"
+# containers' regions: in a directory of root's, mode 0700, under shm_dir.  A region's ACL gives
+# the container's host uid and gid (a gid such as 100, "users", has every local user in it)
+# access; only the bind mount, made by root, reaches it, never a local user by its path.
+REGION_DIR = "vmgpu-containers"
 LIB_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 
@@ -193,7 +198,7 @@ class Runtime:
         return Client(self.s["socket"], timeout=10.0, retry_s=5.0)
 
     def _region(self, guest: str) -> Path:
-        return Path(self.s["shm_dir"]) / f"vmgpu-{guest}"
+        return Path(self.s["shm_dir"]) / REGION_DIR / f"vmgpu-{guest}"
 
     def _lib(self) -> Path:
         if self.s["libdir"]:
@@ -212,7 +217,7 @@ class Runtime:
         except OSError:
             return
         for sl in client.status().slices:
-            if sl.guest.startswith("ctr-") and sl.guest[4:] not in known:
+            if sl.kind == KIND and sl.guest.startswith("ctr-") and sl.guest[4:] not in known:
                 client.release(sl.guest)
                 self._region(sl.guest).unlink(missing_ok=True)
                 self.log.info("released a stale container share", guest=sl.guest)
@@ -226,6 +231,7 @@ class Runtime:
             return self.runc(argv)
         guest = guest_name(cid)
         region = self._region(guest)
+        files.private_dir(region.parent)
         guarded = sorted({"/dev/shm", self.s["shm_dir"], str(sched.sched_dir())})
         uid, gid = region_owner(config)
         new_config = rewrite(config, region, self._lib(), guarded, bundle)  # refuses before admitting

@@ -111,7 +111,7 @@ def host(tmp_path_factory):
 
 
 def regions() -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob("vmgpu-ctr-*"))
+    return sorted(p.name for p in Path("/dev/shm/vmgpu-containers").glob("vmgpu-ctr-*"))
 
 
 def run(docker, spec, *cmd, detach=False):

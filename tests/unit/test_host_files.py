@@ -430,11 +430,11 @@ def _create(tmp_path, monkeypatch, config: dict, cid: str):
 
 @needs_root
 def test_a_non_root_container_gets_its_region_and_nobody_else_does(tmp_path, monkeypatch):
-    from vmgpu import files
+    from vmgpu import files, oci
 
     rc, cfg, shm_dir, fake = _create(tmp_path, monkeypatch, _config([IPC_HOST], {"uid": 1000, "gid": 1001}), "c" * 64)
     assert rc == 0 and fake.calls == [("admit", "ctr-cccccccccccc"), ("start", "ctr-cccccccccccc")]
-    region = shm_dir / "vmgpu-ctr-cccccccccccc"
+    region = shm_dir / oci.REGION_DIR / "vmgpu-ctr-cccccccccccc"
     fd = os.open(region, os.O_RDONLY)
     try:
         assert files.granted(fd) == {"users": [1000], "groups": [1001]}
@@ -448,12 +448,12 @@ def test_a_non_root_container_gets_its_region_and_nobody_else_does(tmp_path, mon
 
 @needs_root
 def test_a_container_in_a_user_namespace_gets_its_region_as_the_host_sees_its_user(tmp_path, monkeypatch):
-    from vmgpu import files
+    from vmgpu import files, oci
 
     maps = [{"containerID": 0, "hostID": 100000, "size": 65536}]
     config = _config([], {"uid": 1000, "gid": 1000}, uidMappings=maps, gidMappings=maps)
     rc, _, shm_dir, _ = _create(tmp_path, monkeypatch, config, "d" * 64)
-    region = shm_dir / "vmgpu-ctr-dddddddddddd"
+    region = shm_dir / oci.REGION_DIR / "vmgpu-ctr-dddddddddddd"
     fd = os.open(region, os.O_RDONLY)
     try:
         assert rc == 0 and files.granted(fd) == {"users": [101000], "groups": [101000]}

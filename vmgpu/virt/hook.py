@@ -141,10 +141,12 @@ def _prepare(name, share, dev, settings, log) -> None:
             client.admit(name, KIND, share.to_text())
         path = _region_path(settings, dev)
         try:
-            uid, gid = qemu_identity(settings)
+            uid, _group = qemu_identity(settings)
             # made beside and renamed over the path: a stale region or a planted link is replaced
             size = int(dev["size_mib"]) << 20
-            shm.Region.create(path, size, region_params(), name, exclusive=False, uid=uid, gid=gid).close()
+            # QEMU's user only: QEMU runs as it (or as root, the owner); its group (kvm, often) has
+            # local users in it, who must not reach the guests' regions in /dev/shm
+            shm.Region.create(path, size, region_params(), name, exclusive=False, uid=uid).close()
         except VmgpuError:
             client.release(name)
             raise

@@ -1,0 +1,110 @@
+"""Review of issue 14's host file system and container boundary: a local user who shares a
+group with a guest's process (a container's --user 1000:100, "users"; QEMU's group, kvm) must not
+reach that guest's region by its path, and a container's create must not release a guest of
+another kind that happens to be named like a container."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.unit.test_host_files import NOBODY, SIZE, SMALL, _config, _FakeVmgpud, needs_root, open_dir, run_as, world
+from vmgpu import files, shm
+
+__all__ = ["open_dir", "world"]  # fixtures used here
+
+PROBE = "import os, sys; os.close(os.open(sys.argv[1], os.O_RDWR)); print('ok')"
+USERS = 100  # the group every local user is in on most distributions ("users")
+
+
+def _runtime_create(shm_dir: Path, tmp_path: Path, monkeypatch, config: dict, cid: str, fake=None):
+    """The runtime's create against a fake vmgpud, its regions under shm_dir; (rc, config, fake)."""
+    from vmgpu import oci
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    (bundle / "config.json").write_text(json.dumps(config))
+    rt = oci.Runtime({"shm_dir": str(shm_dir), "runc": "true", "libdir": str(tmp_path)})
+    fake = fake or _FakeVmgpud()
+    monkeypatch.setattr(rt, "_client", lambda: fake)
+    rc = rt.main(["--root", str(tmp_path / "runc-root"), "create", "--bundle", str(bundle), cid])
+    return rc, json.loads((bundle / "config.json").read_text()), fake
+
+
+def _region_source(config: dict) -> Path:
+    from vmgpu import oci
+
+    return Path(next(m["source"] for m in config["mounts"] if m["destination"] == oci.REGION_IN_CONTAINER))
+
+
+@needs_root
+def test_a_local_user_in_a_containers_group_cannot_open_the_containers_region(open_dir, tmp_path, monkeypatch):
+    """`docker run --user 1000:100`: the region's ACL names gid 100, which on the host is a
+    group of local users; one of them (uid 2000) must not read or write the container's region
+    (its data, its calls) by the path in /dev/shm.  The container reaches it by its bind mount."""
+    config = _config([], {"uid": 1000, "gid": USERS})
+    rc, cfg, _ = _runtime_create(open_dir, tmp_path, monkeypatch, config, "e" * 64)
+    region = _region_source(cfg)
+    try:
+        assert rc == 0 and region.exists()
+        fd = os.open(region, os.O_RDONLY)
+        try:  # the container's user and group still have it (through the mount)
+            assert files.granted(fd) == {"users": [1000], "groups": [USERS]}
+        finally:
+            os.close(fd)
+        local = run_as(2000, USERS, PROBE, str(region))
+        assert local.returncode != 0 and "Permission denied" in local.stderr, local.stdout
+        assert run_as(NOBODY, NOBODY, PROBE, str(region)).returncode != 0
+    finally:
+        region.unlink(missing_ok=True)
+
+
+@needs_root
+def test_a_local_user_in_qemus_group_cannot_open_a_vms_region(open_dir, monkeypatch):
+    """QEMU runs as its user (libvirt-qemu, whose group is kvm on Debian and Ubuntu, a group that
+    local users are put in for /dev/kvm): the hook must give the region to QEMU's user, not to
+    everyone in its group."""
+    from vmgpu.logging import get_logger
+    from vmgpu.spec import parse
+    from vmgpu.virt import hook
+
+    monkeypatch.setattr(hook, "_client", lambda settings: _FakeVmgpud())
+    monkeypatch.setattr(hook, "region_params", lambda: SMALL)
+    dev = {"name": "vmgpu-vm1", "model": "ivshmem-plain", "size_mib": SIZE >> 20}
+    settings = {**hook.DEFAULTS, "shm_dir": str(open_dir), "qemu_user": f"+1000:+{USERS}"}
+    hook._prepare("vm1", parse("gpu=0,mem=1G"), dev, settings, get_logger(hook="prepare"))
+    region = open_dir / "vmgpu-vm1"
+    try:
+        assert run_as(1000, 1000, PROBE, str(region)).stdout == "ok\n"  # QEMU's user
+        local = run_as(2000, USERS, PROBE, str(region))
+        assert local.returncode != 0 and "Permission denied" in local.stderr, local.stdout
+    finally:
+        region.unlink(missing_ok=True)
+
+
+class _VmNamedLikeAContainer(_FakeVmgpud):
+    """vmgpud holding a VM (or a `vmgpu admit` process guest) whose name starts with ctr-."""
+
+    def status(self):
+        vm = type("Slice", (), {"guest": "ctr-0123456789ab", "kind": "vm"})()
+        return type("S", (), {"slices": [vm]})()
+
+
+def test_a_containers_create_never_releases_a_vm_whose_name_starts_with_ctr(tmp_path, monkeypatch):
+    """The runtime releases the shares of containers runc no longer knows; a VM named
+    ctr-0123456789ab is no container of runc's, and must keep its share and its region."""
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    (tmp_path / "runc-root").mkdir()  # runc's state: no container in it
+    vm_region = shm_dir / "vmgpu-ctr-0123456789ab"
+    shm.Region.create(vm_region, SIZE, SMALL, "ctr-0123456789ab").close()
+    fake = _VmNamedLikeAContainer()
+    rc, cfg, _ = _runtime_create(shm_dir, tmp_path, monkeypatch, _config(), "f" * 64, fake)
+    try:
+        assert rc == 0
+        assert ("release", "ctr-0123456789ab") not in fake.calls, fake.calls
+        assert vm_region.exists()
+    finally:
+        vm_region.unlink(missing_ok=True)
+        _region_source(cfg).unlink(missing_ok=True)
