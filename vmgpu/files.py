@@ -91,6 +91,21 @@ def open_ours(path: str | os.PathLike, flags: int, mode: int = 0o600, others: in
     return fd
 
 
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike):
+    """Hold an exclusive flock on path (made 0600 if missing, never through a link, only if
+    ours) for the with block; whoever else takes it waits."""
+    import fcntl
+
+    fd = open_ours(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.set_blocking(fd, True)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def create_beside(path: str | os.PathLike, mode: int = 0o600) -> tuple[int, Path]:
     """A new empty file of ours beside path, under a fresh name (O_CREAT|O_EXCL|O_NOFOLLOW: nothing
     planted there is ever opened); (fd, its path).  publish() puts it at path."""

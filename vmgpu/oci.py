@@ -235,21 +235,25 @@ class Runtime:
         guarded = sorted({"/dev/shm", self.s["shm_dir"], str(sched.sched_dir())})
         uid, gid = region_owner(config)
         new_config = rewrite(config, region, self._lib(), guarded, bundle)  # refuses before admitting
-        client = self._client()
-        try:
-            self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
-            client.admit(guest, KIND, spec)
+        # Creates run one at a time, from the look for stale shares until runc has made the
+        # container's state: another create's look would take a container admitted but not yet
+        # known to runc for a stale one, and release it under it.
+        with files.exclusive_lock(region.parent / ".create.lock"):
+            client = self._client()
             try:
-                client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
-                give_region(region, uid, gid)
-                write_atomic(cfg_path, json.dumps(new_config))
-            except VmgpuError:
-                client.release(guest)
-                raise
-            self.log.info("admitted", guest=guest, share=spec, region=str(region))
-        finally:
-            client.close()
-        rc = self.runc(argv)
+                self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
+                client.admit(guest, KIND, spec)
+                try:
+                    client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
+                    give_region(region, uid, gid)
+                    write_atomic(cfg_path, json.dumps(new_config))
+                except VmgpuError:
+                    client.release(guest)
+                    raise
+                self.log.info("admitted", guest=guest, share=spec, region=str(region))
+            finally:
+                client.close()
+            rc = self.runc(argv)
         if rc != 0:
             self._release(guest)
         return rc

@@ -108,3 +108,64 @@ def test_a_containers_create_never_releases_a_vm_whose_name_starts_with_ctr(tmp_
     finally:
         vm_region.unlink(missing_ok=True)
         _region_source(cfg).unlink(missing_ok=True)
+
+
+class _SharedVmgpud(_FakeVmgpud):
+    """One vmgpud for two runtimes: what was admitted shows in its status, as a container's."""
+
+    def __init__(self):
+        super().__init__()
+        self.guests: set[str] = set()
+
+    def status(self):
+        kind = type("Slice", (), {"kind": "container"})
+        return type("S", (), {"slices": [type("Slice", (kind,), {"guest": g})() for g in sorted(self.guests)]})()
+
+    def admit(self, guest, kind, spec):
+        super().admit(guest, kind, spec)
+        self.guests.add(guest)
+
+    def release(self, guest):
+        self.guests.discard(guest)
+        return super().release(guest)
+
+
+def test_two_containers_created_at_once_do_not_release_each_other(tmp_path, monkeypatch):
+    """A create's look for stale shares must not take a container that another create has
+    admitted, but that runc has not made yet, for a stale one (docker compose starts many at
+    once): creates run one at a time until runc has made the container."""
+    import threading
+    import time
+
+    from vmgpu import oci
+
+    shm_dir, root = tmp_path / "shm", tmp_path / "runc-root"
+    shm_dir.mkdir()
+    root.mkdir()
+    slow_runc = tmp_path / "runc"  # makes the container's state after a while, as runc does
+    slow_runc.write_text(f'#!/bin/sh\nsleep 1\nfor a; do id="$a"; done\nmkdir -p {root}/"$id"\n')
+    slow_runc.chmod(0o755)
+    fake = _SharedVmgpud()
+    rcs = {}
+
+    def create(cid: str):
+        bundle = tmp_path / f"bundle-{cid[:4]}"
+        bundle.mkdir()
+        (bundle / "config.json").write_text(json.dumps(_config()))
+        rt = oci.Runtime({"shm_dir": str(shm_dir), "runc": str(slow_runc), "libdir": str(tmp_path)})
+        rt._client = lambda: fake
+        rcs[cid] = rt.main(["--root", str(root), "create", "--bundle", str(bundle), cid])
+
+    a, b = "a" * 64, "b" * 64
+    ta = threading.Thread(target=create, args=(a,))
+    ta.start()
+    time.sleep(0.3)  # a is admitted; runc is still making it
+    create(b)
+    ta.join()
+    try:
+        assert rcs == {a: 0, b: 0}
+        assert ("release", oci.guest_name(a)) not in fake.calls, fake.calls
+        assert fake.guests == {oci.guest_name(a), oci.guest_name(b)}
+    finally:
+        for cid in (a, b):
+            (shm_dir / oci.REGION_DIR / f"vmgpu-{oci.guest_name(cid)}").unlink(missing_ok=True)
