@@ -125,14 +125,25 @@ def private_mounts(mounts: list[dict], guarded: list[str], bundle: Path | None =
     return out
 
 
-def _host_id(cid: int, mappings: list[dict] | None) -> int:
+ID_MAX = (1 << 32) - 2  # (uid_t)-1 means "no change" to the kernel: never an owner
+
+
+def _id(value, what: str) -> int:
+    """An id of the OCI spec: an integer 0..ID_MAX (JSON numbers only), else one clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ID_MAX:
+        raise InvalidArgument(f"the container's {what} {str(value)[:40]!r} is not an id (0..{ID_MAX})")
+    return value
+
+
+def _host_id(cid: int, mappings: list[dict] | None, what: str) -> int:
     """A container uid/gid as the host sees it (the container's user namespace, if any)."""
     for mp in mappings or []:
-        c, h, n = int(mp.get("containerID", 0)), int(mp.get("hostID", 0)), int(mp.get("size", 0))
+        c, h = _id(mp.get("containerID", 0), f"{what} mapping"), _id(mp.get("hostID", 0), f"{what} mapping")
+        n = _id(mp.get("size", 0), f"{what} mapping size")
         if c <= cid < c + n:
-            return h + cid - c
+            return _id(h + cid - c, what)
     if mappings:
-        raise InvalidArgument(f"the container's id {cid} is outside its user namespace's mappings")
+        raise InvalidArgument(f"the container's {what} {cid} is outside its user namespace's mappings")
     return cid
 
 
@@ -140,8 +151,8 @@ def region_owner(config: dict) -> tuple[int, int]:
     """(uid, gid) on the host that the container's process runs as: they get the region."""
     user = config.get("process", {}).get("user", {}) or {}
     linux = config.get("linux", {}) or {}
-    uid, gid = int(user.get("uid", 0)), int(user.get("gid", 0))
-    return _host_id(uid, linux.get("uidMappings")), _host_id(gid, linux.get("gidMappings"))
+    uid, gid = _id(user.get("uid", 0), "uid"), _id(user.get("gid", 0), "gid")
+    return _host_id(uid, linux.get("uidMappings"), "uid"), _host_id(gid, linux.get("gidMappings"), "gid")
 
 
 def give_region(region: Path, uid: int, gid: int) -> None:

@@ -169,3 +169,22 @@ def test_two_containers_created_at_once_do_not_release_each_other(tmp_path, monk
     finally:
         for cid in (a, b):
             (shm_dir / oci.REGION_DIR / f"vmgpu-{oci.guest_name(cid)}").unlink(missing_ok=True)
+
+
+def test_odd_ids_in_a_containers_spec_are_one_clear_error():
+    """uids and gids the kernel would not take, or that are not JSON integers, end the create
+    in one InvalidArgument, never a traceback."""
+    import pytest
+
+    from vmgpu import oci
+    from vmgpu.errors import InvalidArgument
+
+    for user in ({"uid": -1}, {"uid": 1 << 32}, {"gid": "0x10"}, {"uid": 1.5}, {"uid": True}, {"gid": (1 << 32) - 1}):
+        with pytest.raises(InvalidArgument, match="is not an id"):
+            oci.region_owner({"process": {"user": user}})
+    wrap = {"containerID": 0, "hostID": (1 << 32) - 10, "size": 100}
+    with pytest.raises(InvalidArgument, match="is not an id"):
+        oci.region_owner({"process": {"user": {"uid": 50}}, "linux": {"uidMappings": [wrap]}})
+    assert oci.region_owner({"process": {"user": {"uid": 1000, "gid": 100}}}) == (1000, 100)
+    mapped = {"containerID": 0, "hostID": 100000, "size": 65536}
+    assert oci.region_owner({"process": {"user": {"uid": 1000}}, "linux": {"uidMappings": [mapped]}}) == (101000, 0)
