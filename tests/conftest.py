@@ -7,14 +7,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 SHARED_SCHED = Path("/dev/shm/vmgpu")  # the forwarders' default scheduler directory
+SHARED_DIRS = (SHARED_SCHED, Path("/dev/shm/vmgpu-containers"))  # and the container runtime's regions
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_sched_dir(tmp_path_factory):
     """Forwarders the tests start keep their GPUs' scheduler pages in the session's own
     directory, not in the host's; a default directory that only the tests made (forwarders
-    started by a test libvirtd, which does not pass the environment on) goes at the end."""
-    made_here = not SHARED_SCHED.exists()
+    started by a test libvirtd, which does not pass the environment on; the container runtime
+    run by a test dockerd) goes at the end."""
+    made_here = [d for d in SHARED_DIRS if not d.exists()]
     old = os.environ.get("VMGPU_SCHED_DIR")
     if old is None:
         d = tmp_path_factory.mktemp("sched")
@@ -23,13 +25,9 @@ def _private_sched_dir(tmp_path_factory):
     yield
     if old is None:
         os.environ.pop("VMGPU_SCHED_DIR", None)
-    if (
-        made_here
-        and SHARED_SCHED.is_dir()
-        and not SHARED_SCHED.is_symlink()
-        and SHARED_SCHED.stat().st_uid == os.geteuid()
-    ):
-        shutil.rmtree(SHARED_SCHED, ignore_errors=True)
+    for d in made_here:
+        if d.is_dir() and not d.is_symlink() and d.stat().st_uid == os.geteuid():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
