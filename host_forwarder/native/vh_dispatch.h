@@ -262,7 +262,7 @@ void vh_chan_release_all(struct vh_chan *ch);
 void vh_blob_drop(struct vh_chan *ch); /* forget the image being received or used */
 void vh_uuid_str(const uint8_t uuid[16], char *out, size_t len); /* "GPU-xxxxxxxx-..." */
 
-/* A line in the forwarder's log, marked as the others are (forwarder.c). */
+/* A line in the forwarder's log, marked as the others are (supervisor.c). */
 void vh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The memory books (books.c).  reserve: -1 if n more bytes would pass the quota.  settle:

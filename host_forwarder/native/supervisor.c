@@ -31,15 +31,18 @@
 #include <unistd.h>
 
 #include "region_file.h"
-#include "vh_dispatch.h"
+#include "process.h"
 #include "vh_images.h"
 
-static volatile sig_atomic_t stopping;
-static volatile sig_atomic_t region_broken; /* the guest truncated its region file (on_sigbus) */
-static struct vh_fwd F;
-static struct vh_backend BK;
-static void on_signal(int sig);
-static const char *errname(CUresult r);
+volatile sig_atomic_t stopping;
+volatile sig_atomic_t region_broken;
+struct vh_fwd F;
+struct vh_backend BK;
+const char *backend_name;
+
+struct slot {
+	pid_t worker; /* serving this channel, 0 if none */
+};
 
 static void vlogf_(const char *prefix, const char *fmt, va_list ap)
 {
@@ -90,260 +93,6 @@ static int parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
-/* ---- serving one channel --------------------------------------------------------- */
-
-struct slot {
-	pid_t worker; /* serving this channel, 0 if none */
-};
-
-/* Make the guest device a call names current, with the process's context on it (made, and
- * charged, at its first use: CUDA_ERROR_OUT_OF_MEMORY if it does not fit). */
-static CUresult set_device(struct vh_chan *ch, uint16_t dev)
-{
-	int want = dev == VG_NO_DEVICE ? -1 : dev;
-	if (want == ch->cur_dev)
-		return CUDA_SUCCESS;
-	if (want >= ch->fwd->ndev)
-		return CUDA_ERROR_INVALID_DEVICE;
-	CUcontext c = NULL;
-	CUresult r = want >= 0 ? vh_chan_context(ch, want, &c) : CUDA_SUCCESS;
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (ch->backend->cuCtxSetCurrent(c) != CUDA_SUCCESS)
-		return CUDA_ERROR_INVALID_CONTEXT;
-	ch->cur_dev = want;
-	return CUDA_SUCCESS;
-}
-
-/* Stream captures the guest process has open: a context-wide synchronisation then would end
- * them with an error, and their launches put nothing on the GPU anyway. */
-static _Atomic int open_captures;
-
-static int trace_errors; /* VMGPU_TRACE_ERRORS=1: log every call that fails, with its name */
-
-static const char *op_name(uint32_t op)
-{
-	switch (op) {
-#define N(num, name) \
-	case num:    \
-		return #name;
-		VG_OP_NAMES(N)
-#undef N
-	case VG_OP_HELLO: return "hello";
-	case VG_OP_FUNC_PARAMS: return "function parameters";
-	case VG_OP_BLOB_BEGIN: return "module image";
-	case VG_OP_BLOB_PUT: return "module image chunk";
-	case VG_OP_MODULE_FUNCS: return "module functions";
-	default: return "unknown operation";
-	}
-}
-
-int vh_serve(struct vh_chan *ch)
-{
-	const char *te = getenv("VMGPU_TRACE_ERRORS");
-	trace_errors = te && !strcmp(te, "1");
-	int ended = 0;
-	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
-	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
-	uint64_t *rbuf = malloc(rcap), *wbuf = malloc(wcap);
-	if (!rbuf || !wbuf) {
-		free(rbuf);
-		free(wbuf);
-		return 3;
-	}
-	uint64_t last_poll = vmgpu_now_ns();
-	for (;;) {
-		uint16_t type = 0;
-		int n = vmgpu_hchan_recv(ch->hc, rbuf, rcap, &type, 20 * 1000000ull);
-		uint64_t now = vmgpu_now_ns();
-		if (n == -EAGAIN || n == -ETIMEDOUT || now - last_poll > 100 * 1000000ull) {
-			last_poll = now;
-			int ev = vmgpu_hchan_poll(ch->hc, now);
-			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED) {
-				ch->end_event = ev;
-				break;
-			}
-			if (stopping)
-				break;
-			if (n == -EAGAIN || n == -ETIMEDOUT)
-				continue;
-		}
-		if (n < 0 || region_broken) {
-			ended = VH_EXIT_PROTOCOL; /* the guest broke the ring protocol, or its region */
-			break;
-		}
-		if (type != VG_REC_REQUEST || (uint32_t)n < sizeof(struct vg_req_hdr)) {
-			logf_("channel %u: malformed record (type %u, %d bytes); cutting the guest process off", ch->index,
-			      type, n);
-			ended = VH_EXIT_PROTOCOL;
-			break;
-		}
-		struct vg_req_hdr hdr;
-		memcpy(&hdr, rbuf, sizeof hdr);
-		struct vh_rd rd = {(const uint8_t *)rbuf + sizeof hdr, (uint32_t)n - sizeof hdr, 0, 0};
-		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
-		uint64_t t0 = vmgpu_now_ns();
-		CUresult r;
-		/* calls that may take or give memory keep the worker's books to themselves */
-		int books = !vh_op_gpu_work(hdr.op);
-		if (books)
-			pthread_mutex_lock(&ch->books_mu);
-		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
-			/* no device, or its context does not fit the quota */
-		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
-			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
-			vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
-			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
-			vh_sched_exit(sc);
-		} else {
-			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
-		}
-		if (books)
-			pthread_mutex_unlock(&ch->books_mu);
-		if (hdr.op == VG_OP_cuStreamBeginCapture_v2 && r == CUDA_SUCCESS)
-			atomic_fetch_add(&open_captures, 1);
-		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
-			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
-		uint64_t spent = vmgpu_now_ns() - t0;
-		ch->ncalls++;
-		struct vh_stats *st = ch->fwd->stats;
-		atomic_fetch_add_explicit(&st->busy_ns, spent, memory_order_relaxed);
-		atomic_fetch_add_explicit((hdr.flags & VG_F_NOREPLY) ? &st->async_calls : &st->sync_calls, 1,
-					  memory_order_relaxed);
-		if (hdr.op < VH_STATS_OPS) {
-			atomic_fetch_add_explicit(&st->op[hdr.op].count, 1, memory_order_relaxed);
-			atomic_fetch_add_explicit(&st->op[hdr.op].ns, spent, memory_order_relaxed);
-		}
-		if (r != CUDA_SUCCESS && trace_errors)
-			logf_("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
-			      (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
-		if (hdr.flags & VG_F_NOREPLY) {
-			ch->nasync++;
-			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)
-				ch->latched = r;
-			continue;
-		}
-		if (r == CUDA_SUCCESS && ch->latched != CUDA_SUCCESS && vh_op_reports_async(hdr.op)) {
-			r = ch->latched;
-			ch->latched = CUDA_SUCCESS;
-		}
-		if (wr.bad && r == CUDA_SUCCESS)
-			r = CUDA_ERROR_INVALID_VALUE;
-		struct vg_rep_hdr rep = {(int32_t)r, hdr.op, hdr.seq};
-		memcpy(wbuf, &rep, sizeof rep);
-		uint32_t len = sizeof rep + (r == CUDA_SUCCESS ? wr.len : 0);
-		if (vmgpu_hchan_send(ch->hc, VG_REC_REPLY, wbuf, len, 5ull * 1000000000ull) < 0)
-			break;
-	}
-	free(rbuf);
-	free(wbuf);
-	return ended;
-}
-
-static const char *backend_name;
-
-/* ---- the compute scheduler's thread in a worker ------------------------------------ */
-
-static _Atomic int sched_stop;
-static CUcontext *_Atomic sched_ctx; /* the served channel's contexts (ch.ctx) */
-
-static void sched_drain(void *arg, int dev)
-{
-	(void)arg;
-	if (atomic_load(&open_captures))
-		return; /* the turn ends without waiting for other streams: rare and short */
-	CUcontext *ctx = atomic_load(&sched_ctx);
-	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
-	if (c)
-		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
-}
-
-static void *sched_thread(void *arg)
-{
-	struct vh_chan *ch = arg;
-	unsigned ticks = 0;
-	/* this thread's drains must not break a stream capture the guest has open in the serving
-	 * thread (a global-mode capture forbids other threads' synchronisation unless relaxed) */
-	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
-	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
-	while (!atomic_load(&sched_stop)) {
-		for (int d = 0; d < F.ndev; d++)
-			vh_sched_tick(&F.sched[d], sched_drain, NULL);
-		if (++ticks % 200 == 0) /* every 50 ms */
-			vh_books_refresh(ch);
-		struct timespec t = {0, 250 * 1000};
-		nanosleep(&t, NULL);
-	}
-	return NULL;
-}
-
-/* In a worker: open the driver, serve one channel, free what the guest process held. */
-static int worker(uint32_t idx, pid_t supervisor)
-{
-	char err[512];
-	signal(SIGTERM, on_signal);
-	/* a worker does not outlive its supervisor: the guest must see the host go */
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != supervisor)
-		return 3;
-	signal(SIGINT, SIG_IGN); /* the supervisor decides when workers stop */
-	if (vh_backend_load(&BK, backend_name, err, sizeof err)) {
-		logf_("channel %u: %s", idx, err);
-		return 3;
-	}
-	const struct vh_backend *B = &BK;
-	if (B->cuInit(0) != CUDA_SUCCESS)
-		return 3;
-	/* nothing is made on a GPU here: a context is made, after its charge, at the guest
-	 * process's first call that needs that GPU (context.c) */
-	for (int i = 0; i < F.ndev; i++)
-		if (B->cuDeviceGet(&F.dev[i], F.ordinal[i]) != CUDA_SUCCESS)
-			return 3;
-
-	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1,
-			     .charged = F.charged[idx], .books_mu = PTHREAD_MUTEX_INITIALIZER};
-	atomic_fetch_add(&F.stats->processes, 1);
-	logf_("channel %u: guest process connected (generation %u), served by worker %d", idx,
-	      vmgpu_hchan_generation(ch.hc), (int)getpid());
-	atomic_store(&sched_ctx, ch.ctx);
-	pthread_t st; /* (the supervisor counted this worker into the GPUs' scheduler slots) */
-	int sched_on = pthread_create(&st, NULL, sched_thread, &ch) == 0;
-	int ended = vh_serve(&ch);
-	if (sched_on) {
-		atomic_store(&sched_stop, 1);
-		pthread_join(st, NULL);
-	}
-	/* stop counting in hand-overs: one under way completes without this worker (whoever is
-	 * left, or the supervisor, completes it) */
-	for (int d = 0; d < F.ndev; d++) {
-		if (atomic_exchange(&F.sched_joined[idx][d], 0))
-			vh_sched_worker(&F.sched[d], 0);
-		vh_sched_unheld(&F.sched[d]);
-	}
-	uint64_t calls = ch.ncalls, async = ch.nasync;
-	atomic_store(&sched_ctx, NULL);
-	vh_chan_release_all(&ch);
-	/* its contexts go now, and with them all it held on the GPUs: the books take that back
-	 * here, so that the guest's next process finds its memory free (the supervisor's reap is
-	 * the backstop for a worker that cannot say so) */
-	pthread_mutex_lock(&ch.books_mu);
-	int had = vh_chan_contexts_drop(&ch);
-	for (int d = 0; d < F.ndev; d++) {
-		if (had && vh_books_metered_dev(&ch, d))
-			vh_books_settle(&ch, d);
-		else
-			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
-	}
-	pthread_mutex_unlock(&ch.books_mu);
-	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",
-					   "it is gone or cut off", "it was refused"};
-	logf_("channel %u: closed after %llu calls (%s; %llu async; module images: %llu sent, %llu from cache); its "
-	      "memory and objects are freed",
-	      idx, (unsigned long long)calls,
-	      ended ? "it broke the protocol" : stopping ? "the forwarder stops" : ch.end_event >= 0 && ch.end_event <= 5 ? why[ch.end_event] : "?", (unsigned long long)async, (unsigned long long)ch.images_sent,
-	      (unsigned long long)ch.images_cached);
-	return ended;
-}
 
 /* ---- the region file: the host survives whatever the guest does to it ------------- */
 
@@ -412,7 +161,7 @@ static int die(const char *fmt, ...)
 	return 1;
 }
 
-static const char *errname(CUresult r)
+const char *errname(CUresult r)
 {
 	const char *s = NULL;
 	if (BK.cuGetErrorName(r, &s) != CUDA_SUCCESS || !s)
@@ -542,7 +291,7 @@ static int map_stats(const char *path)
 	return 0;
 }
 
-static void on_signal(int sig)
+void on_signal(int sig)
 {
 	(void)sig;
 	stopping = 1;
@@ -652,7 +401,7 @@ static void start_worker(struct slot *slots, uint32_t i)
 	}
 	pid_t self = getpid(), pid = fork();
 	if (pid == 0)
-		_exit(worker(i, self));
+		_exit(vh_worker(i, self));
 	if (pid > 0) {
 		slots[i].worker = pid;
 		return;

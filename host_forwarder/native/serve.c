@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Serving one channel, in a worker: each request is copied out of the ring, its guest device
+ * made current (with the process's context, charged at its first use), passed through the
+ * GPU's compute gate if it puts work on the GPU, dispatched, and answered; an async call's
+ * first failure is kept for the next synchronising call, as CUDA does.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "process.h"
+
+/* Make the guest device a call names current, with the process's context on it (made, and
+ * charged, at its first use: CUDA_ERROR_OUT_OF_MEMORY if it does not fit). */
+static CUresult set_device(struct vh_chan *ch, uint16_t dev)
+{
+	int want = dev == VG_NO_DEVICE ? -1 : dev;
+	if (want == ch->cur_dev)
+		return CUDA_SUCCESS;
+	if (want >= ch->fwd->ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	CUcontext c = NULL;
+	CUresult r = want >= 0 ? vh_chan_context(ch, want, &c) : CUDA_SUCCESS;
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (ch->backend->cuCtxSetCurrent(c) != CUDA_SUCCESS)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	ch->cur_dev = want;
+	return CUDA_SUCCESS;
+}
+
+/* Stream captures the guest process has open: a context-wide synchronisation then would end
+ * them with an error, and their launches put nothing on the GPU anyway. */
+_Atomic int open_captures;
+
+static int trace_errors; /* VMGPU_TRACE_ERRORS=1: log every call that fails, with its name */
+
+static const char *op_name(uint32_t op)
+{
+	switch (op) {
+#define N(num, name) \
+	case num:    \
+		return #name;
+		VG_OP_NAMES(N)
+#undef N
+	case VG_OP_HELLO: return "hello";
+	case VG_OP_FUNC_PARAMS: return "function parameters";
+	case VG_OP_BLOB_BEGIN: return "module image";
+	case VG_OP_BLOB_PUT: return "module image chunk";
+	case VG_OP_MODULE_FUNCS: return "module functions";
+	default: return "unknown operation";
+	}
+}
+
+int vh_serve(struct vh_chan *ch)
+{
+	const char *te = getenv("VMGPU_TRACE_ERRORS");
+	trace_errors = te && !strcmp(te, "1");
+	int ended = 0;
+	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
+	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
+	uint64_t *rbuf = malloc(rcap), *wbuf = malloc(wcap);
+	if (!rbuf || !wbuf) {
+		free(rbuf);
+		free(wbuf);
+		return 3;
+	}
+	uint64_t last_poll = vmgpu_now_ns();
+	for (;;) {
+		uint16_t type = 0;
+		int n = vmgpu_hchan_recv(ch->hc, rbuf, rcap, &type, 20 * 1000000ull);
+		uint64_t now = vmgpu_now_ns();
+		if (n == -EAGAIN || n == -ETIMEDOUT || now - last_poll > 100 * 1000000ull) {
+			last_poll = now;
+			int ev = vmgpu_hchan_poll(ch->hc, now);
+			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED) {
+				ch->end_event = ev;
+				break;
+			}
+			if (stopping)
+				break;
+			if (n == -EAGAIN || n == -ETIMEDOUT)
+				continue;
+		}
+		if (n < 0 || region_broken) {
+			ended = VH_EXIT_PROTOCOL; /* the guest broke the ring protocol, or its region */
+			break;
+		}
+		if (type != VG_REC_REQUEST || (uint32_t)n < sizeof(struct vg_req_hdr)) {
+			vh_log("channel %u: malformed record (type %u, %d bytes); cutting the guest process off", ch->index,
+			      type, n);
+			ended = VH_EXIT_PROTOCOL;
+			break;
+		}
+		struct vg_req_hdr hdr;
+		memcpy(&hdr, rbuf, sizeof hdr);
+		struct vh_rd rd = {(const uint8_t *)rbuf + sizeof hdr, (uint32_t)n - sizeof hdr, 0, 0};
+		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
+		uint64_t t0 = vmgpu_now_ns();
+		CUresult r;
+		/* calls that may take or give memory keep the worker's books to themselves */
+		int books = !vh_op_gpu_work(hdr.op);
+		if (books)
+			pthread_mutex_lock(&ch->books_mu);
+		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
+			/* no device, or its context does not fit the quota */
+		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
+			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
+			vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			vh_sched_exit(sc);
+		} else {
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+		}
+		if (books)
+			pthread_mutex_unlock(&ch->books_mu);
+		if (hdr.op == VG_OP_cuStreamBeginCapture_v2 && r == CUDA_SUCCESS)
+			atomic_fetch_add(&open_captures, 1);
+		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
+			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
+		uint64_t spent = vmgpu_now_ns() - t0;
+		ch->ncalls++;
+		struct vh_stats *st = ch->fwd->stats;
+		atomic_fetch_add_explicit(&st->busy_ns, spent, memory_order_relaxed);
+		atomic_fetch_add_explicit((hdr.flags & VG_F_NOREPLY) ? &st->async_calls : &st->sync_calls, 1,
+					  memory_order_relaxed);
+		if (hdr.op < VH_STATS_OPS) {
+			atomic_fetch_add_explicit(&st->op[hdr.op].count, 1, memory_order_relaxed);
+			atomic_fetch_add_explicit(&st->op[hdr.op].ns, spent, memory_order_relaxed);
+		}
+		if (r != CUDA_SUCCESS && trace_errors)
+			vh_log("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
+			      (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
+		if (hdr.flags & VG_F_NOREPLY) {
+			ch->nasync++;
+			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)
+				ch->latched = r;
+			continue;
+		}
+		if (r == CUDA_SUCCESS && ch->latched != CUDA_SUCCESS && vh_op_reports_async(hdr.op)) {
+			r = ch->latched;
+			ch->latched = CUDA_SUCCESS;
+		}
+		if (wr.bad && r == CUDA_SUCCESS)
+			r = CUDA_ERROR_INVALID_VALUE;
+		struct vg_rep_hdr rep = {(int32_t)r, hdr.op, hdr.seq};
+		memcpy(wbuf, &rep, sizeof rep);
+		uint32_t len = sizeof rep + (r == CUDA_SUCCESS ? wr.len : 0);
+		if (vmgpu_hchan_send(ch->hc, VG_REC_REPLY, wbuf, len, 5ull * 1000000000ull) < 0)
+			break;
+	}
+	free(rbuf);
+	free(wbuf);
+	return ended;
+}
+

@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A worker: the forked process that serves one guest process's channel.  It opens the driver,
+ * makes nothing on a GPU until its guest process asks (context.c), serves the channel on one
+ * thread (serve.c) while a second thread takes part in the GPUs' compute scheduling and
+ * refreshes the memory books, and at the end destroys what the guest process held and takes
+ * it off the books itself.  The supervisor counted it into the scheduler before forking it.
+ */
+#include <signal.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "process.h"
+
+/* ---- the compute scheduler's thread in a worker ------------------------------------ */
+
+static _Atomic int sched_stop;
+static CUcontext *_Atomic sched_ctx; /* the served channel's contexts (ch.ctx) */
+
+static void sched_drain(void *arg, int dev)
+{
+	(void)arg;
+	if (atomic_load(&open_captures))
+		return; /* the turn ends without waiting for other streams: rare and short */
+	CUcontext *ctx = atomic_load(&sched_ctx);
+	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
+	if (c)
+		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
+}
+
+static void *sched_thread(void *arg)
+{
+	struct vh_chan *ch = arg;
+	unsigned ticks = 0;
+	/* this thread's drains must not break a stream capture the guest has open in the serving
+	 * thread (a global-mode capture forbids other threads' synchronisation unless relaxed) */
+	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
+	while (!atomic_load(&sched_stop)) {
+		for (int d = 0; d < F.ndev; d++)
+			vh_sched_tick(&F.sched[d], sched_drain, NULL);
+		if (++ticks % 200 == 0) /* every 50 ms */
+			vh_books_refresh(ch);
+		struct timespec t = {0, 250 * 1000};
+		nanosleep(&t, NULL);
+	}
+	return NULL;
+}
+
+/* In a worker: open the driver, serve one channel, free what the guest process held. */
+int vh_worker(uint32_t idx, pid_t supervisor)
+{
+	char err[512];
+	signal(SIGTERM, on_signal);
+	/* a worker does not outlive its supervisor: the guest must see the host go */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != supervisor)
+		return 3;
+	signal(SIGINT, SIG_IGN); /* the supervisor decides when workers stop */
+	if (vh_backend_load(&BK, backend_name, err, sizeof err)) {
+		vh_log("channel %u: %s", idx, err);
+		return 3;
+	}
+	const struct vh_backend *B = &BK;
+	if (B->cuInit(0) != CUDA_SUCCESS)
+		return 3;
+	/* nothing is made on a GPU here: a context is made, after its charge, at the guest
+	 * process's first call that needs that GPU (context.c) */
+	for (int i = 0; i < F.ndev; i++)
+		if (B->cuDeviceGet(&F.dev[i], F.ordinal[i]) != CUDA_SUCCESS)
+			return 3;
+
+	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1,
+			     .charged = F.charged[idx], .books_mu = PTHREAD_MUTEX_INITIALIZER};
+	atomic_fetch_add(&F.stats->processes, 1);
+	vh_log("channel %u: guest process connected (generation %u), served by worker %d", idx,
+	      vmgpu_hchan_generation(ch.hc), (int)getpid());
+	atomic_store(&sched_ctx, ch.ctx);
+	pthread_t st; /* (the supervisor counted this worker into the GPUs' scheduler slots) */
+	int sched_on = pthread_create(&st, NULL, sched_thread, &ch) == 0;
+	int ended = vh_serve(&ch);
+	if (sched_on) {
+		atomic_store(&sched_stop, 1);
+		pthread_join(st, NULL);
+	}
+	/* stop counting in hand-overs: one under way completes without this worker (whoever is
+	 * left, or the supervisor, completes it) */
+	for (int d = 0; d < F.ndev; d++) {
+		if (atomic_exchange(&F.sched_joined[idx][d], 0))
+			vh_sched_worker(&F.sched[d], 0);
+		vh_sched_unheld(&F.sched[d]);
+	}
+	uint64_t calls = ch.ncalls, async = ch.nasync;
+	atomic_store(&sched_ctx, NULL);
+	vh_chan_release_all(&ch);
+	/* its contexts go now, and with them all it held on the GPUs: the books take that back
+	 * here, so that the guest's next process finds its memory free (the supervisor's reap is
+	 * the backstop for a worker that cannot say so) */
+	pthread_mutex_lock(&ch.books_mu);
+	int had = vh_chan_contexts_drop(&ch);
+	for (int d = 0; d < F.ndev; d++) {
+		if (had && vh_books_metered_dev(&ch, d))
+			vh_books_settle(&ch, d);
+		else
+			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
+	}
+	pthread_mutex_unlock(&ch.books_mu);
+	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",
+					   "it is gone or cut off", "it was refused"};
+	const char *reason = ended      ? "it broke the protocol"
+			     : stopping ? "the forwarder stops"
+			     : ch.end_event >= 0 && ch.end_event <= 5 ? why[ch.end_event]
+								      : "?";
+	vh_log("channel %u: closed after %llu calls (%s; %llu async; module images: %llu sent, %llu from cache); "
+	       "its memory and objects are freed",
+	       idx, (unsigned long long)calls, reason, (unsigned long long)async,
+	       (unsigned long long)ch.images_sent, (unsigned long long)ch.images_cached);
+	return ended;
+}
+
