@@ -30,6 +30,10 @@ HOOKS = Path("/etc/libvirt/hooks")
 INVENTORY = '[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-0000000000e2"\nname = "e2e"\nmemory = "1G"\n'
 RUN = "/bin/runas 1000 1000"
 SCRIPT = f"""
+mkdir -p /etc
+vmgpu-guest-agent setup || echo "VMGPU-E2E agent failed"
+echo "VMGPU-E2E default $(ls -lnL /dev/vmgpu/region | cut -c1-10) gid $(ls -lnL /dev/vmgpu/region | tr -s ' ' | cut -d' ' -f4) $(grep '^vmgpu:' /etc/group)"
+{RUN} /bin/hold 0 </dev/null > /dev/null 2>&1; echo "VMGPU-E2E default-other rc=$?"
 vmgpu-guest-agent setup --mode 0660 --gid 1000 || echo "VMGPU-E2E agent failed"
 vmgpu-guest-agent reap &
 {RUN} /bin/drv_api /vadd.ptx 24 > /tmp/o 2>&1; echo "VMGPU-E2E drv_api rc=$?"; cat /tmp/o
@@ -141,6 +145,10 @@ def test_cuda_programs_in_a_vm_run_through_the_host_forwarder(host, initrd):
     took = time.monotonic() - t0
     print(out, f"\n(guest ran {took:.1f} s)")
     for want in (
+        # the agent's default: the region is its group's (vmgpu, made in a guest without it), 0660
+        "created group vmgpu (gid 999) in /etc/group",
+        "VMGPU-E2E default -rw-rw---- gid 999 vmgpu:x:999:",
+        "VMGPU-E2E default-other rc=1",  # uid/gid 1000, not in the group: no GPU
         "vmgpu region: /dev/vmgpu/region",
         "VMGPU-E2E drv_api rc=0",
         "PASSED: 0 unexpected",
