@@ -32,7 +32,8 @@ RUN = "/bin/runas 1000 1000"
 SCRIPT = f"""
 mkdir -p /etc
 vmgpu-guest-agent setup || echo "VMGPU-E2E agent failed"
-echo "VMGPU-E2E default $(ls -lnL /dev/vmgpu/region | cut -c1-10) gid $(ls -lnL /dev/vmgpu/region | tr -s ' ' | cut -d' ' -f4) $(grep '^vmgpu:' /etc/group)"
+set -- $(ls -lnL /dev/vmgpu/region)
+echo "VMGPU-E2E default $1 gid $4 $(grep '^vmgpu:' /etc/group)"
 {RUN} /bin/hold 0 </dev/null > /dev/null 2>&1; echo "VMGPU-E2E default-other rc=$?"
 vmgpu-guest-agent setup --mode 0660 --gid 1000 || echo "VMGPU-E2E agent failed"
 vmgpu-guest-agent reap &
