@@ -286,17 +286,10 @@ static CUresult blob_take(struct vh_chan *ch, const void **image)
 {
 	static unsigned logged; /* a guest sending bad images does not flood the log */
 	char why[200];
-	const uint8_t *bytes;
-	uint64_t size;
-	if (ch->image) {
-		bytes = vh_image_bytes(ch->image);
-		size = ch->blob_size;
-	} else {
-		if (!ch->blob || ch->blob_filled != ch->blob_size)
-			return CUDA_ERROR_INVALID_IMAGE;
-		bytes = ch->blob;
-		size = ch->blob_size;
-	}
+	if (!ch->image && (!ch->blob || ch->blob_filled != ch->blob_size))
+		return CUDA_ERROR_INVALID_IMAGE;
+	const uint8_t *bytes = ch->image ? vh_image_bytes(ch->image) : ch->blob;
+	uint64_t size = ch->blob_size;
 	if (vh_image_check(bytes, size, why, sizeof why)) {
 		if (logged < 16) {
 			logged++;

@@ -49,22 +49,25 @@ static int refuse_link(const char *path)
 	return -1;
 }
 
+int vh_open_ours(const char *path, int flags)
+{
+	int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return refuse_link(path);
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !ours(&st, path, 0)) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
 int vh_region_open(const char *path, uint64_t create)
 {
-	if (!create) {
-		int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-		if (fd < 0)
-			return refuse_link(path);
-		struct stat st;
-		/* group and others: the ACL mask shows there when guests are given access */
-		if (fstat(fd, &st) != 0 || !ours(&st, path, 0)) {
-			int e = errno;
-			close(fd);
-			errno = e;
-			return -1;
-		}
-		return fd;
-	}
+	if (!create) /* no mode bits checked: the ACL mask shows in group's when guests are given access */
+		return vh_open_ours(path, O_RDWR);
 	char dir[4096], tmp[4096 + 64];
 	const char *slash = strrchr(path, '/');
 	if (!slash)

@@ -19,6 +19,10 @@
  *   (vmgpu gives guests access by ACL entries, so the owner stays root), not a link. */
 int vh_region_open(const char *path, uint64_t create);
 
+/* path opened with flags (O_CREAT: made 0600), never through a link, and only if it is a
+ * regular file of this process's user with one link (its mode is not checked). */
+int vh_open_ours(const char *path, int flags);
+
 /* A directory only this process's user can change: made (0700) if missing; refused if it is a
  * link, not a directory, not ours, or writable by group or others.  Returns an O_DIRECTORY fd. */
 int vh_private_dir(const char *path);

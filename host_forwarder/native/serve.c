@@ -88,7 +88,7 @@ int vh_serve(struct vh_chan *ch)
 		}
 		if (type != VG_REC_REQUEST || (uint32_t)n < sizeof(struct vg_req_hdr)) {
 			vh_log("channel %u: malformed record (type %u, %d bytes); cutting the guest process off", ch->index,
-			      type, n);
+			       type, n);
 			ended = VH_EXIT_PROTOCOL;
 			break;
 		}
@@ -130,7 +130,7 @@ int vh_serve(struct vh_chan *ch)
 		}
 		if (r != CUDA_SUCCESS && trace_errors)
 			vh_log("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
-			      (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
+			       (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
 		if (hdr.flags & VG_F_NOREPLY) {
 			ch->nasync++;
 			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)

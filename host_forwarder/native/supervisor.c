@@ -17,14 +17,12 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -50,15 +48,6 @@ static void vlogf_(const char *prefix, const char *fmt, va_list ap)
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	/* the simulated backend says so on every line */
 	fprintf(stderr, "vmgpu-forwarder[%s]%s %s%s\n", F.guest, BK.simulated ? " SIMULATED (no GPU):" : "", prefix, msg);
-}
-
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vlogf_("", fmt, ap);
-	va_end(ap);
 }
 
 void vh_log(const char *fmt, ...)
@@ -136,15 +125,15 @@ static int region_restore(int fd)
 	int shrunk = fstat(fd, &st) != 0 || (uint64_t)st.st_size < F.region_size || region_broken;
 	if (!shrunk && (uint64_t)st.st_size == F.region_size)
 		return 0;
-	logf_("the guest changed the size of its region file (%lld bytes; it is %llu): %s", (long long)st.st_size,
-	      (unsigned long long)F.region_size,
-	      shrunk ? "restored and formatted afresh; its processes lose their GPU" : "cut back");
+	vh_log("the guest changed the size of its region file (%lld bytes; it is %llu): %s", (long long)st.st_size,
+	       (unsigned long long)F.region_size,
+	       shrunk ? "restored and formatted afresh; its processes lose their GPU" : "cut back");
 	if (ftruncate(fd, (off_t)F.region_size) != 0)
-		logf_("cannot restore the region file's size: %s", strerror(errno));
+		vh_log("cannot restore the region file's size: %s", strerror(errno));
 	if (!shrunk)
 		return 0;
 	if (mmap(F.region, F.region_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
-		logf_("cannot map the region again: %s", strerror(errno));
+		vh_log("cannot map the region again: %s", strerror(errno));
 	region_broken = 0;
 	return 1;
 }
@@ -265,13 +254,8 @@ static int map_stats(const char *path)
 	if (path) {
 		/* never through a link, never a file someone else made (vmgpud keeps it in its own
 		 * private directory) */
-		struct stat st;
-		fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-		if (fd < 0)
-			return die("--stats %s: %s", path, strerror(errno));
-		if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1)
-			return die("--stats %s: not a regular file of this user's with one link: refusing it", path);
-		if (ftruncate(fd, 0) != 0 || ftruncate(fd, sizeof *F.stats) != 0)
+		fd = vh_open_ours(path, O_RDWR | O_CREAT);
+		if (fd < 0 || ftruncate(fd, 0) != 0 || ftruncate(fd, sizeof *F.stats) != 0)
 			return die("--stats %s: %s", path, strerror(errno));
 		flags = MAP_SHARED;
 	}
@@ -361,11 +345,11 @@ static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, 
 	}
 	fence[i] = 1;
 	if (WIFSIGNALED(status))
-		logf_("channel %u: worker %d died (signal %d); the guest process loses its GPU", i, (int)pid,
-		      WTERMSIG(status));
+		vh_log("channel %u: worker %d died (signal %d); the guest process loses its GPU", i, (int)pid,
+		       WTERMSIG(status));
 	else if (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != VH_EXIT_PROTOCOL)
-		logf_("channel %u: worker %d failed (exit %d); the guest process loses its GPU", i, (int)pid,
-		      WEXITSTATUS(status));
+		vh_log("channel %u: worker %d failed (exit %d); the guest process loses its GPU", i, (int)pid,
+		       WEXITSTATUS(status));
 }
 
 /* Reap the workers that ended (waiting for them if block).  Returns how many are left. */
@@ -391,6 +375,13 @@ static void reap_all(struct slot *slots, uint32_t n, uint8_t *fence)
 		;
 }
 
+static void signal_workers(const struct slot *slots, uint32_t n, int sig)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (slots[i].worker)
+			kill(slots[i].worker, sig);
+}
+
 /* A worker for the guest process that opened channel i.  It is counted into its GPUs'
  * scheduler slots here, before it exists, so that no way it can end leaves a count behind. */
 static void start_worker(struct slot *slots, uint32_t i)
@@ -406,7 +397,7 @@ static void start_worker(struct slot *slots, uint32_t i)
 		slots[i].worker = pid;
 		return;
 	}
-	logf_("channel %u: cannot start a worker: %s", i, strerror(errno));
+	vh_log("channel %u: cannot start a worker: %s", i, strerror(errno));
 	for (int d = 0; d < F.ndev; d++)
 		if (atomic_exchange(&F.sched_joined[i][d], 0))
 			vh_sched_worker(&F.sched[d], -1);
@@ -531,9 +522,9 @@ int main(int argc, char **argv)
 				   "serve it. Load nvidia-uvm with uvm_disable_hmm=1, or pass --allow-pageable-access "
 				   "to accept that risk",
 				   d);
-		logf_("warning: GPU %d: kernels reach pageable host memory (HMM/ATS) and --allow-pageable-access "
-		      "is given: a guest's kernel can read and write its worker",
-		      d);
+		vh_log("warning: GPU %d: kernels reach pageable host memory (HMM/ATS) and --allow-pageable-access "
+		       "is given: a guest's kernel can read and write its worker",
+		       d);
 	}
 	if (map_stats(stats_path))
 		return 1;
@@ -568,9 +559,9 @@ int main(int argc, char **argv)
 	}
 
 	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
-	logf_("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", region,
-	      (unsigned long long)(F.region_size >> 20), L->nchannels, F.ndev, F.info[0].name,
-	      (unsigned long long)(F.quota[0] >> 20), F.driver_version);
+	vh_log("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", region,
+	       (unsigned long long)(F.region_size >> 20), L->nchannels, F.ndev, F.info[0].name,
+	       (unsigned long long)(F.quota[0] >> 20), F.driver_version);
 
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGTERM, &sa, NULL);
@@ -597,19 +588,17 @@ int main(int argc, char **argv)
 		vmgpu_host_republish(F.host); /* what the host owns in the header, put back if scribbled */
 		if (region_restore(fd)) {
 			/* every guest process loses its channel; the region starts again, empty */
-			for (uint32_t i = 0; i < L->nchannels; i++)
-				if (slots[i].worker)
-					kill(slots[i].worker, SIGKILL);
+			signal_workers(slots, L->nchannels, SIGKILL);
 			reap_all(slots, L->nchannels, fence);
 			vmgpu_host_detach(F.host);
 			F.host = NULL;
 			if (vmgpu_region_format(F.region, F.region_size, &params, F.guest) != 0 ||
 			    vmgpu_host_attach(F.region, F.region_size, &params, &wopts, &F.host) != 0) {
-				logf_("cannot format the region again: %s", vmgpu_shm_errmsg());
+				vh_log("cannot format the region again: %s", vmgpu_shm_errmsg());
 				break;
 			}
 			L = vmgpu_host_layout(F.host);
-			logf_("the region is formatted afresh and served again");
+			vh_log("the region is formatted afresh and served again");
 			memset(fence, 0, L->nchannels);
 		}
 		reap(slots, L->nchannels, fence, 0);
@@ -638,10 +627,8 @@ int main(int argc, char **argv)
 		struct timespec ts = {0, 2 * 1000000};
 		nanosleep(&ts, NULL);
 	}
-	logf_("stopping");
-	for (uint32_t i = 0; i < L->nchannels; i++)
-		if (slots[i].worker)
-			kill(slots[i].worker, SIGTERM);
+	vh_log("stopping");
+	signal_workers(slots, L->nchannels, SIGTERM);
 	/* workers finish their call and free what their process held; one that does not within
 	 * a few seconds (stuck in the driver) is killed */
 	uint64_t deadline = vmgpu_now_ns() + 5000000000ull;
@@ -649,9 +636,7 @@ int main(int argc, char **argv)
 		struct timespec ts = {0, 5 * 1000000};
 		nanosleep(&ts, NULL);
 	}
-	for (uint32_t i = 0; i < L->nchannels; i++)
-		if (slots[i].worker)
-			kill(slots[i].worker, SIGKILL);
+	signal_workers(slots, L->nchannels, SIGKILL);
 	reap_all(slots, L->nchannels, fence);
 	close(fd);
 	free(slots);

@@ -58,7 +58,6 @@ struct vh_fwd {
 	int registered_dev; /* in its context on this GPU */
 	int ndev;
 	CUdevice dev[VG_MAX_DEVICES];
-	CUcontext ctx[VG_MAX_DEVICES];
 	int ordinal[VG_MAX_DEVICES];     /* host device index of each guest device */
 	uint64_t quota[VG_MAX_DEVICES];
 	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */

@@ -75,7 +75,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 			     .charged = F.charged[idx], .books_mu = PTHREAD_MUTEX_INITIALIZER};
 	atomic_fetch_add(&F.stats->processes, 1);
 	vh_log("channel %u: guest process connected (generation %u), served by worker %d", idx,
-	      vmgpu_hchan_generation(ch.hc), (int)getpid());
+	       vmgpu_hchan_generation(ch.hc), (int)getpid());
 	atomic_store(&sched_ctx, ch.ctx);
 	pthread_t st; /* (the supervisor counted this worker into the GPUs' scheduler slots) */
 	int sched_on = pthread_create(&st, NULL, sched_thread, &ch) == 0;
