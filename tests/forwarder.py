@@ -32,17 +32,40 @@ __all__ = [
 ]
 
 
+ASAN = ROOT / "build" / "asan"
+
+
 @contextlib.contextmanager
-def forwarder(region: Path, backend: str = "sim", mem: str | None = None, size: str = "256M", extra=()):
-    """A forwarder serving a fresh region; yields it (its .proc is the process)."""
+def forwarder(
+    region: Path, backend: str = "sim", mem: str | None = None, size: str = "256M", extra=(), asan: bool = False
+):
+    """A forwarder serving a fresh region; yields it (its .proc is the process).  asan: the
+    forwarder and simulated driver of the ASan/UBSan build, whose log must end free of
+    sanitizer reports."""
     fwd = Forwarder(region, backend=backend, mem=mem, size=size, extra=tuple(extra))
-    fwd.start()
+    if asan:
+        if not (ASAN / "vmgpu-forwarder").exists():
+            raise RuntimeError("build/asan is missing: run `make native-asan`")
+        old = os.environ.get("VMGPU_LIBDIR")
+        os.environ["VMGPU_LIBDIR"] = str(ASAN)  # only while it starts: guests use build/native
+        try:
+            fwd.start()
+        finally:
+            if old is None:
+                os.environ.pop("VMGPU_LIBDIR")
+            else:
+                os.environ["VMGPU_LIBDIR"] = old
+    else:
+        fwd.start()
     try:
         yield fwd
     finally:
         fwd.stop()
         if region.exists():
             region.unlink()
+    if asan:
+        text = fwd.log()
+        assert "AddressSanitizer" not in text and "runtime error" not in text, text
 
 
 def log_text(fwd: Forwarder) -> str:

@@ -178,29 +178,15 @@ class SocketClaim:
         self.bound: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket this vmgpud made
 
     def take(self) -> SocketClaim:
-        d = self.path.parent
+        # root's alone: the forwarders' logs and statistics are made in the state directory too
+        d = files.private_dir(self.path.parent)
         try:
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            st = os.stat(d)
+            self.fd = files.open_ours(self.lock_path, os.O_RDWR | os.O_CREAT, others=0)
+        except errors.UnsafePath as e:
+            raise errors.VmgpuError(f"{self.lock_path} is not vmgpud's lock file: {e.message}") from None
         except OSError as e:
-            raise errors.VmgpuError(f"cannot make vmgpud's socket directory {d}: {e.strerror}") from None
-        if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise errors.VmgpuError(
-                f"vmgpud's socket directory {d} can be written by other users: "
-                f"make it owned by root and mode 0700 (or choose another --socket)"
-            )
-        try:
-            self.fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise errors.VmgpuError(
-                f"cannot open vmgpud's lock file {self.lock_path}: {e.strerror} (remove it if it is a link)"
-            ) from None
-        st = os.fstat(self.fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
-            self.release()
-            raise errors.VmgpuError(
-                f"{self.lock_path} is not vmgpud's lock file (not a plain file of its own with one name): remove it"
-            )
+            raise errors.VmgpuError(f"cannot open vmgpud's lock file {self.lock_path}: {e.strerror}") from None
+        os.set_blocking(self.fd, True)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -257,8 +243,6 @@ def serve(
     after stopping the server).  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any
     free port, None: no endpoint); the HTTP server is server.metrics_http."""
     socket_path, db_path = Path(socket_path), Path(db_path)
-    # root's alone: the forwarders' logs and statistics are made in the state directory
-    files.private_dir(socket_path.parent)
     claim = SocketClaim(socket_path).take()
     try:
         try:

@@ -3,11 +3,10 @@ on the simulated backend with the ASan/UBSan forwarder: quotas hold for processe
 start, memory comes back at once, every way a worker ends leaves the GPU's scheduler
 consistent, a dead guest process does not set off a storm of workers, and the host survives
 a guest truncating or growing its region file.  The same quota proof on a GPU, against NVML,
-is tests/gpu/test_remoting_gpu.py::test_idle_processes_never_pass_the_quota_by_nvml."""
+is tests/gpu/test_boundary_gpu.py::test_idle_processes_never_pass_the_quota_by_nvml."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -16,31 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, ROOT, guest_env, run_guest, wait_for
+from tests.forwarder import ASAN, NATIVE, forwarder, guest_env, run_guest, wait_for
 from vmgpu import stats
 from vmgpu.forwarder import Forwarder
-
-ASAN = ROOT / "build" / "asan"
-
-
-@contextlib.contextmanager
-def asan_forwarder(region: Path, monkeypatch, **kw):
-    """A forwarder (and simulated driver) of the ASan/UBSan build serving a fresh region; its
-    log must be free of sanitizer reports at the end."""
-    if not (ASAN / "vmgpu-forwarder").exists():
-        pytest.fail("build/asan is missing: run `make native-asan`")
-    fwd = Forwarder(region, backend="sim", **kw)
-    with monkeypatch.context() as m:
-        m.setenv("VMGPU_LIBDIR", str(ASAN))
-        fwd.start()
-    try:
-        yield fwd
-    finally:
-        fwd.stop()
-        if region.exists():
-            region.unlink()
-    text = fwd.log()
-    assert "AddressSanitizer" not in text and "runtime error" not in text, text
 
 
 def _holder(region: Path, mib: int) -> subprocess.Popen:
@@ -79,7 +56,7 @@ def test_guest_processes_that_do_not_fit_hold_nothing_on_the_gpu(shm_path, tmp_p
     monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")
     monkeypatch.setenv("VMGPU_SIM_USAGE_DIR", str(usage))
     page, quota = tmp_path / "stats", 100 << 20
-    with asan_forwarder(shm_path, monkeypatch, mem="100M", extra=("--stats", str(page), "--no-sched")) as fwd:
+    with forwarder(shm_path, asan=True, mem="100M", extra=("--stats", str(page), "--no-sched")) as fwd:
         procs = [_holder(shm_path, 1) for _ in range(16)]
         try:
             first = [p.stdout.readline().split()[0] for p in procs]
@@ -101,7 +78,7 @@ def test_memory_a_process_gave_back_is_free_for_the_next_one_at_once(shm_path, m
     """A process takes most of the quota and exits; the next, started at once, takes it again,
     eight times over (the books used to count the first until its worker was reaped)."""
     monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "16")
-    with asan_forwarder(shm_path, monkeypatch, mem="256M", extra=("--no-sched",)) as fwd:
+    with forwarder(shm_path, asan=True, mem="256M", extra=("--no-sched",)) as fwd:
         for i in range(8):
             r = run_guest([NATIVE / "hold", 200], shm_path, input="")
             assert r.returncode == 0 and r.stdout.startswith("held"), (i, r.stdout, fwd.log())
@@ -126,7 +103,7 @@ def test_a_worker_ending_any_way_leaves_the_other_guest_on_the_gpu_running(sched
     the two take turns (an exit status from inside the driver, or a signal); b keeps getting
     the GPU, a's next process runs, and a's forwarder still stops at SIGTERM."""
     a, b = tmp_path / "a", tmp_path / "b"
-    with asan_forwarder(b, monkeypatch, extra=("--compute", "50")):
+    with forwarder(b, asan=True, extra=("--compute", "50")):
         with monkeypatch.context() as m:
             if how == "exit status":
                 m.setenv("VMGPU_SIM_EXIT_AT_MEMSET", "300")  # a's worker: exit(3) inside a call
@@ -164,7 +141,7 @@ def test_a_dead_guest_process_gets_one_worker_and_its_memory_back(shm_path, tmp_
     """kill -9 of a guest process in the middle of its calls: one worker served it, no worker
     is started again for the dead owner, and its memory and channel come back."""
     page = tmp_path / "stats"
-    with asan_forwarder(shm_path, monkeypatch, mem="256M", extra=("--stats", str(page), "--no-sched")) as fwd:
+    with forwarder(shm_path, asan=True, mem="256M", extra=("--stats", str(page), "--no-sched")) as fwd:
         for _ in range(3):
             p = _holder(shm_path, 64)
             assert p.stdout.readline().startswith("held")
@@ -186,7 +163,7 @@ def test_a_dead_guest_process_gets_one_worker_and_its_memory_back(shm_path, tmp_
 def test_the_host_survives_a_guest_truncating_its_region_file(shm_path, monkeypatch, size):
     """A container guest truncates its bind-mounted region file while a process is connected:
     the forwarder stays up, gives the file its size back, and the next process is served."""
-    with asan_forwarder(shm_path, monkeypatch, extra=("--no-sched",)) as fwd:
+    with forwarder(shm_path, asan=True, extra=("--no-sched",)) as fwd:
         p = _holder(shm_path, 16)
         assert p.stdout.readline().startswith("held"), fwd.log()
         full = shm_path.stat().st_size
@@ -206,7 +183,7 @@ def test_the_host_survives_a_guest_truncating_its_region_file(shm_path, monkeypa
 def test_a_grown_region_file_is_cut_back_at_once(shm_path, monkeypatch):
     """Growing the file would add host memory nobody counts: the host cuts it back, and the
     connected process goes on."""
-    with asan_forwarder(shm_path, monkeypatch, extra=("--no-sched",)) as fwd:
+    with forwarder(shm_path, asan=True, extra=("--no-sched",)) as fwd:
         p = _holder(shm_path, 16)
         assert p.stdout.readline().startswith("held"), fwd.log()
         full = shm_path.stat().st_size
@@ -227,7 +204,7 @@ def test_a_gpu_whose_kernels_reach_pageable_host_memory_is_refused_unless_the_op
     with pytest.raises(Exception, match="uvm_disable_hmm=1, or pass --allow-pageable-access"):
         Forwarder(shm_path, backend="sim").start()
     assert not shm_path.exists()
-    with asan_forwarder(shm_path, monkeypatch, extra=("--allow-pageable-access", "--no-sched")) as fwd:
+    with forwarder(shm_path, asan=True, extra=("--allow-pageable-access", "--no-sched")) as fwd:
         assert "kernels reach pageable host memory" in fwd.log()
         r = run_guest([NATIVE / "hold", 0], shm_path)
         assert r.stdout.startswith("free"), (r.stdout, fwd.log())
