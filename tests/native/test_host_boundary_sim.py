@@ -208,3 +208,39 @@ def test_a_gpu_whose_kernels_reach_pageable_host_memory_is_refused_unless_the_op
         assert "kernels reach pageable host memory" in fwd.log()
         r = run_guest([NATIVE / "hold", 0], shm_path)
         assert r.stdout.startswith("free"), (r.stdout, fwd.log())
+
+
+# ---- the forwarder's own files ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("planted", ["link", "hard link", "someone else's"])
+def test_the_forwarder_never_writes_a_statistics_file_through_a_link_or_someone_elses(shm_path, tmp_path, planted):
+    """vmgpu-forwarder --stats PATH where PATH is a symbolic link to a file of root's, a second
+    name of it, or a file another user made: the forwarder refuses to start and the file keeps
+    its bytes."""
+    target, stats_path = tmp_path / "precious", tmp_path / "stats"
+    target.write_bytes(b"root's own bytes\n")
+    if planted == "link":
+        stats_path.symlink_to(target)
+    elif planted == "hard link":
+        os.link(target, stats_path)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root (a file of another user's)")
+        stats_path.write_bytes(b"nobody's bytes\n")
+        os.chown(stats_path, 65534, 65534)
+        target = stats_path
+    before = target.read_bytes()
+    # the binary itself (vmgpu.forwarder.Forwarder would first remove what is at the path)
+    cmd = [ASAN / "vmgpu-forwarder", "--region", shm_path, "--create", "128M", "--backend", "sim", "--no-sched"]
+    env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"))
+    p = subprocess.Popen([str(a) for a in (*cmd, "--stats", stats_path)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        err = p.communicate(timeout=15)[1]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        err = "it started serving: " + p.communicate()[1]
+    finally:
+        shm_path.unlink(missing_ok=True)
+    assert p.returncode == 1 and "--stats" in err, err
+    assert target.read_bytes() == before
