@@ -18,6 +18,7 @@
 
 #include "vg_guest.h"
 #include "vg_md2.h"
+#include "vg_nvml_table.h"
 
 typedef void (*vg_slot)(void);
 
@@ -569,6 +570,8 @@ static const vg_slot lt_aux[17] = {
 
 /* ---- lookup -------------------------------------------------------------------------------- */
 
+extern const struct vg_nvml_table vg_nvml_table; /* nvml_bridge.c */
+
 struct table {
 	const char *name;
 	uint8_t uuid[16];
@@ -595,6 +598,7 @@ static const struct table tables[] = {
 	 tools_module, 0},
 	{"LT_AUX", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
 	 lt_aux, 0},
+	{"VMGPU_NVML", VG_NVML_TABLE_UUID, &vg_nvml_table, 0}, /* vmgpu's own: the guest NVML library */
 	/* a bootstrap shortcut probe: refusing it keeps cudart on the documented path */
 	{"f8cff951", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9},
 	 NULL, CUDA_ERROR_NOT_FOUND},

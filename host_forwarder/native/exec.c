@@ -871,6 +871,8 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 	}
 	case VG_OP_GOODBYE:
 		return CUDA_SUCCESS;
+	case VG_OP_NVML_QUERY:
+		return vh_nvml_query(ch, rd, wr);
 	case VG_OP_MODULE_FUNCS: {
 		/* a module's functions as handles, each with the tag the driver keeps in its second word */
 		void *mod = (void *)(uintptr_t)vh_get_u64(rd);

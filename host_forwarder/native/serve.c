@@ -48,6 +48,7 @@ static const char *op_name(uint32_t op)
 	case VG_OP_BLOB_BEGIN: return "module image";
 	case VG_OP_BLOB_PUT: return "module image chunk";
 	case VG_OP_MODULE_FUNCS: return "module functions";
+	case VG_OP_NVML_QUERY: return "NVML query";
 	default: return "unknown operation";
 	}
 }

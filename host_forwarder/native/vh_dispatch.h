@@ -293,6 +293,9 @@ void vh_addr_forget_owner(struct vh_chan *ch, void *owner);
 /* Host memory a guest names: region heap or channel bulk, checked. */
 enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };
 
+/* What the guest's NVML shows of one of its GPUs (nvml_query.c). */
+CUresult vh_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr);
+
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 int vh_op_reports_async(uint32_t op);

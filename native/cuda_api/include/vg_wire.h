@@ -52,6 +52,7 @@ enum vg_proto_op {
 	VG_OP_BLOB_PUT = 4,    /* (u64 offset, u64 bulk pos, u64 len), async: copy from bulk into the blob */
 	VG_OP_GOODBYE = 5,     /* sync; the host frees the channel's resources */
 	VG_OP_MODULE_FUNCS = 6, /* (u64 module) -> u64 n, n * {u64 function handle, u64 driver tag} */
+	VG_OP_NVML_QUERY = 7,  /* (u64 guest device) -> vg_nvml_live: what the guest's NVML shows */
 };
 
 #define VG_MAX_DEVICES 16
@@ -84,6 +85,37 @@ struct vg_dev_info {
 	int32_t nattrs;
 	int32_t attrs[VG_MAX_ATTRS]; /* index = CUdevice_attribute */
 };
+
+/* VG_OP_NVML_QUERY: the guest's own slice of one GPU, for its NVML (guest_agent/nvml/).  Memory
+ * and processes come from the forwarder's books (this guest's processes only); the rest is read
+ * from the host's NVML where it can be, each value valid only if its VG_NVML_* bit is set. */
+#define VG_NVML_MAX_PROCS 64
+struct vg_nvml_proc {
+	uint32_t pid; /* as the guest process gave it (its own pid namespace) */
+	uint32_t pad;
+	uint64_t bytes;
+};
+struct vg_nvml_live {
+	uint64_t quota, used;         /* bytes: the guest's quota on the GPU, what its processes hold */
+	uint32_t nprocs, flags;       /* processes holding memory on it (at most VG_NVML_MAX_PROCS); VG_NVML_* */
+	uint32_t util_gpu, util_mem;  /* % of the GPU's time this guest's kernels (copies) ran, last second */
+	uint32_t temp_c, fan_pct, pstate, compute_mode;
+	uint32_t power_mw, power_limit_mw;
+	uint32_t clock_mhz[4], max_clock_mhz[4]; /* by nvmlClockType_t: graphics, SM, memory, video */
+	uint32_t ecc_current, ecc_pending, persistence, pad;
+	struct vg_nvml_proc procs[VG_NVML_MAX_PROCS];
+};
+#define VG_NVML_UTIL 0x1u
+#define VG_NVML_TEMP 0x2u
+#define VG_NVML_FAN 0x4u
+#define VG_NVML_PSTATE 0x8u
+#define VG_NVML_POWER 0x10u
+#define VG_NVML_POWER_LIMIT 0x20u
+#define VG_NVML_CLOCKS 0x40u
+#define VG_NVML_MAX_CLOCKS 0x80u
+#define VG_NVML_ECC 0x100u
+#define VG_NVML_COMPUTE_MODE 0x200u
+#define VG_NVML_PERSISTENCE 0x400u
 
 struct vg_param_info {
 	uint32_t offset, size;

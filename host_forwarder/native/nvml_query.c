@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What a guest's NVML shows of one of its GPUs (VG_OP_NVML_QUERY): its own slice, never the
+ * host's.  Memory is the guest's quota and what its processes hold by the books; the
+ * processes are this guest's (the channels of its region holding memory, by the pid each
+ * guest process gave); utilization is the share of the GPU's time this guest's workers used
+ * over the last second, from the host NVML's per-process samples of this forwarder's own
+ * workers.  Temperature, power, clocks, fan, ECC, compute and persistence mode are read-only
+ * facts of the card, read from the host's NVML where it has one (nothing there names another
+ * guest).  Without a host NVML (the simulated backend, or a host without it) those values are
+ * left out and the guest's NVML answers NVML_ERROR_NOT_SUPPORTED for them.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "vh_dispatch.h"
+
+/* The few host NVML entry points read here, by their documented C signatures (nvml.h): handles
+ * are pointers, enums ints, and nvmlProcessUtilizationSample_t is
+ * {unsigned pid; unsigned long long timeStamp; unsigned smUtil, memUtil, encUtil, decUtil}. */
+struct host_util_sample {
+	unsigned pid;
+	unsigned long long ts;
+	unsigned sm, mem, enc, dec;
+};
+static struct {
+	int tried, ok;
+	int (*by_uuid)(const char *, void **);
+	int (*proc_util)(void *, struct host_util_sample *, unsigned *, unsigned long long);
+	int (*temp)(void *, int, unsigned *);
+	int (*fan)(void *, unsigned *);
+	int (*pstate)(void *, int *);
+	int (*power)(void *, unsigned *);
+	int (*power_limit)(void *, unsigned *);
+	int (*clock)(void *, int, unsigned *);
+	int (*max_clock)(void *, int, unsigned *);
+	int (*ecc)(void *, int *, int *);
+	int (*compute_mode)(void *, int *);
+	int (*persistence)(void *, int *);
+} H;
+
+static void host_nvml_load(void)
+{
+	if (H.tried)
+		return;
+	H.tried = 1;
+	void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+	if (!init || init() != 0)
+		return;
+#define L(field, sym) *(void **)&H.field = dlsym(h, sym)
+	L(by_uuid, "nvmlDeviceGetHandleByUUID");
+	L(proc_util, "nvmlDeviceGetProcessUtilization");
+	L(temp, "nvmlDeviceGetTemperature");
+	L(fan, "nvmlDeviceGetFanSpeed");
+	L(pstate, "nvmlDeviceGetPerformanceState");
+	L(power, "nvmlDeviceGetPowerUsage");
+	L(power_limit, "nvmlDeviceGetEnforcedPowerLimit");
+	L(clock, "nvmlDeviceGetClockInfo");
+	L(max_clock, "nvmlDeviceGetMaxClockInfo");
+	L(ecc, "nvmlDeviceGetEccMode");
+	L(compute_mode, "nvmlDeviceGetComputeMode");
+	L(persistence, "nvmlDeviceGetPersistenceMode");
+#undef L
+	H.ok = H.by_uuid != NULL;
+}
+
+/* The parent of a process (from /proc), 0 if it cannot be read. */
+static pid_t parent_of(unsigned pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%u/stat", pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
+	int ppid = 0;
+	if (!p || sscanf(p + 1, " %*c %d", &ppid) != 1)
+		return 0;
+	return ppid;
+}
+
+/* This guest's share of the GPU's time over the last second: the samples of this forwarder's
+ * workers (the children of its supervisor, as this worker is). */
+static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
+{
+	if (!H.proc_util)
+		return -1;
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	unsigned long long since = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec - 1000000ull;
+	unsigned n = 0;
+	int r = H.proc_util(dev, NULL, &n, since);
+	if (r == 6 /* NVML_ERROR_NOT_FOUND: no process ran */ || (r == 0 && n == 0)) {
+		*gpu = *mem = 0;
+		return 0;
+	}
+	if (r != 7 /* NVML_ERROR_INSUFFICIENT_SIZE */ || n == 0 || n > 4096)
+		return -1;
+	struct host_util_sample *s = calloc(n, sizeof *s);
+	if (!s)
+		return -1;
+	r = H.proc_util(dev, s, &n, since);
+	uint32_t g = 0, m = 0;
+	pid_t supervisor = getppid();
+	for (unsigned i = 0; r == 0 && i < n; i++) {
+		int seen = 0; /* one sample per process: the newest */
+		for (unsigned j = 0; j < n; j++)
+			seen |= j != i && s[j].pid == s[i].pid && (s[j].ts > s[i].ts || (s[j].ts == s[i].ts && j < i));
+		if (!seen && parent_of(s[i].pid) == supervisor) {
+			g += s[i].sm;
+			m += s[i].mem;
+		}
+	}
+	free(s);
+	if (r != 0)
+		return -1;
+	*gpu = g > 100 ? 100 : g;
+	*mem = m > 100 ? 100 : m;
+	return 0;
+}
+
+static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
+{
+	host_nvml_load();
+	if (!H.ok || ch->backend->simulated)
+		return;
+	char uuid[64];
+	vh_uuid_str(ch->fwd->info[dev].uuid, uuid, sizeof uuid);
+	void *d = NULL;
+	if (H.by_uuid(uuid, &d) != 0)
+		return;
+	unsigned u;
+	int a, b;
+	if (guest_utilization(d, &o->util_gpu, &o->util_mem) == 0)
+		o->flags |= VG_NVML_UTIL;
+	if (H.temp && H.temp(d, 0 /* NVML_TEMPERATURE_GPU */, &u) == 0)
+		o->temp_c = u, o->flags |= VG_NVML_TEMP;
+	if (H.fan && H.fan(d, &u) == 0)
+		o->fan_pct = u, o->flags |= VG_NVML_FAN;
+	if (H.pstate && H.pstate(d, &a) == 0)
+		o->pstate = (uint32_t)a, o->flags |= VG_NVML_PSTATE;
+	if (H.power && H.power(d, &u) == 0)
+		o->power_mw = u, o->flags |= VG_NVML_POWER;
+	if (H.power_limit && H.power_limit(d, &u) == 0)
+		o->power_limit_mw = u, o->flags |= VG_NVML_POWER_LIMIT;
+	int clocks = 1, max_clocks = 1;
+	for (int t = 0; t < 4; t++) {
+		clocks &= H.clock && H.clock(d, t, &o->clock_mhz[t]) == 0;
+		max_clocks &= H.max_clock && H.max_clock(d, t, &o->max_clock_mhz[t]) == 0;
+	}
+	o->flags |= (clocks ? VG_NVML_CLOCKS : 0) | (max_clocks ? VG_NVML_MAX_CLOCKS : 0);
+	if (H.ecc && H.ecc(d, &a, &b) == 0)
+		o->ecc_current = (uint32_t)a, o->ecc_pending = (uint32_t)b, o->flags |= VG_NVML_ECC;
+	if (H.compute_mode && H.compute_mode(d, &a) == 0)
+		o->compute_mode = (uint32_t)a, o->flags |= VG_NVML_COMPUTE_MODE;
+	if (H.persistence && H.persistence(d, &a) == 0)
+		o->persistence = (uint32_t)a, o->flags |= VG_NVML_PERSISTENCE;
+}
+
+CUresult vh_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
+{
+	struct vh_fwd *f = ch->fwd;
+	uint64_t dev = vh_get_u64(rd);
+	if (rd->bad || dev >= (uint64_t)f->ndev)
+		return CUDA_ERROR_INVALID_DEVICE;
+	struct vg_nvml_live *o = calloc(1, sizeof *o);
+	if (!o)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	o->quota = f->quota[dev];
+	o->used = atomic_load(&f->used[dev]);
+	/* this guest's processes: every channel of its region that is served and holds memory here */
+	const struct vmgpu_layout *L = vmgpu_host_layout(f->host);
+	for (uint32_t i = 0; i < L->nchannels; i++) {
+		uint64_t held = atomic_load(&f->charged[i][dev]);
+		struct vmgpu_chan_info ci;
+		if (!held || vmgpu_region_chan_info(f->region, f->region_size, L, i, &ci) != 0 ||
+		    ci.state != VMGPU_CHAN_ACTIVE)
+			continue;
+		uint32_t k = 0;
+		while (k < o->nprocs && o->procs[k].pid != ci.owner_pid)
+			k++;
+		if (k == VG_NVML_MAX_PROCS)
+			continue;
+		o->procs[k].pid = ci.owner_pid;
+		o->procs[k].bytes += held;
+		o->nprocs += k == o->nprocs;
+	}
+	host_facts(ch, (int)dev, o);
+	vh_put(wr, o, sizeof *o);
+	free(o);
+	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
