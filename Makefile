@@ -6,6 +6,9 @@ VENV := .venv
 PYTHON ?= $(VENV)/bin/python
 
 CUDA_INCLUDE ?= /usr/local/cuda/include
+# nvml.h, for the guest's libnvidia-ml.so.1: the toolkit's, or NVIDIA's nvidia-nvml-dev wheel (pinned
+# in pyproject.toml) from the virtual environment where the toolkit has none.
+NVML_INCLUDE ?= $(if $(wildcard $(CUDA_INCLUDE)/nvml.h),$(CUDA_INCLUDE),$(abspath $(VENV))/nvml-include)
 NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 PTXAS ?= $(shell command -v ptxas || echo /usr/local/cuda/bin/ptxas)
 
@@ -33,9 +36,9 @@ demo: native cuda-programs venv
 
 # The transport, the guest's libcuda.so.1, the forwarder and the simulated backend,
 # and the driver-API test program.
-native:
+native: $(NVML_INCLUDE)/nvml.h
 	$(MAKE) -C native/shm_transport O=$(abspath $(NATIVE)) SAN=none
-	$(MAKE) -C guest_agent O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE)
+	$(MAKE) -C guest_agent O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE) NVML_INCLUDE=$(NVML_INCLUDE)
 	$(MAKE) -C host_forwarder O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE)
 	$(CC) -O1 -g -Wall -o $(NATIVE)/drv_api tests/cuda/drv_api.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/hold tests/cuda/hold.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
@@ -59,15 +62,21 @@ cuda-programs: native
 	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu
 
 # The CUDA API spec drives generated code on both sides; CI fails if it is stale.
-gen:
+gen: $(NVML_INCLUDE)/nvml.h
 	python3 native/cuda_api/gen.py --cuda-include $(CUDA_INCLUDE)
+	python3 guest_agent/nvml/gen_nvml.py --nvml-include $(NVML_INCLUDE)
+
+$(abspath $(VENV))/nvml-include/nvml.h: $(VENV)/.stamp
+	mkdir -p $(dir $@)
+	cp "$$($(PYTHON) -c 'import importlib.metadata as m; print(next(f.locate() for f in m.files("nvidia-nvml-dev") if f.name == "nvml.h"))')" $@
 
 # vmgpud's gRPC modules, from vmgpu/api/v1/vmgpu.proto (committed).
 proto: venv
 	$(PYTHON) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. vmgpu/api/v1/vmgpu.proto
 
-gen-check:
+gen-check: $(NVML_INCLUDE)/nvml.h
 	python3 native/cuda_api/gen.py --check --cuda-include $(CUDA_INCLUDE)
+	python3 guest_agent/nvml/gen_nvml.py --check --nvml-include $(NVML_INCLUDE)
 
 native-asan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/asan) SAN=asan

@@ -40,6 +40,8 @@ static struct {
 	int (*ecc)(void *, int *, int *);
 	int (*compute_mode)(void *, int *);
 	int (*persistence)(void *, int *);
+	int (*pci)(void *, void *);
+	int (*driver)(char *, unsigned);
 } H;
 
 static void host_nvml_load(void)
@@ -64,6 +66,8 @@ static void host_nvml_load(void)
 	L(ecc, "nvmlDeviceGetEccMode");
 	L(compute_mode, "nvmlDeviceGetComputeMode");
 	L(persistence, "nvmlDeviceGetPersistenceMode");
+	L(pci, "nvmlDeviceGetPciInfo_v3");
+	L(driver, "nvmlSystemGetDriverVersion");
 #undef L
 	H.ok = H.by_uuid != NULL;
 }
@@ -162,6 +166,17 @@ static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 		o->compute_mode = (uint32_t)a, o->flags |= VG_NVML_COMPUTE_MODE;
 	if (H.persistence && H.persistence(d, &a) == 0)
 		o->persistence = (uint32_t)a, o->flags |= VG_NVML_PERSISTENCE;
+	/* nvmlPciInfo_t: char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32] */
+	struct {
+		char legacy[16];
+		unsigned domain, bus, device, device_id, subsystem_id;
+		char bus_id[32];
+	} pci;
+	if (H.pci && H.pci(d, &pci) == 0)
+		o->pci_device_id = pci.device_id, o->pci_subsystem_id = pci.subsystem_id, o->flags |= VG_NVML_PCI_IDS;
+	if (H.driver && H.driver(o->driver_version, sizeof o->driver_version) == 0)
+		o->flags |= VG_NVML_DRIVER;
+	o->driver_version[sizeof o->driver_version - 1] = '\0';
 }
 
 CUresult vh_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)

@@ -103,6 +103,8 @@ struct vg_nvml_live {
 	uint32_t power_mw, power_limit_mw;
 	uint32_t clock_mhz[4], max_clock_mhz[4]; /* by nvmlClockType_t: graphics, SM, memory, video */
 	uint32_t ecc_current, ecc_pending, persistence, pad;
+	uint32_t pci_device_id, pci_subsystem_id; /* nvmlPciInfo_t's: device << 16 | vendor, subsystem */
+	char driver_version[32];      /* the host driver's version ("580.159.04") */
 	struct vg_nvml_proc procs[VG_NVML_MAX_PROCS];
 };
 #define VG_NVML_UTIL 0x1u
@@ -116,6 +118,8 @@ struct vg_nvml_live {
 #define VG_NVML_ECC 0x100u
 #define VG_NVML_COMPUTE_MODE 0x200u
 #define VG_NVML_PERSISTENCE 0x400u
+#define VG_NVML_PCI_IDS 0x800u
+#define VG_NVML_DRIVER 0x1000u
 
 struct vg_param_info {
 	uint32_t offset, size;
