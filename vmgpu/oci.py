@@ -52,6 +52,9 @@ REGION_IN_CONTAINER = "/dev/vmgpu/region"
 # access; only the bind mount, made by root, reaches it, never a local user by its path.
 REGION_DIR = "vmgpu-containers"
 LIB_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+# beside it, from the same directory: the guest NVML (nvidia-smi, pynvml) and vmgpu-smi
+NVML_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+SMI_IN_CONTAINER = "/usr/bin/vmgpu-smi"
 GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 
 
@@ -168,10 +171,14 @@ def give_region(region: Path, uid: int, gid: int) -> None:
 def rewrite(
     config: dict, region: Path, lib: Path, guarded: list[str] | None = None, bundle: Path | None = None
 ) -> dict:
-    """The container's config with the region and the guest library mounted, no NVIDIA device, and
+    """The container's config with the region and the guest libraries (libcuda.so.1, and beside it
+    libnvidia-ml.so.1 and vmgpu-smi) mounted, no NVIDIA device, and
     no view of the host's shared memory (guarded: the host directories of regions and scheduler
     pages; default /dev/shm and the scheduler's)."""
     ours = {REGION_IN_CONTAINER: (region, "rw"), LIB_IN_CONTAINER: (lib, "ro")}
+    for dest, name in ((NVML_IN_CONTAINER, "libnvidia-ml.so.1"), (SMI_IN_CONTAINER, "vmgpu-smi")):
+        if (lib.parent / name).exists():
+            ours[dest] = (lib.parent / name, "ro")
     guarded = guarded if guarded is not None else ["/dev/shm", str(sched.sched_dir())]
     mounts = [m for m in config.get("mounts", []) if m.get("destination") not in ours]
     mounts = private_mounts(mounts, guarded, bundle)

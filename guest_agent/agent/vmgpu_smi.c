@@ -1,104 +1,257 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vmgpu-smi: what this guest has of the GPU, as the guest sees it: per GPU its quota, used
- * and free memory (through the guest libcuda.so.1, so through the host forwarder), and the
- * guest processes using it (from the region's channel table).
+/*
+ * vmgpu-smi: what this guest has of the GPU, as the guest sees it, through the guest's NVML
+ * (vmgpu's libnvidia-ml.so.1, so through the host forwarder): per GPU its quota, used and free
+ * memory, and the guest processes holding memory on it.  The options people script against
+ * nvidia-smi with work the same way:
  *
  *   vmgpu-smi [--json]
+ *   vmgpu-smi -L
+ *   vmgpu-smi --query-gpu=FIELD,... [--format=csv[,noheader][,nounits]]
+ *   vmgpu-smi --query-compute-apps=FIELD,... [--format=csv[,noheader][,nounits]]
  */
-#define _GNU_SOURCE
-#include <cuda.h>
+#define NVML_NO_UNVERSIONED_FUNC_DEFS 1
+#include <nvml.h>
+#include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
+#include <string.h>
 
-#include "ivshmem.h"
+#define MAX_PROCS 64
 
-static const char *state_name(uint32_t s)
+struct gpu {
+	unsigned index;
+	nvmlDevice_t h;
+	char name[96], uuid[96];
+	nvmlPciInfo_t pci;
+	nvmlMemory_t mem;
+	nvmlProcessInfo_t procs[MAX_PROCS];
+	unsigned nprocs;
+};
+
+static int noheader, nounits;
+
+/* A value as nvidia-smi prints it: "[N/A]" where NVML does not have it. */
+static void put(const char *sep, int ok, const char *unit, const char *fmt, double v)
 {
-	switch (s) {
-	case VMGPU_CHAN_CLAIMING: return "starting";
-	case VMGPU_CHAN_ACTIVE: return "running";
-	case VMGPU_CHAN_CLOSING: return "exiting";
-	default: return "?";
+	printf("%s", sep);
+	if (!ok) {
+		printf("[N/A]");
+		return;
 	}
+	printf(fmt, v);
+	if (!nounits && unit)
+		printf(" %s", unit);
+}
+
+static int gpu_field(const struct gpu *g, const char *f, const char *sep)
+{
+	unsigned u = 0, clock = 0;
+	nvmlUtilization_t util;
+	if (!strcmp(f, "index"))
+		printf("%s%u", sep, g->index);
+	else if (!strcmp(f, "name") || !strcmp(f, "gpu_name"))
+		printf("%s%s", sep, g->name);
+	else if (!strcmp(f, "uuid") || !strcmp(f, "gpu_uuid"))
+		printf("%s%s", sep, g->uuid);
+	else if (!strcmp(f, "pci.bus_id") || !strcmp(f, "gpu_bus_id"))
+		printf("%s%s", sep, g->pci.busId);
+	else if (!strcmp(f, "memory.total"))
+		put(sep, 1, "MiB", "%.0f", (double)(g->mem.total >> 20));
+	else if (!strcmp(f, "memory.used"))
+		put(sep, 1, "MiB", "%.0f", (double)(g->mem.used >> 20));
+	else if (!strcmp(f, "memory.free"))
+		put(sep, 1, "MiB", "%.0f", (double)(g->mem.free >> 20));
+	else if (!strcmp(f, "utilization.gpu") || !strcmp(f, "utilization.memory")) {
+		int ok = nvmlDeviceGetUtilizationRates(g->h, &util) == NVML_SUCCESS;
+		put(sep, ok, "%", "%.0f", ok ? (double)(f[12] == 'g' ? util.gpu : util.memory) : 0);
+	} else if (!strcmp(f, "temperature.gpu")) {
+		int ok = nvmlDeviceGetTemperature(g->h, NVML_TEMPERATURE_GPU, &u) == NVML_SUCCESS;
+		put(sep, ok, NULL, "%.0f", u);
+	} else if (!strcmp(f, "power.draw") || !strcmp(f, "power.limit")) {
+		int ok = (f[6] == 'd' ? nvmlDeviceGetPowerUsage(g->h, &u) : nvmlDeviceGetEnforcedPowerLimit(g->h, &u)) ==
+			 NVML_SUCCESS;
+		put(sep, ok, "W", "%.2f", u / 1000.0);
+	} else if (!strcmp(f, "clocks.sm") || !strcmp(f, "clocks.mem") || !strcmp(f, "clocks.gr")) {
+		nvmlClockType_t t = f[7] == 's' ? NVML_CLOCK_SM : f[7] == 'm' ? NVML_CLOCK_MEM : NVML_CLOCK_GRAPHICS;
+		int ok = nvmlDeviceGetClockInfo(g->h, t, &clock) == NVML_SUCCESS;
+		put(sep, ok, "MHz", "%.0f", clock);
+	} else if (!strcmp(f, "pstate")) {
+		nvmlPstates_t p;
+		if (nvmlDeviceGetPerformanceState(g->h, &p) == NVML_SUCCESS)
+			printf("%sP%d", sep, (int)p);
+		else
+			printf("%s[N/A]", sep);
+	} else if (!strcmp(f, "compute_mode")) {
+		nvmlComputeMode_t m;
+		static const char *const modes[] = {"Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"};
+		int ok = nvmlDeviceGetComputeMode(g->h, &m) == NVML_SUCCESS && (unsigned)m < 4;
+		printf("%s%s", sep, ok ? modes[m] : "[N/A]");
+	} else if (!strcmp(f, "driver_version")) {
+		char v[96] = "";
+		printf("%s%s", sep, nvmlSystemGetDriverVersion(v, sizeof v) == NVML_SUCCESS ? v : "[N/A]");
+	} else
+		return -1;
+	return 0;
+}
+
+static const char *const gpu_units[][2] = {
+	{"memory.total", "MiB"}, {"memory.used", "MiB"}, {"memory.free", "MiB"}, {"utilization.gpu", "%"},
+	{"utilization.memory", "%"}, {"power.draw", "W"}, {"power.limit", "W"}, {"clocks.sm", "MHz"},
+	{"clocks.mem", "MHz"}, {"clocks.gr", "MHz"}, {"used_memory", "MiB"}, {"used_gpu_memory", "MiB"},
+};
+
+static void header(char *fields)
+{
+	if (noheader)
+		return;
+	const char *sep = "";
+	for (char *f = strtok(fields, ","); f; f = strtok(NULL, ","), sep = ", ") {
+		const char *unit = NULL;
+		for (size_t i = 0; i < sizeof gpu_units / sizeof gpu_units[0]; i++)
+			if (!strcmp(f, gpu_units[i][0]))
+				unit = gpu_units[i][1];
+		printf(unit && !nounits ? "%s%s [%s]" : "%s%s", sep, !strcmp(f, "used_memory") ? "used_gpu_memory" : f,
+		       unit);
+	}
+	printf("\n");
+}
+
+static int app_field(const struct gpu *g, const nvmlProcessInfo_t *p, const char *f, const char *sep)
+{
+	if (!strcmp(f, "pid"))
+		printf("%s%u", sep, p->pid);
+	else if (!strcmp(f, "process_name") || !strcmp(f, "name")) {
+		char n[256] = "";
+		printf("%s%s", sep, nvmlSystemGetProcessName(p->pid, n, sizeof n) == NVML_SUCCESS ? n : "[N/A]");
+	} else if (!strcmp(f, "used_memory") || !strcmp(f, "used_gpu_memory"))
+		put(sep, 1, "MiB", "%.0f", (double)(p->usedGpuMemory >> 20));
+	else
+		return gpu_field(g, f, sep);
+	return 0;
+}
+
+/* --query-gpu / --query-compute-apps: one csv line per GPU (per process); 2 on an unknown field. */
+static int query(struct gpu *gpus, unsigned n, const char *fields, int apps)
+{
+	char *copy = strdup(fields), *copy2 = strdup(fields);
+	header(copy);
+	free(copy);
+	int rc = 0;
+	for (unsigned i = 0; i < n && !rc; i++) {
+		for (unsigned k = 0; k < (apps ? gpus[i].nprocs : 1) && !rc; k++) {
+			char *list = strdup(copy2), *save = NULL;
+			const char *sep = "";
+			for (char *f = strtok_r(list, ",", &save); f && !rc; f = strtok_r(NULL, ",", &save), sep = ", ") {
+				if ((apps ? app_field(&gpus[i], &gpus[i].procs[k], f, sep) : gpu_field(&gpus[i], f, sep)) != 0) {
+					fprintf(stderr, "\nvmgpu-smi: field \"%s\" is not a valid field to query\n", f);
+					rc = 2;
+				}
+			}
+			free(list);
+			if (!rc)
+				printf("\n");
+		}
+	}
+	free(copy2);
+	return rc;
+}
+
+static int usage(FILE *f, int rc)
+{
+	fprintf(f, "usage: vmgpu-smi [--json | -L | --query-gpu=FIELDS | --query-compute-apps=FIELDS]\n"
+		   "                 [--format=csv[,noheader][,nounits]]\n"
+		   "  GPU fields: index name uuid pci.bus_id memory.total memory.used memory.free utilization.gpu\n"
+		   "              utilization.memory temperature.gpu power.draw power.limit clocks.sm clocks.mem\n"
+		   "              clocks.gr pstate compute_mode driver_version\n"
+		   "  process fields: pid process_name used_memory gpu_uuid gpu_bus_id (and the GPU fields)\n");
+	return rc;
 }
 
 int main(int argc, char **argv)
 {
-	int json = argc > 1 && !strcmp(argv[1], "--json");
-	if (argc > 1 && !json) {
-		fprintf(argc > 1 && !strcmp(argv[1], "--help") ? stdout : stderr, "usage: vmgpu-smi [--json]\n");
-		return strcmp(argv[1], "--help") ? 2 : 0;
+	int json = 0, list = 0;
+	const char *qgpu = NULL, *qapps = NULL;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--json"))
+			json = 1;
+		else if (!strcmp(a, "-L") || !strcmp(a, "--list-gpus"))
+			list = 1;
+		else if (!strncmp(a, "--query-gpu=", 12))
+			qgpu = a + 12;
+		else if (!strncmp(a, "--query-compute-apps=", 21))
+			qapps = a + 21;
+		else if (!strncmp(a, "--format=", 9)) {
+			if (strncmp(a + 9, "csv", 3))
+				return usage(stderr, 2);
+			noheader = strstr(a, "noheader") != NULL;
+			nounits = strstr(a, "nounits") != NULL;
+		} else if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+			return usage(stdout, 0);
+		else
+			return usage(stderr, 2);
 	}
-	CUresult r = cuInit(0);
-	int n = 0;
-	if (r == CUDA_SUCCESS)
-		r = cuDeviceGetCount(&n);
-	if (r != CUDA_SUCCESS) {
-		const char *s = "?";
-		cuGetErrorName(r, &s);
-		fprintf(stderr, "vmgpu-smi: no GPU through vmgpu (%s); is the guest agent running?\n", s);
+	nvmlReturn_t r = nvmlInit_v2();
+	unsigned n = 0;
+	if (r == NVML_SUCCESS)
+		r = nvmlDeviceGetCount_v2(&n);
+	if (r != NVML_SUCCESS) {
+		fprintf(stderr, "vmgpu-smi: no GPU through vmgpu (%s); is the guest agent running?\n", nvmlErrorString(r));
 		return 1;
 	}
-	if (json)
+	struct gpu *gpus = calloc(n ? n : 1, sizeof *gpus);
+	for (unsigned i = 0; i < n; i++) {
+		struct gpu *g = &gpus[i];
+		g->index = i;
+		g->nprocs = MAX_PROCS;
+		if (nvmlDeviceGetHandleByIndex_v2(i, &g->h) != NVML_SUCCESS ||
+		    nvmlDeviceGetName(g->h, g->name, sizeof g->name) != NVML_SUCCESS ||
+		    nvmlDeviceGetUUID(g->h, g->uuid, sizeof g->uuid) != NVML_SUCCESS ||
+		    nvmlDeviceGetPciInfo_v3(g->h, &g->pci) != NVML_SUCCESS ||
+		    nvmlDeviceGetMemoryInfo(g->h, &g->mem) != NVML_SUCCESS ||
+		    nvmlDeviceGetComputeRunningProcesses_v3(g->h, &g->nprocs, g->procs) != NVML_SUCCESS) {
+			fprintf(stderr, "vmgpu-smi: cannot read GPU %u through vmgpu\n", i);
+			return 1;
+		}
+	}
+	int rc = 0;
+	if (list) {
+		for (unsigned i = 0; i < n; i++)
+			printf("GPU %u: %s (UUID: %s)\n", i, gpus[i].name, gpus[i].uuid);
+	} else if (qgpu || qapps) {
+		rc = query(gpus, n, qgpu ? qgpu : qapps, !qgpu);
+	} else if (json) {
 		printf("{\"gpus\": [");
-	else
-		printf("%-4s %-32s %12s %12s %12s\n", "gpu", "name", "quota MiB", "used MiB", "free MiB");
-	for (int i = 0; i < n; i++) {
-		CUdevice d;
-		CUcontext c;
-		char name[128] = "";
-		size_t total = 0, free_b = 0;
-		cuDeviceGet(&d, i);
-		cuDeviceGetName(name, sizeof name, d);
-		cuDeviceTotalMem(&total, d);
-		if (cuDevicePrimaryCtxRetain(&c, d) == CUDA_SUCCESS && cuCtxSetCurrent(c) == CUDA_SUCCESS)
-			cuMemGetInfo(&free_b, &total);
-		size_t used = total - free_b;
-		if (json)
-			printf("%s{\"index\": %d, \"name\": \"%s\", \"quota_bytes\": %zu, \"used_bytes\": %zu}", i ? ", " : "",
-			       i, name, total, used);
-		else
-			printf("%-4d %-32s %12zu %12zu %12zu\n", i, name, total >> 20, used >> 20, free_b >> 20);
-	}
-
-	char path[512];
-	vg_region_path(path, sizeof path);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	void *base = MAP_FAILED;
-	if (fd >= 0 && fstat(fd, &st) == 0)
-		base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-	if (fd >= 0)
-		close(fd);
-	struct vmgpu_guest *g = NULL;
-	if (base == MAP_FAILED || vmgpu_guest_attach(base, (uint64_t)st.st_size, NULL, &g) != 0) {
-		if (json)
-			printf("], \"processes\": null}\n");
-		else
-			printf("(cannot read the processes: region %s: %s)\n", path,
-			       base == MAP_FAILED ? "unreadable" : vmgpu_shm_errmsg());
-		return 0;
-	}
-	const struct vmgpu_layout L = *vmgpu_guest_layout(g);
-	vmgpu_guest_detach(g);
-	printf(json ? "], \"processes\": [" : "\n%-8s %-16s %-9s %s\n", "pid", "command", "state", "pinned MiB");
-	int first = 1;
-	for (uint32_t i = 0; i < L.nchannels; i++) {
-		struct vmgpu_chan_info ci;
-		if (vmgpu_region_chan_info(base, (uint64_t)st.st_size, &L, i, &ci) != 0 || ci.state == VMGPU_CHAN_FREE ||
-		    ci.state == VMGPU_CHAN_DEAD)
-			continue;
-		uint64_t pinned = (uint64_t)ci.heap_blocks * L.heap_block_size;
-		if (json)
-			printf("%s{\"pid\": %u, \"command\": \"%s\", \"state\": \"%s\", \"pinned_bytes\": %llu, \"self\": %s}",
-			       first ? "" : ", ", ci.owner_pid, ci.owner_comm, state_name(ci.state),
-			       (unsigned long long)pinned, ci.owner_pid == (uint32_t)getpid() ? "true" : "false");
-		else
-			printf("%-8u %-16s %-9s %llu%s\n", ci.owner_pid, ci.owner_comm, state_name(ci.state),
-			       (unsigned long long)(pinned >> 20), ci.owner_pid == (uint32_t)getpid() ? "  (vmgpu-smi)" : "");
-		first = 0;
-	}
-	if (json)
+		for (unsigned i = 0; i < n; i++) {
+			struct gpu *g = &gpus[i];
+			printf("%s{\"index\": %u, \"name\": \"%s\", \"uuid\": \"%s\", \"quota_bytes\": %llu, \"used_bytes\": %llu, "
+			       "\"processes\": [",
+			       i ? ", " : "", i, g->name, g->uuid, g->mem.total, g->mem.used);
+			for (unsigned k = 0; k < g->nprocs; k++)
+				printf("%s{\"pid\": %u, \"used_bytes\": %llu}", k ? ", " : "", g->procs[k].pid,
+				       g->procs[k].usedGpuMemory);
+			printf("]}");
+		}
 		printf("]}\n");
-	return 0;
+	} else {
+		printf("%-4s %-32s %12s %12s %12s\n", "gpu", "name", "quota MiB", "used MiB", "free MiB");
+		for (unsigned i = 0; i < n; i++)
+			printf("%-4u %-32s %12llu %12llu %12llu\n", i, gpus[i].name, gpus[i].mem.total >> 20,
+			       gpus[i].mem.used >> 20, gpus[i].mem.free >> 20);
+		printf("\n%-4s %-8s %-24s %s\n", "gpu", "pid", "process", "used MiB");
+		unsigned shown = 0;
+		for (unsigned i = 0; i < n; i++)
+			for (unsigned k = 0; k < gpus[i].nprocs; k++, shown++) {
+				char name[256] = "";
+				if (nvmlSystemGetProcessName(gpus[i].procs[k].pid, name, sizeof name) != NVML_SUCCESS)
+					snprintf(name, sizeof name, "-");
+				printf("%-4u %-8u %-24s %llu\n", i, gpus[i].procs[k].pid, name,
+				       gpus[i].procs[k].usedGpuMemory >> 20);
+			}
+		if (!shown)
+			printf("(no process of this guest holds GPU memory)\n");
+	}
+	nvmlShutdown();
+	free(gpus);
+	return rc;
 }

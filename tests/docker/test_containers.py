@@ -125,7 +125,8 @@ def test_container_runs_cuda_through_its_forwarder(host):
     docker, client, tmp = host
     script = (
         "ls /dev | grep -c nvidia; /bin/hold 0 </dev/null; /bin/drv_api /vadd.ptx 24; echo drv_api rc=$?; "
-        "/bin/hold 300 </dev/null; echo hold300 rc=$?"
+        "/bin/hold 300 </dev/null; echo hold300 rc=$?; "
+        "/usr/bin/vmgpu-smi --query-gpu=name,memory.total,memory.used --format=csv; /usr/bin/vmgpu-smi"
     )
     r = run(docker, "gpu=0,mem=256M,compute=10", "/bin/sh", "-c", script)
     out = r.stdout + r.stderr
@@ -134,6 +135,9 @@ def test_container_runs_cuda_through_its_forwarder(host):
     assert "PASSED: 0 unexpected" in out and "vadd result" in out and "drv_api rc=0" in out
     assert f"free {256 << 20} {256 << 20}" in out, out  # the quota is the device
     assert "alloc failed" in out and "hold300 rc=1" in out  # over the quota: out of memory
+    # nvidia-smi-style, inside the container: the runtime mounted the guest NVML and vmgpu-smi
+    assert "name, memory.total [MiB], memory.used [MiB]" in out and ", 256 MiB, 0 MiB" in out, out
+    assert "quota MiB" in out and "(no process of this guest holds GPU memory)" in out
     assert "SIMULATED backend" in out
     assert wait_for(lambda: not client.status().slices) and not regions()
 

@@ -47,7 +47,8 @@ def _libs(binary: Path, search: list[Path]) -> set[Path]:
 
 def build_rootfs(root: Path, programs: dict[str, Path], files: dict[str, Path], guest_lib: bool = True) -> Path:
     """A minimal root file system at root: busybox, the programs in /bin with the shared
-    libraries they load, files at their paths, and (guest_lib) the guest libcuda.so.1."""
+    libraries they load, files at their paths, and (guest_lib) the guest libcuda.so.1 and
+    libnvidia-ml.so.1."""
     shutil.rmtree(root, ignore_errors=True)
     for d in ("bin", "dev", "proc", "sys", "tmp", "lib/x86_64-linux-gnu", "lib64"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -59,12 +60,13 @@ def build_rootfs(root: Path, programs: dict[str, Path], files: dict[str, Path], 
     guestlib = NATIVE / "guest" / "libcuda.so.1"
     if guest_lib:
         shutil.copy2(guestlib, root / "lib/x86_64-linux-gnu/libcuda.so.1")
+        shutil.copy2(guestlib.parent / "libnvidia-ml.so.1", root / "lib/x86_64-linux-gnu/libnvidia-ml.so.1")
     libs: set[Path] = set(_libs(guestlib, []))
     for name, src in programs.items():
         shutil.copy2(src, root / "bin" / name)
         libs |= _libs(src, [NATIVE / "guest"])
     for lib in libs:
-        if lib.name == "libcuda.so.1":
+        if lib.name in ("libcuda.so.1", "libnvidia-ml.so.1"):
             continue
         target = root / str(lib).lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -159,8 +159,8 @@ def test_cuda_programs_in_a_vm_run_through_the_host_forwarder(host, initrd):
         "VMGPU-E2E hold0 rc=0",
         "alloc failed",  # 300 MiB is over the 256 MiB quota: CUDA_ERROR_OUT_OF_MEMORY in the guest
         "VMGPU-E2E hold300 rc=1",
-        "quota MiB",  # vmgpu-smi: the quota table, and the process table with itself in it
-        "(vmgpu-smi)",
+        "quota MiB",  # vmgpu-smi (through the guest NVML): the quota table, and no process left holding memory
+        "(no process of this guest holds GPU memory)",
         "VMGPU-E2E done",
     ):
         assert want in out, f"'{want}' not on the guest's console:\n{out}"

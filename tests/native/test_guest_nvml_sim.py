@@ -176,3 +176,37 @@ def live_size(tmp_path: Path) -> int:
     include = Path(__file__).resolve().parents[2] / "native" / "cuda_api" / "include"
     subprocess.run(["cc", "-o", str(exe), str(src), f"-I{include}"], check=True)
     return int(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+
+
+def test_vmgpu_smi_answers_the_nvidia_smi_options_people_script_against(shm_path):
+    smi = GUEST_LIB / "vmgpu-smi"
+    with forwarder(shm_path, mem="1G"):
+        p = hold(shm_path, 128)
+        try:
+            assert p.stdout.readline().startswith("held")
+            table = run_guest([smi], shm_path)
+            listing = run_guest([smi, "-L"], shm_path)
+            gpu = run_guest(
+                [smi, "--query-gpu=index,memory.total,memory.used,temperature.gpu", "--format=csv"], shm_path
+            )
+            bare = run_guest([smi, "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"], shm_path)
+            apps = run_guest([smi, "--query-compute-apps=pid,process_name,used_memory", "--format=csv"], shm_path)
+            bad = run_guest([smi, "--query-gpu=index,wattage", "--format=csv"], shm_path)
+        finally:
+            p.stdin.close()
+            p.wait(timeout=30)
+        after = run_guest([smi, "--query-compute-apps=pid", "--format=csv,noheader"], shm_path)
+    for r in (table, listing, gpu, bare, apps, after):
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert "quota MiB" in table.stdout and f"{p.pid}" in table.stdout and " hold " in table.stdout
+    assert listing.stdout.startswith("GPU 0: ") and "(UUID: GPU-" in listing.stdout
+    head, row = gpu.stdout.splitlines()
+    assert head == "index, memory.total [MiB], memory.used [MiB], temperature.gpu"
+    used = int(row.split(", ")[2].split()[0])
+    assert row.startswith("0, 1024 MiB, ") and used >= 128 and row.endswith("[N/A]")
+    assert bare.stdout.strip() == f"1024, {1024 - used}"
+    lines = apps.stdout.splitlines()
+    assert lines[0] == "pid, process_name, used_gpu_memory [MiB]"
+    assert lines[1:] == [f"{p.pid}, hold, {used} MiB"]
+    assert after.stdout == ""  # the process exited: it is gone from the list
+    assert bad.returncode == 2 and 'field "wattage" is not a valid field' in bad.stderr
