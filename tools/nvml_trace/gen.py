@@ -7,6 +7,8 @@ import sys
 
 # nvmlInternalGetExportTable is written in C (nvtrace.c): it wraps the tables it hands out
 names = [n.strip() for n in open(sys.argv[1]) if n.strip() and n.strip() != "nvmlInternalGetExportTable"]
+# each export calls the real function with the caller's own stack (its return address swapped
+# for ours, so stack arguments pass through), then logs the result (NVT_VERBOSE=1)
 with open("stubs.S", "w") as f:
     f.write(".text\n")
     for i, n in enumerate(names):
@@ -14,10 +16,13 @@ with open("stubs.S", "w") as f:
             f".globl {n}\n.type {n},@function\n{n}:\n"
             f"  lock incq nvt_counts+{8 * i}(%rip)\n"
             f"  cmpq $0, nvt_real+{8 * i}(%rip)\n"
-            f"  je 1f\n"
-            f"  jmp *nvt_real+{8 * i}(%rip)\n"
-            f"1: movl ${i}, %edi\n"
+            f"  jne 2f\n"
+            f"  movl ${i}, %edi\n"
             f"  jmp nvt_fake\n"
+            f"2: popq %r11\n  movq %r11, nvt_ret(%rip)\n"
+            f"  call *nvt_real+{8 * i}(%rip)\n"
+            f"  pushq nvt_ret(%rip)\n  pushq %rax\n"
+            f"  movl ${i}, %edi\n  movq %rax, %rsi\n  call nvt_returned\n  popq %rax\n  ret\n"
         )
     f.write('.section .note.GNU-stack,"",@progbits\n')
 with open("names.h", "w") as f:

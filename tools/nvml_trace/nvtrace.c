@@ -17,6 +17,15 @@ HIDDEN unsigned long nvt_counts[NVT_N];
 HIDDEN void *nvt_real[NVT_N];
 
 HIDDEN int nvt_fake(int i);
+HIDDEN void nvt_returned(int i, long r);
+HIDDEN void nvt_returned(int i, long r)
+{
+	static int verbose = -1;
+	if (verbose < 0)
+		verbose = getenv("NVT_VERBOSE") != NULL;
+	if (verbose)
+		fprintf(stderr, "nvtrace: %s -> %d\n", nvt_names[i], (int)r);
+}
 int nvt_fake(int i)
 {
 	fprintf(stderr, "nvtrace: %s\n", nvt_names[i]);

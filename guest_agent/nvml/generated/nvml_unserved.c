@@ -2,7 +2,7 @@
 /* Every function of the real libnvidia-ml.so.1 that vmgpu does not serve: NOT_SUPPORTED. */
 #include "vn_nvml.h"
 
-static const char *const unserved_names[346] = {
+static const char *const unserved_names[340] = {
 	"nvmlComputeInstanceDestroy",
 	"nvmlComputeInstanceGetInfo",
 	"nvmlComputeInstanceGetInfo_v2",
@@ -162,7 +162,6 @@ static const char *const unserved_names[346] = {
 	"nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts",
 	"nvmlDeviceGetSupportedClocksEventReasons",
 	"nvmlDeviceGetSupportedClocksThrottleReasons",
-	"nvmlDeviceGetSupportedEventTypes",
 	"nvmlDeviceGetSupportedGraphicsClocks",
 	"nvmlDeviceGetSupportedMemoryClocks",
 	"nvmlDeviceGetSupportedPerformanceStates",
@@ -197,7 +196,6 @@ static const char *const unserved_names[346] = {
 	"nvmlDeviceQueryDrainState",
 	"nvmlDeviceReadPRMCounters_v1",
 	"nvmlDeviceReadWritePRM_v1",
-	"nvmlDeviceRegisterEvents",
 	"nvmlDeviceRemoveGpu",
 	"nvmlDeviceRemoveGpu_v2",
 	"nvmlDeviceResetApplicationsClocks",
@@ -244,10 +242,6 @@ static const char *const unserved_names[346] = {
 	"nvmlDeviceWorkloadPowerProfileGetCurrentProfiles",
 	"nvmlDeviceWorkloadPowerProfileGetProfilesInfo",
 	"nvmlDeviceWorkloadPowerProfileSetRequestedProfiles",
-	"nvmlEventSetCreate",
-	"nvmlEventSetFree",
-	"nvmlEventSetWait",
-	"nvmlEventSetWait_v2",
 	"nvmlGetBlacklistDeviceCount",
 	"nvmlGetBlacklistDeviceInfoByIndex",
 	"nvmlGetExcludedDeviceCount",
@@ -350,7 +344,7 @@ static const char *const unserved_names[346] = {
 	"nvmlVgpuTypeGetNumDisplayHeads",
 	"nvmlVgpuTypeGetResolution",
 };
-static int logged[346];
+static int logged[340];
 
 static nvmlReturn_t unserved(int i)
 {
@@ -1153,942 +1147,912 @@ nvmlReturn_t DECLDIR nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t de
 	return unserved(158);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, unsigned int memoryClockMHz, unsigned int *count, unsigned int *clocksMHz)
 {
 	return unserved(159);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t device, unsigned int memoryClockMHz, unsigned int *count, unsigned int *clocksMHz)
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count, unsigned int *clocksMHz)
 {
 	return unserved(160);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count, unsigned int *clocksMHz)
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedPerformanceStates(nvmlDevice_t device, nvmlPstates_t *pstates, unsigned int size)
 {
 	return unserved(161);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetSupportedPerformanceStates(nvmlDevice_t device, nvmlPstates_t *pstates, unsigned int size)
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedVgpus(nvmlDevice_t device, unsigned int *vgpuCount, nvmlVgpuTypeId_t *vgpuTypeIds)
 {
 	return unserved(162);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetSupportedVgpus(nvmlDevice_t device, unsigned int *vgpuCount, nvmlVgpuTypeId_t *vgpuTypeIds)
+nvmlReturn_t DECLDIR nvmlDeviceGetTargetFanSpeed(nvmlDevice_t device, unsigned int fan, unsigned int *targetSpeed)
 {
 	return unserved(163);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetTargetFanSpeed(nvmlDevice_t device, unsigned int fan, unsigned int *targetSpeed)
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType, unsigned int *temp)
 {
 	return unserved(164);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType, unsigned int *temp)
+nvmlReturn_t DECLDIR nvmlDeviceGetThermalSettings(nvmlDevice_t device, unsigned int sensorIndex, nvmlGpuThermalSettings_t *pThermalSettings)
 {
 	return unserved(165);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetThermalSettings(nvmlDevice_t device, unsigned int sensorIndex, nvmlGpuThermalSettings_t *pThermalSettings)
+nvmlReturn_t DECLDIR nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuTopologyLevel_t *pathInfo)
 {
 	return unserved(166);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuTopologyLevel_t *pathInfo)
+nvmlReturn_t DECLDIR nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlGpuTopologyLevel_t level, unsigned int *count, nvmlDevice_t *deviceArray)
 {
 	return unserved(167);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlGpuTopologyLevel_t level, unsigned int *count, nvmlDevice_t *deviceArray)
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType, nvmlEccCounterType_t counterType, unsigned long long *eccCounts)
 {
 	return unserved(168);
 }
 
-nvmlReturn_t DECLDIR nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType, nvmlEccCounterType_t counterType, unsigned long long *eccCounts)
-{
-	return unserved(169);
-}
-
 nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
 {
-	return unserved(170);
+	return unserved(169);
 }
 
 nvmlReturn_t nvmlDeviceGetUnrepairableMemoryFlag_v1(void);
 nvmlReturn_t nvmlDeviceGetUnrepairableMemoryFlag_v1(void)
 {
-	return unserved(171);
+	return unserved(170);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version, unsigned int length)
 {
-	return unserved(172);
+	return unserved(171);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuCapabilities(nvmlDevice_t device, nvmlDeviceVgpuCapability_t capability, unsigned int *capResult)
 {
-	return unserved(173);
+	return unserved(172);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuHeterogeneousMode(nvmlDevice_t device, nvmlVgpuHeterogeneousMode_t *pHeterogeneousMode)
 {
-	return unserved(174);
+	return unserved(173);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuInstancesUtilizationInfo(nvmlDevice_t device, nvmlVgpuInstancesUtilizationInfo_t *vgpuUtilInfo)
 {
-	return unserved(175);
+	return unserved(174);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuMetadata(nvmlDevice_t device, nvmlVgpuPgpuMetadata_t *pgpuMetadata, unsigned int *bufferSize)
 {
-	return unserved(176);
+	return unserved(175);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuProcessesUtilizationInfo(nvmlDevice_t device, nvmlVgpuProcessesUtilizationInfo_t *vgpuProcUtilInfo)
 {
-	return unserved(177);
+	return unserved(176);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuProcessUtilization(nvmlDevice_t device, unsigned long long lastSeenTimeStamp, unsigned int *vgpuProcessSamplesCount, nvmlVgpuProcessUtilizationSample_t *utilizationSamples)
 {
-	return unserved(178);
+	return unserved(177);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuSchedulerCapabilities(nvmlDevice_t device, nvmlVgpuSchedulerCapabilities_t *pCapabilities)
 {
-	return unserved(179);
+	return unserved(178);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuSchedulerLog(nvmlDevice_t device, nvmlVgpuSchedulerLog_t *pSchedulerLog)
 {
-	return unserved(180);
+	return unserved(179);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuSchedulerState(nvmlDevice_t device, nvmlVgpuSchedulerGetState_t *pSchedulerState)
 {
-	return unserved(181);
+	return unserved(180);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuTypeCreatablePlacements(nvmlDevice_t device, nvmlVgpuTypeId_t vgpuTypeId, nvmlVgpuPlacementList_t *pPlacementList)
 {
-	return unserved(182);
+	return unserved(181);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuTypeSupportedPlacements(nvmlDevice_t device, nvmlVgpuTypeId_t vgpuTypeId, nvmlVgpuPlacementList_t *pPlacementList)
 {
-	return unserved(183);
+	return unserved(182);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetVgpuUtilization(nvmlDevice_t device, unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType, unsigned int *vgpuInstanceSamplesCount, nvmlVgpuInstanceUtilizationSample_t *utilizationSamples)
 {
-	return unserved(184);
+	return unserved(183);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType, nvmlViolationTime_t *violTime)
 {
-	return unserved(185);
+	return unserved(184);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceModifyDrainState(nvmlPciInfo_t *pciInfo, nvmlEnableState_t newState)
 {
-	return unserved(186);
+	return unserved(185);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceOnSameBoard(nvmlDevice_t device1, nvmlDevice_t device2, int *onSameBoard)
 {
-	return unserved(187);
+	return unserved(186);
 }
 
 nvmlReturn_t DECLDIR nvmlDevicePowerSmoothingActivatePresetProfile(nvmlDevice_t device, nvmlPowerSmoothingProfile_t *profile)
 {
-	return unserved(188);
+	return unserved(187);
 }
 
 nvmlReturn_t DECLDIR nvmlDevicePowerSmoothingSetState(nvmlDevice_t device, nvmlPowerSmoothingState_t *state)
 {
-	return unserved(189);
+	return unserved(188);
 }
 
 nvmlReturn_t DECLDIR nvmlDevicePowerSmoothingUpdatePresetProfileParam(nvmlDevice_t device, nvmlPowerSmoothingProfile_t *profile)
 {
-	return unserved(190);
+	return unserved(189);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceQueryDrainState(nvmlPciInfo_t *pciInfo, nvmlEnableState_t *currentState)
 {
-	return unserved(191);
+	return unserved(190);
 }
 
 nvmlReturn_t nvmlDeviceReadPRMCounters_v1(void);
 nvmlReturn_t nvmlDeviceReadPRMCounters_v1(void)
 {
-	return unserved(192);
+	return unserved(191);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceReadWritePRM_v1(nvmlDevice_t device, nvmlPRMTLV_v1_t *buffer)
 {
-	return unserved(193);
-}
-
-nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
-{
-	return unserved(194);
+	return unserved(192);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceRemoveGpu(nvmlPciInfo_t *pciInfo)
 {
-	return unserved(195);
+	return unserved(193);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceRemoveGpu_v2(nvmlPciInfo_t *pciInfo, nvmlDetachGpuState_t gpuState, nvmlPcieLinkState_t linkState)
 {
-	return unserved(196);
+	return unserved(194);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetApplicationsClocks(nvmlDevice_t device)
 {
-	return unserved(197);
+	return unserved(195);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetGpuLockedClocks(nvmlDevice_t device)
 {
-	return unserved(198);
+	return unserved(196);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetMemoryLockedClocks(nvmlDevice_t device)
 {
-	return unserved(199);
+	return unserved(197);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetNvLinkErrorCounters(nvmlDevice_t device, unsigned int link)
 {
-	return unserved(200);
+	return unserved(198);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceResetNvLinkUtilizationCounter(nvmlDevice_t device, unsigned int link, unsigned int counter)
 {
-	return unserved(201);
+	return unserved(199);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetAccountingMode(nvmlDevice_t device, nvmlEnableState_t mode)
 {
-	return unserved(202);
+	return unserved(200);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetAPIRestriction(nvmlDevice_t device, nvmlRestrictedAPI_t apiType, nvmlEnableState_t isRestricted)
 {
-	return unserved(203);
+	return unserved(201);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetApplicationsClocks(nvmlDevice_t device, unsigned int memClockMHz, unsigned int graphicsClockMHz)
 {
-	return unserved(204);
+	return unserved(202);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetAutoBoostedClocksEnabled(nvmlDevice_t device, nvmlEnableState_t enabled)
 {
-	return unserved(205);
+	return unserved(203);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetClockOffsets(nvmlDevice_t device, nvmlClockOffset_t *info)
 {
-	return unserved(206);
+	return unserved(204);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode)
 {
-	return unserved(207);
+	return unserved(205);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetConfComputeUnprotectedMemSize(nvmlDevice_t device, unsigned long long sizeKiB)
 {
-	return unserved(208);
+	return unserved(206);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetCpuAffinity(nvmlDevice_t device)
 {
-	return unserved(209);
+	return unserved(207);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetDefaultAutoBoostedClocksEnabled(nvmlDevice_t device, nvmlEnableState_t enabled, unsigned int flags)
 {
-	return unserved(210);
+	return unserved(208);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetDefaultFanSpeed_v2(nvmlDevice_t device, unsigned int fan)
 {
-	return unserved(211);
+	return unserved(209);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetDramEncryptionMode(nvmlDevice_t device, const nvmlDramEncryptionInfo_t *dramEncryption)
 {
-	return unserved(212);
+	return unserved(210);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetDriverModel(nvmlDevice_t device, nvmlDriverModel_t driverModel, unsigned int flags)
 {
-	return unserved(213);
+	return unserved(211);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetEccMode(nvmlDevice_t device, nvmlEnableState_t ecc)
 {
-	return unserved(214);
+	return unserved(212);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetFanControlPolicy(nvmlDevice_t device, unsigned int fan, nvmlFanControlPolicy_t policy)
 {
-	return unserved(215);
+	return unserved(213);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, unsigned int speed)
 {
-	return unserved(216);
+	return unserved(214);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetGpcClkVfOffset(nvmlDevice_t device, int offset)
 {
-	return unserved(217);
+	return unserved(215);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetGpuLockedClocks(nvmlDevice_t device, unsigned int minGpuClockMHz, unsigned int maxGpuClockMHz)
 {
-	return unserved(218);
+	return unserved(216);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetGpuOperationMode(nvmlDevice_t device, nvmlGpuOperationMode_t mode)
 {
-	return unserved(219);
+	return unserved(217);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetHostname_v1(nvmlDevice_t device, nvmlHostname_v1_t *hostname)
 {
-	return unserved(220);
+	return unserved(218);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetMemClkVfOffset(nvmlDevice_t device, int offset)
 {
-	return unserved(221);
+	return unserved(219);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t device, unsigned int minMemClockMHz, unsigned int maxMemClockMHz)
 {
-	return unserved(222);
+	return unserved(220);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activationStatus)
 {
-	return unserved(223);
+	return unserved(221);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetNvlinkBwMode(nvmlDevice_t device, nvmlNvlinkSetBwMode_t *setBwMode)
 {
-	return unserved(224);
+	return unserved(222);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetNvLinkDeviceLowPowerThreshold(nvmlDevice_t device, nvmlNvLinkPowerThres_t *info)
 {
-	return unserved(225);
+	return unserved(223);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetNvLinkUtilizationControl(nvmlDevice_t device, unsigned int link, unsigned int counter, nvmlNvLinkUtilizationControl_t *control, unsigned int reset)
 {
-	return unserved(226);
+	return unserved(224);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode)
 {
-	return unserved(227);
+	return unserved(225);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit)
 {
-	return unserved(228);
+	return unserved(226);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetPowerManagementLimit_v2(nvmlDevice_t device, nvmlPowerValue_v2_t *powerValue)
 {
-	return unserved(229);
+	return unserved(227);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetPowerMizerMode_v1(nvmlDevice_t device, nvmlDevicePowerMizerModes_v1_t *powerMizerMode)
 {
-	return unserved(230);
+	return unserved(228);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType, int *temp)
 {
-	return unserved(231);
+	return unserved(229);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetVgpuCapabilities(nvmlDevice_t device, nvmlDeviceVgpuCapability_t capability, nvmlEnableState_t state)
 {
-	return unserved(232);
+	return unserved(230);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetVgpuHeterogeneousMode(nvmlDevice_t device, const nvmlVgpuHeterogeneousMode_t *pHeterogeneousMode)
 {
-	return unserved(233);
+	return unserved(231);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetVgpuSchedulerState(nvmlDevice_t device, nvmlVgpuSchedulerSetState_t *pSchedulerState)
 {
-	return unserved(234);
+	return unserved(232);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceSetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtualizationMode_t virtualMode)
 {
-	return unserved(235);
+	return unserved(233);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceValidateInforom(nvmlDevice_t device)
 {
-	return unserved(236);
+	return unserved(234);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceWorkloadPowerProfileClearRequestedProfiles(nvmlDevice_t device, nvmlWorkloadPowerProfileRequestedProfiles_t *requestedProfiles)
 {
-	return unserved(237);
+	return unserved(235);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceWorkloadPowerProfileGetCurrentProfiles(nvmlDevice_t device, nvmlWorkloadPowerProfileCurrentProfiles_t *currentProfiles)
 {
-	return unserved(238);
+	return unserved(236);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceWorkloadPowerProfileGetProfilesInfo(nvmlDevice_t device, nvmlWorkloadPowerProfileProfilesInfo_t *profilesInfo)
 {
-	return unserved(239);
+	return unserved(237);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceWorkloadPowerProfileSetRequestedProfiles(nvmlDevice_t device, nvmlWorkloadPowerProfileRequestedProfiles_t *requestedProfiles)
 {
-	return unserved(240);
-}
-
-nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
-{
-	return unserved(241);
-}
-
-nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
-{
-	return unserved(242);
-}
-
-nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t * data, unsigned int timeoutms)
-{
-	return unserved(243);
-}
-
-nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t * data, unsigned int timeoutms)
-{
-	return unserved(244);
+	return unserved(238);
 }
 
 nvmlReturn_t nvmlGetBlacklistDeviceCount(void);
 nvmlReturn_t nvmlGetBlacklistDeviceCount(void)
 {
-	return unserved(245);
+	return unserved(239);
 }
 
 nvmlReturn_t nvmlGetBlacklistDeviceInfoByIndex(void);
 nvmlReturn_t nvmlGetBlacklistDeviceInfoByIndex(void)
 {
-	return unserved(246);
+	return unserved(240);
 }
 
 nvmlReturn_t DECLDIR nvmlGetExcludedDeviceCount(unsigned int *deviceCount)
 {
-	return unserved(247);
+	return unserved(241);
 }
 
 nvmlReturn_t DECLDIR nvmlGetExcludedDeviceInfoByIndex(unsigned int index, nvmlExcludedDeviceInfo_t *info)
 {
-	return unserved(248);
+	return unserved(242);
 }
 
 nvmlReturn_t DECLDIR nvmlGetVgpuCompatibility(nvmlVgpuMetadata_t *vgpuMetadata, nvmlVgpuPgpuMetadata_t *pgpuMetadata, nvmlVgpuPgpuCompatibility_t *compatibilityInfo)
 {
-	return unserved(249);
+	return unserved(243);
 }
 
 nvmlReturn_t DECLDIR nvmlGetVgpuDriverCapabilities(nvmlVgpuDriverCapability_t capability, unsigned int *capResult)
 {
-	return unserved(250);
+	return unserved(244);
 }
 
 nvmlReturn_t DECLDIR nvmlGetVgpuVersion(nvmlVgpuVersion_t *supported, nvmlVgpuVersion_t *current)
 {
-	return unserved(251);
+	return unserved(245);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
 {
-	return unserved(252);
+	return unserved(246);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample)
 {
-	return unserved(253);
+	return unserved(247);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)
 {
-	return unserved(254);
+	return unserved(248);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmQueryIfStreamingEnabled(nvmlDevice_t device, unsigned int *state)
 {
-	return unserved(255);
+	return unserved(249);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample)
 {
-	return unserved(256);
+	return unserved(250);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmSampleFree(nvmlGpmSample_t gpmSample)
 {
-	return unserved(257);
+	return unserved(251);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample)
 {
-	return unserved(258);
+	return unserved(252);
 }
 
 nvmlReturn_t DECLDIR nvmlGpmSetStreamingEnabled(nvmlDevice_t device, unsigned int state)
 {
-	return unserved(259);
+	return unserved(253);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId, nvmlComputeInstance_t *computeInstance)
 {
-	return unserved(260);
+	return unserved(254);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuInstance_t gpuInstance, unsigned int profileId, const nvmlComputeInstancePlacement_t *placement, nvmlComputeInstance_t *computeInstance)
 {
-	return unserved(261);
+	return unserved(255);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
 {
-	return unserved(262);
+	return unserved(256);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetActiveVgpus(nvmlGpuInstance_t gpuInstance, nvmlActiveVgpuInstanceInfo_t *pVgpuInstanceInfo)
 {
-	return unserved(263);
+	return unserved(257);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id, nvmlComputeInstance_t *computeInstance)
 {
-	return unserved(264);
+	return unserved(258);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstancePossiblePlacements(nvmlGpuInstance_t gpuInstance, unsigned int profileId, nvmlComputeInstancePlacement_t *placements, unsigned int *count)
 {
-	return unserved(265);
+	return unserved(259);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile, nvmlComputeInstanceProfileInfo_t *info)
 {
-	return unserved(266);
+	return unserved(260);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile, nvmlComputeInstanceProfileInfo_v2_t *info)
 {
-	return unserved(267);
+	return unserved(261);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t gpuInstance, unsigned int profileId, unsigned int *count)
 {
-	return unserved(268);
+	return unserved(262);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId, nvmlComputeInstance_t *computeInstances, unsigned int *count)
 {
-	return unserved(269);
+	return unserved(263);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetCreatableVgpus(nvmlGpuInstance_t gpuInstance, nvmlVgpuTypeIdInfo_t *pVgpus)
 {
-	return unserved(270);
+	return unserved(264);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
 {
-	return unserved(271);
+	return unserved(265);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetVgpuHeterogeneousMode(nvmlGpuInstance_t gpuInstance, nvmlVgpuHeterogeneousMode_t *pHeterogeneousMode)
 {
-	return unserved(272);
+	return unserved(266);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetVgpuSchedulerLog(nvmlGpuInstance_t gpuInstance, nvmlVgpuSchedulerLogInfo_t *pSchedulerLogInfo)
 {
-	return unserved(273);
+	return unserved(267);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetVgpuSchedulerState(nvmlGpuInstance_t gpuInstance, nvmlVgpuSchedulerStateInfo_t *pSchedulerStateInfo)
 {
-	return unserved(274);
+	return unserved(268);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetVgpuTypeCreatablePlacements(nvmlGpuInstance_t gpuInstance, nvmlVgpuCreatablePlacementInfo_t *pCreatablePlacementInfo)
 {
-	return unserved(275);
+	return unserved(269);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceSetVgpuHeterogeneousMode(nvmlGpuInstance_t gpuInstance, const nvmlVgpuHeterogeneousMode_t *pHeterogeneousMode)
 {
-	return unserved(276);
+	return unserved(270);
 }
 
 nvmlReturn_t DECLDIR nvmlGpuInstanceSetVgpuSchedulerState(nvmlGpuInstance_t gpuInstance, nvmlVgpuSchedulerState_t *pScheduler)
 {
-	return unserved(277);
+	return unserved(271);
 }
 
 nvmlReturn_t DECLDIR nvmlSetVgpuVersion(nvmlVgpuVersion_t *vgpuVersion)
 {
-	return unserved(278);
+	return unserved(272);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemEventSetCreate(nvmlSystemEventSetCreateRequest_t *request)
 {
-	return unserved(279);
+	return unserved(273);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemEventSetFree(nvmlSystemEventSetFreeRequest_t *request)
 {
-	return unserved(280);
+	return unserved(274);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemEventSetWait(nvmlSystemEventSetWaitRequest_t *request)
 {
-	return unserved(281);
+	return unserved(275);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeCapabilities(nvmlConfComputeSystemCaps_t *capabilities)
 {
-	return unserved(282);
+	return unserved(276);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeGpusReadyState(unsigned int *isAcceptingWork)
 {
-	return unserved(283);
+	return unserved(277);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeKeyRotationThresholdInfo(nvmlConfComputeGetKeyRotationThresholdInfo_t *pKeyRotationThrInfo)
 {
-	return unserved(284);
+	return unserved(278);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeSettings(nvmlSystemConfComputeSettings_t *settings)
 {
-	return unserved(285);
+	return unserved(279);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetConfComputeState(nvmlConfComputeSystemState_t *state)
 {
-	return unserved(286);
+	return unserved(280);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_t *branchInfo, unsigned int length)
 {
-	return unserved(287);
+	return unserved(281);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetHicVersion(unsigned int *hwbcCount, nvmlHwbcEntry_t *hwbcEntries)
 {
-	return unserved(288);
+	return unserved(282);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetNvlinkBwMode(unsigned int *nvlinkBwMode)
 {
-	return unserved(289);
+	return unserved(283);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetTopologyGpuSet(unsigned int cpuNumber, unsigned int *count, nvmlDevice_t *deviceArray)
 {
-	return unserved(290);
+	return unserved(284);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemRegisterEvents(nvmlSystemRegisterEventRequest_t *request)
 {
-	return unserved(291);
+	return unserved(285);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemSetConfComputeGpusReadyState(unsigned int isAcceptingWork)
 {
-	return unserved(292);
+	return unserved(286);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemSetConfComputeKeyRotationThresholdInfo(nvmlConfComputeSetKeyRotationThresholdInfo_t *pKeyRotationThrInfo)
 {
-	return unserved(293);
+	return unserved(287);
 }
 
 nvmlReturn_t DECLDIR nvmlSystemSetNvlinkBwMode(unsigned int nvlinkBwMode)
 {
-	return unserved(294);
+	return unserved(288);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetCount(unsigned int *unitCount)
 {
-	return unserved(295);
+	return unserved(289);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetDevices(nvmlUnit_t unit, unsigned int *deviceCount, nvmlDevice_t *devices)
 {
-	return unserved(296);
+	return unserved(290);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetFanSpeedInfo(nvmlUnit_t unit, nvmlUnitFanSpeeds_t *fanSpeeds)
 {
-	return unserved(297);
+	return unserved(291);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetHandleByIndex(unsigned int index, nvmlUnit_t *unit)
 {
-	return unserved(298);
+	return unserved(292);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetLedState(nvmlUnit_t unit, nvmlLedState_t *state)
 {
-	return unserved(299);
+	return unserved(293);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetPsuInfo(nvmlUnit_t unit, nvmlPSUInfo_t *psu)
 {
-	return unserved(300);
+	return unserved(294);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetTemperature(nvmlUnit_t unit, unsigned int type, unsigned int *temp)
 {
-	return unserved(301);
+	return unserved(295);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitGetUnitInfo(nvmlUnit_t unit, nvmlUnitInfo_t *info)
 {
-	return unserved(302);
+	return unserved(296);
 }
 
 nvmlReturn_t DECLDIR nvmlUnitSetLedState(nvmlUnit_t unit, nvmlLedColor_t color)
 {
-	return unserved(303);
+	return unserved(297);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceClearAccountingPids(nvmlVgpuInstance_t vgpuInstance)
 {
-	return unserved(304);
+	return unserved(298);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetAccountingMode(nvmlVgpuInstance_t vgpuInstance, nvmlEnableState_t *mode)
 {
-	return unserved(305);
+	return unserved(299);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetAccountingPids(nvmlVgpuInstance_t vgpuInstance, unsigned int *count, unsigned int *pids)
 {
-	return unserved(306);
+	return unserved(300);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetAccountingStats(nvmlVgpuInstance_t vgpuInstance, unsigned int pid, nvmlAccountingStats_t *stats)
 {
-	return unserved(307);
+	return unserved(301);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetEccMode(nvmlVgpuInstance_t vgpuInstance, nvmlEnableState_t *eccMode)
 {
-	return unserved(308);
+	return unserved(302);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetEncoderCapacity(nvmlVgpuInstance_t vgpuInstance, unsigned int *encoderCapacity)
 {
-	return unserved(309);
+	return unserved(303);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetEncoderSessions(nvmlVgpuInstance_t vgpuInstance, unsigned int *sessionCount, nvmlEncoderSessionInfo_t *sessionInfo)
 {
-	return unserved(310);
+	return unserved(304);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetEncoderStats(nvmlVgpuInstance_t vgpuInstance, unsigned int *sessionCount, unsigned int *averageFps, unsigned int *averageLatency)
 {
-	return unserved(311);
+	return unserved(305);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetFBCSessions(nvmlVgpuInstance_t vgpuInstance, unsigned int *sessionCount, nvmlFBCSessionInfo_t *sessionInfo)
 {
-	return unserved(312);
+	return unserved(306);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetFBCStats(nvmlVgpuInstance_t vgpuInstance, nvmlFBCStats_t *fbcStats)
 {
-	return unserved(313);
+	return unserved(307);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetFbUsage(nvmlVgpuInstance_t vgpuInstance, unsigned long long *fbUsage)
 {
-	return unserved(314);
+	return unserved(308);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetFrameRateLimit(nvmlVgpuInstance_t vgpuInstance, unsigned int *frameRateLimit)
 {
-	return unserved(315);
+	return unserved(309);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetGpuInstanceId(nvmlVgpuInstance_t vgpuInstance, unsigned int *gpuInstanceId)
 {
-	return unserved(316);
+	return unserved(310);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetGpuPciId(nvmlVgpuInstance_t vgpuInstance, char *vgpuPciId, unsigned int *length)
 {
-	return unserved(317);
+	return unserved(311);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetLicenseInfo(nvmlVgpuInstance_t vgpuInstance, nvmlVgpuLicenseInfo_t *licenseInfo)
 {
-	return unserved(318);
+	return unserved(312);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetLicenseInfo_v2(nvmlVgpuInstance_t vgpuInstance, nvmlVgpuLicenseInfo_t *licenseInfo)
 {
-	return unserved(319);
+	return unserved(313);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetLicenseStatus(nvmlVgpuInstance_t vgpuInstance, unsigned int *licensed)
 {
-	return unserved(320);
+	return unserved(314);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetMdevUUID(nvmlVgpuInstance_t vgpuInstance, char *mdevUuid, unsigned int size)
 {
-	return unserved(321);
+	return unserved(315);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetMetadata(nvmlVgpuInstance_t vgpuInstance, nvmlVgpuMetadata_t *vgpuMetadata, unsigned int *bufferSize)
 {
-	return unserved(322);
+	return unserved(316);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetPlacementId(nvmlVgpuInstance_t vgpuInstance, nvmlVgpuPlacementId_t *pPlacement)
 {
-	return unserved(323);
+	return unserved(317);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetRuntimeStateSize(nvmlVgpuInstance_t vgpuInstance, nvmlVgpuRuntimeState_t *pState)
 {
-	return unserved(324);
+	return unserved(318);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetType(nvmlVgpuInstance_t vgpuInstance, nvmlVgpuTypeId_t *vgpuTypeId)
 {
-	return unserved(325);
+	return unserved(319);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetUUID(nvmlVgpuInstance_t vgpuInstance, char *uuid, unsigned int size)
 {
-	return unserved(326);
+	return unserved(320);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetVmDriverVersion(nvmlVgpuInstance_t vgpuInstance, char* version, unsigned int length)
 {
-	return unserved(327);
+	return unserved(321);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceGetVmID(nvmlVgpuInstance_t vgpuInstance, char *vmId, unsigned int size, nvmlVgpuVmIdType_t *vmIdType)
 {
-	return unserved(328);
+	return unserved(322);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuInstanceSetEncoderCapacity(nvmlVgpuInstance_t vgpuInstance, unsigned int encoderCapacity)
 {
-	return unserved(329);
+	return unserved(323);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetBAR1Info(nvmlVgpuTypeId_t vgpuTypeId, nvmlVgpuTypeBar1Info_t *bar1Info)
 {
-	return unserved(330);
+	return unserved(324);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetCapabilities(nvmlVgpuTypeId_t vgpuTypeId, nvmlVgpuCapability_t capability, unsigned int *capResult)
 {
-	return unserved(331);
+	return unserved(325);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetClass(nvmlVgpuTypeId_t vgpuTypeId, char *vgpuTypeClass, unsigned int *size)
 {
-	return unserved(332);
+	return unserved(326);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetDeviceID(nvmlVgpuTypeId_t vgpuTypeId, unsigned long long *deviceID, unsigned long long *subsystemID)
 {
-	return unserved(333);
+	return unserved(327);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetFbReservation(nvmlVgpuTypeId_t vgpuTypeId, unsigned long long *fbReservation)
 {
-	return unserved(334);
+	return unserved(328);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetFramebufferSize(nvmlVgpuTypeId_t vgpuTypeId, unsigned long long *fbSize)
 {
-	return unserved(335);
+	return unserved(329);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetFrameRateLimit(nvmlVgpuTypeId_t vgpuTypeId, unsigned int *frameRateLimit)
 {
-	return unserved(336);
+	return unserved(330);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetGpuInstanceProfileId(nvmlVgpuTypeId_t vgpuTypeId, unsigned int *gpuInstanceProfileId)
 {
-	return unserved(337);
+	return unserved(331);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetGspHeapSize(nvmlVgpuTypeId_t vgpuTypeId, unsigned long long *gspHeapSize)
 {
-	return unserved(338);
+	return unserved(332);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetLicense(nvmlVgpuTypeId_t vgpuTypeId, char *vgpuTypeLicenseString, unsigned int size)
 {
-	return unserved(339);
+	return unserved(333);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetMaxInstances(nvmlDevice_t device, nvmlVgpuTypeId_t vgpuTypeId, unsigned int *vgpuInstanceCount)
 {
-	return unserved(340);
+	return unserved(334);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetMaxInstancesPerGpuInstance(nvmlVgpuTypeMaxInstance_t *pMaxInstance)
 {
-	return unserved(341);
+	return unserved(335);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetMaxInstancesPerVm(nvmlVgpuTypeId_t vgpuTypeId, unsigned int *vgpuInstanceCountPerVm)
 {
-	return unserved(342);
+	return unserved(336);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetName(nvmlVgpuTypeId_t vgpuTypeId, char *vgpuTypeName, unsigned int *size)
 {
-	return unserved(343);
+	return unserved(337);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetNumDisplayHeads(nvmlVgpuTypeId_t vgpuTypeId, unsigned int *numDisplayHeads)
 {
-	return unserved(344);
+	return unserved(338);
 }
 
 nvmlReturn_t DECLDIR nvmlVgpuTypeGetResolution(nvmlVgpuTypeId_t vgpuTypeId, unsigned int displayIndex, unsigned int *xdim, unsigned int *ydim)
 {
-	return unserved(345);
+	return unserved(339);
 }
 
