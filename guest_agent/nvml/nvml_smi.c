@@ -5,7 +5,8 @@
  * between nvidia-smi and NVML".  Its layout is not published; what is here was observed on the
  * GPU host (driver 580.159.04, tools/nvml_trace/probe_tables.sh): 270 slots, of which nvidia-smi
  * calls
- *   26   to print a line of its output: (format, stream name "stdout"/"stderr", text, ...)
+ *   26   with each line it prints: (log format, stream name "stdout"/"stderr", text, ...); it
+ *        prints the line itself, so this only logs it where NVML's debug log is on: nothing here
  *   81   for a device's short PCI address: (index, buffer, length, ...) -> "0000:00:06.0"
  *   213  for a device's compute processes: (device, unsigned *count in/out, entries, ...);
  *        an entry is 4128 bytes: pid (u32) at 0, memory used (u64) at 8, two ids at 16 and 24
@@ -29,12 +30,8 @@ static nvmlReturn_t smi_not_supported(void)
 	return NVML_ERROR_NOT_SUPPORTED;
 }
 
-static nvmlReturn_t smi_print(const char *format, const char *stream, const char *text)
+static nvmlReturn_t smi_log_line(void)
 {
-	(void)format;
-	FILE *f = stream && !strcmp(stream, "stderr") ? stderr : stdout;
-	if (text)
-		fprintf(f, "%s\n", text);
 	return NVML_SUCCESS;
 }
 
@@ -52,18 +49,16 @@ static nvmlReturn_t smi_bus_id(unsigned index, char *buf, unsigned len)
 
 static nvmlReturn_t smi_compute_processes(nvmlDevice_t device, unsigned *count, unsigned char *entries)
 {
-	unsigned cap = count ? *count : 0;
-	nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses_v3(device, count, NULL);
-	if (r != NVML_ERROR_INSUFFICIENT_SIZE && r != NVML_SUCCESS)
-		return r;
-	unsigned n = *count;
-	if (n == 0)
-		return NVML_SUCCESS;
-	if (n > cap || !entries)
-		return NVML_ERROR_INSUFFICIENT_SIZE;
+	if (!count)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned cap = *count, n = VG_NVML_MAX_PROCS;
 	nvmlProcessInfo_t p[VG_NVML_MAX_PROCS];
-	if ((r = nvmlDeviceGetComputeRunningProcesses_v3(device, &n, p)) != NVML_SUCCESS)
+	nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses_v3(device, &n, p);
+	if (r != NVML_SUCCESS)
 		return r;
+	*count = n;
+	if (n > cap || (n && !entries))
+		return NVML_ERROR_INSUFFICIENT_SIZE;
 	for (unsigned i = 0; i < n && i < cap; i++) {
 		unsigned char *e = entries + (size_t)i * SMI_ENTRY;
 		unsigned long long no_gi = ~0ull, no_ci = 0;
@@ -102,7 +97,7 @@ nvmlReturn_t nvmlInternalGetExportTable(const void **table, const unsigned char 
 	if (!smi_table[0]) { /* filled once; racing fillers write the same values */
 		for (int i = 1; i < SMI_SLOTS; i++)
 			smi_table[i] = (const void *)smi_not_supported;
-		smi_table[26] = (const void *)smi_print;
+		smi_table[26] = (const void *)smi_log_line;
 		smi_table[81] = (const void *)smi_bus_id;
 		smi_table[213] = (const void *)smi_compute_processes;
 		smi_table[214] = (const void *)smi_no_processes;
