@@ -99,21 +99,40 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 	struct timeval tv;
 	gettimeofday(&tv, NULL);
 	unsigned long long since = (unsigned long long)tv.tv_sec * 1000000ull + (unsigned long long)tv.tv_usec - 1000000ull;
+	/* ask for the count, then the samples; a process that starts in between makes the count
+	 * grow: ask again with room for it (a few times) */
 	unsigned n = 0;
 	int r = H.proc_util(dev, NULL, &n, since);
-	if (r == 6 /* NVML_ERROR_NOT_FOUND: no process ran */ || (r == 0 && n == 0)) {
-		*gpu = *mem = 0;
-		return 0;
+	struct host_util_sample *s = NULL;
+	for (int tries = 0; tries < 4; tries++) {
+		if (r == 6 /* NVML_ERROR_NOT_FOUND: no process ran */ || (r == 0 && n == 0)) {
+			free(s);
+			*gpu = *mem = 0;
+			return 0;
+		}
+		if ((r != 0 && r != 7 /* NVML_ERROR_INSUFFICIENT_SIZE */) || n > 4096)
+			break;
+		if (r == 0 && s)
+			break; /* the samples are in */
+		free(s);
+		n += 16;
+		s = calloc(n, sizeof *s);
+		if (!s)
+			return -1;
+		r = H.proc_util(dev, s, &n, since);
 	}
-	if (r != 7 /* NVML_ERROR_INSUFFICIENT_SIZE */ || n == 0 || n > 4096)
+	if (r != 0 || !s) {
+		static int logged;
+		if (!logged++)
+			vh_log("the host NVML gives no per-process utilization (nvmlDeviceGetProcessUtilization: %d); a "
+			       "guest's NVML shows none",
+			       r);
+		free(s);
 		return -1;
-	struct host_util_sample *s = calloc(n, sizeof *s);
-	if (!s)
-		return -1;
-	r = H.proc_util(dev, s, &n, since);
+	}
 	uint32_t g = 0, m = 0;
 	pid_t supervisor = getppid();
-	for (unsigned i = 0; r == 0 && i < n; i++) {
+	for (unsigned i = 0; i < n; i++) {
 		int seen = 0; /* one sample per process: the newest */
 		for (unsigned j = 0; j < n; j++)
 			seen |= j != i && s[j].pid == s[i].pid && (s[j].ts > s[i].ts || (s[j].ts == s[i].ts && j < i));
@@ -123,8 +142,6 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 		}
 	}
 	free(s);
-	if (r != 0)
-		return -1;
 	*gpu = g > 100 ? 100 : g;
 	*mem = m > 100 ? 100 : m;
 	return 0;
