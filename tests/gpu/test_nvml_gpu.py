@@ -36,7 +36,7 @@ HOLD = (
     "print('held', flush=True)\nsys.stdin.read()"
 )
 BUSY = (
-    "import time, torch\na = torch.randn(4096, 4096, device='cuda')\nt = time.time()\n"
+    "import time, torch\na = torch.randn(4096, 4096, device='cuda')\nprint('busy', flush=True)\nt = time.time()\n"
     "while time.time() - t < 6:\n    a = (a @ a).clamp_(-1, 1)\ntorch.cuda.synchronize()"
 )
 PYNVML = r"""
@@ -98,6 +98,17 @@ def start(region: Path, *args) -> subprocess.Popen:
     return p
 
 
+def host_utilization() -> int:
+    """The whole GPU's utilization as the host's own NVML sees it (for the record)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(0)).gpu
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def guest_pid(p: subprocess.Popen) -> int:
     """The pid of the program unshare's sh exec'd: the Popen's own pid."""
     return p.pid
@@ -130,12 +141,19 @@ def test_a_guest_sees_its_own_slice_through_pynvml_nvidia_smi_and_pytorch(shm_pa
                 p.stdin.close()
                 p.wait(timeout=60)
         # the share of the GPU's time: a busy guest process, sampled while it runs
-        busy = subprocess.Popen([*HIDDEN, sys.executable, "-c", BUSY], env=guest_env(shm_path))
-        time.sleep(3)
+        busy = subprocess.Popen(
+            [*HIDDEN, sys.executable, "-c", BUSY], env=guest_env(shm_path), stdout=subprocess.PIPE, text=True
+        )
+        assert busy.stdout.readline().strip() == "busy"
+        time.sleep(1.5)  # a second of samples of it at work
         util = json.loads(guest(shm_path, sys.executable, "-c", PYNVML).stdout)["util"]
+        host_util = host_utilization()
         busy.wait(timeout=60)
         log = log_text(fwd)
-    keep("summary", json.dumps({"pynvml": view, "torch": torch_view, "busy_util": util}, indent=1))
+    keep(
+        "summary",
+        json.dumps({"pynvml": view, "torch": torch_view, "busy_util": util, "host_util": host_util}, indent=1),
+    )
     assert "SIMULATED" not in log
     pids = {p: b for p, b in view["procs"]}
     # the slice: 8 GiB total; used = what its two processes hold (contexts included), nothing else
