@@ -30,6 +30,7 @@ static struct {
 	int tried, ok;
 	int (*by_uuid)(const char *, void **);
 	int (*proc_util)(void *, struct host_util_sample *, unsigned *, unsigned long long);
+	int (*util)(void *, unsigned[2]); /* nvmlUtilization_t: {unsigned gpu, memory} */
 	int (*temp)(void *, int, unsigned *);
 	int (*fan)(void *, unsigned *);
 	int (*pstate)(void *, int *);
@@ -56,6 +57,7 @@ static void host_nvml_load(void)
 #define L(field, sym) *(void **)&H.field = dlsym(h, sym)
 	L(by_uuid, "nvmlDeviceGetHandleByUUID");
 	L(proc_util, "nvmlDeviceGetProcessUtilization");
+	L(util, "nvmlDeviceGetUtilizationRates");
 	L(temp, "nvmlDeviceGetTemperature");
 	L(fan, "nvmlDeviceGetFanSpeed");
 	L(pstate, "nvmlDeviceGetPerformanceState");
@@ -90,11 +92,15 @@ static pid_t parent_of(unsigned pid)
 	return ppid;
 }
 
-/* This guest's share of the GPU's time over the last second: the samples of this forwarder's
- * workers (the children of its supervisor, as this worker is). */
+/* This guest's share of the GPU's time over the last second: the card's utilization (the time
+ * a kernel ran; memory: the time memory was read or written), split among the processes on it
+ * by their per-process samples, of which this guest's are those of this forwarder's workers
+ * (the children of its supervisor, as this worker is).  A guest alone on a busy card shows
+ * what the card shows; two equally busy guests half each. */
 static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 {
-	if (!H.proc_util)
+	unsigned card[2];
+	if (!H.proc_util || !H.util || H.util(dev, card) != 0)
 		return -1;
 	struct timeval tv;
 	gettimeofday(&tv, NULL);
@@ -130,20 +136,24 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 		free(s);
 		return -1;
 	}
-	uint32_t g = 0, m = 0;
+	uint64_t g = 0, m = 0, all_g = 0, all_m = 0;
 	pid_t supervisor = getppid();
 	for (unsigned i = 0; i < n; i++) {
 		int seen = 0; /* one sample per process: the newest */
 		for (unsigned j = 0; j < n; j++)
 			seen |= j != i && s[j].pid == s[i].pid && (s[j].ts > s[i].ts || (s[j].ts == s[i].ts && j < i));
-		if (!seen && parent_of(s[i].pid) == supervisor) {
+		if (seen)
+			continue;
+		all_g += s[i].sm;
+		all_m += s[i].mem;
+		if (parent_of(s[i].pid) == supervisor) {
 			g += s[i].sm;
 			m += s[i].mem;
 		}
 	}
 	free(s);
-	*gpu = g > 100 ? 100 : g;
-	*mem = m > 100 ? 100 : m;
+	*gpu = all_g ? (uint32_t)((card[0] * g + all_g / 2) / all_g) : 0;
+	*mem = all_m ? (uint32_t)((card[1] * m + all_m / 2) / all_m) : 0;
 	return 0;
 }
 

@@ -181,4 +181,5 @@ def test_a_guest_sees_its_own_slice_through_pynvml_nvidia_smi_and_pytorch(shm_pa
     assert torch_view["used"] >= view["used"] and str(torch_view["pid"]) in torch_view["procs"]
     assert str(guest_pid(stranger)) not in torch_view["procs"]
     assert "quota MiB" in own and "8192" in own
-    assert util > 0  # a guest busy with matrix products used the GPU's time
+    # a guest alone on the card, busy with matrix products: the card's time is its time
+    assert util > 0 and abs(util - host_util) <= 10, (util, host_util)
