@@ -210,3 +210,57 @@ def test_vmgpu_smi_answers_the_nvidia_smi_options_people_script_against(shm_path
     assert lines[1:] == [f"{p.pid}, hold, {used} MiB"]
     assert after.stdout == ""  # the process exited: it is gone from the list
     assert bad.returncode == 2 and 'field "wattage" is not a valid field' in bad.stderr
+
+
+SMI_TABLE = r"""
+import ctypes, sys
+ml = ctypes.CDLL("libnvidia-ml.so.1")
+assert ml.nvmlInit_v2() == 0
+t = ctypes.c_void_p(1)
+other = (ctypes.c_ubyte * 16)(*range(16))
+print("unknown", ml.nvmlInternalGetExportTable(ctypes.byref(t), other), t.value)
+smi = (ctypes.c_ubyte * 16)(*bytes.fromhex("c4fe3e6cc98f6c4ea327ee696e12f7c4"))
+assert ml.nvmlInternalGetExportTable(ctypes.byref(t), smi) == 0
+slots = ctypes.cast(t, ctypes.POINTER(ctypes.c_void_p))
+print("size", slots[0])
+bus = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint, ctypes.c_char_p, ctypes.c_uint)(slots[81])
+buf = ctypes.create_string_buffer(34)
+print("bus", bus(0, buf, 34), buf.value.decode(), bus(99, buf, 34), bus(0, buf, 4))
+procs = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p)(slots[213])
+h = ctypes.c_void_p()
+assert ml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+n = ctypes.c_uint(0)
+print("none-room", procs(h, ctypes.byref(n), None), n.value)
+n = ctypes.c_uint(500)
+entries = ctypes.create_string_buffer(500 * 4128)
+r = procs(h, ctypes.byref(n), entries)
+pid = int.from_bytes(entries.raw[0:4], "little")
+mem = int.from_bytes(entries.raw[8:16], "little")
+name = entries.raw[32:64].split(b"\0")[0].decode()
+print("procs", r, n.value, pid, mem, name)
+print("bad", procs(ctypes.c_void_p(0x1000), ctypes.byref(n), entries), procs(h, None, entries))
+"""
+
+
+def test_the_table_nvidia_smi_asks_for_gives_the_guests_own_answers(shm_path):
+    """nvidia-smi needs NVML's table c4fe3e6c…: its PCI-address slot (81) and its process-list slot
+    (213, entries of 4128 bytes: pid, memory, name at 32) answer with the guest's own GPU and
+    processes; hostile arguments (a handle that is not one, no count, no room, a device it does
+    not have, another table's id) are refused."""
+    with forwarder(shm_path, mem="1G"):
+        p = hold(shm_path, 64)
+        try:
+            assert p.stdout.readline().startswith("held")
+            r = run_guest([sys.executable, "-c", SMI_TABLE], shm_path)
+        finally:
+            p.stdin.close()
+            p.wait(timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert out["unknown"] == "3 None"  # NVML_ERROR_NOT_SUPPORTED, and no table
+    assert out["size"] == str(270 * 8)
+    assert out["bus"] == "0 0000:42:00.0 2 7"  # then INVALID_ARGUMENT, INSUFFICIENT_SIZE
+    assert out["none-room"] == "7 1"  # INSUFFICIENT_SIZE, and how many there are
+    code, n, pid, mem, name = out["procs"].split()
+    assert (code, n, int(pid), name) == ("0", "1", p.pid, "hold") and int(mem) >= 64 * MIB
+    assert out["bad"] == "2 2"
