@@ -10,6 +10,10 @@
  *       frees their GPU memory at once instead of after the heartbeat timeout.
  *   vmgpu-guest-agent run [--mode OCTAL] [--group NAME | --gid GID] [--interval MS]
  *       setup, then reap until killed.
+ *   vmgpu-guest-agent install [--prefix DIR]
+ *       put the guest libcuda.so.1 and libnvidia-ml.so.1 (from the agent's own directory) in
+ *       DIR/lib/x86_64-linux-gnu and vmgpu-smi in DIR/bin (default DIR /usr), each written
+ *       under a fresh name and renamed into place (never through a link), then run ldconfig.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -174,6 +178,79 @@ static int reap(unsigned interval_ms, int once)
 	return 0;
 }
 
+/* Copy src to dir/name: written exclusively under a temporary name in dir, then renamed over
+ * the name (a link there is replaced, never followed).  0, or 1 with the reason said. */
+static int install_file(const char *src, const char *dir, const char *name, mode_t mode)
+{
+	char tmp[PATH_MAX], dst[PATH_MAX];
+	if (snprintf(dst, sizeof dst, "%s/%s", dir, name) >= (int)sizeof dst ||
+	    snprintf(tmp, sizeof tmp, "%s/.%s.vmgpu-%d", dir, name, (int)getpid()) >= (int)sizeof tmp)
+		return say("install: %s: the path is too long", dir);
+	int in = open(src, O_RDONLY | O_CLOEXEC);
+	if (in < 0)
+		return say("install: %s: %s", src, strerror(errno));
+	int out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+	if (out < 0) {
+		close(in);
+		return say("install: %s: %s", tmp, strerror(errno));
+	}
+	char buf[1 << 16];
+	ssize_t n;
+	int bad = 0;
+	while ((n = read(in, buf, sizeof buf)) > 0)
+		bad |= write(out, buf, (size_t)n) != n;
+	bad |= n < 0 || fchmod(out, mode) != 0 || fsync(out) != 0;
+	close(in);
+	bad |= close(out) != 0;
+	if (bad || rename(tmp, dst) != 0) {
+		int e = errno;
+		unlink(tmp);
+		return say("install: cannot write %s: %s", dst, strerror(e));
+	}
+	printf("installed %s\n", dst);
+	return 0;
+}
+
+static int install(const char *prefix)
+{
+	char self[PATH_MAX], here[PATH_MAX], lib[PATH_MAX], bin[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n <= 0)
+		return say("install: cannot find my own directory: %s", strerror(errno));
+	self[n] = '\0';
+	char *slash = strrchr(self, '/');
+	*slash = '\0';
+	if (snprintf(lib, sizeof lib, "%s/lib/x86_64-linux-gnu", prefix) >= (int)sizeof lib ||
+	    snprintf(bin, sizeof bin, "%s/bin", prefix) >= (int)sizeof bin)
+		return say("install: --prefix %s is too long", prefix);
+	static const struct {
+		const char *name;
+		int to_bin;
+		mode_t mode;
+	} files[] = {{"libcuda.so.1", 0, 0644}, {"libnvidia-ml.so.1", 0, 0644}, {"vmgpu-smi", 1, 0755}};
+	const char *dirs[] = {prefix, lib, bin};
+	char part[PATH_MAX];
+	for (size_t i = 0; i < 3; i++) /* make what is missing of DIR/lib/x86_64-linux-gnu and DIR/bin */
+		for (char *p = strcpy(part, dirs[i]) + 1;; p++)
+			if (*p == '/' || !*p) {
+				char c = *p;
+				*p = '\0';
+				if (mkdir(part, 0755) != 0 && errno != EEXIST)
+					return say("install: %s: %s", part, strerror(errno));
+				if (!(*p = c))
+					break;
+			}
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+		if (snprintf(here, sizeof here, "%s/%s", self, files[i].name) >= (int)sizeof here)
+			return say("install: %s: the path is too long", self);
+		if (install_file(here, files[i].to_bin ? bin : lib, files[i].name, files[i].mode))
+			return 1;
+	}
+	if (!strcmp(prefix, "/usr") && access("/sbin/ldconfig", X_OK) == 0 && system("/sbin/ldconfig") != 0)
+		say("install: ldconfig failed; run it by hand");
+	return 0;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run [--mode OCTAL] [--group NAME | --gid GID] [--interval MS] "
@@ -181,7 +258,9 @@ static void usage(FILE *f)
 		   "  setup   find the vmgpu ivshmem device, enable it, give it to group NAME (default vmgpu,\n"
 		   "          created if missing) with mode OCTAL (default 0660), link it as " LINK_PATH "\n"
 		   "  reap    close the channels of processes that exited without closing them\n"
-		   "  run     setup, then reap until killed\n");
+		   "  run     setup, then reap until killed\n"
+		   "  install [--prefix DIR]  put the guest libcuda.so.1, libnvidia-ml.so.1 (DIR/lib/x86_64-linux-gnu)\n"
+		   "          and vmgpu-smi (DIR/bin) from this program's directory in place (default DIR /usr)\n");
 }
 
 int main(int argc, char **argv)
@@ -196,9 +275,10 @@ int main(int argc, char **argv)
 	const char *group = "vmgpu";
 	unsigned interval = 500;
 	int once = 0;
+	const char *prefix = "/usr";
 	static const struct option opts[] = {
 		{"mode", 1, 0, 'm'}, {"gid", 1, 0, 'g'},  {"group", 1, 0, 'G'},
-		{"interval", 1, 0, 'i'}, {"once", 0, 0, 'o'}, {0, 0, 0, 0},
+		{"interval", 1, 0, 'i'}, {"once", 0, 0, 'o'}, {"prefix", 1, 0, 'p'}, {0, 0, 0, 0},
 	};
 	int o;
 	optind = 2;
@@ -226,6 +306,11 @@ int main(int argc, char **argv)
 				return say("--interval: '%s' is not a number of milliseconds", optarg), 2;
 			break;
 		case 'o': once = 1; break;
+		case 'p':
+			if (optarg[0] != '/')
+				return say("--prefix: '%s' is not an absolute directory", optarg), 2;
+			prefix = optarg;
+			break;
 		default: usage(stderr); return 2;
 		}
 	}
@@ -238,6 +323,8 @@ int main(int argc, char **argv)
 		return reap(interval, once);
 	if (!strcmp(cmd, "run"))
 		return setup(mode, gid) ? 1 : reap(interval, 0);
+	if (!strcmp(cmd, "install"))
+		return install(prefix);
 	usage(stderr);
 	return 2;
 }

@@ -264,3 +264,26 @@ def test_the_table_nvidia_smi_asks_for_gives_the_guests_own_answers(shm_path):
     code, n, pid, mem, name = out["procs"].split()
     assert (code, n, int(pid), name) == ("0", "1", p.pid, "hold") and int(mem) >= 64 * MIB
     assert out["bad"] == "2 2"
+
+
+def test_the_vm_guest_agent_installs_the_guest_libraries_never_through_a_link(tmp_path):
+    """vmgpu-guest-agent install puts libcuda.so.1, libnvidia-ml.so.1 and vmgpu-smi in place; a
+    symbolic link planted at one of the names is replaced, and what it pointed at is untouched."""
+    prefix = tmp_path / "usr"
+    (prefix / "bin").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    (prefix / "bin" / "vmgpu-smi").symlink_to(victim)
+    r = subprocess.run(
+        [str(GUEST_LIB / "vmgpu-guest-agent"), "install", "--prefix", str(prefix)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    lib = prefix / "lib" / "x86_64-linux-gnu"
+    for name, where in (("libcuda.so.1", lib), ("libnvidia-ml.so.1", lib), ("vmgpu-smi", prefix / "bin")):
+        assert not (where / name).is_symlink()
+        assert (where / name).read_bytes() == (GUEST_LIB / name).read_bytes(), name
+    assert victim.read_text() == "keep me\n"
+    assert oct((prefix / "bin" / "vmgpu-smi").stat().st_mode & 0o777) == "0o755"
+    assert sorted(p.name for p in lib.iterdir()) == ["libcuda.so.1", "libnvidia-ml.so.1"]  # no temporary left
+    bad = subprocess.run([str(GUEST_LIB / "vmgpu-guest-agent"), "install", "--prefix", "relative"], capture_output=True)
+    assert bad.returncode == 2
