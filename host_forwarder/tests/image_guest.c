@@ -30,7 +30,7 @@
 #include "vg_hash.h"
 #include "vg_ops.h"
 #include "vg_wire.h"
-#include "vh_images.h"
+#include "images.h"
 #include "vmgpu/shm.h"
 
 #define INVALID_IMAGE 200 /* CUDA_ERROR_INVALID_IMAGE */
