@@ -10,8 +10,9 @@
 #include "host_memory.h"
 #include "vh_dispatch.h"
 
-static CUresult htod(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int async)
+static CUresult htod(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int async)
 {
+	(void)wr;
 	const struct vh_backend *B = ch->backend;
 	CUdeviceptr dst = vh_get_u64(rd);
 	uint64_t sraw = async ? vh_get_u64(rd) : 0;
@@ -88,27 +89,10 @@ static CUresult dtoh(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
 	return r;
 }
 
-CUresult vhc_cuMemcpyHtoD_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)wr;
-	return htod(ch, flags, rd, 0);
-}
-
-CUresult vhc_cuMemcpyHtoDAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)wr;
-	return htod(ch, flags, rd, 1);
-}
-
-CUresult vhc_cuMemcpyDtoH_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return dtoh(ch, flags, rd, wr, 0);
-}
-
-CUresult vhc_cuMemcpyDtoHAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return dtoh(ch, flags, rd, wr, 1);
-}
+VH_CUSTOM_VARIANT(vhc_cuMemcpyHtoD_v2, htod, 0)
+VH_CUSTOM_VARIANT(vhc_cuMemcpyHtoDAsync_v2, htod, 1)
+VH_CUSTOM_VARIANT(vhc_cuMemcpyDtoH_v2, dtoh, 0)
+VH_CUSTOM_VARIANT(vhc_cuMemcpyDtoHAsync_v2, dtoh, 1)
 
 /* One side of a unified-address copy: a device address of this process (VG_BUF_INLINE, kept)
  * or an offset in the guest's heap (turned into its host address).  Anything else, a host
@@ -134,8 +118,9 @@ static int unified_side(struct vh_chan *ch, uint64_t kind, uint64_t *addr, uint6
 }
 
 /* Unified-address copies: each side is a device address or a heap offset. */
-static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, int async)
+static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int async)
 {
+	(void)wr;
 	uint64_t dkind = vh_get_u64(rd), dst = vh_get_u64(rd);
 	uint64_t skind = vh_get_u64(rd), src = vh_get_u64(rd);
 	uint64_t n = vh_get_u64(rd);
@@ -150,14 +135,5 @@ static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, in
 	return async ? ch->backend->cuMemcpyAsync(dst, src, n, s) : ch->backend->cuMemcpy(dst, src, n);
 }
 
-CUresult vhc_cuMemcpy(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)wr;
-	return unified(ch, flags, rd, 0);
-}
-
-CUresult vhc_cuMemcpyAsync(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)wr;
-	return unified(ch, flags, rd, 1);
-}
+VH_CUSTOM_VARIANT(vhc_cuMemcpy, unified, 0)
+VH_CUSTOM_VARIANT(vhc_cuMemcpyAsync, unified, 1)

@@ -81,8 +81,9 @@ CUresult vhx_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
 	return CUDA_SUCCESS;
 }
 
-static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int version)
 {
+	(void)version;
 	const struct vh_backend *B = ch->backend;
 	uint64_t sraw = vh_get_u64(rd), want_graph = vh_get_u64(rd), want_deps = vh_get_u64(rd);
 	int bad = 0;
@@ -108,20 +109,10 @@ static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *r
 	return CUDA_SUCCESS;
 }
 
-CUresult vhc_cuStreamGetCaptureInfo(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return capture_info(ch, flags, rd, wr);
-}
-
-CUresult vhc_cuStreamGetCaptureInfo_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return capture_info(ch, flags, rd, wr);
-}
-
-CUresult vhc_cuStreamGetCaptureInfo_v3(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return capture_info(ch, flags, rd, wr);
-}
+/* The three versions answer alike (the node arrays of a capture are not remoted). */
+VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo, capture_info, 1)
+VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo_v2, capture_info, 2)
+VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo_v3, capture_info, 3)
 
 CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {

@@ -134,51 +134,49 @@ CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd
 					   e->nparams ? args : NULL, NULL);
 }
 
+/* The function a request names and its launch configuration, read in this order. */
+struct launch_target {
+	struct vh_handle *e;
+	CUlaunchConfig cfg;
+	CUlaunchAttribute attrs[VH_MAX_LAUNCH_ATTRS];
+};
+
+static CUresult function_and_config(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct launch_target *t)
+{
+	t->e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
+	CUresult r = config_in(ch, flags, rd, &t->cfg, t->attrs);
+	if (r != CUDA_SUCCESS)
+		return r;
+	return t->e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
 CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)wr;
-	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
-	CUlaunchConfig cfg;
-	CUlaunchAttribute attrs[VH_MAX_LAUNCH_ATTRS];
-	CUresult r = config_in(ch, flags, rd, &cfg, attrs);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (!e)
-		return CUDA_ERROR_INVALID_HANDLE;
+	struct launch_target t;
+	CUresult r = function_and_config(ch, flags, rd, &t);
 	void *args[VG_MAX_PARAMS];
-	if ((r = params_in(ch, e, rd, args)) != CUDA_SUCCESS)
+	if (r != CUDA_SUCCESS || (r = params_in(ch, t.e, rd, args)) != CUDA_SUCCESS)
 		return r;
-	return ch->backend->cuLaunchKernelEx(&cfg, e->ptr, e->nparams ? args : NULL, NULL);
+	return ch->backend->cuLaunchKernelEx(&t.cfg, t.e->ptr, t.e->nparams ? args : NULL, NULL);
 }
 
 static CUresult cluster_query(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int potential)
 {
-	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
-	CUlaunchConfig cfg;
-	CUlaunchAttribute attrs[VH_MAX_LAUNCH_ATTRS];
-	CUresult r = config_in(ch, flags, rd, &cfg, attrs);
+	struct launch_target t;
+	CUresult r = function_and_config(ch, flags, rd, &t);
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (!e)
-		return CUDA_ERROR_INVALID_HANDLE;
 	int n = 0;
-	r = potential ? ch->backend->cuOccupancyMaxPotentialClusterSize(&n, e->ptr, &cfg)
-		      : ch->backend->cuOccupancyMaxActiveClusters(&n, e->ptr, &cfg);
+	r = potential ? ch->backend->cuOccupancyMaxPotentialClusterSize(&n, t.e->ptr, &t.cfg)
+		      : ch->backend->cuOccupancyMaxActiveClusters(&n, t.e->ptr, &t.cfg);
 	if (r == CUDA_SUCCESS)
 		vh_put(wr, &n, sizeof n);
 	return r;
 }
 
-CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return cluster_query(ch, flags, rd, wr, 0);
-}
-
-CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd,
-						struct vh_wr *wr)
-{
-	return cluster_query(ch, flags, rd, wr, 1);
-}
+VH_CUSTOM_VARIANT(vhc_cuOccupancyMaxActiveClusters, cluster_query, 0)
+VH_CUSTOM_VARIANT(vhc_cuOccupancyMaxPotentialClusterSize, cluster_query, 1)
 
 CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {

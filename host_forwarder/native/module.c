@@ -72,40 +72,27 @@ static CUresult load_reply(struct vh_chan *ch, struct vh_wr *wr, CUresult r, int
 	return CUDA_SUCCESS;
 }
 
-CUresult vhc_cuModuleLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+/* Load the image received as a module or a library. */
+static CUresult load(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int kind)
 {
 	(void)flags;
 	(void)rd;
 	const void *image;
+	void *obj = NULL;
 	CUresult r = blob_take(ch, &image);
-	CUmodule m = NULL;
-	if (r == CUDA_SUCCESS)
-		r = ch->backend->cuModuleLoadData(&m, image);
-	return load_reply(ch, wr, r, VG_KIND_MODULE, m);
+	if (r == CUDA_SUCCESS && kind == VG_KIND_MODULE)
+		r = ch->backend->cuModuleLoadData((CUmodule *)&obj, image);
+	else if (r == CUDA_SUCCESS)
+		r = ch->backend->cuLibraryLoadData((CUlibrary *)&obj, image, NULL, NULL, 0, NULL, NULL, 0);
+	return load_reply(ch, wr, r, kind, obj);
 }
 
-/* JIT options are not forwarded: the image is loaded with the driver's defaults. */
-CUresult vhc_cuModuleLoadDataEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return vhc_cuModuleLoadData(ch, flags, rd, wr);
-}
-
-CUresult vhc_cuModuleLoadFatBinary(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	return vhc_cuModuleLoadData(ch, flags, rd, wr);
-}
-
-CUresult vhc_cuLibraryLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)flags;
-	(void)rd;
-	const void *image;
-	CUresult r = blob_take(ch, &image);
-	CUlibrary l = NULL;
-	if (r == CUDA_SUCCESS)
-		r = ch->backend->cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0);
-	return load_reply(ch, wr, r, VG_KIND_LIBRARY, l);
-}
+/* JIT options are not forwarded: the image is loaded with the driver's defaults.  A fat binary
+ * is an image like any other. */
+VH_CUSTOM_VARIANT(vhc_cuModuleLoadData, load, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(vhc_cuModuleLoadDataEx, load, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(vhc_cuModuleLoadFatBinary, load, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(vhc_cuLibraryLoadData, load, VG_KIND_LIBRARY)
 
 /* The guest's image of size bytes and its hash: from the cache if the same bytes are there,
  * else received in chunks (the guard after them zeroed).  Answers whether it was cached. */

@@ -137,8 +137,9 @@ static int pool_attr_size(CUmemPool_attribute a)
 	}
 }
 
-static CUresult pool_attr(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr, int set)
+static CUresult pool_attr(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int set)
 {
+	(void)flags;
 	void *pool = (void *)(uintptr_t)vh_get_u64(rd);
 	CUmemPool_attribute attr = (CUmemPool_attribute)vh_get_u64(rd);
 	uint64_t v = vh_get_u64(rd);
@@ -170,14 +171,5 @@ static CUresult pool_attr(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr
 	return CUDA_SUCCESS;
 }
 
-CUresult vhc_cuMemPoolSetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)flags;
-	return pool_attr(ch, rd, wr, 1);
-}
-
-CUresult vhc_cuMemPoolGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)flags;
-	return pool_attr(ch, rd, wr, 0);
-}
+VH_CUSTOM_VARIANT(vhc_cuMemPoolSetAttribute, pool_attr, 1)
+VH_CUSTOM_VARIANT(vhc_cuMemPoolGetAttribute, pool_attr, 0)

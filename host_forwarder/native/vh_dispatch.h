@@ -35,4 +35,12 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 int vh_op_reports_async(uint32_t op);
 int vh_op_gpu_work(uint32_t op);
 
+/* A vhc_ entry point that is one variant of a shared implementation,
+ * impl(ch, flags, rd, wr, variant): a synchronous and an asynchronous copy, a get and a set. */
+#define VH_CUSTOM_VARIANT(name, impl, variant)                                                \
+	CUresult name(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr) \
+	{                                                                                     \
+		return impl(ch, flags, rd, wr, variant);                                      \
+	}
+
 #endif

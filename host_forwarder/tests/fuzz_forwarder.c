@@ -35,10 +35,7 @@
 static uint64_t rng;
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return raw_rnd(&rng);
 }
 
 static struct raw_guest G; /* this fuzzer, as a guest */

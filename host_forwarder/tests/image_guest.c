@@ -246,10 +246,7 @@ static int issue(int argc, char **argv)
 static uint64_t rng;
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return raw_rnd(&rng);
 }
 
 static void mutate(struct buf *b)

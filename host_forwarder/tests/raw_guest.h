@@ -32,6 +32,15 @@ void raw_guest_close(struct raw_guest *rg);
  * VG_F_NOREPLY (then 0).  The reply's CUresult, or -1 if it could not be sent or no reply came
  * (said on stderr). */
 int raw_call(struct raw_guest *rg, uint32_t op, uint16_t dev, uint16_t flags, const void *args, uint32_t len);
+/* The hostile programs' random numbers (xorshift64): the same seed, the same run. */
+static inline uint64_t raw_rnd(uint64_t *state)
+{
+	*state ^= *state << 13;
+	*state ^= *state >> 7;
+	*state ^= *state << 17;
+	return *state;
+}
+
 /* The i-th 8-byte out value of the last reply, or 0 if it has none. */
 uint64_t raw_out(const struct raw_guest *rg, unsigned i);
 
