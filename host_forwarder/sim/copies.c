@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Copies and memsets: every address must lie inside one allocation or registered range. */
-
 #include "sim.h"
 
 static CUresult copy(uint64_t dst, uint64_t src, size_t n)

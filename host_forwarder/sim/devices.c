@@ -3,7 +3,6 @@
  * Devices and contexts: VMGPU_SIM_DEVICES GPUs told apart by UUID and PCI bus, each with its
  * primary context; the last release of a primary context frees the memory allocated in it.
  */
-
 #include "sim.h"
 
 EXPORT CUresult cuInit(unsigned int flags) { return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }

@@ -14,7 +14,7 @@
 uint64_t sim_proc_bytes;
 
 /* VMGPU_SIM_USAGE_DIR: each process keeps what it holds in DIR/<pid>, rewritten at every
- * change, so that tests can check the forwarder's books against the simulated driver's own
+ * change, so that tests can check the forwarder's quota against the simulated driver's own
  * account, as the GPU tests check them against NVML. */
 void sim_usage_add(int64_t delta)
 {

@@ -3,7 +3,6 @@
  * Launches (the one kernel that runs: a "vadd" entry computes c = a + b) and graphs: launches
  * captured on a stream, replayed by cuGraphLaunch.
  */
-
 #include "sim.h"
 
 EXPORT CUresult cuLaunchKernel(CUfunction func, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,

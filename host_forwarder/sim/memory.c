@@ -4,7 +4,6 @@
  * every address a call names is checked against; host memory the forwarder registers; arrays;
  * pointer attributes.
  */
-
 #include "sim.h"
 
 pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -3,7 +3,6 @@
  * Modules read from PTX text, alone or uncompressed inside a fatbin: entry names and parameter
  * layouts (the images were checked by the forwarder first); their functions and attributes.
  */
-
 #include "sim.h"
 
 #define MOD_MAGIC 0x4d4f4455u

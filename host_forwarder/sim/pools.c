@@ -4,7 +4,6 @@
  * VMM (a handle is host memory; a mapping makes a range of a reserved address window resolve
  * to it).
  */
-
 #include "sim.h"
 
 /* Pools: objects that hand out plain allocations at once (streams complete at once). */
