@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "vh_dispatch.h"
+#include "backend.h"
 
 static CUresult not_in_backend(void)
 {

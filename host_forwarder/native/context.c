@@ -17,7 +17,11 @@
  */
 #include <errno.h>
 
-#include "vh_dispatch.h"
+#include "channel.h"
+#include "context.h"
+#include "log.h"
+#include "meter.h"
+#include "quota.h"
 
 static void ctx_lock(struct vh_fwd *f)
 {
@@ -32,10 +36,10 @@ static void ctx_unlock(struct vh_fwd *f)
 
 /* What a context on dev is reserved before it is made: the largest one measured by any of
  * the guest's workers, or --ctx-reserve until one has been measured. */
-static uint64_t estimate(struct vh_fwd *f, int dev, int metered)
+static uint64_t estimate(struct vh_fwd *f, int dev, int measured)
 {
 	uint64_t seen = atomic_load(&f->shared->ctx_bytes[dev]);
-	return metered && seen ? seen : f->ctx_reserve;
+	return measured && seen ? seen : f->ctx_reserve;
 }
 
 static void region_register(struct vh_chan *ch, int dev)
@@ -86,18 +90,18 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 	}
 	struct vh_fwd *f = ch->fwd;
 	const struct vh_backend *B = ch->backend;
-	int metered = vh_books_metered_dev(ch, dev);
-	uint64_t est = estimate(f, dev, metered);
+	int measured = vh_meter_on(ch, dev);
+	uint64_t est = estimate(f, dev, measured);
 	ctx_lock(f);
-	if (vh_books_reserve(ch, dev, est)) {
+	if (vh_quota_reserve(ch, dev, est)) {
 		ctx_unlock(f);
-		vh_oom(ch, dev, "context", est);
+		vh_oom_report(ch, dev, "context", est);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUcontext c = NULL;
 	CUresult r = B->cuDevicePrimaryCtxRetain(&c, f->dev[dev]);
 	if (r != CUDA_SUCCESS) {
-		vh_books_release(ch, dev, est);
+		vh_quota_release(ch, dev, est);
 		ctx_unlock(f);
 		return r;
 	}
@@ -105,17 +109,17 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 	B->cuCtxSetCurrent(c);
 	region_register(ch, dev);
 	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
-	if (metered) {
+	if (measured) {
 		/* the reservation becomes what the driver says the worker holds now */
-		int over = vh_books_settle(ch, dev);
+		int over = vh_quota_settle(ch, dev);
 		uint64_t now = atomic_load(&ch->charged[dev]), seen = atomic_load(&f->shared->ctx_bytes[dev]);
 		while (now > seen && !atomic_compare_exchange_weak(&f->shared->ctx_bytes[dev], &seen, now))
 			;
 		if (over) {
 			context_drop(ch, dev);
-			vh_books_settle(ch, dev); /* back to what it held before: nothing on this GPU */
+			vh_quota_settle(ch, dev); /* back to what it held before: nothing on this GPU */
 			ctx_unlock(f);
-			vh_oom(ch, dev, "context", now);
+			vh_oom_report(ch, dev, "context", now);
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		}
 	}
@@ -134,4 +138,15 @@ int vh_chan_contexts_drop(struct vh_chan *ch)
 		held = 1;
 	}
 	return held;
+}
+
+/* Guest contexts are the primary contexts, sent as ordinal + 1 (0 = none). */
+int vh_context_in(struct vh_chan *ch, CUcontext *c)
+{
+	uint64_t v = (uint64_t)(uintptr_t)*c;
+	if (v == 0)
+		return 0;
+	if (v > (uint64_t)ch->fwd->ndev)
+		return -1;
+	return vh_chan_context(ch, (int)(v - 1), c) == CUDA_SUCCESS ? 0 : -1;
 }

@@ -1,9 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Per-channel handle table: the guest only ever sees table values, never a host pointer. */
+/*
+ * The channel's handle table (handles.h): the guest only ever sees table values, never a host
+ * pointer.  And the other names a guest gives for host objects: streams, devices, contexts,
+ * memory locations.
+ */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "vh_dispatch.h"
+#include "addresses.h"
+#include "channel.h"
+#include "handles.h"
+#include "vg_kinds.h"
 
 #define VH_MAX_HANDLES (1u << 20)
 
@@ -121,85 +129,35 @@ int vh_device_in(struct vh_chan *ch, CUdevice *d)
 	return 0;
 }
 
-/* Guest contexts are the primary contexts, sent as ordinal + 1 (0 = none). */
-int vh_context_in(struct vh_chan *ch, CUcontext *c)
+void vh_handles_clear(struct vh_chan *ch)
 {
-	uint64_t v = (uint64_t)(uintptr_t)*c;
-	if (v == 0)
-		return 0;
-	if (v > (uint64_t)ch->fwd->ndev)
-		return -1;
-	return vh_chan_context(ch, (int)(v - 1), c) == CUDA_SUCCESS ? 0 : -1;
-}
-
-void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz)
-{
-	if (elsz && n > (64u << 20) / elsz)
-		return NULL;
-	size_t need = n * elsz;
-	if (need > ch->scratch_cap) {
-		void *p = realloc(ch->scratch, need);
-		if (!p)
-			return NULL;
-		ch->scratch = p;
-		ch->scratch_cap = need;
-	}
-	return ch->scratch;
-}
-
-/* What a process that exits or dies leaves behind: free all of it. */
-void vh_chan_release_all(struct vh_chan *ch)
-{
-	const struct vh_backend *B = ch->backend;
-	for (int d = 0; d < VG_MAX_DEVICES; d++)
-		if (ch->ctx[d]) {
-			B->cuCtxSetCurrent(ch->ctx[d]);
-			break;
-		}
-	/* objects first (a stream or event needs no particular current context), then memory */
-	for (int pass = 0; pass < 3; pass++) {
-		for (uint32_t i = 0; i < ch->nh; i++) {
-			struct vh_handle *e = &ch->h[i];
-			if (!e->ptr)
-				continue;
-			if (pass == 0 && e->kind == VG_KIND_GRAPH_EXEC)
-				B->cuGraphExecDestroy(e->ptr);
-			else if (pass == 1 && e->kind == VG_KIND_GRAPH)
-				B->cuGraphDestroy(e->ptr);
-			else if (pass == 0 && e->kind == VG_KIND_STREAM)
-				B->cuStreamDestroy_v2(e->ptr);
-			else if (pass == 0 && e->kind == VG_KIND_EVENT)
-				B->cuEventDestroy_v2(e->ptr);
-			else if (pass == 1 && e->kind == VG_KIND_MODULE && !e->parent)
-				B->cuModuleUnload(e->ptr);
-			else if (pass == 2 && e->kind == VG_KIND_LIBRARY)
-				B->cuLibraryUnload(e->ptr);
-		}
-	}
 	for (uint32_t i = 0; i < ch->nh; i++)
 		clear(&ch->h[i]);
-	/* memory goes with the contexts, which the worker destroys next (context.c) */
-	B->cuCtxSetCurrent(NULL);
-	ch->cur_dev = -1;
 	free(ch->h);
-	free(ch->allocs);
-	free(ch->spans);
-	free(ch->fn_tags);
-	ch->spans = NULL;
-	ch->fn_tags = NULL;
-	ch->nspans = ch->capspans = 0;
-	ch->nfn_tags = 0;
-	vh_blob_drop(ch);
-	free(ch->scratch);
 	ch->h = NULL;
-	ch->allocs = NULL;
-	ch->scratch = NULL;
 	ch->nh = ch->caph = 0;
-	ch->nallocs = ch->capallocs = 0;
 }
 
-void vh_uuid_str(const uint8_t u[16], char *out, size_t len)
+CUstream vh_stream_in(struct vh_chan *ch, uint32_t flags, uint64_t raw, int *bad)
 {
-	snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
-		 u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+	void *s = (void *)(uintptr_t)raw;
+	if (vh_handle_in(ch, VG_KIND_STREAM, &s)) {
+		*bad = 1;
+		return NULL;
+	}
+	if (!s && (flags & VG_F_PTDS))
+		s = CU_STREAM_PER_THREAD;
+	return s;
+}
+
+/* A description of where memory lives: on one of this guest's GPUs, by its host number. */
+int vh_location_in(struct vh_chan *ch, CUmemLocation *loc)
+{
+	if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return -1;
+	CUdevice d = loc->id;
+	if (vh_device_in(ch, &d))
+		return -1;
+	loc->id = d;
+	return 0;
 }

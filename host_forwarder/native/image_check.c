@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "vg_wire.h"
-#include "vh_images.h"
+#include "images.h"
 
 #define FATBIN_MAGIC 0xBA55ED50u
 #define FATBIN_WRAPPER_MAGIC 0x466243B1u

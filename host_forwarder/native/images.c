@@ -36,8 +36,9 @@
 #include <unistd.h>
 
 #include "vg_hash.h"
-#include "vh_dispatch.h"
-#include "vh_images.h"
+#include "forwarder.h"
+#include "images.h"
+#include "log.h"
 
 #define LOCK_NAME ".lock"
 

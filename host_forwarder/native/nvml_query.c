@@ -206,7 +206,7 @@ static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 	o->driver_version[sizeof o->driver_version - 1] = '\0';
 }
 
-CUresult vh_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
+CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
 {
 	struct vh_fwd *f = ch->fwd;
 	uint64_t dev = vh_get_u64(rd);

@@ -1,17 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What the forwarder's processes share: the supervisor (supervisor.c: start-up, the region
- * file, the channel table, workers' lives) sets it up; each worker it forks (worker.c, which
- * serves its channel through serve.c) inherits it.
+ * What the forwarder's processes share: the supervisor (main.c parses the command line and sets
+ * up; supervisor.c watches the region and the channel table and starts and reaps workers) sets it
+ * up; each worker it forks (worker.c, which serves its channel through serve.c) inherits it.
  */
 #ifndef VH_PROCESS_H
 #define VH_PROCESS_H
 
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
 #include "vh_dispatch.h"
 
-extern struct vh_fwd F;      /* this guest's forwarder: region, GPUs, quotas, shared books */
+extern struct vh_fwd F;      /* this guest's forwarder: region, GPUs, quotas, shared rows */
 extern struct vh_backend BK; /* the driver (a worker loads it; the supervisor never does) */
 extern const char *backend_name;
 extern volatile sig_atomic_t stopping;      /* SIGTERM/SIGINT: finish the call under way, stop */
@@ -19,9 +21,29 @@ extern volatile sig_atomic_t region_broken; /* the guest truncated its region fi
 extern _Atomic int open_captures;           /* stream captures the guest process has open (serve.c) */
 
 void on_signal(int sig);
-const char *errname(CUresult r);
+/* The driver's name of a CUresult (log.c). */
+const char *vh_error_name(CUresult r);
+
+/* devices.c: check the GPUs (--gpus) and their quotas (--mem) and read what guests will be told,
+ * in a child process (this one never opens the driver); then refuse a GPU whose kernels reach
+ * pageable host memory unless allowed.  0, or 1 after logging why. */
+int vh_devices_probe(const char *gpus, const char *mems, int allow_pageable);
+/* A size: digits with an optional K, M, G or T (powers of 1024), then an optional "i" and "B". */
+int vh_parse_size(const char *s, uint64_t *out);
+
+/* supervisor.c: catch the SIGBUS of a region file the guest truncated (set up once the region
+ * is mapped, before it is formatted). */
+void vh_region_guard(void);
+/* supervisor.c: watch the region file (fd) and the channel table until told to stop; a worker
+ * for each guest process that opens a channel.  The exit status. */
+int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmgpu_wait_opts *wopts);
 
 /* A worker's life: serve channel idx for the guest process that opened it; the exit status. */
 int vh_worker(uint32_t idx, pid_t supervisor);
+
+/* Serve one channel until its owner closes it or is lost (serve.c).  Returns 0, or
+ * VH_EXIT_PROTOCOL if the guest broke the protocol (it must be cut off). */
+#define VH_EXIT_PROTOCOL 4
+int vh_serve(struct vh_chan *ch);
 
 #endif

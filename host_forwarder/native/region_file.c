@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "region_file.h"
-#include "vh_dispatch.h"
+#include "log.h"
 
 /* Is st a regular file of ours, with one name, that no one else may read or write? */
 static int ours(const struct stat *st, const char *path, mode_t others)

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "context.h"
 #include "process.h"
 
 /* Make the guest device a call names current, with the process's context on it (made, and
@@ -99,10 +100,10 @@ int vh_serve(struct vh_chan *ch)
 		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
 		uint64_t t0 = vmgpu_now_ns();
 		CUresult r;
-		/* calls that may take or give memory keep the worker's books to themselves */
-		int books = !vh_op_gpu_work(hdr.op);
-		if (books)
-			pthread_mutex_lock(&ch->books_mu);
+		/* calls that may take or give memory keep the worker's quota row to themselves */
+		int may_take_memory = !vh_op_gpu_work(hdr.op);
+		if (may_take_memory)
+			pthread_mutex_lock(&ch->quota_mu);
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
@@ -113,8 +114,8 @@ int vh_serve(struct vh_chan *ch)
 		} else {
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
-		if (books)
-			pthread_mutex_unlock(&ch->books_mu);
+		if (may_take_memory)
+			pthread_mutex_unlock(&ch->quota_mu);
 		if (hdr.op == VG_OP_cuStreamBeginCapture_v2 && r == CUDA_SUCCESS)
 			atomic_fetch_add(&open_captures, 1);
 		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
@@ -131,7 +132,7 @@ int vh_serve(struct vh_chan *ch)
 		}
 		if (r != CUDA_SUCCESS && trace_errors)
 			vh_log("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
-			       (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", errname(r), r);
+			       (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", vh_error_name(r), r);
 		if (hdr.flags & VG_F_NOREPLY) {
 			ch->nasync++;
 			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)

@@ -3,15 +3,18 @@
  * A worker: the forked process that serves one guest process's channel.  It opens the driver,
  * makes nothing on a GPU until its guest process asks (context.c), serves the channel on one
  * thread (serve.c) while a second thread takes part in the GPUs' compute scheduling and
- * refreshes the memory books, and at the end destroys what the guest process held and takes
- * it off the books itself.  The supervisor counted it into the scheduler before forking it.
+ * refreshes the quota's charges, and at the end destroys what the guest process held and takes
+ * its charges back itself.  The supervisor counted it into the scheduler before forking it.
  */
 #include <signal.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "context.h"
+#include "meter.h"
 #include "process.h"
+#include "quota.h"
 
 /* ---- the compute scheduler's thread in a worker ------------------------------------ */
 
@@ -41,7 +44,7 @@ static void *sched_thread(void *arg)
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_tick(&F.sched[d], sched_drain, NULL);
 		if (++ticks % 200 == 0) /* every 50 ms */
-			vh_books_refresh(ch);
+			vh_quota_refresh(ch);
 		struct timespec t = {0, 250 * 1000};
 		nanosleep(&t, NULL);
 	}
@@ -72,7 +75,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 			return 3;
 
 	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1,
-			     .charged = F.charged[idx], .books_mu = PTHREAD_MUTEX_INITIALIZER};
+			     .charged = F.charged[idx], .quota_mu = PTHREAD_MUTEX_INITIALIZER};
 	atomic_fetch_add(&F.stats->processes, 1);
 	vh_log("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	       vmgpu_hchan_generation(ch.hc), (int)getpid());
@@ -94,18 +97,18 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	uint64_t calls = ch.ncalls, async = ch.nasync;
 	atomic_store(&sched_ctx, NULL);
 	vh_chan_release_all(&ch);
-	/* its contexts go now, and with them all it held on the GPUs: the books take that back
+	/* its contexts go now, and with them all it held on the GPUs: the quota takes that back
 	 * here, so that the guest's next process finds its memory free (the supervisor's reap is
 	 * the backstop for a worker that cannot say so) */
-	pthread_mutex_lock(&ch.books_mu);
+	pthread_mutex_lock(&ch.quota_mu);
 	int had = vh_chan_contexts_drop(&ch);
 	for (int d = 0; d < F.ndev; d++) {
-		if (had && vh_books_metered_dev(&ch, d))
-			vh_books_settle(&ch, d);
+		if (had && vh_meter_on(&ch, d))
+			vh_quota_settle(&ch, d);
 		else
 			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
 	}
-	pthread_mutex_unlock(&ch.books_mu);
+	pthread_mutex_unlock(&ch.quota_mu);
 	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",
 					   "it is gone or cut off", "it was refused"};
 	const char *reason = ended      ? "it broke the protocol"

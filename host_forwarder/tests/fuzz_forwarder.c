@@ -28,53 +28,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "raw_guest.h"
 #include "vg_ops.h"
 #include "vg_wire.h"
-#include "vmgpu/shm.h"
 
 static uint64_t rng;
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return raw_rnd(&rng);
 }
 
-static struct vmgpu_gchan *ch;
-static uint8_t req[1 << 16], rep[1 << 16];
-static uint64_t seqno;
-
-/* Send one request; wait for the reply unless noreply.  Returns the CUresult or -1 if the reply never came. */
-static int call(uint32_t op, uint16_t dev, uint16_t flags, const void *args, uint32_t len, uint32_t *rlen)
-{
-	struct vg_req_hdr h = {op, dev, flags, ++seqno};
-	memcpy(req, &h, sizeof h);
-	if (len)
-		memcpy(req + sizeof h, args, len);
-	int e = vmgpu_gchan_send(ch, VG_REC_REQUEST, req, sizeof h + len, 5000000000ull);
-	if (e < 0) {
-		fprintf(stderr, "send failed: %s\n", vmgpu_shm_errmsg());
-		return -1;
-	}
-	if (flags & VG_F_NOREPLY)
-		return 0;
-	uint16_t type;
-	int n = vmgpu_gchan_recv(ch, rep, sizeof rep, &type, 10000000000ull);
-	if (n < (int)sizeof(struct vg_rep_hdr)) {
-		fprintf(stderr, "no reply to op %u: %d %s\n", op, n, vmgpu_shm_errmsg());
-		return -1;
-	}
-	struct vg_rep_hdr r;
-	memcpy(&r, rep, sizeof r);
-	if (r.seq != seqno) {
-		fprintf(stderr, "reply out of order\n");
-		return -1;
-	}
-	if (rlen)
-		*rlen = (uint32_t)n - sizeof r;
-	return r.result;
-}
+static struct raw_guest G; /* this fuzzer, as a guest */
 
 /* Random words where the forwarder looks, until killed. */
 static int scribbler(const char *region)
@@ -204,41 +168,21 @@ int main(int argc, char **argv)
 	}
 	long iters = atol(argv[2]);
 	rng = strtoull(argv[3], NULL, 10) * 2654435761u + 88172645463325252ull;
-	int fd = open(argv[1], O_RDWR);
-	struct stat st;
-	if (fd < 0 || fstat(fd, &st)) {
-		perror("region");
-		return 2;
-	}
-	void *base = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	struct vmgpu_wait_opts wo;
-	vmgpu_wait_opts_default(&wo);
-	struct vmgpu_guest *g;
 	/* a header just scribbled is re-published by the forwarder within a tick: retry a while */
-	int e = -1;
-	for (int tries = 0; tries < 3000 && e; tries++) {
-		e = vmgpu_guest_attach(base, st.st_size, &wo, &g);
-		if (e)
-			usleep(1000);
-	}
-	if (e || vmgpu_guest_claim(g, 5000000000ull, &ch)) {
-		fprintf(stderr, "attach: %s\n", vmgpu_shm_errmsg());
+	if (raw_guest_open(&G, argv[1], 3000))
 		return 2;
-	}
-	vmgpu_gchan_autobeat(ch, 100000000ull);
 
 	/* real values to mix in: a device allocation, a module, a function, a stream */
 	struct vg_hello_req hello = {VG_PROTO_VERSION, (uint32_t)getpid()};
-	if (call(VG_OP_HELLO, VG_NO_DEVICE, 0, &hello, sizeof hello, NULL) != 0)
+	if (raw_call(&G, VG_OP_HELLO, VG_NO_DEVICE, 0, &hello, sizeof hello) != 0)
 		return 1;
 	uint64_t real[8] = {0};
 	uint64_t a[4] = {1, 4096};
-	uint32_t rl;
-	if (call(VG_OP_cuMemAlloc_v2, 0, 0, a, 16, &rl) == 0)
-		memcpy(&real[0], rep + sizeof(struct vg_rep_hdr), 8);
+	if (raw_call(&G, VG_OP_cuMemAlloc_v2, 0, 0, a, 16) == 0)
+		real[0] = raw_out(&G, 0);
 	uint64_t sa[2] = {1, 0};
-	if (call(VG_OP_cuStreamCreate, 0, 0, sa, 16, &rl) == 0)
-		memcpy(&real[1], rep + sizeof(struct vg_rep_hdr), 8);
+	if (raw_call(&G, VG_OP_cuStreamCreate, 0, 0, sa, 16) == 0)
+		real[1] = raw_out(&G, 0);
 	real[2] = 1;
 	real[3] = 2; /* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
 	real[4] = 0xFFFFFFFFFFFFFFFFull;
@@ -248,19 +192,19 @@ int main(int argc, char **argv)
 	for (int round = 0; round < 2; round++) {
 		uint64_t begin[3] = {sizeof ptx, 0x1234, 0x5678}, cached = 99, pos;
 		void *bulk;
-		if (call(VG_OP_BLOB_BEGIN, 0, 0, begin, sizeof begin, &rl) != 0)
+		if (raw_call(&G, VG_OP_BLOB_BEGIN, 0, 0, begin, sizeof begin) != 0)
 			return 1;
-		memcpy(&cached, rep + sizeof(struct vg_rep_hdr), 8);
+		cached = raw_out(&G, 0);
 		if (cached != 0) {
 			fprintf(stderr, "an image with a false hash was served from the cache\n");
 			return 1;
 		}
-		if (vmgpu_gchan_bulk_alloc(ch, sizeof ptx, 5000000000ull, &pos, &bulk) < 0)
+		if (vmgpu_gchan_bulk_alloc(G.ch, sizeof ptx, 5000000000ull, &pos, &bulk) < 0)
 			return 1;
 		memcpy(bulk, ptx, sizeof ptx);
 		uint64_t put[3] = {0, pos, sizeof ptx};
-		call(VG_OP_BLOB_PUT, 0, VG_F_NOREPLY, put, sizeof put, NULL);
-		if (call(VG_OP_cuModuleLoadData, 0, 0, NULL, 0, &rl) != 0) {
+		raw_call(&G, VG_OP_BLOB_PUT, 0, VG_F_NOREPLY, put, sizeof put);
+		if (raw_call(&G, VG_OP_cuModuleLoadData, 0, 0, NULL, 0) != 0) {
 			fprintf(stderr, "the lying guest's own load failed\n");
 			return 1;
 		}
@@ -288,7 +232,7 @@ int main(int argc, char **argv)
 			continue;
 		uint16_t dev = rnd() % 10 ? 0 : (uint16_t)rnd();
 		uint16_t flags = (uint16_t)(rnd() % 4);
-		int r = call(op, dev, flags, args, len, NULL);
+		int r = raw_call(&G, op, dev, flags, args, len);
 		if (r < 0) {
 			fprintf(stderr, "forwarder stopped answering after %ld requests (op %u)\n", i, op);
 			return 1;
@@ -298,15 +242,13 @@ int main(int argc, char **argv)
 	}
 	/* still serving, and still correct */
 	uint64_t info[2] = {1, 1};
-	uint32_t n = 0;
-	int r = call(VG_OP_cuMemGetInfo_v2, 0, 0, info, 16, &n);
+	int r = raw_call(&G, VG_OP_cuMemGetInfo_v2, 0, 0, info, 16);
+	uint32_t n = G.rlen;
 	if (r != 0 || n != 16) {
 		fprintf(stderr, "the forwarder no longer answers cuMemGetInfo correctly (%d, %u bytes)\n", r, n);
 		return 1;
 	}
 	printf("fuzz_forwarder: %ld requests, %ld replies, %ld refused; forwarder healthy\n", iters, replies, errors);
-	vmgpu_gchan_close(ch);
-	vmgpu_guest_detach(g);
-	munmap(base, (size_t)st.st_size);
+	raw_guest_close(&G);
 	return 0;
 }

@@ -16,7 +16,6 @@
 #define _GNU_SOURCE
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,19 +29,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "raw_guest.h"
+#include "worker_maps.h"
 #include "vg_ops.h"
 #include "vg_wire.h"
-#include "vmgpu/shm.h"
 
 enum { BUF_INLINE = 0, BUF_HEAP = 1 };
 #define INVALID 1 /* CUDA_ERROR_INVALID_VALUE */
 
-static struct vmgpu_gchan *ch;
-static uint8_t *gbase; /* this process's mapping of the region */
-static uint64_t gsize;
-static uint8_t req[1 << 16], rep[1 << 16];
-static uint32_t rlen;
-static uint64_t seqno;
+static struct raw_guest G; /* this program, as a guest (G.base: its mapping of the region) */
 static int failures, checks;
 static pid_t worker;
 
@@ -84,129 +79,18 @@ static void abytes(const void *p, uint64_t n)
 /* Send the request built in args; wait for its reply.  The CUresult, or -1 if none came. */
 static int call(uint32_t op)
 {
-	struct vg_req_hdr h = {op, 0, 0, ++seqno};
-	memcpy(req, &h, sizeof h);
-	memcpy(req + sizeof h, args, nargs * 8);
-	if (vmgpu_gchan_send(ch, VG_REC_REQUEST, req, sizeof h + nargs * 8, 5000000000ull) < 0)
-		return -1;
-	uint16_t type;
-	int n = vmgpu_gchan_recv(ch, rep, sizeof rep, &type, 20000000000ull);
-	if (n < (int)sizeof(struct vg_rep_hdr))
-		return -1;
-	struct vg_rep_hdr r;
-	memcpy(&r, rep, sizeof r);
-	if (r.seq != seqno)
-		return -1;
-	rlen = (uint32_t)n - sizeof r;
-	return r.result;
-}
-
-static uint64_t out(unsigned i)
-{
-	uint64_t v = 0;
-	if ((i + 1) * 8 <= rlen)
-		memcpy(&v, rep + sizeof(struct vg_rep_hdr) + i * 8, 8);
-	return v;
-}
-
-/* ---- the worker's memory ----------------------------------------------------------- */
-
-struct map {
-	uint64_t lo, hi;
-	char perms[8], path[256];
-};
-static struct map maps[4096];
-static int nmaps;
-
-static pid_t find_worker(pid_t fwd)
-{
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	pid_t found = 0;
-	while (d && (e = readdir(d))) {
-		char p[300], buf[512];
-		snprintf(p, sizeof p, "/proc/%s/stat", e->d_name);
-		FILE *f = fopen(p, "r");
-		if (!f)
-			continue;
-		size_t n = fread(buf, 1, sizeof buf - 1, f);
-		fclose(f);
-		buf[n] = 0;
-		char *rp = strrchr(buf, ')');
-		int ppid = 0;
-		char st;
-		if (rp && sscanf(rp + 2, "%c %d", &st, &ppid) == 2 && ppid == fwd)
-			found = atoi(e->d_name);
-	}
-	if (d)
-		closedir(d);
-	return found;
-}
-
-static void read_maps(void)
-{
-	char p[64], line[600];
-	snprintf(p, sizeof p, "/proc/%d/maps", (int)worker);
-	FILE *f = fopen(p, "r");
-	nmaps = 0;
-	while (f && fgets(line, sizeof line, f) && nmaps < 4096) {
-		struct map *m = &maps[nmaps];
-		m->path[0] = 0;
-		unsigned long long lo, hi;
-		if (sscanf(line, "%llx-%llx %7s %*s %*s %*s %255s", &lo, &hi, m->perms, m->path) >= 3) {
-			m->lo = lo;
-			m->hi = hi;
-			nmaps++;
-		}
-	}
-	if (f)
-		fclose(f);
-}
-
-/* The worker's memory a value could name: mappings it can read or write, but not the address
- * sanitizer's shadow (so large no host object is in it) and not the region's mapping at this
- * process's own address (the guest's own pointer, not a secret of the worker). */
-static const struct map *worker_memory(uint64_t v)
-{
-	for (int i = 0; i < nmaps; i++) {
-		const struct map *m = &maps[i];
-		if (v < m->lo || v >= m->hi)
-			continue;
-		if (!strchr(m->perms, 'r') && !strchr(m->perms, 'w'))
-			continue;
-		if (m->hi - m->lo >= (1ull << 40) || m->lo == 0x7fff8000ull)
-			continue;
-		if (m->lo == (uint64_t)(uintptr_t)gbase)
-			continue;
-		return m;
-	}
-	return NULL;
+	return raw_call(&G, op, 0, 0, args, nargs * 8);
 }
 
 static void no_worker_address(const char *what, uint64_t v)
 {
 	checks++;
-	const struct map *m = worker_memory(v);
+	const struct map *m = worker_memory(v, G.base);
 	if (m)
 		fail("%s: 0x%llx is a host address of the worker (%llx-%llx %s %s)", what, (unsigned long long)v,
 		     (unsigned long long)m->lo, (unsigned long long)m->hi, m->perms, m->path);
 }
 
-static const struct map *map_named(const char *path, const char *perms)
-{
-	for (int i = 0; i < nmaps; i++)
-		if (!strcmp(maps[i].path, path) && (!perms || !strcmp(maps[i].perms, perms)))
-			return &maps[i];
-	return NULL;
-}
-
-static const struct map *map_containing(const char *needle, const char *perms)
-{
-	for (int i = 0; i < nmaps; i++)
-		if (strstr(maps[i].path, needle) && !strcmp(maps[i].perms, perms))
-			return &maps[i];
-	return NULL;
-}
 
 /* ---- the checks ------------------------------------------------------------------------ */
 
@@ -223,7 +107,7 @@ static int alloc(uint64_t n, uint64_t *d)
 {
 	a0(), au(1), au(n);
 	int r = call(VG_OP_cuMemAlloc_v2);
-	*d = out(0);
+	*d = raw_out(&G, 0);
 	no_worker_address("cuMemAlloc's address", *d);
 	return r;
 }
@@ -233,13 +117,13 @@ static void healthy(const char *after)
 {
 	uint8_t pat[64], back[64];
 	for (int i = 0; i < 64; i++)
-		pat[i] = (uint8_t)(i * 7 + seqno);
+		pat[i] = (uint8_t)(i * 7 + G.seq);
 	a0(), au(a1), au(64), au(BUF_INLINE), au(0), abytes(pat, 64);
 	int r1 = call(VG_OP_cuMemcpyHtoD_v2);
 	a0(), au(a1), au(64), au(BUF_INLINE), au(0);
 	int r2 = call(VG_OP_cuMemcpyDtoH_v2);
-	if (r2 == 0 && out(0) == 64)
-		memcpy(back, rep + sizeof(struct vg_rep_hdr) + 8, 64);
+	if (r2 == 0 && raw_out(&G, 0) == 64)
+		memcpy(back, G.rep + sizeof(struct vg_rep_hdr) + 8, 64);
 	checks++;
 	if (kill(worker, 0) != 0 || r1 != 0 || r2 != 0 || memcmp(pat, back, 64) != 0)
 		fail("after %s the worker no longer serves correctly (htod %d, dtoh %d, alive %d)", after, r1, r2,
@@ -325,20 +209,6 @@ static void refuse_everywhere(const char *name, uint64_t t, uint64_t n)
 	refuse_everywhere_at(name, t, n, QUERIES | VMM);
 }
 
-/* An address in no mapping of the worker: the middle of the widest gap below 2^47. */
-static uint64_t unmapped_address(void)
-{
-	uint64_t best = 0, best_len = 0;
-	for (int i = 0; i + 1 < nmaps; i++) {
-		uint64_t lo = maps[i].hi, hi = maps[i + 1].lo;
-		if (hi > lo && hi - lo > best_len && hi < (1ull << 47)) {
-			best_len = hi - lo;
-			best = lo + (hi - lo) / 2;
-		}
-	}
-	return best & ~0xFFFull;
-}
-
 /* Another guest process with an allocation of its own: its address, and it waits until told. */
 static pid_t other_process(const char *region, uint64_t *addr, int *go)
 {
@@ -349,16 +219,9 @@ static pid_t other_process(const char *region, uint64_t *addr, int *go)
 	if (p == 0) {
 		close(up[0]);
 		close(down[1]);
-		int fd = open(region, O_RDWR);
-		struct stat st;
-		fstat(fd, &st);
-		void *b = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		struct vmgpu_wait_opts wo;
-		vmgpu_wait_opts_default(&wo);
-		struct vmgpu_guest *g;
 		uint64_t d = 0;
-		if (vmgpu_guest_attach(b, st.st_size, &wo, &g) == 0 && vmgpu_guest_claim(g, 5000000000ull, &ch) == 0) {
-			vmgpu_gchan_autobeat(ch, 100000000ull);
+		int opened = raw_guest_open(&G, region, 1) == 0; /* a process of its own, with a channel of its own */
+		if (opened) {
 			struct vg_hello_req hello = {VG_PROTO_VERSION, (uint32_t)getpid()};
 			a0();
 			memcpy(args, &hello, sizeof hello);
@@ -369,7 +232,7 @@ static pid_t other_process(const char *region, uint64_t *addr, int *go)
 				for (int i = 0; i < 8; i++) {
 					a0(), au(1), au(65536);
 					if (call(VG_OP_cuMemAlloc_v2) == 0)
-						d = out(0);
+						d = raw_out(&G, 0);
 				}
 		}
 		if (write(up[1], &d, 8) != 8)
@@ -377,10 +240,10 @@ static pid_t other_process(const char *region, uint64_t *addr, int *go)
 		char c;
 		if (read(down[0], &c, 1) < 0)
 			_exit(1);
-		if (ch) {
+		if (opened) {
 			a0();
 			call(VG_OP_GOODBYE);
-			vmgpu_gchan_close(ch);
+			vmgpu_gchan_close(G.ch);
 		}
 		_exit(0);
 	}
@@ -406,17 +269,14 @@ static void load_module(const char *ptx_path, uint64_t *mod)
 	uint64_t pos;
 	void *bulk;
 	a0(), au(n), au(0x1234), au(0x5678);
-	if (call(VG_OP_BLOB_BEGIN) != 0 || vmgpu_gchan_bulk_alloc(ch, n, 5000000000ull, &pos, &bulk) < 0)
+	if (call(VG_OP_BLOB_BEGIN) != 0 || vmgpu_gchan_bulk_alloc(G.ch, n, 5000000000ull, &pos, &bulk) < 0)
 		return;
 	memcpy(bulk, text, n);
 	a0(), au(0), au(pos), au(n);
-	struct vg_req_hdr h = {VG_OP_BLOB_PUT, 0, VG_F_NOREPLY, ++seqno};
-	memcpy(req, &h, sizeof h);
-	memcpy(req + sizeof h, args, 24);
-	vmgpu_gchan_send(ch, VG_REC_REQUEST, req, sizeof h + 24, 5000000000ull);
+	raw_call(&G, VG_OP_BLOB_PUT, 0, VG_F_NOREPLY, args, 24);
 	a0();
 	if (call(VG_OP_cuModuleLoadData) == 0)
-		*mod = out(0);
+		*mod = raw_out(&G, 0);
 }
 
 int main(int argc, char **argv)
@@ -427,22 +287,9 @@ int main(int argc, char **argv)
 	}
 	int names = !strcmp(argv[3], "names"), r;
 	const char *ptx = argc > 4 ? argv[4] : NULL;
-	int fd = open(argv[1], O_RDWR);
-	struct stat st;
-	if (fd < 0 || fstat(fd, &st)) {
-		perror("region");
+	G.reply_timeout_ns = 20000000000ull;
+	if (raw_guest_open(&G, argv[1], 1))
 		return 2;
-	}
-	gsize = (uint64_t)st.st_size;
-	gbase = mmap(NULL, gsize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	struct vmgpu_wait_opts wo;
-	vmgpu_wait_opts_default(&wo);
-	struct vmgpu_guest *g;
-	if (gbase == MAP_FAILED || vmgpu_guest_attach(gbase, gsize, &wo, &g) || vmgpu_guest_claim(g, 5000000000ull, &ch)) {
-		fprintf(stderr, "attach: %s\n", vmgpu_shm_errmsg());
-		return 2;
-	}
-	vmgpu_gchan_autobeat(ch, 100000000ull);
 	struct vg_hello_req hello = {VG_PROTO_VERSION, (uint32_t)getpid()};
 	a0();
 	memcpy(args, &hello, sizeof hello);
@@ -451,12 +298,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "hello refused\n");
 		return 2;
 	}
-	worker = find_worker((pid_t)atoi(argv[2]));
+	worker = worker_find((pid_t)atoi(argv[2]));
 	if (!worker) {
 		fprintf(stderr, "cannot find the worker of forwarder %s\n", argv[2]);
 		return 2;
 	}
-	read_maps();
+	worker_maps_read(worker);
 	char region_path[PATH_MAX];
 	if (!realpath(argv[1], region_path))
 		return 2;
@@ -469,19 +316,19 @@ int main(int argc, char **argv)
 	a0(), au(freed);
 	if (call(VG_OP_cuMemFree_v2) != 0)
 		return 2;
-	if (vmgpu_guest_heap_alloc(ch, 65536, &hoff) < 0) {
+	if (vmgpu_guest_heap_alloc(G.ch, 65536, &hoff) < 0) {
 		fprintf(stderr, "cannot allocate pinned memory: %s\n", vmgpu_shm_errmsg());
 		return 2;
 	}
-	uint8_t *pinned = gbase + hoff;
+	uint8_t *pinned = G.base + hoff;
 	memset(pinned, 0x5a, 65536);
 	healthy("setting up");
 
 	/* the worker's own memory, as its maps show it */
-	const struct map *stack = map_named("[stack]", NULL), *heap = map_named("[heap]", NULL);
-	const struct map *region = map_named(region_path, "rw-s");
-	const struct map *libc = map_containing("libc", "rw-p");
-	const struct map *self = map_containing("vmgpu-forwarder", "rw-p");
+	const struct map *stack = worker_map_named("[stack]", NULL), *heap = worker_map_named("[heap]", NULL);
+	const struct map *region = worker_map_named(region_path, "rw-s");
+	const struct map *libc = worker_map_containing("libc", "rw-p");
+	const struct map *self = worker_map_containing("vmgpu-forwarder", "rw-p");
 	if (!stack || !region || !libc) {
 		fprintf(stderr, "the worker's maps lack a stack, the region or libc's data\n");
 		return 2;
@@ -504,7 +351,7 @@ int main(int argc, char **argv)
 			break;
 		}
 	refuse_everywhere("an unmapped low address", 0x1000, 64);
-	refuse_everywhere("an address in no mapping of the worker", unmapped_address(), 64);
+	refuse_everywhere("an address in no mapping of the worker", worker_unmapped_address(), 64);
 	refuse_everywhere("a freed allocation", freed, 64);
 	refuse_everywhere_at("a range one byte past an allocation", a1 + 65536 - 63, 64, 0);
 	refuse_everywhere_at("a range that wraps", a1 + 64, UINT64_MAX - 63, 0);
@@ -550,30 +397,30 @@ int main(int argc, char **argv)
 		fail("cuMemsetD8 of the last 64 bytes of an allocation was refused");
 	a0(), au(1), au(1), au(a1 + 100);
 	checks++;
-	if (call(VG_OP_cuMemGetAddressRange_v2) != 0 || out(0) != a1 || out(1) != 65536)
-		fail("cuMemGetAddressRange of an allocation: base %llx size %llu", (unsigned long long)out(0),
-		     (unsigned long long)out(1));
+	if (call(VG_OP_cuMemGetAddressRange_v2) != 0 || raw_out(&G, 0) != a1 || raw_out(&G, 1) != 65536)
+		fail("cuMemGetAddressRange of an allocation: base %llx size %llu", (unsigned long long)raw_out(&G, 0),
+		     (unsigned long long)raw_out(&G, 1));
 
 	}
 
 	/* pinned memory's device address: this process's own pointer, never the worker's */
 	if (!names) {
-	read_maps();
-	a0(), au(hoff), au(0), au((uint64_t)(uintptr_t)gbase);
+	worker_maps_read(worker);
+	a0(), au(hoff), au(0), au((uint64_t)(uintptr_t)G.base);
 	r = call(VG_OP_cuMemHostGetDevicePointer_v2);
 	checks++;
-	if (r == 0 && rlen == 8) /* a bare address, as the driver gave it */
-		no_worker_address("cuMemHostGetDevicePointer", out(0));
-	if (r != 0 || rlen != 16)
-		fail("cuMemHostGetDevicePointer: result %d, %u reply bytes (expected kind and value)", r, rlen);
+	if (r == 0 && G.rlen == 8) /* a bare address, as the driver gave it */
+		no_worker_address("cuMemHostGetDevicePointer", raw_out(&G, 0));
+	if (r != 0 || G.rlen != 16)
+		fail("cuMemHostGetDevicePointer: result %d, %u reply bytes (expected kind and value)", r, G.rlen);
 	else {
-		uint64_t kind = out(0), d = kind == 2 ? (uint64_t)(uintptr_t)(gbase + out(1)) : out(1);
-		no_worker_address("cuMemHostGetDevicePointer", out(1));
+		uint64_t kind = raw_out(&G, 0), d = kind == 2 ? (uint64_t)(uintptr_t)(G.base + raw_out(&G, 1)) : raw_out(&G, 1);
+		no_worker_address("cuMemHostGetDevicePointer", raw_out(&G, 1));
 		checks++;
 		if (d != (uint64_t)(uintptr_t)pinned)
 			fail("cuMemHostGetDevicePointer gave 0x%llx, not this process's own pointer %p", (unsigned long long)d,
 			     (void *)pinned);
-		read_maps(); /* the worker may have mapped the region at our address now */
+		worker_maps_read(worker); /* the worker may have mapped the region at our address now */
 		/* what it gave is usable as a copy address, as natively */
 		a0(), au(BUF_INLINE), au(a1), au(BUF_INLINE), au(d), au(64);
 		checks++;
@@ -602,14 +449,14 @@ int main(int argc, char **argv)
 		for (unsigned i = 0; i < nattr; i++) {
 			char what[96];
 			snprintf(what, sizeof what, "cuPointerGetAttributes (%d) attribute %d", w, addr_attrs[i]);
-			if (out(3 * i) != 2) /* kind 2 is a region offset */
-				no_worker_address(what, out(3 * i + 1)), no_worker_address(what, out(3 * i + 2));
+			if (raw_out(&G, 3 * i) != 2) /* kind 2 is a region offset */
+				no_worker_address(what, raw_out(&G, 3 * i + 1)), no_worker_address(what, raw_out(&G, 3 * i + 2));
 		}
 	}
 	for (unsigned i = 0; i < 4; i++) {
 		a0(), au(addr_attrs[i]), au(BUF_HEAP), au(hoff);
-		if (call(VG_OP_cuPointerGetAttribute) == 0 && out(0) != 2)
-			no_worker_address("cuPointerGetAttribute of pinned memory", out(1));
+		if (call(VG_OP_cuPointerGetAttribute) == 0 && raw_out(&G, 0) != 2)
+			no_worker_address("cuPointerGetAttribute of pinned memory", raw_out(&G, 1));
 	}
 
 	}
@@ -622,7 +469,7 @@ int main(int argc, char **argv)
 	nargs += (sizeof prop + 7) / 8;
 	au(0);
 	r = call(VG_OP_cuMemCreate);
-	uint64_t handle = out(0);
+	uint64_t handle = raw_out(&G, 0);
 	checks++;
 	if (r != 0)
 		fail("cuMemCreate returned %d", r);
@@ -630,7 +477,7 @@ int main(int argc, char **argv)
 		no_worker_address("cuMemCreate's handle", handle);
 	a0(), au(1), au(4u << 20), au(0), au(stack->hi - (8u << 20)), au(0);
 	r = call(VG_OP_cuMemAddressReserve);
-	uint64_t va = out(0);
+	uint64_t va = raw_out(&G, 0);
 	checks++;
 	if (r != 0)
 		fail("cuMemAddressReserve returned %d", r);
@@ -674,15 +521,15 @@ int main(int argc, char **argv)
 		a0(), au(mod);
 		r = call(VG_OP_MODULE_FUNCS);
 		checks++;
-		if (r != 0 || out(0) == 0)
-			fail("the module's functions: result %d, %llu functions", r, (unsigned long long)out(0));
-		for (uint64_t i = 0; r == 0 && i < out(0) && i < 64; i++) {
-			no_worker_address("a module function's handle", out(1 + 2 * i));
-			no_worker_address("a module function's tag", out(2 + 2 * i));
+		if (r != 0 || raw_out(&G, 0) == 0)
+			fail("the module's functions: result %d, %llu functions", r, (unsigned long long)raw_out(&G, 0));
+		for (uint64_t i = 0; r == 0 && i < raw_out(&G, 0) && i < 64; i++) {
+			no_worker_address("a module function's handle", raw_out(&G, 1 + 2 * i));
+			no_worker_address("a module function's tag", raw_out(&G, 2 + 2 * i));
 			checks++;
-			if (out(2 + 2 * i) >= 65536)
+			if (raw_out(&G, 2 + 2 * i) >= 65536)
 				fail("a module function's tag 0x%llx is not a small guest-side number",
-				     (unsigned long long)out(2 + 2 * i));
+				     (unsigned long long)raw_out(&G, 2 + 2 * i));
 		}
 	} else if (!names && ptx) {
 		fail("cannot load the module %s", ptx);
@@ -691,8 +538,7 @@ int main(int argc, char **argv)
 	healthy("everything");
 	a0();
 	call(VG_OP_GOODBYE);
-	vmgpu_gchan_close(ch);
-	vmgpu_guest_detach(g);
+	raw_guest_close(&G);
 	printf("guest_addresses: %d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;
 }

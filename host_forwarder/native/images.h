@@ -32,6 +32,16 @@ int vh_image_check(const uint8_t *p, uint64_t n, char *why, size_t whylen);
 void vh_images_open(struct vh_fwd *f);
 void vh_images_close(struct vh_fwd *f);
 
+/* The cache's images (images.c).  find: the image of that size and hash, if cached (a reference
+ * the caller puts back).  add: take bytes (malloc'd, size + VH_IMAGE_GUARD, the guard zeroed) as
+ * an image, kept for others if their hash is `claimed`; NULL if the claim was false (the caller
+ * keeps the bytes). */
+struct vh_image;
+struct vh_image *vh_image_find(struct vh_fwd *f, uint64_t size, const uint64_t hash[2]);
+struct vh_image *vh_image_add(struct vh_fwd *f, uint8_t *bytes, uint64_t size, const uint64_t claimed[2]);
+void vh_image_put(struct vh_fwd *f, struct vh_image *img);
+const uint8_t *vh_image_bytes(const struct vh_image *img);
+
 /* The directory under which caches are made, and the part of their names before the pid. */
 #define VH_IMAGE_CACHE_PARENT "/dev/shm"
 #define VH_IMAGE_CACHE_PREFIX "vmgpu-images-"

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A channel being served: one guest process, in its own worker.  What the process holds is kept
+ * here: its contexts, its handle table (handles.c), the records its quota follows
+ * (allocations.c), the addresses it may name (addresses.c), the module image it is sending
+ * (module.c).  channel.c frees all of it when the process ends.
+ */
+#ifndef VH_CHANNEL_H
+#define VH_CHANNEL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "addresses.h"
+#include "allocations.h"
+#include "forwarder.h"
+#include "handles.h"
+
+struct vh_image;
+
+struct vh_chan {
+	struct vh_fwd *fwd;
+	const struct vh_backend *backend;
+	struct vmgpu_hchan *hc;
+	uint32_t index;
+	int cur_dev;       /* guest ordinal current on this thread, -1 none */
+	/* The process's own context per device, made at first use, as a native process has:
+	 * a kernel fault poisons only this context, and destroying it frees what it held. */
+	CUcontext ctx[VG_MAX_DEVICES];
+	CUresult latched;  /* first error of an async call, not yet reported */
+	struct vh_handle *h;
+	uint32_t nh, caph, free_hint;
+	struct vh_alloc *allocs;
+	size_t nallocs, capallocs;
+	struct vh_span *spans;        /* device addresses it may name, sorted (addresses.c) */
+	size_t nspans, capspans;
+	uint64_t vmm_ids;             /* VMM handles given out (the guest never sees the driver's) */
+	uint64_t *fn_tags;            /* driver function tags seen, by the guest-side value's index */
+	uint32_t nfn_tags;
+	uint8_t *alias;               /* the region mapped again at the guest's own address, or NULL */
+	int alias_tried;
+	_Atomic uint64_t *charged;    /* this worker's row of the quota, per device */
+	pthread_mutex_t quota_mu;     /* held across a call that takes or gives memory, and a refresh */
+	uint8_t *blob;                /* a module image being received */
+	uint64_t blob_size, blob_filled, blob_hash[2];
+	struct vh_image *image;       /* or the cached image this load uses */
+	uint64_t images_sent, images_cached;
+	void *scratch;
+	size_t scratch_cap;
+	uint64_t ncalls, nasync;
+	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */
+};
+
+/* A buffer of n elements of elsz bytes for one call (at most 64 MiB), or NULL. */
+void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
+/* What a process that exits or dies leaves behind: free all of it (its contexts go next). */
+void vh_chan_release_all(struct vh_chan *ch);
+
+#endif

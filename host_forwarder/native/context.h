@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A guest process's context on each of its GPUs, charged to the quota before it exists (context.c). */
+#ifndef VH_CONTEXT_H
+#define VH_CONTEXT_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+struct vh_chan;
+
+/* The process's context on dev, made at its first use after its charge was reserved;
+ * CUDA_ERROR_OUT_OF_MEMORY, with nothing left on the GPU, if it does not fit. */
+CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out);
+/* A guest context (ordinal + 1, 0 none) becomes the process's context on that GPU, made if
+ * need be; -1 if it names none or it cannot be made. */
+int vh_context_in(struct vh_chan *ch, CUcontext *c);
+/* Destroy every context the process has (at its end); nonzero if it had any. */
+int vh_chan_contexts_drop(struct vh_chan *ch);
+
+#endif

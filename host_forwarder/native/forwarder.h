@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * One guest's forwarder: what its supervisor sets up (main.c, devices.c) and every worker it
+ * forks inherits: the region, the GPUs and their quotas, the shared memory rows of the quota
+ * (quota.c), the statistics page and the GPUs' compute schedulers.
+ */
+#ifndef VH_FORWARDER_H
+#define VH_FORWARDER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "vg_wire.h"
+#include "vh_sched.h"
+#include "vh_stats.h"
+#include "vmgpu/shm.h"
+
+/* Time as the quota sees it: the real clock (clock.c), or a test's fake one. */
+struct vh_clock {
+	uint64_t (*now_ns)(void);
+	void (*sleep_ns)(uint64_t ns);
+};
+extern const struct vh_clock vh_real_clock;
+
+/* What the workers of one guest share besides the quota's rows (context.c). */
+struct vh_shared {
+	pthread_mutex_t ctx_mu;                  /* contexts are made one at a time (robust) */
+	_Atomic uint64_t ctx_bytes[VG_MAX_DEVICES]; /* the largest context measured on each GPU */
+};
+
+struct vh_fwd {
+	const struct vh_backend *backend;
+	struct vmgpu_host *host;
+	uint8_t *region;
+	uint64_t region_size;
+	int registered;     /* this worker registered the region with the driver (pinned DMA) */
+	int registered_dev; /* in its context on this GPU */
+	int ndev;
+	CUdevice dev[VG_MAX_DEVICES];
+	int ordinal[VG_MAX_DEVICES];     /* host device index of each guest device */
+	uint64_t quota[VG_MAX_DEVICES];
+	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */
+	_Atomic uint64_t (*charged)[VG_MAX_DEVICES]; /* per channel's worker, shared (quota.c) */
+	/* per channel: its worker is counted in the GPU's scheduler slot; whoever clears it (the
+	 * worker leaving, or the supervisor reaping it) counts it out, once */
+	_Atomic uint32_t (*sched_joined)[VG_MAX_DEVICES];
+	struct vh_shared *shared;
+	const struct vh_clock *clock;    /* how the quota waits (vh_real_clock but in unit tests) */
+	uint64_t ctx_reserve;            /* a context's charge where the driver cannot be measured */
+	const char *oom_script;          /* run with the guest's identity when it is refused memory */
+	struct vh_stats *stats;          /* shared by the workers; a file if --stats is given */
+	struct vg_dev_info info[VG_MAX_DEVICES];
+	int driver_version;
+	const char *guest;
+	int verbose;
+	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
+	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_sched.c) */
+};
+
+/* A GPU's UUID as NVML and nvidia-smi write it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
+static inline void vh_uuid_str(const uint8_t u[16], char *out, size_t len)
+{
+	snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+		 u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+#endif

@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Graphs: an executable graph's memory nodes charged to the quota when it is instantiated (and
+ * uploaded, so that the memory is taken then), a stream's capture state, a graph's nodes as
+ * handles.
+ */
+#include <stdlib.h>
+
+#include "channel.h"
+#include "quota.h"
+#include "vh_dispatch.h"
+
+/* What a graph's memory nodes ask for, in whole 2 MiB pages. */
+static uint64_t graph_mem(struct vh_chan *ch, CUgraph g)
+{
+	const struct vh_backend *B = ch->backend;
+	size_t n = 0;
+	if (B->cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+		return 0;
+	CUgraphNode *nodes = calloc(n, sizeof *nodes);
+	uint64_t total = 0;
+	if (nodes && B->cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS) {
+		for (size_t i = 0; i < n; i++) {
+			CUgraphNodeType t;
+			CUDA_MEM_ALLOC_NODE_PARAMS p;
+			if (B->cuGraphNodeGetType(nodes[i], &t) == CUDA_SUCCESS && t == CU_GRAPH_NODE_TYPE_MEM_ALLOC &&
+			    B->cuGraphMemAllocNodeGetParams(nodes[i], &p) == CUDA_SUCCESS)
+				total += vh_quota_rounded(p.bytesize > (1u << 20) ? p.bytesize : (2u << 20));
+		}
+	}
+	free(nodes);
+	return total;
+}
+
+CUresult vhx_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec *exec, CUgraph g, unsigned long long flags)
+{
+	const struct vh_backend *B = ch->backend;
+	int dev = ch->cur_dev;
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!exec)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t est = graph_mem(ch, g);
+	if (est == 0)
+		return B->cuGraphInstantiateWithFlags(exec, g, flags);
+	if (vh_quota_take_begin(ch, dev, est, "cuGraphInstantiate"))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = B->cuGraphInstantiateWithFlags(exec, g, flags);
+	/* the memory is taken when the graph is uploaded: do that now, so it is charged now */
+	if (r == CUDA_SUCCESS) {
+		r = B->cuGraphUpload(*exec, NULL);
+		if (r == CUDA_SUCCESS)
+			r = B->cuStreamSynchronize(NULL);
+		if (r != CUDA_SUCCESS)
+			B->cuGraphExecDestroy(*exec);
+	}
+	if (r == CUDA_SUCCESS && !vh_alloc_track(ch, (CUdeviceptr)(uintptr_t)*exec, est, dev, VH_GRAPH)) {
+		B->cuGraphExecDestroy(*exec);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (vh_quota_take_end(ch, dev, est, r)) {
+		vh_alloc_untrack(ch, vh_alloc_find(ch, (CUdeviceptr)(uintptr_t)*exec, 1u << VH_GRAPH));
+		B->cuGraphExecDestroy(*exec);
+		B->cuDeviceGraphMemTrim(ch->fwd->dev[dev]);
+		return vh_quota_take_undo(ch, dev, est, "cuGraphInstantiate");
+	}
+	return vh_quota_card_full(ch, dev, r, "cuGraphInstantiate", est);
+}
+
+CUresult vhx_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
+{
+	const struct vh_backend *B = ch->backend;
+	CUresult r = B->cuGraphExecDestroy(exec);
+	if (r != CUDA_SUCCESS)
+		return r;
+	struct vh_alloc *a = vh_alloc_find(ch, (CUdeviceptr)(uintptr_t)exec, 1u << VH_GRAPH);
+	if (a) {
+		B->cuDeviceGraphMemTrim(ch->fwd->dev[a->dev]); /* the graph pool keeps memory until trimmed */
+		vh_alloc_release(ch, a);
+	}
+	return CUDA_SUCCESS;
+}
+
+static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int version)
+{
+	(void)version;
+	const struct vh_backend *B = ch->backend;
+	uint64_t sraw = vh_get_u64(rd), want_graph = vh_get_u64(rd), want_deps = vh_get_u64(rd);
+	int bad = 0;
+	CUstream s = vh_stream_in(ch, flags, sraw, &bad);
+	if (rd->bad || bad)
+		return bad ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+	__typeof__(B->cuStreamGetCaptureInfo_v3) info =
+		(flags & VG_F_PTDS) ? B->cuStreamGetCaptureInfo_v3_ptsz : B->cuStreamGetCaptureInfo_v3;
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	cuuint64_t id = 0;
+	CUgraph g = NULL;
+	const CUgraphNode *deps = NULL;
+	size_t ndeps = 0;
+	CUresult r = info(s, &st, &id, want_graph ? &g : NULL, want_deps ? &deps : NULL, NULL, want_deps ? &ndeps : NULL);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (ndeps)
+		return CUDA_ERROR_NOT_SUPPORTED; /* node arrays of a capture are not remoted */
+	if (g && vh_handle_new(ch, VG_KIND_GRAPH, (void **)&g, NULL))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	uint64_t out[3] = {(uint64_t)st, (uint64_t)id, (uint64_t)(uintptr_t)g};
+	vh_put(wr, out, sizeof out);
+	return CUDA_SUCCESS;
+}
+
+/* The three versions answer alike (the node arrays of a capture are not remoted). */
+VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo, capture_info, 1)
+VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo_v2, capture_info, 2)
+VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo_v3, capture_info, 3)
+
+CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	void *g = (void *)(uintptr_t)vh_get_u64(rd);
+	uint64_t cap = vh_get_u64(rd);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (vh_handle_in(ch, VG_KIND_GRAPH, &g))
+		return CUDA_ERROR_INVALID_HANDLE;
+	size_t total = 0;
+	CUresult r = ch->backend->cuGraphGetNodes(g, NULL, &total);
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t want = cap < total ? cap : total;
+	if (want > (wr->cap - wr->len) / 8 - 2)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUgraphNode *nodes = want ? vh_scratch(ch, want, sizeof *nodes) : NULL;
+	size_t got = want;
+	if (want && (!nodes || (r = ch->backend->cuGraphGetNodes(g, nodes, &got)) != CUDA_SUCCESS))
+		return nodes ? r : CUDA_ERROR_OUT_OF_MEMORY;
+	uint64_t head[2] = {total, got};
+	vh_put(wr, head, sizeof head);
+	for (size_t i = 0; i < got; i++) {
+		void *n = nodes[i];
+		if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, &n, g))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		uint64_t v = (uint64_t)(uintptr_t)n;
+		vh_put(wr, &v, 8);
+	}
+	return CUDA_SUCCESS;
+}

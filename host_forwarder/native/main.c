@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmgpu-forwarder: serves one guest's shared-memory region on a GPU (or on the
+ * simulated backend).  vmgpud starts and supervises it.
+ *
+ * The process that starts keeps the region: it beats the host heartbeat, watches
+ * the channel table, and never touches CUDA (supervisor.c).  Each guest process that
+ * claims a channel gets a worker process of its own (forked, worker.c), which opens the
+ * driver, serves that channel on one native thread and exits when the guest process goes.
+ * As natively, a guest process's CUDA state lives and dies with one host process:
+ * a kernel fault poisons only that worker, and its exit frees everything it held.
+ * The memory quota is counted across the workers in shared memory (quota.c).
+ *
+ * This file: the command line and start-up (the GPUs, the statistics page, the region,
+ * the compute schedulers, the shared rows of the quota), then the supervisor's loop.
+ *
+ *   vmgpu-forwarder --region /dev/shm/vmgpu-NAME [--create SIZE] [--backend cuda|sim]
+ *                   [--gpus 0[,1..]] [--mem BYTES[,BYTES..]] [--guest NAME] ...
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "images.h"
+#include "process.h"
+#include "region_file.h"
+
+volatile sig_atomic_t stopping;
+volatile sig_atomic_t region_broken;
+struct vh_fwd F;
+struct vh_backend BK;
+const char *backend_name;
+
+void on_signal(int sig)
+{
+	(void)sig;
+	stopping = 1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: vmgpu-forwarder --region PATH [options]\n"
+		"Serve one guest's vmgpu region: run its CUDA calls on a GPU.\n\n"
+		"  --region PATH       the region file (/dev/shm/...)\n"
+		"  --create SIZE       create and format the region first (e.g. 256M)\n"
+		"  --backend NAME      cuda (default) or sim (simulated, for tests without a GPU)\n"
+		"  --gpus LIST         host GPU indices given to the guest, comma separated (default 0)\n"
+		"  --mem LIST          memory quota per GPU (e.g. 8G,8G; default the whole card)\n"
+		"  --guest NAME        the guest's name, for logs\n"
+		"  --channels N        region geometry: channels (default 16)\n"
+		"  --bulk SIZE         region geometry: bulk area per channel (default 4M)\n"
+		"  --wait futex|poll   region geometry: wait mode (default futex)\n"
+		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n"
+		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n"
+		"  --compute LIST      the guest's compute weight per GPU, 1..100 (its cap under the fixed\n"
+		"                      policy; default 100)\n"
+		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm/vmgpu)\n"
+		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
+		"                      default the UUID the driver reports)\n"
+		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
+		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
+		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
+		"                      measurement is charged)\n"
+		"  --allow-pageable-access  serve a GPU whose kernels reach any pageable host memory (HMM/ATS),\n"
+		"                      though a guest's kernel could then read and write its worker\n"
+		"  --oom-script PATH   run PATH GUEST when the guest is refused memory, with VMGPU_GUEST,\n"
+		"                      VMGPU_GPU (UUID), VMGPU_QUOTA, VMGPU_USED, VMGPU_REQUEST, VMGPU_CALL,\n"
+		"                      VMGPU_CHANNEL and VMGPU_WORKER_PID set (at most once a second per process)\n");
+}
+
+/* What the command line sets besides F. */
+struct options {
+	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
+	int compute[VG_MAX_DEVICES], no_sched, ctx_reserve_set, allow_pageable;
+	uint64_t create;
+	struct vmgpu_shm_params params;
+	struct vmgpu_wait_opts wopts;
+};
+
+/* --compute LIST: a weight per GPU, the last one for the GPUs not named. */
+static int parse_compute(const char *arg, int compute[VG_MAX_DEVICES])
+{
+	char *list = strdup(arg), *save = NULL;
+	int n = 0;
+	uint64_t v;
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (n >= VG_MAX_DEVICES || vh_parse_size(t, &v) || v < 1 || v > 100) {
+			free(list);
+			return vh_die("--compute: '%s' is not a list of weights in 1..100", arg);
+		}
+		compute[n++] = (int)v;
+	}
+	for (; n > 0 && n < VG_MAX_DEVICES; n++)
+		compute[n] = compute[n - 1];
+	free(list);
+	return 0;
+}
+
+/* 0, 1 (an error, said), or -1: exit with status 0 (--help) or 2 (usage) as *status says. */
+static int parse_options(int argc, char **argv, struct options *o, int *status)
+{
+	static const struct option opts[] = {
+		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
+		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
+		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
+		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
+		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
+		{0, 0, 0, 0},
+	};
+	int c;
+	uint64_t v;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'r': o->region = optarg; break;
+		case 'c':
+			if (vh_parse_size(optarg, &o->create) || !o->create)
+				return vh_die("--create: '%s' is not a size", optarg);
+			break;
+		case 'b': o->backend = optarg; break;
+		case 'g': o->gpus = optarg; break;
+		case 'm': o->mems = optarg; break;
+		case 'n': F.guest = optarg; break;
+		case 'C':
+			if (vh_parse_size(optarg, &v) || v < 1 || v > VMGPU_MAX_CHANNELS)
+				return vh_die("--channels: '%s' is not in 1..%d", optarg, VMGPU_MAX_CHANNELS);
+			o->params.nchannels = (uint32_t)v;
+			break;
+		case 'B':
+			if (vh_parse_size(optarg, &v))
+				return vh_die("--bulk: '%s' is not a size", optarg);
+			o->params.bulk_size = v;
+			break;
+		case 'w':
+			if (!strcmp(optarg, "futex"))
+				o->params.wait_mode = VMGPU_WAIT_FUTEX;
+			else if (!strcmp(optarg, "poll"))
+				o->params.wait_mode = VMGPU_WAIT_POLL;
+			else
+				return vh_die("--wait: '%s' is neither futex nor poll", optarg);
+			break;
+		case 't':
+			if (vh_parse_size(optarg, &v) || v < 1)
+				return vh_die("--peer-timeout: '%s' is not a number of seconds", optarg);
+			o->wopts.peer_timeout_ns = v * 1000000000ull;
+			break;
+		case 's': o->stats_path = optarg; break;
+		case 'W':
+			if (parse_compute(optarg, o->compute))
+				return 1;
+			break;
+		case 'D': o->sched_dir = optarg; break;
+		case 'I': o->sched_ids = optarg; break;
+		case 'N': o->no_sched = 1; break;
+		case 'R':
+			if (vh_parse_size(optarg, &F.ctx_reserve))
+				return vh_die("--ctx-reserve: '%s' is not a size", optarg);
+			o->ctx_reserve_set = 1;
+			break;
+		case 'O':
+			if (access(optarg, X_OK) != 0)
+				return vh_die("--oom-script: %s is not an executable file", optarg);
+			F.oom_script = optarg;
+			break;
+		case 'P': o->allow_pageable = 1; break;
+		case 'h': usage(stdout); *status = 0; return -1;
+		default: usage(stderr); *status = 2; return -1;
+		}
+	}
+	if (!o->region || optind != argc) {
+		usage(stderr);
+		*status = 2;
+		return -1;
+	}
+	return 0;
+}
+
+/* The statistics page: in a file vmgpud can read (--stats), or anonymous; shared with the workers. */
+static int map_stats(const char *path)
+{
+	int fd = -1, flags = MAP_SHARED | MAP_ANONYMOUS;
+	if (path) {
+		/* never through a link, never a file someone else made (vmgpud keeps it in its own
+		 * private directory) */
+		fd = vh_open_ours(path, O_RDWR | O_CREAT);
+		if (fd < 0 || ftruncate(fd, 0) != 0 || ftruncate(fd, sizeof *F.stats) != 0)
+			return vh_die("--stats %s: %s", path, strerror(errno));
+		flags = MAP_SHARED;
+	}
+	F.stats = mmap(NULL, sizeof *F.stats, PROT_READ | PROT_WRITE, flags, fd, 0);
+	if (fd >= 0)
+		close(fd);
+	if (F.stats == MAP_FAILED)
+		return vh_die("cannot map the statistics page: %s", strerror(errno));
+	memset(F.stats, 0, sizeof *F.stats);
+	F.stats->version = VH_STATS_VERSION;
+	F.stats->ndev = (uint32_t)F.ndev;
+	for (int i = 0; i < F.ndev; i++)
+		F.stats->quota[i] = F.quota[i];
+	F.used = F.stats->used;
+	atomic_thread_fence(memory_order_release);
+	F.stats->magic = VH_STATS_MAGIC; /* last: a reader sees a complete header */
+	return 0;
+}
+
+/* The d-th comma-separated name of list (vmgpud's name of the GPU, its UUID) into out. */
+static int sched_id(const char *list, int d, char *out, size_t cap)
+{
+	const char *p = list;
+	for (int i = 0; i < d && p; i++)
+		p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+	if (!p)
+		return -1;
+	size_t n = strcspn(p, ",");
+	if (!n || n >= cap)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		if (!(p[i] == '-' || (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'z') ||
+		      (p[i] >= 'A' && p[i] <= 'Z')))
+			return -1;
+	memcpy(out, p, n);
+	out[n] = '\0';
+	return 0;
+}
+
+static int join_schedulers(const struct options *o)
+{
+	const char *dir = o->sched_dir && *o->sched_dir ? o->sched_dir : VS_DIR;
+	for (int d = 0; d < F.ndev && !o->no_sched; d++) {
+		char uuid[64];
+		vh_uuid_str(F.info[d].uuid, uuid, sizeof uuid);
+		if (o->sched_ids && sched_id(o->sched_ids, d, uuid, sizeof uuid))
+			return vh_die("--sched-id: '%s' names no page for GPU %d (UUIDs of letters, digits and '-')",
+				      o->sched_ids, d);
+		if (vh_sched_join(&F.sched[d], dir, uuid, F.guest, o->compute[d], d))
+			return vh_die("cannot join the compute scheduler of %s in %s: %s", uuid, dir, strerror(errno));
+	}
+	return 0;
+}
+
+/* Each worker's row of the quota and its scheduler membership, shared, so that both come back
+ * however the worker ends; and the lock its contexts are made under. */
+static int map_shared_rows(uint32_t nchannels)
+{
+	size_t rows = nchannels * sizeof *F.charged, joined = nchannels * sizeof *F.sched_joined;
+	F.charged = mmap(NULL, rows, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	F.sched_joined = mmap(NULL, joined, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	F.shared = mmap(NULL, sizeof *F.shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (F.charged == MAP_FAILED || F.sched_joined == MAP_FAILED || F.shared == MAP_FAILED)
+		return vh_die("cannot map the memory quota's rows: %s", strerror(errno));
+	pthread_mutexattr_t ma;
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(&F.shared->ctx_mu, &ma);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR")};
+	for (int i = 0; i < VG_MAX_DEVICES; i++)
+		o.compute[i] = 100;
+	vmgpu_shm_params_default(&o.params);
+	vmgpu_wait_opts_default(&o.wopts);
+	F.guest = "guest";
+	F.clock = &vh_real_clock;
+	int status = 0, r = parse_options(argc, argv, &o, &status);
+	if (r)
+		return r < 0 ? status : r;
+	backend_name = o.backend;
+	BK.simulated = !strcmp(o.backend, "sim");
+	if (!o.ctx_reserve_set) /* an H100 context with driver 580, measured; the simulated one has none */
+		F.ctx_reserve = BK.simulated ? 0 : 544ull << 20;
+	if (strcmp(o.backend, "sim") && strcmp(o.backend, "cuda"))
+		return vh_die("unknown backend '%s' (cuda or sim)", o.backend);
+	if (vh_devices_probe(o.gpus, o.mems, o.allow_pageable) || map_stats(o.stats_path))
+		return 1;
+
+	int fd = vh_region_open(o.region, o.create); /* never through a link, never someone else's file */
+	if (fd < 0)
+		return vh_die("cannot open region %s: %s", o.region, strerror(errno));
+	struct stat st;
+	fstat(fd, &st);
+	F.region_size = (uint64_t)st.st_size;
+	F.region = mmap(NULL, F.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (F.region == MAP_FAILED)
+		return vh_die("cannot map region %s: %s", o.region, strerror(errno));
+	vh_region_guard(); /* the fd stays open: the supervisor watches the file's size */
+	if (o.create && vmgpu_region_format(F.region, F.region_size, &o.params, F.guest) != 0)
+		return vh_die("cannot format region %s: %s", o.region, vmgpu_shm_errmsg());
+	if (vmgpu_host_attach(F.region, F.region_size, &o.params, &o.wopts, &F.host) != 0)
+		return vh_die("cannot serve region %s: %s", o.region, vmgpu_shm_errmsg());
+	vh_images_open(&F); /* none: every image crosses */
+	if (join_schedulers(&o))
+		return 1;
+
+	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
+	vh_log("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", o.region,
+	       (unsigned long long)(F.region_size >> 20), L->nchannels, F.ndev, F.info[0].name,
+	       (unsigned long long)(F.quota[0] >> 20), F.driver_version);
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	if (map_shared_rows(L->nchannels))
+		return 1;
+	return vh_supervise(fd, &o.params, &o.wopts);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The meter (meter.h): what this worker really holds on a GPU.  On a GPU, NVML's per-process
+ * usage of the worker (nvmlDeviceGetComputeRunningProcesses, about 15 us on the H100); on the
+ * simulated backend, its vmgpuSimProcessUsage.  A GPU that gives no number is not measured, and
+ * its quota is kept by estimates (quota.c).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "log.h"
+#include "meter.h"
+
+typedef struct {
+	unsigned pid;
+	unsigned long long used;
+	unsigned gi, ci;
+} nvml_proc;
+#define NVML_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFull
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+
+static struct {
+	int opened;
+	int on[VG_MAX_DEVICES]; /* this guest GPU can be measured */
+	int (*get)(void *, unsigned *, nvml_proc *);
+	void *dev[VG_MAX_DEVICES];
+	int (*sim)(CUdevice, unsigned long long *);
+} M;
+
+/* Bytes this process holds on guest device dev, asked now, or -1 if the answer is no number. */
+static int64_t query(const struct vh_chan *ch, int dev)
+{
+	if (M.sim) {
+		unsigned long long b = 0;
+		return M.sim(ch->fwd->dev[dev], &b) == 0 ? (int64_t)b : -1;
+	}
+	if (!M.get || !M.dev[dev])
+		return -1;
+	nvml_proc stack[64], *p = stack;
+	unsigned n = 64;
+	int r = M.get(M.dev[dev], &n, p);
+	if (r == NVML_ERROR_INSUFFICIENT_SIZE && n <= 4096) {
+		n += 16;
+		p = calloc(n, sizeof *p);
+		if (!p)
+			return -1;
+		r = M.get(M.dev[dev], &n, p);
+	}
+	int64_t out = r == 0 ? 0 : -1; /* not listed yet: nothing held */
+	unsigned pid = (unsigned)getpid();
+	for (unsigned i = 0; r == 0 && i < n; i++)
+		if (p[i].pid == pid)
+			out = p[i].used == NVML_NOT_AVAILABLE ? -1 : (int64_t)p[i].used;
+	if (p != stack)
+		free(p);
+	return out;
+}
+
+/* Once per worker: which of the guest's GPUs can be measured (each asked once). */
+static void meter_open(const struct vh_chan *ch)
+{
+	const struct vh_fwd *f = ch->fwd;
+	M.opened = 1;
+	if (ch->backend->simulated) {
+		M.sim = (int (*)(CUdevice, unsigned long long *))dlsym(ch->backend->dl, "vmgpuSimProcessUsage");
+	} else {
+		void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+		int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+		int (*by_uuid)(const char *, void **) =
+			h ? (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID") : NULL;
+		if (h)
+			M.get = (int (*)(void *, unsigned *, nvml_proc *))dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
+		if (!init || !by_uuid || !M.get || init() != 0)
+			M.get = NULL;
+		for (int d = 0; M.get && d < f->ndev; d++) {
+			char uuid[64];
+			vh_uuid_str(f->info[d].uuid, uuid, sizeof uuid);
+			if (by_uuid(uuid, &M.dev[d]) != 0)
+				M.dev[d] = NULL;
+		}
+	}
+	for (int d = 0; d < f->ndev; d++) {
+		M.on[d] = (M.sim || M.get) && query(ch, d) >= 0;
+		if (!M.on[d])
+			vh_log("GPU %d: no per-process memory usage to be had here: its quota is kept by estimates", d);
+	}
+}
+
+int64_t vh_meter_read(const struct vh_chan *ch, int dev)
+{
+	if (!M.opened)
+		meter_open(ch);
+	if (!M.on[dev])
+		return -1;
+	int64_t v = query(ch, dev);
+	if (v < 0) {
+		M.on[dev] = 0; /* said once, then the estimates are the charges */
+		vh_log("GPU %d: NVML stopped giving per-process memory usage: its quota is kept by estimates", dev);
+	}
+	return v;
+}
+
+int vh_meter_on(const struct vh_chan *ch, int dev)
+{
+	if (!M.opened)
+		meter_open(ch);
+	return M.on[dev];
+}

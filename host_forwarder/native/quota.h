@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The memory quota (quota.c): where a memory refusal is decided.  Each worker (guest process) has
+ * a row of charges per GPU in shared memory; their sum per GPU (`used`, in the statistics page)
+ * is held under the guest's quota.  The context's own charge is made in context.c, through the
+ * same calls; the measurement of what a worker really holds is meter.c's.
+ */
+#ifndef VH_QUOTA_H
+#define VH_QUOTA_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <stdint.h>
+
+struct vh_chan;
+
+/* -1 if n more bytes on dev would pass the quota (after waiting, up to a second, while a closed
+ * process's charges are on their way back); else 0, and they are charged to this worker. */
+int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n);
+/* Give back n bytes reserved on dev. */
+void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n);
+/* Replace this worker's charge on dev by what the driver says it holds (where it can say);
+ * nonzero if the guest is then over its quota. */
+int vh_quota_settle(struct vh_chan *ch, int dev);
+/* Whether the charges on the current GPU are measurements (else they are estimates). */
+int vh_quota_measured(struct vh_chan *ch);
+/* What the driver takes for an allocation of n bytes (as the H100's driver rounds them). */
+uint64_t vh_quota_rounded(uint64_t n);
+/* After a module load: nonzero if it left the guest over its quota. */
+int vh_quota_settle_load(struct vh_chan *ch);
+/* From the worker's second thread now and then: the charges take what the driver says now
+ * (memory given back at a synchronisation, module code loaded at a launch). */
+void vh_quota_refresh(struct vh_chan *ch);
+
+/* The steps of every call that takes device memory (alloc.c, pool.c, vmm.c, graph.c):
+ *   begin:     reserve an estimate, or refuse (and report it): -1.
+ *   end:       after the call, the charge takes the truth, or keeps the estimate (a failed
+ *              call's is given back).  Nonzero if the call succeeded but left the guest over
+ *              its quota: the caller undoes the call, then calls undo.
+ *   undo:      the charge follows the undone call; reported; CUDA_ERROR_OUT_OF_MEMORY.
+ *   given_back: memory went back to the driver: the charge follows (truth, or minus charge).
+ *   card_full: r passed on, reported if the card itself was out of memory. */
+int vh_quota_take_begin(struct vh_chan *ch, int dev, uint64_t est, const char *call);
+int vh_quota_take_end(struct vh_chan *ch, int dev, uint64_t est, CUresult r);
+CUresult vh_quota_take_undo(struct vh_chan *ch, int dev, uint64_t est, const char *call);
+void vh_quota_given_back(struct vh_chan *ch, int dev, uint64_t charge);
+CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char *call, uint64_t want);
+
+/* The guest was refused `want` bytes by `call` on dev: logged, and the operator's script run
+ * (--oom-script), at most once a second per worker (oom_report.c). */
+void vh_oom_report(struct vh_chan *ch, int dev, const char *call, uint64_t want);
+
+#endif

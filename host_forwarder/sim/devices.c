@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Devices and contexts: VMGPU_SIM_DEVICES GPUs told apart by UUID and PCI bus, each with its
+ * primary context; the last release of a primary context frees the memory allocated in it.
+ */
+#include "sim.h"
+
+EXPORT CUresult cuInit(unsigned int flags) { return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
+EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 13000; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *n) { if (!n) return CUDA_ERROR_INVALID_VALUE; *n = sim_devices(); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ord)
+{
+	if (!d) return CUDA_ERROR_INVALID_VALUE;
+	if (ord < 0 || ord >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	*d = ord;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+	if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	strncpy(name, "vmgpu simulated GPU", (size_t)len - 1);
+	name[len - 1] = 0;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
+{
+	static const char id[16] = {'v', 'm', 'g', 'p', 'u', '-', 's', 'i', 'm', 0, 0, 0, 0, 0, 0, 1};
+	if (!u) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	memcpy(u->bytes, id, 16);
+	u->bytes[15] = (char)(d + 1);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d)
+{
+	if (!b) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	*b = sim_total_mem();
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
+{
+	if (!pi) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	switch (a) {
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *pi = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *pi = 64; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *pi = 2147483647; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *pi = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+	case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 8; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
+	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: *pi = 1; break;
+	case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1000000; break;
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x42 + d; break;
+	/* VMGPU_SIM_PAGEABLE_ACCESS=1: a GPU whose kernels reach pageable host memory (HMM/ATS) */
+	case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: *pi = sim_pageable_access(); break;
+	default: *pi = 0; break;
+	}
+	return CUDA_SUCCESS;
+}
+static int primary_ctx[8];
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	*c = (CUcontext)&primary_ctx[d];
+	if (__atomic_fetch_add(&primary_ctx[d], 1, __ATOMIC_RELAXED) == 0)
+		sim_usage_add((int64_t)sim_ctx_bytes()); /* made by the first retain */
+	return CUDA_SUCCESS;
+}
+/* The last release destroys the primary context, and the device memory allocated in it. */
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	int was = __atomic_load_n(&primary_ctx[d], __ATOMIC_RELAXED);
+	if (was <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+	if (__atomic_sub_fetch(&primary_ctx[d], 1, __ATOMIC_RELAXED) != 0)
+		return CUDA_SUCCESS;
+	int64_t freed = (int64_t)sim_ctx_bytes();
+	pthread_mutex_lock(&sim_mu);
+	for (size_t i = 0; i < sim_nranges;) {
+		if (!sim_ranges[i].registered) { /* cuMemAlloc's, not mappings */
+			free(sim_ranges[i].host);
+			sim_used_bytes -= sim_ranges[i].size;
+			freed += (int64_t)sim_round(sim_ranges[i].size);
+			sim_ranges[i] = sim_ranges[--sim_nranges];
+		} else {
+			i++;
+		}
+	}
+	pthread_mutex_unlock(&sim_mu);
+	sim_usage_add(-freed);
+	return CUDA_SUCCESS;
+}
+/* Contexts: the primary one, and any number created (all share the one address space). */
+#define CTX_MAGIC 0x43545853u
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int flags, CUdevice d)
+{
+	(void)p; (void)flags;
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
+	uint32_t *x = malloc(sizeof *x);
+	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+	*x = CTX_MAGIC;
+	*c = (CUcontext)x;
+	sim_usage_add((int64_t)sim_ctx_bytes());
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
+{
+	if ((uintptr_t)c < 4096 || *(uint32_t *)c != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+	*(uint32_t *)c = 0;
+	free(c);
+	sim_usage_add(-(int64_t)sim_ctx_bytes());
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c)
+{
+	if (!c || ((int *)c >= primary_ctx && (int *)c < primary_ctx + 8)) return CUDA_SUCCESS;
+	return (uintptr_t)c >= 4096 && *(uint32_t *)c == CTX_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) { return cuCtxSetCurrent(c); }
+
+EXPORT CUresult cuGetErrorName(CUresult r, const char **s)
+{
+	if (!s) return CUDA_ERROR_INVALID_VALUE;
+	*s = r == CUDA_SUCCESS ? "CUDA_SUCCESS" : "CUDA_ERROR (simulated backend)";
+	return CUDA_SUCCESS;
+}

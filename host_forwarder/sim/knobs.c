@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The simulated backend's test knobs: what a test sets through the environment (VMGPU_SIM_*),
+ * and the memory the process holds as NVML would report it.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+/* What the process holds, as NVML would say: allocations rounded as the H100's driver rounds
+ * them, and VMGPU_SIM_CTX_MIB (default 0) per context.  vmgpuSimProcessUsage reports it. */
+uint64_t sim_proc_bytes;
+
+/* VMGPU_SIM_USAGE_DIR: each process keeps what it holds in DIR/<pid>, rewritten at every
+ * change, so that tests can check the forwarder's quota against the simulated driver's own
+ * account, as the GPU tests check them against NVML. */
+void sim_usage_add(int64_t delta)
+{
+	uint64_t now = __atomic_add_fetch(&sim_proc_bytes, (uint64_t)delta, __ATOMIC_RELAXED);
+	const char *dir = getenv("VMGPU_SIM_USAGE_DIR");
+	if (!dir || !*dir)
+		return;
+	char path[512], line[32];
+	snprintf(path, sizeof path, "%s/%d", dir, (int)getpid());
+	int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	int n = snprintf(line, sizeof line, "%020llu\n", (unsigned long long)now);
+	if (pwrite(fd, line, (size_t)n, 0) != n)
+		now = 0;
+	close(fd);
+}
+
+/* VMGPU_SIM_DEVICES (default 1, at most 8) simulated GPUs, told apart by UUID and PCI bus. */
+int sim_devices(void)
+{
+	const char *e = getenv("VMGPU_SIM_DEVICES");
+	int n = e ? atoi(e) : 1;
+	return n < 1 ? 1 : n > 8 ? 8 : n;
+}
+uint64_t sim_ctx_bytes(void)
+{
+	const char *e = getenv("VMGPU_SIM_CTX_MIB");
+	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;
+}
+
+uint64_t sim_total_mem(void)
+{
+	const char *e = getenv("VMGPU_SIM_MEM_MIB");
+	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 16384) << 20;
+}
+
+int sim_pageable_access(void)
+{
+	return getenv("VMGPU_SIM_PAGEABLE_ACCESS") != NULL;
+}
+
+/* As a driver that calls exit() would (tests: a worker that ends with a status while it holds
+ * the GPU). */
+void sim_memset_knob(void)
+{
+	static unsigned long long calls;
+	const char *e = getenv("VMGPU_SIM_EXIT_AT_MEMSET");
+	if (e && *e && __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED) == strtoull(e, NULL, 10))
+		exit(3);
+}
+
+EXPORT int vmgpuSimProcessUsage(CUdevice d, unsigned long long *bytes)
+{
+	if (d != 0 || !bytes)
+		return -1; /* one device's usage is modelled; the others are not measured */
+	*bytes = __atomic_load_n(&sim_proc_bytes, __ATOMIC_RELAXED);
+	return 0;
+}

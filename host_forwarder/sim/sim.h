@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libvmgpu-simcuda.so: the simulated backend.  A small CUDA driver for hosts
+ * without a GPU (CI): device memory is host memory behind made-up device
+ * addresses, every address a call names is checked against what was
+ * allocated, streams and events are objects that complete at once, and
+ * modules are read from PTX text, alone or uncompressed inside a fatbin (entry
+ * names and parameter layouts; images checked by the forwarder first).  One
+ * kernel really runs: any entry whose name contains "vadd" with (const float*,
+ * const float*, float*, int) computes c = a + b, so tests can check results.
+ * Other launches are accepted and do nothing.  It is for tests only; the
+ * forwarder marks every log line when it runs on it.
+ *
+ * By API area: devices.c (devices, contexts), memory.c (allocations, host registration, arrays,
+ * pointer attributes), copies.c (copies and memsets), streams.c (streams, events, stream
+ * capture), modules.c (modules from PTX, functions), launch.c (launches and graphs), pools.c
+ * (pools and VMM), knobs.c (what tests set through the environment, and the usage NVML would
+ * report).  This header is what the files share; only the CUDA API is exported (EXPORT).
+ */
+#ifndef SIM_H
+#define SIM_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define SIM_BASE 0x7e0000000000ull
+
+/* ---- device memory (memory.c) ---------------------------------------------------- */
+
+struct range {
+	uint64_t dev;  /* device address */
+	uint8_t *host; /* backing bytes */
+	uint64_t size;
+	int registered; /* host memory registered by the forwarder (device address = host address) */
+};
+
+extern pthread_mutex_t sim_mu; /* the ranges and the counters below */
+extern struct range *sim_ranges;
+extern size_t sim_nranges, sim_capranges;
+extern uint64_t sim_next_dev;
+extern uint64_t sim_used_bytes;
+
+/* The bytes behind [addr, addr+n), or NULL if that is not inside one allocation. */
+uint8_t *sim_resolve(uint64_t addr, uint64_t n);
+CUresult sim_add_range(uint64_t dev, uint8_t *host, uint64_t size, int registered);
+/* An allocation of n bytes as the H100's driver rounds it. */
+uint64_t sim_round(uint64_t n);
+
+/* ---- the test knobs (knobs.c) ------------------------------------------------------ */
+
+/* VMGPU_SIM_DEVICES: how many GPUs (default 1, at most 8). */
+int sim_devices(void);
+/* VMGPU_SIM_MEM_MIB: each GPU's memory (default 16 GiB). */
+uint64_t sim_total_mem(void);
+/* VMGPU_SIM_CTX_MIB: what a context holds (default 0). */
+uint64_t sim_ctx_bytes(void);
+/* VMGPU_SIM_PAGEABLE_ACCESS: whether kernels reach pageable host memory (HMM/ATS). */
+int sim_pageable_access(void);
+/* VMGPU_SIM_EXIT_AT_MEMSET=N: the process's Nth cuMemsetD8 exits with status 3. */
+void sim_memset_knob(void);
+/* What the process holds, as NVML would say, changed by delta (and written to
+ * VMGPU_SIM_USAGE_DIR/<pid> if set); vmgpuSimProcessUsage reports it. */
+void sim_usage_add(int64_t delta);
+extern uint64_t sim_proc_bytes;
+
+/* ---- objects: streams, events, pools (streams.c) ------------------------------------ */
+
+struct sim_graph;
+struct sim_obj {
+	uint32_t magic;
+	int flags;
+	uint64_t t_ns;
+	struct sim_graph *capturing; /* streams: the graph being captured */
+};
+#define STREAM_MAGIC 0x5354524du
+#define EVENT_MAGIC 0x45564e54u
+#define POOL_MAGIC 0x504f4f4cu
+
+uint64_t sim_now_ns(void);
+CUresult sim_new_obj(void **out, uint32_t magic, int flags);
+/* Special stream values (legacy, per-thread) reach us as small integers, never objects. */
+int sim_is_obj(const void *p, uint32_t magic);
+CUresult sim_del_obj(void *p, uint32_t magic);
+struct sim_obj *sim_stream_obj(CUstream s);
+
+/* ---- functions (modules.c) and graphs (launch.c) ------------------------------------- */
+
+#define MAX_FN 64
+#define MAX_P 32
+#define MAX_PARAM_BYTES 32764 /* the most a launch can pass */
+struct sim_fn {
+	uint32_t magic;
+	char name[128];
+	int max_dynamic_smem;
+	int np;
+	size_t off[MAX_P], size[MAX_P];
+};
+struct sim_fn *sim_fn_of(const void *h);
+
+#define GRAPH_MAGIC 0x47525048u
+#define EXEC_MAGIC 0x47455845u
+#define MAX_NODES 64
+struct sim_node {
+	CUfunction fn;
+	unsigned dims[7];
+	uint8_t params[256];
+};
+struct sim_graph {
+	uint32_t magic;
+	int n;
+	struct sim_node node[MAX_NODES];
+};
+/* Called by cuLaunchKernel: a launch on a capturing stream is recorded, not run (nonzero, with
+ * the launch's result in *r). */
+int sim_capture_launch(CUstream s, CUfunction func, const unsigned dims[7], void **args, CUresult *r);
+
+#endif

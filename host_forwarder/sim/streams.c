@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Streams and events: objects that complete at once (an event keeps the time it was recorded).
+ * A stream being captured collects its launches into a graph (launch.c).
+ */
+#include <time.h>
+
+#include "sim.h"
+
+uint64_t sim_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+CUresult sim_new_obj(void **out, uint32_t magic, int flags)
+{
+	if (!out) return CUDA_ERROR_INVALID_VALUE;
+	struct sim_obj *o = calloc(1, sizeof *o);
+	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+	o->magic = magic;
+	o->flags = flags;
+	*out = o;
+	return CUDA_SUCCESS;
+}
+
+/* Special stream values (legacy, per-thread) reach us as small integers, never objects. */
+int sim_is_obj(const void *p, uint32_t magic)
+{
+	return (uintptr_t)p >= 4096 && *(const uint32_t *)p == magic;
+}
+
+CUresult sim_del_obj(void *p, uint32_t magic)
+{
+	struct sim_obj *o = p;
+	if (!sim_is_obj(o, magic)) return CUDA_ERROR_INVALID_HANDLE;
+	o->magic = 0;
+	free(o);
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int f) { return sim_new_obj((void **)s, STREAM_MAGIC, (int)f); }
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int f, int p) { (void)p; return sim_new_obj((void **)s, STREAM_MAGIC, (int)f); }
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) { return sim_del_obj(s, STREAM_MAGIC); }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f) { return sim_new_obj((void **)e, EVENT_MAGIC, (int)f); }
+EXPORT CUresult cuEventDestroy_v2(CUevent e) { return sim_del_obj(e, EVENT_MAGIC); }
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+	(void)s;
+	struct sim_obj *o = (struct sim_obj *)e;
+	if (!sim_is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	o->t_ns = sim_now_ns();
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int f) { (void)f; return cuEventRecord(e, s); }
+EXPORT CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
+{
+	struct sim_obj *x = (struct sim_obj *)a, *y = (struct sim_obj *)b;
+	if (!ms) return CUDA_ERROR_INVALID_VALUE;
+	if (!sim_is_obj(x, EVENT_MAGIC) || !sim_is_obj(y, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	*ms = (float)((double)(y->t_ns - x->t_ns) / 1e6);
+	return CUDA_SUCCESS;
+}
+
+/* ---- stream capture ---- */
+
+static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+struct sim_obj *sim_stream_obj(CUstream s)
+{
+	return sim_is_obj(s, STREAM_MAGIC) ? (struct sim_obj *)s : NULL;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+	(void)mode;
+	struct sim_obj *o = sim_stream_obj(s);
+	if (!o) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	o->capturing = calloc(1, sizeof *o->capturing);
+	if (!o->capturing) return CUDA_ERROR_OUT_OF_MEMORY;
+	o->capturing->magic = GRAPH_MAGIC;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+	struct sim_obj *o = sim_stream_obj(s);
+	if (!g) return CUDA_ERROR_INVALID_VALUE;
+	if (!o || !o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	*g = (CUgraph)o->capturing;
+	o->capturing = NULL;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st)
+{
+	struct sim_obj *o = sim_stream_obj(s);
+	if (!st) return CUDA_ERROR_INVALID_VALUE;
+	*st = o && o->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+					  const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n)
+{
+	struct sim_obj *o = sim_stream_obj(s);
+	if (!st) return CUDA_ERROR_INVALID_VALUE;
+	*st = o && o->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+	if (id) *id = o && o->capturing ? (cuuint64_t)(uintptr_t)o->capturing : 0;
+	if (g) *g = o && o->capturing ? (CUgraph)o->capturing : NULL;
+	if (deps) *deps = NULL;
+	if (edges) *edges = NULL;
+	if (n) *n = 0;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+	if (!mode) return CUDA_ERROR_INVALID_VALUE;
+	CUstreamCaptureMode old = capture_mode;
+	capture_mode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}

@@ -1,0 +1,288 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The memory quota (native/quota.c, native/oom_report.c) without a GPU and on a fake clock: a
+ * reservation within the quota is charged to the worker's row and the guest's total, one past it
+ * is refused; one that does not fit waits while a closed process's charges are on their way back
+ * (and gets them when the supervisor returns them), but no longer than a second of the clock; a
+ * live process's charges are not waited for; settling takes the meter's truth; the steps of a call
+ * that takes memory give back what a failed or undone call reserved; refusals are reported at
+ * most once a second.  The meter is this file's fake (meter.h); the region is a real one.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "channel.h"
+#include "check.h"
+#include "log.h"
+#include "meter.h"
+#include "quota.h"
+
+#define MIB (1ull << 20)
+#define MS 1000000ull
+
+/* ---- fakes: the clock, the meter, the log ------------------------------------------ */
+
+static uint64_t clock_ns = 1000 * MS, sleeps;
+static void (*on_sleep)(void); /* what happens elsewhere while the quota sleeps */
+
+static uint64_t fake_now(void)
+{
+	return clock_ns;
+}
+
+static void fake_sleep(uint64_t ns)
+{
+	clock_ns += ns;
+	sleeps++;
+	if (on_sleep)
+		on_sleep();
+}
+
+static const struct vh_clock fake_clock = {fake_now, fake_sleep};
+
+static int measured;            /* whether the fake meter gives numbers */
+static int64_t held[VG_MAX_DEVICES]; /* what it says the worker holds */
+
+int vh_meter_on(const struct vh_chan *ch, int dev)
+{
+	(void)ch;
+	(void)dev;
+	return measured;
+}
+
+int64_t vh_meter_read(const struct vh_chan *ch, int dev)
+{
+	(void)ch;
+	return measured ? held[dev] : -1;
+}
+
+static int oom_lines;
+
+void vh_log(const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	if (strstr(line, "out of memory"))
+		oom_lines++;
+}
+
+/* ---- one guest: a region with 4 channels, 100 MiB on one GPU, the worker of channel 0 ---- */
+
+static struct vh_fwd f;
+static struct vh_chan ch;
+static _Atomic uint64_t used[VG_MAX_DEVICES];
+static _Atomic uint64_t rows[4][VG_MAX_DEVICES];
+
+static void setup(void)
+{
+	static void *base;
+	static const uint64_t size = 16 * MIB;
+	struct vmgpu_shm_params p;
+	vmgpu_shm_params_default(&p);
+	p.nchannels = 4;
+	p.bulk_size = 1 << 20;
+	if (!base) {
+		base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		CHECK(base != MAP_FAILED);
+		struct vmgpu_wait_opts wo;
+		vmgpu_wait_opts_default(&wo);
+		CHECK(vmgpu_region_format(base, size, &p, "t_quota") == 0);
+		CHECK(vmgpu_host_attach(base, size, &p, &wo, &f.host) == 0);
+	}
+	struct vmgpu_host *host = f.host;
+	memset(&f, 0, sizeof f);
+	memset(used, 0, sizeof used);
+	memset(rows, 0, sizeof rows);
+	f.host = host;
+	f.region = base;
+	f.region_size = size;
+	f.ndev = 1;
+	f.quota[0] = 100 * MIB;
+	f.used = used;
+	f.charged = rows;
+	f.clock = &fake_clock;
+	memset(&ch, 0, sizeof ch);
+	ch.fwd = &f;
+	ch.index = 0;
+	ch.cur_dev = 0;
+	ch.charged = rows[0];
+	pthread_mutex_init(&ch.quota_mu, NULL);
+	measured = 0;
+	memset(held, 0, sizeof held);
+	sleeps = 0;
+	on_sleep = NULL;
+}
+
+/* Channel i's state in the region's table, as its guest process left it. */
+static void channel_state(uint32_t i, uint32_t state)
+{
+	const struct vmgpu_layout *L = vmgpu_host_layout(f.host);
+	struct vmgpu_chan_desc *d = (struct vmgpu_chan_desc *)(f.region + L->chan_table_off + (uint64_t)i * sizeof *d);
+	atomic_store(&d->ctl, (uint64_t)state);
+}
+
+/* Another worker (channel 1) holds bytes on GPU 0. */
+static void other_holds(uint64_t bytes, uint32_t state)
+{
+	atomic_store(&rows[1][0], bytes);
+	atomic_fetch_add(&used[0], bytes);
+	channel_state(1, state);
+}
+
+/* The supervisor reaps channel 1's worker: its row comes back (supervisor.c: worker_ended). */
+static uint64_t reap_at_ns;
+static void supervisor_reaps(void)
+{
+	if (clock_ns >= reap_at_ns && atomic_load(&rows[1][0]))
+		atomic_fetch_sub(&used[0], atomic_exchange(&rows[1][0], 0));
+}
+
+/* ---- the behaviours ------------------------------------------------------------------ */
+
+static void reserve_within_quota_is_charged_and_past_it_refused(void)
+{
+	setup();
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 60 * MIB), 0);
+	CHECK_EQ(atomic_load(&used[0]), 60 * MIB);
+	CHECK_EQ(atomic_load(&rows[0][0]), 60 * MIB);
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 40 * MIB), 0); /* exactly to the quota */
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 1), -1);
+	CHECK_EQ(vh_quota_reserve(&ch, 0, UINT64_MAX), -1); /* no wrap past the quota */
+	CHECK_EQ(sleeps, 0); /* nothing on its way back: refused at once */
+	CHECK_EQ(atomic_load(&used[0]), 100 * MIB);
+	vh_quota_release(&ch, 0, 40 * MIB);
+	CHECK_EQ(atomic_load(&used[0]), 60 * MIB);
+	CHECK_EQ(atomic_load(&rows[0][0]), 60 * MIB);
+}
+
+static void reserve_waits_for_a_closed_process_and_gets_its_memory(void)
+{
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_CLOSING);
+	reap_at_ns = clock_ns + 5 * MS;
+	on_sleep = supervisor_reaps;
+	uint64_t t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), 0);
+	CHECK_EQ(clock_ns - t0, 5 * MS); /* it waited until the row came back, and no longer */
+	CHECK_EQ(sleeps, 5);
+	CHECK_EQ(atomic_load(&used[0]), 50 * MIB);
+	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
+}
+
+static void reserve_gives_up_after_a_second_when_the_memory_does_not_come_back(void)
+{
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_DEAD); /* lost, and its worker never gives it back */
+	uint64_t t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK(clock_ns - t0 >= 1000 * MS);
+	CHECK(clock_ns - t0 <= 1001 * MS);
+	CHECK_EQ(atomic_load(&used[0]), 80 * MIB); /* nothing charged */
+	CHECK_EQ(atomic_load(&rows[0][0]), 0);
+}
+
+static void reserve_does_not_wait_for_a_live_process(void)
+{
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK_EQ(sleeps, 0);
+	/* nor for its own row, whatever its channel says */
+	setup();
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 80 * MIB), 0);
+	channel_state(0, VMGPU_CHAN_CLOSING);
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK_EQ(sleeps, 0);
+	channel_state(0, VMGPU_CHAN_FREE);
+}
+
+static void settle_takes_the_meters_truth(void)
+{
+	setup();
+	measured = 1;
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 10 * MIB), 0);
+	held[0] = 30 * MIB; /* the driver rounded and added module code */
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
+	CHECK_EQ(atomic_load(&rows[0][0]), 30 * MIB);
+	CHECK_EQ(atomic_load(&used[0]), 30 * MIB);
+	held[0] = 120 * MIB;
+	CHECK(vh_quota_settle(&ch, 0) != 0); /* over the quota */
+	held[0] = 5 * MIB;                   /* and back down: a decrease too */
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
+	CHECK_EQ(atomic_load(&used[0]), 5 * MIB);
+	measured = 0; /* not measured: the estimate stays the charge */
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
+	CHECK_EQ(atomic_load(&rows[0][0]), 5 * MIB);
+}
+
+static void a_call_that_fails_or_is_undone_gives_its_reservation_back(void)
+{
+	setup(); /* estimates */
+	CHECK_EQ(vh_quota_take_begin(&ch, 0, 20 * MIB, "cuMemAlloc"), 0);
+	CHECK_EQ(vh_quota_take_end(&ch, 0, 20 * MIB, CUDA_ERROR_INVALID_VALUE), 0);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+	CHECK_EQ(vh_quota_take_begin(&ch, 0, 20 * MIB, "cuMemAlloc"), 0);
+	CHECK_EQ(vh_quota_take_end(&ch, 0, 20 * MIB, CUDA_SUCCESS), 0);
+	CHECK_EQ(atomic_load(&used[0]), 20 * MIB); /* kept as the charge */
+	vh_quota_given_back(&ch, 0, 20 * MIB);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+	CHECK_EQ(vh_quota_take_begin(&ch, 0, 101 * MIB, "cuMemAlloc"), -1);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+
+	setup(); /* measured: the driver took more than the estimate, past the quota */
+	measured = 1;
+	CHECK_EQ(vh_quota_take_begin(&ch, 0, 20 * MIB, "cuMemAlloc"), 0);
+	held[0] = 110 * MIB;
+	CHECK(vh_quota_take_end(&ch, 0, 20 * MIB, CUDA_SUCCESS) != 0);
+	held[0] = 0; /* the caller undid the call */
+	CHECK_EQ(vh_quota_take_undo(&ch, 0, 20 * MIB, "cuMemAlloc"), CUDA_ERROR_OUT_OF_MEMORY);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+	CHECK_EQ(atomic_load(&rows[0][0]), 0);
+}
+
+static void refusals_are_reported_at_most_once_a_second(void)
+{
+	setup();
+	clock_ns += 10000 * MS; /* well after any earlier report */
+	oom_lines = 0;
+	vh_oom_report(&ch, 0, "cuMemAlloc", MIB);
+	vh_oom_report(&ch, 0, "cuMemAlloc", MIB);
+	clock_ns += 999 * MS;
+	vh_oom_report(&ch, 0, "cuMemAlloc", MIB);
+	CHECK_EQ(oom_lines, 1);
+	clock_ns += 1 * MS;
+	vh_oom_report(&ch, 0, "cuMemAlloc", MIB);
+	CHECK_EQ(oom_lines, 2);
+	CHECK_EQ(vh_quota_card_full(&ch, 0, CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", MIB), CUDA_ERROR_OUT_OF_MEMORY);
+	CHECK_EQ(oom_lines, 2); /* within the second again */
+}
+
+static void charges_are_rounded_as_the_driver_takes_memory(void)
+{
+	CHECK_EQ(vh_quota_rounded(0), 64 << 10);
+	CHECK_EQ(vh_quota_rounded(1), 64 << 10);
+	CHECK_EQ(vh_quota_rounded(64 << 10), 64 << 10);
+	CHECK_EQ(vh_quota_rounded((64 << 10) + 1), 128 << 10);
+	CHECK_EQ(vh_quota_rounded(MIB), MIB);
+	CHECK_EQ(vh_quota_rounded(MIB + 1), 2 * MIB);
+	CHECK_EQ(vh_quota_rounded(3 * MIB), 4 * MIB);
+}
+
+int main(void)
+{
+	reserve_within_quota_is_charged_and_past_it_refused();
+	reserve_waits_for_a_closed_process_and_gets_its_memory();
+	reserve_gives_up_after_a_second_when_the_memory_does_not_come_back();
+	reserve_does_not_wait_for_a_live_process();
+	settle_takes_the_meters_truth();
+	a_call_that_fails_or_is_undone_gives_its_reservation_back();
+	refusals_are_reported_at_most_once_a_second();
+	charges_are_rounded_as_the_driver_takes_memory();
+	printf("ok\n");
+	return 0;
+}
