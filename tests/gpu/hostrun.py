@@ -59,12 +59,50 @@ def _programs() -> dict[str, Path]:
     }
 
 
+# glibc's libraries that the driver's nvidia-smi loads besides libc (it is added on the GPU host)
+GLIBC_EXTRA = {
+    f"/lib/x86_64-linux-gnu/{n}": Path(f"/lib/x86_64-linux-gnu/{n}")
+    for n in ("libdl.so.2", "librt.so.1", "libpthread.so.0", "libm.so.6")
+}
+# what the guest runs after the programs: its view of the GPU through the guest NVML
+NVML_CHECKS = (
+    "/bin/vmgpu-smi --query-gpu=name,memory.total,memory.used --format=csv\n"
+    'if [ -x /usr/bin/nvidia-smi ]; then /usr/bin/nvidia-smi; echo "VMGPU-E2E nvidia-smi rc=$?"; fi\n'
+)
+
+
 def _script() -> str:
     lines = ["vmgpu-guest-agent setup --gid 0 || echo 'VMGPU-E2E agent failed'"]
     for argv, _ in PROGRAMS:
         lines.append(f"/bin/{' '.join(argv)}; echo \"VMGPU-E2E {argv[0]} rc=$?\"")
     lines.append("/bin/vmgpu-smi")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + NVML_CHECKS
+
+
+def _cpio(files: dict[str, Path]) -> bytes:
+    """A newc cpio archive of files (path in the archive -> file here), with their directories:
+    appended to an initramfs, the kernel unpacks it over the first."""
+    out, ino = bytearray(), 1
+
+    def entry(name: str, mode: int, data: bytes) -> None:
+        nonlocal ino
+        fields = [ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name) + 1, 0]
+        out.extend(b"070701" + b"".join(b"%08X" % f for f in fields) + name.encode() + b"\0")
+        out.extend(b"\0" * (-len(out) % 4))
+        out.extend(data)
+        out.extend(b"\0" * (-len(out) % 4))
+        ino += 1
+
+    dirs = set()
+    for p in files:
+        parts = Path(p.lstrip("/")).parent.parts
+        dirs |= {"/".join(parts[: i + 1]) for i in range(len(parts))}
+    for d in sorted(dirs):
+        entry(d, 0o40755, b"")
+    for p, src in files.items():
+        entry(p.lstrip("/"), 0o100755, src.read_bytes())
+    entry("TRAILER!!!", 0, b"")
+    return bytes(out)
 
 
 def _qemu_tree(dest: Path) -> None:
@@ -89,8 +127,8 @@ def pack(dest: Path) -> None:
         with tarfile.open(dest / "qemu.tar.gz", "w:gz") as t:
             t.add(tree, arcname="qemu")
         shutil.copy2(guest.kernel(), dest / "vmlinuz")
-        guest.build_initramfs(dest / "guest.cpio", _programs(), {}, _script())
-        root = guest.build_rootfs(Path(tmp) / "rootfs", _programs(), {}, guest_lib=False)
+        guest.build_initramfs(dest / "guest.cpio", _programs(), GLIBC_EXTRA, _script())
+        root = guest.build_rootfs(Path(tmp) / "rootfs", _programs(), GLIBC_EXTRA, guest_lib=False)
         with tarfile.open(dest / "rootfs.tar.gz", "w:gz") as t:
             t.add(root, arcname="rootfs")
     for f in sorted(dest.iterdir()):
@@ -108,6 +146,10 @@ def _check(out: str, fwd: Forwarder) -> int:
         bad.append("a program computed a wrong result")
     if "agent failed" in out:
         bad.append("the guest agent failed")
+    if "name, memory.total [MiB], memory.used [MiB]" not in out or ", 4096 MiB, " not in out:
+        bad.append("vmgpu-smi did not show the 4096 MiB quota through the guest NVML")
+    if shutil.which("nvidia-smi") and ("VMGPU-E2E nvidia-smi rc=0" not in out or "MiB /   4096MiB" not in out):
+        bad.append("the driver's nvidia-smi did not show the guest's 4096 MiB slice")
     for b in bad:
         print(f"FAILED: {b}")
     print("hostrun:", "all programs correct through vmgpu on the GPU" if not bad else f"{len(bad)} failure(s)")
@@ -134,6 +176,11 @@ def vm(src: Path, timeout: float) -> int:
     work, tree = _unpack(src, "qemu")
     region = Path(f"/dev/shm/vmgpu-hostrun-vm-{os.getpid()}")
     console = work / "console"
+    initrd = src / "guest.cpio"
+    smi = shutil.which("nvidia-smi")
+    if smi:  # the driver's nvidia-smi, added to the guest's initramfs
+        initrd = work / "guest-smi.cpio"
+        initrd.write_bytes((src / "guest.cpio").read_bytes() + _cpio({"/usr/bin/nvidia-smi": Path(smi)}))
     fwd = Forwarder(region, backend=BACKEND, size=REGION_SIZE, mem="4G", guest="hostrun-vm", extra=("--wait", "poll"))
     fwd.start()
     env = dict(os.environ, QEMU_MODULE_DIR=str(tree / "modules"), LD_LIBRARY_PATH=str(tree / "lib"))
@@ -141,7 +188,7 @@ def vm(src: Path, timeout: float) -> int:
         str(tree / "bin" / QEMU.name), "-L", str(tree / "share" / "qemu"), "-accel", "tcg", "-m", "512",
         "-display", "none", "-monitor", "none", "-no-reboot", "-net", "none",
         "-serial", f"file:{console}",
-        "-kernel", str(src / "vmlinuz"), "-initrd", str(src / "guest.cpio"),
+        "-kernel", str(src / "vmlinuz"), "-initrd", str(initrd),
         "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
         "-object", f"memory-backend-file,id=vmgpu,share=on,mem-path={region},size={REGION_SIZE}",
         "-device", "ivshmem-plain,memdev=vmgpu",
@@ -162,6 +209,10 @@ def vm(src: Path, timeout: float) -> int:
 
 def container(src: Path, timeout: float) -> int:
     work, root = _unpack(src, "rootfs")
+    smi = shutil.which("nvidia-smi")
+    if smi:  # the driver's nvidia-smi, in the image as a user would have it
+        (root / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(smi, root / "usr" / "bin" / "nvidia-smi")
     region = Path(f"/dev/shm/vmgpu-hostrun-ctr-{os.getpid()}")
     fwd = Forwarder(region, backend=BACKEND, size="256M", mem="4G", guest="hostrun-ctr")
     fwd.start()
@@ -180,6 +231,7 @@ def container(src: Path, timeout: float) -> int:
         "echo \"/dev holds: $(ls /dev | tr '\\n' ' ')\"\n"
         "ls /dev | grep -q nvidia && echo 'VMGPU-E2E NVIDIA NODE'\n"
         + "".join(f"/bin/{' '.join(argv)}; echo \"VMGPU-E2E {argv[0]} rc=$?\"\n" for argv, _ in PROGRAMS)
+        + NVML_CHECKS.replace("/bin/vmgpu-smi", "/usr/bin/vmgpu-smi")
     )
     script = " && ".join(
         [
