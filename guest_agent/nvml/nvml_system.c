@@ -5,7 +5,6 @@
  * nvmlInit from the guest's libcuda.so.1 (vmgpu's, which took them from the host at its own
  * start); total memory is the guest's quota.
  */
-#define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
