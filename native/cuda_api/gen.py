@@ -246,7 +246,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
     body = [
-        f"{'' if fn.spec.get('guest') == 'cached' else 'static '}CUresult vg_do_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
+        f"{'' if fn.spec.get('guest') == 'cached' else 'static '}CUresult forward_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
         "{",
         "\tstruct vg_call c;",
         f"\tCUresult r = vg_begin(&c, VG_OP_{fn.name}, vg_flags);",
@@ -266,7 +266,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
         elif p.ctype == "CUcontext":
             body.append(f"\tvg_put_ctx(&c, {p.name});")
         elif p.ctype == "CUfunction":
-            body.append(f"\tvg_put_u64(&c, vg_fn_handle({p.name}));")
+            body.append(f"\tvg_put_u64(&c, vg_function_handle({p.name}));")
         else:
             if p.is_pointer:
                 raise SpecError(f"{fn.name}: pointer parameter {p.name} has no marshalling")
@@ -296,18 +296,18 @@ def emit_guest(funcs: list[Func], handles: dict[str, str]) -> str:
     for fn in funcs:
         if fn.cls in ("sync", "async"):
             lines += guest_entry(fn, handles)
-            target = f"vg_do_{fn.name}"
+            target = f"forward_{fn.name}"
             if fn.spec.get("guest") == "cached":
-                # answered from a hand-written guest cache, which calls vg_do_<name> on a miss
+                # answered from a hand-written guest cache, which calls forward_<name> on a miss
                 lines.append(
-                    f"CUresult vgc_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
+                    f"CUresult handwritten_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
                 )
-                target = f"vgc_{fn.name}"
+                target = f"handwritten_{fn.name}"
         else:
             lines.append(
-                f"CUresult vgc_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
+                f"CUresult handwritten_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
             )
-            target = f"vgc_{fn.name}"
+            target = f"handwritten_{fn.name}"
         for name, flag in [(fn.name, "0")] + [(v, "VG_F_PTDS") for v in fn.variants]:
             lines.append(
                 f"VG_EXPORT {proto(name, fn.params)}\n{{\n\treturn {target}({args(fn) + ', ' if fn.params else ''}{flag});\n}}\n"

@@ -1,0 +1,276 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Copies that name host memory, the guest half (host half: host_forwarder/native/
+ * exec.c): pinned heap memory is zero-copy (the host DMAs straight into the
+ * region), small pageable buffers travel inline in the request, large ones are
+ * pipelined through the channel's bulk area in chunks.  Unified copies say for
+ * each address whether it is heap memory or a device address.
+ */
+#include <emmintrin.h>
+#include <string.h>
+
+#include "call.h"
+#include "connection.h"
+#include "copy.h"
+#include "hostmem.h"
+
+#define INLINE_MAX (16u << 10)
+
+/* Copy a staged chunk with non-temporal stores: the bytes are not read again soon (the
+ * GPU reads the bulk area; the program reads its buffer later), so they need not
+ * displace the cache, and the destination's lines are not read first. */
+static void copy_stream(void *dst, const void *src, size_t n)
+{
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+	size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+	if (n < 4096 || head > n) {
+		memcpy(d, s, n);
+		return;
+	}
+	memcpy(d, s, head);
+	d += head;
+	s += head;
+	n -= head;
+	size_t body = n & ~(size_t)63;
+	for (size_t i = 0; i < body; i += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+		__m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+		__m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+		_mm_stream_si128((__m128i *)(d + i), a);
+		_mm_stream_si128((__m128i *)(d + i + 16), b);
+		_mm_stream_si128((__m128i *)(d + i + 32), c);
+		_mm_stream_si128((__m128i *)(d + i + 48), e);
+	}
+	_mm_sfence();
+	memcpy(d + body, s + body, n - body);
+}
+
+#define DTOH_DEPTH 3 /* chunks requested ahead; at most 4 (the bulk area holds 4 chunks) */
+
+uint64_t vg_bulk_chunk_size(void)
+{
+	uint64_t c = vg_conn.bulk_size / 4;
+	return c ? c : 4096;
+}
+
+/* ---- host to device --------------------------------------------------------------- */
+
+static void put_stream(struct vg_call *c, int async, CUstream s)
+{
+	if (async)
+		vg_put_u64(c, (uint64_t)(uintptr_t)s);
+}
+
+static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CUstream s, int async, unsigned fl)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (n == 0)
+		return CUDA_SUCCESS;
+	if (!src)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	uint64_t off = vg_heap_offset(src, n);
+	if (off != UINT64_MAX || n <= INLINE_MAX) {
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, dst);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, n);
+		vg_put_u64(&c, off != UINT64_MAX ? VG_BUFFER_HEAP : VG_BUFFER_INLINE);
+		vg_put_u64(&c, off != UINT64_MAX ? off : 0);
+		if (off == UINT64_MAX)
+			vg_put_arr(&c, src, n, 1);
+		if (async)
+			return vg_send_async(&c);
+		return vg_end(&c, vg_call_sync(&c));
+	}
+	/* pageable and large: stage through bulk; the host copies chunk k while we fill k+1 */
+	vg_lock();
+	const uint8_t *p = src;
+	uint64_t step = vg_bulk_chunk_size();
+	for (size_t done = 0; done < n && r == CUDA_SUCCESS;) {
+		uint64_t len = n - done < step ? n - done : step, pos;
+		void *bulk;
+		int e = vmgpu_gchan_bulk_alloc(vg_conn.chan, len, VG_WAIT_FOREVER_NS, &pos, &bulk);
+		if (e < 0) {
+			r = VG_ERROR_LOST;
+			break;
+		}
+		copy_stream(bulk, p + done, len);
+		int last = done + len == n;
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			break;
+		vg_put_u64(&c, dst + done);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, len);
+		vg_put_u64(&c, VG_BUFFER_BULK);
+		vg_put_u64(&c, pos);
+		done += len;
+		if (last && !async)
+			r = vg_end(&c, vg_call_sync(&c));
+		else
+			r = vg_send_async(&c);
+	}
+	vg_unlock();
+	return r;
+}
+
+CUresult handwritten_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n, unsigned fl)
+{
+	return htod(VG_OP_cuMemcpyHtoD_v2, dst, src, n, NULL, 0, fl);
+}
+
+CUresult handwritten_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s, unsigned fl)
+{
+	return htod(VG_OP_cuMemcpyHtoDAsync_v2, dst, src, n, s, 1, fl);
+}
+
+/* ---- device to host --------------------------------------------------------------- */
+
+static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream s, int async, unsigned fl)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (n == 0)
+		return CUDA_SUCCESS;
+	if (!dst)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	uint64_t off = vg_heap_offset(dst, n);
+	if (off != UINT64_MAX) {
+		/* pinned: the host DMAs straight into the heap; async stays async */
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, src);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, n);
+		vg_put_u64(&c, VG_BUFFER_HEAP);
+		vg_put_u64(&c, off);
+		if (async)
+			return vg_send_async(&c);
+		return vg_end(&c, vg_call_sync(&c));
+	}
+	if (n <= INLINE_MAX) {
+		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, src);
+		put_stream(&c, async, s);
+		vg_put_u64(&c, n);
+		vg_put_u64(&c, VG_BUFFER_INLINE);
+		vg_put_u64(&c, 0);
+		r = vg_call_sync(&c);
+		if (r == CUDA_SUCCESS) {
+			const void *bytes = vg_get_u64(&c) == n ? vg_get_ref(&c, n) : NULL;
+			if (bytes)
+				memcpy(dst, bytes, n);
+			else
+				r = VG_ERROR_LOST;
+		}
+		return vg_end(&c, r);
+	}
+	/* pageable and large: the host fills bulk chunks ahead of the one we copy out.  Chunks
+	 * are a quarter of the bulk area and allocated in order, so a new chunk only ever takes
+	 * the place of one already copied out (the host releases a chunk once it has filled it). */
+	vg_lock();
+	uint8_t *p = dst;
+	uint64_t step = vg_bulk_chunk_size(), sent = 0, taken = 0;
+	struct inflight {
+		void *bulk;
+		uint64_t len;
+		struct vg_call c;
+	} q[DTOH_DEPTH];
+	unsigned head = 0, count = 0;
+	while (r == CUDA_SUCCESS && taken < n) {
+		while (r == CUDA_SUCCESS && count < DTOH_DEPTH && sent < n) {
+			struct inflight *f = &q[(head + count) % DTOH_DEPTH];
+			uint64_t pos;
+			f->len = n - sent < step ? n - sent : step;
+			if (vmgpu_gchan_bulk_alloc(vg_conn.chan, f->len, VG_WAIT_FOREVER_NS, &pos, &f->bulk) < 0) {
+				r = VG_ERROR_LOST;
+				break;
+			}
+			if ((r = vg_begin(&f->c, op, fl)) != CUDA_SUCCESS)
+				break;
+			vg_put_u64(&f->c, src + sent);
+			put_stream(&f->c, async, s);
+			vg_put_u64(&f->c, f->len);
+			vg_put_u64(&f->c, VG_BUFFER_BULK);
+			vg_put_u64(&f->c, pos);
+			r = vg_send_request(&f->c);
+			vg_end(&f->c, r); /* the outer vg_lock keeps the channel */
+			sent += f->len;
+			count++;
+		}
+		if (count == 0)
+			break;
+		struct inflight *f = &q[head];
+		CUresult rr = vg_wait_reply(&f->c);
+		if (rr == CUDA_SUCCESS && r == CUDA_SUCCESS)
+			copy_stream(p + taken, f->bulk, f->len);
+		if (r == CUDA_SUCCESS)
+			r = rr;
+		taken += f->len;
+		head = (head + 1) % DTOH_DEPTH;
+		count--;
+		if (r != CUDA_SUCCESS) {
+			/* collect the replies still owed, so the next call reads its own */
+			while (count > 0 && r != VG_ERROR_LOST) {
+				if (vg_wait_reply(&q[head].c) == VG_ERROR_LOST)
+					r = VG_ERROR_LOST;
+				head = (head + 1) % DTOH_DEPTH;
+				count--;
+			}
+		}
+	}
+	vg_unlock();
+	return r;
+}
+
+CUresult handwritten_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n, unsigned fl)
+{
+	return dtoh(VG_OP_cuMemcpyDtoH_v2, dst, src, n, NULL, 0, fl);
+}
+
+CUresult handwritten_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s, unsigned fl)
+{
+	return dtoh(VG_OP_cuMemcpyDtoHAsync_v2, dst, src, n, s, 1, fl);
+}
+
+/* ---- unified addresses: device memory or pinned heap memory ---------------------------- */
+
+void vg_put_unified_address(struct vg_call *c, CUdeviceptr p, size_t n)
+{
+	uint64_t off = vg_heap_offset((const void *)(uintptr_t)p, n);
+	vg_put_u64(c, off != UINT64_MAX ? VG_BUFFER_HEAP : VG_BUFFER_INLINE);
+	vg_put_u64(c, off != UINT64_MAX ? off : p);
+}
+
+static CUresult unified(uint32_t op, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int async, unsigned fl)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, op, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_unified_address(&c, dst, n);
+	vg_put_unified_address(&c, src, n);
+	vg_put_u64(&c, n);
+	put_stream(&c, async, s);
+	if (async)
+		return vg_send_async(&c);
+	return vg_end(&c, vg_call_sync(&c));
+}
+
+CUresult handwritten_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned fl)
+{
+	return unified(VG_OP_cuMemcpy, dst, src, n, NULL, 0, fl);
+}
+
+CUresult handwritten_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, unsigned fl)
+{
+	return unified(VG_OP_cuMemcpyAsync, dst, src, n, s, 1, fl);
+}
