@@ -55,15 +55,46 @@ uint64_t vg_bulk_chunk_size(void)
 	return c ? c : 4096;
 }
 
-/* ---- host to device --------------------------------------------------------------- */
-
 static void put_stream(struct vg_call *c, int async, CUstream s)
 {
 	if (async)
 		vg_put_u64(c, (uint64_t)(uintptr_t)s);
 }
 
-static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CUstream s, int async, unsigned fl)
+/* A copy between a device address and host bytes: the call, and its stream if async. */
+struct copy_call {
+	uint32_t op;
+	unsigned flags;
+	int async;
+	CUstream stream;
+};
+
+/* A copy request: the device address, the stream, the length, and where the host bytes are
+ * (VG_BUFFER_INLINE: in the request or the reply; VG_BUFFER_HEAP: at a region offset;
+ * VG_BUFFER_BULK: at a bulk position).  The channel is held on success. */
+static CUresult begin_copy(struct vg_call *c, const struct copy_call *k, CUdeviceptr dev, uint64_t n,
+			   enum vg_buffer_kind kind, uint64_t where)
+{
+	CUresult r = vg_begin(c, k->op, k->flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(c, dev);
+	put_stream(c, k->async, k->stream);
+	vg_put_u64(c, n);
+	vg_put_u64(c, kind);
+	vg_put_u64(c, where);
+	return CUDA_SUCCESS;
+}
+
+/* An async request goes without a reply; a sync one waits for it and releases the channel. */
+static CUresult finish(struct vg_call *c, int async)
+{
+	return async ? vg_send_async(c) : vg_end(c, vg_call_sync(c));
+}
+
+/* ---- host to device --------------------------------------------------------------- */
+
+static CUresult htod(const struct copy_call *k, CUdeviceptr dst, const void *src, size_t n)
 {
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
@@ -75,18 +106,12 @@ static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CU
 	struct vg_call c;
 	uint64_t off = vg_heap_offset(src, n);
 	if (off != UINT64_MAX || n <= INLINE_MAX) {
-		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		enum vg_buffer_kind kind = off != UINT64_MAX ? VG_BUFFER_HEAP : VG_BUFFER_INLINE;
+		if ((r = begin_copy(&c, k, dst, n, kind, off != UINT64_MAX ? off : 0)) != CUDA_SUCCESS)
 			return r;
-		vg_put_u64(&c, dst);
-		put_stream(&c, async, s);
-		vg_put_u64(&c, n);
-		vg_put_u64(&c, off != UINT64_MAX ? VG_BUFFER_HEAP : VG_BUFFER_INLINE);
-		vg_put_u64(&c, off != UINT64_MAX ? off : 0);
 		if (off == UINT64_MAX)
 			vg_put_arr(&c, src, n, 1);
-		if (async)
-			return vg_send_async(&c);
-		return vg_end(&c, vg_call_sync(&c));
+		return finish(&c, k->async);
 	}
 	/* pageable and large: stage through bulk; the host copies chunk k while we fill k+1 */
 	vg_lock();
@@ -102,18 +127,10 @@ static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CU
 		}
 		copy_stream(bulk, p + done, len);
 		int last = done + len == n;
-		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		if ((r = begin_copy(&c, k, dst + done, len, VG_BUFFER_BULK, pos)) != CUDA_SUCCESS)
 			break;
-		vg_put_u64(&c, dst + done);
-		put_stream(&c, async, s);
-		vg_put_u64(&c, len);
-		vg_put_u64(&c, VG_BUFFER_BULK);
-		vg_put_u64(&c, pos);
 		done += len;
-		if (last && !async)
-			r = vg_end(&c, vg_call_sync(&c));
-		else
-			r = vg_send_async(&c);
+		r = finish(&c, k->async || !last);
 	}
 	vg_unlock();
 	return r;
@@ -121,17 +138,17 @@ static CUresult htod(uint32_t op, CUdeviceptr dst, const void *src, size_t n, CU
 
 CUresult handwritten_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n, unsigned fl)
 {
-	return htod(VG_OP_cuMemcpyHtoD_v2, dst, src, n, NULL, 0, fl);
+	return htod(&(struct copy_call){VG_OP_cuMemcpyHtoD_v2, fl, 0, NULL}, dst, src, n);
 }
 
 CUresult handwritten_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s, unsigned fl)
 {
-	return htod(VG_OP_cuMemcpyHtoDAsync_v2, dst, src, n, s, 1, fl);
+	return htod(&(struct copy_call){VG_OP_cuMemcpyHtoDAsync_v2, fl, 1, s}, dst, src, n);
 }
 
 /* ---- device to host --------------------------------------------------------------- */
 
-static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream s, int async, unsigned fl)
+static CUresult dtoh(const struct copy_call *k, void *dst, CUdeviceptr src, size_t n)
 {
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
@@ -144,25 +161,13 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 	uint64_t off = vg_heap_offset(dst, n);
 	if (off != UINT64_MAX) {
 		/* pinned: the host DMAs straight into the heap; async stays async */
-		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		if ((r = begin_copy(&c, k, src, n, VG_BUFFER_HEAP, off)) != CUDA_SUCCESS)
 			return r;
-		vg_put_u64(&c, src);
-		put_stream(&c, async, s);
-		vg_put_u64(&c, n);
-		vg_put_u64(&c, VG_BUFFER_HEAP);
-		vg_put_u64(&c, off);
-		if (async)
-			return vg_send_async(&c);
-		return vg_end(&c, vg_call_sync(&c));
+		return finish(&c, k->async);
 	}
 	if (n <= INLINE_MAX) {
-		if ((r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		if ((r = begin_copy(&c, k, src, n, VG_BUFFER_INLINE, 0)) != CUDA_SUCCESS)
 			return r;
-		vg_put_u64(&c, src);
-		put_stream(&c, async, s);
-		vg_put_u64(&c, n);
-		vg_put_u64(&c, VG_BUFFER_INLINE);
-		vg_put_u64(&c, 0);
 		r = vg_call_sync(&c);
 		if (r == CUDA_SUCCESS) {
 			const void *bytes = vg_get_u64(&c) == n ? vg_get_ref(&c, n) : NULL;
@@ -194,13 +199,8 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 				r = VG_ERROR_LOST;
 				break;
 			}
-			if ((r = vg_begin(&f->c, op, fl)) != CUDA_SUCCESS)
+			if ((r = begin_copy(&f->c, k, src + sent, f->len, VG_BUFFER_BULK, pos)) != CUDA_SUCCESS)
 				break;
-			vg_put_u64(&f->c, src + sent);
-			put_stream(&f->c, async, s);
-			vg_put_u64(&f->c, f->len);
-			vg_put_u64(&f->c, VG_BUFFER_BULK);
-			vg_put_u64(&f->c, pos);
 			r = vg_send_request(&f->c);
 			vg_end(&f->c, r); /* the outer vg_lock keeps the channel */
 			sent += f->len;
@@ -233,12 +233,12 @@ static CUresult dtoh(uint32_t op, void *dst, CUdeviceptr src, size_t n, CUstream
 
 CUresult handwritten_cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n, unsigned fl)
 {
-	return dtoh(VG_OP_cuMemcpyDtoH_v2, dst, src, n, NULL, 0, fl);
+	return dtoh(&(struct copy_call){VG_OP_cuMemcpyDtoH_v2, fl, 0, NULL}, dst, src, n);
 }
 
 CUresult handwritten_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s, unsigned fl)
 {
-	return dtoh(VG_OP_cuMemcpyDtoHAsync_v2, dst, src, n, s, 1, fl);
+	return dtoh(&(struct copy_call){VG_OP_cuMemcpyDtoHAsync_v2, fl, 1, s}, dst, src, n);
 }
 
 /* ---- unified addresses: device memory or pinned heap memory ---------------------------- */
@@ -260,9 +260,7 @@ static CUresult unified(uint32_t op, CUdeviceptr dst, CUdeviceptr src, size_t n,
 	vg_put_unified_address(&c, src, n);
 	vg_put_u64(&c, n);
 	put_stream(&c, async, s);
-	if (async)
-		return vg_send_async(&c);
-	return vg_end(&c, vg_call_sync(&c));
+	return finish(&c, async);
 }
 
 CUresult handwritten_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n, unsigned fl)
