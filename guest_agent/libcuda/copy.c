@@ -92,17 +92,22 @@ static CUresult finish(struct vg_call *c, int async)
 	return async ? vg_send_async(c) : vg_end(c, vg_call_sync(c));
 }
 
+/* What a copy of host bytes checks first; an empty copy is done (CUDA_SUCCESS with n == 0). */
+static CUresult check_copy(const void *host, size_t n)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS || n == 0)
+		return r;
+	return host ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* ---- host to device --------------------------------------------------------------- */
 
 static CUresult htod(const struct copy_call *k, CUdeviceptr dst, const void *src, size_t n)
 {
-	CUresult r = vg_check_ready();
-	if (r != CUDA_SUCCESS)
+	CUresult r = check_copy(src, n);
+	if (r != CUDA_SUCCESS || n == 0)
 		return r;
-	if (n == 0)
-		return CUDA_SUCCESS;
-	if (!src)
-		return CUDA_ERROR_INVALID_VALUE;
 	struct vg_call c;
 	uint64_t off = vg_heap_offset(src, n);
 	if (off != UINT64_MAX || n <= INLINE_MAX) {
@@ -150,13 +155,9 @@ CUresult handwritten_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size
 
 static CUresult dtoh(const struct copy_call *k, void *dst, CUdeviceptr src, size_t n)
 {
-	CUresult r = vg_check_ready();
-	if (r != CUDA_SUCCESS)
+	CUresult r = check_copy(dst, n);
+	if (r != CUDA_SUCCESS || n == 0)
 		return r;
-	if (n == 0)
-		return CUDA_SUCCESS;
-	if (!dst)
-		return CUDA_ERROR_INVALID_VALUE;
 	struct vg_call c;
 	uint64_t off = vg_heap_offset(dst, n);
 	if (off != UINT64_MAX) {

@@ -6,7 +6,7 @@
 
 #include "vg_errors.h"
 
-static const struct vg_error_name *err_entry(CUresult e)
+static const struct vg_error_name *error_entry(CUresult e)
 {
 	for (unsigned i = 0; i < vg_error_nnames; i++)
 		if (vg_error_names[i].code == (int)e)
@@ -14,22 +14,24 @@ static const struct vg_error_name *err_entry(CUresult e)
 	return NULL;
 }
 
+/* An error's name or text; an unknown code is refused, as the driver does. */
+static CUresult describe(CUresult e, const char **s, int want_name)
+{
+	const struct vg_error_name *n = error_entry(e);
+	if (!s)
+		return CUDA_ERROR_INVALID_VALUE;
+	*s = n ? (want_name ? n->name : n->text) : NULL;
+	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult handwritten_cuGetErrorName(CUresult e, const char **s, unsigned f)
 {
 	(void)f;
-	const struct vg_error_name *n = err_entry(e);
-	if (!s)
-		return CUDA_ERROR_INVALID_VALUE;
-	*s = n ? n->name : NULL;
-	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	return describe(e, s, 1);
 }
 
 CUresult handwritten_cuGetErrorString(CUresult e, const char **s, unsigned f)
 {
 	(void)f;
-	const struct vg_error_name *n = err_entry(e);
-	if (!s)
-		return CUDA_ERROR_INVALID_VALUE;
-	*s = n ? n->text : NULL;
-	return n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	return describe(e, s, 0);
 }
