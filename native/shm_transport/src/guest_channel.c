@@ -76,8 +76,8 @@ VMGPU_EXPORT int vmgpu_guest_claim(struct vmgpu_guest *g, uint64_t ack_timeout_n
 	ring_init(&c->cpl, blk + l->cpl_ring_off, &ctl->cpl, l->cpl_ring_size, &g->wo, l->wait_mode, idx, 1);
 	c->bulk = &ctl->bulk;
 	c->bulk_data = blk + l->bulk_off;
-	c->pc.alive = gchan_peer_alive;
-	c->pc.ctx = c;
+	c->peer.alive = gchan_peer_alive;
+	c->peer.ctx = c;
 
 	uint64_t nonce = 0;
 	if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce)

@@ -38,7 +38,7 @@ struct vmgpu_gchan {
 	struct vmgpu_bulk_ctl *bulk;
 	uint8_t *bulk_data;
 	uint64_t bulk_pos, bulk_released;
-	struct peer_check pc;
+	struct peer_check peer; /* is the host alive, and this channel still ours? */
 	VMGPU_ATOMIC(uint64_t) odd_since_ns; /* when the descriptor was first seen not ours, 0 if it is */
 	/* the liveness thread: beats, and holds the owner word in its robust list */
 	pthread_t beat_thread;
@@ -48,8 +48,8 @@ struct vmgpu_gchan {
 	VMGPU_ATOMIC(uint64_t) beat_interval_ns;
 	bool beating;
 	bool arm;                          /* arm the owner word (the host reads it) */
-	struct robust_list_head rhead;     /* this thread's robust list: one entry, the owner word */
-	struct robust_list rentry;
+	struct robust_list_head robust_head; /* the liveness thread's robust list: one entry, the owner word */
+	struct robust_list robust_entry;
 };
 
 static inline struct vmgpu_chan_desc *gchan_desc(struct vmgpu_gchan *c)

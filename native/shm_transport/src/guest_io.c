@@ -4,7 +4,7 @@
 
 VMGPU_EXPORT void *vmgpu_gchan_reserve(struct vmgpu_gchan *c, uint32_t len, uint64_t timeout_ns, int *err)
 {
-	return ring_reserve(&c->req, len, timeout_ns, &c->pc, err);
+	return ring_reserve(&c->req, len, timeout_ns, &c->peer, err);
 }
 
 VMGPU_EXPORT int vmgpu_gchan_commit(struct vmgpu_gchan *c, uint16_t type)
@@ -16,7 +16,7 @@ VMGPU_EXPORT int vmgpu_gchan_send(struct vmgpu_gchan *c, uint16_t type, const vo
 				  uint64_t timeout_ns)
 {
 	int e = 0;
-	void *p = ring_reserve(&c->req, len, timeout_ns, &c->pc, &e);
+	void *p = ring_reserve(&c->req, len, timeout_ns, &c->peer, &e);
 	if (!p)
 		return e;
 	memcpy(p, buf, len);
@@ -26,7 +26,7 @@ VMGPU_EXPORT int vmgpu_gchan_send(struct vmgpu_gchan *c, uint16_t type, const vo
 VMGPU_EXPORT int vmgpu_gchan_recv(struct vmgpu_gchan *c, void *buf, uint32_t cap, uint16_t *type,
 				  uint64_t timeout_ns)
 {
-	return ring_recv(&c->cpl, buf, cap, type, timeout_ns, &c->pc);
+	return ring_recv(&c->cpl, buf, cap, type, timeout_ns, &c->peer);
 }
 
 VMGPU_EXPORT uint32_t vmgpu_gchan_max_payload(const struct vmgpu_gchan *c, int ring)

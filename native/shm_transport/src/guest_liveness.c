@@ -80,11 +80,11 @@ static void *beat_main(void *arg)
 	struct vmgpu_chan_desc *d = gchan_desc(c);
 	uint32_t ready = 1;
 	if (c->arm) {
-		c->rentry.next = &c->rhead.list;
-		c->rhead.list.next = &c->rentry;
-		c->rhead.futex_offset = (long)((uint8_t *)&d->owner_word - (uint8_t *)&c->rentry);
-		c->rhead.list_op_pending = NULL;
-		if (syscall(SYS_set_robust_list, &c->rhead, sizeof c->rhead) != 0)
+		c->robust_entry.next = &c->robust_head.list;
+		c->robust_head.list.next = &c->robust_entry;
+		c->robust_head.futex_offset = (long)((uint8_t *)&d->owner_word - (uint8_t *)&c->robust_entry);
+		c->robust_head.list_op_pending = NULL;
+		if (syscall(SYS_set_robust_list, &c->robust_head, sizeof c->robust_head) != 0)
 			ready = 2;
 		else
 			atomic_store_explicit(&d->owner_word, (uint32_t)syscall(SYS_gettid) & VMGPU_OWNER_TID_MASK,
