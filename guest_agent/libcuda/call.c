@@ -106,21 +106,21 @@ CUresult vg_wait_reply(struct vg_call *c)
 	memcpy(&rep, vg_conn.reply_buf, sizeof rep);
 	if (rep.seq != c->seq)
 		return vg_lose("reply order", 0);
-	c->rep = vg_conn.reply_buf + sizeof rep;
-	c->rlen = (uint32_t)n - sizeof rep;
-	c->rpos = 0;
+	c->reply = vg_conn.reply_buf + sizeof rep;
+	c->reply_len = (uint32_t)n - sizeof rep;
+	c->reply_pos = 0;
 	return (CUresult)rep.result;
 }
 
 const void *vg_get_ref(struct vg_call *c, size_t n)
 {
 	size_t padded = (n + 7) & ~(size_t)7;
-	if (c->bad || !c->rep || padded > c->rlen - c->rpos) {
+	if (c->bad || !c->reply || padded > c->reply_len - c->reply_pos) {
 		c->bad = 1;
 		return NULL;
 	}
-	const void *p = c->rep + c->rpos;
-	c->rpos += (uint32_t)padded;
+	const void *p = c->reply + c->reply_pos;
+	c->reply_pos += (uint32_t)padded;
 	return p;
 }
 

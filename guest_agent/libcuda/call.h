@@ -19,11 +19,11 @@
 #define VG_EXPORT __attribute__((visibility("default")))
 
 struct vg_call {
-	uint8_t *buf;
+	uint8_t *buf;          /* the request, built in place */
 	uint32_t len, cap;
-	int bad;
-	const uint8_t *rep;
-	uint32_t rlen, rpos;
+	int bad;               /* an argument did not fit, or the reply was shorter than read */
+	const uint8_t *reply;  /* the reply's values, after its header */
+	uint32_t reply_len, reply_pos;
 	uint64_t seq;
 };
 

@@ -26,7 +26,7 @@ CUresult handwritten_cuModuleLoadData(CUmodule *m, const void *image, unsigned f
 /* The first call's register arguments are logged: they are how a slot's meaning is found. */
 CUresult vg_unknown_slot(const char *table, int tid, int slot, const uint64_t a[4])
 {
-	static int seen[T_COUNT][128];
+	static int seen[TABLE_COUNT][128];
 	if (!__atomic_exchange_n(&seen[tid][slot & 127], 1, __ATOMIC_RELAXED))
 		vg_log("export table %s slot %d is not implemented; CUDA_ERROR_NOT_SUPPORTED (args %#llx %#llx "
 		       "%#llx %#llx)",
@@ -80,12 +80,12 @@ static CUresult cudart_load_compilers(void)
 	return CUDA_SUCCESS; /* PTX is compiled on the host */
 }
 
-UNKNOWN_SLOT(cudart, T_CUDART, 3)
-UNKNOWN_SLOT(cudart, T_CUDART, 4)
-UNKNOWN_SLOT(cudart, T_CUDART, 5)
-UNKNOWN_SLOT(cudart, T_CUDART, 9)
-UNKNOWN_SLOT(cudart, T_CUDART, 10)
-UNKNOWN_SLOT(cudart, T_CUDART, 11)
+UNKNOWN_SLOT(cudart, TABLE_CUDART, 3)
+UNKNOWN_SLOT(cudart, TABLE_CUDART, 4)
+UNKNOWN_SLOT(cudart, TABLE_CUDART, 5)
+UNKNOWN_SLOT(cudart, TABLE_CUDART, 9)
+UNKNOWN_SLOT(cudart, TABLE_CUDART, 10)
+UNKNOWN_SLOT(cudart, TABLE_CUDART, 11)
 
 const vg_slot vg_cudart_interface[13] = {
 	(vg_slot)(uintptr_t)(13 * sizeof(void *)),
@@ -147,7 +147,7 @@ static CUresult tls_current_context(CUcontext *out)
 	return CUDA_SUCCESS;
 }
 
-UNKNOWN_SLOT(tls, T_TLS, 1)
+UNKNOWN_SLOT(tls, TABLE_TLS, 1)
 static const vg_slot tools_tls[4] = {
 	(vg_slot)(uintptr_t)(3 * sizeof(void *)),
 	(vg_slot)unknown_tls_1,
@@ -248,7 +248,7 @@ static uint32_t context_check3(void)
 	return 0;
 }
 
-UNKNOWN_SLOT(checks, T_CHECKS, 1)
+UNKNOWN_SLOT(checks, TABLE_CHECKS, 1)
 static const vg_slot context_checks[4] = {
 	(vg_slot)(uintptr_t)(4 * sizeof(void *)),
 	(vg_slot)unknown_checks_1,

@@ -15,7 +15,7 @@
 typedef void (*vg_slot)(void);
 
 /* The tables whose unexplained slots log their first call. */
-enum export_table_id { T_CUDART, T_TLS, T_CHECKS, T_TOOLS_CONTEXT, T_TOOLS_MODULE, T_LT_AUX, T_COUNT };
+enum export_table_id { TABLE_CUDART, TABLE_TLS, TABLE_CHECKS, TABLE_TOOLS_CONTEXT, TABLE_TOOLS_MODULE, TABLE_LT_AUX, TABLE_COUNT };
 
 /* A slot nobody has explained: logs its first call's register arguments (they are how a
  * slot's meaning is found) and returns CUDA_ERROR_NOT_SUPPORTED. */

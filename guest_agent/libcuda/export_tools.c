@@ -62,7 +62,7 @@ static CUresult context_zero(uint64_t a, uint64_t b, uint64_t *out)
 	U(61) U(62) U(63) U(64) U(65) U(66) U(67) U(68) U(69) U(70) U(71) U(72) \
 	U(73) U(74) U(75) U(76) U(77) U(78) U(79) U(80) U(81) U(82) U(83) U(84) \
 	U(85) U(86) U(87) U(88) U(89) U(90) U(91) U(92)
-#define UNKNOWN_CONTEXT_SLOT(n) UNKNOWN_SLOT(ctxtools, T_TOOLS_CONTEXT, n)
+#define UNKNOWN_CONTEXT_SLOT(n) UNKNOWN_SLOT(ctxtools, TABLE_TOOLS_CONTEXT, n)
 #define UNKNOWN_CONTEXT_ENTRY(n) [n] = (vg_slot)unknown_ctxtools_##n,
 TOOLS_CONTEXT_SLOTS(SLOT_NO_DEFINITION, UNKNOWN_CONTEXT_SLOT)
 
@@ -164,7 +164,7 @@ static uint64_t module_functions(CUcontext ctx, CUmodule mod, module_fn_cb cb, v
 	U(73) U(74) U(75) U(76) U(77) U(78) U(79) U(80) U(81) U(82) U(83) U(84) \
 	U(85) U(86) U(87) U(88) U(89) U(90) U(91) U(92) U(93) U(94) U(95) U(96) \
 	U(97) U(98)
-#define UNKNOWN_MODULE_SLOT(n) UNKNOWN_SLOT(ctxmodule, T_TOOLS_MODULE, n)
+#define UNKNOWN_MODULE_SLOT(n) UNKNOWN_SLOT(ctxmodule, TABLE_TOOLS_MODULE, n)
 #define UNKNOWN_MODULE_ENTRY(n) [n] = (vg_slot)unknown_ctxmodule_##n,
 TOOLS_MODULE_SLOTS(SLOT_NO_DEFINITION, UNKNOWN_MODULE_SLOT)
 
@@ -194,7 +194,7 @@ static CUresult cublaslt_aux_decline(void **a, void **b)
 #define CUBLASLT_AUX_SLOTS(K, U) \
 	U(1) U(2) U(3) K(4, cublaslt_aux_decline) U(5) U(6) U(7) U(8) U(9) U(10) U(11) U(12) \
 	U(13) U(14) U(15) U(16)
-#define UNKNOWN_CUBLASLT_SLOT(n) UNKNOWN_SLOT(lt_aux, T_LT_AUX, n)
+#define UNKNOWN_CUBLASLT_SLOT(n) UNKNOWN_SLOT(lt_aux, TABLE_LT_AUX, n)
 #define UNKNOWN_CUBLASLT_ENTRY(n) [n] = (vg_slot)unknown_lt_aux_##n,
 CUBLASLT_AUX_SLOTS(SLOT_NO_DEFINITION, UNKNOWN_CUBLASLT_SLOT)
 
