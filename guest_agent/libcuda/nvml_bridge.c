@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "vg_guest.h"
+#include "call.h"
+#include "connection.h"
 #include "vg_nvml_table.h"
 
 static CUresult nvml_live(int ordinal, struct vg_nvml_live *out, size_t size)

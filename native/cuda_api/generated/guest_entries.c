@@ -2,316 +2,316 @@
 
 #include "vg_guest.h"
 
-CUresult vgc_cuInit(unsigned int Flags, unsigned vg_flags);
+CUresult handwritten_cuInit(unsigned int Flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuInit(unsigned int Flags)
 {
-	return vgc_cuInit(Flags, 0);
+	return handwritten_cuInit(Flags, 0);
 }
 
-CUresult vgc_cuDriverGetVersion(int * driverVersion, unsigned vg_flags);
+CUresult handwritten_cuDriverGetVersion(int * driverVersion, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *driverVersion)
 {
-	return vgc_cuDriverGetVersion(driverVersion, 0);
+	return handwritten_cuDriverGetVersion(driverVersion, 0);
 }
 
-CUresult vgc_cuGetProcAddress(const char * symbol, void ** pfn, int cudaVersion, cuuint64_t flags, unsigned vg_flags);
+CUresult handwritten_cuGetProcAddress(const char * symbol, void ** pfn, int cudaVersion, cuuint64_t flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-	return vgc_cuGetProcAddress(symbol, pfn, cudaVersion, flags, 0);
+	return handwritten_cuGetProcAddress(symbol, pfn, cudaVersion, flags, 0);
 }
 
-CUresult vgc_cuGetProcAddress_v2(const char * symbol, void ** pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult * symbolStatus, unsigned vg_flags);
+CUresult handwritten_cuGetProcAddress_v2(const char * symbol, void ** pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult * symbolStatus, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
 {
-	return vgc_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus, 0);
+	return handwritten_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus, 0);
 }
 
-CUresult vgc_cuGetExportTable(const void ** ppExportTable, const CUuuid * pExportTableId, unsigned vg_flags);
+CUresult handwritten_cuGetExportTable(const void ** ppExportTable, const CUuuid * pExportTableId, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
 {
-	return vgc_cuGetExportTable(ppExportTable, pExportTableId, 0);
+	return handwritten_cuGetExportTable(ppExportTable, pExportTableId, 0);
 }
 
-CUresult vgc_cuGetErrorString(CUresult error, const char ** pStr, unsigned vg_flags);
+CUresult handwritten_cuGetErrorString(CUresult error, const char ** pStr, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr)
 {
-	return vgc_cuGetErrorString(error, pStr, 0);
+	return handwritten_cuGetErrorString(error, pStr, 0);
 }
 
-CUresult vgc_cuGetErrorName(CUresult error, const char ** pStr, unsigned vg_flags);
+CUresult handwritten_cuGetErrorName(CUresult error, const char ** pStr, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr)
 {
-	return vgc_cuGetErrorName(error, pStr, 0);
+	return handwritten_cuGetErrorName(error, pStr, 0);
 }
 
-CUresult vgc_cuDeviceGet(CUdevice * device, int ordinal, unsigned vg_flags);
+CUresult handwritten_cuDeviceGet(CUdevice * device, int ordinal, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal)
 {
-	return vgc_cuDeviceGet(device, ordinal, 0);
+	return handwritten_cuDeviceGet(device, ordinal, 0);
 }
 
-CUresult vgc_cuDeviceGetCount(int * count, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetCount(int * count, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetCount(int *count)
 {
-	return vgc_cuDeviceGetCount(count, 0);
+	return handwritten_cuDeviceGetCount(count, 0);
 }
 
-CUresult vgc_cuDeviceGetName(char * name, int len, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetName(char * name, int len, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-	return vgc_cuDeviceGetName(name, len, dev, 0);
+	return handwritten_cuDeviceGetName(name, len, dev, 0);
 }
 
-CUresult vgc_cuDeviceGetUuid(CUuuid * uuid, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetUuid(CUuuid * uuid, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-	return vgc_cuDeviceGetUuid(uuid, dev, 0);
+	return handwritten_cuDeviceGetUuid(uuid, dev, 0);
 }
 
-CUresult vgc_cuDeviceGetUuid_v2(CUuuid * uuid, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetUuid_v2(CUuuid * uuid, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-	return vgc_cuDeviceGetUuid_v2(uuid, dev, 0);
+	return handwritten_cuDeviceGetUuid_v2(uuid, dev, 0);
 }
 
-CUresult vgc_cuDeviceGetLuid(char * luid, unsigned int * deviceNodeMask, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetLuid(char * luid, unsigned int * deviceNodeMask, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetLuid(char *luid, unsigned int *deviceNodeMask, CUdevice dev)
 {
-	return vgc_cuDeviceGetLuid(luid, deviceNodeMask, dev, 0);
+	return handwritten_cuDeviceGetLuid(luid, deviceNodeMask, dev, 0);
 }
 
-CUresult vgc_cuDeviceTotalMem(unsigned int * bytes, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceTotalMem(unsigned int * bytes, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
-	return vgc_cuDeviceTotalMem(bytes, dev, 0);
+	return handwritten_cuDeviceTotalMem(bytes, dev, 0);
 }
 
-CUresult vgc_cuDeviceTotalMem_v2(size_t * bytes, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceTotalMem_v2(size_t * bytes, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-	return vgc_cuDeviceTotalMem_v2(bytes, dev, 0);
+	return handwritten_cuDeviceTotalMem_v2(bytes, dev, 0);
 }
 
-CUresult vgc_cuDeviceGetAttribute(int * pi, CUdevice_attribute attrib, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetAttribute(int * pi, CUdevice_attribute attrib, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-	return vgc_cuDeviceGetAttribute(pi, attrib, dev, 0);
+	return handwritten_cuDeviceGetAttribute(pi, attrib, dev, 0);
 }
 
-CUresult vgc_cuDeviceComputeCapability(int * major, int * minor, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceComputeCapability(int * major, int * minor, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
-	return vgc_cuDeviceComputeCapability(major, minor, dev, 0);
+	return handwritten_cuDeviceComputeCapability(major, minor, dev, 0);
 }
 
-CUresult vgc_cuDeviceGetPCIBusId(char * pciBusId, int len, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDeviceGetPCIBusId(char * pciBusId, int len, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
-	return vgc_cuDeviceGetPCIBusId(pciBusId, len, dev, 0);
+	return handwritten_cuDeviceGetPCIBusId(pciBusId, len, dev, 0);
 }
 
-CUresult vgc_cuDevicePrimaryCtxRetain(CUcontext * pctx, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDevicePrimaryCtxRetain(CUcontext * pctx, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	return vgc_cuDevicePrimaryCtxRetain(pctx, dev, 0);
+	return handwritten_cuDevicePrimaryCtxRetain(pctx, dev, 0);
 }
 
-CUresult vgc_cuDevicePrimaryCtxRelease(CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDevicePrimaryCtxRelease(CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-	return vgc_cuDevicePrimaryCtxRelease(dev, 0);
+	return handwritten_cuDevicePrimaryCtxRelease(dev, 0);
 }
 
-CUresult vgc_cuDevicePrimaryCtxRelease_v2(CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuDevicePrimaryCtxRelease_v2(CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-	return vgc_cuDevicePrimaryCtxRelease_v2(dev, 0);
+	return handwritten_cuDevicePrimaryCtxRelease_v2(dev, 0);
 }
 
-CUresult vgc_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int * flags, int * active, unsigned vg_flags);
+CUresult handwritten_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int * flags, int * active, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
-	return vgc_cuDevicePrimaryCtxGetState(dev, flags, active, 0);
+	return handwritten_cuDevicePrimaryCtxGetState(dev, flags, active, 0);
 }
 
-CUresult vgc_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags, unsigned vg_flags);
+CUresult handwritten_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
 {
-	return vgc_cuDevicePrimaryCtxSetFlags(dev, flags, 0);
+	return handwritten_cuDevicePrimaryCtxSetFlags(dev, flags, 0);
 }
 
-CUresult vgc_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags, unsigned vg_flags);
+CUresult handwritten_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
-	return vgc_cuDevicePrimaryCtxSetFlags_v2(dev, flags, 0);
+	return handwritten_cuDevicePrimaryCtxSetFlags_v2(dev, flags, 0);
 }
 
-CUresult vgc_cuCtxCreate_v4(CUcontext * pctx, CUctxCreateParams * ctxCreateParams, unsigned int flags, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuCtxCreate_v4(CUcontext * pctx, CUctxCreateParams * ctxCreateParams, unsigned int flags, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev)
 {
-	return vgc_cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev, 0);
+	return handwritten_cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev, 0);
 }
 
-CUresult vgc_cuCtxDestroy(CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuCtxDestroy(CUcontext ctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
 {
-	return vgc_cuCtxDestroy(ctx, 0);
+	return handwritten_cuCtxDestroy(ctx, 0);
 }
 
-CUresult vgc_cuCtxDestroy_v2(CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuCtxDestroy_v2(CUcontext ctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 {
-	return vgc_cuCtxDestroy_v2(ctx, 0);
+	return handwritten_cuCtxDestroy_v2(ctx, 0);
 }
 
-CUresult vgc_cuCtxGetCurrent(CUcontext * pctx, unsigned vg_flags);
+CUresult handwritten_cuCtxGetCurrent(CUcontext * pctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx)
 {
-	return vgc_cuCtxGetCurrent(pctx, 0);
+	return handwritten_cuCtxGetCurrent(pctx, 0);
 }
 
-CUresult vgc_cuCtxSetCurrent(CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuCtxSetCurrent(CUcontext ctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 {
-	return vgc_cuCtxSetCurrent(ctx, 0);
+	return handwritten_cuCtxSetCurrent(ctx, 0);
 }
 
-CUresult vgc_cuCtxPushCurrent(CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuCtxPushCurrent(CUcontext ctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
 {
-	return vgc_cuCtxPushCurrent(ctx, 0);
+	return handwritten_cuCtxPushCurrent(ctx, 0);
 }
 
-CUresult vgc_cuCtxPushCurrent_v2(CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuCtxPushCurrent_v2(CUcontext ctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx)
 {
-	return vgc_cuCtxPushCurrent_v2(ctx, 0);
+	return handwritten_cuCtxPushCurrent_v2(ctx, 0);
 }
 
-CUresult vgc_cuCtxPopCurrent(CUcontext * pctx, unsigned vg_flags);
+CUresult handwritten_cuCtxPopCurrent(CUcontext * pctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
 {
-	return vgc_cuCtxPopCurrent(pctx, 0);
+	return handwritten_cuCtxPopCurrent(pctx, 0);
 }
 
-CUresult vgc_cuCtxPopCurrent_v2(CUcontext * pctx, unsigned vg_flags);
+CUresult handwritten_cuCtxPopCurrent_v2(CUcontext * pctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 {
-	return vgc_cuCtxPopCurrent_v2(pctx, 0);
+	return handwritten_cuCtxPopCurrent_v2(pctx, 0);
 }
 
-CUresult vgc_cuCtxGetDevice(CUdevice * device, unsigned vg_flags);
+CUresult handwritten_cuCtxGetDevice(CUdevice * device, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
 {
-	return vgc_cuCtxGetDevice(device, 0);
+	return handwritten_cuCtxGetDevice(device, 0);
 }
 
-CUresult vgc_cuCtxGetDevice_v2(CUdevice * device, CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuCtxGetDevice_v2(CUdevice * device, CUcontext ctx, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 {
-	return vgc_cuCtxGetDevice_v2(device, ctx, 0);
+	return handwritten_cuCtxGetDevice_v2(device, ctx, 0);
 }
 
-CUresult vgc_cuCtxGetApiVersion(CUcontext ctx, unsigned int * version, unsigned vg_flags);
+CUresult handwritten_cuCtxGetApiVersion(CUcontext ctx, unsigned int * version, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
-	return vgc_cuCtxGetApiVersion(ctx, version, 0);
+	return handwritten_cuCtxGetApiVersion(ctx, version, 0);
 }
 
-CUresult vgc_cuCtxGetFlags(unsigned int * flags, unsigned vg_flags);
+CUresult handwritten_cuCtxGetFlags(unsigned int * flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxGetFlags(unsigned int *flags)
 {
-	return vgc_cuCtxGetFlags(flags, 0);
+	return handwritten_cuCtxGetFlags(flags, 0);
 }
 
-CUresult vgc_cuCtxGetId(CUcontext ctx, unsigned long long * ctxId, unsigned vg_flags);
+CUresult handwritten_cuCtxGetId(CUcontext ctx, unsigned long long * ctxId, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 {
-	return vgc_cuCtxGetId(ctx, ctxId, 0);
+	return handwritten_cuCtxGetId(ctx, ctxId, 0);
 }
 
-CUresult vgc_cuModuleGetLoadingMode(CUmoduleLoadingMode * mode, unsigned vg_flags);
+CUresult handwritten_cuModuleGetLoadingMode(CUmoduleLoadingMode * mode, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
 {
-	return vgc_cuModuleGetLoadingMode(mode, 0);
+	return handwritten_cuModuleGetLoadingMode(mode, 0);
 }
 
-CUresult vgc_cuMemAllocHost(void ** pp, unsigned int bytesize, unsigned vg_flags);
+CUresult handwritten_cuMemAllocHost(void ** pp, unsigned int bytesize, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
 {
-	return vgc_cuMemAllocHost(pp, bytesize, 0);
+	return handwritten_cuMemAllocHost(pp, bytesize, 0);
 }
 
-CUresult vgc_cuMemAllocHost_v2(void ** pp, size_t bytesize, unsigned vg_flags);
+CUresult handwritten_cuMemAllocHost_v2(void ** pp, size_t bytesize, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
-	return vgc_cuMemAllocHost_v2(pp, bytesize, 0);
+	return handwritten_cuMemAllocHost_v2(pp, bytesize, 0);
 }
 
-CUresult vgc_cuMemHostAlloc(void ** pp, size_t bytesize, unsigned int Flags, unsigned vg_flags);
+CUresult handwritten_cuMemHostAlloc(void ** pp, size_t bytesize, unsigned int Flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-	return vgc_cuMemHostAlloc(pp, bytesize, Flags, 0);
+	return handwritten_cuMemHostAlloc(pp, bytesize, Flags, 0);
 }
 
-CUresult vgc_cuMemFreeHost(void * p, unsigned vg_flags);
+CUresult handwritten_cuMemFreeHost(void * p, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 {
-	return vgc_cuMemFreeHost(p, 0);
+	return handwritten_cuMemFreeHost(p, 0);
 }
 
-CUresult vgc_cuMemHostGetFlags(unsigned int * pFlags, void * p, unsigned vg_flags);
+CUresult handwritten_cuMemHostGetFlags(unsigned int * pFlags, void * p, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int *pFlags, void *p)
 {
-	return vgc_cuMemHostGetFlags(pFlags, p, 0);
+	return handwritten_cuMemHostGetFlags(pFlags, p, 0);
 }
 
-CUresult vgc_cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize, unsigned vg_flags);
+CUresult handwritten_cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset, size_t *paramSize)
 {
-	return vgc_cuFuncGetParamInfo(func, paramIndex, paramOffset, paramSize, 0);
+	return handwritten_cuFuncGetParamInfo(func, paramIndex, paramOffset, paramSize, 0);
 }
 
-CUresult vgc_cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t * paramOffset, size_t * paramSize, unsigned vg_flags);
+CUresult handwritten_cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t * paramOffset, size_t * paramSize, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset, size_t *paramSize)
 {
-	return vgc_cuKernelGetParamInfo(kernel, paramIndex, paramOffset, paramSize, 0);
+	return handwritten_cuKernelGetParamInfo(kernel, paramIndex, paramOffset, paramSize, 0);
 }
 
-CUresult vgc_cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, unsigned vg_flags);
+CUresult handwritten_cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out)
 {
-	return vgc_cuStreamGetCaptureInfo(hStream, captureStatus_out, id_out, 0);
+	return handwritten_cuStreamGetCaptureInfo(hStream, captureStatus_out, id_out, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out)
 {
-	return vgc_cuStreamGetCaptureInfo(hStream, captureStatus_out, id_out, VG_F_PTDS);
+	return handwritten_cuStreamGetCaptureInfo(hStream, captureStatus_out, id_out, VG_F_PTDS);
 }
 
-CUresult vgc_cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, size_t * numDependencies_out, unsigned vg_flags);
+CUresult handwritten_cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, size_t * numDependencies_out, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, size_t *numDependencies_out)
 {
-	return vgc_cuStreamGetCaptureInfo_v2(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
+	return handwritten_cuStreamGetCaptureInfo_v2(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, size_t *numDependencies_out)
 {
-	return vgc_cuStreamGetCaptureInfo_v2(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, VG_F_PTDS);
+	return handwritten_cuStreamGetCaptureInfo_v2(hStream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out, VG_F_PTDS);
 }
 
-CUresult vgc_cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, const CUgraphEdgeData ** edgeData_out, size_t * numDependencies_out, unsigned vg_flags);
+CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, const CUgraphEdgeData ** edgeData_out, size_t * numDependencies_out, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
 {
-	return vgc_cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out, 0);
+	return handwritten_cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
 {
-	return vgc_cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out, VG_F_PTDS);
+	return handwritten_cuStreamGetCaptureInfo_v3(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuCtxSynchronize(unsigned vg_flags)
+static CUresult forward_cuCtxSynchronize(unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxSynchronize, vg_flags);
@@ -323,10 +323,10 @@ static CUresult vg_do_cuCtxSynchronize(unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
 {
-	return vg_do_cuCtxSynchronize(0);
+	return forward_cuCtxSynchronize(0);
 }
 
-static CUresult vg_do_cuCtxGetLimit(size_t * pvalue, CUlimit limit, unsigned vg_flags)
+static CUresult forward_cuCtxGetLimit(size_t * pvalue, CUlimit limit, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxGetLimit, vg_flags);
@@ -344,10 +344,10 @@ static CUresult vg_do_cuCtxGetLimit(size_t * pvalue, CUlimit limit, unsigned vg_
 
 VG_EXPORT CUresult CUDAAPI cuCtxGetLimit(size_t *pvalue, CUlimit limit)
 {
-	return vg_do_cuCtxGetLimit(pvalue, limit, 0);
+	return forward_cuCtxGetLimit(pvalue, limit, 0);
 }
 
-static CUresult vg_do_cuCtxSetLimit(CUlimit limit, size_t value, unsigned vg_flags)
+static CUresult forward_cuCtxSetLimit(CUlimit limit, size_t value, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxSetLimit, vg_flags);
@@ -361,10 +361,10 @@ static CUresult vg_do_cuCtxSetLimit(CUlimit limit, size_t value, unsigned vg_fla
 
 VG_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value)
 {
-	return vg_do_cuCtxSetLimit(limit, value, 0);
+	return forward_cuCtxSetLimit(limit, value, 0);
 }
 
-static CUresult vg_do_cuCtxGetStreamPriorityRange(int * leastPriority, int * greatestPriority, unsigned vg_flags)
+static CUresult forward_cuCtxGetStreamPriorityRange(int * leastPriority, int * greatestPriority, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxGetStreamPriorityRange, vg_flags);
@@ -384,10 +384,10 @@ static CUresult vg_do_cuCtxGetStreamPriorityRange(int * leastPriority, int * gre
 
 VG_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
 {
-	return vg_do_cuCtxGetStreamPriorityRange(leastPriority, greatestPriority, 0);
+	return forward_cuCtxGetStreamPriorityRange(leastPriority, greatestPriority, 0);
 }
 
-static CUresult vg_do_cuCtxSynchronize_v2(CUcontext ctx, unsigned vg_flags)
+static CUresult forward_cuCtxSynchronize_v2(CUcontext ctx, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxSynchronize_v2, vg_flags);
@@ -400,10 +400,10 @@ static CUresult vg_do_cuCtxSynchronize_v2(CUcontext ctx, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
 {
-	return vg_do_cuCtxSynchronize_v2(ctx, 0);
+	return forward_cuCtxSynchronize_v2(ctx, 0);
 }
 
-static CUresult vg_do_cuCtxGetCacheConfig(CUfunc_cache * pconfig, unsigned vg_flags)
+static CUresult forward_cuCtxGetCacheConfig(CUfunc_cache * pconfig, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxGetCacheConfig, vg_flags);
@@ -420,10 +420,10 @@ static CUresult vg_do_cuCtxGetCacheConfig(CUfunc_cache * pconfig, unsigned vg_fl
 
 VG_EXPORT CUresult CUDAAPI cuCtxGetCacheConfig(CUfunc_cache *pconfig)
 {
-	return vg_do_cuCtxGetCacheConfig(pconfig, 0);
+	return forward_cuCtxGetCacheConfig(pconfig, 0);
 }
 
-static CUresult vg_do_cuCtxSetCacheConfig(CUfunc_cache config, unsigned vg_flags)
+static CUresult forward_cuCtxSetCacheConfig(CUfunc_cache config, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuCtxSetCacheConfig, vg_flags);
@@ -436,10 +436,10 @@ static CUresult vg_do_cuCtxSetCacheConfig(CUfunc_cache config, unsigned vg_flags
 
 VG_EXPORT CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache config)
 {
-	return vg_do_cuCtxSetCacheConfig(config, 0);
+	return forward_cuCtxSetCacheConfig(config, 0);
 }
 
-static CUresult vg_do_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags)
+static CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAlloc_v2, vg_flags);
@@ -457,10 +457,10 @@ static CUresult vg_do_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigne
 
 VG_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	return vg_do_cuMemAlloc_v2(dptr, bytesize, 0);
+	return forward_cuMemAlloc_v2(dptr, bytesize, 0);
 }
 
-static CUresult vg_do_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
+static CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemFree_v2, vg_flags);
@@ -473,10 +473,10 @@ static CUresult vg_do_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
-	return vg_do_cuMemFree_v2(dptr, 0);
+	return forward_cuMemFree_v2(dptr, 0);
 }
 
-static CUresult vg_do_cuMemGetInfo_v2(size_t * free, size_t * total, unsigned vg_flags)
+static CUresult forward_cuMemGetInfo_v2(size_t * free, size_t * total, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemGetInfo_v2, vg_flags);
@@ -496,10 +496,10 @@ static CUresult vg_do_cuMemGetInfo_v2(size_t * free, size_t * total, unsigned vg
 
 VG_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
 {
-	return vg_do_cuMemGetInfo_v2(free, total, 0);
+	return forward_cuMemGetInfo_v2(free, total, 0);
 }
 
-static CUresult vg_do_cuMemGetAddressRange_v2(CUdeviceptr * pbase, size_t * psize, CUdeviceptr dptr, unsigned vg_flags)
+static CUresult forward_cuMemGetAddressRange_v2(CUdeviceptr * pbase, size_t * psize, CUdeviceptr dptr, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemGetAddressRange_v2, vg_flags);
@@ -520,10 +520,10 @@ static CUresult vg_do_cuMemGetAddressRange_v2(CUdeviceptr * pbase, size_t * psiz
 
 VG_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-	return vg_do_cuMemGetAddressRange_v2(pbase, psize, dptr, 0);
+	return forward_cuMemGetAddressRange_v2(pbase, psize, dptr, 0);
 }
 
-static CUresult vg_do_cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N, unsigned vg_flags)
+static CUresult forward_cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemsetD8_v2, vg_flags);
@@ -538,15 +538,15 @@ static CUresult vg_do_cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, siz
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
-	return vg_do_cuMemsetD8_v2(dstDevice, uc, N, 0);
+	return forward_cuMemsetD8_v2(dstDevice, uc, N, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
-	return vg_do_cuMemsetD8_v2(dstDevice, uc, N, VG_F_PTDS);
+	return forward_cuMemsetD8_v2(dstDevice, uc, N, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N, unsigned vg_flags)
+static CUresult forward_cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemsetD16_v2, vg_flags);
@@ -561,15 +561,15 @@ static CUresult vg_do_cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, s
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
 {
-	return vg_do_cuMemsetD16_v2(dstDevice, us, N, 0);
+	return forward_cuMemsetD16_v2(dstDevice, us, N, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
 {
-	return vg_do_cuMemsetD16_v2(dstDevice, us, N, VG_F_PTDS);
+	return forward_cuMemsetD16_v2(dstDevice, us, N, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N, unsigned vg_flags)
+static CUresult forward_cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemsetD32_v2, vg_flags);
@@ -584,15 +584,15 @@ static CUresult vg_do_cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, siz
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
-	return vg_do_cuMemsetD32_v2(dstDevice, ui, N, 0);
+	return forward_cuMemsetD32_v2(dstDevice, ui, N, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
-	return vg_do_cuMemsetD32_v2(dstDevice, ui, N, VG_F_PTDS);
+	return forward_cuMemsetD32_v2(dstDevice, ui, N, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, unsigned vg_flags)
+static CUresult forward_cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemcpyDtoD_v2, vg_flags);
@@ -607,15 +607,15 @@ static CUresult vg_do_cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevi
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
-	return vg_do_cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount, 0);
+	return forward_cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
-	return vg_do_cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount, VG_F_PTDS);
+	return forward_cuMemcpyDtoD_v2(dstDevice, srcDevice, ByteCount, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamCreate(CUstream * phStream, unsigned int Flags, unsigned vg_flags)
+static CUresult forward_cuStreamCreate(CUstream * phStream, unsigned int Flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamCreate, vg_flags);
@@ -633,10 +633,10 @@ static CUresult vg_do_cuStreamCreate(CUstream * phStream, unsigned int Flags, un
 
 VG_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
-	return vg_do_cuStreamCreate(phStream, Flags, 0);
+	return forward_cuStreamCreate(phStream, Flags, 0);
 }
 
-static CUresult vg_do_cuStreamCreateWithPriority(CUstream * phStream, unsigned int flags, int priority, unsigned vg_flags)
+static CUresult forward_cuStreamCreateWithPriority(CUstream * phStream, unsigned int flags, int priority, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamCreateWithPriority, vg_flags);
@@ -655,10 +655,10 @@ static CUresult vg_do_cuStreamCreateWithPriority(CUstream * phStream, unsigned i
 
 VG_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
-	return vg_do_cuStreamCreateWithPriority(phStream, flags, priority, 0);
+	return forward_cuStreamCreateWithPriority(phStream, flags, priority, 0);
 }
 
-static CUresult vg_do_cuStreamDestroy_v2(CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuStreamDestroy_v2(CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamDestroy_v2, vg_flags);
@@ -671,10 +671,10 @@ static CUresult vg_do_cuStreamDestroy_v2(CUstream hStream, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 {
-	return vg_do_cuStreamDestroy_v2(hStream, 0);
+	return forward_cuStreamDestroy_v2(hStream, 0);
 }
 
-static CUresult vg_do_cuStreamSynchronize(CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuStreamSynchronize(CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamSynchronize, vg_flags);
@@ -687,15 +687,15 @@ static CUresult vg_do_cuStreamSynchronize(CUstream hStream, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
 {
-	return vg_do_cuStreamSynchronize(hStream, 0);
+	return forward_cuStreamSynchronize(hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream)
 {
-	return vg_do_cuStreamSynchronize(hStream, VG_F_PTDS);
+	return forward_cuStreamSynchronize(hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamQuery(CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuStreamQuery(CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamQuery, vg_flags);
@@ -708,15 +708,15 @@ static CUresult vg_do_cuStreamQuery(CUstream hStream, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream)
 {
-	return vg_do_cuStreamQuery(hStream, 0);
+	return forward_cuStreamQuery(hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream)
 {
-	return vg_do_cuStreamQuery(hStream, VG_F_PTDS);
+	return forward_cuStreamQuery(hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamGetPriority(CUstream hStream, int * priority, unsigned vg_flags)
+static CUresult forward_cuStreamGetPriority(CUstream hStream, int * priority, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamGetPriority, vg_flags);
@@ -734,15 +734,15 @@ static CUresult vg_do_cuStreamGetPriority(CUstream hStream, int * priority, unsi
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority)
 {
-	return vg_do_cuStreamGetPriority(hStream, priority, 0);
+	return forward_cuStreamGetPriority(hStream, priority, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream hStream, int *priority)
 {
-	return vg_do_cuStreamGetPriority(hStream, priority, VG_F_PTDS);
+	return forward_cuStreamGetPriority(hStream, priority, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamGetFlags(CUstream hStream, unsigned int * flags, unsigned vg_flags)
+static CUresult forward_cuStreamGetFlags(CUstream hStream, unsigned int * flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamGetFlags, vg_flags);
@@ -760,15 +760,15 @@ static CUresult vg_do_cuStreamGetFlags(CUstream hStream, unsigned int * flags, u
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 {
-	return vg_do_cuStreamGetFlags(hStream, flags, 0);
+	return forward_cuStreamGetFlags(hStream, flags, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags)
 {
-	return vg_do_cuStreamGetFlags(hStream, flags, VG_F_PTDS);
+	return forward_cuStreamGetFlags(hStream, flags, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus * captureStatus, unsigned vg_flags)
+static CUresult forward_cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus * captureStatus, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamIsCapturing, vg_flags);
@@ -786,15 +786,15 @@ static CUresult vg_do_cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatu
 
 VG_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
-	return vg_do_cuStreamIsCapturing(hStream, captureStatus, 0);
+	return forward_cuStreamIsCapturing(hStream, captureStatus, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
-	return vg_do_cuStreamIsCapturing(hStream, captureStatus, VG_F_PTDS);
+	return forward_cuStreamIsCapturing(hStream, captureStatus, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuEventCreate(CUevent * phEvent, unsigned int Flags, unsigned vg_flags)
+static CUresult forward_cuEventCreate(CUevent * phEvent, unsigned int Flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventCreate, vg_flags);
@@ -812,10 +812,10 @@ static CUresult vg_do_cuEventCreate(CUevent * phEvent, unsigned int Flags, unsig
 
 VG_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
-	return vg_do_cuEventCreate(phEvent, Flags, 0);
+	return forward_cuEventCreate(phEvent, Flags, 0);
 }
 
-static CUresult vg_do_cuEventDestroy_v2(CUevent hEvent, unsigned vg_flags)
+static CUresult forward_cuEventDestroy_v2(CUevent hEvent, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventDestroy_v2, vg_flags);
@@ -828,10 +828,10 @@ static CUresult vg_do_cuEventDestroy_v2(CUevent hEvent, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent)
 {
-	return vg_do_cuEventDestroy_v2(hEvent, 0);
+	return forward_cuEventDestroy_v2(hEvent, 0);
 }
 
-static CUresult vg_do_cuEventSynchronize(CUevent hEvent, unsigned vg_flags)
+static CUresult forward_cuEventSynchronize(CUevent hEvent, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventSynchronize, vg_flags);
@@ -844,10 +844,10 @@ static CUresult vg_do_cuEventSynchronize(CUevent hEvent, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
 {
-	return vg_do_cuEventSynchronize(hEvent, 0);
+	return forward_cuEventSynchronize(hEvent, 0);
 }
 
-static CUresult vg_do_cuEventQuery(CUevent hEvent, unsigned vg_flags)
+static CUresult forward_cuEventQuery(CUevent hEvent, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventQuery, vg_flags);
@@ -860,10 +860,10 @@ static CUresult vg_do_cuEventQuery(CUevent hEvent, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent)
 {
-	return vg_do_cuEventQuery(hEvent, 0);
+	return forward_cuEventQuery(hEvent, 0);
 }
 
-static CUresult vg_do_cuEventElapsedTime_v2(float * pMilliseconds, CUevent hStart, CUevent hEnd, unsigned vg_flags)
+static CUresult forward_cuEventElapsedTime_v2(float * pMilliseconds, CUevent hStart, CUevent hEnd, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventElapsedTime_v2, vg_flags);
@@ -882,10 +882,10 @@ static CUresult vg_do_cuEventElapsedTime_v2(float * pMilliseconds, CUevent hStar
 
 VG_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
-	return vg_do_cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd, 0);
+	return forward_cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd, 0);
 }
 
-static CUresult vg_do_cuModuleUnload(CUmodule hmod, unsigned vg_flags)
+static CUresult forward_cuModuleUnload(CUmodule hmod, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuModuleUnload, vg_flags);
@@ -898,10 +898,10 @@ static CUresult vg_do_cuModuleUnload(CUmodule hmod, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
 {
-	return vg_do_cuModuleUnload(hmod, 0);
+	return forward_cuModuleUnload(hmod, 0);
 }
 
-static CUresult vg_do_cuModuleGetFunction(CUfunction * hfunc, CUmodule hmod, const char * name, unsigned vg_flags)
+static CUresult forward_cuModuleGetFunction(CUfunction * hfunc, CUmodule hmod, const char * name, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuModuleGetFunction, vg_flags);
@@ -920,10 +920,10 @@ static CUresult vg_do_cuModuleGetFunction(CUfunction * hfunc, CUmodule hmod, con
 
 VG_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
-	return vg_do_cuModuleGetFunction(hfunc, hmod, name, 0);
+	return forward_cuModuleGetFunction(hfunc, hmod, name, 0);
 }
 
-static CUresult vg_do_cuModuleGetGlobal_v2(CUdeviceptr * dptr, size_t * bytes, CUmodule hmod, const char * name, unsigned vg_flags)
+static CUresult forward_cuModuleGetGlobal_v2(CUdeviceptr * dptr, size_t * bytes, CUmodule hmod, const char * name, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuModuleGetGlobal_v2, vg_flags);
@@ -945,10 +945,10 @@ static CUresult vg_do_cuModuleGetGlobal_v2(CUdeviceptr * dptr, size_t * bytes, C
 
 VG_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)
 {
-	return vg_do_cuModuleGetGlobal_v2(dptr, bytes, hmod, name, 0);
+	return forward_cuModuleGetGlobal_v2(dptr, bytes, hmod, name, 0);
 }
 
-static CUresult vg_do_cuLibraryUnload(CUlibrary library, unsigned vg_flags)
+static CUresult forward_cuLibraryUnload(CUlibrary library, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuLibraryUnload, vg_flags);
@@ -961,10 +961,10 @@ static CUresult vg_do_cuLibraryUnload(CUlibrary library, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library)
 {
-	return vg_do_cuLibraryUnload(library, 0);
+	return forward_cuLibraryUnload(library, 0);
 }
 
-static CUresult vg_do_cuLibraryGetKernel(CUkernel * pKernel, CUlibrary library, const char * name, unsigned vg_flags)
+static CUresult forward_cuLibraryGetKernel(CUkernel * pKernel, CUlibrary library, const char * name, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuLibraryGetKernel, vg_flags);
@@ -983,10 +983,10 @@ static CUresult vg_do_cuLibraryGetKernel(CUkernel * pKernel, CUlibrary library, 
 
 VG_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
 {
-	return vg_do_cuLibraryGetKernel(pKernel, library, name, 0);
+	return forward_cuLibraryGetKernel(pKernel, library, name, 0);
 }
 
-static CUresult vg_do_cuLibraryGetModule(CUmodule * pMod, CUlibrary library, unsigned vg_flags)
+static CUresult forward_cuLibraryGetModule(CUmodule * pMod, CUlibrary library, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuLibraryGetModule, vg_flags);
@@ -1004,10 +1004,10 @@ static CUresult vg_do_cuLibraryGetModule(CUmodule * pMod, CUlibrary library, uns
 
 VG_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule *pMod, CUlibrary library)
 {
-	return vg_do_cuLibraryGetModule(pMod, library, 0);
+	return forward_cuLibraryGetModule(pMod, library, 0);
 }
 
-static CUresult vg_do_cuLibraryGetGlobal(CUdeviceptr * dptr, size_t * bytes, CUlibrary library, const char * name, unsigned vg_flags)
+static CUresult forward_cuLibraryGetGlobal(CUdeviceptr * dptr, size_t * bytes, CUlibrary library, const char * name, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuLibraryGetGlobal, vg_flags);
@@ -1029,10 +1029,10 @@ static CUresult vg_do_cuLibraryGetGlobal(CUdeviceptr * dptr, size_t * bytes, CUl
 
 VG_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)
 {
-	return vg_do_cuLibraryGetGlobal(dptr, bytes, library, name, 0);
+	return forward_cuLibraryGetGlobal(dptr, bytes, library, name, 0);
 }
 
-CUresult vg_do_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags)
+CUresult forward_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuKernelGetFunction, vg_flags);
@@ -1048,13 +1048,13 @@ CUresult vg_do_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned
 	return vg_end(&c, r);
 }
 
-CUresult vgc_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
+CUresult handwritten_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
-	return vgc_cuKernelGetFunction(pFunc, kernel, 0);
+	return handwritten_cuKernelGetFunction(pFunc, kernel, 0);
 }
 
-CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags)
+CUresult forward_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuFuncGetAttribute, vg_flags);
@@ -1062,7 +1062,7 @@ CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunct
 		return r;
 	vg_put_u64(&c, pi != NULL);
 	vg_put(&c, &attrib, sizeof(attrib));
-	vg_put_u64(&c, vg_fn_handle(hfunc));
+	vg_put_u64(&c, vg_function_handle(hfunc));
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS) {
 		if (pi != NULL)
@@ -1071,38 +1071,38 @@ CUresult vg_do_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunct
 	return vg_end(&c, r);
 }
 
-CUresult vgc_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags);
+CUresult handwritten_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
 {
-	return vgc_cuFuncGetAttribute(pi, attrib, hfunc, 0);
+	return handwritten_cuFuncGetAttribute(pi, attrib, hfunc, 0);
 }
 
-CUresult vg_do_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags)
+CUresult forward_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuFuncSetAttribute, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
-	vg_put_u64(&c, vg_fn_handle(hfunc));
+	vg_put_u64(&c, vg_function_handle(hfunc));
 	vg_put(&c, &attrib, sizeof(attrib));
 	vg_put(&c, &value, sizeof(value));
 	r = vg_call_sync(&c);
 	return vg_end(&c, r);
 }
 
-CUresult vgc_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags);
+CUresult handwritten_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
 {
-	return vgc_cuFuncSetAttribute(hfunc, attrib, value, 0);
+	return handwritten_cuFuncSetAttribute(hfunc, attrib, value, 0);
 }
 
-static CUresult vg_do_cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config, unsigned vg_flags)
+static CUresult forward_cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuFuncSetCacheConfig, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
-	vg_put_u64(&c, vg_fn_handle(hfunc));
+	vg_put_u64(&c, vg_function_handle(hfunc));
 	vg_put(&c, &config, sizeof(config));
 	r = vg_call_sync(&c);
 	return vg_end(&c, r);
@@ -1110,10 +1110,10 @@ static CUresult vg_do_cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config
 
 VG_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
 {
-	return vg_do_cuFuncSetCacheConfig(hfunc, config, 0);
+	return forward_cuFuncSetCacheConfig(hfunc, config, 0);
 }
 
-CUresult vg_do_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags)
+CUresult forward_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuKernelGetAttribute, vg_flags);
@@ -1131,13 +1131,13 @@ CUresult vg_do_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUker
 	return vg_end(&c, r);
 }
 
-CUresult vgc_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuKernelGetAttribute(int * pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)
 {
-	return vgc_cuKernelGetAttribute(pi, attrib, kernel, dev, 0);
+	return handwritten_cuKernelGetAttribute(pi, attrib, kernel, dev, 0);
 }
 
-CUresult vg_do_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags)
+CUresult forward_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuKernelSetAttribute, vg_flags);
@@ -1151,20 +1151,20 @@ CUresult vg_do_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkern
 	return vg_end(&c, r);
 }
 
-CUresult vgc_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev)
 {
-	return vgc_cuKernelSetAttribute(attrib, val, kernel, dev, 0);
+	return handwritten_cuKernelSetAttribute(attrib, val, kernel, dev, 0);
 }
 
-static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessor(int * numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned vg_flags)
+static CUresult forward_cuOccupancyMaxActiveBlocksPerMultiprocessor(int * numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuOccupancyMaxActiveBlocksPerMultiprocessor, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, numBlocks != NULL);
-	vg_put_u64(&c, vg_fn_handle(func));
+	vg_put_u64(&c, vg_function_handle(func));
 	vg_put(&c, &blockSize, sizeof(blockSize));
 	vg_put(&c, &dynamicSMemSize, sizeof(dynamicSMemSize));
 	r = vg_call_sync(&c);
@@ -1177,17 +1177,17 @@ static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessor(int * numBlock
 
 VG_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)
 {
-	return vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, func, blockSize, dynamicSMemSize, 0);
+	return forward_cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, func, blockSize, dynamicSMemSize, 0);
 }
 
-static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int * numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags, unsigned vg_flags)
+static CUresult forward_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int * numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, numBlocks != NULL);
-	vg_put_u64(&c, vg_fn_handle(func));
+	vg_put_u64(&c, vg_function_handle(func));
 	vg_put(&c, &blockSize, sizeof(blockSize));
 	vg_put(&c, &dynamicSMemSize, sizeof(dynamicSMemSize));
 	vg_put(&c, &flags, sizeof(flags));
@@ -1201,17 +1201,17 @@ static CUresult vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *
 
 VG_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags)
 {
-	return vg_do_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize, flags, 0);
+	return forward_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize, flags, 0);
 }
 
-static CUresult vg_do_cuOccupancyAvailableDynamicSMemPerBlock(size_t * dynamicSmemSize, CUfunction func, int numBlocks, int blockSize, unsigned vg_flags)
+static CUresult forward_cuOccupancyAvailableDynamicSMemPerBlock(size_t * dynamicSmemSize, CUfunction func, int numBlocks, int blockSize, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuOccupancyAvailableDynamicSMemPerBlock, vg_flags);
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, dynamicSmemSize != NULL);
-	vg_put_u64(&c, vg_fn_handle(func));
+	vg_put_u64(&c, vg_function_handle(func));
 	vg_put(&c, &numBlocks, sizeof(numBlocks));
 	vg_put(&c, &blockSize, sizeof(blockSize));
 	r = vg_call_sync(&c);
@@ -1224,158 +1224,158 @@ static CUresult vg_do_cuOccupancyAvailableDynamicSMemPerBlock(size_t * dynamicSm
 
 VG_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize)
 {
-	return vg_do_cuOccupancyAvailableDynamicSMemPerBlock(dynamicSmemSize, func, numBlocks, blockSize, 0);
+	return forward_cuOccupancyAvailableDynamicSMemPerBlock(dynamicSmemSize, func, numBlocks, blockSize, 0);
 }
 
-CUresult vgc_cuFuncGetName(const char ** name, CUfunction hfunc, unsigned vg_flags);
+CUresult handwritten_cuFuncGetName(const char ** name, CUfunction hfunc, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuFuncGetName(const char **name, CUfunction hfunc)
 {
-	return vgc_cuFuncGetName(name, hfunc, 0);
+	return handwritten_cuFuncGetName(name, hfunc, 0);
 }
 
-CUresult vgc_cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void * srcHost, size_t ByteCount, unsigned vg_flags);
+CUresult handwritten_cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void * srcHost, size_t ByteCount, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-	return vgc_cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount, 0);
+	return handwritten_cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-	return vgc_cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount, VG_F_PTDS);
+	return handwritten_cuMemcpyHtoD_v2(dstDevice, srcHost, ByteCount, VG_F_PTDS);
 }
 
-CUresult vgc_cuMemcpyDtoH_v2(void * dstHost, CUdeviceptr srcDevice, size_t ByteCount, unsigned vg_flags);
+CUresult handwritten_cuMemcpyDtoH_v2(void * dstHost, CUdeviceptr srcDevice, size_t ByteCount, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-	return vgc_cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount, 0);
+	return handwritten_cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-	return vgc_cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount, VG_F_PTDS);
+	return handwritten_cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount, VG_F_PTDS);
 }
 
-CUresult vgc_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void * srcHost, size_t ByteCount, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void * srcHost, size_t ByteCount, CUstream hStream, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
-	return vgc_cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream, 0);
+	return handwritten_cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
-	return vgc_cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream, VG_F_PTDS);
+	return handwritten_cuMemcpyHtoDAsync_v2(dstDevice, srcHost, ByteCount, hStream, VG_F_PTDS);
 }
 
-CUresult vgc_cuMemcpyDtoHAsync_v2(void * dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuMemcpyDtoHAsync_v2(void * dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
-	return vgc_cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream, 0);
+	return handwritten_cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
-	return vgc_cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream, VG_F_PTDS);
+	return handwritten_cuMemcpyDtoHAsync_v2(dstHost, srcDevice, ByteCount, hStream, VG_F_PTDS);
 }
 
-CUresult vgc_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, unsigned vg_flags);
+CUresult handwritten_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
-	return vgc_cuMemcpy(dst, src, ByteCount, 0);
+	return handwritten_cuMemcpy(dst, src, ByteCount, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
-	return vgc_cuMemcpy(dst, src, ByteCount, VG_F_PTDS);
+	return handwritten_cuMemcpy(dst, src, ByteCount, VG_F_PTDS);
 }
 
-CUresult vgc_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
-	return vgc_cuMemcpyAsync(dst, src, ByteCount, hStream, 0);
+	return handwritten_cuMemcpyAsync(dst, src, ByteCount, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
-	return vgc_cuMemcpyAsync(dst, src, ByteCount, hStream, VG_F_PTDS);
+	return handwritten_cuMemcpyAsync(dst, src, ByteCount, hStream, VG_F_PTDS);
 }
 
-CUresult vgc_cuModuleLoadData(CUmodule * module, const void * image, unsigned vg_flags);
+CUresult handwritten_cuModuleLoadData(CUmodule * module, const void * image, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
 {
-	return vgc_cuModuleLoadData(module, image, 0);
+	return handwritten_cuModuleLoadData(module, image, 0);
 }
 
-CUresult vgc_cuModuleLoadDataEx(CUmodule * module, const void * image, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
+CUresult handwritten_cuModuleLoadDataEx(CUmodule * module, const void * image, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options, void **optionValues)
 {
-	return vgc_cuModuleLoadDataEx(module, image, numOptions, options, optionValues, 0);
+	return handwritten_cuModuleLoadDataEx(module, image, numOptions, options, optionValues, 0);
 }
 
-CUresult vgc_cuModuleLoadFatBinary(CUmodule * module, const void * fatCubin, unsigned vg_flags);
+CUresult handwritten_cuModuleLoadFatBinary(CUmodule * module, const void * fatCubin, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
-	return vgc_cuModuleLoadFatBinary(module, fatCubin, 0);
+	return handwritten_cuModuleLoadFatBinary(module, fatCubin, 0);
 }
 
-CUresult vgc_cuLibraryLoadData(CUlibrary * library, const void * code, CUjit_option * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions, unsigned vg_flags);
+CUresult handwritten_cuLibraryLoadData(CUlibrary * library, const void * code, CUjit_option * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
 {
-	return vgc_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions, 0);
+	return handwritten_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions, 0);
 }
 
-CUresult vgc_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void ** kernelParams, void ** extra, unsigned vg_flags);
+CUresult handwritten_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void ** kernelParams, void ** extra, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
 {
-	return vgc_cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra, 0);
+	return handwritten_cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
 {
-	return vgc_cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra, VG_F_PTDS);
+	return handwritten_cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra, VG_F_PTDS);
 }
 
-CUresult vgc_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p, unsigned int Flags, unsigned vg_flags);
+CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p, unsigned int Flags, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
 {
-	return vgc_cuMemHostGetDevicePointer_v2(pdptr, p, Flags, 0);
+	return handwritten_cuMemHostGetDevicePointer_v2(pdptr, p, Flags, 0);
 }
 
-CUresult vgc_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
+CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
 {
-	return vgc_cuLaunchKernelEx(config, f, kernelParams, extra, 0);
+	return handwritten_cuLaunchKernelEx(config, f, kernelParams, extra, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
 {
-	return vgc_cuLaunchKernelEx(config, f, kernelParams, extra, VG_F_PTDS);
+	return handwritten_cuLaunchKernelEx(config, f, kernelParams, extra, VG_F_PTDS);
 }
 
-CUresult vgc_cuOccupancyMaxActiveClusters(int * numClusters, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
+CUresult handwritten_cuOccupancyMaxActiveClusters(int * numClusters, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config)
 {
-	return vgc_cuOccupancyMaxActiveClusters(numClusters, func, config, 0);
+	return handwritten_cuOccupancyMaxActiveClusters(numClusters, func, config, 0);
 }
 
-CUresult vgc_cuOccupancyMaxPotentialClusterSize(int * clusterSize, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
+CUresult handwritten_cuOccupancyMaxPotentialClusterSize(int * clusterSize, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config)
 {
-	return vgc_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
+	return handwritten_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
 }
 
-CUresult vgc_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
+CUresult handwritten_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
-	return vgc_cuPointerGetAttribute(data, attribute, ptr, 0);
+	return handwritten_cuPointerGetAttribute(data, attribute, ptr, 0);
 }
 
-CUresult vgc_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
+CUresult handwritten_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data, CUdeviceptr ptr)
 {
-	return vgc_cuPointerGetAttributes(numAttributes, attributes, data, ptr, 0);
+	return handwritten_cuPointerGetAttributes(numAttributes, attributes, data, ptr, 0);
 }
 
-static CUresult vg_do_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode, unsigned vg_flags)
+static CUresult forward_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamBeginCapture_v2, vg_flags);
@@ -1389,15 +1389,15 @@ static CUresult vg_do_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureM
 
 VG_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
-	return vg_do_cuStreamBeginCapture_v2(hStream, mode, 0);
+	return forward_cuStreamBeginCapture_v2(hStream, mode, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
-	return vg_do_cuStreamBeginCapture_v2(hStream, mode, VG_F_PTDS);
+	return forward_cuStreamBeginCapture_v2(hStream, mode, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamEndCapture(CUstream hStream, CUgraph * phGraph, unsigned vg_flags)
+static CUresult forward_cuStreamEndCapture(CUstream hStream, CUgraph * phGraph, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamEndCapture, vg_flags);
@@ -1415,15 +1415,15 @@ static CUresult vg_do_cuStreamEndCapture(CUstream hStream, CUgraph * phGraph, un
 
 VG_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
-	return vg_do_cuStreamEndCapture(hStream, phGraph, 0);
+	return forward_cuStreamEndCapture(hStream, phGraph, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
-	return vg_do_cuStreamEndCapture(hStream, phGraph, VG_F_PTDS);
+	return forward_cuStreamEndCapture(hStream, phGraph, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode * mode, unsigned vg_flags)
+static CUresult forward_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode * mode, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuThreadExchangeStreamCaptureMode, vg_flags);
@@ -1440,10 +1440,10 @@ static CUresult vg_do_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode * mo
 
 VG_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
-	return vg_do_cuThreadExchangeStreamCaptureMode(mode, 0);
+	return forward_cuThreadExchangeStreamCaptureMode(mode, 0);
 }
 
-static CUresult vg_do_cuGraphInstantiateWithFlags(CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags, unsigned vg_flags)
+static CUresult forward_cuGraphInstantiateWithFlags(CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuGraphInstantiateWithFlags, vg_flags);
@@ -1462,10 +1462,10 @@ static CUresult vg_do_cuGraphInstantiateWithFlags(CUgraphExec * phGraphExec, CUg
 
 VG_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
 {
-	return vg_do_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags, 0);
+	return forward_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags, 0);
 }
 
-static CUresult vg_do_cuGraphExecDestroy(CUgraphExec hGraphExec, unsigned vg_flags)
+static CUresult forward_cuGraphExecDestroy(CUgraphExec hGraphExec, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuGraphExecDestroy, vg_flags);
@@ -1478,10 +1478,10 @@ static CUresult vg_do_cuGraphExecDestroy(CUgraphExec hGraphExec, unsigned vg_fla
 
 VG_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
-	return vg_do_cuGraphExecDestroy(hGraphExec, 0);
+	return forward_cuGraphExecDestroy(hGraphExec, 0);
 }
 
-static CUresult vg_do_cuGraphDestroy(CUgraph hGraph, unsigned vg_flags)
+static CUresult forward_cuGraphDestroy(CUgraph hGraph, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuGraphDestroy, vg_flags);
@@ -1494,16 +1494,16 @@ static CUresult vg_do_cuGraphDestroy(CUgraph hGraph, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
 {
-	return vg_do_cuGraphDestroy(hGraph, 0);
+	return forward_cuGraphDestroy(hGraph, 0);
 }
 
-CUresult vgc_cuGraphGetNodes(CUgraph hGraph, CUgraphNode * nodes, size_t * numNodes, unsigned vg_flags);
+CUresult handwritten_cuGraphGetNodes(CUgraph hGraph, CUgraphNode * nodes, size_t * numNodes, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 {
-	return vgc_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
+	return handwritten_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
 }
 
-static CUresult vg_do_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)
+static CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAllocPitch_v2, vg_flags);
@@ -1526,10 +1526,10 @@ static CUresult vg_do_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, si
 
 VG_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
 {
-	return vg_do_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, 0);
+	return forward_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, 0);
 }
 
-static CUresult vg_do_cuArrayCreate_v2(CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
+static CUresult forward_cuArrayCreate_v2(CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuArrayCreate_v2, vg_flags);
@@ -1547,10 +1547,10 @@ static CUresult vg_do_cuArrayCreate_v2(CUarray * pHandle, const CUDA_ARRAY_DESCR
 
 VG_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
 {
-	return vg_do_cuArrayCreate_v2(pHandle, pAllocateArray, 0);
+	return forward_cuArrayCreate_v2(pHandle, pAllocateArray, 0);
 }
 
-static CUresult vg_do_cuArray3DCreate_v2(CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
+static CUresult forward_cuArray3DCreate_v2(CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuArray3DCreate_v2, vg_flags);
@@ -1568,10 +1568,10 @@ static CUresult vg_do_cuArray3DCreate_v2(CUarray * pHandle, const CUDA_ARRAY3D_D
 
 VG_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
 {
-	return vg_do_cuArray3DCreate_v2(pHandle, pAllocateArray, 0);
+	return forward_cuArray3DCreate_v2(pHandle, pAllocateArray, 0);
 }
 
-static CUresult vg_do_cuArrayDestroy(CUarray hArray, unsigned vg_flags)
+static CUresult forward_cuArrayDestroy(CUarray hArray, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuArrayDestroy, vg_flags);
@@ -1584,10 +1584,10 @@ static CUresult vg_do_cuArrayDestroy(CUarray hArray, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
 {
-	return vg_do_cuArrayDestroy(hArray, 0);
+	return forward_cuArrayDestroy(hArray, 0);
 }
 
-static CUresult vg_do_cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR * pArrayDescriptor, CUarray hArray, unsigned vg_flags)
+static CUresult forward_cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR * pArrayDescriptor, CUarray hArray, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuArrayGetDescriptor_v2, vg_flags);
@@ -1605,10 +1605,10 @@ static CUresult vg_do_cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR * pArrayDesc
 
 VG_EXPORT CUresult CUDAAPI cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescriptor, CUarray hArray)
 {
-	return vg_do_cuArrayGetDescriptor_v2(pArrayDescriptor, hArray, 0);
+	return forward_cuArrayGetDescriptor_v2(pArrayDescriptor, hArray, 0);
 }
 
-static CUresult vg_do_cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR * pArrayDescriptor, CUarray hArray, unsigned vg_flags)
+static CUresult forward_cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR * pArrayDescriptor, CUarray hArray, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuArray3DGetDescriptor_v2, vg_flags);
@@ -1626,10 +1626,10 @@ static CUresult vg_do_cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR * pArray
 
 VG_EXPORT CUresult CUDAAPI cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDescriptor, CUarray hArray)
 {
-	return vg_do_cuArray3DGetDescriptor_v2(pArrayDescriptor, hArray, 0);
+	return forward_cuArray3DGetDescriptor_v2(pArrayDescriptor, hArray, 0);
 }
 
-static CUresult vg_do_cuMemAllocAsync(CUdeviceptr * dptr, size_t bytesize, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemAllocAsync(CUdeviceptr * dptr, size_t bytesize, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAllocAsync, vg_flags);
@@ -1648,15 +1648,15 @@ static CUresult vg_do_cuMemAllocAsync(CUdeviceptr * dptr, size_t bytesize, CUstr
 
 VG_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-	return vg_do_cuMemAllocAsync(dptr, bytesize, hStream, 0);
+	return forward_cuMemAllocAsync(dptr, bytesize, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-	return vg_do_cuMemAllocAsync(dptr, bytesize, hStream, VG_F_PTDS);
+	return forward_cuMemAllocAsync(dptr, bytesize, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemAllocFromPoolAsync(CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemAllocFromPoolAsync(CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAllocFromPoolAsync, vg_flags);
@@ -1676,15 +1676,15 @@ static CUresult vg_do_cuMemAllocFromPoolAsync(CUdeviceptr * dptr, size_t bytesiz
 
 VG_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
-	return vg_do_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream, 0);
+	return forward_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
-	return vg_do_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream, VG_F_PTDS);
+	return forward_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemPoolCreate(CUmemoryPool * pool, const CUmemPoolProps * poolProps, unsigned vg_flags)
+static CUresult forward_cuMemPoolCreate(CUmemoryPool * pool, const CUmemPoolProps * poolProps, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemPoolCreate, vg_flags);
@@ -1702,10 +1702,10 @@ static CUresult vg_do_cuMemPoolCreate(CUmemoryPool * pool, const CUmemPoolProps 
 
 VG_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
-	return vg_do_cuMemPoolCreate(pool, poolProps, 0);
+	return forward_cuMemPoolCreate(pool, poolProps, 0);
 }
 
-static CUresult vg_do_cuMemPoolDestroy(CUmemoryPool pool, unsigned vg_flags)
+static CUresult forward_cuMemPoolDestroy(CUmemoryPool pool, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemPoolDestroy, vg_flags);
@@ -1718,10 +1718,10 @@ static CUresult vg_do_cuMemPoolDestroy(CUmemoryPool pool, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 {
-	return vg_do_cuMemPoolDestroy(pool, 0);
+	return forward_cuMemPoolDestroy(pool, 0);
 }
 
-static CUresult vg_do_cuDeviceGetDefaultMemPool(CUmemoryPool * pool_out, CUdevice dev, unsigned vg_flags)
+static CUresult forward_cuDeviceGetDefaultMemPool(CUmemoryPool * pool_out, CUdevice dev, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuDeviceGetDefaultMemPool, vg_flags);
@@ -1739,10 +1739,10 @@ static CUresult vg_do_cuDeviceGetDefaultMemPool(CUmemoryPool * pool_out, CUdevic
 
 VG_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
-	return vg_do_cuDeviceGetDefaultMemPool(pool_out, dev, 0);
+	return forward_cuDeviceGetDefaultMemPool(pool_out, dev, 0);
 }
 
-static CUresult vg_do_cuDeviceGetMemPool(CUmemoryPool * pool, CUdevice dev, unsigned vg_flags)
+static CUresult forward_cuDeviceGetMemPool(CUmemoryPool * pool, CUdevice dev, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuDeviceGetMemPool, vg_flags);
@@ -1760,10 +1760,10 @@ static CUresult vg_do_cuDeviceGetMemPool(CUmemoryPool * pool, CUdevice dev, unsi
 
 VG_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-	return vg_do_cuDeviceGetMemPool(pool, dev, 0);
+	return forward_cuDeviceGetMemPool(pool, dev, 0);
 }
 
-static CUresult vg_do_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep, unsigned vg_flags)
+static CUresult forward_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemPoolTrimTo, vg_flags);
@@ -1777,22 +1777,22 @@ static CUresult vg_do_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep, 
 
 VG_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-	return vg_do_cuMemPoolTrimTo(pool, minBytesToKeep, 0);
+	return forward_cuMemPoolTrimTo(pool, minBytesToKeep, 0);
 }
 
-CUresult vgc_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void * value, unsigned vg_flags);
+CUresult handwritten_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void * value, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-	return vgc_cuMemPoolSetAttribute(pool, attr, value, 0);
+	return handwritten_cuMemPoolSetAttribute(pool, attr, value, 0);
 }
 
-CUresult vgc_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void * value, unsigned vg_flags);
+CUresult handwritten_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void * value, unsigned vg_flags);
 VG_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-	return vgc_cuMemPoolGetAttribute(pool, attr, value, 0);
+	return handwritten_cuMemPoolGetAttribute(pool, attr, value, 0);
 }
 
-static CUresult vg_do_cuMemGetAllocationGranularity(size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option, unsigned vg_flags)
+static CUresult forward_cuMemGetAllocationGranularity(size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemGetAllocationGranularity, vg_flags);
@@ -1811,10 +1811,10 @@ static CUresult vg_do_cuMemGetAllocationGranularity(size_t * granularity, const 
 
 VG_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option)
 {
-	return vg_do_cuMemGetAllocationGranularity(granularity, prop, option, 0);
+	return forward_cuMemGetAllocationGranularity(granularity, prop, option, 0);
 }
 
-static CUresult vg_do_cuMemCreate(CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags, unsigned vg_flags)
+static CUresult forward_cuMemCreate(CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemCreate, vg_flags);
@@ -1834,10 +1834,10 @@ static CUresult vg_do_cuMemCreate(CUmemGenericAllocationHandle * handle, size_t 
 
 VG_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)
 {
-	return vg_do_cuMemCreate(handle, size, prop, flags, 0);
+	return forward_cuMemCreate(handle, size, prop, flags, 0);
 }
 
-static CUresult vg_do_cuMemRelease(CUmemGenericAllocationHandle handle, unsigned vg_flags)
+static CUresult forward_cuMemRelease(CUmemGenericAllocationHandle handle, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemRelease, vg_flags);
@@ -1850,10 +1850,10 @@ static CUresult vg_do_cuMemRelease(CUmemGenericAllocationHandle handle, unsigned
 
 VG_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-	return vg_do_cuMemRelease(handle, 0);
+	return forward_cuMemRelease(handle, 0);
 }
 
-static CUresult vg_do_cuMemAddressReserve(CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags, unsigned vg_flags)
+static CUresult forward_cuMemAddressReserve(CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAddressReserve, vg_flags);
@@ -1874,10 +1874,10 @@ static CUresult vg_do_cuMemAddressReserve(CUdeviceptr * ptr, size_t size, size_t
 
 VG_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)
 {
-	return vg_do_cuMemAddressReserve(ptr, size, alignment, addr, flags, 0);
+	return forward_cuMemAddressReserve(ptr, size, alignment, addr, flags, 0);
 }
 
-static CUresult vg_do_cuMemAddressFree(CUdeviceptr ptr, size_t size, unsigned vg_flags)
+static CUresult forward_cuMemAddressFree(CUdeviceptr ptr, size_t size, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAddressFree, vg_flags);
@@ -1891,10 +1891,10 @@ static CUresult vg_do_cuMemAddressFree(CUdeviceptr ptr, size_t size, unsigned vg
 
 VG_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-	return vg_do_cuMemAddressFree(ptr, size, 0);
+	return forward_cuMemAddressFree(ptr, size, 0);
 }
 
-static CUresult vg_do_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags, unsigned vg_flags)
+static CUresult forward_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemMap, vg_flags);
@@ -1911,10 +1911,10 @@ static CUresult vg_do_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUme
 
 VG_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-	return vg_do_cuMemMap(ptr, size, offset, handle, flags, 0);
+	return forward_cuMemMap(ptr, size, offset, handle, flags, 0);
 }
 
-static CUresult vg_do_cuMemUnmap(CUdeviceptr ptr, size_t size, unsigned vg_flags)
+static CUresult forward_cuMemUnmap(CUdeviceptr ptr, size_t size, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemUnmap, vg_flags);
@@ -1928,10 +1928,10 @@ static CUresult vg_do_cuMemUnmap(CUdeviceptr ptr, size_t size, unsigned vg_flags
 
 VG_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-	return vg_do_cuMemUnmap(ptr, size, 0);
+	return forward_cuMemUnmap(ptr, size, 0);
 }
 
-static CUresult vg_do_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count, unsigned vg_flags)
+static CUresult forward_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemSetAccess, vg_flags);
@@ -1947,10 +1947,10 @@ static CUresult vg_do_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAc
 
 VG_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-	return vg_do_cuMemSetAccess(ptr, size, desc, count, 0);
+	return forward_cuMemSetAccess(ptr, size, desc, count, 0);
 }
 
-static CUresult vg_do_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemsetD8Async, vg_flags);
@@ -1965,15 +1965,15 @@ static CUresult vg_do_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, s
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
-	return vg_do_cuMemsetD8Async(dstDevice, uc, N, hStream, 0);
+	return forward_cuMemsetD8Async(dstDevice, uc, N, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
 {
-	return vg_do_cuMemsetD8Async(dstDevice, uc, N, hStream, VG_F_PTDS);
+	return forward_cuMemsetD8Async(dstDevice, uc, N, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemsetD16Async, vg_flags);
@@ -1988,15 +1988,15 @@ static CUresult vg_do_cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us,
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
 {
-	return vg_do_cuMemsetD16Async(dstDevice, us, N, hStream, 0);
+	return forward_cuMemsetD16Async(dstDevice, us, N, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
 {
-	return vg_do_cuMemsetD16Async(dstDevice, us, N, hStream, VG_F_PTDS);
+	return forward_cuMemsetD16Async(dstDevice, us, N, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemsetD32Async, vg_flags);
@@ -2011,15 +2011,15 @@ static CUresult vg_do_cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, s
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
 {
-	return vg_do_cuMemsetD32Async(dstDevice, ui, N, hStream, 0);
+	return forward_cuMemsetD32Async(dstDevice, ui, N, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
 {
-	return vg_do_cuMemsetD32Async(dstDevice, ui, N, hStream, VG_F_PTDS);
+	return forward_cuMemsetD32Async(dstDevice, ui, N, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemcpyDtoDAsync_v2, vg_flags);
@@ -2034,15 +2034,15 @@ static CUresult vg_do_cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr sr
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
-	return vg_do_cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream, 0);
+	return forward_cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
-	return vg_do_cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream, VG_F_PTDS);
+	return forward_cuMemcpyDtoDAsync_v2(dstDevice, srcDevice, ByteCount, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuEventRecord(CUevent hEvent, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuEventRecord(CUevent hEvent, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventRecord, vg_flags);
@@ -2055,15 +2055,15 @@ static CUresult vg_do_cuEventRecord(CUevent hEvent, CUstream hStream, unsigned v
 
 VG_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
 {
-	return vg_do_cuEventRecord(hEvent, hStream, 0);
+	return forward_cuEventRecord(hEvent, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 {
-	return vg_do_cuEventRecord(hEvent, hStream, VG_F_PTDS);
+	return forward_cuEventRecord(hEvent, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags, unsigned vg_flags)
+static CUresult forward_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuEventRecordWithFlags, vg_flags);
@@ -2077,15 +2077,15 @@ static CUresult vg_do_cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, u
 
 VG_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
-	return vg_do_cuEventRecordWithFlags(hEvent, hStream, flags, 0);
+	return forward_cuEventRecordWithFlags(hEvent, hStream, flags, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
-	return vg_do_cuEventRecordWithFlags(hEvent, hStream, flags, VG_F_PTDS);
+	return forward_cuEventRecordWithFlags(hEvent, hStream, flags, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags, unsigned vg_flags)
+static CUresult forward_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuStreamWaitEvent, vg_flags);
@@ -2099,15 +2099,15 @@ static CUresult vg_do_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsign
 
 VG_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
-	return vg_do_cuStreamWaitEvent(hStream, hEvent, Flags, 0);
+	return forward_cuStreamWaitEvent(hStream, hEvent, Flags, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
-	return vg_do_cuStreamWaitEvent(hStream, hEvent, Flags, VG_F_PTDS);
+	return forward_cuStreamWaitEvent(hStream, hEvent, Flags, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuGraphLaunch(CUgraphExec hGraph, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuGraphLaunch(CUgraphExec hGraph, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuGraphLaunch, vg_flags);
@@ -2120,15 +2120,15 @@ static CUresult vg_do_cuGraphLaunch(CUgraphExec hGraph, CUstream hStream, unsign
 
 VG_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
 {
-	return vg_do_cuGraphLaunch(hGraph, hStream, 0);
+	return forward_cuGraphLaunch(hGraph, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraph, CUstream hStream)
 {
-	return vg_do_cuGraphLaunch(hGraph, hStream, VG_F_PTDS);
+	return forward_cuGraphLaunch(hGraph, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuGraphUpload(CUgraphExec hGraph, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuGraphUpload(CUgraphExec hGraph, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuGraphUpload, vg_flags);
@@ -2141,15 +2141,15 @@ static CUresult vg_do_cuGraphUpload(CUgraphExec hGraph, CUstream hStream, unsign
 
 VG_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
 {
-	return vg_do_cuGraphUpload(hGraph, hStream, 0);
+	return forward_cuGraphUpload(hGraph, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraph, CUstream hStream)
 {
-	return vg_do_cuGraphUpload(hGraph, hStream, VG_F_PTDS);
+	return forward_cuGraphUpload(hGraph, hStream, VG_F_PTDS);
 }
 
-static CUresult vg_do_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemFreeAsync, vg_flags);
@@ -2162,10 +2162,10 @@ static CUresult vg_do_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigne
 
 VG_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-	return vg_do_cuMemFreeAsync(dptr, hStream, 0);
+	return forward_cuMemFreeAsync(dptr, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-	return vg_do_cuMemFreeAsync(dptr, hStream, VG_F_PTDS);
+	return forward_cuMemFreeAsync(dptr, hStream, VG_F_PTDS);
 }

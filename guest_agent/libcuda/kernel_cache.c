@@ -10,13 +10,15 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "vg_guest.h"
+#include "call.h"
+#include "context.h"
+#include "function.h"
 
-CUresult vg_do_cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned f);
-CUresult vg_do_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned f);
-CUresult vg_do_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned f);
-CUresult vg_do_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f);
-CUresult vg_do_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel, unsigned f);
+CUresult forward_cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned f);
+CUresult forward_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned f);
+CUresult forward_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned f);
+CUresult forward_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f);
+CUresult forward_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel, unsigned f);
 
 #define SLOTS 16384 /* power of two */
 
@@ -89,56 +91,56 @@ static void forget(uint64_t h)
 	pthread_mutex_unlock(&mu);
 }
 
-CUresult vgc_cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned f)
+CUresult handwritten_cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned f)
 {
 	uint64_t v, h = (uint64_t)(uintptr_t)kernel;
 	if (pi && h && lookup(attrs, h, (int32_t)attrib, dev, &v)) {
 		*pi = (int)v;
 		return CUDA_SUCCESS;
 	}
-	CUresult r = vg_do_cuKernelGetAttribute(pi, attrib, kernel, dev, f);
+	CUresult r = forward_cuKernelGetAttribute(pi, attrib, kernel, dev, f);
 	if (r == CUDA_SUCCESS && pi && h)
 		store(attrs, h, (int32_t)attrib, dev, (uint64_t)(uint32_t)*pi);
 	return r;
 }
 
-CUresult vgc_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned f)
+CUresult handwritten_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned f)
 {
-	uint64_t v, h = vg_fn_handle(hfunc);
+	uint64_t v, h = vg_function_handle(hfunc);
 	hfunc = (CUfunction)(uintptr_t)h;
 	if (pi && h && lookup(attrs, h, (int32_t)attrib, -1, &v)) {
 		*pi = (int)v;
 		return CUDA_SUCCESS;
 	}
-	CUresult r = vg_do_cuFuncGetAttribute(pi, attrib, hfunc, f);
+	CUresult r = forward_cuFuncGetAttribute(pi, attrib, hfunc, f);
 	if (r == CUDA_SUCCESS && pi && h)
 		store(attrs, h, (int32_t)attrib, -1, (uint64_t)(uint32_t)*pi);
 	return r;
 }
 
-CUresult vgc_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned f)
+CUresult handwritten_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned f)
 {
 	uint64_t v, h = (uint64_t)(uintptr_t)kernel;
 	/* setting what the kernel already has (frameworks do it before every launch) stays here */
 	if (h && lookup(attrs, h, (int32_t)attrib, dev, &v) && (int)v == val)
 		return CUDA_SUCCESS;
-	CUresult r = vg_do_cuKernelSetAttribute(attrib, val, kernel, dev, f);
+	CUresult r = forward_cuKernelSetAttribute(attrib, val, kernel, dev, f);
 	forget((uint64_t)(uintptr_t)kernel);
 	return r;
 }
 
-CUresult vgc_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f)
+CUresult handwritten_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f)
 {
-	uint64_t v, h = vg_fn_handle(hfunc);
+	uint64_t v, h = vg_function_handle(hfunc);
 	hfunc = (CUfunction)(uintptr_t)h;
 	if (h && lookup(attrs, h, (int32_t)attrib, -1, &v) && (int)v == value)
 		return CUDA_SUCCESS;
-	CUresult r = vg_do_cuFuncSetAttribute(hfunc, attrib, value, f);
+	CUresult r = forward_cuFuncSetAttribute(hfunc, attrib, value, f);
 	forget((uint64_t)(uintptr_t)hfunc);
 	return r;
 }
 
-CUresult vgc_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel, unsigned f)
+CUresult handwritten_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel, unsigned f)
 {
 	uint64_t v, h = (uint64_t)(uintptr_t)kernel;
 	int dev = vg_current_device();
@@ -146,7 +148,7 @@ CUresult vgc_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel, unsigned f)
 		*pFunc = (CUfunction)(uintptr_t)v;
 		return CUDA_SUCCESS;
 	}
-	CUresult r = vg_do_cuKernelGetFunction(pFunc, kernel, f);
+	CUresult r = forward_cuKernelGetFunction(pFunc, kernel, f);
 	if (r == CUDA_SUCCESS && pFunc && h)
 		store(funcs, h, dev, 0, (uint64_t)(uintptr_t)*pFunc);
 	return r;

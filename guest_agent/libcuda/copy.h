@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* How a buffer's bytes cross (copy.c): inline in the request, in the pinned heap, or in bulk chunks. */
+#ifndef VG_COPY_H
+#define VG_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "call.h"
+
+enum vg_buffer_kind { VG_BUFFER_INLINE = 0, VG_BUFFER_HEAP = 1, VG_BUFFER_BULK = 2 };
+
+/* A bulk chunk: a quarter of the channel's bulk area, so several are in flight. */
+uint64_t vg_bulk_chunk_size(void);
+
+/* A unified address: pinned heap memory as its region offset, anything else as a device address. */
+void vg_put_unified_address(struct vg_call *c, CUdeviceptr p, size_t n);
+
+#endif

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for. */
+#include "call.h"
+
+/* ---- stream capture state ------------------------------------------------------------------- */
+
+/* Status, capture id and graph come from the host's stream.  The dependency list of a
+ * capturing stream (driver-owned node arrays) is not remoted: asked for, it is refused. */
+static CUresult capture_info(uint32_t op, CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+			     const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps, unsigned fl)
+{
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, op, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)s);
+	vg_put_u64(&c, graph != NULL);
+	vg_put_u64(&c, deps || edges || ndeps);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		*status = (CUstreamCaptureStatus)vg_get_u64(&c);
+		uint64_t cid = vg_get_u64(&c), g = vg_get_u64(&c);
+		if (id)
+			*id = cid;
+		if (graph)
+			*graph = (CUgraph)(uintptr_t)g;
+		if (deps)
+			*deps = NULL;
+		if (edges)
+			*edges = NULL;
+		if (ndeps)
+			*ndeps = 0;
+	}
+	return vg_end(&c, r);
+}
+
+CUresult handwritten_cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, unsigned f)
+{
+	return capture_info(VG_OP_cuStreamGetCaptureInfo, s, status, id, NULL, NULL, NULL, NULL, f);
+}
+
+CUresult handwritten_cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+				       const CUgraphNode **deps, size_t *ndeps, unsigned f)
+{
+	return capture_info(VG_OP_cuStreamGetCaptureInfo_v2, s, status, id, graph, deps, NULL, ndeps, f);
+}
+
+CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+				       const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps,
+				       unsigned f)
+{
+	return capture_info(VG_OP_cuStreamGetCaptureInfo_v3, s, status, id, graph, deps, edges, ndeps, f);
+}
+
+/* The nodes of a graph: the count, and the nodes as handles when asked for. */
+CUresult handwritten_cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num, unsigned fl)
+{
+	if (!num)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphGetNodes, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)g);
+	vg_put_u64(&c, nodes ? *num : 0);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		uint64_t total = vg_get_u64(&c), got = vg_get_u64(&c);
+		const uint64_t *h = got ? vg_get_ref(&c, got * 8) : NULL;
+		if (nodes && got <= *num && (h || !got))
+			for (uint64_t i = 0; i < got; i++)
+				nodes[i] = (CUgraphNode)(uintptr_t)h[i];
+		*num = nodes ? got : total;
+	}
+	return vg_end(&c, r);
+}

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Pinned host memory: cuMemHostAlloc and cuMemAllocHost carve blocks from the
+ * region's heap, which the host registers with its driver, so copies to and
+ * from them are zero-copy DMA.  Allocation and freeing stay in the guest; only
+ * the device address of pinned memory asks the host.
+ */
+#include "call.h"
+#include "connection.h"
+#include "hostmem.h"
+
+uint64_t vg_heap_offset(const void *p, size_t n)
+{
+	if (!vg_conn.guest || !p)
+		return UINT64_MAX;
+	uint64_t off = vmgpu_guest_offset(vg_conn.guest, p);
+	const struct vmgpu_layout *L = vmgpu_guest_layout(vg_conn.guest);
+	if (off == UINT64_MAX || off < L->heap_off || n > L->heap_off + L->heap_size - off)
+		return UINT64_MAX;
+	return off;
+}
+
+CUresult handwritten_cuMemHostAlloc(void **pp, size_t size, unsigned int flags, unsigned f)
+{
+	(void)f;
+	(void)flags; /* all heap memory is portable, mapped and registered by the host */
+	if (!pp || size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t off;
+	vg_lock();
+	int e = vmgpu_guest_heap_alloc(vg_conn.chan, size, &off);
+	vg_unlock();
+	if (e < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*pp = vmgpu_guest_ptr(vg_conn.guest, off);
+	return CUDA_SUCCESS;
+}
+
+CUresult handwritten_cuMemAllocHost_v2(void **pp, size_t size, unsigned f)
+{
+	return handwritten_cuMemHostAlloc(pp, size, 0, f);
+}
+
+CUresult handwritten_cuMemAllocHost(void **pp, unsigned int size, unsigned f)
+{
+	return handwritten_cuMemHostAlloc(pp, size, 0, f);
+}
+
+CUresult handwritten_cuMemFreeHost(void *p, unsigned f)
+{
+	(void)f;
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t off = vg_heap_offset(p, 1);
+	if (off == UINT64_MAX)
+		return CUDA_ERROR_INVALID_VALUE;
+	vg_lock();
+	int e = vmgpu_guest_heap_free(vg_conn.chan, off);
+	vg_unlock();
+	return e < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult handwritten_cuMemHostGetFlags(unsigned int *flags, void *p, unsigned f)
+{
+	(void)f;
+	if (!flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (vg_heap_offset(p, 1) == UINT64_MAX)
+		return CUDA_ERROR_INVALID_VALUE;
+	*flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+	return CUDA_SUCCESS;
+}
+
+CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigned int flags, unsigned fl)
+{
+	if (!pd)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t off = vg_heap_offset(p, 1);
+	if (off == UINT64_MAX)
+		return vg_check_ready() ? vg_check_ready() : CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemHostGetDevicePointer_v2, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, off);
+	vg_put_u64(&c, flags);
+	/* where this process has the region: the host maps it there too, so that the device
+	 * address of pinned memory is this process's own pointer, which a kernel can be given */
+	vg_put_u64(&c, (uint64_t)(uintptr_t)vmgpu_guest_ptr(vg_conn.guest, 0));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		/* kind 0: a device address (our own pointer); kind 2: a region offset (a kernel
+		 * cannot use it, but copies can, as for any pinned pointer) */
+		uint64_t v[2];
+		vg_get(&c, v, sizeof v);
+		*pd = v[0] == 2 ? (CUdeviceptr)(uintptr_t)vmgpu_guest_ptr(vg_conn.guest, v[1]) : (CUdeviceptr)v[1];
+	}
+	return vg_end(&c, r);
+}

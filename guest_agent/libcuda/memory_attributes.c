@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Pointer attributes (a device address or pinned heap memory, answered by the host
+ * in its terms and put back in the guest's) and memory-pool attributes (an int or
+ * 64 bits, by attribute).
+ */
+#include <string.h>
+
+#include "call.h"
+#include "connection.h"
+#include "context.h"
+#include "copy.h"
+
+/* ---- pointer attributes ----------------------------------------------------------------------- */
+
+/* Bytes the driver writes for an attribute; 0: not answered (a handle the guest cannot use). */
+static size_t pointer_attr_size(CUpointer_attribute a)
+{
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+	case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+	case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+	case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+	case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+		return 4;
+	case CU_POINTER_ATTRIBUTE_CONTEXT:
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+	case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+	case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+	case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+		return 8;
+	case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+		return sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS);
+	default:
+		return 0;
+	}
+}
+
+/* The host's answer for one attribute: kind 1 names a device's context, kind 2 a region
+ * offset; otherwise the value's bytes. */
+static void pointer_attr_put(void *data, size_t size, const uint64_t *v)
+{
+	if (v[0] == 1)
+		*(CUcontext *)data = v[1] == UINT64_MAX ? NULL : vg_primary_context((int)v[1]);
+	else if (v[0] == 2)
+		*(void **)data = vmgpu_guest_ptr(vg_conn.guest, v[1]);
+	else
+		memcpy(data, &v[1], size);
+}
+
+/* A pointer is a device address or, in the region's heap, pinned host memory; the host
+ * answers for both, in its terms, and the answer is put back in the guest's. */
+CUresult handwritten_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr, unsigned fl)
+{
+	size_t size = pointer_attr_size(attr);
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!size)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuPointerGetAttribute, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, (uint64_t)attr);
+	vg_put_unified_address(&c, ptr, 1);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		uint64_t v[3];
+		vg_get(&c, v, sizeof v);
+		pointer_attr_put(data, size, v);
+	}
+	return vg_end(&c, r);
+}
+
+/* Several attributes in one round trip.  Unlike the single query, an address the driver does
+ * not know is no error: the host's driver fills in its defaults, and those come back. */
+CUresult handwritten_cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data, CUdeviceptr ptr, unsigned fl)
+{
+	if (!attrs || !data || n == 0 || n > VG_MAX_POINTER_ATTRS)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (unsigned i = 0; i < n; i++)
+		if (!data[i] || !pointer_attr_size(attrs[i]))
+			return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuPointerGetAttributes, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, n);
+	for (unsigned i = 0; i < n; i++)
+		vg_put_u64(&c, (uint64_t)attrs[i]);
+	vg_put_unified_address(&c, ptr, 1);
+	r = vg_call_sync(&c);
+	for (unsigned i = 0; r == CUDA_SUCCESS && i < n; i++) {
+		uint64_t v[3];
+		vg_get(&c, v, sizeof v);
+		pointer_attr_put(data[i], pointer_attr_size(attrs[i]), v);
+	}
+	return vg_end(&c, r);
+}
+
+/* Pool attributes: the value is an int for the three reuse switches, 64 bits for the rest;
+ * it crosses as 64 bits and the host checks which attribute it is. */
+static int pool_attr_is_int(CUmemPool_attribute a)
+{
+	return a == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES || a == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+	       a == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+
+static CUresult pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set, unsigned fl)
+{
+	if (!value)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, set ? VG_OP_cuMemPoolSetAttribute : VG_OP_cuMemPoolGetAttribute, fl);
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t v = 0;
+	if (set)
+		v = pool_attr_is_int(attr) ? (uint64_t)(int64_t) * (int *)value : *(cuuint64_t *)value;
+	vg_put_u64(&c, (uint64_t)(uintptr_t)pool);
+	vg_put_u64(&c, (uint64_t)attr);
+	vg_put_u64(&c, v);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS && !set) {
+		vg_get(&c, &v, sizeof v);
+		if (pool_attr_is_int(attr))
+			*(int *)value = (int)v;
+		else
+			*(cuuint64_t *)value = v;
+	}
+	return vg_end(&c, r);
+}
+
+CUresult handwritten_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, unsigned fl)
+{
+	return pool_attr(pool, attr, value, 1, fl);
+}
+
+CUresult handwritten_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, unsigned fl)
+{
+	return pool_attr(pool, attr, value, 0, fl);
+}

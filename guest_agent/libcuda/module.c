@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Module images, the guest half (host half: host_forwarder/native/exec.c, checked
+ * there by image_check.c): an image is sized from its own headers, announced by
+ * its hash (an image the host already holds does not cross again), sent through
+ * the bulk area, then loaded.
+ */
+#include <elf.h>
+#include <string.h>
+
+#include "call.h"
+#include "connection.h"
+#include "copy.h"
+#include "vg_hash.h"
+
+CUresult handwritten_cuModuleGetLoadingMode(CUmoduleLoadingMode *mode, unsigned f)
+{
+	(void)f;
+	if (!mode)
+		return CUDA_ERROR_INVALID_VALUE;
+	*mode = CU_MODULE_LAZY_LOADING;
+	return CUDA_SUCCESS;
+}
+
+#define FATBIN_MAGIC 0xBA55ED50u
+#define FATBIN_WRAPPER_MAGIC 0x466243B1u
+
+struct fatbin_wrapper {
+	uint32_t magic, version;
+	const void *data;
+	void *filename_or_fatbins;
+};
+
+struct fatbin_header {
+	uint32_t magic;
+	uint16_t version, header_size;
+	uint64_t fat_size;
+};
+
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+/* The image's byte size from its own headers: ELF (cubin), fatbin (back-to-back
+ * containers summed, compressed entries included), else NUL-terminated PTX. */
+static uint64_t image_size(const void **image)
+{
+	const uint8_t *p = *image;
+	uint32_t magic;
+	memcpy(&magic, p, 4);
+	if (magic == FATBIN_WRAPPER_MAGIC) {
+		const struct fatbin_wrapper *w = *image;
+		*image = w->data;
+		return image_size(image);
+	}
+	if (magic == FATBIN_MAGIC) {
+		uint64_t total = 0;
+		for (;;) {
+			struct fatbin_header h;
+			memcpy(&h, p + total, sizeof h);
+			if (h.magic != FATBIN_MAGIC)
+				break;
+			total += h.header_size + h.fat_size;
+		}
+		return total;
+	}
+	if (!memcmp(p, ELFMAG, SELFMAG) && p[EI_CLASS] == ELFCLASS64) {
+		Elf64_Ehdr eh;
+		memcpy(&eh, p, sizeof eh);
+		uint64_t end = max_u64(eh.e_shoff + (uint64_t)eh.e_shnum * eh.e_shentsize,
+				       eh.e_phoff + (uint64_t)eh.e_phnum * eh.e_phentsize);
+		for (unsigned i = 0; i < eh.e_shnum; i++) {
+			Elf64_Shdr sh;
+			memcpy(&sh, p + eh.e_shoff + (uint64_t)i * eh.e_shentsize, sizeof sh);
+			if (sh.sh_type != SHT_NOBITS)
+				end = max_u64(end, sh.sh_offset + sh.sh_size);
+		}
+		return max_u64(end, sizeof eh);
+	}
+	return strlen((const char *)p) + 1;
+}
+
+/* Send an image to the host's staging blob, then make the load call `op`. */
+static CUresult load_image(uint32_t op, const void *image, void **out, unsigned fl)
+{
+	if (!out || !image)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	uint64_t n = image_size(&image), hash[2], cached = 0;
+	vg_hash128(image, n, hash);
+	struct vg_call c;
+	vg_lock();
+	if ((r = vg_begin(&c, VG_OP_BLOB_BEGIN, 0)) != CUDA_SUCCESS)
+		goto out;
+	vg_put_u64(&c, n);
+	vg_put(&c, hash, sizeof hash);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		cached = vg_get_u64(&c);
+	if ((r = vg_end(&c, r)) != CUDA_SUCCESS)
+		goto out;
+	/* an image the host already holds (this or another process loaded it) does not cross again */
+	uint64_t step = vg_bulk_chunk_size();
+	for (uint64_t done = cached ? n : 0; done < n && r == CUDA_SUCCESS;) {
+		uint64_t len = n - done < step ? n - done : step, pos;
+		void *bulk;
+		if (vmgpu_gchan_bulk_alloc(vg_conn.chan, len, VG_WAIT_FOREVER_NS, &pos, &bulk) < 0) {
+			r = VG_ERROR_LOST;
+			goto out;
+		}
+		memcpy(bulk, (const uint8_t *)image + done, len);
+		if ((r = vg_begin(&c, VG_OP_BLOB_PUT, 0)) != CUDA_SUCCESS)
+			goto out;
+		vg_put_u64(&c, done);
+		vg_put_u64(&c, pos);
+		vg_put_u64(&c, len);
+		r = vg_send_async(&c);
+		done += len;
+	}
+	if (r != CUDA_SUCCESS || (r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
+		goto out;
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		vg_get(&c, out, sizeof *out);
+	r = vg_end(&c, r);
+out:
+	vg_unlock();
+	return r;
+}
+
+CUresult handwritten_cuModuleLoadData(CUmodule *m, const void *image, unsigned fl)
+{
+	return load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl);
+}
+
+/* JIT options are not forwarded (the image loads with the driver's defaults). */
+CUresult handwritten_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v, unsigned fl)
+{
+	(void)n;
+	(void)o;
+	(void)v;
+	return load_image(VG_OP_cuModuleLoadDataEx, image, (void **)m, fl);
+}
+
+CUresult handwritten_cuModuleLoadFatBinary(CUmodule *m, const void *image, unsigned fl)
+{
+	return load_image(VG_OP_cuModuleLoadFatBinary, image, (void **)m, fl);
+}
+
+CUresult handwritten_cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
+			       CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
+{
+	(void)jo;
+	(void)jv;
+	(void)nj;
+	(void)lo;
+	(void)lv;
+	(void)nl;
+	return load_image(VG_OP_cuLibraryLoadData, code, (void **)lib, fl);
+}

@@ -1,0 +1,34 @@
+"""vmgpu's CUDA driver API generator: api.toml in, both sides' C and the Python opcode table out.
+
+spec.py loads and checks the spec; c_common.py, guest.py, host.py and python_ops.py emit;
+gen.py (beside this package) is the command line.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .c_common import emit_handles, emit_ops
+from .guest import emit_errors, emit_guest, emit_map, emit_procaddr, emit_stubs
+from .host import emit_backend, emit_host
+from .python_ops import emit_py_ops
+from .spec import CUDA_API_DIR, SpecError, load
+
+__all__ = ["CUDA_API_DIR", "SpecError", "generate"]
+
+
+def generate(include_dir: str, spec_path: str = os.path.join(CUDA_API_DIR, "api.toml")) -> dict[str, str]:
+    """Every generated file's text, by its path relative to generated/."""
+    spec, funcs, exports, served, protos, handles, extra = load(include_dir, spec_path)
+    return {
+        "vg_ops.h": emit_ops(funcs),
+        "vg_kinds.h": emit_handles(handles),
+        "guest_entries.c": emit_guest(funcs, handles),
+        "guest_stubs.c": emit_stubs(exports, served),
+        "guest_procaddr.c": emit_procaddr(exports),
+        "libcuda.map": emit_map(exports),
+        "host_dispatch.c": emit_host(funcs, handles),
+        "vh_backend_fns.h": emit_backend(funcs, extra),
+        "vg_errors.c": emit_errors(include_dir),
+        "../../../vmgpu/cuda_ops.py": emit_py_ops(funcs),
+    }

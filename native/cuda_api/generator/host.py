@@ -1,0 +1,141 @@
+"""The host forwarder's generated C: the dispatch switch and the list of driver functions it calls."""
+
+from __future__ import annotations
+
+from .c_common import BANNER, kind_of
+from .spec import Func, SpecError, device_size
+
+
+def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
+    s = fn.spec
+    outs = s.get("out", [])
+    ins = set(s.get("in", []))
+    inouts = set(s.get("inout", []))
+    strs = set(s.get("in_string", []))
+    in_arr = s.get("in_array", {})
+    out_arr = s.get("out_array", {})
+    b = [f"\tcase VG_OP_{fn.name}: {{"]
+    for p in fn.params:
+        if p.name in outs:
+            b.append(f"\t\t{p.pointee} {p.name}_v;\n\t\tmemset(&{p.name}_v, 0, sizeof({p.name}_v));")
+            b.append(f"\t\t{p.pointee} *{p.name} = vh_get_u64(rd) ? &{p.name}_v : NULL;")
+        elif p.name in ins or p.name in inouts:
+            b.append(
+                f"\t\t{p.pointee} {p.name}_v;\n\t\t{p.ctype}{p.name} = vh_get_opt(rd, &{p.name}_v, sizeof({p.name}_v));"
+            )
+        elif p.name in strs:
+            b.append(f"\t\tconst char *{p.name} = vh_get_str(rd);")
+        elif p.name in in_arr:
+            b.append(
+                f"\t\tuint64_t {p.name}_n;\n\t\t{p.ctype}{p.name} = vh_get_arr(rd, sizeof({p.pointee}), &{p.name}_n);"
+            )
+        elif p.name in out_arr:
+            b.append(f"\t\tuint64_t {p.name}_n = vh_get_u64(rd);")
+            b.append(f"\t\t{p.ctype}{p.name} = {p.name}_n ? vh_scratch(ch, {p.name}_n, sizeof({p.pointee})) : NULL;")
+        else:
+            if p.is_pointer:  # never let a guest-supplied value reach the driver as a pointer
+                raise SpecError(f"{fn.name}: pointer parameter {p.name} has no host-side decoding")
+            b.append(f"\t\t{p.ctype} {p.name};\n\t\tvh_get(rd, &{p.name}, sizeof({p.name}));")
+            k = kind_of(p.ctype, handles)
+            if k:
+                b.append(
+                    f"\t\tif (vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;"
+                )
+            elif p.ctype == "CUdevice":
+                b.append(f"\t\tif (vh_device_in(ch, &{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_DEVICE;")
+            elif p.ctype == "CUcontext":
+                b.append(f"\t\tif (vh_context_in(ch, &{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_CONTEXT;")
+    b.append("\t\tif (rd->bad)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+    for p in fn.params:
+        if p.name in in_arr:
+            b.append(f"\t\tif ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+        if p.name in out_arr:
+            b.append(
+                f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
+            )
+    for n, size in s.get("device", {}).items():
+        count, k = device_size(fn, size)
+        b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+    call_args = ", ".join(p.name for p in fn.params)
+    if s.get("host") == "custom":
+        b.append(f"\t\tCUresult r = vhx_{fn.name}(ch{', ' + call_args if call_args else ''});")
+    else:
+        b.append(
+            f"\t\tCUresult r = (vg_flags & VG_F_PTDS) && B->{fn.name}_pt ? B->{fn.name}_pt({call_args}) : B->{fn.name}({call_args});"
+            if fn.variants
+            else f"\t\tCUresult r = B->{fn.name}({call_args});"
+        )
+    b.append("\t\tif (r != CUDA_SUCCESS)\n\t\t\treturn r;")
+    d = s.get("destroys")
+    if d:
+        k = handles[next(p.ctype for p in fn.params if p.name == d)]
+        b.append(f"\t\tvh_handle_drop(ch, VG_KIND_{k.upper()}, {d});")
+    parent = s.get("parent")  # a handle that dies with this one's parent (a module's functions)
+    for p in fn.params:
+        if p.name in outs:
+            k = kind_of(p.pointee, handles)
+            if k:
+                b.append(
+                    f"\t\tif ({p.name} != NULL && vh_handle_new(ch, VG_KIND_{k.upper()}, (void **){p.name}, {parent or 'NULL'}))\n\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;"
+                )
+    for p in fn.params:
+        if p.name in outs or p.name in inouts:
+            b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, sizeof(*{p.name}));")
+        elif p.name in out_arr:
+            b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, {p.name}_n * sizeof(*{p.name}));")
+    b.append("\t\treturn CUDA_SUCCESS;\n\t}")
+    return b
+
+
+def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
+    lines = [BANNER, '#include "vh_dispatch.h"\n']
+    for fn in funcs:
+        if fn.cls in ("sync", "async") and fn.spec.get("host") == "custom":
+            lines.append(
+                f"CUresult vhx_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});"
+            )
+        if fn.cls == "custom":
+            lines.append(
+                f"CUresult vhc_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);"
+            )
+    lines.append(
+        "\nCUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)\n{"
+    )
+    lines.append("\tconst struct vh_backend *B = ch->backend;\n\t(void)B;\n\tswitch (op) {")
+    for fn in funcs:
+        if fn.cls in ("sync", "async"):
+            lines += host_case(fn, handles)
+        elif fn.cls == "custom":
+            lines.append(f"\tcase VG_OP_{fn.name}:\n\t\treturn vhc_{fn.name}(ch, vg_flags, rd, wr);")
+    lines.append("\tdefault:\n\t\treturn vh_dispatch_proto(ch, op, vg_flags, rd, wr);\n\t}\n}\n")
+    lines.append("int vh_op_reports_async(uint32_t op)\n{\n\tswitch (op) {")
+    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("reports_async")]
+    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
+    lines.append("\n/* Calls that put work on the GPU: the compute scheduler gates them (vh_vh_sched.c). */")
+    lines.append("int vh_op_gpu_work(uint32_t op)\n{\n\tswitch (op) {")
+    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work")]
+    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
+    return "\n".join(lines) + "\n"
+
+
+def emit_backend(funcs: list[Func], extra: list[str]) -> str:
+    names, pts = [], []
+    for fn in funcs:
+        if fn.cls in ("sync", "async") and fn.spec.get("host") != "custom":
+            names.append(fn.name)
+            if fn.variants:
+                pts.append((fn.name, fn.variants[0]))
+    for n in extra:
+        if n not in names:
+            names.append(n)
+    lines = [
+        BANNER,
+        "/* The driver functions the forwarder calls; X(name) per function, P(name, variant)",
+        " * for the per-thread-default-stream variant a flagged request uses. */",
+        "#define VH_BACKEND_FNS(X) \\",
+    ]
+    lines += [f"\tX({n}) \\" for n in names]
+    lines.append("\n#define VH_BACKEND_PT_FNS(P) \\")
+    lines += [f"\tP({a}, {b}) \\" for a, b in pts]
+    lines.append("\t/* end */")
+    return "\n".join(lines) + "\n"

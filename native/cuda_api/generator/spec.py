@@ -1,0 +1,185 @@
+"""The API spec: api.toml, checked against cuda.h's prototypes and the probed driver's exports."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import tomllib
+
+CUDA_API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # native/cuda_api
+VARIANTS = ("_ptds", "_ptsz")
+OP_FIRST = 16  # below: the protocol's own opcodes (vg_wire.h)
+
+
+class SpecError(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class Param:
+    ctype: str  # e.g. "const char *"
+    name: str
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+    @property
+    def pointee(self) -> str:
+        t = self.ctype[:-1].strip()
+        return re.sub(r"^const\s+", "", t)
+
+    @property
+    def base(self) -> str:
+        return re.sub(r"^const\s+", "", self.ctype).strip()
+
+
+@dataclasses.dataclass
+class Func:
+    name: str
+    params: list[Param]
+    spec: dict
+    variants: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def cls(self) -> str:
+        return self.spec["class"]
+
+
+def read_prototypes(include_dir: str) -> dict[str, list[Param]]:
+    """Prototypes of cuda.h, including the versioned and per-thread names."""
+    header = os.path.join(include_dir, "cuda.h")
+    if not os.path.exists(header):
+        raise SpecError(f"{header} not found: install the CUDA toolkit or pass --cuda-include")
+    protos: dict[str, list[Param]] = {}
+    for defines in (["-D__CUDA_API_VERSION_INTERNAL"], []):
+        text = subprocess.run(
+            ["cc", "-E", *defines, "-I", include_dir, header],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        own, keep = [], False
+        for line in text.splitlines():
+            if line.startswith("# "):
+                keep = line.split('"')[1].endswith("/cuda.h") if '"' in line else keep
+                continue
+            if keep:
+                own.append(line)
+        body = " ".join(own)
+        for name, args in re.findall(r"CUresult\s+(\w+)\s*\(([^;{]*?)\)\s*;", body):
+            if name in protos:
+                continue
+            protos[name] = parse_params(name, args)
+    return protos
+
+
+def parse_params(fname: str, args: str) -> list[Param]:
+    args = " ".join(args.split())
+    if args in ("", "void"):
+        return []
+    out = []
+    for raw in args.split(","):
+        raw = raw.strip()
+        if "(" in raw or "[" in raw:
+            raise SpecError(f"{fname}: cannot parse parameter {raw!r}")
+        m = re.match(r"^(.*?)(\w+)$", raw)
+        if not m:
+            raise SpecError(f"{fname}: cannot parse parameter {raw!r}")
+        ctype = " ".join(m.group(1).replace("*", " * ").split()).replace("* *", "**")
+        out.append(Param(ctype=ctype.strip(), name=m.group(2)))
+    return out
+
+
+def load(include_dir: str, spec_path: str):
+    with open(spec_path, "rb") as f:
+        spec = tomllib.load(f)
+    exports = [ln.strip() for ln in open(os.path.join(CUDA_API_DIR, "driver", "libcuda_exports.txt")) if ln.strip()]
+    protos = read_prototypes(include_dir)
+    handles: dict[str, str] = spec.get("handles", {})
+    funcs: list[Func] = []
+    ops: dict[int, str] = {}
+    for name, fs in spec["fn"].items():
+        if name not in exports:
+            raise SpecError(f"{name}: not exported by the probed driver")
+        if name not in protos:
+            raise SpecError(f"{name}: no prototype in cuda.h")
+        cls = fs.get("class")
+        if cls not in ("local", "sync", "async", "custom"):
+            raise SpecError(f"{name}: class must be local, sync, async or custom, not {cls!r}")
+        if cls != "local":
+            op = fs.get("op")
+            if not isinstance(op, int) or op < OP_FIRST or op > 0xFFFF:
+                raise SpecError(f"{name}: needs an op number in {OP_FIRST}..65535")
+            if op in ops:
+                raise SpecError(f"{name}: op {op} already used by {ops[op]}")
+            ops[op] = name
+        fn = Func(name, protos[name], fs)
+        fn.variants = [name + v for v in VARIANTS if name + v in exports]
+        for v in fn.variants:
+            if [p.ctype for p in protos.get(v, [])] != [p.ctype for p in fn.params]:
+                raise SpecError(f"{v}: prototype differs from {name}")
+        if cls in ("sync", "async"):
+            check_params(fn, handles)
+        funcs.append(fn)
+    served = {f.name for f in funcs} | {v for f in funcs for v in f.variants}
+    extra = spec.get("backend", {}).get("extra", [])
+    for name in extra:
+        if name not in protos:
+            raise SpecError(f"backend extra {name}: no prototype in cuda.h")
+    return spec, funcs, exports, served, protos, handles, extra
+
+
+def check_params(fn: Func, handles: dict[str, str]) -> None:
+    names = {p.name for p in fn.params}
+    described = set()
+    for key in ("out", "in", "inout", "in_string"):
+        for n in fn.spec.get(key, []):
+            if n not in names:
+                raise SpecError(f"{fn.name}: {key} names unknown parameter {n!r}")
+            described.add(n)
+    for key in ("in_array", "out_array"):
+        for n, count in fn.spec.get(key, {}).items():
+            if n not in names or count not in names:
+                raise SpecError(f"{fn.name}: {key} {n}={count} names an unknown parameter")
+            described.add(n)
+    device = fn.spec.get("device", {})
+    for n, size in device.items():
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.ctype != "CUdeviceptr":
+            raise SpecError(f"{fn.name}: device names {n!r}, which is not a CUdeviceptr parameter")
+        device_size(fn, size)
+    for p in fn.params:
+        # every device address reaches the driver checked (DESIGN.md: the trust boundary, rule 2)
+        if p.ctype == "CUdeviceptr" and p.name not in device and fn.spec.get("host") != "custom":
+            raise SpecError(f"{fn.name}: device address {p.name} is not described (device = {{ {p.name} = ... }})")
+    for p in fn.params:
+        if p.is_pointer and p.name not in described:
+            raise SpecError(f"{fn.name}: pointer parameter {p.name} ({p.ctype}) is not described")
+        if not p.is_pointer and p.name in described:
+            raise SpecError(f"{fn.name}: {p.name} is not a pointer")
+    if fn.cls == "async" and (fn.spec.get("out") or fn.spec.get("out_array") or fn.spec.get("inout")):
+        raise SpecError(f"{fn.name}: an async call cannot return values")
+    par = fn.spec.get("parent")
+    if par is not None:
+        p = next((p for p in fn.params if p.name == par), None)
+        if p is None or p.ctype not in handles:
+            raise SpecError(f"{fn.name}: parent must name a handle parameter")
+    d = fn.spec.get("destroys")
+    if d is not None:
+        p = next((p for p in fn.params if p.name == d), None)
+        if p is None or p.ctype not in handles:
+            raise SpecError(f"{fn.name}: destroys must name a handle parameter")
+
+
+def device_size(fn: Func, size: str) -> tuple[str, int]:
+    """A device range's size, "count[*k]" or a number of bytes: (count expression, element size)."""
+    m = re.fullmatch(r"(\w+)(?:\*(\d+))?", str(size))
+    if not m:
+        raise SpecError(f"{fn.name}: device size {size!r} is not 'count', 'count*k' or a number")
+    count, k = m.group(1), int(m.group(2) or 1)
+    if not count.isdigit() and count not in {p.name for p in fn.params}:
+        raise SpecError(f"{fn.name}: device size {size!r} names an unknown parameter")
+    return count, k
