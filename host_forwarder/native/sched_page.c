@@ -230,7 +230,7 @@ void vh_sched_enter(struct vh_sched *s)
 		}
 		if (!waiting) {
 			waiting = 1;
-			sched_wait_begin(g, now_ns());
+			sched_wait_begin(pg, s->me, now_ns());
 		}
 		if (atomic_load(&pg->owner) < 0) {
 			lock(pg);

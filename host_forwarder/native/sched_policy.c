@@ -199,9 +199,11 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	return idle || expired || spent || policy == VMGPU_SCHED_NATIVE;
 }
 
-void sched_wait_begin(struct vmgpu_sched_slot *g, uint64_t now)
+void sched_wait_begin(struct vmgpu_sched_page *pg, int me, uint64_t now)
 {
-	if (atomic_fetch_add(&g->waiters, 1) == 0 && now - g->last_active > SCHED_RECENT_NS)
+	struct vmgpu_sched_slot *g = &pg->slot[me];
+	/* the holder waiting while it drains is not back from idle, however long its turn was */
+	if (atomic_fetch_add(&g->waiters, 1) == 0 && atomic_load(&pg->owner) != me && now - g->last_active > SCHED_RECENT_NS)
 		atomic_store(&g->rejoin, 1);
 }
 

@@ -52,9 +52,10 @@ int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_
  * waits that is behind it, when its cap for the period is spent, or under the native policy. */
 int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle);
 
-/* A worker thread of g begins to wait for the GPU at now: counted a waiter; the first waiter of a
- * guest idle for SCHED_RECENT_NS marks it back from idle (level with the others at its pick). */
-void sched_wait_begin(struct vmgpu_sched_slot *g, uint64_t now);
+/* A worker thread of member me begins to wait for the GPU at now: counted a waiter; the first
+ * waiter of a guest that neither holds the GPU nor had a turn for SCHED_RECENT_NS marks it back
+ * from idle (level with the others at its pick). */
+void sched_wait_begin(struct vmgpu_sched_page *pg, int me, uint64_t now);
 void sched_wait_end(struct vmgpu_sched_slot *g);
 
 #endif

@@ -76,7 +76,7 @@ static void sim_step(struct sim *s)
 	int owner = atomic_load(&pg->owner);
 	for (int i = 0; i < s->n; i++) {
 		if (s->busy[i] && !s->waiting[i] && i != owner) {
-			sched_wait_begin(&pg->slot[i], s->now);
+			sched_wait_begin(pg, i, s->now);
 			s->waiting[i] = 1;
 		} else if (!s->busy[i] && s->waiting[i]) {
 			sched_wait_end(&pg->slot[i]);
@@ -85,7 +85,7 @@ static void sim_step(struct sim *s)
 	}
 	if (owner >= 0 && sched_turn_over(pg, owner, s->now, !s->busy[owner])) {
 		if (s->busy[owner]) { /* its next call waits while it drains */
-			sched_wait_begin(&pg->slot[owner], s->now);
+			sched_wait_begin(pg, owner, s->now);
 			s->waiting[owner] = 1;
 		}
 		sched_charge(pg, &pg->slot[owner], s->now);
@@ -184,6 +184,10 @@ static void a_guest_back_from_idle_is_owed_nothing(void)
 	s.busy[b] = 0;
 	sim_run(&s, 5 * SEC, p);
 	check(p[a] >= 995, "b idle 5 s: a holds %u‰", p[a]);
+	s.busy[b] = 1;
+	sim_run(&s, 1 * SEC, p);
+	/* owed the 5 s it left, b would hold the GPU alone for seconds */
+	check(near(p[a], 300, 10) && near(p[b], 700, 10), "b back: from the first second a %u‰ b %u‰", p[a], p[b]);
 }
 
 static void a_late_joiner_is_owed_nothing(void)
@@ -222,13 +226,13 @@ static void an_overrun_is_paid_from_the_next_period(void)
 	uint64_t budget = sched_budget_ns(&s.pg, g);
 	check(budget == 30 * MS, "fixed 30: budget %llu ms of a 100 ms period", (unsigned long long)(budget / MS));
 	/* a kernel runs 45 ms past the start of a turn: charged in full */
-	sched_wait_begin(g, s.now);
+	sched_wait_begin(&s.pg, a, s.now);
 	check(sched_give_turn(&s.pg, s.now) == a, "the lone waiter gets the turn");
 	sched_wait_end(g);
 	s.now += 45 * MS;
 	check(sched_turn_over(&s.pg, a, s.now, 0), "a turn past its budget is over");
 	sched_charge(&s.pg, g, s.now);
-	sched_wait_begin(g, s.now);
+	sched_wait_begin(&s.pg, a, s.now);
 	check(sched_give_turn(&s.pg, s.now) == -1, "spent for the period: nobody holds the card although a waits");
 	s.now += 55 * MS + 1; /* the next period: 15 ms of it already paid */
 	check(sched_give_turn(&s.pg, s.now) == a, "the next period gives a its turn");
@@ -241,7 +245,7 @@ static void an_overrun_is_paid_from_the_next_period(void)
 	s.now += 200 * MS;
 	sched_charge(&s.pg, g, s.now);
 	sched_give_turn(&s.pg, s.now);
-	sched_wait_begin(g, s.now);
+	sched_wait_begin(&s.pg, a, s.now);
 	s.now += 100 * MS + 1;
 	check(sched_give_turn(&s.pg, s.now) == -1 && g->period_used == budget,
 	      "a huge overrun costs the next period, no more: %llu ms", (unsigned long long)(g->period_used / MS));
@@ -252,7 +256,7 @@ static void native_ends_every_turn_at_once(void)
 	struct sim s;
 	sim_init(&s, VMGPU_SCHED_WEIGHTED);
 	int a = sim_join(&s, "a", 30, 1);
-	sched_wait_begin(&s.pg.slot[a], s.now);
+	sched_wait_begin(&s.pg, a, s.now);
 	sched_give_turn(&s.pg, s.now);
 	sched_wait_end(&s.pg.slot[a]);
 	check(!sched_turn_over(&s.pg, a, s.now + TICK, 0), "weighted, alone, busy: the turn goes on");
@@ -267,7 +271,7 @@ static void ties_go_to_the_other_and_the_dead_are_let_go(void)
 	sim_init(&s, VMGPU_SCHED_WEIGHTED);
 	int a = sim_join(&s, "a", 50, 1), b = sim_join(&s, "b", 50, 1);
 	for (int i = 0; i < 2; i++)
-		sched_wait_begin(&s.pg.slot[i], s.now);
+		sched_wait_begin(&s.pg, i, s.now);
 	atomic_store(&s.pg.owner, a);
 	check(sched_give_turn(&s.pg, s.now) == b, "a tie in virtual time: not the one that had the last turn");
 	check(sched_give_turn(&s.pg, s.now) == a, "and back");
@@ -278,7 +282,7 @@ static void ties_go_to_the_other_and_the_dead_are_let_go(void)
 	int d = sim_join(&s, "dead", 50, 1);
 	atomic_store(&s.pg.slot[d].pid, (uint32_t)child);
 	s.pg.slot[d].vtime = 0;
-	sched_wait_begin(&s.pg.slot[d], s.now);
+	sched_wait_begin(&s.pg, d, s.now);
 	int next = sched_give_turn(&s.pg, s.now);
 	check(next != d && atomic_load(&s.pg.slot[d].pid) == 0, "a member whose forwarder is gone is let go (got %d)",
 	      next);
