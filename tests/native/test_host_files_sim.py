@@ -23,7 +23,6 @@ pytestmark = pytest.mark.native
 ASAN = ROOT / "build" / "asan"
 NOBODY = 65534
 UUID_PREFIX = "vmgpu-sched-"
-PAGE = 128 + 64 * 256
 PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
 if os.geteuid() != 0:
