@@ -68,6 +68,15 @@ static int sim_join(struct sim *s, const char *name, int weight, int busy)
 	return i;
 }
 
+/* The usual pair: a (slot 0) busy, b (slot 1) busy or not, under policy. */
+enum { A = 0, B = 1 };
+static void sim_pair(struct sim *s, uint32_t policy, int weight_a, int weight_b, int b_busy)
+{
+	sim_init(s, policy);
+	sim_join(s, "a", weight_a, 1);
+	sim_join(s, "b", weight_b, b_busy);
+}
+
 /* One tick: guests with work wait at the gate; the holder's turn ends when the policy says so
  * (charged, handed over); with nobody holding, a waiter takes the GPU; the one given it passes. */
 static void sim_step(struct sim *s)
@@ -134,14 +143,13 @@ static void weights_share_the_gpu_and_change_live(void)
 {
 	struct sim s;
 	unsigned p[8];
-	sim_init(&s, VMGPU_SCHED_WEIGHTED);
-	int a = sim_join(&s, "a", 30, 1), b = sim_join(&s, "b", 70, 1);
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 30, 70, 1);
 	sim_run(&s, 10 * SEC, p);
-	check(near(p[a], 300, 3) && near(p[b], 700, 3), "weighted 30/70, both busy: a %u‰ b %u‰", p[a], p[b]);
-	atomic_store(&s.pg.slot[a].weight, 75);
-	atomic_store(&s.pg.slot[b].weight, 25);
+	check(near(p[A], 300, 3) && near(p[B], 700, 3), "weighted 30/70, both busy: a %u‰ b %u‰", p[A], p[B]);
+	atomic_store(&s.pg.slot[A].weight, 75);
+	atomic_store(&s.pg.slot[B].weight, 25);
 	sim_run(&s, 5 * SEC, p);
-	check(near(p[a], 750, 5) && near(p[b], 250, 5), "weights turned round live to 75/25: a %u‰ b %u‰", p[a], p[b]);
+	check(near(p[A], 750, 5) && near(p[B], 250, 5), "weights turned round live to 75/25: a %u‰ b %u‰", p[A], p[B]);
 }
 
 static void preemptive_and_equal_do_not_weigh(void)
@@ -150,11 +158,10 @@ static void preemptive_and_equal_do_not_weigh(void)
 	for (int k = 0; k < 2; k++) {
 		struct sim s;
 		unsigned p[8];
-		sim_init(&s, policies[k]);
-		int a = sim_join(&s, "a", 30, 1), b = sim_join(&s, "b", 70, 1);
+		sim_pair(&s, policies[k], 30, 70, 1);
 		sim_run(&s, 10 * SEC, p);
-		check(near(p[a], 500, 3) && near(p[b], 500, 3), "%s, weights 30/70, both busy: a %u‰ b %u‰",
-		      k ? "equal" : "preemptive", p[a], p[b]);
+		check(near(p[A], 500, 3) && near(p[B], 500, 3), "%s, weights 30/70, both busy: a %u‰ b %u‰",
+		      k ? "equal" : "preemptive", p[A], p[B]);
 	}
 }
 
@@ -166,11 +173,10 @@ static void an_idle_guests_time_goes_to_the_busy_one_unless_capped(void)
 	for (int k = 0; k < 3; k++) {
 		struct sim s;
 		unsigned p[8];
-		sim_init(&s, policies[k]);
-		int a = sim_join(&s, "a", 30, 1), b = sim_join(&s, "b", 70, 0);
+		sim_pair(&s, policies[k], 30, 70, 0);
 		sim_run(&s, 5 * SEC, p);
-		check(near(p[a], want[k], 3) && p[b] == 0, "%s, b idle: a (weight 30) holds %u‰, b %u‰", names[k], p[a],
-		      p[b]);
+		check(near(p[A], want[k], 3) && p[B] == 0, "%s, b idle: a (weight 30) holds %u‰, b %u‰", names[k], p[A],
+		      p[B]);
 	}
 }
 
@@ -178,29 +184,27 @@ static void a_guest_back_from_idle_is_owed_nothing(void)
 {
 	struct sim s;
 	unsigned p[8];
-	sim_init(&s, VMGPU_SCHED_WEIGHTED);
-	int a = sim_join(&s, "a", 30, 1), b = sim_join(&s, "b", 70, 1);
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 30, 70, 1);
 	sim_run(&s, 2 * SEC, p);
-	s.busy[b] = 0;
+	s.busy[B] = 0;
 	sim_run(&s, 5 * SEC, p);
-	check(p[a] >= 995, "b idle 5 s: a holds %u‰", p[a]);
-	s.busy[b] = 1;
+	check(p[A] >= 995, "b idle 5 s: a holds %u‰", p[A]);
+	s.busy[B] = 1;
 	sim_run(&s, 1 * SEC, p);
 	/* owed the 5 s it left, b would hold the GPU alone for seconds */
-	check(near(p[a], 300, 10) && near(p[b], 700, 10), "b back: from the first second a %u‰ b %u‰", p[a], p[b]);
+	check(near(p[A], 300, 10) && near(p[B], 700, 10), "b back: from the first second a %u‰ b %u‰", p[A], p[B]);
 }
 
 static void a_late_joiner_is_owed_nothing(void)
 {
 	struct sim s;
 	unsigned p[8];
-	sim_init(&s, VMGPU_SCHED_WEIGHTED);
-	int a = sim_join(&s, "a", 30, 1), b = sim_join(&s, "b", 70, 1);
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 30, 70, 1);
 	sim_run(&s, 3 * SEC, p);
 	int c = sim_join(&s, "c", 50, 1);
 	sim_run(&s, 3 * SEC, p);
-	check(near(p[a], 200, 5) && near(p[b], 467, 5) && near(p[c], 333, 5),
-	      "c joins late at weight 50 and is owed nothing: a %u‰ b %u‰ c %u‰", p[a], p[b], p[c]);
+	check(near(p[A], 200, 5) && near(p[B], 467, 5) && near(p[c], 333, 5),
+	      "c joins late at weight 50 and is owed nothing: a %u‰ b %u‰ c %u‰", p[A], p[B], p[c]);
 }
 
 static void fixed_caps_even_an_idle_card(void)
@@ -268,13 +272,12 @@ static void native_ends_every_turn_at_once(void)
 static void ties_go_to_the_other_and_the_dead_are_let_go(void)
 {
 	struct sim s;
-	sim_init(&s, VMGPU_SCHED_WEIGHTED);
-	int a = sim_join(&s, "a", 50, 1), b = sim_join(&s, "b", 50, 1);
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 50, 50, 1);
 	for (int i = 0; i < 2; i++)
 		sched_wait_begin(&s.pg, i, s.now);
-	atomic_store(&s.pg.owner, a);
-	check(sched_give_turn(&s.pg, s.now) == b, "a tie in virtual time: not the one that had the last turn");
-	check(sched_give_turn(&s.pg, s.now) == a, "and back");
+	atomic_store(&s.pg.owner, A);
+	check(sched_give_turn(&s.pg, s.now) == B, "a tie in virtual time: not the one that had the last turn");
+	check(sched_give_turn(&s.pg, s.now) == A, "and back");
 	pid_t child = fork();
 	if (child == 0)
 		_exit(0);
