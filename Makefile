@@ -88,8 +88,8 @@ native-tsan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/tsan) SAN=tsan
 
 # The whole suite: native test programs (plain, ASan/UBSan, TSan), the bounded
-# fuzz run, and the Python tests.  This is what CI runs.
-test: gen-check native native-asan native-tsan cuda-programs venv
+# fuzz run, the Python tests, and `make lint` first.  This is what CI runs.
+test: gen-check lint native native-asan native-tsan cuda-programs venv
 	$(PYTHON) -m pytest tests
 
 # Bounded fuzzing of the host side in the ASan/UBSan build (FUZZ_SECONDS, default 60).

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from vmgpu.errors import ForwarderError
 from vmgpu.forwarder import Forwarder, guest_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,10 +18,12 @@ GUEST_LIB = NATIVE / "guest"
 PTX = ROOT / "tests" / "cuda" / "vadd.ptx"
 
 __all__ = [
+    "ASAN",
     "GUEST_LIB",
     "NATIVE",
     "PTX",
     "ROOT",
+    "environ",
     "forwarder",
     "guest_env",
     "hold",
@@ -29,6 +32,7 @@ __all__ = [
     "run_guest",
     "start_daemon",
     "wait_for",
+    "worker_pids",
 ]
 
 
@@ -36,32 +40,56 @@ ASAN = ROOT / "build" / "asan"
 
 
 @contextlib.contextmanager
+def environ(**values: str):
+    """os.environ with these values set, as it was again afterwards (what a started process gets)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def forwarder(
-    region: Path, backend: str = "sim", mem: str | None = None, size: str = "256M", extra=(), asan: bool = False
+    region: Path,
+    backend: str = "sim",
+    mem: str | None = None,
+    size: str | None = "256M",
+    extra=(),
+    asan: bool = False,
+    guest: str | None = None,
+    env: dict | None = None,
+    may_refuse: bool = False,
+    keep_region: bool = False,
 ):
-    """A forwarder serving a fresh region; yields it (its .proc is the process).  asan: the
-    forwarder and simulated driver of the ASan/UBSan build, whose log must end free of
-    sanitizer reports."""
-    fwd = Forwarder(region, backend=backend, mem=mem, size=size, extra=tuple(extra))
+    """A forwarder serving a fresh region (size None: the region at region); yields it (its .proc
+    is the process, .log() what it logged, .stop() its exit status).  asan: the forwarder and
+    simulated driver of the ASan/UBSan build, whose log must end free of sanitizer reports.
+    env: set in the forwarder's environment.  may_refuse: a forwarder that exits instead of
+    serving is yielded (its .proc ended) rather than an error.  keep_region: leave the region
+    file at the end (by default it is removed)."""
+    fwd = Forwarder(region, backend=backend, mem=mem, size=size, guest=guest, extra=tuple(extra))
+    values = dict(env or {})
     if asan:
         if not (ASAN / "vmgpu-forwarder").exists():
             raise RuntimeError("build/asan is missing: run `make native-asan`")
-        old = os.environ.get("VMGPU_LIBDIR")
-        os.environ["VMGPU_LIBDIR"] = str(ASAN)  # only while it starts: guests use build/native
-        try:
+        values["VMGPU_LIBDIR"] = str(ASAN)  # only while it starts: guests use build/native
+    try:
+        with environ(**values):
             fwd.start()
-        finally:
-            if old is None:
-                os.environ.pop("VMGPU_LIBDIR")
-            else:
-                os.environ["VMGPU_LIBDIR"] = old
-    else:
-        fwd.start()
+    except ForwarderError:
+        if not may_refuse:
+            raise
     try:
         yield fwd
     finally:
         fwd.stop()
-        if region.exists():
+        if region.exists() and not keep_region:
             region.unlink()
     if asan:
         text = fwd.log()

@@ -1,7 +1,8 @@
 """The compute scheduler's shared page of one GPU, from Python: who takes part, with what
 weight, how much GPU time each was given; and the live controls (policy, weights).
 
-The page is host_forwarder/native/vh_sched.h's `struct vs_page`, one per physical GPU at
+The page is native/shm_transport/include/vmgpu/sched_abi.h's `struct vmgpu_sched_page`, mirrored
+once in vmgpu/abi.py (SchedPage, checked against the header by a test), one per physical GPU at
 `<dir>/vmgpu-sched-<GPU UUID>` (dir: $VMGPU_SCHED_DIR or /dev/shm/vmgpu).  Forwarders create it and
 take turns through it; vmgpud and `vmgpu weight` / `vmgpu policy` write its controls.  Whoever
 writes a page sets every guest's share, so the directory must be root's and writable by no one
@@ -11,22 +12,23 @@ Standard library only (and vmgpu's own): the GPU host's benchmarks use it too.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu import files
+from vmgpu import abi, files
 from vmgpu.errors import UnsafePath
 
-MAGIC = 0x3144454843534756
-VERSION = 1
-SLOTS = 64
-SLOT_SIZE = 256
-SLOT0 = 128
-PAGE_SIZE = SLOT0 + SLOTS * SLOT_SIZE
-POLICIES = {"native": 0, "equal": 1, "preemptive": 2, "weighted": 3, "fixed": 4}
+PAGE_SIZE = ctypes.sizeof(abi.SchedPage)
+POLICIES = {
+    "native": abi.POLICY_NATIVE,
+    "equal": abi.POLICY_EQUAL,
+    "preemptive": abi.POLICY_PREEMPTIVE,
+    "weighted": abi.POLICY_WEIGHTED,
+    "fixed": abi.POLICY_FIXED,
+}
 POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 POLICY_HELP = {
     "native": "no compute control",
@@ -37,7 +39,7 @@ POLICY_HELP = {
 }
 
 
-DEFAULT_DIR = "/dev/shm/vmgpu"  # host_forwarder/native/vh_sched.h VS_DIR
+DEFAULT_DIR = abi.SCHED_DIR
 
 
 class SchedError(Exception):
@@ -82,12 +84,13 @@ class Page:
             self.m = mmap.mmap(fd, PAGE_SIZE)
         finally:
             os.close(fd)
-        magic, version = struct.unpack_from("<QI", self.m, 0)
-        if magic != MAGIC or version != VERSION:
-            self.m.close()
-            raise SchedError(f"{self.path}: not a version-{VERSION} scheduler page")
+        self.page = abi.SchedPage.from_buffer(self.m)  # a live view: every read is the page's now
+        if self.page.magic != abi.SCHED_MAGIC or self.page.version != abi.SCHED_VERSION:
+            self.close()
+            raise SchedError(f"{self.path}: not a version-{abi.SCHED_VERSION} scheduler page")
 
     def close(self) -> None:
+        self.page = None  # the view goes before the mapping it holds open
         self.m.close()
 
     def __enter__(self) -> Page:
@@ -96,45 +99,34 @@ class Page:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _u32(self, off: int, value: int | None = None) -> int:
-        if value is not None:
-            self.m[off : off + 4] = struct.pack("<I", value)  # one aligned 4-byte store
-        return struct.unpack_from("<I", self.m, off)[0]
-
     @property
     def policy(self) -> str:
-        return POLICY_NAMES.get(self._u32(16), "unknown")
+        return POLICY_NAMES.get(self.page.policy, "unknown")
 
     @policy.setter
     def policy(self, name: str) -> None:
         if name not in POLICIES:
             raise SchedError(f"unknown policy '{name}' (one of {', '.join(POLICIES)})")
-        self._u32(16, POLICIES[name])
+        self.page.policy = POLICIES[name]  # one aligned 4-byte store (abi.SchedPage)
 
     @property
     def slice_us(self) -> int:
-        return self._u32(20)
+        return self.page.slice_us
 
     @property
     def period_us(self) -> int:
-        return self._u32(24)
+        return self.page.period_us
 
     @property
     def owner(self) -> int:
-        return struct.unpack_from("<i", self.m, 28)[0]
+        return self.page.owner
 
     def members(self) -> list[Member]:
         out = []
-        for i in range(SLOTS):
-            base = SLOT0 + i * SLOT_SIZE
-            pid, weight, waiters = struct.unpack_from("<III", self.m, base)
-            if not pid:
-                continue
-            name = bytes(self.m[base + 16 : base + 80]).split(b"\0", 1)[0].decode(errors="replace")
-            (used,) = struct.unpack_from("<Q", self.m, base + 88)
-            (turns,) = struct.unpack_from("<Q", self.m, base + 120)
-            (workers,) = struct.unpack_from("<I", self.m, base + 152)
-            out.append(Member(i, name, pid, weight, used, turns, waiters, workers))
+        for i, s in enumerate(self.page.slot):
+            if s.pid:
+                name = s.name.decode(errors="replace")
+                out.append(Member(i, name, s.pid, s.weight, s.used_ns, s.turns, s.waiters, s.nworkers))
         return out
 
     def set_weight(self, guest: str, weight: int) -> int:
@@ -144,7 +136,7 @@ class Page:
         n = 0
         for m in self.members():
             if m.guest == guest:
-                self._u32(SLOT0 + m.slot * SLOT_SIZE + 4, weight)
+                self.page.slot[m.slot].weight = weight  # one aligned 4-byte store
                 n += 1
         return n
 

@@ -15,8 +15,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu import files
-from vmgpu.errors import InvalidArgument, NativeLibraryMissing, NotFound, RegionError, VersionMismatch, VmgpuError
+from vmgpu import abi, files
+from vmgpu.errors import InvalidArgument, NotFound, RegionError, VmgpuError
+from vmgpu.shm_lib import lib, raise_error
 
 WAIT_FUTEX = 1
 WAIT_POLL = 2
@@ -25,150 +26,6 @@ WAIT_MODES = {"futex": WAIT_FUTEX, "poll": WAIT_POLL}
 CHAN_STATES = {0: "free", 1: "claiming", 2: "active", 3: "closing", 4: "dead"}
 HOST_STATUS = {0: "pending", 1: "accepted", 2: "refused-version", 3: "refused-broken", 4: "refused-limit"}
 HC_EVENTS = {0: "idle", 1: "opened", 2: "serving", 3: "closed", 4: "lost", 5: "refused"}
-
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class _Params(ctypes.Structure):
-    _fields_ = [
-        ("nchannels", ctypes.c_uint32),
-        ("req_ring_size", ctypes.c_uint32),
-        ("cpl_ring_size", ctypes.c_uint32),
-        ("wait_mode", ctypes.c_uint32),
-        ("bulk_size", ctypes.c_uint64),
-        ("heap_block_size", ctypes.c_uint64),
-    ]
-
-
-class _Layout(ctypes.Structure):
-    _fields_ = [
-        ("region_size", ctypes.c_uint64),
-        ("nchannels", ctypes.c_uint32),
-        ("req_ring_size", ctypes.c_uint32),
-        ("cpl_ring_size", ctypes.c_uint32),
-        ("wait_mode", ctypes.c_uint32),
-        ("bulk_size", ctypes.c_uint64),
-        ("chan_table_off", ctypes.c_uint64),
-        ("heap_map_off", ctypes.c_uint64),
-        ("chan_area_off", ctypes.c_uint64),
-        ("chan_stride", ctypes.c_uint64),
-        ("req_ring_off", ctypes.c_uint64),
-        ("cpl_ring_off", ctypes.c_uint64),
-        ("bulk_off", ctypes.c_uint64),
-        ("heap_off", ctypes.c_uint64),
-        ("heap_size", ctypes.c_uint64),
-        ("heap_block_size", ctypes.c_uint64),
-        ("heap_blocks", ctypes.c_uint32),
-    ]
-
-
-class _WaitOpts(ctypes.Structure):
-    _fields_ = [
-        ("spin_ns", ctypes.c_uint64),
-        ("sleep_max_ns", ctypes.c_uint64),
-        ("peer_timeout_ns", ctypes.c_uint64),
-        ("doorbell", ctypes.c_void_p),
-        ("doorbell_ctx", ctypes.c_void_p),
-    ]
-
-
-class _ChanInfo(ctypes.Structure):
-    _fields_ = [
-        ("index", ctypes.c_uint32),
-        ("state", ctypes.c_uint32),
-        ("generation", ctypes.c_uint32),
-        ("owner_pid", ctypes.c_uint32),
-        ("guest_version", ctypes.c_uint32),
-        ("host_status", ctypes.c_uint32),
-        ("heartbeat", ctypes.c_uint64),
-        ("owner_nonce", ctypes.c_uint64),
-        ("owner_comm", ctypes.c_char * 17),
-        ("req_used", ctypes.c_uint32),
-        ("cpl_used", ctypes.c_uint32),
-        ("bulk_used", ctypes.c_uint64),
-        ("heap_blocks", ctypes.c_uint32),
-        ("owner_word", ctypes.c_uint32),
-    ]
-
-
-def _find_library() -> Path:
-    candidates = []
-    if os.environ.get("VMGPU_LIBDIR"):
-        candidates.append(Path(os.environ["VMGPU_LIBDIR"]) / "libvmgpushm.so")
-    candidates += [
-        _REPO_ROOT / "build" / "native" / "libvmgpushm.so",
-        Path("/usr/local/lib/vmgpu/libvmgpushm.so"),
-    ]
-    for c in candidates:
-        if c.exists():
-            return c
-    raise NativeLibraryMissing(
-        "libvmgpushm.so not found (looked in: " + ", ".join(str(c) for c in candidates) + "); run `make`"
-    )
-
-
-_lib = None
-
-
-def lib() -> ctypes.CDLL:
-    """The loaded native library, with argument types declared once."""
-    global _lib
-    if _lib is not None:
-        return _lib
-    so = ctypes.CDLL(str(_find_library()))
-    vp, u32, u64, i = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
-    sigs = {
-        "vmgpu_shm_params_default": (None, [ctypes.POINTER(_Params)]),
-        "vmgpu_layout_compute": (i, [u64, ctypes.POINTER(_Params), ctypes.POINTER(_Layout)]),
-        "vmgpu_region_min_size": (u64, [ctypes.POINTER(_Params), u64]),
-        "vmgpu_region_format": (i, [vp, u64, ctypes.POINTER(_Params), ctypes.c_char_p]),
-        "vmgpu_region_chan_info": (i, [vp, u64, ctypes.POINTER(_Layout), u32, ctypes.POINTER(_ChanInfo)]),
-        "vmgpu_shm_errmsg": (ctypes.c_char_p, []),
-        "vmgpu_now_ns": (u64, []),
-        "vmgpu_wait_opts_default": (None, [ctypes.POINTER(_WaitOpts)]),
-        "vmgpu_host_attach": (i, [vp, u64, ctypes.POINTER(_Params), ctypes.POINTER(_WaitOpts), ctypes.POINTER(vp)]),
-        "vmgpu_host_detach": (None, [vp]),
-        "vmgpu_host_beat": (None, [vp]),
-        "vmgpu_host_close": (None, [vp]),
-        "vmgpu_host_republish": (i, [vp]),
-        "vmgpu_host_set_chans_per_owner": (i, [vp, u32]),
-        "vmgpu_host_chan": (vp, [vp, u32]),
-        "vmgpu_hchan_poll": (i, [vp, u64]),
-        "vmgpu_hchan_reclaim": (i, [vp]),
-        "vmgpu_hchan_recv": (i, [vp, vp, u32, ctypes.POINTER(ctypes.c_uint16), u64]),
-        "vmgpu_hchan_send": (i, [vp, ctypes.c_uint16, vp, u32, u64]),
-        "vmgpu_host_heap": (vp, [vp, u64, u64]),
-        "vmgpu_guest_attach": (i, [vp, u64, ctypes.POINTER(_WaitOpts), ctypes.POINTER(vp)]),
-        "vmgpu_guest_detach": (None, [vp]),
-        "vmgpu_guest_claim": (i, [vp, u64, ctypes.POINTER(vp)]),
-        "vmgpu_gchan_close": (None, [vp]),
-        "vmgpu_gchan_index": (u32, [vp]),
-        "vmgpu_gchan_generation": (u32, [vp]),
-        "vmgpu_gchan_send": (i, [vp, ctypes.c_uint16, vp, u32, u64]),
-        "vmgpu_gchan_recv": (i, [vp, vp, u32, ctypes.POINTER(ctypes.c_uint16), u64]),
-        "vmgpu_guest_heap_alloc": (i, [vp, u64, ctypes.POINTER(u64)]),
-        "vmgpu_guest_heap_free": (i, [vp, u64]),
-    }
-    for name, (res, args) in sigs.items():
-        fn = getattr(so, name)
-        fn.restype = res
-        fn.argtypes = args
-    _lib = so
-    return so
-
-
-def _errmsg() -> str:
-    return (lib().vmgpu_shm_errmsg() or b"").decode(errors="replace")
-
-
-def _raise(rc: int, what: str) -> None:
-    err = -rc
-    msg = f"{what}: {_errmsg() or os.strerror(err)}"
-    if err == errno.EPROTONOSUPPORT:
-        raise VersionMismatch(msg)
-    if err in (errno.EINVAL, errno.ENOSPC, errno.EMSGSIZE):
-        raise InvalidArgument(msg)
-    raise RegionError(msg)
 
 
 def parse_size(text: str) -> int:
@@ -194,8 +51,8 @@ class Params:
     bulk_size: int = 4 << 20
     heap_block_size: int = 64 << 10
 
-    def c(self) -> _Params:
-        return _Params(
+    def c(self) -> abi.ShmParams:
+        return abi.ShmParams(
             self.nchannels,
             self.req_ring_size,
             self.cpl_ring_size,
@@ -211,62 +68,27 @@ class Params:
         )
 
     def layout(self, size: int) -> dict:
-        lay = _Layout()
+        lay = abi.Layout()
         rc = lib().vmgpu_layout_compute(size, ctypes.byref(self.c()), ctypes.byref(lay))
         if rc:
-            _raise(rc, "layout")
-        return {f: getattr(lay, f) for f, _ in _Layout._fields_}
+            raise_error(rc, "layout")
+        return {f: getattr(lay, f) for f, _ in abi.Layout._fields_}
 
     def min_size(self, min_heap: int = 0) -> int:
         n = lib().vmgpu_region_min_size(ctypes.byref(self.c()), min_heap)
         if n == 0:
-            _raise(-errno.EINVAL, "parameters")
+            raise_error(-errno.EINVAL, "parameters")
         return n
 
 
-class _Header(ctypes.Structure):
-    _fields_ = [
-        ("magic", ctypes.c_uint64),
-        ("version_major", ctypes.c_uint16),
-        ("version_minor", ctypes.c_uint16),
-        ("header_size", ctypes.c_uint32),
-        ("region_size", ctypes.c_uint64),
-        ("features", ctypes.c_uint64),
-        ("wait_mode", ctypes.c_uint32),
-        ("nchannels", ctypes.c_uint32),
-        ("chan_table_off", ctypes.c_uint64),
-        ("chan_area_off", ctypes.c_uint64),
-        ("chan_stride", ctypes.c_uint64),
-        ("req_ring_size", ctypes.c_uint32),
-        ("cpl_ring_size", ctypes.c_uint32),
-        ("bulk_size", ctypes.c_uint64),
-        ("heap_off", ctypes.c_uint64),
-        ("heap_size", ctypes.c_uint64),
-        ("heap_block_size", ctypes.c_uint64),
-        ("heap_map_off", ctypes.c_uint64),
-        ("heap_blocks", ctypes.c_uint32),
-        ("region_state", ctypes.c_uint32),
-        ("host_epoch", ctypes.c_uint64),
-        ("name", ctypes.c_char * 64),
-        ("chans_per_owner", ctypes.c_uint32),
-        ("pad0", ctypes.c_uint32),
-        ("reserved0", ctypes.c_uint8 * 56),
-        ("host_heartbeat", ctypes.c_uint64),
-        ("host_pid", ctypes.c_uint32),
-    ]
-
-
-MAGIC = 0x4D48535550474D56
-OWNER_TID_MASK = 0x3FFFFFFF
-OWNER_DIED = 0x40000000
-OWNER_CLOSED = 0x20000000
+MAGIC = abi.SHM_MAGIC
 
 
 def _liveness(word: int) -> str:
     """What a channel's owner word says (ABI 1.1): see shm_abi.h."""
-    if word & OWNER_DIED:
-        return "closed" if word & OWNER_CLOSED else "died"
-    return "alive" if word & OWNER_TID_MASK else "unarmed"
+    if word & abi.OWNER_DIED:
+        return "closed" if word & abi.OWNER_CLOSED else "died"
+    return "alive" if word & abi.OWNER_TID_MASK else "unarmed"
 
 
 class Region:
@@ -324,7 +146,7 @@ class Region:
         if rc:
             r.close()
             os.unlink(tmp)
-            _raise(rc, "format")
+            raise_error(rc, "format")
         try:
             files.publish(tmp, path, replace=not exclusive)
         except FileExistsError:
@@ -359,8 +181,9 @@ class Region:
 
     def header(self) -> dict:
         """A copy of the header fields (as the region says; untrusted)."""
-        h = _Header.from_buffer_copy(self.mm[: ctypes.sizeof(_Header)])
-        out = {f: getattr(h, f) for f, _ in _Header._fields_ if not f.startswith(("reserved", "pad"))}
+        h = abi.RegionHeader.from_buffer_copy(self.mm[: ctypes.sizeof(abi.RegionHeader)])
+        shown = [f for f, _ in abi.RegionHeader._fields_ if not f.startswith(("reserved", "pad"))]
+        out = {f: getattr(h, f) for f in shown[: shown.index("host_pid") + 1]}  # the agent's line is not shown
         out["name"] = h.name.decode(errors="replace")
         return out
 
@@ -372,18 +195,18 @@ class Region:
         g = ctypes.c_void_p()
         rc = lib().vmgpu_guest_attach(self.base, self.size, None, ctypes.byref(g))
         if rc:
-            _raise(rc, str(self.path))
+            raise_error(rc, str(self.path))
         lib().vmgpu_guest_detach(g)
         return Params.from_header(h)
 
     def channels(self, params: Params) -> list[dict]:
-        lay = _Layout(**params.layout(self.size))
+        lay = abi.Layout(**params.layout(self.size))
         out = []
         for i in range(params.nchannels):
-            ci = _ChanInfo()
+            ci = abi.ChanInfo()
             rc = lib().vmgpu_region_chan_info(self.base, self.size, ctypes.byref(lay), i, ctypes.byref(ci))
             if rc:
-                _raise(rc, "channel info")
+                raise_error(rc, "channel info")
             out.append(
                 {
                     "index": ci.index,
@@ -412,8 +235,8 @@ class Region:
         self.mm = None
 
 
-def wait_opts(peer_timeout_s: float | None = None, spin_us: float | None = None) -> _WaitOpts:
-    o = _WaitOpts()
+def wait_opts(peer_timeout_s: float | None = None, spin_us: float | None = None) -> abi.WaitOpts:
+    o = abi.WaitOpts()
     lib().vmgpu_wait_opts_default(ctypes.byref(o))
     if peer_timeout_s is not None:
         o.peer_timeout_ns = int(peer_timeout_s * 1e9)
@@ -425,7 +248,7 @@ def wait_opts(peer_timeout_s: float | None = None, spin_us: float | None = None)
 class Host:
     """The host side of a region (what a forwarder holds)."""
 
-    def __init__(self, region: Region, params: Params, opts: _WaitOpts | None = None):
+    def __init__(self, region: Region, params: Params, opts: abi.WaitOpts | None = None):
         self.region = region
         self.params = params
         self._opts = opts or wait_opts()
@@ -434,7 +257,7 @@ class Host:
             region.base, region.size, ctypes.byref(params.c()), ctypes.byref(self._opts), ctypes.byref(h)
         )
         if rc:
-            _raise(rc, f"host attach to {region.path}")
+            raise_error(rc, f"host attach to {region.path}")
         self.h = h
 
     def beat(self) -> None:
@@ -447,7 +270,7 @@ class Host:
     def set_chans_per_owner(self, n: int) -> None:
         rc = lib().vmgpu_host_set_chans_per_owner(self.h, n)
         if rc:
-            _raise(rc, "channels per process")
+            raise_error(rc, "channels per process")
 
     def poll(self, idx: int) -> str:
         c = lib().vmgpu_host_chan(self.h, idx)
@@ -456,7 +279,7 @@ class Host:
     def reclaim(self, idx: int) -> None:
         rc = lib().vmgpu_hchan_reclaim(lib().vmgpu_host_chan(self.h, idx))
         if rc:
-            _raise(rc, f"reclaim channel {idx}")
+            raise_error(rc, f"reclaim channel {idx}")
 
     def recv(self, idx: int, timeout_s: float = 0.0, cap: int = 1 << 16) -> tuple[int, bytes] | None:
         buf = ctypes.create_string_buffer(cap)
@@ -465,13 +288,13 @@ class Host:
         if n in (-errno.EAGAIN, -errno.ETIMEDOUT):
             return None
         if n < 0:
-            _raise(n, f"receive on channel {idx}")
+            raise_error(n, f"receive on channel {idx}")
         return t.value, buf.raw[:n]
 
     def send(self, idx: int, rtype: int, data: bytes, timeout_s: float = 1.0) -> None:
         rc = lib().vmgpu_hchan_send(lib().vmgpu_host_chan(self.h, idx), rtype, data, len(data), int(timeout_s * 1e9))
         if rc:
-            _raise(rc, f"send on channel {idx}")
+            raise_error(rc, f"send on channel {idx}")
 
     def heap(self, off: int, length: int) -> int | None:
         """Checked address of [off, off+length) in the heap, or None."""
@@ -486,18 +309,18 @@ class Host:
 class GuestChannel:
     """The guest side of one channel (for tests and the self-test only)."""
 
-    def __init__(self, region: Region, ack_timeout_s: float = 5.0, opts: _WaitOpts | None = None):
+    def __init__(self, region: Region, ack_timeout_s: float = 5.0, opts: abi.WaitOpts | None = None):
         self._opts = opts or wait_opts()
         g = ctypes.c_void_p()
         rc = lib().vmgpu_guest_attach(region.base, region.size, ctypes.byref(self._opts), ctypes.byref(g))
         if rc:
-            _raise(rc, f"guest attach to {region.path}")
+            raise_error(rc, f"guest attach to {region.path}")
         self.g = g
         c = ctypes.c_void_p()
         rc = lib().vmgpu_guest_claim(g, int(ack_timeout_s * 1e9), ctypes.byref(c))
         if rc:
             lib().vmgpu_guest_detach(g)
-            _raise(rc, "claim a channel")
+            raise_error(rc, "claim a channel")
         self.c = c
         self.index = lib().vmgpu_gchan_index(c)
         self.generation = lib().vmgpu_gchan_generation(c)
@@ -505,27 +328,27 @@ class GuestChannel:
     def send(self, rtype: int, data: bytes, timeout_s: float = 1.0) -> None:
         rc = lib().vmgpu_gchan_send(self.c, rtype, data, len(data), int(timeout_s * 1e9))
         if rc:
-            _raise(rc, "send")
+            raise_error(rc, "send")
 
     def recv(self, timeout_s: float = 1.0, cap: int = 1 << 16) -> tuple[int, bytes]:
         buf = ctypes.create_string_buffer(cap)
         t = ctypes.c_uint16()
         n = lib().vmgpu_gchan_recv(self.c, buf, cap, ctypes.byref(t), int(timeout_s * 1e9))
         if n < 0:
-            _raise(n, "receive")
+            raise_error(n, "receive")
         return t.value, buf.raw[:n]
 
     def heap_alloc(self, size: int) -> int:
         off = ctypes.c_uint64()
         rc = lib().vmgpu_guest_heap_alloc(self.c, size, ctypes.byref(off))
         if rc:
-            _raise(rc, "heap alloc")
+            raise_error(rc, "heap alloc")
         return off.value
 
     def heap_free(self, off: int) -> None:
         rc = lib().vmgpu_guest_heap_free(self.c, off)
         if rc:
-            _raise(rc, "heap free")
+            raise_error(rc, "heap free")
 
     def close(self) -> None:
         if self.c:

@@ -1,5 +1,5 @@
-"""Reading a forwarder's statistics page (host_forwarder/native/vh_stats.h) and explaining
-where a guest's time goes: `vmgpu breakdown`."""
+"""Reading a forwarder's statistics page and explaining where a guest's time goes: `vmgpu breakdown`.
+The page's layout: native/shm_transport/include/vmgpu/stats_abi.h, mirrored in vmgpu/abi.py."""
 
 from __future__ import annotations
 
@@ -8,45 +8,22 @@ import mmap
 import time
 from pathlib import Path
 
+from vmgpu import abi
 from vmgpu.cuda_ops import OPS, PROTOCOL
 from vmgpu.errors import InvalidArgument
-
-MAGIC = 0x5354415447504D56
-NOPS = 256
-
-
-class _Op(ctypes.Structure):
-    _fields_ = [("count", ctypes.c_uint64), ("ns", ctypes.c_uint64)]
-
-
-class _Stats(ctypes.Structure):
-    _fields_ = [
-        ("magic", ctypes.c_uint64),
-        ("version", ctypes.c_uint32),
-        ("ndev", ctypes.c_uint32),
-        ("quota", ctypes.c_uint64 * 16),
-        ("used", ctypes.c_uint64 * 16),
-        ("sync_calls", ctypes.c_uint64),
-        ("async_calls", ctypes.c_uint64),
-        ("busy_ns", ctypes.c_uint64),
-        ("htod_bytes", ctypes.c_uint64),
-        ("dtoh_bytes", ctypes.c_uint64),
-        ("processes", ctypes.c_uint64),
-        ("op", _Op * NOPS),
-    ]
 
 
 def read(path: str | Path) -> dict:
     """A snapshot of the page: totals, memory per GPU, and per-function counts and times."""
     try:
         with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), ctypes.sizeof(_Stats), access=mmap.ACCESS_READ)
+            mm = mmap.mmap(f.fileno(), ctypes.sizeof(abi.StatsPage), access=mmap.ACCESS_READ)
     except (OSError, ValueError) as e:
         raise InvalidArgument(f"statistics page {path}: {e}") from None
-    s = _Stats.from_buffer_copy(mm)
+    s = abi.StatsPage.from_buffer_copy(mm)
     mm.close()
-    if s.magic != MAGIC or s.version != 1:
-        raise InvalidArgument(f"{path} is not a vmgpu forwarder statistics page (version 1)")
+    if s.magic != abi.STATS_MAGIC or s.version != abi.STATS_VERSION:
+        raise InvalidArgument(f"{path} is not a vmgpu forwarder statistics page (version {abi.STATS_VERSION})")
     names = {**PROTOCOL, **OPS}
     return {
         "time": time.monotonic(),
@@ -58,7 +35,9 @@ def read(path: str | Path) -> dict:
         "dtoh_bytes": s.dtoh_bytes,
         "memory": [{"gpu": i, "quota": s.quota[i], "used": s.used[i]} for i in range(s.ndev)],
         "ops": {
-            names.get(i, f"op {i}"): {"count": s.op[i].count, "ns": s.op[i].ns} for i in range(NOPS) if s.op[i].count
+            names.get(i, f"op {i}"): {"count": s.op[i].count, "ns": s.op[i].ns}
+            for i in range(abi.STATS_OPS)
+            if s.op[i].count
         },
     }
 

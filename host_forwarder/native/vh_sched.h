@@ -15,68 +15,25 @@
  *   weighted   work-conserving, shares by weight (`vmgpu weight`; default: the compute %).
  *   fixed      a hard cap of weight% per period, even when the card is otherwise idle.
  *
- * The layout is read and written by Python (vmgpu/sched.py): keep the offsets.
+ * The page's layout: native/shm_transport/include/vmgpu/sched_abi.h.  The arithmetic (who is next,
+ * what a turn costs, when it is over): sched_policy.c; the page's mechanics: sched_page.c.
  */
 #ifndef VH_SCHED_H
 #define VH_SCHED_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define VS_MAGIC 0x3144454843534756ull /* "VGSCHED1" */
-#define VS_VERSION 1
-#define VS_SLOTS 64
-#define VS_NAME 64
-#define VS_DIR "/dev/shm/vmgpu" /* the default directory of the pages (root's, 0700) */
+#include <vmgpu/sched_abi.h> /* the page's layout, shared with vmgpu/sched.py */
 
-enum vs_policy { VS_NATIVE = 0, VS_EQUAL = 1, VS_PREEMPTIVE = 2, VS_WEIGHTED = 3, VS_FIXED = 4 };
-
-struct vs_slot {             /* 256 bytes */
-	_Atomic uint32_t pid;     /* 0: free */
-	_Atomic uint32_t weight;  /* 1..100: share weight, or the cap in % under fixed */
-	_Atomic uint32_t waiters; /* worker threads waiting to put work on the GPU */
-	uint32_t pad0;
-	char name[VS_NAME];       /* the guest */
-	uint64_t vtime;           /* held ns * 100 / weight: who is furthest behind goes next */
-	_Atomic uint64_t used_ns; /* all held time */
-	uint64_t period_start, period_used;
-	uint64_t joined_ns;
-	_Atomic uint64_t turns;   /* times it was given the GPU */
-	uint64_t last_active;     /* when its last turn began or ended */
-	/* the guest's worker processes (one per guest process) share its turn: */
-	_Atomic uint32_t inflight;  /* unused (layout kept): each worker counts its own */
-	_Atomic uint32_t draining;  /* handing over: no new work passes */
-	_Atomic uint64_t work_calls; /* work calls that passed the gate, as the workers' scheduler
-	                              * threads publish them (idle: it stops moving) */
-	_Atomic uint32_t nworkers;  /* worker processes */
-	_Atomic uint32_t drained;   /* workers that finished their queued work this hand-over */
-	_Atomic uint32_t drain_gen; /* hand-overs begun */
-	_Atomic uint32_t rejoin;    /* back from idle: starts level with the others at its next pick */
-	uint8_t pad[256 - 168];
-};
-
-struct vs_page {
-	uint64_t magic;            /*  0 */
-	uint32_t version, nslots;  /*  8 */
-	_Atomic uint32_t policy;   /* 16 */
-	_Atomic uint32_t slice_us; /* 20: longest turn while another guest waits */
-	_Atomic uint32_t period_us;/* 24: the accounting period of caps */
-	_Atomic int32_t owner;     /* 28: slot holding the GPU, -1 none */
-	_Atomic uint32_t gen;      /* 32: futex word, bumped at every hand-over */
-	uint32_t pad0;
-	uint64_t hold_start;       /* 40 */
-	uint8_t mu_space[64];      /* 48: pthread_mutex_t (process-shared, robust) */
-	uint8_t pad1[128 - 112];
-	struct vs_slot slot[VS_SLOTS]; /* 128 */
-};
+#define VS_DIR VMGPU_SCHED_DIR /* the default directory of the pages */
 
 struct vh_fwd;
 
 /* One forwarder's membership in one GPU's scheduler.  The supervisor joins; its worker
  * processes inherit the mapping and take part (vh_sched_worker). */
 struct vh_sched {
-	struct vs_page *pg;
+	struct vmgpu_sched_page *pg;
 	int me;                    /* slot index */
 	int dev;                   /* the forwarder's device index */
 	/* per worker process: */

@@ -4,60 +4,48 @@ wrap; every one is refused with CUDA_ERROR_INVALID_VALUE before the driver sees 
 worker goes on serving.  And no reply carries a host address of the worker.  Run against the
 ASan/UBSan forwarder on the simulated backend (host_forwarder/tests/guest_addresses.c)."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.forwarder import PTX, ROOT, forwarder, log_text, run_guest, wait_for
+from tests.forwarder import ASAN, PTX, ROOT, forwarder, log_text, run_guest
 
 pytestmark = pytest.mark.native
-ASAN = ROOT / "build" / "asan"
 
 
-def run_hostile_guest(shm_path, tmp_path, mode):
-    exe, guest = ASAN / "vmgpu-forwarder", ASAN / "tests" / "guest_addresses"
-    if not exe.exists() or not guest.exists():
-        pytest.fail("build/asan is missing the forwarder or tests/guest_addresses: run `make native-asan`")
-    env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"))
-    log_path = tmp_path / "forwarder.log"
-    with open(log_path, "w+") as log:
-        fwd = subprocess.Popen(
-            [str(exe), "--region", str(shm_path), "--create", "128M", "--backend", "sim"], stderr=log, env=env
+def run_hostile_guest(shm_path, mode):
+    guest = ASAN / "tests" / "guest_addresses"
+    if not guest.exists():
+        pytest.fail("build/asan is missing tests/guest_addresses: run `make native-asan`")
+    with forwarder(shm_path, size="128M", asan=True) as fwd:
+        r = subprocess.run(
+            [str(guest), str(shm_path), str(fwd.proc.pid), mode, str(PTX)], capture_output=True, text=True, timeout=300
         )
-        try:
-            assert wait_for(lambda: shm_path.exists() and "serving" in log_path.read_text())
-            r = subprocess.run(
-                [str(guest), str(shm_path), str(fwd.pid), mode, str(PTX)], capture_output=True, text=True, timeout=300
-            )
-            alive = fwd.poll() is None
-        finally:
-            fwd.terminate()
-            fwd.wait(timeout=10)
-    text = log_path.read_text()
+        alive = fwd.proc.poll() is None
+        status = fwd.stop()
+    text = fwd.log()
     assert alive, text
-    assert "runtime error" not in text and "AddressSanitizer" not in text, text
-    assert fwd.returncode == 0, text
+    assert status == 0, text
     return r
 
 
-def test_a_guest_cannot_name_host_memory_of_its_worker_nor_memory_that_is_not_its_own(shm_path, tmp_path):
+def test_a_guest_cannot_name_host_memory_of_its_worker_nor_memory_that_is_not_its_own(shm_path):
     """The worker's stack, heap, static data and its own mapping of the region; an unmapped address; a
     freed allocation; one byte past an allocation; a wrapping range; a range across two allocations;
     another guest process's allocation; past and in an unmapped VMM range: refused by every copy
     (sync, async, HtoD, DtoH, DtoD, unified), memset, address-range and pointer-attribute query and VMM
     call, and pinned memory is not written through the worker's address of it."""
-    r = run_hostile_guest(shm_path, tmp_path, "names")
+    r = run_hostile_guest(shm_path, "names")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
 
 
-def test_no_reply_carries_a_host_address_of_the_worker(shm_path, tmp_path):
+def test_no_reply_carries_a_host_address_of_the_worker(shm_path):
     """Allocations, pinned memory's device address (this process's own pointer), pointer attributes,
     VMM handles, address reservations and a module's function tags, compared against the worker's
     /proc/<pid>/maps: none is a host address of the worker."""
-    r = run_hostile_guest(shm_path, tmp_path, "replies")
+    r = run_hostile_guest(shm_path, "replies")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
 

@@ -98,43 +98,36 @@ def _spin(region: Path, secs: float, **env) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("how", ["exit status", "SIGKILL", "SIGABRT", "SIGTERM"])
-def test_a_worker_ending_any_way_leaves_the_other_guest_on_the_gpu_running(sched_dir, tmp_path, monkeypatch, how):
+def test_a_worker_ending_any_way_leaves_the_other_guest_on_the_gpu_running(sched_dir, tmp_path, how):
     """Guests a and b share a GPU under the weighted policy, both busy.  a's worker ends while
     the two take turns (an exit status from inside the driver, or a signal); b keeps getting
     the GPU, a's next process runs, and a's forwarder still stops at SIGTERM."""
     a, b = tmp_path / "a", tmp_path / "b"
-    with forwarder(b, asan=True, extra=("--compute", "50")):
-        with monkeypatch.context() as m:
-            if how == "exit status":
-                m.setenv("VMGPU_SIM_EXIT_AT_MEMSET", "300")  # a's worker: exit(3) inside a call
-            fa = Forwarder(a, backend="sim", extra=("--compute", "50"))
-            m.setenv("VMGPU_LIBDIR", str(ASAN))
-            fa.start()
-        try:
-            pb = _spin(b, 4)
-            pa = _spin(a, 10)
-            assert wait_for(lambda: _workers(fa), timeout=10), fa.log()
-            time.sleep(0.5)  # both are taking turns now
-            if how != "exit status":
-                os.kill(_workers(fa)[0], getattr(signal, how))
-            out, _ = pb.communicate(timeout=60)  # b finishes: it was not left waiting for a
-            assert pb.returncode == 0 and int(out.split()[1]) > 0, out
-            pa.kill()
-            pa.wait()
-            assert wait_for(
-                lambda: "worker" in fa.log()
-                and ("died" in fa.log() or "failed" in fa.log() or "closed after" in fa.log())
-            ), fa.log()
-            again = run_guest([NATIVE / "spin", "0.5"], a, timeout=60)
-            assert again.returncode == 0 and int(again.stdout.split()[1]) > 0, (again.stdout, fa.log())
-        finally:
-            t0 = time.monotonic()
-            rc = fa.stop(timeout=20)
-            assert rc == 0 and time.monotonic() - t0 < 20, fa.log()
-            if a.exists():
-                a.unlink()
-        text = fa.log()
-        assert "AddressSanitizer" not in text and "runtime error" not in text, text
+    env = {"VMGPU_SIM_EXIT_AT_MEMSET": "300"} if how == "exit status" else {}  # a's worker: exit(3) inside a call
+    with (
+        forwarder(b, asan=True, extra=("--compute", "50")),
+        forwarder(a, asan=True, extra=("--compute", "50"), env=env) as fa,
+    ):
+        pb = _spin(b, 4)
+        pa = _spin(a, 10)
+        assert wait_for(lambda: _workers(fa), timeout=10), fa.log()
+        time.sleep(0.5)  # both are taking turns now
+        if how != "exit status":
+            os.kill(_workers(fa)[0], getattr(signal, how))
+        out, _ = pb.communicate(timeout=60)  # b finishes: it was not left waiting for a
+        assert pb.returncode == 0 and int(out.split()[1]) > 0, out
+        pa.kill()
+        pa.wait()
+        assert wait_for(
+            lambda: "worker" in fa.log() and ("died" in fa.log() or "failed" in fa.log() or "closed after" in fa.log())
+        ), fa.log()
+        again = run_guest([NATIVE / "spin", "0.5"], a, timeout=60)
+        assert again.returncode == 0 and int(again.stdout.split()[1]) > 0, (again.stdout, fa.log())
+        t0 = time.monotonic()
+        rc = fa.stop(timeout=20)
+        assert rc == 0 and time.monotonic() - t0 < 20, fa.log()
+    text = fa.log()
+    assert "AddressSanitizer" not in text and "runtime error" not in text, text
 
 
 def test_a_dead_guest_process_gets_one_worker_and_its_memory_back(shm_path, tmp_path, monkeypatch):

@@ -11,19 +11,16 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, ROOT
+from tests.forwarder import NATIVE, forwarder
 
 pytestmark = pytest.mark.native
 
-ASAN = ROOT / "build" / "asan"
 NOBODY = 65534
 UUID_PREFIX = "vmgpu-sched-"
-PAGE = 128 + 64 * 256
 PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
 if os.geteuid() != 0:
@@ -58,34 +55,12 @@ def world():
     shutil.rmtree(d)
 
 
-def forwarder(region: Path, sched_dir: Path, create: str | None = "128M", timeout: float = 20):
-    """Start the ASan forwarder; (process or None if it exited, its log so far)."""
-    exe = ASAN / "vmgpu-forwarder"
-    if not exe.exists():
-        pytest.fail("build/asan is missing: run `make native-asan`")
-    env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"), VMGPU_SCHED_DIR=str(sched_dir))
-    cmd = [str(exe), "--region", str(region), "--backend", "sim", "--guest", "g1"]
-    cmd += ["--create", create] if create else []
-    log = tempfile.TemporaryFile("w+")
-    p = subprocess.Popen(cmd, stderr=log, env=env)
-    deadline = time.monotonic() + timeout
-    while True:
-        log.seek(0)
-        text = log.read()
-        if "serving" in text or p.poll() is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return (p if p.poll() is None else None), text, log
-
-
-def stop(p, log) -> str:
-    if p is not None:
-        p.terminate()
-        p.wait(timeout=10)
-    log.seek(0)
-    text = log.read()
-    assert "AddressSanitizer" not in text and "runtime error" not in text, text
-    return text
+def serve(region: Path, sched_dir: Path, create: str | None = "128M") -> tuple[bool, str]:
+    """Start the ASan forwarder as guest g1 and stop it: whether it served, and its log."""
+    env = {"VMGPU_SCHED_DIR": str(sched_dir)}
+    with forwarder(region, size=create, asan=True, guest="g1", env=env, may_refuse=True, keep_region=True) as fwd:
+        served = fwd.proc.poll() is None
+    return served, fwd.log()
 
 
 NOBODYS_PAGE = (
@@ -117,27 +92,24 @@ def test_the_forwarder_refuses_a_scheduler_page_another_user_made(world, plant):
         assert r.returncode == 0, r.stderr
     region = world / "region"
     # learn the simulated GPU's UUID from a forwarder with a scheduler directory of its own
-    p, text, log = forwarder(region, world / "own-sched")
-    stop(p, log)
+    served, text = serve(region, world / "own-sched")
     pages = list((world / "own-sched").glob(sim_uuid_glob))
-    assert p is not None and len(pages) == 1, text
+    assert served and len(pages) == 1, text
     if plant != "link-to-roots-dir":
         r = run_as(NOBODY, NOBODYS_PAGE, str(sched), pages[0].name)
         assert r.returncode == 0, r.stderr
     before = {q.name: q.read_bytes() for q in list(sched.glob(sim_uuid_glob)) + list(target.iterdir())}
 
-    p, text, log = forwarder(region, sched)
-    text = stop(p, log)
-    assert p is None, "the forwarder joined a scheduler page another user made:\n" + text
+    served, text = serve(region, sched)
+    assert not served, "the forwarder joined a scheduler page another user made:\n" + text
     assert "cannot join the compute scheduler" in text and "refusing" in text, text
     assert {q.name: q.read_bytes() for q in list(sched.glob(sim_uuid_glob)) + list(target.iterdir())} == before
 
 
 def test_the_scheduler_directory_and_pages_are_roots_alone(world):
     sched = world / "sched"  # missing: the forwarder makes it
-    p, text, log = forwarder(world / "region", sched)
-    stop(p, log)
-    assert p is not None, text
+    served, text = serve(world / "region", sched)
+    assert served, text
     st = os.lstat(sched)
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
     (page,) = sched.glob(f"{UUID_PREFIX}*")
@@ -150,10 +122,9 @@ def test_create_replaces_a_link_planted_at_the_region_path_and_leaves_its_target
     region = world / "open" / "vmgpu-g1"
     secret = world / "secret"
     assert run_as(NOBODY, LINK, str(secret), str(region)).returncode == 0
-    p, text, log = forwarder(region, world / "sched")
-    text = stop(p, log)
+    served, text = serve(region, world / "sched")
     assert secret.read_bytes() == b"root's own bytes\n" and stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert p is not None, text
+    assert served, text
     st = os.lstat(region)
     assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
     assert [q.name for q in (world / "open").iterdir()] == ["vmgpu-g1"]
@@ -175,9 +146,8 @@ def test_serving_an_existing_region_someone_else_made_or_linked_is_refused(world
     else:
         assert run_as(NOBODY, LINK, str(good), str(region)).returncode == 0
     before = good.read_bytes()
-    p, text, log = forwarder(region, world / "sched", create=None)
-    text = stop(p, log)
-    assert p is None, "the forwarder served a region someone else made:\n" + text
+    served, text = serve(region, world / "sched", create=None)
+    assert not served, "the forwarder served a region someone else made:\n" + text
     reason = "belongs to uid 65534" if plant == "nobodys-file" else "is a symbolic link"
     assert f"cannot open region {region}" in text and reason in text, text
     assert good.read_bytes() == before
@@ -189,9 +159,9 @@ def test_a_non_root_guest_user_given_the_region_uses_the_gpu_and_nobody_else_can
     from vmgpu import oci
 
     region = world / "open" / "vmgpu-g1"
-    p, text, log = forwarder(region, world / "sched")
-    try:
-        assert p is not None, text
+    env = {"VMGPU_SCHED_DIR": str(world / "sched")}
+    with forwarder(region, size="128M", asan=True, guest="g1", env=env, may_refuse=True, keep_region=True) as fwd:
+        assert fwd.proc.poll() is None, fwd.log()
         oci.give_region(region, 1000, 1000)
         env = {
             "LD_LIBRARY_PATH": str(NATIVE / "guest"),
@@ -204,5 +174,3 @@ def test_a_non_root_guest_user_given_the_region_uses_the_gpu_and_nobody_else_can
         denied = run_as(NOBODY, prog, str(NATIVE / "hold"), env=env)
         assert denied.returncode != 0 and "Permission denied" in denied.stderr
         assert "is not this user's" in denied.stderr and "set VMGPU_REGION" not in denied.stderr  # the right hint
-    finally:
-        stop(p, log)

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, ROOT, forwarder, log_text, wait_for, worker_pids
+from tests.forwarder import NATIVE, forwarder, log_text, wait_for, worker_pids
 
 pytestmark = pytest.mark.native
-ASAN = ROOT / "build" / "asan"
 GUEST = NATIVE / "tests" / "image_guest"
 SHM = Path("/dev/shm")
 
@@ -40,81 +39,48 @@ def _dir_bytes(d: Path) -> int:
     return total
 
 
-class _AsanForwarder:
-    """The ASan/UBSan forwarder on the simulated backend, its log kept to be checked."""
+def _image_guest(region: Path, *args, timeout=600) -> subprocess.CompletedProcess:
+    if not GUEST.exists():
+        pytest.fail("build/native/tests/image_guest is missing: run `make native`")
+    return subprocess.run([str(GUEST), str(region), *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
-    def __init__(self, region: Path, env=None):
-        if not (ASAN / "vmgpu-forwarder").exists():
-            pytest.fail("build/asan is missing: run `make native-asan`")
-        if not GUEST.exists():
-            pytest.fail("build/native/tests/image_guest is missing: run `make native`")
-        self.region = region
-        self.env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"), **(env or {}))
-        self.log = open(f"/tmp/{region.name}.asan.log", "w+")
 
-    def __enter__(self):
-        if self.region.exists():
-            self.region.unlink()
-        cmd = [str(ASAN / "vmgpu-forwarder"), "--region", str(self.region), "--create", "128M", "--backend", "sim"]
-        self.proc = subprocess.Popen(cmd, stderr=self.log, env=self.env)
-        assert wait_for(lambda: "serving" in self.text() or self.proc.poll() is not None), self.text()
-        assert self.proc.poll() is None, self.text()
-        return self
-
-    def text(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()
-
-    def guest(self, *args, timeout=600) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(GUEST), str(self.region), *map(str, args)], capture_output=True, text=True, timeout=timeout
-        )
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
-        if self.region.exists():
-            self.region.unlink()
-        self.log.close()
-        os.unlink(self.log.name)
-
-    def assert_clean(self, text: str):
-        assert "AddressSanitizer" not in text and "runtime error" not in text, text
-        assert "died (signal" not in text, text
+def _assert_clean(text: str):
+    assert "AddressSanitizer" not in text and "runtime error" not in text, text
+    assert "died (signal" not in text, text
 
 
 def test_images_whose_headers_lie_are_refused_and_the_forwarder_stays_clean(shm_path):
     """Sizes past the bytes sent, truncated headers, lying back-to-back containers, wrapping
     offsets, huge counts, PTX without NUL, a wrapper holding a pointer: each gets
     CUDA_ERROR_INVALID_IMAGE from the same worker, which then loads valid images."""
-    with _AsanForwarder(shm_path) as fwd:
-        r = fwd.guest("hostile")
-        text = fwd.text()
+    with forwarder(shm_path, size="128M", asan=True) as fwd:
+        r = _image_guest(shm_path, "hostile")
+        text = fwd.log()
         assert r.returncode == 0, r.stdout + r.stderr + text
         assert "NOT REFUSED" not in r.stdout
         assert r.stdout.count("refused (200)") >= 30
         assert "every hostile image refused; valid images load" in r.stdout
         assert "module image of 4096 bytes refused (CUDA_ERROR_INVALID_IMAGE): a fatbin container at 0" in text
         assert fwd.proc.poll() is None
-    fwd.assert_clean(text)
+    _assert_clean(text)
 
 
 def test_mutated_images_never_hurt_the_forwarder(shm_path):
     """A bounded mutation fuzzer of valid cubin, fatbin and PTX images (and nvcc's, where
     built): every image is answered, valid images still load, ASan and UBSan stay silent."""
     real = [p for p in (NATIVE / "vadd.cubin", NATIVE / "bigglobal.cubin", NATIVE / "vecadd_ptx") if p.exists()]
-    with _AsanForwarder(shm_path) as fwd:
+    with forwarder(shm_path, size="128M", asan=True) as fwd:
         for seed in (1, 2, 3):
-            r = fwd.guest("fuzz", 3000, seed, *real)
-            assert r.returncode == 0, r.stdout + r.stderr + fwd.text()
+            r = _image_guest(shm_path, "fuzz", 3000, seed, *real)
+            assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
             assert "forwarder healthy" in r.stdout
             m = re.search(r"(\d+) loaded, (\d+) refused", r.stdout)
             loaded, refused = int(m[1]), int(m[2])
             assert loaded > 0 and refused > 0, r.stdout  # both sides of the check were reached
         assert fwd.proc.poll() is None
-        text = fwd.text()
-    fwd.assert_clean(text)
+        text = fwd.log()
+    _assert_clean(text)
 
 
 def test_images_nvcc_makes_pass_the_check():
@@ -132,8 +98,8 @@ def test_the_image_cache_keeps_its_limit_when_workers_fill_it_at_once(shm_path):
     """Eight guest processes load distinct images at once against a 4 MiB cache: the cache
     directory never holds more than 4 MiB, measured while they run and after."""
     limit = 4 << 20
-    env = dict(os.environ, VMGPU_IMAGE_CACHE_MIB="4")
-    with _AsanForwarder(shm_path, env=env) as fwd:
+    env = {"VMGPU_IMAGE_CACHE_MIB": "4"}
+    with forwarder(shm_path, size="128M", asan=True, env=env) as fwd:
         (cache,) = _caches(fwd.proc.pid)
         most, stop = [0], threading.Event()
 
@@ -158,13 +124,13 @@ def test_the_image_cache_keeps_its_limit_when_workers_fill_it_at_once(shm_path):
             stop.set()
             t.join()
         for g, (out, err) in zip(guests, outs, strict=True):
-            assert g.returncode == 0, out + err + fwd.text()
+            assert g.returncode == 0, out + err + fwd.log()
         final = _dir_bytes(cache)
-        text = fwd.text()
+        text = fwd.log()
     assert final <= limit, f"the cache holds {final} bytes against a limit of {limit}"
     assert most[0] <= limit, f"the cache held {most[0]} bytes against a limit of {limit}"
     assert final > limit // 2  # it was used, not merely left empty
-    fwd.assert_clean(text)
+    _assert_clean(text)
 
 
 def test_a_killed_forwarders_image_cache_is_removed_at_the_next_start(shm_path):

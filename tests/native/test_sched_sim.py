@@ -1,7 +1,10 @@
 """The compute scheduler on the simulated backend: forwarders of one GPU share its time by
 weight, caps hold, weights and policies change live, and a dead holder does not stop the
 others.  Each guest is tests/cuda/spin.c (cuMemsetD8 in a loop: CPU time in the simulated
-forwarder, what the scheduler shares out).  The GPU numbers come from `make bench-isolation`."""
+forwarder, what the scheduler shares out).  These are smoke tests of the whole: real
+forwarders, processes and clocks on a busy host.  The policies' arithmetic is proven exactly,
+on a fake clock, by host_forwarder/tests/t_sched_policy.c (tests/native/test_sched_policy.py).
+The GPU numbers come from `make bench-isolation`."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmgpu import shm
+from vmgpu import abi, shm
 from vmgpu.cli.main import cli
 from vmgpu.errors import EXIT_CODES, InvalidArgument, NotFound, RegionError, VersionMismatch
 
@@ -179,6 +179,7 @@ def test_selftest_runs_a_guest_process():
 
 
 def test_binding_struct_sizes_match_the_abi():
-    # _ChanInfo and _Layout mirror C structs; a drift would corrupt reads.
-    assert ctypes.sizeof(shm._Params) == 32
-    assert ctypes.sizeof(shm._WaitOpts) == 40
+    # vmgpu/abi.py mirrors C structs; a drift would corrupt reads (all of them, field by field:
+    # tests/native/test_abi_layouts.py)
+    assert ctypes.sizeof(abi.ShmParams) == 32
+    assert ctypes.sizeof(abi.WaitOpts) == 40

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The compute scheduler's shared page (see vh_sched.h): mapping and joining it, the lock, the gate
+ * a guest's work calls pass, and the hand-over between guests.  Who gets the turn and what it
+ * costs is sched_policy.c's. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "region_file.h"
+#include "sched_policy.h"
+
+_Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct vmgpu_sched_page *)0)->mu_space), "mutex space");
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static pthread_mutex_t *mu(struct vmgpu_sched_page *pg)
+{
+	return (pthread_mutex_t *)(void *)pg->mu_space;
+}
+
+static void lock(struct vmgpu_sched_page *pg)
+{
+	if (pthread_mutex_lock(mu(pg)) == EOWNERDEAD) /* a forwarder died holding it: state is whole */
+		pthread_mutex_consistent(mu(pg));
+}
+
+static void unlock(struct vmgpu_sched_page *pg)
+{
+	pthread_mutex_unlock(mu(pg));
+}
+
+static void wake(struct vmgpu_sched_page *pg)
+{
+	atomic_fetch_add(&pg->gen, 1);
+	syscall(SYS_futex, &pg->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Under the lock: give the GPU to whoever should have it now, and wake the waiters. */
+static void hand_over(struct vmgpu_sched_page *pg, uint64_t now)
+{
+	sched_give_turn(pg, now);
+	wake(pg);
+}
+
+static struct vmgpu_sched_page *map_page(const char *dir, const char *uuid)
+{
+	/* in a directory only root can change, made by us: no one else can plant or swap a page */
+	char name[128];
+	snprintf(name, sizeof name, "vmgpu-sched-%s", uuid);
+	int dfd = vh_private_dir(dir);
+	if (dfd < 0)
+		return NULL;
+	int fd = vh_private_file(dfd, dir, name);
+	close(dfd);
+	if (fd < 0)
+		return NULL;
+	flock(fd, LOCK_EX);
+	struct stat st;
+	int fresh = fstat(fd, &st) == 0 && st.st_size == 0;
+	if (fresh && ftruncate(fd, sizeof(struct vmgpu_sched_page)) != 0) {
+		close(fd);
+		return NULL;
+	}
+	struct vmgpu_sched_page *pg = NULL;
+	if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct vmgpu_sched_page))
+		pg = mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (pg == MAP_FAILED)
+		pg = NULL;
+	if (pg && fresh) {
+		pthread_mutexattr_t a;
+		pthread_mutexattr_init(&a);
+		pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+		pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+		pthread_mutex_init(mu(pg), &a);
+		pthread_mutexattr_destroy(&a);
+		pg->version = VMGPU_SCHED_VERSION;
+		pg->nslots = VMGPU_SCHED_SLOTS;
+		atomic_store(&pg->policy, VMGPU_SCHED_WEIGHTED);
+		atomic_store(&pg->slice_us, SCHED_DEFAULT_SLICE_US);
+		atomic_store(&pg->period_us, SCHED_DEFAULT_PERIOD_US);
+		atomic_store(&pg->owner, -1);
+		__atomic_store_n(&pg->magic, VMGPU_SCHED_MAGIC, __ATOMIC_RELEASE);
+	}
+	if (pg && (pg->magic != VMGPU_SCHED_MAGIC || pg->version != VMGPU_SCHED_VERSION)) {
+		munmap(pg, sizeof *pg);
+		pg = NULL;
+	}
+	flock(fd, LOCK_UN);
+	close(fd);
+	return pg;
+}
+
+int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev)
+{
+	memset(s, 0, sizeof *s);
+	s->me = -1;
+	s->dev = dev;
+	s->pg = map_page(dir, uuid);
+	if (!s->pg)
+		return -1;
+	struct vmgpu_sched_page *pg = s->pg;
+	uint64_t now = now_ns();
+	lock(pg);
+	uint64_t floor = sched_vtime_floor(pg); /* and dead members let go */
+	if (atomic_load(&pg->owner) >= 0 && !atomic_load(&pg->slot[atomic_load(&pg->owner)].pid))
+		hand_over(pg, now);
+	for (int i = 0; i < VMGPU_SCHED_SLOTS && s->me < 0; i++) {
+		struct vmgpu_sched_slot *g = &pg->slot[i];
+		if (atomic_load(&g->pid))
+			continue;
+		sched_seat(g, guest, weight, now, floor);
+		atomic_store(&g->pid, (uint32_t)getpid());
+		s->me = i;
+	}
+	unlock(pg);
+	if (s->me < 0) {
+		munmap(pg, sizeof *pg);
+		s->pg = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+void vh_sched_leave(struct vh_sched *s)
+{
+	if (!s->pg)
+		return;
+	struct vmgpu_sched_page *pg = s->pg;
+	lock(pg);
+	atomic_store(&pg->slot[s->me].pid, 0);
+	if (atomic_load(&pg->owner) == s->me)
+		hand_over(pg, now_ns());
+	unlock(pg);
+	munmap(pg, sizeof *pg);
+	s->pg = NULL;
+}
+
+void vh_sched_worker(struct vh_sched *s, int start)
+{
+	if (s->pg) {
+		struct vmgpu_sched_slot *g = &s->pg->slot[s->me];
+		if (start > 0) {
+			atomic_fetch_add(&g->nworkers, 1);
+			/* a hand-over under way waits for this worker too: it drains (nothing) at once */
+			s->synced_gen = atomic_load(&g->drain_gen) - (atomic_load(&g->draining) ? 1u : 0u);
+		} else {
+			/* a worker that has already counted itself drained in the hand-over under way takes
+			 * that back, or the hand-over would not wait for the others (a supervisor counting
+			 * a dead worker out cannot know, and a hand-over may then end a little early) */
+			if (start == 0 && atomic_load(&g->draining) && s->synced_gen == atomic_load(&g->drain_gen))
+				atomic_fetch_sub(&g->drained, 1);
+			atomic_fetch_sub(&g->nworkers, 1);
+		}
+	}
+}
+
+/* The guest's turn ends: charged, and the GPU handed to whoever should have it.  Called by
+ * the one that moved draining from `from` to 3 (completing); draining is 0 again after. */
+static void end_turn(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint32_t from)
+{
+	if (!atomic_compare_exchange_strong(&g->draining, &from, 3u))
+		return;
+	lock(pg);
+	if (atomic_load(&pg->owner) == (int32_t)(g - pg->slot)) {
+		uint64_t end = now_ns();
+		sched_charge(pg, g, end);
+		hand_over(pg, end);
+	}
+	unlock(pg);
+	atomic_store(&g->draining, 0);
+}
+
+/* Complete the hand-over under way (draining 1) once every worker has drained; whoever gets
+ * here first does it: a worker's scheduler thread or, for workers that are gone, the
+ * supervisor. */
+static void complete(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
+{
+	if (atomic_load(&g->drained) >= atomic_load(&g->nworkers))
+		end_turn(pg, g, 1);
+}
+
+void vh_sched_unheld(struct vh_sched *s)
+{
+	struct vmgpu_sched_page *pg = s->pg;
+	if (!pg || atomic_load(&pg->owner) != s->me)
+		return;
+	struct vmgpu_sched_slot *g = &pg->slot[s->me];
+	if (atomic_load(&g->draining) == 1)
+		complete(pg, g); /* the workers that would have completed it are gone */
+	else if (atomic_load(&g->nworkers) == 0)
+		end_turn(pg, g, 0); /* holding the GPU with no worker to use it or give it up */
+}
+
+void vh_sched_enter(struct vh_sched *s)
+{
+	struct vmgpu_sched_page *pg = s->pg;
+	if (!pg)
+		return;
+	struct vmgpu_sched_slot *g = &pg->slot[s->me];
+	int waiting = 0;
+	for (;;) {
+		if (atomic_load(&pg->policy) == VMGPU_SCHED_NATIVE || (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))) {
+			/* the fast path touches only this worker's own counters: the scheduler thread
+			 * publishes them to the page (vh_sched_tick) */
+			atomic_fetch_add(&s->inflight, 1);
+			if (!atomic_load(&g->draining)) {
+				atomic_store_explicit(&s->calls, atomic_load_explicit(&s->calls, memory_order_relaxed) + 1,
+						      memory_order_relaxed);
+				break;
+			}
+			atomic_fetch_sub(&s->inflight, 1);
+		}
+		if (!waiting) {
+			waiting = 1;
+			sched_wait_begin(pg, s->me, now_ns());
+		}
+		if (atomic_load(&pg->owner) < 0) {
+			lock(pg);
+			if (atomic_load(&pg->owner) < 0)
+				hand_over(pg, now_ns());
+			unlock(pg);
+		}
+		uint32_t gen = atomic_load(&pg->gen);
+		if (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))
+			continue;
+		struct timespec t = {0, 1000000}; /* re-check: a dead holder, a rolled period */
+		syscall(SYS_futex, &pg->gen, FUTEX_WAIT, gen, &t, NULL, 0);
+	}
+	if (waiting)
+		sched_wait_end(g);
+}
+
+void vh_sched_exit(struct vh_sched *s)
+{
+	if (s->pg) {
+		atomic_fetch_sub(&s->inflight, 1);
+	}
+}
+
+void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx)
+{
+	struct vmgpu_sched_page *pg = s->pg;
+	if (!pg)
+		return;
+	uint64_t now = now_ns();
+	int owner = atomic_load(&pg->owner);
+	struct vmgpu_sched_slot *g = &pg->slot[s->me];
+	/* this worker's work calls, for the guest's idle test */
+	uint64_t mine = atomic_load_explicit(&s->calls, memory_order_relaxed);
+	if (mine != s->published) {
+		atomic_fetch_add_explicit(&g->work_calls, mine - s->published, memory_order_relaxed);
+		s->published = mine;
+	}
+	if (owner != s->me) {
+		/* a holder that died, or nobody holding while guests wait (a period rolled) */
+		if (owner >= 0 && !sched_alive(atomic_load(&pg->slot[owner].pid))) {
+			lock(pg);
+			if (atomic_load(&pg->owner) == owner) {
+				atomic_store(&pg->slot[owner].pid, 0);
+				hand_over(pg, now);
+			}
+			unlock(pg);
+		} else if (owner < 0 && sched_others_wait(pg, s->me, now, UINT64_MAX)) {
+			lock(pg);
+			if (atomic_load(&pg->owner) < 0)
+				hand_over(pg, now);
+			unlock(pg);
+		}
+		return;
+	}
+	if (atomic_load(&g->draining)) {
+		/* a hand-over is under way: finish this worker's part, then (its starter) complete it */
+		uint32_t gen = atomic_load(&g->drain_gen);
+		if (s->synced_gen != gen) {
+			while (atomic_load(&s->inflight))
+				sched_yield();
+			drain(ctx, s->dev);
+			s->synced_gen = gen;
+			atomic_fetch_add(&g->drained, 1);
+		}
+		/* every worker counts itself drained only with nothing of its own past the gate */
+		complete(pg, g);
+		return;
+	}
+	uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
+	if (calls != s->seen_calls || atomic_load(&s->inflight)) {
+		s->seen_calls = calls;
+		s->seen_at = now;
+	}
+	/* idle: no worker of the guest has passed the gate for a while (a call that another worker
+	 * still has in flight is waited for by the drain) */
+	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > SCHED_IDLE_NS;
+	if (!sched_turn_over(pg, s->me, now, idle))
+		return;
+	uint32_t zero = 0;
+	if (!atomic_compare_exchange_strong(&g->draining, &zero, 2u)) /* 2: starting */
+		return;
+	atomic_store(&g->drained, 0);
+	atomic_fetch_add(&g->drain_gen, 1);
+	atomic_store(&g->draining, 1);
+}

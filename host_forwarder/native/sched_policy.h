@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The compute scheduler's arithmetic (see vh_sched.h): who has the next turn, what a turn costs,
+ * when a turn is over, what a cap allows per period.  Each function works on the page and a time
+ * its caller gives (CLOCK_MONOTONIC ns in the forwarder, a fake clock in
+ * host_forwarder/tests/t_sched_policy.c); none sleeps, locks or wakes anyone.  "Under the lock":
+ * the caller holds the page's mutex (sched_page.c).
+ */
+#ifndef VH_SCHED_POLICY_H
+#define VH_SCHED_POLICY_H
+
+#include <stdint.h>
+
+#include "vh_sched.h"
+
+#define SCHED_IDLE_NS 2000000ull     /* a holder with no work for this long gives the GPU up */
+#define SCHED_RECENT_NS 50000000ull  /* a guest with no turn and no wish for one this long was idle */
+#define SCHED_DEFAULT_SLICE_US 10000u
+#define SCHED_DEFAULT_PERIOD_US 100000u
+
+/* Is the forwarder with this pid still there?  A zombie (dead, not yet reaped) is not. */
+int sched_alive(uint32_t pid);
+
+/* Under the lock: the lowest virtual time of the live members (dead ones are let go), or
+ * UINT64_MAX if none: where a new member starts, so it is owed nothing for time before it came. */
+uint64_t sched_vtime_floor(struct vmgpu_sched_page *pg);
+
+/* Under the lock: fill the free slot g for guest (weight clamped to 1..100) joining at now with
+ * virtual time floor (sched_vtime_floor); its pid is stored last by the caller. */
+void sched_seat(struct vmgpu_sched_slot *g, const char *guest, int weight, uint64_t now, uint64_t floor);
+
+/* Virtual time a turn of `held` ns costs g: its held time per weight (equal weights under
+ * the policies that do not weigh). */
+uint64_t sched_vcost(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t held);
+
+/* Held-time budget per period of g under a capping policy (equal: 1/N; fixed: weight%). */
+uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g);
+
+/* Under the lock: the GPU to whoever should have it at now (pick, and begin its turn); the
+ * slot index, or -1 for nobody.  The caller wakes the waiters. */
+int sched_give_turn(struct vmgpu_sched_page *pg, uint64_t now);
+
+/* Under the lock: charge g, the holder, for its turn up to now. */
+void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now);
+
+/* Does a member other than `me` wait for the GPU that may have it now and is behind virtual
+ * time `mine` (UINT64_MAX: any)? */
+int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_t mine);
+
+/* Is the turn of `me`, the holder, over at now?  idle: none of its workers has work (the
+ * worker's own measure, SCHED_IDLE_NS).  Over when idle, when its slice is spent while another
+ * waits that is behind it, when its cap for the period is spent, or under the native policy. */
+int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle);
+
+/* A worker thread of member me begins to wait for the GPU at now: counted a waiter; the first
+ * waiter of a guest that neither holds the GPU nor had a turn for SCHED_RECENT_NS marks it back
+ * from idle (level with the others at its pick). */
+void sched_wait_begin(struct vmgpu_sched_page *pg, int me, uint64_t now);
+void sched_wait_end(struct vmgpu_sched_slot *g);
+
+#endif

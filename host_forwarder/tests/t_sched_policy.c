@@ -1,0 +1,312 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The compute scheduler's arithmetic (native/sched_policy.c) on a fake clock: who gets the next
+ * turn, what a turn costs, caps per period, an idle guest's time and a returning guest.  Each
+ * case runs guests on a page in this process's memory for seconds of fake time, in steps of the
+ * workers' tick, doing what sched_page.c does at each step (a guest with work waits for the GPU;
+ * the holder's turn ends when sched_turn_over says so, is charged and handed over), and checks
+ * each guest's held time exactly: no sleeping, no timing, the same result every run.
+ * Exit 0 and "t_sched_policy: ok" when every check holds.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sched_policy.h"
+
+#define MS 1000000ull
+#define SEC 1000000000ull
+#define TICK (100 * 1000ull) /* a worker's scheduler thread runs every few hundred microseconds */
+
+static int failures;
+
+static void check(int ok, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	printf("%s: ", ok ? "ok  " : "FAIL");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+	failures += !ok;
+}
+
+/* A GPU's page and its guests, on a fake clock. */
+struct sim {
+	struct vmgpu_sched_page pg;
+	uint64_t now;
+	int n;
+	int busy[8];    /* the guest has work to put on the GPU */
+	int waiting[8]; /* its serving thread waits at the gate (sched_wait_begin) */
+	uint64_t held[8]; /* the time it held the GPU, tick by tick */
+};
+
+static void sim_init(struct sim *s, uint32_t policy)
+{
+	memset(s, 0, sizeof *s);
+	s->pg.magic = VMGPU_SCHED_MAGIC;
+	s->pg.version = VMGPU_SCHED_VERSION;
+	s->pg.nslots = VMGPU_SCHED_SLOTS;
+	atomic_store(&s->pg.policy, policy);
+	atomic_store(&s->pg.slice_us, SCHED_DEFAULT_SLICE_US);
+	atomic_store(&s->pg.period_us, SCHED_DEFAULT_PERIOD_US);
+	atomic_store(&s->pg.owner, -1);
+	s->now = 1000 * SEC;
+}
+
+/* A guest joins as vh_sched_join seats it; its pid is this process (alive). */
+static int sim_join(struct sim *s, const char *name, int weight, int busy)
+{
+	int i = s->n++;
+	uint64_t floor = sched_vtime_floor(&s->pg);
+	sched_seat(&s->pg.slot[i], name, weight, s->now, floor);
+	atomic_store(&s->pg.slot[i].pid, (uint32_t)getpid());
+	s->busy[i] = busy;
+	return i;
+}
+
+/* The usual pair: a (slot 0) busy, b (slot 1) busy or not, under policy. */
+enum { A = 0, B = 1 };
+static void sim_pair(struct sim *s, uint32_t policy, int weight_a, int weight_b, int b_busy)
+{
+	sim_init(s, policy);
+	sim_join(s, "a", weight_a, 1);
+	sim_join(s, "b", weight_b, b_busy);
+}
+
+/* One tick: guests with work wait at the gate; the holder's turn ends when the policy says so
+ * (charged, handed over); with nobody holding, a waiter takes the GPU; the one given it passes. */
+static void sim_step(struct sim *s)
+{
+	struct vmgpu_sched_page *pg = &s->pg;
+	int owner = atomic_load(&pg->owner);
+	for (int i = 0; i < s->n; i++) {
+		if (s->busy[i] && !s->waiting[i] && i != owner) {
+			sched_wait_begin(pg, i, s->now);
+			s->waiting[i] = 1;
+		} else if (!s->busy[i] && s->waiting[i]) {
+			sched_wait_end(&pg->slot[i]);
+			s->waiting[i] = 0;
+		}
+	}
+	if (owner >= 0 && sched_turn_over(pg, owner, s->now, !s->busy[owner])) {
+		if (s->busy[owner]) { /* its next call waits while it drains */
+			sched_wait_begin(pg, owner, s->now);
+			s->waiting[owner] = 1;
+		}
+		sched_charge(pg, &pg->slot[owner], s->now);
+		owner = sched_give_turn(pg, s->now);
+	} else if (owner < 0) {
+		for (int i = 0; i < s->n; i++)
+			if (s->waiting[i]) {
+				owner = sched_give_turn(pg, s->now);
+				break;
+			}
+	}
+	if (owner >= 0 && s->waiting[owner]) {
+		sched_wait_end(&pg->slot[owner]);
+		s->waiting[owner] = 0;
+	}
+	if (owner >= 0)
+		s->held[owner] += TICK;
+	s->now += TICK;
+}
+
+/* Run for ns of fake time; each guest's held time in that time, in ‰ of it.  What the page
+ * charged each guest (used_ns) is checked against the time it held the GPU at every turn's end. */
+static void sim_run(struct sim *s, uint64_t ns, unsigned permille[8])
+{
+	uint64_t before[8], end = s->now + ns;
+	for (int i = 0; i < s->n; i++)
+		before[i] = s->held[i];
+	while (s->now < end)
+		sim_step(s);
+	int owner = atomic_load(&s->pg.owner);
+	for (int i = 0; i < s->n; i++) {
+		permille[i] = (unsigned)((s->held[i] - before[i]) * 1000 / ns);
+		uint64_t charged = atomic_load(&s->pg.slot[i].used_ns) + (i == owner ? s->now - s->pg.hold_start : 0);
+		if (charged != s->held[i])
+			check(0, "%s was charged %llu ns for %llu ns held", s->pg.slot[i].name,
+			      (unsigned long long)charged, (unsigned long long)s->held[i]);
+	}
+}
+
+static int near(unsigned got, unsigned want, unsigned tolerance)
+{
+	return got + tolerance >= want && got <= want + tolerance;
+}
+
+static void weights_share_the_gpu_and_change_live(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 30, 70, 1);
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[A], 300, 3) && near(p[B], 700, 3), "weighted 30/70, both busy: a %u‰ b %u‰", p[A], p[B]);
+	atomic_store(&s.pg.slot[A].weight, 75);
+	atomic_store(&s.pg.slot[B].weight, 25);
+	sim_run(&s, 5 * SEC, p);
+	check(near(p[A], 750, 5) && near(p[B], 250, 5), "weights turned round live to 75/25: a %u‰ b %u‰", p[A], p[B]);
+}
+
+static void preemptive_and_equal_do_not_weigh(void)
+{
+	uint32_t policies[] = {VMGPU_SCHED_PREEMPTIVE, VMGPU_SCHED_EQUAL};
+	for (int k = 0; k < 2; k++) {
+		struct sim s;
+		unsigned p[8];
+		sim_pair(&s, policies[k], 30, 70, 1);
+		sim_run(&s, 10 * SEC, p);
+		check(near(p[A], 500, 3) && near(p[B], 500, 3), "%s, weights 30/70, both busy: a %u‰ b %u‰",
+		      k ? "equal" : "preemptive", p[A], p[B]);
+	}
+}
+
+static void an_idle_guests_time_goes_to_the_busy_one_unless_capped(void)
+{
+	uint32_t policies[] = {VMGPU_SCHED_WEIGHTED, VMGPU_SCHED_PREEMPTIVE, VMGPU_SCHED_EQUAL};
+	unsigned want[] = {1000, 1000, 500};
+	const char *names[] = {"weighted", "preemptive", "equal"};
+	for (int k = 0; k < 3; k++) {
+		struct sim s;
+		unsigned p[8];
+		sim_pair(&s, policies[k], 30, 70, 0);
+		sim_run(&s, 5 * SEC, p);
+		check(near(p[A], want[k], 3) && p[B] == 0, "%s, b idle: a (weight 30) holds %u‰, b %u‰", names[k], p[A],
+		      p[B]);
+	}
+}
+
+static void a_guest_back_from_idle_is_owed_nothing(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 30, 70, 1);
+	sim_run(&s, 2 * SEC, p);
+	s.busy[B] = 0;
+	sim_run(&s, 5 * SEC, p);
+	check(p[A] >= 995, "b idle 5 s: a holds %u‰", p[A]);
+	s.busy[B] = 1;
+	sim_run(&s, 1 * SEC, p);
+	/* owed the 5 s it left, b would hold the GPU alone for seconds */
+	check(near(p[A], 300, 10) && near(p[B], 700, 10), "b back: from the first second a %u‰ b %u‰", p[A], p[B]);
+}
+
+static void a_late_joiner_is_owed_nothing(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 30, 70, 1);
+	sim_run(&s, 3 * SEC, p);
+	int c = sim_join(&s, "c", 50, 1);
+	sim_run(&s, 3 * SEC, p);
+	check(near(p[A], 200, 5) && near(p[B], 467, 5) && near(p[c], 333, 5),
+	      "c joins late at weight 50 and is owed nothing: a %u‰ b %u‰ c %u‰", p[A], p[B], p[c]);
+}
+
+static void fixed_caps_even_an_idle_card(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_FIXED);
+	int a = sim_join(&s, "a", 30, 1);
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[a], 300, 2), "fixed 30, alone and busy: holds %u‰ of the card", p[a]);
+	int b = sim_join(&s, "b", 50, 1);
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[a], 300, 2) && near(p[b], 500, 2), "fixed 30 and 50 together: a %u‰ b %u‰", p[a], p[b]);
+	/* equal caps too: 1/N each even with the other idle (an_idle_guests_time_...) */
+}
+
+static void an_overrun_is_paid_from_the_next_period(void)
+{
+	struct sim s;
+	sim_init(&s, VMGPU_SCHED_FIXED);
+	int a = sim_join(&s, "a", 30, 1);
+	struct vmgpu_sched_slot *g = &s.pg.slot[a];
+	uint64_t budget = sched_budget_ns(&s.pg, g);
+	check(budget == 30 * MS, "fixed 30: budget %llu ms of a 100 ms period", (unsigned long long)(budget / MS));
+	/* a kernel runs 45 ms past the start of a turn: charged in full */
+	sched_wait_begin(&s.pg, a, s.now);
+	check(sched_give_turn(&s.pg, s.now) == a, "the lone waiter gets the turn");
+	sched_wait_end(g);
+	s.now += 45 * MS;
+	check(sched_turn_over(&s.pg, a, s.now, 0), "a turn past its budget is over");
+	sched_charge(&s.pg, g, s.now);
+	sched_wait_begin(&s.pg, a, s.now);
+	check(sched_give_turn(&s.pg, s.now) == -1, "spent for the period: nobody holds the card although a waits");
+	s.now += 55 * MS + 1; /* the next period: 15 ms of it already paid */
+	check(sched_give_turn(&s.pg, s.now) == a, "the next period gives a its turn");
+	sched_wait_end(g);
+	check(g->period_used == 15 * MS, "the overrun carried into the next period: %llu ms",
+	      (unsigned long long)(g->period_used / MS));
+	s.now += 15 * MS;
+	check(sched_turn_over(&s.pg, a, s.now, 0), "after 15 ms of it the turn is over");
+	/* an overrun of more than a budget is paid with one budget, not more */
+	s.now += 200 * MS;
+	sched_charge(&s.pg, g, s.now);
+	sched_give_turn(&s.pg, s.now);
+	sched_wait_begin(&s.pg, a, s.now);
+	s.now += 100 * MS + 1;
+	check(sched_give_turn(&s.pg, s.now) == -1 && g->period_used == budget,
+	      "a huge overrun costs the next period, no more: %llu ms", (unsigned long long)(g->period_used / MS));
+}
+
+static void native_ends_every_turn_at_once(void)
+{
+	struct sim s;
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int a = sim_join(&s, "a", 30, 1);
+	sched_wait_begin(&s.pg, a, s.now);
+	sched_give_turn(&s.pg, s.now);
+	sched_wait_end(&s.pg.slot[a]);
+	check(!sched_turn_over(&s.pg, a, s.now + TICK, 0), "weighted, alone, busy: the turn goes on");
+	atomic_store(&s.pg.policy, VMGPU_SCHED_NATIVE);
+	check(sched_turn_over(&s.pg, a, s.now, 0), "native: the turn is over at once (no time is held)");
+	check(sched_vcost(&s.pg, &s.pg.slot[a], 10 * MS) == 10 * MS, "native: a turn costs its time, unweighted");
+}
+
+static void ties_go_to_the_other_and_the_dead_are_let_go(void)
+{
+	struct sim s;
+	sim_pair(&s, VMGPU_SCHED_WEIGHTED, 50, 50, 1);
+	for (int i = 0; i < 2; i++)
+		sched_wait_begin(&s.pg, i, s.now);
+	atomic_store(&s.pg.owner, A);
+	check(sched_give_turn(&s.pg, s.now) == B, "a tie in virtual time: not the one that had the last turn");
+	check(sched_give_turn(&s.pg, s.now) == A, "and back");
+	pid_t child = fork();
+	if (child == 0)
+		_exit(0);
+	waitpid(child, NULL, 0);
+	int d = sim_join(&s, "dead", 50, 1);
+	atomic_store(&s.pg.slot[d].pid, (uint32_t)child);
+	s.pg.slot[d].vtime = 0;
+	sched_wait_begin(&s.pg, d, s.now);
+	int next = sched_give_turn(&s.pg, s.now);
+	check(next != d && atomic_load(&s.pg.slot[d].pid) == 0, "a member whose forwarder is gone is let go (got %d)",
+	      next);
+	check(!sched_alive(0) && sched_alive((uint32_t)getpid()) && !sched_alive((uint32_t)child), "sched_alive");
+}
+
+int main(void)
+{
+	weights_share_the_gpu_and_change_live();
+	preemptive_and_equal_do_not_weigh();
+	an_idle_guests_time_goes_to_the_busy_one_unless_capped();
+	a_guest_back_from_idle_is_owed_nothing();
+	a_late_joiner_is_owed_nothing();
+	fixed_caps_even_an_idle_card();
+	an_overrun_is_paid_from_the_next_period();
+	native_ends_every_turn_at_once();
+	ties_go_to_the_other_and_the_dead_are_let_go();
+	if (failures) {
+		printf("t_sched_policy: %d failed\n", failures);
+		return 1;
+	}
+	printf("t_sched_policy: ok\n");
+	return 0;
+}

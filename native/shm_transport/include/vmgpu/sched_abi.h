@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmgpu scheduler page ABI, version 1: one page per physical GPU through which every forwarder on
+ * that GPU takes turns (host_forwarder/native/vh_sched.h says how), and through which vmgpud and
+ * `vmgpu weight` / `vmgpu policy` set the policy and each guest's weight.  Host-only: guests never
+ * see it.  Its path is <dir>/vmgpu-sched-<GPU UUID>, dir $VMGPU_SCHED_DIR or VMGPU_SCHED_DIR.
+ *
+ * Rules of the page
+ *  - This header is the single written definition of the layout.  vmgpu/abi.py mirrors it for
+ *    Python; tests/native/test_abi_layouts.py compiles offsetof/sizeof of every field here and
+ *    compares them with the mirror, so a field moved on one side only fails a test.
+ *  - magic first, then the version: a reader refuses a page whose magic or version it does not
+ *    speak.  The creator stores the magic last (release), after every other field is written.
+ *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
+ *    store only whole aligned 32-bit control words: policy and a slot's weight.
+ *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
+ *    counters marked atomic.
+ *
+ * Page map:
+ *   0      header (128 bytes): magic, version, policy, turn lengths, owner, futex word, mutex
+ *   128    struct vmgpu_sched_slot[VMGPU_SCHED_SLOTS], 256 bytes each: one per member forwarder
+ */
+#ifndef VMGPU_SCHED_ABI_H
+#define VMGPU_SCHED_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shm_abi.h" /* VMGPU_ATOMIC */
+
+#define VMGPU_SCHED_MAGIC 0x3144454843534756ull /* "VGSCHED1" in little-endian bytes */
+#define VMGPU_SCHED_VERSION 1
+#define VMGPU_SCHED_SLOTS 64
+#define VMGPU_SCHED_NAME 64
+#define VMGPU_SCHED_DIR "/dev/shm/vmgpu" /* the default directory of the pages (root's, 0700) */
+
+/* page.policy */
+enum vmgpu_sched_policy {
+	VMGPU_SCHED_NATIVE = 0,     /* no control: calls pass at once */
+	VMGPU_SCHED_EQUAL = 1,      /* 1/N of the time each, even when the others are idle */
+	VMGPU_SCHED_PREEMPTIVE = 2, /* equal shares, work-conserving */
+	VMGPU_SCHED_WEIGHTED = 3,   /* work-conserving, shares by weight */
+	VMGPU_SCHED_FIXED = 4,      /* a hard cap of weight% per period, even on an idle card */
+};
+
+/* One member: a guest's forwarder on this GPU.  256 bytes. */
+struct vmgpu_sched_slot {
+	VMGPU_ATOMIC(uint32_t) pid;     /*   0: the forwarder; 0: free */
+	VMGPU_ATOMIC(uint32_t) weight;  /*   4: 1..100: share weight, or the cap in % under fixed */
+	VMGPU_ATOMIC(uint32_t) waiters; /*   8: worker threads waiting to put work on the GPU */
+	uint32_t pad0;                        /*  12 */
+	char name[VMGPU_SCHED_NAME];          /*  16: the guest, NUL padded */
+	uint64_t vtime;                       /*  80: held ns * 100 / weight: who is furthest behind goes next */
+	VMGPU_ATOMIC(uint64_t) used_ns; /*  88: all held time */
+	uint64_t period_start;                /*  96: when its cap period began */
+	uint64_t period_used;                 /* 104: held in that period */
+	uint64_t joined_ns;                   /* 112 */
+	VMGPU_ATOMIC(uint64_t) turns;   /* 120: times it was given the GPU */
+	uint64_t last_active;                 /* 128: when its last turn began or ended */
+	/* the guest's worker processes (one per guest process) share its turn: */
+	VMGPU_ATOMIC(uint32_t) inflight;   /* 136: unused (layout kept): each worker counts its own */
+	VMGPU_ATOMIC(uint32_t) draining;   /* 140: handing over: no new work passes */
+	VMGPU_ATOMIC(uint64_t) work_calls; /* 144: work calls that passed the gate, as the workers'
+	                                          * scheduler threads publish them (idle: it stops moving) */
+	VMGPU_ATOMIC(uint32_t) nworkers;   /* 152: worker processes */
+	VMGPU_ATOMIC(uint32_t) drained;    /* 156: workers that finished their queued work this hand-over */
+	VMGPU_ATOMIC(uint32_t) drain_gen;  /* 160: hand-overs begun */
+	VMGPU_ATOMIC(uint32_t) rejoin;     /* 164: back from idle: starts level with the others at its next pick */
+	uint8_t pad[256 - 168];                  /* 168 */
+};
+
+/* The page: a 128-byte header, then the slots. */
+struct vmgpu_sched_page {
+	uint64_t magic;                         /*   0: VMGPU_SCHED_MAGIC, stored last */
+	uint32_t version;                       /*   8: VMGPU_SCHED_VERSION */
+	uint32_t nslots;                        /*  12: VMGPU_SCHED_SLOTS */
+	VMGPU_ATOMIC(uint32_t) policy;    /*  16: enum vmgpu_sched_policy */
+	VMGPU_ATOMIC(uint32_t) slice_us;  /*  20: longest turn while another guest waits */
+	VMGPU_ATOMIC(uint32_t) period_us; /*  24: the accounting period of caps */
+	VMGPU_ATOMIC(int32_t) owner;      /*  28: slot holding the GPU, -1 none */
+	VMGPU_ATOMIC(uint32_t) gen;       /*  32: futex word, bumped at every hand-over */
+	uint32_t pad0;                          /*  36 */
+	uint64_t hold_start;                    /*  40: when the owner's turn began */
+	uint8_t mu_space[64];                   /*  48: pthread_mutex_t (process-shared, robust) */
+	uint8_t pad1[128 - 112];                /* 112 */
+	struct vmgpu_sched_slot slot[VMGPU_SCHED_SLOTS]; /* 128 */
+};
+
+#define VMGPU_SCHED_PAGE_SIZE (128u + VMGPU_SCHED_SLOTS * 256u)
+
+#ifndef __cplusplus
+_Static_assert(offsetof(struct vmgpu_sched_slot, weight) == 4, "slot weight");
+_Static_assert(offsetof(struct vmgpu_sched_slot, name) == 16, "slot name");
+_Static_assert(offsetof(struct vmgpu_sched_slot, vtime) == 80, "slot vtime");
+_Static_assert(offsetof(struct vmgpu_sched_slot, used_ns) == 88, "slot used_ns");
+_Static_assert(offsetof(struct vmgpu_sched_slot, turns) == 120, "slot turns");
+_Static_assert(offsetof(struct vmgpu_sched_slot, inflight) == 136, "slot workers' words");
+_Static_assert(offsetof(struct vmgpu_sched_slot, work_calls) == 144, "slot work_calls");
+_Static_assert(offsetof(struct vmgpu_sched_slot, nworkers) == 152, "slot nworkers");
+_Static_assert(offsetof(struct vmgpu_sched_slot, rejoin) == 164, "slot rejoin");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 168, "slot padding");
+_Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
+_Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
+_Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
+_Static_assert(offsetof(struct vmgpu_sched_page, policy) == 16, "page policy");
+_Static_assert(offsetof(struct vmgpu_sched_page, owner) == 28, "page owner");
+_Static_assert(offsetof(struct vmgpu_sched_page, gen) == 32, "page futex word");
+_Static_assert(offsetof(struct vmgpu_sched_page, hold_start) == 40, "page hold_start");
+_Static_assert(offsetof(struct vmgpu_sched_page, mu_space) == 48, "page mutex");
+_Static_assert(offsetof(struct vmgpu_sched_page, slot) == 128, "page slots");
+_Static_assert(sizeof(struct vmgpu_sched_page) == VMGPU_SCHED_PAGE_SIZE, "page size");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the vmgpu scheduler page is little-endian"
+#endif
+#endif
+
+#endif /* VMGPU_SCHED_ABI_H */

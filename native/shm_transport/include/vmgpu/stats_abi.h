@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmgpu statistics page ABI, version 1: a small file the forwarder's supervisor maps before it
+ * forks its workers (MAP_SHARED), so every worker adds to it and vmgpud or `vmgpu breakdown`
+ * can read it while the guest runs.  Host-only: the guest never sees it.  Counters only grow,
+ * except memory in use; read twice and subtract to see one interval (a training step).
+ *
+ * Rules of the page
+ *  - This header is the single written definition of the layout.  vmgpu/abi.py mirrors it for
+ *    Python; tests/native/test_abi_layouts.py compiles offsetof/sizeof of every field here and
+ *    compares them with the mirror.
+ *  - magic first, then the version; the supervisor stores the magic last, so a reader that sees
+ *    it sees a complete header.  A reader refuses a magic or version it does not speak.
+ *  - Every field is a little-endian fixed-width integer; only the forwarder writes.
+ *
+ * Page map:
+ *   0      header and totals (320 bytes)
+ *   320    struct vmgpu_op_stats[VMGPU_STATS_OPS]: per opcode (the wire's op numbers)
+ */
+#ifndef VMGPU_STATS_ABI_H
+#define VMGPU_STATS_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shm_abi.h" /* VMGPU_ATOMIC */
+
+#define VMGPU_STATS_MAGIC 0x5354415447504d56ull /* "VMPGTATS" in little-endian bytes */
+#define VMGPU_STATS_VERSION 1
+#define VMGPU_STATS_OPS 256 /* counters per opcode below this */
+#define VMGPU_STATS_GPUS 16 /* memory counters for this many guest GPUs */
+
+struct vmgpu_op_stats {
+	VMGPU_ATOMIC(uint64_t) count; /* 0: calls served */
+	VMGPU_ATOMIC(uint64_t) ns;    /* 8: time the executor spent on them */
+};
+
+struct vmgpu_stats_page {
+	uint64_t magic;                                   /*   0: VMGPU_STATS_MAGIC, stored last */
+	uint32_t version;                                 /*   8: VMGPU_STATS_VERSION */
+	uint32_t ndev;                                    /*  12: guest GPUs counted below */
+	uint64_t quota[VMGPU_STATS_GPUS];                 /*  16: bytes per guest GPU */
+	VMGPU_ATOMIC(uint64_t) used[VMGPU_STATS_GPUS]; /* 144: bytes allocated now, per guest GPU */
+	VMGPU_ATOMIC(uint64_t) sync_calls;          /* 272 */
+	VMGPU_ATOMIC(uint64_t) async_calls;         /* 280 */
+	VMGPU_ATOMIC(uint64_t) busy_ns;             /* 288: time the executor spent on calls */
+	VMGPU_ATOMIC(uint64_t) htod_bytes;          /* 296 */
+	VMGPU_ATOMIC(uint64_t) dtoh_bytes;          /* 304 */
+	VMGPU_ATOMIC(uint64_t) processes;           /* 312: guest processes served so far */
+	struct vmgpu_op_stats op[VMGPU_STATS_OPS];        /* 320 */
+};
+
+#define VMGPU_STATS_PAGE_SIZE (320u + VMGPU_STATS_OPS * 16u)
+
+#ifndef __cplusplus
+_Static_assert(sizeof(struct vmgpu_op_stats) == 16, "op counters");
+_Static_assert(offsetof(struct vmgpu_stats_page, magic) == 0, "magic first");
+_Static_assert(offsetof(struct vmgpu_stats_page, version) == 8, "version second");
+_Static_assert(offsetof(struct vmgpu_stats_page, ndev) == 12, "ndev");
+_Static_assert(offsetof(struct vmgpu_stats_page, quota) == 16, "quota");
+_Static_assert(offsetof(struct vmgpu_stats_page, used) == 144, "used");
+_Static_assert(offsetof(struct vmgpu_stats_page, sync_calls) == 272, "totals");
+_Static_assert(offsetof(struct vmgpu_stats_page, processes) == 312, "processes");
+_Static_assert(offsetof(struct vmgpu_stats_page, op) == 320, "per-op counters");
+_Static_assert(sizeof(struct vmgpu_stats_page) == VMGPU_STATS_PAGE_SIZE, "page size");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the vmgpu statistics page is little-endian"
+#endif
+#endif
+
+#endif /* VMGPU_STATS_ABI_H */

@@ -1,0 +1,127 @@
+"""The memory quota on the simulated backend: enforced on every allocation path and reported,
+a context charged what it takes (or its reserve where nothing can be measured), memory given
+back when a guest process or its worker dies, and the out-of-memory script."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.forwarder import (
+    NATIVE,
+    forwarder,
+    hold,
+    log_text,
+    memquota,
+    run_guest,
+    wait_for,
+    worker_pids,
+)
+from vmgpu import stats
+
+pytestmark = pytest.mark.native
+
+
+def test_quota_is_enforced_and_reported(shm_path):
+    with forwarder(shm_path, mem="64M"):
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        over = run_guest([NATIVE / "hold", 80], shm_path)
+    assert free.stdout.split() == ["free", str(64 << 20), str(64 << 20)]
+    assert over.returncode == 1 and over.stdout.strip() == "alloc failed"
+
+
+def test_killed_guest_process_frees_its_memory(shm_path):
+    with forwarder(shm_path, mem="1G", extra=["--peer-timeout", "1"]) as fwd:
+        p = hold(shm_path, 512)
+        held = p.stdout.readline().split()
+        assert held == ["held", str(512 << 20), str(1 << 30)]
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert wait_for(lambda: "closed after" in log_text(fwd)), log_text(fwd)
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        assert free.stdout.split() == ["free", str(1 << 30), str(1 << 30)]
+
+
+def test_every_allocation_path_is_held_to_the_quota(shm_path, tmp_path, monkeypatch):
+    """Random sizes through cuMemAlloc, pitched, 3D arrays, stream-ordered, an own pool and
+    VMM until refused, three times over: the program never holds more than its quota less
+    the context's measured overhead, every path is refused at the edge, the books never pass
+    the quota, and what the context took is all that is left at the end."""
+    monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")  # the simulated driver's context overhead
+    quota, ctx = 512 << 20, 32 << 20
+    page = tmp_path / "stats"
+    seen = []
+
+    def check(what, fields, workers):
+        books = stats.read(page)["memory"][0]["used"]
+        seen.append((what, books))
+        assert books <= quota
+        if what == "FULL":
+            assert int(fields["held"]) <= quota - ctx
+            assert int(fields["total"]) == quota and int(fields["free"]) < (4 << 20)
+            assert books > quota - (4 << 20)  # full to the edge, as the books say
+        else:
+            assert books == ctx  # the context's own memory, measured, charged
+
+    with forwarder(shm_path, mem="512M", extra=["--stats", str(page)]) as fwd:
+        refused = memquota(fwd, shm_path, 7, 3, NATIVE / "vadd.cubin", "aprsov", check)
+        assert wait_for(lambda: stats.read(page)["memory"][0]["used"] == 0), log_text(fwd)
+    assert [w for w, _ in seen] == ["FULL", "FULL", "FULL", "EMPTY"]
+    assert all(refused.get(k, 0) > 0 for k in "aprsov"), refused
+
+
+def test_where_nothing_can_be_measured_each_context_is_charged_its_reserve(shm_path, monkeypatch):
+    """The simulated driver measures its first GPU only: on the second, as under MIG, the books
+    are estimates, and each guest process's context is charged --ctx-reserve."""
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    with forwarder(shm_path, mem="256M", extra=["--gpus", "1", "--ctx-reserve", "100M"]) as fwd:
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        fits = run_guest([NATIVE / "hold", 150], shm_path, input="")
+        over = run_guest([NATIVE / "hold", 160], shm_path)
+        assert "GPU 0: no per-process memory usage to be had here" in log_text(fwd)
+    assert free.stdout.split() == ["free", str(156 << 20), str(256 << 20)], free.stdout + free.stderr
+    assert fits.returncode == 0 and fits.stdout.split()[0] == "held", fits.stdout + fits.stderr
+    assert over.returncode == 1 and over.stdout.strip() == "alloc failed"
+
+
+def test_a_dead_worker_gives_its_memory_back(shm_path, tmp_path):
+    """A worker killed outright (as a driver crash would) cannot free anything itself: the
+    forwarder returns its charges, and the next guest process gets the whole quota."""
+    page = tmp_path / "stats"
+    with forwarder(shm_path, mem="1G", extra=["--stats", str(page), "--peer-timeout", "1"]) as fwd:
+        p = hold(shm_path, 512)
+        assert p.stdout.readline().split()[0] == "held"
+        (worker,) = worker_pids(fwd)
+        os.kill(worker, signal.SIGKILL)
+        assert wait_for(lambda: stats.read(page)["memory"][0]["used"] == 0), log_text(fwd)
+        p.kill()
+        p.wait()
+        free = run_guest([NATIVE / "hold", 0], shm_path)
+        assert free.stdout.split() == ["free", str(1 << 30), str(1 << 30)], free.stdout + log_text(fwd)
+
+
+def test_oom_script_runs_with_the_guests_identity(shm_path, tmp_path):
+    out = tmp_path / "oom.env"
+    script = tmp_path / "on-oom"
+    script.write_text(f"#!/bin/sh\n{{ echo ARG=$1; env | grep ^VMGPU_ | sort; }} > {out}.tmp && mv {out}.tmp {out}\n")
+    script.chmod(0o755)
+    with forwarder(shm_path, mem="64M", extra=["--guest", "vm-7", "--oom-script", str(script)]) as fwd:
+        over = run_guest([NATIVE / "hold", 80], shm_path)
+        assert over.returncode == 1 and over.stdout.strip() == "alloc failed"
+        assert wait_for(out.exists), log_text(fwd)
+        assert "out of memory on GPU 0: cuMemAlloc wanted 83886080 bytes" in log_text(fwd)
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    assert env["ARG"] == "vm-7" and env["VMGPU_GUEST"] == "vm-7"
+    assert env["VMGPU_CALL"] == "cuMemAlloc" and env["VMGPU_REQUEST"] == str(80 << 20)
+    assert env["VMGPU_QUOTA"] == str(64 << 20) and env["VMGPU_GPU"].startswith("GPU-")
+    assert int(env["VMGPU_USED"]) <= 64 << 20
+
+
+def test_a_missing_oom_script_is_refused_at_start(shm_path):
+    r = subprocess.run(
+        [str(NATIVE / "vmgpu-forwarder"), "--region", str(shm_path), "--oom-script", "/nonexistent/script"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode != 0 and "--oom-script: /nonexistent/script is not an executable file" in r.stderr
