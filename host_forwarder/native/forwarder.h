@@ -15,7 +15,7 @@
 #include "backend.h"
 #include "vg_wire.h"
 #include "vh_sched.h"
-#include "vh_stats.h"
+#include <vmgpu/stats_abi.h>
 #include "vmgpu/shm.h"
 
 /* Time as the quota sees it: the real clock (clock.c), or a test's fake one. */
@@ -51,7 +51,7 @@ struct vh_fwd {
 	const struct vh_clock *clock;    /* how the quota waits (vh_real_clock but in unit tests) */
 	uint64_t ctx_reserve;            /* a context's charge where the driver cannot be measured */
 	const char *oom_script;          /* run with the guest's identity when it is refused memory */
-	struct vh_stats *stats;          /* shared by the workers; a file if --stats is given */
+	struct vmgpu_stats_page *stats;         /* shared by the workers; a file if --stats is given */
 	struct vg_dev_info info[VG_MAX_DEVICES];
 	int driver_version;
 	const char *guest;

@@ -199,13 +199,13 @@ static int map_stats(const char *path)
 	if (F.stats == MAP_FAILED)
 		return vh_die("cannot map the statistics page: %s", strerror(errno));
 	memset(F.stats, 0, sizeof *F.stats);
-	F.stats->version = VH_STATS_VERSION;
+	F.stats->version = VMGPU_STATS_VERSION;
 	F.stats->ndev = (uint32_t)F.ndev;
 	for (int i = 0; i < F.ndev; i++)
 		F.stats->quota[i] = F.quota[i];
 	F.used = F.stats->used;
 	atomic_thread_fence(memory_order_release);
-	F.stats->magic = VH_STATS_MAGIC; /* last: a reader sees a complete header */
+	F.stats->magic = VMGPU_STATS_MAGIC; /* last: a reader sees a complete header */
 	return 0;
 }
 

@@ -122,11 +122,11 @@ int vh_serve(struct vh_chan *ch)
 			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
 		uint64_t spent = vmgpu_now_ns() - t0;
 		ch->ncalls++;
-		struct vh_stats *st = ch->fwd->stats;
+		struct vmgpu_stats_page *st = ch->fwd->stats;
 		atomic_fetch_add_explicit(&st->busy_ns, spent, memory_order_relaxed);
 		atomic_fetch_add_explicit((hdr.flags & VG_F_NOREPLY) ? &st->async_calls : &st->sync_calls, 1,
 					  memory_order_relaxed);
-		if (hdr.op < VH_STATS_OPS) {
+		if (hdr.op < VMGPU_STATS_OPS) {
 			atomic_fetch_add_explicit(&st->op[hdr.op].count, 1, memory_order_relaxed);
 			atomic_fetch_add_explicit(&st->op[hdr.op].ns, spent, memory_order_relaxed);
 		}
