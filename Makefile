@@ -121,8 +121,8 @@ bench: bench-transport bench-remoting bench-pytorch
 	@python3 bench/summary.py $(BUILD)/bench
 
 lint: venv
-	$(PYTHON) -m ruff check vmgpu tests bench native/cuda_api
-	$(PYTHON) -m ruff format --check vmgpu tests bench native/cuda_api
+	$(PYTHON) -m ruff check vmgpu tests bench native/cuda_api guest_agent/nvml tools
+	$(PYTHON) -m ruff format --check vmgpu tests bench native/cuda_api guest_agent/nvml tools
 
 clean:
 	rm -rf $(BUILD) $(VENV)
