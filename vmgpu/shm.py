@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmgpu import files
+from vmgpu.config import parse_size  # noqa: F401 - the one size parser, re-exported
 from vmgpu.errors import InvalidArgument, NativeLibraryMissing, NotFound, RegionError, VersionMismatch, VmgpuError
 
 WAIT_FUTEX = 1
@@ -169,18 +170,6 @@ def _raise(rc: int, what: str) -> None:
     if err in (errno.EINVAL, errno.ENOSPC, errno.EMSGSIZE):
         raise InvalidArgument(msg)
     raise RegionError(msg)
-
-
-def parse_size(text: str) -> int:
-    """'64M', '1G', '4096', '2GiB' -> bytes."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise InvalidArgument(f"size {text!r} is not a number of bytes (e.g. 4096, 64M, 1G)") from None
 
 
 @dataclass(frozen=True)

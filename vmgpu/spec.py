@@ -24,6 +24,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from decimal import Decimal
 
+from vmgpu.config import UNIT_BYTES
 from vmgpu.errors import SpecError
 
 XML_NS = "https://vmgpu.dev/xmlns/share/1"
@@ -33,8 +34,7 @@ _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 _SIZE = re.compile(rf"^{_NUMBER}\s*([KMGT]i?B?|B)?$", re.IGNORECASE | re.ASCII)
 _PERCENT = re.compile(rf"^{_NUMBER}\s*%$", re.ASCII)
 _INDEX = re.compile(r"^[0-9]+$", re.ASCII)
-_UNITS_MIB = {"": Decimal(1), "B": Decimal(1) / (1 << 20), "K": Decimal(1) / 1024, "M": Decimal(1), "G": Decimal(1024)}
-_UNITS_MIB["T"] = _UNITS_MIB["G"] * 1024
+_UNITS_MIB = {"": Decimal(1), **{u: Decimal(n) / UNIT_BYTES["M"] for u, n in UNIT_BYTES.items()}}  # no unit: MiB
 MAX_MEM_MIB = 1 << 30  # 1 PiB: more than any GPU has, and what the ledger can hold
 MAX_GPU_INDEX = 1023
 
