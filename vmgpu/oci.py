@@ -31,19 +31,21 @@ import sys
 import time
 from pathlib import Path
 
-from vmgpu import files, names, sched
+from vmgpu import config, files, names, sched
+from vmgpu.config import parse_size
 from vmgpu.errors import InvalidArgument, VmgpuError
 from vmgpu.files import write_atomic
+from vmgpu.guest_lifecycle import Guest, Lifecycle
 from vmgpu.logging import configure_file, get_logger
 
 KIND = "container"
 DEFAULTS = {
-    "socket": "/run/vmgpu/vmgpud.sock",
+    "socket": config.SOCKET,
     "backend": "cuda",
     "runc": "runc",
-    "log": "/var/log/vmgpu/runtime.log",
-    "shm_dir": "/dev/shm",
-    "region_size": "256M",
+    "log": config.RUNTIME_LOG,
+    "shm_dir": config.SHM_DIR,
+    "region_size": config.CONTAINER_REGION_SIZE,
     "libdir": "",  # where the guest libcuda.so.1 is (default: the build's)
 }
 REGION_IN_CONTAINER = "/dev/vmgpu/region"
@@ -229,8 +231,7 @@ class Runtime:
             return
         for sl in client.status().slices:
             if sl.kind == KIND and sl.guest.startswith("ctr-") and sl.guest[4:] not in known:
-                client.release(sl.guest)
-                self._region(sl.guest).unlink(missing_ok=True)
+                Lifecycle(client, Guest(sl.guest, KIND, self._region(sl.guest))).release()
                 self.log.info("released a stale container share", guest=sl.guest)
 
     def create(self, argv: list[str], opts: dict, args: list[str]) -> int:
@@ -250,32 +251,32 @@ class Runtime:
         # container's state: another create's look would take a container admitted but not yet
         # known to runc for a stale one, and release it under it.
         with files.exclusive_lock(region.parent / ".create.lock"):
-            client = self._client()
+            lc = self._lifecycle(guest)
             try:
-                self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
-                client.admit(guest, KIND, spec)
-                try:
-                    client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
-                    give_region(region, uid, gid)
-                    write_atomic(cfg_path, json.dumps(new_config))
-                except VmgpuError:
-                    client.release(guest)
-                    raise
+                self.collect_stale(lc.client, Path(opts.get("--root", "/run/runc")))
+                lc.prepare(
+                    spec,
+                    parse_size(self.s["region_size"]),
+                    (uid, gid),  # the container's user and group get the region (ACL entries)
+                    then=lambda: write_atomic(cfg_path, json.dumps(new_config)),
+                )
                 self.log.info("admitted", guest=guest, share=spec, region=str(region))
             finally:
-                client.close()
+                lc.client.close()
             rc = self.runc(argv)
         if rc != 0:
             self._release(guest)
         return rc
 
+    def _lifecycle(self, guest: str) -> Lifecycle:
+        return Lifecycle(self._client(), Guest(guest, KIND, self._region(guest), self.s["backend"]), self.log)
+
     def _release(self, guest: str) -> None:
-        client = self._client()
+        lc = self._lifecycle(guest)
         try:
-            client.release(guest)
+            lc.release()
         finally:
-            client.close()
-        self._region(guest).unlink(missing_ok=True)
+            lc.client.close()
         self.log.info("released", guest=guest)
 
     def delete(self, argv: list[str], opts: dict, args: list[str]) -> int:
