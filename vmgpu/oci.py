@@ -54,6 +54,7 @@ REGION_IN_CONTAINER = "/dev/vmgpu/region"
 # access; only the bind mount, made by root, reaches it, never a local user by its path.
 REGION_DIR = "vmgpu-containers"
 LIB_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+RUNC_ROOT = "/run/runc"  # runc's state directory unless --root names another
 GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 
 
@@ -174,7 +175,7 @@ def rewrite(
     no view of the host's shared memory (guarded: the host directories of regions and scheduler
     pages; default /dev/shm and the scheduler's)."""
     ours = {REGION_IN_CONTAINER: (region, "rw"), LIB_IN_CONTAINER: (lib, "ro")}
-    guarded = guarded if guarded is not None else ["/dev/shm", str(sched.sched_dir())]
+    guarded = guarded if guarded is not None else [config.SHM_DIR, str(sched.sched_dir())]
     mounts = [m for m in config.get("mounts", []) if m.get("destination") not in ours]
     mounts = private_mounts(mounts, guarded, bundle)
     for dest, (src, mode) in ours.items():
@@ -244,7 +245,7 @@ class Runtime:
         guest = guest_name(cid)
         region = self._region(guest)
         files.private_dir(region.parent)
-        guarded = sorted({"/dev/shm", self.s["shm_dir"], str(sched.sched_dir())})
+        guarded = sorted({config.SHM_DIR, self.s["shm_dir"], str(sched.sched_dir())})
         uid, gid = region_owner(config)
         new_config = rewrite(config, region, self._lib(), guarded, bundle)  # refuses before admitting
         # Creates run one at a time, from the look for stale shares until runc has made the
@@ -253,7 +254,7 @@ class Runtime:
         with files.exclusive_lock(region.parent / ".create.lock"):
             lc = self._lifecycle(guest)
             try:
-                self.collect_stale(lc.client, Path(opts.get("--root", "/run/runc")))
+                self.collect_stale(lc.client, Path(opts.get("--root", RUNC_ROOT)))
                 lc.prepare(
                     spec,
                     parse_size(self.s["region_size"]),
@@ -282,7 +283,7 @@ class Runtime:
     def delete(self, argv: list[str], opts: dict, args: list[str]) -> int:
         rc = self.runc(argv)
         cid = args[-1] if args else ""
-        root = Path(opts.get("--root", "/run/runc"))
+        root = Path(opts.get("--root", RUNC_ROOT))
         if cid and (rc == 0 or not (root / cid).exists()):
             guest = guest_name(cid)
             try:
