@@ -33,12 +33,19 @@ class Guest:
 
 
 class Lifecycle:
-    """guest's lifecycle through client (a vmgpu.client.Client, or a fake of one)."""
+    """guest's lifecycle through client (a vmgpu.client.Client, or a fake of one); as a context
+    manager, it closes the client at the end."""
 
     def __init__(self, client, guest: Guest, log=None):
         self.client = client
         self.guest = guest
         self.log = log or get_logger(guest=guest.name)
+
+    def __enter__(self) -> Lifecycle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
 
     def prepare(
         self,

@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from vmgpu import config, files, names, sched
-from vmgpu.config import parse_size
+from vmgpu import files, names, sched
+from vmgpu.config import CONTAINER_REGION_SIZE, RUNTIME_LOG, SHM_DIR, SOCKET, parse_size
 from vmgpu.errors import InvalidArgument, VmgpuError
 from vmgpu.files import write_atomic
 from vmgpu.guest_lifecycle import Guest, Lifecycle
@@ -40,12 +40,12 @@ from vmgpu.logging import configure_file, get_logger
 
 KIND = "container"
 DEFAULTS = {
-    "socket": config.SOCKET,
+    "socket": SOCKET,
     "backend": "cuda",
     "runc": "runc",
-    "log": config.RUNTIME_LOG,
-    "shm_dir": config.SHM_DIR,
-    "region_size": config.CONTAINER_REGION_SIZE,
+    "log": RUNTIME_LOG,
+    "shm_dir": SHM_DIR,
+    "region_size": CONTAINER_REGION_SIZE,
     "libdir": "",  # where the guest libcuda.so.1 is (default: the build's)
 }
 REGION_IN_CONTAINER = "/dev/vmgpu/region"
@@ -175,7 +175,7 @@ def rewrite(
     no view of the host's shared memory (guarded: the host directories of regions and scheduler
     pages; default /dev/shm and the scheduler's)."""
     ours = {REGION_IN_CONTAINER: (region, "rw"), LIB_IN_CONTAINER: (lib, "ro")}
-    guarded = guarded if guarded is not None else [config.SHM_DIR, str(sched.sched_dir())]
+    guarded = guarded if guarded is not None else [SHM_DIR, str(sched.sched_dir())]
     mounts = [m for m in config.get("mounts", []) if m.get("destination") not in ours]
     mounts = private_mounts(mounts, guarded, bundle)
     for dest, (src, mode) in ours.items():
@@ -245,15 +245,14 @@ class Runtime:
         guest = guest_name(cid)
         region = self._region(guest)
         files.private_dir(region.parent)
-        guarded = sorted({config.SHM_DIR, self.s["shm_dir"], str(sched.sched_dir())})
+        guarded = sorted({SHM_DIR, self.s["shm_dir"], str(sched.sched_dir())})
         uid, gid = region_owner(config)
         new_config = rewrite(config, region, self._lib(), guarded, bundle)  # refuses before admitting
         # Creates run one at a time, from the look for stale shares until runc has made the
         # container's state: another create's look would take a container admitted but not yet
         # known to runc for a stale one, and release it under it.
         with files.exclusive_lock(region.parent / ".create.lock"):
-            lc = self._lifecycle(guest)
-            try:
+            with self._lifecycle(guest) as lc:
                 self.collect_stale(lc.client, Path(opts.get("--root", RUNC_ROOT)))
                 lc.prepare(
                     spec,
@@ -262,8 +261,6 @@ class Runtime:
                     then=lambda: write_atomic(cfg_path, json.dumps(new_config)),
                 )
                 self.log.info("admitted", guest=guest, share=spec, region=str(region))
-            finally:
-                lc.client.close()
             rc = self.runc(argv)
         if rc != 0:
             self._release(guest)
@@ -273,11 +270,8 @@ class Runtime:
         return Lifecycle(self._client(), Guest(guest, KIND, self._region(guest), self.s["backend"]), self.log)
 
     def _release(self, guest: str) -> None:
-        lc = self._lifecycle(guest)
-        try:
+        with self._lifecycle(guest) as lc:
             lc.release()
-        finally:
-            lc.client.close()
         self.log.info("released", guest=guest)
 
     def delete(self, argv: list[str], opts: dict, args: list[str]) -> int:

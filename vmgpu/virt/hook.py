@@ -140,41 +140,26 @@ def _prepare(name, share, dev, settings, log) -> None:
     runs as it (or as root, the owner); its group (kvm, often) has local users in it, who must
     not reach the guests' regions in /dev/shm."""
     uid, _group = qemu_identity(settings)
-    lc = _lifecycle(name, dev, settings, log)
-    try:
-        lc.prepare(
-            share.to_text(), int(dev["size_mib"]) << 20, (uid, None), region_params(), start=False, replace_stale=True
-        )
-    finally:
-        lc.client.close()
+    with _lifecycle(name, dev, settings, log) as lc:
+        size = int(dev["size_mib"]) << 20
+        lc.prepare(share.to_text(), size, (uid, None), region_params(), start=False, replace_stale=True)
     log.info("admitted", guest=name, share=share.to_text(), region=str(lc.guest.region))
 
 
-def _start_forwarder(name, dev, settings, log) -> None:
-    lc = _lifecycle(name, dev, settings, log)
-    try:
-        pid = lc.start_forwarder()
-    finally:
-        lc.client.close()
-    log.info("forwarder started", guest=name, pid=pid)
-
-
-def _reconnect(name, dev, settings, log) -> None:
-    lc = _lifecycle(name, dev, settings, log)
-    try:
-        pid = lc.ensure_forwarder()
-    finally:
-        lc.client.close()
+def _start_forwarder(name, dev, settings, log, only_if_none: bool = False) -> None:
+    """Start the guest's forwarder; only_if_none (reconnect): unless one is recorded."""
+    with _lifecycle(name, dev, settings, log) as lc:
+        pid = lc.ensure_forwarder() if only_if_none else lc.start_forwarder()
     if pid is not None:
         log.info("forwarder started", guest=name, pid=pid)
 
 
 def _stop(name, dev, settings, log, release: bool) -> None:
-    lc = _lifecycle(name, dev, settings, log)
-    try:
-        lc.release() if release else lc.stop_forwarder()
-    finally:
-        lc.client.close()
+    with _lifecycle(name, dev, settings, log) as lc:
+        if release:
+            lc.release()
+        else:
+            lc.stop_forwarder()
     log.info("released" if release else "forwarder stopped", guest=name)
 
 
@@ -199,7 +184,7 @@ def run(args: list[str], xml: str, settings: dict) -> int:
         elif op == "started":
             _start_forwarder(name, dev, settings, log)
         elif op == "reconnect":
-            _reconnect(name, dev, settings, log)
+            _start_forwarder(name, dev, settings, log, only_if_none=True)
         elif dev is not None:
             _stop(name, dev, settings, log, release=(op == "release"))
         return 0
