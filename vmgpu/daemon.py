@@ -21,9 +21,9 @@ import grpc
 from vmgpu import config, errors, files
 from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
-from vmgpu.ledger import Ledger
+from vmgpu.ledger import Ledger, Reservation
 from vmgpu.logging import get_logger
-from vmgpu.service import ForwarderStatus, Service
+from vmgpu.service import Service
 
 DEFAULT_SOCKET = config.SOCKET
 DEFAULT_DB = config.LEDGER_DB
@@ -55,24 +55,14 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         )
 
 
-def _slice(r) -> pb.Slice:
-    return pb.Slice(
-        guest=r.guest,
-        gpu_index=r.gpu_index,
-        gpu_uuid=r.gpu_uuid,
-        mem_mib=r.mem_mib,
-        compute_pct=r.compute_pct,
-        kind=r.kind,
-        weight=r.weight or r.compute_pct,
-    )
+def _message(message_cls, obj, **override):
+    """A message of message_cls with every field taken from obj's attribute of the same name
+    (service objects and messages name their fields alike; a field obj lacks is an error)."""
+    return message_cls(**{**{f.name: getattr(obj, f.name) for f in message_cls.DESCRIPTOR.fields}, **override})
 
 
-def _forwarder(f: ForwarderStatus) -> pb.Forwarder:
-    out = pb.Forwarder(guest=f.guest, pid=f.pid, region=f.region, backend=f.backend, state=f.state)
-    out.restart_attempt, out.restart_error = f.restart_attempt, f.restart_error
-    out.mem_used_mib.extend(f.mem_used_mib)
-    out.processes, out.sync_calls, out.async_calls = f.processes, f.sync_calls, f.async_calls
-    return out
+def _slice(r: Reservation) -> pb.Slice:
+    return _message(pb.Slice, r, weight=r.weight or r.compute_pct)
 
 
 class Servicer(pb_grpc.VmgpudServicer):
@@ -106,20 +96,9 @@ class Servicer(pb_grpc.VmgpudServicer):
     def Status(self, request, context):
         st = self.service.status()
         return pb.StatusReply(
-            gpus=[
-                pb.GpuStatus(
-                    index=u.index,
-                    uuid=u.uuid,
-                    name=u.name,
-                    mem_mib=u.mem_mib,
-                    mem_reserved_mib=u.mem_reserved_mib,
-                    compute_reserved_pct=u.compute_reserved_pct,
-                    policy=u.policy,
-                )
-                for u in st.gpus
-            ],
+            gpus=[_message(pb.GpuStatus, u) for u in st.gpus],
             slices=[_slice(r) for r in st.slices],
-            forwarders=[_forwarder(f) for f in st.forwarders],
+            forwarders=[_message(pb.Forwarder, f) for f in st.forwarders],
         )
 
 
