@@ -18,15 +18,12 @@ from pathlib import Path
 
 import grpc
 
-from vmgpu import config, errors, files
+from vmgpu import errors, files
 from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.ledger import Ledger, Reservation
 from vmgpu.logging import get_logger
 from vmgpu.service import Service
-
-DEFAULT_SOCKET = config.SOCKET
-DEFAULT_DB = config.LEDGER_DB
 
 
 def grpc_status(e: errors.VmgpuError) -> grpc.StatusCode:

@@ -1,8 +1,8 @@
 """One error tree for vmgpu, and the one code table derived from it.  Every error class has a
 stable `code`, the `exit_code` the CLI exits with, the `grpc_status` vmgpud answers with (the
 name of a grpc.StatusCode; a subclass inherits its parent's) and a help text (its docstring's
-first line).  CODES is the table; vmgpu/daemon.py's interceptor, vmgpu/client.py, the CLI
-(vmgpu/cli/main.py), the libvirt hook and the OCI runtime all read it, none keeps its own."""
+first paragraph).  CODES is the table; vmgpu/daemon.py's interceptor, vmgpu/client.py, the CLI
+(vmgpu/cli/common.py), the libvirt hook and the OCI runtime all read it, none keeps its own."""
 
 from __future__ import annotations
 

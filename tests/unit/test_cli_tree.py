@@ -1,5 +1,5 @@
 """The `vmgpu` command tree is what it was before the CLI was split by command group
-(recorded from a64d124's successor 38b3501 in data/cli_tree.json): every command, every
+(recorded at 38b3501, before the split, in data/cli_tree.json): every command, every
 option and argument with its names, default, type and help, and every command's --help."""
 
 from __future__ import annotations
