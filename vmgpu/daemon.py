@@ -1,8 +1,9 @@
-"""vmgpud: the host daemon.  Keeps the admission ledger and answers on a unix socket (gRPC).
+"""vmgpud: the host daemon.  Serves the service (vmgpu/service.py) on a unix socket (gRPC).
 
-The servicer is thin: it converts messages, calls the ledger, converts back.  Domain errors
-become gRPC status codes in one table (`STATUS`), with the vmgpu error code in the trailing
-metadata so that clients rebuild the same error.
+The servicer is thin: it converts messages, calls the service, converts back.  One interceptor
+(`ErrorInterceptor`) ends every call that raised a VmgpuError with the gRPC status of the code
+table (vmgpu/errors.py), the vmgpu error code in the trailing metadata, so that clients rebuild
+the same error (vmgpu/client.py).
 """
 
 from __future__ import annotations
@@ -17,149 +18,84 @@ from pathlib import Path
 
 import grpc
 
-from vmgpu import errors, files, gpu, names, sched
+from vmgpu import errors, files
 from vmgpu.api.v1 import vmgpu_pb2 as pb
 from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
-from vmgpu.ledger import Ledger
+from vmgpu.ledger import Ledger, Reservation
 from vmgpu.logging import get_logger
-from vmgpu.metrics import Metrics
-from vmgpu.spec import parse
-from vmgpu.supervisor import Supervisor
-
-DEFAULT_SOCKET = "/run/vmgpu/vmgpud.sock"
-DEFAULT_DB = "/var/lib/vmgpu/ledger.db"
-KINDS = ("vm", "container", "process")
-
-# vmgpu error -> gRPC status; the only place the mapping lives
-STATUS = {
-    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.NotFound: grpc.StatusCode.NOT_FOUND,
-    errors.Refused: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.Conflict: grpc.StatusCode.ALREADY_EXISTS,
-    errors.GpuError: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.VmgpuError: grpc.StatusCode.INTERNAL,
-}
+from vmgpu.service import Service
 
 
-def _slice(r) -> pb.Slice:
-    return pb.Slice(
-        guest=r.guest,
-        gpu_index=r.gpu_index,
-        gpu_uuid=r.gpu_uuid,
-        mem_mib=r.mem_mib,
-        compute_pct=r.compute_pct,
-        kind=r.kind,
-        weight=r.weight or r.compute_pct,
-    )
+def grpc_status(e: errors.VmgpuError) -> grpc.StatusCode:
+    """e's gRPC status, from the code table."""
+    return getattr(grpc.StatusCode, e.grpc_status)
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Every RPC's VmgpuError ends the call with its status and its code (trailing metadata)."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+
+        def call(request, context):
+            try:
+                return inner(request, context)
+            except errors.VmgpuError as e:
+                context.set_trailing_metadata((("vmgpu-error", e.code),))
+                context.abort(grpc_status(e), e.message)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+def _message(message_cls, obj, **override):
+    """A message of message_cls with every field taken from obj's attribute of the same name
+    (service objects and messages name their fields alike; a field obj lacks is an error)."""
+    return message_cls(**{**{f.name: getattr(obj, f.name) for f in message_cls.DESCRIPTOR.fields}, **override})
+
+
+def _slice(r: Reservation) -> pb.Slice:
+    return _message(pb.Slice, r, weight=r.weight or r.compute_pct)
 
 
 class Servicer(pb_grpc.VmgpudServicer):
-    def __init__(self, ledger: Ledger, supervisor: Supervisor, lock: threading.Lock, metrics: Metrics):
-        self.ledger = ledger
-        self.supervisor = supervisor
-        self.lock = lock
-        self.metrics = metrics
+    """Messages in, the service's call, messages out; errors go to ErrorInterceptor."""
 
-    @staticmethod
-    def _abort(context, e: errors.VmgpuError):
-        """End the call with e: its gRPC status, its stable code in trailing metadata."""
-        status = next(s for cls, s in STATUS.items() if isinstance(e, cls))
-        context.set_trailing_metadata((("vmgpu-error", e.code),))
-        context.abort(status, e.message)
-
-    def _guest(self, context, name: str) -> None:
-        """Every call that takes a guest name: the one rule (vmgpu/names.py), or INVALID_ARGUMENT."""
-        try:
-            names.check_guest(name)
-        except errors.InvalidArgument as e:
-            self._abort(context, e)
-
-    def _call(self, context, fn, *args):
-        try:
-            with self.lock:
-                return fn(*args)
-        except errors.VmgpuError as e:
-            self._abort(context, e)
+    def __init__(self, service: Service):
+        self.service = service
 
     def Admit(self, request, context):
-        if request.kind not in KINDS:
-            self._abort(context, errors.InvalidArgument(f"kind '{request.kind}' is not one of {', '.join(KINDS)}"))
-        self._guest(context, request.guest)
-
-        def admit():
-            try:
-                res = self.ledger.admit(request.guest, request.kind, parse(request.spec))
-            except errors.VmgpuError as e:
-                self.metrics.admissions.labels(result=e.code.lower()).inc()
-                raise
-            self.metrics.admissions.labels(result="admitted").inc()
-            return res
-
-        res = self._call(context, admit)
-        return pb.AdmitReply(slices=[_slice(r) for r in res])
+        slices = self.service.admit(request.guest, request.kind, request.spec)
+        return pb.AdmitReply(slices=[_slice(r) for r in slices])
 
     def Release(self, request, context):
-        self._guest(context, request.guest)
-
-        def release():
-            self.supervisor.stop(request.guest)
-            return self.ledger.release(request.guest)
-
-        return pb.ReleaseReply(released=self._call(context, release))
-
-    def _forwarder(self, guest, pid, region, backend) -> pb.Forwarder:
-        state, attempt, why = self.supervisor.state(guest, pid, region)
-        f = pb.Forwarder(guest=guest, pid=pid, region=region, backend=backend, state=state)
-        f.restart_attempt, f.restart_error = attempt, why
-        st = self.supervisor.stats(guest) if state == "running" else None
-        if st:
-            f.mem_used_mib.extend(m["used"] >> 20 for m in st["memory"])
-            f.processes, f.sync_calls, f.async_calls = st["processes"], st["sync_calls"], st["async_calls"]
-        return f
+        return pb.ReleaseReply(released=self.service.release(request.guest))
 
     def StartForwarder(self, request, context):
-        self._guest(context, request.guest)
-        backend = request.backend or "cuda"
-        if backend not in ("cuda", "sim"):
-            self._abort(context, errors.InvalidArgument(f"backend '{backend}' is neither cuda nor sim"))
-        wait = request.wait or "futex"
-        if wait not in ("futex", "poll"):
-            self._abort(context, errors.InvalidArgument(f"wait '{wait}' is neither futex nor poll"))
-        pid = self._call(context, self.supervisor.start, request.guest, request.region, backend, request.size, wait)
-        return pb.StartForwarderReply(pid=pid)
+        r = request
+        return pb.StartForwarderReply(pid=self.service.start(r.guest, r.region, r.backend, r.size, r.wait))
 
     def StopForwarder(self, request, context):
-        self._guest(context, request.guest)
-        return pb.StopForwarderReply(stopped=self._call(context, self.supervisor.stop, request.guest))
+        return pb.StopForwarderReply(stopped=self.service.stop(request.guest))
 
     def SetWeight(self, request, context):
-        self._guest(context, request.guest)
-        uuid = self._call(context, self.ledger.set_weight, request.guest, request.gpu, request.weight)
-        return pb.SetWeightReply(gpu_uuid=uuid, live=sched.apply(uuid, weights={request.guest: request.weight}))
+        uuid, live = self.service.weight(request.guest, request.gpu, request.weight)
+        return pb.SetWeightReply(gpu_uuid=uuid, live=live)
 
     def SetPolicy(self, request, context):
-        uuid = self._call(context, self.ledger.set_policy, request.gpu, request.policy)
-        return pb.SetPolicyReply(gpu_uuid=uuid, live=sched.apply(uuid, policy=request.policy))
+        uuid, live = self.service.policy(request.gpu, request.policy)
+        return pb.SetPolicyReply(gpu_uuid=uuid, live=live)
 
     def Status(self, request, context):
-        usage, slices, fwds = self._call(
-            context, lambda: (self.ledger.usage(), self.ledger.reservations(), self.ledger.forwarders())
-        )
+        st = self.service.status()
         return pb.StatusReply(
-            gpus=[
-                pb.GpuStatus(
-                    index=u.index,
-                    uuid=u.uuid,
-                    name=u.name,
-                    mem_mib=u.mem_mib,
-                    mem_reserved_mib=u.mem_reserved_mib,
-                    compute_reserved_pct=u.compute_reserved_pct,
-                    policy=u.policy,
-                )
-                for u in usage
-            ],
-            slices=[_slice(r) for r in slices],
-            forwarders=[self._forwarder(g, pid, region, b) for g, pid, region, b, _ in fwds],
+            gpus=[_message(pb.GpuStatus, u) for u in st.gpus],
+            slices=[_slice(r) for r in st.slices],
+            forwarders=[_message(pb.Forwarder, f) for f in st.forwarders],
         )
 
 
@@ -266,18 +202,13 @@ def serve(
 
 
 def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics_port: int | None):
-    ledger.sync_gpus(gpu.inventory(inventory))
-    lock = threading.Lock()
-    supervisor = Supervisor(ledger, lock, db_path.parent)
-    with lock:
-        supervisor.adopt()
-    supervisor.watch()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    metrics = Metrics(ledger, lock)
-    pb_grpc.add_VmgpudServicer_to_server(Servicer(ledger, supervisor, lock, metrics), server)
-    server.supervisor = supervisor
+    service = Service.open(ledger, inventory, db_path.parent)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()])
+    pb_grpc.add_VmgpudServicer_to_server(Servicer(service), server)
+    server.service = service
+    server.supervisor = service.supervisor
     server.socket_claim = claim
-    server.metrics_http = metrics.serve(metrics_port) if metrics_port is not None else None
+    server.metrics_http = service.metrics.serve(metrics_port) if metrics_port is not None else None
     old = os.umask(0o177)
     try:
         server.add_insecure_port(f"unix:{claim.private}")
@@ -299,6 +230,6 @@ def run(socket_path, db_path, inventory=None, metrics_port=None) -> None:
     server.socket_claim.release()
     if server.metrics_http:
         server.metrics_http.shutdown()
-    server.supervisor.close()
+    server.service.close()
     ledger.close()
     get_logger(component="vmgpud").info("stopped")

@@ -8,7 +8,7 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vmgpu import errors
+from vmgpu import config, errors
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _native() -> Check:
 
 
 def _shm(min_free: int = 1 << 30) -> Check:
-    path = "/dev/shm"
+    path = config.SHM_DIR
     if not os.path.isdir(path) or not os.access(path, os.W_OK):
         return Check("/dev/shm", "fail", "missing or not writable", "mount a tmpfs on /dev/shm")
     st = os.statvfs(path)
@@ -129,7 +129,9 @@ def _libvirt() -> list[Check]:
         if os.path.exists(sock)
         else Check("libvirtd", "warn", f"no {sock}: VMs cannot be used", "start libvirtd (VM guests only)")
     ]
-    out.append(_hook(Path("/etc/libvirt/hooks/qemu.d/50-vmgpu")))
+    from vmgpu.virt.hook import HOOK_NAME
+
+    out.append(_hook(Path(config.LIBVIRT_HOOKS_DIR) / "qemu.d" / HOOK_NAME))
     return out
 
 

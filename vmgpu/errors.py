@@ -1,23 +1,57 @@
-"""One error tree for vmgpu.  Every error has a stable code; the CLI's exit
-code (and later the gRPC status and the hook's message) derive from it here."""
+"""One error tree for vmgpu, and the one code table derived from it.  Every error class has a
+stable `code`, the `exit_code` the CLI exits with, the `grpc_status` vmgpud answers with (the
+name of a grpc.StatusCode; a subclass inherits its parent's) and a help text (its docstring's
+first paragraph).  CODES is the table; vmgpu/daemon.py's interceptor, vmgpu/client.py, the CLI
+(vmgpu/cli/common.py), the libvirt hook and the OCI runtime all read it, none keeps its own."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class Code(NamedTuple):
+    """One row of the code table."""
+
+    code: str
+    exit_code: int
+    grpc_status: str
+    help: str
+
+
+ALL: list[type[VmgpuError]] = []  # every class of the tree, in definition order
+
 
 class VmgpuError(Exception):
-    """Base of every vmgpu error.  `code` is stable and documented."""
+    """Something vmgpu could not do; the message says what and how to fix it."""
 
     code = "VMGPU_ERROR"
     exit_code = 1
+    grpc_status = "INTERNAL"
 
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
 
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "code" not in cls.__dict__ or "__doc__" not in cls.__dict__ or not cls.__doc__:
+            raise TypeError(f"{cls.__name__}: every vmgpu error has its own code and a help text")
+        ALL.append(cls)
+
+    @classmethod
+    def row(cls) -> Code:
+        return Code(cls.code, cls.exit_code, cls.grpc_status, " ".join(cls.__doc__.split("\n\n")[0].split()))
+
+
+ALL.append(VmgpuError)
+
 
 class InvalidArgument(VmgpuError):
+    """A request that is not well formed: a name, a size, an option; the message names it."""
+
     code = "INVALID_ARGUMENT"
     exit_code = 2
+    grpc_status = "INVALID_ARGUMENT"
 
 
 class SpecError(InvalidArgument):
@@ -27,8 +61,11 @@ class SpecError(InvalidArgument):
 
 
 class NotFound(VmgpuError):
+    """What the request names does not exist: a guest, a GPU, a region."""
+
     code = "NOT_FOUND"
     exit_code = 3
+    grpc_status = "NOT_FOUND"
 
 
 class RegionError(VmgpuError):
@@ -46,6 +83,8 @@ class VersionMismatch(RegionError):
 
 
 class NativeLibraryMissing(VmgpuError):
+    """vmgpu's native parts (libvmgpu_shm, vmgpu-forwarder) are not built or not installed."""
+
     code = "NATIVE_LIBRARY_MISSING"
     exit_code = 6
 
@@ -63,6 +102,7 @@ class Refused(VmgpuError):
 
     code = "REFUSED"
     exit_code = 8
+    grpc_status = "RESOURCE_EXHAUSTED"
 
 
 class Conflict(VmgpuError):
@@ -70,6 +110,7 @@ class Conflict(VmgpuError):
 
     code = "CONFLICT"
     exit_code = 9
+    grpc_status = "ALREADY_EXISTS"
 
 
 class GpuError(VmgpuError):
@@ -77,6 +118,7 @@ class GpuError(VmgpuError):
 
     code = "GPU"
     exit_code = 10
+    grpc_status = "FAILED_PRECONDITION"
 
 
 class DaemonUnavailable(VmgpuError):
@@ -116,25 +158,7 @@ class DaemonRunning(VmgpuError):
     exit_code = 15
 
 
-ALL = (
-    VmgpuError,
-    InvalidArgument,
-    SpecError,
-    NotFound,
-    RegionError,
-    VersionMismatch,
-    NativeLibraryMissing,
-    ForwarderError,
-    Refused,
-    Conflict,
-    GpuError,
-    DaemonUnavailable,
-    LibvirtError,
-    UnsafePath,
-    LedgerError,
-    DaemonRunning,
-)
 BY_CODE = {cls.code: cls for cls in ALL}
-
-# code -> exit status, for documentation and tests
-EXIT_CODES = {cls.code: cls.exit_code for cls in ALL}
+# the code table: code -> (exit status, gRPC status, help)
+CODES = {cls.code: cls.row() for cls in ALL}
+EXIT_CODES = {code: row.exit_code for code, row in CODES.items()}

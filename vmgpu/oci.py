@@ -32,18 +32,20 @@ import time
 from pathlib import Path
 
 from vmgpu import files, names, sched
+from vmgpu.config import CONTAINER_REGION_SIZE, RUNTIME_LOG, SHM_DIR, SOCKET, parse_size
 from vmgpu.errors import InvalidArgument, VmgpuError
 from vmgpu.files import write_atomic
+from vmgpu.guest_lifecycle import Guest, Lifecycle
 from vmgpu.logging import configure_file, get_logger
 
 KIND = "container"
 DEFAULTS = {
-    "socket": "/run/vmgpu/vmgpud.sock",
+    "socket": SOCKET,
     "backend": "cuda",
     "runc": "runc",
-    "log": "/var/log/vmgpu/runtime.log",
-    "shm_dir": "/dev/shm",
-    "region_size": "256M",
+    "log": RUNTIME_LOG,
+    "shm_dir": SHM_DIR,
+    "region_size": CONTAINER_REGION_SIZE,
     "libdir": "",  # where the guest libcuda.so.1 is (default: the build's)
 }
 REGION_IN_CONTAINER = "/dev/vmgpu/region"
@@ -55,6 +57,7 @@ LIB_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 # beside it, from the same directory: the guest NVML (nvidia-smi, pynvml) and vmgpu-smi
 NVML_IN_CONTAINER = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 SMI_IN_CONTAINER = "/usr/bin/vmgpu-smi"
+RUNC_ROOT = "/run/runc"  # runc's state directory unless --root names another
 GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 
 
@@ -179,7 +182,7 @@ def rewrite(
     for dest, name in ((NVML_IN_CONTAINER, "libnvidia-ml.so.1"), (SMI_IN_CONTAINER, "vmgpu-smi")):
         if (lib.parent / name).exists():
             ours[dest] = (lib.parent / name, "ro")
-    guarded = guarded if guarded is not None else ["/dev/shm", str(sched.sched_dir())]
+    guarded = guarded if guarded is not None else [SHM_DIR, str(sched.sched_dir())]
     mounts = [m for m in config.get("mounts", []) if m.get("destination") not in ours]
     mounts = private_mounts(mounts, guarded, bundle)
     for dest, (src, mode) in ours.items():
@@ -236,8 +239,7 @@ class Runtime:
             return
         for sl in client.status().slices:
             if sl.kind == KIND and sl.guest.startswith("ctr-") and sl.guest[4:] not in known:
-                client.release(sl.guest)
-                self._region(sl.guest).unlink(missing_ok=True)
+                Lifecycle(client, Guest(sl.guest, KIND, self._region(sl.guest))).release()
                 self.log.info("released a stale container share", guest=sl.guest)
 
     def create(self, argv: list[str], opts: dict, args: list[str]) -> int:
@@ -250,45 +252,39 @@ class Runtime:
         guest = guest_name(cid)
         region = self._region(guest)
         files.private_dir(region.parent)
-        guarded = sorted({"/dev/shm", self.s["shm_dir"], str(sched.sched_dir())})
+        guarded = sorted({SHM_DIR, self.s["shm_dir"], str(sched.sched_dir())})
         uid, gid = region_owner(config)
         new_config = rewrite(config, region, self._lib(), guarded, bundle)  # refuses before admitting
         # Creates run one at a time, from the look for stale shares until runc has made the
         # container's state: another create's look would take a container admitted but not yet
         # known to runc for a stale one, and release it under it.
         with files.exclusive_lock(region.parent / ".create.lock"):
-            client = self._client()
-            try:
-                self.collect_stale(client, Path(opts.get("--root", "/run/runc")))
-                client.admit(guest, KIND, spec)
-                try:
-                    client.start_forwarder(guest, str(region), self.s["backend"], self.s["region_size"], "futex")
-                    give_region(region, uid, gid)
-                    write_atomic(cfg_path, json.dumps(new_config))
-                except VmgpuError:
-                    client.release(guest)
-                    raise
+            with self._lifecycle(guest) as lc:
+                self.collect_stale(lc.client, Path(opts.get("--root", RUNC_ROOT)))
+                lc.prepare(
+                    spec,
+                    parse_size(self.s["region_size"]),
+                    (uid, gid),  # the container's user and group get the region (ACL entries)
+                    then=lambda: write_atomic(cfg_path, json.dumps(new_config)),
+                )
                 self.log.info("admitted", guest=guest, share=spec, region=str(region))
-            finally:
-                client.close()
             rc = self.runc(argv)
         if rc != 0:
             self._release(guest)
         return rc
 
+    def _lifecycle(self, guest: str) -> Lifecycle:
+        return Lifecycle(self._client(), Guest(guest, KIND, self._region(guest), self.s["backend"]), self.log)
+
     def _release(self, guest: str) -> None:
-        client = self._client()
-        try:
-            client.release(guest)
-        finally:
-            client.close()
-        self._region(guest).unlink(missing_ok=True)
+        with self._lifecycle(guest) as lc:
+            lc.release()
         self.log.info("released", guest=guest)
 
     def delete(self, argv: list[str], opts: dict, args: list[str]) -> int:
         rc = self.runc(argv)
         cid = args[-1] if args else ""
-        root = Path(opts.get("--root", "/run/runc"))
+        root = Path(opts.get("--root", RUNC_ROOT))
         if cid and (rc == 0 or not (root / cid).exists()):
             guest = guest_name(cid)
             try:

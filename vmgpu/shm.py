@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmgpu import abi, files
+from vmgpu.config import parse_size  # noqa: F401 - the one size parser, re-exported
 from vmgpu.errors import InvalidArgument, NotFound, RegionError, VmgpuError
 from vmgpu.shm_lib import lib, raise_error
 
@@ -26,18 +27,6 @@ WAIT_MODES = {"futex": WAIT_FUTEX, "poll": WAIT_POLL}
 CHAN_STATES = {0: "free", 1: "claiming", 2: "active", 3: "closing", 4: "dead"}
 HOST_STATUS = {0: "pending", 1: "accepted", 2: "refused-version", 3: "refused-broken", 4: "refused-limit"}
 HC_EVENTS = {0: "idle", 1: "opened", 2: "serving", 3: "closed", 4: "lost", 5: "refused"}
-
-
-def parse_size(text: str) -> int:
-    """'64M', '1G', '4096', '2GiB' -> bytes."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise InvalidArgument(f"size {text!r} is not a number of bytes (e.g. 4096, 64M, 1G)") from None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from decimal import Decimal
 
-from vmgpu.errors import SpecError
+from vmgpu.config import UNIT_BYTES
+from vmgpu.errors import InvalidArgument, SpecError
 
 XML_NS = "https://vmgpu.dev/xmlns/share/1"
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", re.ASCII)
@@ -33,8 +34,7 @@ _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 _SIZE = re.compile(rf"^{_NUMBER}\s*([KMGT]i?B?|B)?$", re.IGNORECASE | re.ASCII)
 _PERCENT = re.compile(rf"^{_NUMBER}\s*%$", re.ASCII)
 _INDEX = re.compile(r"^[0-9]+$", re.ASCII)
-_UNITS_MIB = {"": Decimal(1), "B": Decimal(1) / (1 << 20), "K": Decimal(1) / 1024, "M": Decimal(1), "G": Decimal(1024)}
-_UNITS_MIB["T"] = _UNITS_MIB["G"] * 1024
+_UNITS_MIB = {"": Decimal(1), **{u: Decimal(n) / UNIT_BYTES["M"] for u, n in UNIT_BYTES.items()}}  # no unit: MiB
 MAX_MEM_MIB = 1 << 30  # 1 PiB: more than any GPU has, and what the ledger can hold
 MAX_GPU_INDEX = 1023
 
@@ -155,6 +155,17 @@ def _check_unique(slices: list[Slice]) -> ShareSpec:
             raise SpecError(f"slice {i}: gpu {s.gpu} is already given by slice {seen[s.gpu]}")
         seen[s.gpu] = i
     return ShareSpec(tuple(slices))
+
+
+def from_options(gpu: str | None, mem: str | None, compute: int, spec_text: str | None) -> ShareSpec:
+    """The share of `vmgpu vm attach`: either the whole spec, or one slice's gpu, mem, compute."""
+    if spec_text and (gpu or mem):
+        raise InvalidArgument("give either --spec or --gpu/--mem/--compute, not both")
+    if not spec_text:
+        if gpu is None or mem is None:
+            raise InvalidArgument("give --gpu and --mem (or --spec)")
+        spec_text = f"gpu={gpu},mem={mem},compute={compute}"
+    return parse(spec_text)
 
 
 def parse(text: str) -> ShareSpec:

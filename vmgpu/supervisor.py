@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tenacity
 
-from vmgpu import sched, shm
+from vmgpu import config, sched, shm
 from vmgpu.errors import Conflict, ForwarderError, NotFound, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
@@ -104,7 +104,7 @@ class Supervisor:
         if held and is_forwarder(held[0], held[1]):
             raise Conflict(f"guest {guest} already has a forwarder (pid {held[0]}) on {held[1]}")
         if size:
-            geometry = {"wait": wait, "channels": shm.Params.nchannels, "bulk": shm.Params.bulk_size}
+            geometry = config.region_geometry(wait)
         else:
             recorded = self.ledger.forwarder_geometry(guest)
             geometry = recorded if recorded and held and held[1] == region else region_geometry(region)

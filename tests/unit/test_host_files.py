@@ -389,7 +389,7 @@ def test_the_runtime_refuses_a_container_that_mounts_everything_above_dev_shm(mo
 
 
 class _FakeVmgpud:
-    """vmgpud as the runtime sees it: start_forwarder makes the region as the forwarder does."""
+    """vmgpud as the runtime sees it: start_forwarder serves the region the runtime made."""
 
     def __init__(self):
         self.calls = []
@@ -402,7 +402,7 @@ class _FakeVmgpud:
 
     def start_forwarder(self, guest, region, backend, size, wait):
         self.calls.append(("start", guest))
-        shm.Region.create(region, SIZE, SMALL, guest, exclusive=False).close()
+        shm.Region.open(region).close()  # the lifecycle made it before asking for a forwarder
         return 1
 
     def release(self, guest):

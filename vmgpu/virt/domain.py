@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from lxml import etree
 
 from vmgpu import shm, spec
+from vmgpu.config import UNIT_BYTES
 from vmgpu.errors import InvalidArgument
 
 NS = spec.XML_NS
@@ -110,10 +111,18 @@ def read(xml: str):
             value = int(size.text) if size is not None else 0
         except ValueError:
             value = 0
-        mib = {"B": value / (1 << 20), "K": value / 1024, "M": value, "G": value * 1024}.get(unit, 0)
+        mib = _mib(value, unit)
         model = sh.find("model")
         dev = {"name": sh.get("name"), "model": model.get("type") if model is not None else "", "size_mib": mib}
     return share, dev
+
+
+def _mib(value: int, unit: str) -> float:
+    """<size unit=UNIT>VALUE</size> in MiB (units below MiB give a fraction; an unknown one 0)."""
+    per = UNIT_BYTES[unit] if unit and unit in "BKMG" else 0
+    if not per:
+        return 0
+    return value * per / UNIT_BYTES["M"] if per < UNIT_BYTES["M"] else value * (per // UNIT_BYTES["M"])
 
 
 def _plain(el):

@@ -34,21 +34,22 @@ import signal
 import sys
 from pathlib import Path
 
-from vmgpu import names, shm
-from vmgpu.errors import Conflict, VmgpuError
+from vmgpu import config, names, shm
+from vmgpu.errors import VmgpuError
 from vmgpu.files import write_atomic
+from vmgpu.guest_lifecycle import Guest, Lifecycle
 from vmgpu.logging import configure_file, get_logger
 from vmgpu.virt import domain
 
 KIND = "vm"
 HOOK_NAME = "50-vmgpu"
 DEFAULTS = {
-    "socket": "/run/vmgpu/vmgpud.sock",
+    "socket": config.SOCKET,
     "backend": "cuda",
-    "log": "/var/log/vmgpu/hook.log",
-    "shm_dir": "/dev/shm",
+    "log": config.HOOK_LOG,
+    "shm_dir": config.SHM_DIR,
     "qemu_user": "",  # QEMU's user[:group] as libvirt runs it; default: qemu.conf's, else libvirt's
-    "qemu_conf": "/etc/libvirt/qemu.conf",
+    "qemu_conf": config.QEMU_CONF,
 }
 # libvirt's built-in QEMU user where qemu.conf names none (Debian/Ubuntu, then Fedora/RHEL)
 LIBVIRT_QEMU_USERS = ("libvirt-qemu", "qemu")
@@ -63,8 +64,8 @@ def _client(settings):
 
 
 def region_params() -> shm.Params:
-    """A VM's region: the default geometry, waits by polling (no futex across kernels)."""
-    return shm.Params(wait_mode=shm.WAIT_POLL)
+    """A VM's region: the daemon's geometry, waits by polling (no futex across kernels)."""
+    return config.region_params("poll")
 
 
 def _region_path(settings, dev) -> Path:
@@ -128,63 +129,37 @@ def _exists(user: str) -> bool:
     return True
 
 
+def _lifecycle(name, dev, settings, log) -> Lifecycle:
+    guest = Guest(name, KIND, _region_path(settings, dev), settings["backend"], wait="poll")
+    return Lifecycle(_client(settings), guest, log)
+
+
 def _prepare(name, share, dev, settings, log) -> None:
-    client = _client(settings)
-    try:
-        try:
-            client.admit(name, KIND, share.to_text())
-        except Conflict:
-            # a reservation left by a run whose release hook never came; the domain is not
-            # running (libvirt is preparing it), so it is stale
-            log.warning("stale reservation replaced", guest=name)
-            client.release(name)
-            client.admit(name, KIND, share.to_text())
-        path = _region_path(settings, dev)
-        try:
-            uid, _group = qemu_identity(settings)
-            # made beside and renamed over the path: a stale region or a planted link is replaced
-            size = int(dev["size_mib"]) << 20
-            # QEMU's user only: QEMU runs as it (or as root, the owner); its group (kvm, often) has
-            # local users in it, who must not reach the guests' regions in /dev/shm
-            shm.Region.create(path, size, region_params(), name, exclusive=False, uid=uid).close()
-        except VmgpuError:
-            client.release(name)
-            raise
-    finally:
-        client.close()
-    log.info("admitted", guest=name, share=share.to_text(), region=str(path))
+    """Admit the share (a stale reservation is replaced: the domain is not running, libvirt is
+    preparing it) and make the region, exactly the device's size, for QEMU's user only: QEMU
+    runs as it (or as root, the owner); its group (kvm, often) has local users in it, who must
+    not reach the guests' regions in /dev/shm."""
+    uid, _group = qemu_identity(settings)
+    with _lifecycle(name, dev, settings, log) as lc:
+        size = int(dev["size_mib"]) << 20
+        lc.prepare(share.to_text(), size, (uid, None), region_params(), start=False, replace_stale=True)
+    log.info("admitted", guest=name, share=share.to_text(), region=str(lc.guest.region))
 
 
-def _start_forwarder(name, dev, settings, log) -> None:
-    client = _client(settings)
-    try:
-        pid = client.start_forwarder(name, str(_region_path(settings, dev)), settings["backend"], "", "poll")
-    finally:
-        client.close()
-    log.info("forwarder started", guest=name, pid=pid)
-
-
-def _reconnect(name, dev, settings, log) -> None:
-    client = _client(settings)
-    try:
-        running = {f.guest for f in client.status().forwarders if f.pid > 0}
-    finally:
-        client.close()
-    if name not in running:
-        _start_forwarder(name, dev, settings, log)
+def _start_forwarder(name, dev, settings, log, only_if_none: bool = False) -> None:
+    """Start the guest's forwarder; only_if_none (reconnect): unless one is recorded."""
+    with _lifecycle(name, dev, settings, log) as lc:
+        pid = lc.ensure_forwarder() if only_if_none else lc.start_forwarder()
+    if pid is not None:
+        log.info("forwarder started", guest=name, pid=pid)
 
 
 def _stop(name, dev, settings, log, release: bool) -> None:
-    client = _client(settings)
-    try:
+    with _lifecycle(name, dev, settings, log) as lc:
         if release:
-            client.release(name)
+            lc.release()
         else:
-            client.stop_forwarder(name)
-    finally:
-        client.close()
-    if release:
-        _region_path(settings, dev).unlink(missing_ok=True)
+            lc.stop_forwarder()
     log.info("released" if release else "forwarder stopped", guest=name)
 
 
@@ -209,7 +184,7 @@ def run(args: list[str], xml: str, settings: dict) -> int:
         elif op == "started":
             _start_forwarder(name, dev, settings, log)
         elif op == "reconnect":
-            _reconnect(name, dev, settings, log)
+            _start_forwarder(name, dev, settings, log, only_if_none=True)
         elif dev is not None:
             _stop(name, dev, settings, log, release=(op == "release"))
         return 0

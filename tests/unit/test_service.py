@@ -1,0 +1,166 @@
+"""vmgpud's service layer and its one error interceptor: every error of the tree reaches a client
+as the same error with the gRPC status of the code table; the service checks a request before it
+touches the ledger, and a release stops the guest's forwarder before it frees the share."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from vmgpu import errors
+from vmgpu.api.v1 import vmgpu_pb2 as pb
+from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
+from vmgpu.client import Client
+from vmgpu.daemon import ErrorInterceptor, Servicer
+from vmgpu.service import Service
+
+
+class _Raising:
+    """A service whose every call raises the error it is given."""
+
+    def __init__(self):
+        self.error: errors.VmgpuError | None = None
+
+    def admit(self, *args):
+        raise self.error
+
+
+@pytest.fixture
+def raising_vmgpud(tmp_path):
+    service = _Raising()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[ErrorInterceptor()])
+    pb_grpc.add_VmgpudServicer_to_server(Servicer(service), server)
+    sock = tmp_path / "vmgpud.sock"
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    yield service, str(sock)
+    server.stop(grace=None).wait()
+
+
+@pytest.mark.parametrize("cls", errors.ALL, ids=lambda c: c.code)
+def test_every_error_reaches_the_client_as_itself_with_the_status_of_the_code_table(raising_vmgpud, cls):
+    service, sock = raising_vmgpud
+    service.error = cls(f"the {cls.code} message")
+    stub = pb_grpc.VmgpudStub(grpc.insecure_channel(f"unix:{sock}"))
+    with pytest.raises(grpc.RpcError) as raw:
+        stub.Admit(pb.AdmitRequest(guest="g", kind="vm", spec="gpu=0,mem=1G"), timeout=5)
+    assert raw.value.code() == getattr(grpc.StatusCode, errors.CODES[cls.code].grpc_status)
+    assert dict(raw.value.trailing_metadata())["vmgpu-error"] == cls.code
+    c = Client(sock, timeout=5, retry_s=1)
+    try:
+        with pytest.raises(cls) as got:
+            c.admit("g", "vm", "gpu=0,mem=1G")
+        assert type(got.value) is cls and got.value.message == f"the {cls.code} message"
+    finally:
+        c.close()
+
+
+def test_the_code_table_has_one_row_per_error_with_an_exit_code_a_grpc_status_and_help():
+    assert sorted(errors.CODES) == sorted(cls.code for cls in errors.ALL) and len(errors.ALL) == len(errors.CODES)
+    for code, row in errors.CODES.items():
+        assert row.code == code and row.exit_code == errors.EXIT_CODES[code] >= 1
+        assert isinstance(getattr(grpc.StatusCode, row.grpc_status), grpc.StatusCode)
+        assert row.help and row.help.endswith("."), code
+    # the mapping the daemon had as a table of its own, now derived from the tree
+    want = {
+        "INVALID_ARGUMENT": "INVALID_ARGUMENT",
+        "INVALID_SPEC": "INVALID_ARGUMENT",
+        "NOT_FOUND": "NOT_FOUND",
+        "REFUSED": "RESOURCE_EXHAUSTED",
+        "CONFLICT": "ALREADY_EXISTS",
+        "GPU": "FAILED_PRECONDITION",
+    }
+    assert {c: r.grpc_status for c, r in errors.CODES.items() if r.grpc_status != "INTERNAL"} == want
+
+
+def test_an_error_class_without_its_own_code_or_help_is_refused():
+    with pytest.raises(TypeError):
+
+        class _NoCode(errors.VmgpuError):
+            """Help, but no code."""
+
+    with pytest.raises(TypeError):
+
+        class _NoHelp(errors.VmgpuError):
+            code = "NO_HELP"
+
+
+class _Ledger:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def admit(self, guest, kind, spec):
+        self.calls.append(("admit", guest))
+        return []
+
+    def release(self, guest):
+        self.calls.append(("release", guest))
+        return True
+
+
+class _Supervisor:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def start(self, guest, region, backend, size, wait):
+        self.calls.append(("start", guest, backend, wait))
+        return 42
+
+    def stop(self, guest):
+        self.calls.append(("stop", guest))
+        return True
+
+
+class _Counter:
+    def __init__(self):
+        self.counts = {}
+
+    def labels(self, result):
+        self.result = result
+        return self
+
+    def inc(self):
+        self.counts[self.result] = self.counts.get(self.result, 0) + 1
+
+
+def _service():
+    calls = []
+    metrics = type("M", (), {"admissions": _Counter()})()
+    return Service(_Ledger(calls), _Supervisor(calls), threading.Lock(), metrics), calls
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda s: s.admit("vm1", "pod", "gpu=0,mem=1G"), "kind 'pod' is not one of vm, container, process"),
+        (lambda s: s.admit("a/b", "vm", "gpu=0,mem=1G"), "a/b"),
+        (lambda s: s.start("vm1", "/dev/shm/r", "opencl"), "backend 'opencl' is neither cuda nor sim"),
+        (lambda s: s.start("vm1", "/dev/shm/r", "sim", "", "spin"), "wait 'spin' is neither futex nor poll"),
+        (lambda s: s.release("../x"), "../x"),
+        (lambda s: s.stop(""), "guest"),
+        (lambda s: s.weight("x" * 65, "0", 5), "x" * 20),
+    ],
+)
+def test_the_service_refuses_a_bad_request_before_it_touches_the_ledger_or_a_forwarder(call, words):
+    service, calls = _service()
+    with pytest.raises(errors.InvalidArgument) as e:
+        call(service)
+    assert words in e.value.message and calls == []
+
+
+def test_an_admission_is_counted_by_its_result_and_a_malformed_spec_too():
+    service, calls = _service()
+    service.admit("vm1", "vm", "gpu=0,mem=1G")
+    with pytest.raises(errors.SpecError):
+        service.admit("vm1", "vm", "gpu=0,mem=lots")
+    assert service.metrics.admissions.counts == {"admitted": 1, "invalid_spec": 1}
+
+
+def test_a_release_stops_the_forwarder_before_it_frees_the_share_and_defaults_fill_a_start():
+    service, calls = _service()
+    assert service.start("vm1", "/dev/shm/r") == 42
+    assert service.release("vm1") is True
+    assert calls == [("start", "vm1", "cuda", "futex"), ("stop", "vm1"), ("release", "vm1")]

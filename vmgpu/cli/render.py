@@ -1,0 +1,185 @@
+"""How `vmgpu` prints what its commands return: JSON (--json) or a human's tables and lines.
+Every table of the CLI is drawn here; the data comes from the library (vmgpu/reports.py,
+vmgpu/regions.py, ...)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def emit(data, as_json: bool, render, *args) -> None:
+    """data as JSON, or render(data, *args)."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data, *args)
+
+
+def _table(title: str | None, columns) -> Table:
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col)
+    return t
+
+
+GPU_COLUMNS = ("index", "uuid", "name", "memory", "pci bus id")
+
+
+def region_created(d: dict) -> None:
+    click.echo(
+        f"created {d['path']}: {d['size']} bytes, {d['channels']} channels, "
+        f"{d['heap_bytes'] >> 20} MiB pinned heap, wait mode {d['wait']}"
+    )
+
+
+def region(d: dict) -> None:
+    h = d["header"]
+    con = Console()
+    con.print(
+        f"[bold]{d['path']}[/]  ABI {h['version_major']}.{h['version_minor']}  "
+        f"{h['region_size']} bytes  name={h['name']!r}  wait={'futex' if h['wait_mode'] == 1 else 'poll'}  "
+        f"host pid {h['host_pid'] or '-'}  heartbeat {h['host_heartbeat']}"
+    )
+    t = Table("ch", "state", "gen", "pid", "process", "host", "req used", "cpl used", "bulk used", "heap")
+    for c in d["channels"]:
+        if c["state"] == "free" and not c["generation"]:
+            continue
+        t.add_row(
+            str(c["index"]),
+            c["state"],
+            str(c["generation"]),
+            str(c["owner_pid"] or "-"),
+            c["owner"] or "-",
+            c["host_status"],
+            str(c["req_used"]),
+            str(c["cpl_used"]),
+            str(c["bulk_used"]),
+            f"{c['heap_bytes'] >> 10} KiB",
+        )
+    con.print(t if t.row_count else "no channel has been used yet")
+
+
+def selftest(d: dict) -> None:
+    t = Table("check", "result")
+    for k, v in d["checks"].items():
+        t.add_row(k, "[green]ok[/]" if v else "[red]FAILED[/]")
+    Console().print(t)
+    click.echo(
+        f"{d['exchanges']} round trips in {d['seconds']:.3f} s "
+        f"({d['exchanges'] / d['seconds']:.0f}/s through the Python binding)"
+    )
+
+
+def gpus(d: list[dict], inventory: str | None) -> None:
+    t = _table("GPUs" + (f" (declared in {inventory})" if inventory else " (NVML)"), GPU_COLUMNS)
+    for g in d:
+        t.add_row(str(g["index"]), g["uuid"], g["name"], f"{g['memory_mib']} MiB", g["pci_bus_id"])
+    Console().print(t)
+
+
+def admitted(d: list[dict], guest: str) -> None:
+    t = _table(f"admitted {guest}", ("gpu", "uuid", "memory", "compute"))
+    for r in d:
+        t.add_row(str(r["gpu"]), r["uuid"], f"{r['mem_mib']} MiB", f"{r['compute_pct']}%")
+    Console().print(t)
+
+
+def status(d: dict) -> None:
+    con = Console()
+    t = _table("GPUs", ("gpu", "name", "memory reserved", "memory free", "compute reserved", "policy"))
+    for g in d["gpus"]:
+        t.add_row(
+            str(g["index"]),
+            g["name"],
+            f"{g['mem_reserved_mib']} / {g['mem_mib']} MiB",
+            f"{g['mem_mib'] - g['mem_reserved_mib']} MiB",
+            f"{g['compute_reserved_pct']}%",
+            g["policy"],
+        )
+    con.print(t)
+    t = _table("guests", ("guest", "kind", "gpu", "memory used / quota", "compute (weight) / now", "forwarder"))
+    fwd = {f["guest"]: f for f in d["forwarders"]}
+    nth: dict[str, int] = {}
+    for s in d["guests"]:
+        f = fwd.get(s["guest"])
+        k = nth[s["guest"]] = nth.get(s["guest"], -1) + 1  # slices come in the forwarder's GPU order
+        used = f["mem_used_mib"][k] if f and k < len(f["mem_used_mib"]) else None
+        t.add_row(
+            s["guest"],
+            s["kind"],
+            str(s["gpu"]),
+            f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
+            f"{s['compute_pct']}% ({s['weight']}) / "
+            + ("-" if s["compute_achieved_pct"] is None else f"{s['compute_achieved_pct']:.0f}%"),
+            forwarder_cell(f),
+        )
+    con.print(t)
+    for f in d["forwarders"]:  # why a guest has no forwarder, unwrapped
+        if f["state"] == "restarting" and f["restart_error"]:
+            click.echo(f"{f['guest']}: no forwarder, restart attempt {f['restart_attempt']}: {f['restart_error']}")
+
+
+def forwarder_cell(f: dict | None) -> str:
+    """What serves a guest now: its forwarder's pid, a restart under way, or none."""
+    if f is None:
+        return "none"
+    if f["state"] == "restarting":
+        return f"restarting (attempt {f['restart_attempt']})"
+    if f["state"] == "stopped":
+        return f"none (pid {f['pid']} exited; restarting)"
+    return f"pid {f['pid']} ({f['backend']}), {f['processes']} process(es) served"
+
+
+def breakdown(d: dict, top: int) -> None:
+    con = Console()
+    span = f"in {d['seconds']:.2f} s" if d["seconds"] else "since the forwarder started"
+    con.print(
+        f"{span}: {d['sync_calls']} sync calls (a round trip each), {d['async_calls']} async; "
+        f"forwarder busy {d['busy_ns'] / 1e9:.3f} s; copied {d['htod_bytes'] >> 20} MiB to and "
+        f"{d['dtoh_bytes'] >> 20} MiB from the GPU; {d['processes']} process(es)"
+    )
+    for title, key in (("by count", "count"), ("by time", "ns")):
+        t = _table(f"top functions {title}", ("function", "calls", "time (ms)", "µs per call"))
+        for name, v in sorted(d["ops"].items(), key=lambda kv: -kv[1][key])[:top]:
+            t.add_row(name, str(v["count"]), f"{v['ns'] / 1e6:.2f}", f"{v['ns'] / 1e3 / v['count']:.2f}")
+        con.print(t)
+
+
+def vm(d: dict) -> None:
+    t = _table(f"domain {d['domain']} ({'running' if d['running'] else 'not running'})", ("gpu", "memory", "compute"))
+    for s in d["slices"]:
+        t.add_row(s["gpu"], s["mem"], f"{s['compute']}%")
+    Console().print(t)
+    r = d["region"]
+    if r:
+        click.echo(f"region device: <shmem name='{r['name']}'> {r['model']}, {r['size_mib']:g} MiB")
+    if d["problem"]:
+        click.echo(f"problem: {d['problem']}")
+    elif not d["slices"]:
+        click.echo("no vmgpu share")
+
+
+def doctor(d: list[dict]) -> None:
+    t = _table("vmgpu doctor", ("check", "status", "detail", "fix"))
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for c in d:
+        t.add_row(c["name"], f"[{colour[c['status']]}]{c['status']}[/]", c["detail"], c["fix"])
+    Console().print(t)
+
+
+def demo(d: dict) -> None:
+    con = Console()
+    if d["simulated"]:
+        con.print("[yellow]No GPU here: the forwarder runs the SIMULATED backend (for tests only).[/]")
+    t = _table(f"vmgpu demo on {d['device']}", ("program", "result", "seconds"))
+    for r in d["programs"]:
+        t.add_row(r["program"], "[green]ok[/]" if r["ok"] else f"[red]failed[/] {r['detail']}", f"{r['seconds']:.2f}")
+    con.print(t)
+    con.print("[dim]forwarder log:[/]")
+    for line in d["forwarder_log"]:
+        con.print(Text("  " + line, style="dim"), highlight=False)

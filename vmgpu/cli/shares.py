@@ -1,0 +1,59 @@
+"""`vmgpu gpus`, `admit`, `release`, `status`: the host's GPUs and the guests' shares of them."""
+
+from __future__ import annotations
+
+import click
+
+from vmgpu import config, reports
+from vmgpu.cli import render
+from vmgpu.cli.common import SOCKET, as_json, client, guest_name, inventory
+
+
+@click.command("gpus")
+@inventory("A declared inventory (TOML) instead of NVML, for hosts without a driver.  [env: VMGPU_INVENTORY]")
+@as_json()
+def gpus(inventory, as_json):
+    """The host's GPUs: index, UUID, name, memory, PCI bus id."""
+    from vmgpu import gpu
+
+    render.emit([g.__dict__ for g in gpu.inventory(inventory)], as_json, render.gpus, inventory)
+
+
+@click.command("admit")
+@click.argument("guest", callback=guest_name)
+@click.argument("spec")
+@click.option(
+    "--kind",
+    type=click.Choice(list(config.KINDS)),
+    default="process",
+    show_default=True,
+    help="What the guest is.",
+)
+@SOCKET
+@as_json()
+def admit(guest, spec, kind, socket_path, as_json):
+    """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,compute=50;gpu=1,..."."""
+    render.emit(reports.admitted(client(socket_path).admit(guest, kind, spec)), as_json, render.admitted, guest)
+
+
+@click.command("release")
+@click.argument("guest", callback=guest_name)
+@SOCKET
+def release(guest, socket_path):
+    """Free everything GUEST holds (nothing to free is not an error)."""
+    held = client(socket_path).release(guest)
+    click.echo(f"released {guest}" if held else f"{guest} held nothing")
+
+
+@click.command("status")
+@SOCKET
+@as_json()
+def status(socket_path, as_json):
+    """Per GPU: memory and compute reserved and free, and its policy; per guest: its slices, with
+    its memory in use, its compute weight and the share of GPU time it gets now."""
+    reply = client(socket_path).status()
+    achieved = reports.achieved_compute({g.uuid for g in reply.gpus})
+    render.emit(reports.status(reply, achieved), as_json, render.status)
+
+
+COMMANDS = (gpus, admit, release, status)

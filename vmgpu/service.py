@@ -1,0 +1,135 @@
+"""vmgpud's service: the one object that owns the admission ledger, the supervisor of the
+forwarders and the GPUs' scheduler pages, and implements what vmgpud does — admit, release,
+start and stop a forwarder, set a weight or a policy, report the status.
+
+Every check of a request is here (the guest name's one rule, kind, backend, wait mode); a
+refusal is a VmgpuError, which the gRPC layer (vmgpu/daemon.py) turns into its status through
+the code table of vmgpu/errors.py.  Calls that touch the ledger or the supervisor hold one lock
+(the supervisor's restart threads take it too)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmgpu import config, errors, gpu, names, sched
+from vmgpu.ledger import GpuUsage, Ledger, Reservation
+from vmgpu.metrics import Metrics
+from vmgpu.spec import parse
+from vmgpu.supervisor import Supervisor
+
+
+@dataclass
+class ForwarderStatus:
+    """A guest's recorded forwarder as `vmgpu status` shows it."""
+
+    guest: str
+    pid: int
+    region: str
+    backend: str
+    state: str  # running | restarting | stopped
+    restart_attempt: int = 0
+    restart_error: str = ""
+    mem_used_mib: list[int] = field(default_factory=list)  # per GPU, from its statistics page
+    processes: int = 0
+    sync_calls: int = 0
+    async_calls: int = 0
+
+
+@dataclass
+class Status:
+    gpus: list[GpuUsage]
+    slices: list[Reservation]
+    forwarders: list[ForwarderStatus]
+
+
+def _one_of(what: str, value: str, allowed: tuple[str, ...], words: str) -> str:
+    if value not in allowed:
+        raise errors.InvalidArgument(f"{what} '{value}' is {words}")
+    return value
+
+
+class Service:
+    def __init__(self, ledger: Ledger, supervisor: Supervisor, lock: threading.Lock, metrics: Metrics):
+        self.ledger = ledger
+        self.supervisor = supervisor
+        self.lock = lock
+        self.metrics = metrics
+
+    @classmethod
+    def open(cls, ledger: Ledger, inventory, state_dir: Path) -> Service:
+        """The service of a starting vmgpud: the ledger's GPUs synced with the inventory, the
+        forwarders still running adopted (the dead ones restarted), their watch started."""
+        ledger.sync_gpus(gpu.inventory(inventory))
+        lock = threading.Lock()
+        supervisor = Supervisor(ledger, lock, state_dir)
+        with lock:
+            supervisor.adopt()
+        supervisor.watch()
+        return cls(ledger, supervisor, lock, Metrics(ledger, lock))
+
+    def close(self) -> None:
+        """vmgpud stops; the forwarders keep serving (adopted next time)."""
+        self.supervisor.close()
+
+    def admit(self, guest: str, kind: str, spec_text: str) -> list[Reservation]:
+        """Reserve the share spec_text for guest, all slices or none (counted in the metrics)."""
+        _one_of("kind", kind, config.KINDS, f"not one of {', '.join(config.KINDS)}")
+        names.check_guest(guest)
+        try:
+            with self.lock:
+                slices = self.ledger.admit(guest, kind, parse(spec_text))
+        except errors.VmgpuError as e:
+            self.metrics.admissions.labels(result=e.code.lower()).inc()
+            raise
+        self.metrics.admissions.labels(result="admitted").inc()
+        return slices
+
+    def release(self, guest: str) -> bool:
+        """Stop guest's forwarder and free its share; False: it held nothing."""
+        names.check_guest(guest)
+        with self.lock:
+            self.supervisor.stop(guest)
+            return self.ledger.release(guest)
+
+    def start(self, guest: str, region: str, backend: str = "", size: str = "", wait: str = "") -> int:
+        """Start guest's forwarder on region (size: create it first); its pid."""
+        names.check_guest(guest)
+        backend = _one_of("backend", backend or "cuda", config.BACKENDS, "neither cuda nor sim")
+        wait = _one_of("wait", wait or "futex", config.WAITS, "neither futex nor poll")
+        with self.lock:
+            return self.supervisor.start(guest, region, backend, size, wait)
+
+    def stop(self, guest: str) -> bool:
+        """Stop guest's forwarder (it stays admitted); False: it had none."""
+        names.check_guest(guest)
+        with self.lock:
+            return self.supervisor.stop(guest)
+
+    def weight(self, guest: str, gpu_ref: str, weight: int) -> tuple[str, bool]:
+        """Set guest's compute weight on a GPU: (the GPU's UUID, whether its page took it now)."""
+        names.check_guest(guest)
+        with self.lock:
+            uuid = self.ledger.set_weight(guest, gpu_ref, weight)
+        return uuid, sched.apply(uuid, weights={guest: weight})
+
+    def policy(self, gpu_ref: str, policy: str) -> tuple[str, bool]:
+        """Set a GPU's compute policy: (its UUID, whether its page took it now)."""
+        with self.lock:
+            uuid = self.ledger.set_policy(gpu_ref, policy)
+        return uuid, sched.apply(uuid, policy=policy)
+
+    def status(self) -> Status:
+        with self.lock:
+            usage, slices, fwds = self.ledger.usage(), self.ledger.reservations(), self.ledger.forwarders()
+        return Status(usage, slices, [self._forwarder(g, pid, region, b) for g, pid, region, b, _ in fwds])
+
+    def _forwarder(self, guest: str, pid: int, region: str, backend: str) -> ForwarderStatus:
+        state, attempt, why = self.supervisor.state(guest, pid, region)
+        f = ForwarderStatus(guest, pid, region, backend, state, attempt, why)
+        st = self.supervisor.stats(guest) if state == "running" else None
+        if st:
+            f.mem_used_mib = [m["used"] >> 20 for m in st["memory"]]
+            f.processes, f.sync_calls, f.async_calls = st["processes"], st["sync_calls"], st["async_calls"]
+        return f
