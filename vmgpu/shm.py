@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vmgpu import abi, files
 from vmgpu.config import parse_size  # noqa: F401 - the one size parser, re-exported
-from vmgpu.errors import InvalidArgument, NotFound, RegionError, VmgpuError
+from vmgpu.errors import NotFound, RegionError, VmgpuError
 from vmgpu.shm_lib import lib, raise_error
 
 WAIT_FUTEX = 1
