@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vmgpu import config, shm, spec
+from vmgpu import abi, config, shm, spec
 from vmgpu.errors import InvalidArgument
 from vmgpu.virt import domain, hook
 
@@ -31,7 +31,7 @@ def test_each_host_path_is_spelled_only_in_config(constant):
 
 
 def test_the_control_planes_region_geometry_is_the_transports_default():
-    c = shm._Params()
+    c = abi.ShmParams()
     shm.lib().vmgpu_shm_params_default(ctypes.byref(c))
     for wait in config.WAITS:
         p = config.region_params(wait)
