@@ -43,6 +43,21 @@ static void put(const char *sep, int ok, const char *unit, const char *fmt, doub
 		printf(" %s", unit);
 }
 
+/* Text as csv has it: in double quotes (a quote doubled) where it holds a comma or a quote, so
+ * that a name with a comma stays one column. */
+static void put_text(const char *sep, const char *s)
+{
+	printf("%s", sep);
+	if (!strpbrk(s, ",\"")) {
+		printf("%s", s);
+		return;
+	}
+	putchar('"');
+	for (; *s; s++)
+		printf(*s == '"' ? "\"\"" : "%c", *s);
+	putchar('"');
+}
+
 static int gpu_field(const struct gpu *g, const char *f, const char *sep)
 {
 	unsigned u = 0, clock = 0;
@@ -50,11 +65,11 @@ static int gpu_field(const struct gpu *g, const char *f, const char *sep)
 	if (!strcmp(f, "index"))
 		printf("%s%u", sep, g->index);
 	else if (!strcmp(f, "name") || !strcmp(f, "gpu_name"))
-		printf("%s%s", sep, g->name);
+		put_text(sep, g->name);
 	else if (!strcmp(f, "uuid") || !strcmp(f, "gpu_uuid"))
-		printf("%s%s", sep, g->uuid);
+		put_text(sep, g->uuid);
 	else if (!strcmp(f, "pci.bus_id") || !strcmp(f, "gpu_bus_id"))
-		printf("%s%s", sep, g->pci.busId);
+		put_text(sep, g->pci.busId);
 	else if (!strcmp(f, "memory.total"))
 		put(sep, 1, "MiB", "%.0f", (double)(g->mem.total >> 20));
 	else if (!strcmp(f, "memory.used"))
@@ -88,7 +103,7 @@ static int gpu_field(const struct gpu *g, const char *f, const char *sep)
 		printf("%s%s", sep, ok ? modes[m] : "[N/A]");
 	} else if (!strcmp(f, "driver_version")) {
 		char v[96] = "";
-		printf("%s%s", sep, nvmlSystemGetDriverVersion(v, sizeof v) == NVML_SUCCESS ? v : "[N/A]");
+		put_text(sep, nvmlSystemGetDriverVersion(v, sizeof v) == NVML_SUCCESS ? v : "[N/A]");
 	} else
 		return -1;
 	return 0;
@@ -122,7 +137,7 @@ static int app_field(const struct gpu *g, const nvmlProcessInfo_t *p, const char
 		printf("%s%u", sep, p->pid);
 	else if (!strcmp(f, "process_name") || !strcmp(f, "name")) {
 		char n[256] = "";
-		printf("%s%s", sep, nvmlSystemGetProcessName(p->pid, n, sizeof n) == NVML_SUCCESS ? n : "[N/A]");
+		put_text(sep, nvmlSystemGetProcessName(p->pid, n, sizeof n) == NVML_SUCCESS ? n : "[N/A]");
 	} else if (!strcmp(f, "used_memory") || !strcmp(f, "used_gpu_memory"))
 		put(sep, 1, "MiB", "%.0f", (double)(p->usedGpuMemory >> 20));
 	else

@@ -1,0 +1,61 @@
+"""The guest NVML and vmgpu-smi against a hostile guest user, on the simulated backend: a
+process whose name is made to forge output lines or columns."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.forwarder import GUEST_LIB, NATIVE, forwarder, guest_env, run_guest
+
+pytestmark = pytest.mark.native
+
+SMI = GUEST_LIB / "vmgpu-smi"
+# A process name (its first 15 bytes are what /proc/PID/comm shows) that, printed as it is,
+# forges an extra column and, for whoever splits lines at a carriage return (Python's
+# splitlines, its csv module), a line of another process.
+FORGED = "a,b\r1, x, 9 MiB"
+
+
+def hold_as(region: Path, name: Path, mib: int) -> subprocess.Popen:
+    """tests/cuda/hold.c started through a link named `name`, so that the process's name is it."""
+    name.symlink_to(NATIVE / "hold")
+    p = subprocess.Popen(
+        [str(name), str(mib)],
+        env=guest_env(region),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline().startswith("held"), p.stderr.read()
+    return p
+
+
+def test_a_process_name_cannot_forge_lines_or_columns_of_vmgpu_smi(shm_path, tmp_path):
+    """A guest process named with a carriage return and commas is one line and one column in
+    vmgpu-smi's csv (quoted, as csv is) and its table, and NVML gives its name without control
+    characters (the driver's nvidia-smi prints what the guest NVML gives it)."""
+    with forwarder(shm_path, mem="1G"):
+        p = hold_as(shm_path, tmp_path / FORGED, 64)
+        try:
+            query = "--query-compute-apps=pid,process_name,used_memory"
+            apps = run_guest([SMI, query, "--format=csv,noheader"], shm_path)
+            table = run_guest([SMI], shm_path)
+            code = f"import pynvml as n; n.nvmlInit(); print(repr(n.nvmlSystemGetProcessName({p.pid})))"
+            name = run_guest([sys.executable, "-c", code], shm_path)
+        finally:
+            p.stdin.close()
+            p.wait(timeout=30)
+    for r in (apps, table, name):
+        assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.reader(apps.stdout.splitlines(), skipinitialspace=True))
+    assert len(rows) == 1 and len(rows[0]) == 3, apps.stdout
+    assert rows[0][0] == str(p.pid) and rows[0][1] == "a,b?1, x, 9 MiB"
+    shown = [ln.split() for ln in table.stdout.splitlines() if str(p.pid) in ln]
+    assert "\r" not in table.stdout and shown == [["0", str(p.pid), "a,b?1,", "x,", "9", "MiB", rows[0][2].split()[0]]]
+    assert name.stdout.strip() == repr("a,b?1, x, 9 MiB")
