@@ -1,5 +1,6 @@
 """The guest NVML and vmgpu-smi against a hostile guest user, on the simulated backend: a
-process whose name is made to forge output lines or columns."""
+process whose name is made to forge output lines or columns, and query options a script gets
+wrong."""
 
 from __future__ import annotations
 
@@ -59,3 +60,23 @@ def test_a_process_name_cannot_forge_lines_or_columns_of_vmgpu_smi(shm_path, tmp
     shown = [ln.split() for ln in table.stdout.splitlines() if str(p.pid) in ln]
     assert "\r" not in table.stdout and shown == [["0", str(p.pid), "a,b?1,", "x,", "9", "MiB", rows[0][2].split()[0]]]
     assert name.stdout.strip() == repr("a,b?1, x, 9 MiB")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--query-gpu=index,wattage", "--format=csv"],  # an unknown field after a known one
+        ["--query-compute-apps=pid,nonsense", "--format=csv"],
+        ["--query-gpu=", "--format=csv"],  # no field at all
+        ["--query-gpu=index,,name", "--format=csv"],  # an empty field
+        ["--query-gpu=index", "--format=csv,nohead"],  # a misspelt format option
+        ["--query-gpu=index", "--format=csvx"],
+    ],
+)
+def test_a_bad_query_prints_nothing_a_script_could_take_for_an_answer(shm_path, args):
+    """As nvidia-smi: a query vmgpu-smi cannot answer exits 2 with the reason on stderr and no
+    header or partial row on stdout."""
+    with forwarder(shm_path, mem="1G"):
+        r = run_guest([SMI, *args], shm_path)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert r.stderr.strip()
