@@ -1,10 +1,11 @@
-"""The guest NVML and vmgpu-smi against a hostile guest user, on the simulated backend: a
-process whose name is made to forge output lines or columns, and query options a script gets
-wrong."""
+"""The guest NVML, vmgpu-smi and `vmgpu-guest-agent install` against a hostile guest user, on
+the simulated backend: a process whose name is made to forge output lines or columns, query
+options a script gets wrong, and an install into a directory someone else could change."""
 
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests.forwarder import GUEST_LIB, NATIVE, forwarder, guest_env, run_guest
 pytestmark = pytest.mark.native
 
 SMI = GUEST_LIB / "vmgpu-smi"
+AGENT = GUEST_LIB / "vmgpu-guest-agent"
 # A process name (its first 15 bytes are what /proc/PID/comm shows) that, printed as it is,
 # forges an extra column and, for whoever splits lines at a carriage return (Python's
 # splitlines, its csv module), a line of another process.
@@ -80,3 +82,37 @@ def test_a_bad_query_prints_nothing_a_script_could_take_for_an_answer(shm_path, 
         r = run_guest([SMI, *args], shm_path)
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     assert r.stderr.strip()
+
+
+def install(prefix: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(AGENT), "install", "--prefix", str(prefix)], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as vmgpu-guest-agent install does in a VM")
+@pytest.mark.parametrize("where", ["prefix", "lib", "bin"])
+@pytest.mark.parametrize("how", ["writable by all", "owned by another user"])
+def test_install_refuses_a_directory_another_user_could_change(tmp_path, where, how):
+    """libcuda.so.1 and libnvidia-ml.so.1 are loaded by every guest process, root's included:
+    the agent (root) refuses to put them where a user who is not root could replace them after
+    it (a directory on the way owned by another user, or writable by others and not sticky),
+    and writes nothing there."""
+    prefix = tmp_path / "usr"
+    dirs = {"prefix": prefix, "lib": prefix / "lib" / "x86_64-linux-gnu", "bin": prefix / "bin"}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    target = dirs[where]
+    if how == "writable by all":
+        target.chmod(0o777)
+    else:
+        os.chown(target, 4242, 4242)
+    r = install(prefix)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert str(target) in r.stderr and "not root's alone" in r.stderr
+    assert [p.name for p in prefix.rglob("*") if p.is_file()] == []
+    # a sticky directory writable by all (as /tmp) on the way is fine: nobody but root can
+    # rename or remove what root made in it
+    sticky = tmp_path / "sticky"
+    sticky.mkdir(mode=0o1777)
+    sticky.chmod(0o1777)
+    ok = install(sticky / "usr")
+    assert ok.returncode == 0, ok.stderr
