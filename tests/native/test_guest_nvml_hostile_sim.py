@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.forwarder import GUEST_LIB, NATIVE, forwarder, guest_env, run_guest
+from vmgpu import shm
 
 pytestmark = pytest.mark.native
 
@@ -116,3 +118,39 @@ def test_install_refuses_a_directory_another_user_could_change(tmp_path, where, 
     sticky.chmod(0o1777)
     ok = install(sticky / "usr")
     assert ok.returncode == 0, ok.stderr
+
+
+def nvml_query(chan, body: bytes, dev: int = 0xFFFF, seq: int = 1) -> tuple[int, bytes]:
+    """A raw VG_OP_NVML_QUERY request (header dev: none, by default): (CUresult, reply body)."""
+    chan.send(1, struct.pack("<IHHQ", 7, dev, 0, seq) + body)  # VG_REC_REQUEST
+    rtype, rep = chan.recv(timeout_s=10)
+    result, op, rseq = struct.unpack_from("<iIQ", rep)
+    assert (rtype, op, rseq) == (2, 7, seq)  # VG_REC_REPLY
+    return result, rep[16:]
+
+
+def test_raw_nvml_queries_of_any_shape_are_refused_without_harm(shm_path):
+    """Requests of any length and device (none, short, long, out of range, huge, negative, and a
+    header naming a device the guest does not have) get an error, never a crash (ASan/UBSan) or
+    a context; a good one after them answers the guest's quota with nothing used: a query that
+    names no device in its header (as the guest NVML's) makes no context and charges nothing."""
+    with forwarder(shm_path, mem="1G", asan=True, env={"VMGPU_SIM_CTX_MIB": "64"}) as fwd:
+        region = shm.Region.open(shm_path)
+        chan = shm.GuestChannel(region)
+        try:
+            u64 = lambda v: struct.pack("<q" if v < 0 else "<Q", v)  # noqa: E731
+            bodies = [b"", b"\0" * 4, u64(1), u64(16), u64(1 << 63), u64(-1), u64(0xFFFF)]
+            results = [nvml_query(chan, b, seq=i + 1)[0] for i, b in enumerate(bodies)]
+            assert results == [101] * len(bodies)  # CUDA_ERROR_INVALID_DEVICE
+            assert nvml_query(chan, u64(0), dev=3, seq=20)[0] == 101  # no device 3: no context either
+            r, live = nvml_query(chan, u64(0) + b"\xff" * 60000, seq=21)  # extra bytes are ignored
+            assert r == 0
+            quota, used, nprocs, flags = struct.unpack_from("<QQII", live)
+            assert (quota, used, nprocs, flags) == (1 << 30, 0, 0, 0)  # no context was made, nothing charged
+            # (a header naming device 0 would make the process's context, and charge it)
+            r, live = nvml_query(chan, u64(0), dev=0, seq=22)
+            assert r == 0 and struct.unpack_from("<QQ", live) == (1 << 30, 64 << 20)
+        finally:
+            chan.close()
+            region.close()
+        assert fwd.proc.poll() is None, fwd.log()
