@@ -283,7 +283,7 @@ static int install(const char *prefix)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run [--mode OCTAL] [--group NAME | --gid GID] [--interval MS] "
+	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run|install [--mode OCTAL] [--group NAME | --gid GID] [--interval MS] "
 		   "[--once]\n"
 		   "  setup   find the vmgpu ivshmem device, enable it, give it to group NAME (default vmgpu,\n"
 		   "          created if missing) with mode OCTAL (default 0660), link it as " LINK_PATH "\n"
