@@ -5,7 +5,8 @@ A container whose process environment has no VMGPU is runc's alone.  For one wit
 `create` the runtime admits the share through vmgpud (kind container, guest `ctr-<id12>`),
 starts the guest's forwarder on a fresh region `/dev/shm/vmgpu-containers/vmgpu-ctr-<id12>` (a
 directory only root can enter), and rewrites the bundle's config.json to bind-mount the region
-at /dev/vmgpu/region and the guest libcuda.so.1 over the image's, and to drop any /dev/nvidia*
+at /dev/vmgpu/region and the guest libcuda.so.1 over the image's (with the guest
+libnvidia-ml.so.1 beside it and vmgpu-smi at /usr/bin/vmgpu-smi), and to drop any /dev/nvidia*
 device: the container never touches the GPU.  A bind mount of the host's /dev/shm
 (`-v /dev/shm:...`, `--ipc=host`), where every guest's region lives, becomes a private tmpfs,
 and a recursive bind of a directory above it (`-v /dev:/dev`, `-v /:/host`) is refused: a

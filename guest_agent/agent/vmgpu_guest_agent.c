@@ -13,7 +13,8 @@
  *   vmgpu-guest-agent install [--prefix DIR]
  *       put the guest libcuda.so.1 and libnvidia-ml.so.1 (from the agent's own directory) in
  *       DIR/lib/x86_64-linux-gnu and vmgpu-smi in DIR/bin (default DIR /usr), each written
- *       under a fresh name and renamed into place (never through a link), then run ldconfig.
+ *       under a fresh name and renamed into place (never through a link), then run ldconfig;
+ *       refused where a user other than root could change a directory on the way.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -211,6 +212,33 @@ static int install_file(const char *src, const char *dir, const char *name, mode
 	return 0;
 }
 
+/* Every guest process loads what install puts in place, root's included: each directory from /
+ * to dir must be the installer's (root's) alone, so that nobody else can replace a file in it
+ * afterwards: owned by root or the installer, and writable by no one else unless sticky (as
+ * /tmp, where nobody else may rename or remove what is not theirs).  0, or 1 with the reason said. */
+static int dir_is_ours(const char *dir)
+{
+	char real[PATH_MAX];
+	if (!realpath(dir, real))
+		return say("install: %s: %s", dir, strerror(errno));
+	for (char *p = real;; p++)
+		if (*p == '/' || !*p) {
+			char c = *p;
+			*p = '\0';
+			struct stat st;
+			const char *at = p == real ? "/" : real;
+			if (lstat(at, &st) != 0)
+				return say("install: %s: %s", at, strerror(errno));
+			if (!S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != geteuid()) ||
+			    ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)))
+				return say("install: %s is not root's alone (owner uid %u, mode %04o): another user could "
+					   "replace the guest libraries there",
+					   at, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+			if (!(*p = c))
+				return 0;
+		}
+}
+
 static int install(const char *prefix)
 {
 	char self[PATH_MAX], here[PATH_MAX], lib[PATH_MAX], bin[PATH_MAX];
@@ -240,6 +268,8 @@ static int install(const char *prefix)
 				if (!(*p = c))
 					break;
 			}
+	if (dir_is_ours(lib) || dir_is_ours(bin))
+		return 1;
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
 		if (snprintf(here, sizeof here, "%s/%s", self, files[i].name) >= (int)sizeof here)
 			return say("install: %s: the path is too long", self);
@@ -253,7 +283,7 @@ static int install(const char *prefix)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run [--mode OCTAL] [--group NAME | --gid GID] [--interval MS] "
+	fprintf(f, "usage: vmgpu-guest-agent setup|reap|run|install [--mode OCTAL] [--group NAME | --gid GID] [--interval MS] "
 		   "[--once]\n"
 		   "  setup   find the vmgpu ivshmem device, enable it, give it to group NAME (default vmgpu,\n"
 		   "          created if missing) with mode OCTAL (default 0660), link it as " LINK_PATH "\n"

@@ -43,6 +43,21 @@ static void put(const char *sep, int ok, const char *unit, const char *fmt, doub
 		printf(" %s", unit);
 }
 
+/* Text as csv has it: in double quotes (a quote doubled) where it holds a comma or a quote, so
+ * that a name with a comma stays one column. */
+static void put_text(const char *sep, const char *s)
+{
+	printf("%s", sep);
+	if (!strpbrk(s, ",\"")) {
+		printf("%s", s);
+		return;
+	}
+	putchar('"');
+	for (; *s; s++)
+		printf(*s == '"' ? "\"\"" : "%c", *s);
+	putchar('"');
+}
+
 static int gpu_field(const struct gpu *g, const char *f, const char *sep)
 {
 	unsigned u = 0, clock = 0;
@@ -50,11 +65,11 @@ static int gpu_field(const struct gpu *g, const char *f, const char *sep)
 	if (!strcmp(f, "index"))
 		printf("%s%u", sep, g->index);
 	else if (!strcmp(f, "name") || !strcmp(f, "gpu_name"))
-		printf("%s%s", sep, g->name);
+		put_text(sep, g->name);
 	else if (!strcmp(f, "uuid") || !strcmp(f, "gpu_uuid"))
-		printf("%s%s", sep, g->uuid);
+		put_text(sep, g->uuid);
 	else if (!strcmp(f, "pci.bus_id") || !strcmp(f, "gpu_bus_id"))
-		printf("%s%s", sep, g->pci.busId);
+		put_text(sep, g->pci.busId);
 	else if (!strcmp(f, "memory.total"))
 		put(sep, 1, "MiB", "%.0f", (double)(g->mem.total >> 20));
 	else if (!strcmp(f, "memory.used"))
@@ -88,28 +103,41 @@ static int gpu_field(const struct gpu *g, const char *f, const char *sep)
 		printf("%s%s", sep, ok ? modes[m] : "[N/A]");
 	} else if (!strcmp(f, "driver_version")) {
 		char v[96] = "";
-		printf("%s%s", sep, nvmlSystemGetDriverVersion(v, sizeof v) == NVML_SUCCESS ? v : "[N/A]");
+		put_text(sep, nvmlSystemGetDriverVersion(v, sizeof v) == NVML_SUCCESS ? v : "[N/A]");
 	} else
 		return -1;
 	return 0;
 }
 
-static const char *const gpu_units[][2] = {
-	{"memory.total", "MiB"}, {"memory.used", "MiB"}, {"memory.free", "MiB"}, {"utilization.gpu", "%"},
-	{"utilization.memory", "%"}, {"power.draw", "W"}, {"power.limit", "W"}, {"clocks.sm", "MHz"},
-	{"clocks.mem", "MHz"}, {"clocks.gr", "MHz"}, {"used_memory", "MiB"}, {"used_gpu_memory", "MiB"},
+/* The fields a query may name (process fields only in --query-compute-apps), with their units. */
+static const struct field {
+	const char *name, *unit;
+	int process;
+} fields_known[] = {
+	{"index", NULL, 0}, {"name", NULL, 0}, {"gpu_name", NULL, 0}, {"uuid", NULL, 0}, {"gpu_uuid", NULL, 0},
+	{"pci.bus_id", NULL, 0}, {"gpu_bus_id", NULL, 0}, {"memory.total", "MiB", 0}, {"memory.used", "MiB", 0},
+	{"memory.free", "MiB", 0}, {"utilization.gpu", "%", 0}, {"utilization.memory", "%", 0},
+	{"temperature.gpu", NULL, 0}, {"power.draw", "W", 0}, {"power.limit", "W", 0}, {"clocks.sm", "MHz", 0},
+	{"clocks.mem", "MHz", 0}, {"clocks.gr", "MHz", 0}, {"pstate", NULL, 0}, {"compute_mode", NULL, 0},
+	{"driver_version", NULL, 0}, {"pid", NULL, 1}, {"process_name", NULL, 1}, {"used_memory", "MiB", 1},
+	{"used_gpu_memory", "MiB", 1},
 };
 
-static void header(char *fields)
+static const struct field *field_of(const char *f, int apps)
+{
+	for (size_t i = 0; i < sizeof fields_known / sizeof fields_known[0]; i++)
+		if (!strcmp(f, fields_known[i].name) && (apps || !fields_known[i].process))
+			return &fields_known[i];
+	return NULL;
+}
+
+static void header(char *fields, int apps)
 {
 	if (noheader)
 		return;
 	const char *sep = "";
 	for (char *f = strtok(fields, ","); f; f = strtok(NULL, ","), sep = ", ") {
-		const char *unit = NULL;
-		for (size_t i = 0; i < sizeof gpu_units / sizeof gpu_units[0]; i++)
-			if (!strcmp(f, gpu_units[i][0]))
-				unit = gpu_units[i][1];
+		const char *unit = field_of(f, apps)->unit;
 		printf(unit && !nounits ? "%s%s [%s]" : "%s%s", sep, !strcmp(f, "used_memory") ? "used_gpu_memory" : f,
 		       unit);
 	}
@@ -122,7 +150,7 @@ static int app_field(const struct gpu *g, const nvmlProcessInfo_t *p, const char
 		printf("%s%u", sep, p->pid);
 	else if (!strcmp(f, "process_name") || !strcmp(f, "name")) {
 		char n[256] = "";
-		printf("%s%s", sep, nvmlSystemGetProcessName(p->pid, n, sizeof n) == NVML_SUCCESS ? n : "[N/A]");
+		put_text(sep, nvmlSystemGetProcessName(p->pid, n, sizeof n) == NVML_SUCCESS ? n : "[N/A]");
 	} else if (!strcmp(f, "used_memory") || !strcmp(f, "used_gpu_memory"))
 		put(sep, 1, "MiB", "%.0f", (double)(p->usedGpuMemory >> 20));
 	else
@@ -130,11 +158,24 @@ static int app_field(const struct gpu *g, const nvmlProcessInfo_t *p, const char
 	return 0;
 }
 
-/* --query-gpu / --query-compute-apps: one csv line per GPU (per process); 2 on an unknown field. */
+/* --query-gpu / --query-compute-apps: one csv line per GPU (per process); 2, before anything is
+ * printed, on a field that is empty or unknown. */
 static int query(struct gpu *gpus, unsigned n, const char *fields, int apps)
 {
+	for (const char *f = fields;; f++) {
+		size_t len = strcspn(f, ",");
+		char one[64];
+		snprintf(one, sizeof one, "%.*s", (int)len, f);
+		if (!len || len >= sizeof one || !field_of(one, apps)) {
+			fprintf(stderr, "vmgpu-smi: field \"%.*s\" is not a valid field to query\n", (int)len, f);
+			return 2;
+		}
+		f += len;
+		if (!*f)
+			break;
+	}
 	char *copy = strdup(fields), *copy2 = strdup(fields);
-	header(copy);
+	header(copy, apps);
 	free(copy);
 	int rc = 0;
 	for (unsigned i = 0; i < n && !rc; i++) {
@@ -142,10 +183,8 @@ static int query(struct gpu *gpus, unsigned n, const char *fields, int apps)
 			char *list = strdup(copy2), *save = NULL;
 			const char *sep = "";
 			for (char *f = strtok_r(list, ",", &save); f && !rc; f = strtok_r(NULL, ",", &save), sep = ", ") {
-				if ((apps ? app_field(&gpus[i], &gpus[i].procs[k], f, sep) : gpu_field(&gpus[i], f, sep)) != 0) {
-					fprintf(stderr, "\nvmgpu-smi: field \"%s\" is not a valid field to query\n", f);
-					rc = 2;
-				}
+				if ((apps ? app_field(&gpus[i], &gpus[i].procs[k], f, sep) : gpu_field(&gpus[i], f, sep)) != 0)
+					rc = 2; /* not reached: every field of fields_known is answered */
 			}
 			free(list);
 			if (!rc)
@@ -182,10 +221,17 @@ int main(int argc, char **argv)
 		else if (!strncmp(a, "--query-compute-apps=", 21))
 			qapps = a + 21;
 		else if (!strncmp(a, "--format=", 9)) {
-			if (strncmp(a + 9, "csv", 3))
+			if (strncmp(a + 9, "csv", 3) || (a[12] && a[12] != ','))
 				return usage(stderr, 2);
-			noheader = strstr(a, "noheader") != NULL;
-			nounits = strstr(a, "nounits") != NULL;
+			for (const char *o = a + 12; *o; o += strcspn(o + 1, ",") + 1) {
+				size_t len = strcspn(o + 1, ",");
+				if (len == 8 && !strncmp(o + 1, "noheader", 8))
+					noheader = 1;
+				else if (len == 7 && !strncmp(o + 1, "nounits", 7))
+					nounits = 1;
+				else
+					return usage(stderr, 2);
+			}
 		} else if (!strcmp(a, "--help") || !strcmp(a, "-h"))
 			return usage(stdout, 0);
 		else

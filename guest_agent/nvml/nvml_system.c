@@ -246,10 +246,16 @@ void vn_process_name(unsigned pid, char *out, size_t len)
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return;
-	if (!fgets(out, (int)len, f))
-		out[0] = '\0';
+	size_t n = fread(out, 1, len - 1, f);
 	fclose(f);
-	out[strcspn(out, "\n")] = '\0';
+	if (n > 0 && out[n - 1] == '\n')
+		n--;
+	out[n] = '\0';
+	/* a process names itself (prctl, its file name): a control character in it, shown as it
+	 * is, would forge a line of nvidia-smi's or a script's output; shown as '?', as ps does */
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)out[i] < 0x20 || out[i] == 0x7f)
+			out[i] = '?';
 }
 
 nvmlReturn_t DECLDIR nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)

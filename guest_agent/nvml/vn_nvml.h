@@ -41,7 +41,8 @@ nvmlReturn_t vn_live(const struct nvmlDevice_st *d, struct vg_nvml_live *out);
 nvmlReturn_t vn_unserved(const char *name, int *logged);
 /* Copy a string into a caller's buffer of `length` bytes: NVML_ERROR_INSUFFICIENT_SIZE if it does not fit. */
 nvmlReturn_t vn_copy_str(char *dst, unsigned length, const char *src);
-/* The guest's own name for a process (its /proc), "" where it cannot be read. */
+/* The guest's own name for a process (its /proc), "" where it cannot be read; control
+ * characters in it are '?'. */
 void vn_process_name(unsigned pid, char *out, size_t len);
 
 #endif
