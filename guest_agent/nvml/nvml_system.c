@@ -40,6 +40,8 @@ static void vn_log(const char *fmt, ...)
 
 nvmlReturn_t vn_unserved(const char *name, int *logged)
 {
+	if (vn_ready() != NVML_SUCCESS)
+		return NVML_ERROR_UNINITIALIZED; /* as the real library answers before nvmlInit */
 	if (!__atomic_exchange_n(logged, 1, __ATOMIC_RELAXED))
 		vn_log("%s is not supported in a vmgpu guest (NVML_ERROR_NOT_SUPPORTED)", name);
 	return NVML_ERROR_NOT_SUPPORTED;
@@ -109,12 +111,11 @@ static nvmlReturn_t load_devices(void)
 		vn_log("no GPU through vmgpu here (libcuda.so.1 is not vmgpu's, or its host forwarder is not running)");
 		return NVML_ERROR_DRIVER_NOT_LOADED;
 	}
-	table = t;
 	p_cuDriverGetVersion(&cuda_version);
 	if (p_cuDeviceGetCount(&n) != CUDA_SUCCESS)
 		return NVML_ERROR_UNKNOWN;
-	vn_ndev = n < 0 ? 0 : n > VG_MAX_DEVICES ? VG_MAX_DEVICES : n;
-	for (int i = 0; i < vn_ndev; i++) {
+	n = n < 0 ? 0 : n > VG_MAX_DEVICES ? VG_MAX_DEVICES : n;
+	for (int i = 0; i < n; i++) {
 		struct nvmlDevice_st *d = &vn_dev[i];
 		CUdevice cd;
 		CUuuid u;
@@ -138,6 +139,8 @@ static nvmlReturn_t load_devices(void)
 		snprintf(d->bus_id, sizeof d->bus_id, "%08x:%02x:%02x.0", d->domain, d->bus, d->device);
 		d->quota = total;
 	}
+	vn_ndev = n; /* only now: a start that failed half-way leaves nothing behind, and is tried again */
+	table = t;
 	return NVML_SUCCESS;
 }
 

@@ -159,8 +159,10 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 
 static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 {
+	if (ch->backend->simulated)
+		return; /* no card: no readings, and no host NVML loaded for it */
 	host_nvml_load();
-	if (!H.ok || ch->backend->simulated)
+	if (!H.ok)
 		return;
 	char uuid[64];
 	vh_uuid_str(ch->fwd->info[dev].uuid, uuid, sizeof uuid);
@@ -206,6 +208,34 @@ static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 	o->driver_version[sizeof o->driver_version - 1] = '\0';
 }
 
+/* The card's readings as this worker last read them, at most READINGS_TTL_NS old: a guest that
+ * asks in a loop costs the host's NVML (and the driver's locks its neighbours share) at most
+ * a few reads a second per guest process. */
+#define READINGS_TTL_NS 250000000ull
+static void cached_host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
+{
+	static struct {
+		uint64_t at;
+		struct vg_nvml_live facts; /* only the readings' fields are used */
+	} cache[VG_MAX_DEVICES];
+	uint64_t now = vmgpu_now_ns();
+	if (!cache[dev].at || now - cache[dev].at > READINGS_TTL_NS) {
+		memset(&cache[dev].facts, 0, sizeof cache[dev].facts);
+		host_facts(ch, dev, &cache[dev].facts);
+		cache[dev].at = now;
+	}
+	const struct vg_nvml_live *c = &cache[dev].facts;
+	o->flags |= c->flags;
+	o->util_gpu = c->util_gpu, o->util_mem = c->util_mem;
+	o->temp_c = c->temp_c, o->fan_pct = c->fan_pct, o->pstate = c->pstate, o->compute_mode = c->compute_mode;
+	o->power_mw = c->power_mw, o->power_limit_mw = c->power_limit_mw;
+	memcpy(o->clock_mhz, c->clock_mhz, sizeof o->clock_mhz);
+	memcpy(o->max_clock_mhz, c->max_clock_mhz, sizeof o->max_clock_mhz);
+	o->ecc_current = c->ecc_current, o->ecc_pending = c->ecc_pending, o->persistence = c->persistence;
+	o->pci_device_id = c->pci_device_id, o->pci_subsystem_id = c->pci_subsystem_id;
+	memcpy(o->driver_version, c->driver_version, sizeof o->driver_version);
+}
+
 CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
 {
 	struct vh_fwd *f = ch->fwd;
@@ -234,7 +264,7 @@ CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr 
 		o->procs[k].bytes += held;
 		o->nprocs += k == o->nprocs;
 	}
-	host_facts(ch, (int)dev, o);
+	cached_host_facts(ch, (int)dev, o);
 	vh_put(wr, o, sizeof *o);
 	free(o);
 	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;

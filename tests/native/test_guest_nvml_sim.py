@@ -287,3 +287,17 @@ def test_the_vm_guest_agent_installs_the_guest_libraries_never_through_a_link(tm
     assert sorted(p.name for p in lib.iterdir()) == ["libcuda.so.1", "libnvidia-ml.so.1"]  # no temporary left
     bad = subprocess.run([str(GUEST_LIB / "vmgpu-guest-agent"), "install", "--prefix", "relative"], capture_output=True)
     assert bad.returncode == 2
+
+
+def test_before_nvml_init_every_function_answers_uninitialized(shm_path):
+    """As the real library: served or not, a device function called before nvmlInit answers
+    NVML_ERROR_UNINITIALIZED (1), and nothing is logged for it."""
+    script = (
+        "import ctypes\nml = ctypes.CDLL('libnvidia-ml.so.1')\nn = ctypes.c_uint()\nbuf = ctypes.create_string_buffer(64)\n"
+        "print(ml.nvmlDeviceGetCount_v2(ctypes.byref(n)), ml.nvmlDeviceGetBoardPartNumber(None, buf, 64))"
+    )
+    with forwarder(shm_path, mem="1G"):
+        r = run_guest([sys.executable, "-c", script], shm_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "1"]
+    assert "not supported" not in r.stderr
