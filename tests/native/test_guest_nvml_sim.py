@@ -293,7 +293,8 @@ def test_before_nvml_init_every_function_answers_uninitialized(shm_path):
     """As the real library: served or not, a device function called before nvmlInit answers
     NVML_ERROR_UNINITIALIZED (1), and nothing is logged for it."""
     script = (
-        "import ctypes\nml = ctypes.CDLL('libnvidia-ml.so.1')\nn = ctypes.c_uint()\nbuf = ctypes.create_string_buffer(64)\n"
+        "import ctypes\nml = ctypes.CDLL('libnvidia-ml.so.1')\n"
+        "n = ctypes.c_uint()\nbuf = ctypes.create_string_buffer(64)\n"
         "print(ml.nvmlDeviceGetCount_v2(ctypes.byref(n)), ml.nvmlDeviceGetBoardPartNumber(None, buf, 64))"
     )
     with forwarder(shm_path, mem="1G"):
