@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Copies that name host memory, the guest half (host half: host_forwarder/native/
- * exec.c): pinned heap memory is zero-copy (the host DMAs straight into the
+ * copy.c): pinned heap memory is zero-copy (the host DMAs straight into the
  * region), small pageable buffers travel inline in the request, large ones are
  * pipelined through the channel's bulk area in chunks.  Unified copies say for
  * each address whether it is heap memory or a device address.

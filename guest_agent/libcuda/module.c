@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Module images, the guest half (host half: host_forwarder/native/exec.c, checked
+ * Module images, the guest half (host half: host_forwarder/native/module.c, checked
  * there by image_check.c): an image is sized from its own headers, announced by
  * its hash (an image the host already holds does not cross again), sent through
  * the bulk area, then loaded.

@@ -58,12 +58,12 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 	return vh_quota_card_full(ch, dev, r, call, est);
 }
 
-CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize)
+CUresult guarded_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize)
 {
 	return alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
 }
 
-CUresult vhx_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+CUresult guarded_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
 				size_t Height, unsigned int ElementSizeBytes)
 {
 	if (!pPitch)
@@ -71,7 +71,7 @@ CUresult vhx_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *p
 	return alloc_common(ch, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, "cuMemAllocPitch");
 }
 
-CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
+CUresult guarded_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 {
 	if (dptr == 0)
 		return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the driver */
@@ -86,7 +86,7 @@ CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuMemGetInfo_v2(struct vh_chan *ch, size_t *free_b, size_t *total_b)
+CUresult guarded_cuMemGetInfo_v2(struct vh_chan *ch, size_t *free_b, size_t *total_b)
 {
 	int dev = ch->cur_dev;
 	if (dev < 0)
@@ -155,7 +155,7 @@ static CUresult array_create(struct vh_chan *ch, CUarray *out, const CUDA_ARRAY3
 	return vh_quota_card_full(ch, dev, r, "cuArrayCreate", est);
 }
 
-CUresult vhx_cuArrayCreate_v2(struct vh_chan *ch, CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *p)
+CUresult guarded_cuArrayCreate_v2(struct vh_chan *ch, CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *p)
 {
 	if (!p)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -163,12 +163,12 @@ CUresult vhx_cuArrayCreate_v2(struct vh_chan *ch, CUarray *pHandle, const CUDA_A
 	return array_create(ch, pHandle, &d, 0);
 }
 
-CUresult vhx_cuArray3DCreate_v2(struct vh_chan *ch, CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *p)
+CUresult guarded_cuArray3DCreate_v2(struct vh_chan *ch, CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *p)
 {
 	return array_create(ch, pHandle, p, 1);
 }
 
-CUresult vhx_cuArrayDestroy(struct vh_chan *ch, CUarray hArray)
+CUresult guarded_cuArrayDestroy(struct vh_chan *ch, CUarray hArray)
 {
 	struct vh_alloc *a = vh_alloc_find(ch, (CUdeviceptr)(uintptr_t)hArray, 1u << VH_ARRAY);
 	if (!a)

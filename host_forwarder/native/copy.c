@@ -89,10 +89,10 @@ static CUresult dtoh(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
 	return r;
 }
 
-VH_CUSTOM_VARIANT(vhc_cuMemcpyHtoD_v2, htod, 0)
-VH_CUSTOM_VARIANT(vhc_cuMemcpyHtoDAsync_v2, htod, 1)
-VH_CUSTOM_VARIANT(vhc_cuMemcpyDtoH_v2, dtoh, 0)
-VH_CUSTOM_VARIANT(vhc_cuMemcpyDtoHAsync_v2, dtoh, 1)
+VH_CUSTOM_VARIANT(handwritten_cuMemcpyHtoD_v2, htod, 0)
+VH_CUSTOM_VARIANT(handwritten_cuMemcpyHtoDAsync_v2, htod, 1)
+VH_CUSTOM_VARIANT(handwritten_cuMemcpyDtoH_v2, dtoh, 0)
+VH_CUSTOM_VARIANT(handwritten_cuMemcpyDtoHAsync_v2, dtoh, 1)
 
 /* One side of a unified-address copy: a device address of this process (VG_BUF_INLINE, kept)
  * or an offset in the guest's heap (turned into its host address).  Anything else, a host
@@ -135,5 +135,5 @@ static CUresult unified(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, st
 	return async ? ch->backend->cuMemcpyAsync(dst, src, n, s) : ch->backend->cuMemcpy(dst, src, n);
 }
 
-VH_CUSTOM_VARIANT(vhc_cuMemcpy, unified, 0)
-VH_CUSTOM_VARIANT(vhc_cuMemcpyAsync, unified, 1)
+VH_CUSTOM_VARIANT(handwritten_cuMemcpy, unified, 0)
+VH_CUSTOM_VARIANT(handwritten_cuMemcpyAsync, unified, 1)

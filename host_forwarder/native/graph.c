@@ -32,7 +32,7 @@ static uint64_t graph_mem(struct vh_chan *ch, CUgraph g)
 	return total;
 }
 
-CUresult vhx_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec *exec, CUgraph g, unsigned long long flags)
+CUresult guarded_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec *exec, CUgraph g, unsigned long long flags)
 {
 	const struct vh_backend *B = ch->backend;
 	int dev = ch->cur_dev;
@@ -67,7 +67,7 @@ CUresult vhx_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec *exec, 
 	return vh_quota_card_full(ch, dev, r, "cuGraphInstantiate", est);
 }
 
-CUresult vhx_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
+CUresult guarded_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
 {
 	const struct vh_backend *B = ch->backend;
 	CUresult r = B->cuGraphExecDestroy(exec);
@@ -110,11 +110,11 @@ static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *r
 }
 
 /* The three versions answer alike (the node arrays of a capture are not remoted). */
-VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo, capture_info, 1)
-VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo_v2, capture_info, 2)
-VH_CUSTOM_VARIANT(vhc_cuStreamGetCaptureInfo_v3, capture_info, 3)
+VH_CUSTOM_VARIANT(handwritten_cuStreamGetCaptureInfo, capture_info, 1)
+VH_CUSTOM_VARIANT(handwritten_cuStreamGetCaptureInfo_v2, capture_info, 2)
+VH_CUSTOM_VARIANT(handwritten_cuStreamGetCaptureInfo_v3, capture_info, 3)
 
-CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	void *g = (void *)(uintptr_t)vh_get_u64(rd);

@@ -79,7 +79,7 @@ static uint8_t *region_alias(struct vh_chan *ch, uint64_t guest_base)
 /* The device address of heap memory, as the guest may see it: (kind 0, its own pointer, which
  * is the device address of the alias) where the alias exists, else (kind 2, region offset),
  * which the guest library turns into its own pointer.  Never the worker's address. */
-CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	uint64_t off = vh_get_u64(rd);

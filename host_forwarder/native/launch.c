@@ -114,7 +114,7 @@ static CUresult config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, 
 	return CUDA_SUCCESS;
 }
 
-CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)wr;
 	uint64_t fraw = vh_get_u64(rd);
@@ -150,7 +150,7 @@ static CUresult function_and_config(struct vh_chan *ch, uint32_t flags, struct v
 	return t->e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)wr;
 	struct launch_target t;
@@ -175,10 +175,10 @@ static CUresult cluster_query(struct vh_chan *ch, uint32_t flags, struct vh_rd *
 	return r;
 }
 
-VH_CUSTOM_VARIANT(vhc_cuOccupancyMaxActiveClusters, cluster_query, 0)
-VH_CUSTOM_VARIANT(vhc_cuOccupancyMaxPotentialClusterSize, cluster_query, 1)
+VH_CUSTOM_VARIANT(handwritten_cuOccupancyMaxActiveClusters, cluster_query, 0)
+VH_CUSTOM_VARIANT(handwritten_cuOccupancyMaxPotentialClusterSize, cluster_query, 1)
 
-CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);

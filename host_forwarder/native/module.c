@@ -89,10 +89,10 @@ static CUresult load(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
 
 /* JIT options are not forwarded: the image is loaded with the driver's defaults.  A fat binary
  * is an image like any other. */
-VH_CUSTOM_VARIANT(vhc_cuModuleLoadData, load, VG_KIND_MODULE)
-VH_CUSTOM_VARIANT(vhc_cuModuleLoadDataEx, load, VG_KIND_MODULE)
-VH_CUSTOM_VARIANT(vhc_cuModuleLoadFatBinary, load, VG_KIND_MODULE)
-VH_CUSTOM_VARIANT(vhc_cuLibraryLoadData, load, VG_KIND_LIBRARY)
+VH_CUSTOM_VARIANT(handwritten_cuModuleLoadData, load, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(handwritten_cuModuleLoadDataEx, load, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(handwritten_cuModuleLoadFatBinary, load, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(handwritten_cuLibraryLoadData, load, VG_KIND_LIBRARY)
 
 /* The guest's image of size bytes and its hash: from the cache if the same bytes are there,
  * else received in chunks (the guard after them zeroed).  Answers whether it was cached. */
@@ -211,7 +211,7 @@ static CUresult global_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *byt
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
+CUresult guarded_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
 				  const char *name)
 {
 	CUdeviceptr d = 0;
@@ -220,7 +220,7 @@ CUresult vhx_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t 
 	return global_common(ch, dptr, bytes, hmod, r, d, n);
 }
 
-CUresult vhx_cuLibraryGetGlobal(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
+CUresult guarded_cuLibraryGetGlobal(struct vh_chan *ch, CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
 				const char *name)
 {
 	CUdeviceptr d = 0;

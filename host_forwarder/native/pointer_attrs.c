@@ -74,7 +74,7 @@ static void pointer_out(struct vh_chan *ch, CUpointer_attribute attr, const uint
 	}
 }
 
-CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	CUpointer_attribute attr = (CUpointer_attribute)vh_get_u64(rd);
@@ -96,7 +96,7 @@ CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh
 	return CUDA_SUCCESS;
 }
 
-CUresult vhc_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+CUresult handwritten_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
 	uint64_t n = vh_get_u64(rd), p;

@@ -49,12 +49,12 @@ static CUresult alloc_async(struct vh_chan *ch, CUdeviceptr *dptr, size_t n, CUm
 	return vh_quota_card_full(ch, dev, r, call, est);
 }
 
-CUresult vhx_cuMemAllocAsync(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+CUresult guarded_cuMemAllocAsync(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	return alloc_async(ch, dptr, bytesize, NULL, hStream, "cuMemAllocAsync");
 }
 
-CUresult vhx_cuMemAllocFromPoolAsync(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+CUresult guarded_cuMemAllocFromPoolAsync(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
 				     CUstream hStream)
 {
 	if (!pool)
@@ -62,7 +62,7 @@ CUresult vhx_cuMemAllocFromPoolAsync(struct vh_chan *ch, CUdeviceptr *dptr, size
 	return alloc_async(ch, dptr, bytesize, pool, hStream, "cuMemAllocFromPoolAsync");
 }
 
-CUresult vhx_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream)
+CUresult guarded_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream)
 {
 	struct vh_alloc *a = vh_alloc_find(ch, dptr, 1u << VH_MEM_ASYNC | 1u << VH_MEM);
 	if (!a)
@@ -81,7 +81,7 @@ CUresult vhx_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStre
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuMemPoolCreate(struct vh_chan *ch, CUmemoryPool *pool, const CUmemPoolProps *props)
+CUresult guarded_cuMemPoolCreate(struct vh_chan *ch, CUmemoryPool *pool, const CUmemPoolProps *props)
 {
 	if (!pool || !props)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -102,7 +102,7 @@ static int pool_dev(struct vh_chan *ch, CUmemoryPool pool)
 	return ch->cur_dev >= 0 ? ch->cur_dev : 0;
 }
 
-CUresult vhx_cuMemPoolDestroy(struct vh_chan *ch, CUmemoryPool pool)
+CUresult guarded_cuMemPoolDestroy(struct vh_chan *ch, CUmemoryPool pool)
 {
 	CUresult r = ch->backend->cuMemPoolDestroy(pool);
 	if (r == CUDA_SUCCESS)
@@ -110,7 +110,7 @@ CUresult vhx_cuMemPoolDestroy(struct vh_chan *ch, CUmemoryPool pool)
 	return r;
 }
 
-CUresult vhx_cuMemPoolTrimTo(struct vh_chan *ch, CUmemoryPool pool, size_t keep)
+CUresult guarded_cuMemPoolTrimTo(struct vh_chan *ch, CUmemoryPool pool, size_t keep)
 {
 	CUresult r = ch->backend->cuMemPoolTrimTo(pool, keep);
 	if (r == CUDA_SUCCESS)
@@ -171,5 +171,5 @@ static CUresult pool_attr(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, 
 	return CUDA_SUCCESS;
 }
 
-VH_CUSTOM_VARIANT(vhc_cuMemPoolSetAttribute, pool_attr, 1)
-VH_CUSTOM_VARIANT(vhc_cuMemPoolGetAttribute, pool_attr, 0)
+VH_CUSTOM_VARIANT(handwritten_cuMemPoolSetAttribute, pool_attr, 1)
+VH_CUSTOM_VARIANT(handwritten_cuMemPoolGetAttribute, pool_attr, 0)

@@ -8,9 +8,10 @@
  * host_memory.h).
  *
  * Names: vh_ is the host forwarder's, vg_ the wire's (shared with the guest).  The generated
- * code calls two kinds of hand-written halves, named by gen.py: vhc_<call>(ch, flags, rd, wr)
- * decodes its own request (copy.c, module.c, launch.c, ...), vhx_<call>(ch, args...) is given
- * the decoded arguments and runs the call (alloc.c, pool.c, vmm.c, graph.c, module.c).
+ * code calls two kinds of hand-written halves, named by the generator: handwritten_<call>(ch,
+ * flags, rd, wr) decodes its own request (copy.c, module.c, launch.c, ...); guarded_<call>(ch,
+ * args...) is given the decoded arguments and runs the call behind its own checks and charges
+ * (alloc.c, pool.c, vmm.c, graph.c, module.c).
  */
 #ifndef VH_DISPATCH_H
 #define VH_DISPATCH_H
@@ -35,7 +36,7 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 int vh_op_reports_async(uint32_t op);
 int vh_op_gpu_work(uint32_t op);
 
-/* A vhc_ entry point that is one variant of a shared implementation,
+/* A handwritten_ entry point that is one variant of a shared implementation,
  * impl(ch, flags, rd, wr, variant): a synchronous and an asynchronous copy, a get and a set. */
 #define VH_CUSTOM_VARIANT(name, impl, variant)                                                \
 	CUresult name(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr) \

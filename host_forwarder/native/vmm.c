@@ -33,7 +33,7 @@ static int guest_dev(struct vh_chan *ch, int host_dev)
 	return 0;
 }
 
-CUresult vhx_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t *g, const CUmemAllocationProp *prop,
+CUresult guarded_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t *g, const CUmemAllocationProp *prop,
 					   CUmemAllocationGranularity_flags option)
 {
 	CUmemAllocationProp p;
@@ -41,7 +41,7 @@ CUresult vhx_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t *g, const 
 	return r != CUDA_SUCCESS ? r : ch->backend->cuMemGetAllocationGranularity(g, &p, option);
 }
 
-CUresult vhx_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle *handle, size_t size,
+CUresult guarded_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle *handle, size_t size,
 			 const CUmemAllocationProp *prop, unsigned long long flags)
 {
 	const struct vh_backend *B = ch->backend;
@@ -85,7 +85,7 @@ static void vmm_maybe_gone(struct vh_chan *ch, uint64_t handle)
 	vh_alloc_release(ch, h);
 }
 
-CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle guest)
+CUresult guarded_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle guest)
 {
 	struct vh_alloc *a = vh_alloc_find_vmm(ch, guest, 1u << VH_VMM);
 	if (!a)
@@ -100,7 +100,7 @@ CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle guest
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset,
+CUresult guarded_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset,
 		      CUmemGenericAllocationHandle guest, unsigned long long flags)
 {
 	struct vh_alloc *a = vh_alloc_find_vmm(ch, guest, 1u << VH_VMM);
@@ -124,7 +124,7 @@ CUresult vhx_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t o
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
+CUresult guarded_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
 {
 	struct vh_alloc *m = vh_alloc_find(ch, ptr, 1u << VH_VMM_MAP);
 	if (!m || m->size != size)
@@ -142,7 +142,7 @@ CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+CUresult guarded_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
 			    size_t count)
 {
 	if (!desc || count == 0 || count > VH_MAX_ACCESS_DESCS || size == 0 || !vh_alloc_in_reserved(ch, ptr, size))
@@ -159,7 +159,7 @@ CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, co
 /* A virtual address range for VMM mappings.  The guest's address hint is not passed on: the
  * driver may place a reservation anywhere (a hint is only a wish), and a hint is a guest's
  * choice of a worker address. */
-CUresult vhx_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr *ptr, size_t size, size_t alignment,
+CUresult guarded_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr *ptr, size_t size, size_t alignment,
 				 CUdeviceptr addr, unsigned long long flags)
 {
 	(void)addr;
@@ -175,7 +175,7 @@ CUresult vhx_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr *ptr, size_t si
 	return CUDA_SUCCESS;
 }
 
-CUresult vhx_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
+CUresult guarded_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t size)
 {
 	struct vh_alloc *a = vh_alloc_find(ch, ptr, 1u << VH_VA);
 	if (!a || a->size != size)

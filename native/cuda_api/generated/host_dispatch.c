@@ -2,55 +2,55 @@
 
 #include "vh_dispatch.h"
 
-CUresult vhc_cuStreamGetCaptureInfo(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuStreamGetCaptureInfo_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuStreamGetCaptureInfo_v3(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhx_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize);
-CUresult vhx_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr);
-CUresult vhx_cuMemGetInfo_v2(struct vh_chan *ch, size_t * free, size_t * total);
-CUresult vhx_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * bytes, CUmodule hmod, const char * name);
-CUresult vhx_cuLibraryGetGlobal(struct vh_chan *ch, CUdeviceptr * dptr, size_t * bytes, CUlibrary library, const char * name);
-CUresult vhc_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemcpyHtoD_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemcpyDtoH_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemcpyHtoDAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemcpyDtoHAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemcpy(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemcpyAsync(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuModuleLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuModuleLoadDataEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuModuleLoadFatBinary(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuLibraryLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhx_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags);
-CUresult vhx_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec hGraphExec);
-CUresult vhc_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhx_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
-CUresult vhx_cuArrayCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray);
-CUresult vhx_cuArray3DCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray);
-CUresult vhx_cuArrayDestroy(struct vh_chan *ch, CUarray hArray);
-CUresult vhx_cuMemAllocAsync(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize, CUstream hStream);
-CUresult vhx_cuMemAllocFromPoolAsync(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
-CUresult vhx_cuMemPoolCreate(struct vh_chan *ch, CUmemoryPool * pool, const CUmemPoolProps * poolProps);
-CUresult vhx_cuMemPoolDestroy(struct vh_chan *ch, CUmemoryPool pool);
-CUresult vhx_cuMemPoolTrimTo(struct vh_chan *ch, CUmemoryPool pool, size_t minBytesToKeep);
-CUresult vhc_cuMemPoolSetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhc_cuMemPoolGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult vhx_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option);
-CUresult vhx_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags);
-CUresult vhx_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle handle);
-CUresult vhx_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
-CUresult vhx_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
-CUresult vhx_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
-CUresult vhx_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
-CUresult vhx_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count);
-CUresult vhx_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream);
+CUresult handwritten_cuStreamGetCaptureInfo(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuStreamGetCaptureInfo_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuStreamGetCaptureInfo_v3(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize);
+CUresult guarded_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr);
+CUresult guarded_cuMemGetInfo_v2(struct vh_chan *ch, size_t * free, size_t * total);
+CUresult guarded_cuModuleGetGlobal_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * bytes, CUmodule hmod, const char * name);
+CUresult guarded_cuLibraryGetGlobal(struct vh_chan *ch, CUdeviceptr * dptr, size_t * bytes, CUlibrary library, const char * name);
+CUresult handwritten_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemcpyHtoD_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemcpyDtoH_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemcpyHtoDAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemcpyDtoHAsync_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemcpy(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemcpyAsync(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuModuleLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuModuleLoadDataEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuModuleLoadFatBinary(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuLibraryLoadData(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags);
+CUresult guarded_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec hGraphExec);
+CUresult handwritten_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
+CUresult guarded_cuArrayCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray);
+CUresult guarded_cuArray3DCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray);
+CUresult guarded_cuArrayDestroy(struct vh_chan *ch, CUarray hArray);
+CUresult guarded_cuMemAllocAsync(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize, CUstream hStream);
+CUresult guarded_cuMemAllocFromPoolAsync(struct vh_chan *ch, CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult guarded_cuMemPoolCreate(struct vh_chan *ch, CUmemoryPool * pool, const CUmemPoolProps * poolProps);
+CUresult guarded_cuMemPoolDestroy(struct vh_chan *ch, CUmemoryPool pool);
+CUresult guarded_cuMemPoolTrimTo(struct vh_chan *ch, CUmemoryPool pool, size_t minBytesToKeep);
+CUresult handwritten_cuMemPoolSetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemPoolGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuMemGetAllocationGranularity(struct vh_chan *ch, size_t * granularity, const CUmemAllocationProp * prop, CUmemAllocationGranularity_flags option);
+CUresult guarded_cuMemCreate(struct vh_chan *ch, CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp * prop, unsigned long long flags);
+CUresult guarded_cuMemRelease(struct vh_chan *ch, CUmemGenericAllocationHandle handle);
+CUresult guarded_cuMemAddressReserve(struct vh_chan *ch, CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
+CUresult guarded_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
+CUresult guarded_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
+CUresult guarded_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
+CUresult guarded_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count);
+CUresult guarded_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream);
 
 CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)
 {
@@ -58,11 +58,11 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 	(void)B;
 	switch (op) {
 	case VG_OP_cuStreamGetCaptureInfo:
-		return vhc_cuStreamGetCaptureInfo(ch, vg_flags, rd, wr);
+		return handwritten_cuStreamGetCaptureInfo(ch, vg_flags, rd, wr);
 	case VG_OP_cuStreamGetCaptureInfo_v2:
-		return vhc_cuStreamGetCaptureInfo_v2(ch, vg_flags, rd, wr);
+		return handwritten_cuStreamGetCaptureInfo_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuStreamGetCaptureInfo_v3:
-		return vhc_cuStreamGetCaptureInfo_v3(ch, vg_flags, rd, wr);
+		return handwritten_cuStreamGetCaptureInfo_v3(ch, vg_flags, rd, wr);
 	case VG_OP_cuCtxSynchronize: {
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
@@ -159,7 +159,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &bytesize, sizeof(bytesize));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemAlloc_v2(ch, dptr, bytesize);
+		CUresult r = guarded_cuMemAlloc_v2(ch, dptr, bytesize);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -171,7 +171,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &dptr, sizeof(dptr));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemFree_v2(ch, dptr);
+		CUresult r = guarded_cuMemFree_v2(ch, dptr);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -185,7 +185,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		size_t *total = vh_get_u64(rd) ? &total_v : NULL;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemGetInfo_v2(ch, free, total);
+		CUresult r = guarded_cuMemGetInfo_v2(ch, free, total);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (free != NULL)
@@ -528,7 +528,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const char *name = vh_get_str(rd);
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuModuleGetGlobal_v2(ch, dptr, bytes, hmod, name);
+		CUresult r = guarded_cuModuleGetGlobal_v2(ch, dptr, bytes, hmod, name);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -603,7 +603,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const char *name = vh_get_str(rd);
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuLibraryGetGlobal(ch, dptr, bytes, library, name);
+		CUresult r = guarded_cuLibraryGetGlobal(ch, dptr, bytes, library, name);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -789,41 +789,41 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return CUDA_SUCCESS;
 	}
 	case VG_OP_cuFuncGetName:
-		return vhc_cuFuncGetName(ch, vg_flags, rd, wr);
+		return handwritten_cuFuncGetName(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemcpyHtoD_v2:
-		return vhc_cuMemcpyHtoD_v2(ch, vg_flags, rd, wr);
+		return handwritten_cuMemcpyHtoD_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemcpyDtoH_v2:
-		return vhc_cuMemcpyDtoH_v2(ch, vg_flags, rd, wr);
+		return handwritten_cuMemcpyDtoH_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemcpyHtoDAsync_v2:
-		return vhc_cuMemcpyHtoDAsync_v2(ch, vg_flags, rd, wr);
+		return handwritten_cuMemcpyHtoDAsync_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemcpyDtoHAsync_v2:
-		return vhc_cuMemcpyDtoHAsync_v2(ch, vg_flags, rd, wr);
+		return handwritten_cuMemcpyDtoHAsync_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemcpy:
-		return vhc_cuMemcpy(ch, vg_flags, rd, wr);
+		return handwritten_cuMemcpy(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemcpyAsync:
-		return vhc_cuMemcpyAsync(ch, vg_flags, rd, wr);
+		return handwritten_cuMemcpyAsync(ch, vg_flags, rd, wr);
 	case VG_OP_cuModuleLoadData:
-		return vhc_cuModuleLoadData(ch, vg_flags, rd, wr);
+		return handwritten_cuModuleLoadData(ch, vg_flags, rd, wr);
 	case VG_OP_cuModuleLoadDataEx:
-		return vhc_cuModuleLoadDataEx(ch, vg_flags, rd, wr);
+		return handwritten_cuModuleLoadDataEx(ch, vg_flags, rd, wr);
 	case VG_OP_cuModuleLoadFatBinary:
-		return vhc_cuModuleLoadFatBinary(ch, vg_flags, rd, wr);
+		return handwritten_cuModuleLoadFatBinary(ch, vg_flags, rd, wr);
 	case VG_OP_cuLibraryLoadData:
-		return vhc_cuLibraryLoadData(ch, vg_flags, rd, wr);
+		return handwritten_cuLibraryLoadData(ch, vg_flags, rd, wr);
 	case VG_OP_cuLaunchKernel:
-		return vhc_cuLaunchKernel(ch, vg_flags, rd, wr);
+		return handwritten_cuLaunchKernel(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemHostGetDevicePointer_v2:
-		return vhc_cuMemHostGetDevicePointer_v2(ch, vg_flags, rd, wr);
+		return handwritten_cuMemHostGetDevicePointer_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuLaunchKernelEx:
-		return vhc_cuLaunchKernelEx(ch, vg_flags, rd, wr);
+		return handwritten_cuLaunchKernelEx(ch, vg_flags, rd, wr);
 	case VG_OP_cuOccupancyMaxActiveClusters:
-		return vhc_cuOccupancyMaxActiveClusters(ch, vg_flags, rd, wr);
+		return handwritten_cuOccupancyMaxActiveClusters(ch, vg_flags, rd, wr);
 	case VG_OP_cuOccupancyMaxPotentialClusterSize:
-		return vhc_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
+		return handwritten_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
 	case VG_OP_cuPointerGetAttribute:
-		return vhc_cuPointerGetAttribute(ch, vg_flags, rd, wr);
+		return handwritten_cuPointerGetAttribute(ch, vg_flags, rd, wr);
 	case VG_OP_cuPointerGetAttributes:
-		return vhc_cuPointerGetAttributes(ch, vg_flags, rd, wr);
+		return handwritten_cuPointerGetAttributes(ch, vg_flags, rd, wr);
 	case VG_OP_cuStreamBeginCapture_v2: {
 		CUstream hStream;
 		vh_get(rd, &hStream, sizeof(hStream));
@@ -881,7 +881,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &flags, sizeof(flags));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuGraphInstantiateWithFlags(ch, phGraphExec, hGraph, flags);
+		CUresult r = guarded_cuGraphInstantiateWithFlags(ch, phGraphExec, hGraph, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (phGraphExec != NULL && vh_handle_new(ch, VG_KIND_GRAPH_EXEC, (void **)phGraphExec, NULL))
@@ -897,7 +897,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuGraphExecDestroy(ch, hGraphExec);
+		CUresult r = guarded_cuGraphExecDestroy(ch, hGraphExec);
 		if (r != CUDA_SUCCESS)
 			return r;
 		vh_handle_drop(ch, VG_KIND_GRAPH_EXEC, hGraphExec);
@@ -917,7 +917,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return CUDA_SUCCESS;
 	}
 	case VG_OP_cuGraphGetNodes:
-		return vhc_cuGraphGetNodes(ch, vg_flags, rd, wr);
+		return handwritten_cuGraphGetNodes(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemAllocPitch_v2: {
 		CUdeviceptr dptr_v;
 		memset(&dptr_v, 0, sizeof(dptr_v));
@@ -933,7 +933,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &ElementSizeBytes, sizeof(ElementSizeBytes));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemAllocPitch_v2(ch, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+		CUresult r = guarded_cuMemAllocPitch_v2(ch, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -950,7 +950,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const CUDA_ARRAY_DESCRIPTOR *pAllocateArray = vh_get_opt(rd, &pAllocateArray_v, sizeof(pAllocateArray_v));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuArrayCreate_v2(ch, pHandle, pAllocateArray);
+		CUresult r = guarded_cuArrayCreate_v2(ch, pHandle, pAllocateArray);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (pHandle != NULL && vh_handle_new(ch, VG_KIND_ARRAY, (void **)pHandle, NULL))
@@ -967,7 +967,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray = vh_get_opt(rd, &pAllocateArray_v, sizeof(pAllocateArray_v));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuArray3DCreate_v2(ch, pHandle, pAllocateArray);
+		CUresult r = guarded_cuArray3DCreate_v2(ch, pHandle, pAllocateArray);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (pHandle != NULL && vh_handle_new(ch, VG_KIND_ARRAY, (void **)pHandle, NULL))
@@ -983,7 +983,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuArrayDestroy(ch, hArray);
+		CUresult r = guarded_cuArrayDestroy(ch, hArray);
 		if (r != CUDA_SUCCESS)
 			return r;
 		vh_handle_drop(ch, VG_KIND_ARRAY, hArray);
@@ -1035,7 +1035,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemAllocAsync(ch, dptr, bytesize, hStream);
+		CUresult r = guarded_cuMemAllocAsync(ch, dptr, bytesize, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -1058,7 +1058,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemAllocFromPoolAsync(ch, dptr, bytesize, pool, hStream);
+		CUresult r = guarded_cuMemAllocFromPoolAsync(ch, dptr, bytesize, pool, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (dptr != NULL)
@@ -1073,7 +1073,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		const CUmemPoolProps *poolProps = vh_get_opt(rd, &poolProps_v, sizeof(poolProps_v));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemPoolCreate(ch, pool, poolProps);
+		CUresult r = guarded_cuMemPoolCreate(ch, pool, poolProps);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (pool != NULL && vh_handle_new(ch, VG_KIND_MEMPOOL, (void **)pool, NULL))
@@ -1089,7 +1089,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemPoolDestroy(ch, pool);
+		CUresult r = guarded_cuMemPoolDestroy(ch, pool);
 		if (r != CUDA_SUCCESS)
 			return r;
 		vh_handle_drop(ch, VG_KIND_MEMPOOL, pool);
@@ -1142,15 +1142,15 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &minBytesToKeep, sizeof(minBytesToKeep));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemPoolTrimTo(ch, pool, minBytesToKeep);
+		CUresult r = guarded_cuMemPoolTrimTo(ch, pool, minBytesToKeep);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
 	}
 	case VG_OP_cuMemPoolSetAttribute:
-		return vhc_cuMemPoolSetAttribute(ch, vg_flags, rd, wr);
+		return handwritten_cuMemPoolSetAttribute(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemPoolGetAttribute:
-		return vhc_cuMemPoolGetAttribute(ch, vg_flags, rd, wr);
+		return handwritten_cuMemPoolGetAttribute(ch, vg_flags, rd, wr);
 	case VG_OP_cuMemGetAllocationGranularity: {
 		size_t granularity_v;
 		memset(&granularity_v, 0, sizeof(granularity_v));
@@ -1161,7 +1161,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &option, sizeof(option));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemGetAllocationGranularity(ch, granularity, prop, option);
+		CUresult r = guarded_cuMemGetAllocationGranularity(ch, granularity, prop, option);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (granularity != NULL)
@@ -1180,7 +1180,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &flags, sizeof(flags));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemCreate(ch, handle, size, prop, flags);
+		CUresult r = guarded_cuMemCreate(ch, handle, size, prop, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (handle != NULL)
@@ -1192,7 +1192,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &handle, sizeof(handle));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemRelease(ch, handle);
+		CUresult r = guarded_cuMemRelease(ch, handle);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1211,7 +1211,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &flags, sizeof(flags));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemAddressReserve(ch, ptr, size, alignment, addr, flags);
+		CUresult r = guarded_cuMemAddressReserve(ch, ptr, size, alignment, addr, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (ptr != NULL)
@@ -1225,7 +1225,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &size, sizeof(size));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemAddressFree(ch, ptr, size);
+		CUresult r = guarded_cuMemAddressFree(ch, ptr, size);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1243,7 +1243,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &flags, sizeof(flags));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemMap(ch, ptr, size, offset, handle, flags);
+		CUresult r = guarded_cuMemMap(ch, ptr, size, offset, handle, flags);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1255,7 +1255,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_get(rd, &size, sizeof(size));
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemUnmap(ch, ptr, size);
+		CUresult r = guarded_cuMemUnmap(ch, ptr, size);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1273,7 +1273,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (desc_n != (uint64_t)(count))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemSetAccess(ch, ptr, size, desc, count);
+		CUresult r = guarded_cuMemSetAccess(ch, ptr, size, desc, count);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1453,7 +1453,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = vhx_cuMemFreeAsync(ch, dptr, hStream);
+		CUresult r = guarded_cuMemFreeAsync(ch, dptr, hStream);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;
@@ -1486,7 +1486,7 @@ int vh_op_reports_async(uint32_t op)
 	}
 }
 
-/* Calls that put work on the GPU: the compute scheduler gates them (vh_vh_sched.c). */
+/* Calls that put work on the GPU: the compute scheduler gates them (sched_page.c). */
 int vh_op_gpu_work(uint32_t op)
 {
 	switch (op) {

@@ -58,7 +58,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     call_args = ", ".join(p.name for p in fn.params)
     if s.get("host") == "custom":
-        b.append(f"\t\tCUresult r = vhx_{fn.name}(ch{', ' + call_args if call_args else ''});")
+        b.append(f"\t\tCUresult r = guarded_{fn.name}(ch{', ' + call_args if call_args else ''});")
     else:
         b.append(
             f"\t\tCUresult r = (vg_flags & VG_F_PTDS) && B->{fn.name}_pt ? B->{fn.name}_pt({call_args}) : B->{fn.name}({call_args});"
@@ -92,11 +92,11 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
     for fn in funcs:
         if fn.cls in ("sync", "async") and fn.spec.get("host") == "custom":
             lines.append(
-                f"CUresult vhx_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});"
+                f"CUresult guarded_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});"
             )
         if fn.cls == "custom":
             lines.append(
-                f"CUresult vhc_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);"
+                f"CUresult handwritten_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);"
             )
     lines.append(
         "\nCUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)\n{"
@@ -106,12 +106,12 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
         if fn.cls in ("sync", "async"):
             lines += host_case(fn, handles)
         elif fn.cls == "custom":
-            lines.append(f"\tcase VG_OP_{fn.name}:\n\t\treturn vhc_{fn.name}(ch, vg_flags, rd, wr);")
+            lines.append(f"\tcase VG_OP_{fn.name}:\n\t\treturn handwritten_{fn.name}(ch, vg_flags, rd, wr);")
     lines.append("\tdefault:\n\t\treturn vh_dispatch_proto(ch, op, vg_flags, rd, wr);\n\t}\n}\n")
     lines.append("int vh_op_reports_async(uint32_t op)\n{\n\tswitch (op) {")
     lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("reports_async")]
     lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
-    lines.append("\n/* Calls that put work on the GPU: the compute scheduler gates them (vh_vh_sched.c). */")
+    lines.append("\n/* Calls that put work on the GPU: the compute scheduler gates them (sched_page.c). */")
     lines.append("int vh_op_gpu_work(uint32_t op)\n{\n\tswitch (op) {")
     lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work")]
     lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
