@@ -31,6 +31,7 @@ __all__ = [
     "memquota",
     "run_guest",
     "start_daemon",
+    "stop_server",
     "wait_for",
     "worker_pids",
 ]
@@ -205,3 +206,15 @@ def memquota(fwd: Forwarder, region: Path, seed: int, rounds: int, cubin: Path, 
             p.kill()
             p.wait()
     return refused
+
+
+def stop_server(server, ledger) -> None:
+    """Stop an in-process vmgpud (vmgpu.daemon.serve) and every forwarder it started."""
+    server.stop(grace=None).wait()
+    server.socket_claim.release()
+    if getattr(server, "metrics_http", None):
+        server.metrics_http.shutdown()
+    server.supervisor.close()
+    for fwd in list(server.supervisor.children.values()):
+        fwd.stop()
+    ledger.close()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.forwarder import NATIVE, hold, run_guest, start_daemon, wait_for
+from tests.forwarder import NATIVE, hold, run_guest, start_daemon, stop_server, wait_for
 from tests.unit.test_daemon import INVENTORY
 from vmgpu.client import Client
 from vmgpu.forwarder import is_forwarder
@@ -18,10 +18,15 @@ from vmgpu.forwarder import is_forwarder
 pytestmark = pytest.mark.native
 
 
-def test_forwarder_lifecycle_under_vmgpud(tmp_path, shm_path):
+def _paths(tmp_path):
+    """A vmgpud's socket, ledger and inventory (written) under tmp_path."""
     inv = tmp_path / "inventory.toml"
     inv.write_text(INVENTORY)
-    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
+    return tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db", inv
+
+
+def test_forwarder_lifecycle_under_vmgpud(tmp_path, shm_path):
+    sock, db, inv = _paths(tmp_path)
     daemon = start_daemon(sock, db, inv)
     pids = []
     try:
@@ -96,12 +101,7 @@ def test_cli_forwarder_commands(tmp_path, shm_path, monkeypatch):
         r = run(cli, ["forwarder", "start", "nobody", str(shm_path), "--socket", sock])
         assert r.exit_code == 3 and "guest nobody is not admitted" in r.stderr
     finally:
-        server.stop(grace=None).wait()
-        server.socket_claim.release()
-        server.supervisor.close()
-        for fwd in list(server.supervisor.children.values()):
-            fwd.stop()
-        ledger.close()
+        stop_server(server, ledger)
 
 
 def _vm_region(path, guest):
@@ -118,9 +118,7 @@ def test_a_vms_forwarder_that_dies_is_restarted_with_its_regions_geometry_and_ne
 
     from vmgpu.cli.main import cli
 
-    inv = tmp_path / "inventory.toml"
-    inv.write_text(INVENTORY)
-    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
+    sock, db, inv = _paths(tmp_path)
     daemon = start_daemon(sock, db, inv)
     pids = []
     status = CliRunner(mix_stderr=False).invoke

@@ -15,7 +15,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.forwarder import start_daemon, wait_for
+from tests.forwarder import start_daemon, stop_server, wait_for
 from vmgpu.cli.main import cli
 from vmgpu.client import Client
 from vmgpu.daemon import serve
@@ -40,12 +40,7 @@ def daemon(host):
     sock, db, inv = host
     server, ledger = serve(sock, db, inv)
     yield str(sock)
-    server.stop(grace=None).wait()
-    server.socket_claim.release()
-    server.supervisor.close()
-    for fwd in list(server.supervisor.children.values()):
-        fwd.stop()
-    ledger.close()
+    stop_server(server, ledger)
 
 
 def test_admit_status_release_through_the_client(daemon):
@@ -170,11 +165,7 @@ def test_metrics_endpoint(host):
         port = server.metrics_http.server_port
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
-        server.stop(grace=None).wait()
-        server.socket_claim.release()
-        server.metrics_http.shutdown()
-        server.supervisor.close()
-        ledger.close()
+        stop_server(server, ledger)
     uuid0 = "GPU-00000000-0000-0000-0000-000000000000"
     assert f'vmgpu_gpu_memory_mib{{gpu="0",state="reserved",uuid="{uuid0}"}} 4096.0' in text
     assert f'vmgpu_gpu_compute_reserved_percent{{gpu="0",uuid="{uuid0}"}} 30.0' in text
