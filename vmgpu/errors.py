@@ -151,6 +151,16 @@ class LedgerError(VmgpuError):
     exit_code = 14
 
 
+class SchedulerError(VmgpuError):
+    """A GPU's scheduler page cannot be used: there is none yet (no forwarder has run on the
+    GPU), the file is not one (too small, another version) or not safe, or a weight or policy
+    it cannot take was asked for."""
+
+    code = "SCHEDULER"
+    exit_code = 16
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class DaemonRunning(VmgpuError):
     """Another vmgpud already serves this socket (the message names its pid)."""
 

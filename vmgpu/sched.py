@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu import abi, files
+from vmgpu import abi, errors, files
 from vmgpu.errors import UnsafePath
 
 PAGE_SIZE = ctypes.sizeof(abi.SchedPage)
@@ -42,8 +42,7 @@ POLICY_HELP = {
 DEFAULT_DIR = abi.SCHED_DIR
 
 
-class SchedError(Exception):
-    pass
+SchedError = errors.SchedulerError  # in the error tree: its exit status and gRPC status are the code table's
 
 
 def sched_dir() -> Path:
