@@ -91,6 +91,28 @@ def open_ours(path: str | os.PathLike, flags: int, mode: int = 0o600, others: in
     return fd
 
 
+def remove_ours(path: str | os.PathLike, others: int = 0o007) -> bool:
+    """Remove the file at path if it is vmgpu's own: a regular file of this user's with one name,
+    not a link, with no `others` mode bits (a region given to a guest's user by ACL shows its
+    mask in the group bits).  Whatever else is there is left alone (UnsafePath says why);
+    False: nothing was there."""
+    try:
+        fd = open_ours(path, os.O_RDONLY, others=others)
+    except FileNotFoundError:
+        return False
+    try:
+        st = os.fstat(fd)
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):  # replaced since it was checked
+            raise UnsafePath(f"{path} changed while it was being removed: left alone")
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: str | os.PathLike):
     """Hold an exclusive flock on path (made 0600 if missing, never through a link, only if

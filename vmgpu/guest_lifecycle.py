@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmgpu import config, shm
-from vmgpu.errors import Conflict, VmgpuError
+from vmgpu import config, files, shm
+from vmgpu.errors import Conflict, UnsafePath, VmgpuError
 from vmgpu.logging import get_logger
 
 
@@ -109,7 +109,12 @@ class Lifecycle:
         return self.client.stop_forwarder(self.guest.name)
 
     def release(self) -> bool:
-        """Free the guest's share (its forwarder stops) and remove its region."""
+        """Free the guest's share (its forwarder stops; vmgpud removes the region it served) and
+        remove the guest's region if it is still there and vmgpu's own (files.remove_ours: never a
+        link or another user's file planted at its path)."""
         held = self.client.release(self.guest.name)
-        self.guest.region.unlink(missing_ok=True)
+        try:
+            files.remove_ours(self.guest.region)
+        except (UnsafePath, OSError) as e:
+            self.log.warning("region left in place", region=str(self.guest.region), reason=str(e))
         return held

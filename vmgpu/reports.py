@@ -15,24 +15,55 @@ def admitted(reply) -> list[dict]:
     ]
 
 
-def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> dict[tuple[str, str], float]:
-    """Each guest's share of each GPU's time over a short sample, from the schedulers' pages."""
-    from vmgpu import sched
+class ComputeSampler:
+    """Each guest's share of each GPU's time between two looks at the GPUs' scheduler pages
+    (sched.Page.gpu_time: the turn a guest holds now counts, so a busy guest alone on a GPU
+    shows ~100%).  Under the native policy nothing is metered: its guests get None."""
 
-    pages = []
-    for u in uuids:
-        try:
-            pages.append((u, sched.Page(sched.page_path(u))))
-        except sched.SchedError:
-            continue
-    if not pages:
+    def __init__(self, uuids: set[str]):
+        self.uuids = set(uuids)
+        self.last: dict[str, tuple[int, dict[str, int]]] = {}
+
+    def _look(self) -> dict[str, tuple[int, dict[str, int]] | None]:
+        from vmgpu import sched
+
+        out: dict[str, tuple[int, dict[str, int]] | None] = {}
+        for u in self.uuids:
+            try:
+                page = sched.Page(sched.page_path(u))
+            except sched.SchedError:
+                continue
+            with page:
+                out[u] = None if page.policy == "native" else page.gpu_time()
+        return out
+
+    def take(self) -> dict[tuple[str, str], float | None]:
+        """{(GPU UUID, guest): % of the GPU's time it held since the last take} (the first take
+        only starts the count: it answers {})."""
+        looks, shares = self._look(), {}
+        for u, look in looks.items():
+            prev = self.last.get(u)
+            if look is None:  # native: no turns, no GPU time counted
+                shares.update({(u, g): None for g in (prev[1] if prev else {})})
+                self.last.pop(u, None)
+                continue
+            now, used = look
+            if prev is not None and now > prev[0]:
+                for g, ns in used.items():
+                    was = prev[1].get(g, ns)  # a guest that joined since starts counting now
+                    shares[(u, g)] = min(100.0, max(0.0, 100 * (ns - was) / (now - prev[0])))
+            self.last[u] = look
+        return shares
+
+
+def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> dict[tuple[str, str], float | None]:
+    """Each guest's share of each GPU's time over a short sample, from the schedulers' pages."""
+    sampler = ComputeSampler(uuids)
+    sampler.take()
+    if not sampler.last:
         return {}
-    t0, before = time.monotonic_ns(), {(u, m.guest): m.used_ns for u, p in pages for m in p.members()}
     time.sleep(sample_s)
-    t1, after = time.monotonic_ns(), {(u, m.guest): m.used_ns for u, p in pages for m in p.members()}
-    for _, p in pages:
-        p.close()
-    return {k: 100 * (v - before.get(k, v)) / (t1 - t0) for k, v in after.items()}
+    return sampler.take()
 
 
 def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
@@ -79,6 +110,12 @@ def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
             for f in reply.forwarders
         ],
     }
+
+
+def top(reply, shares: dict[tuple[str, str], float | None], interval_s: float) -> dict:
+    """One frame of `vmgpu top`: the status (reply) with the compute each guest held over the
+    last interval_s seconds (ComputeSampler.take)."""
+    return {**status(reply, shares), "interval_s": interval_s}
 
 
 def breakdown(stats_file: str, interval: float = 0.0) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,26 @@ class Page:
                 name = s.name.decode(errors="replace")
                 out.append(Member(i, name, s.pid, s.weight, s.used_ns, s.turns, s.waiters, s.nworkers))
         return out
+
+    def gpu_time(self) -> tuple[int, dict[str, int]]:
+        """(now, each member's GPU time so far, ns), counting the turn the owner holds now: a
+        turn is charged to used_ns only when it ends, and a guest alone on the GPU keeps its
+        turn as long as it stays busy.  The forwarders charge a turn and hand the GPU over under
+        the page's lock, which this reader does not take: a read that a hand-over may have
+        torn (the owner, the turn's start or the futex word moved under it) is taken again."""
+        pg = self.page
+        for _ in range(100):
+            gen, owner, start = pg.gen, pg.owner, pg.hold_start
+            used = {m.slot: (m.guest, m.used_ns) for m in self.members()}
+            now = time.monotonic_ns()  # CLOCK_MONOTONIC, the forwarders' clock
+            if (pg.gen, pg.owner, pg.hold_start) == (gen, owner, start) and all(
+                pg.slot[i].used_ns == ns for i, (_, ns) in used.items()
+            ):
+                break
+        out: dict[str, int] = {}
+        for i, (guest, ns) in used.items():
+            out[guest] = out.get(guest, 0) + ns + (max(0, now - start) if i == owner else 0)
+        return now, out
 
     def set_weight(self, guest: str, weight: int) -> int:
         """Set a guest's weight (1..100); how many of its memberships changed."""

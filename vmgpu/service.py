@@ -13,7 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmgpu import config, errors, gpu, names, sched
+from vmgpu import config, errors, files, gpu, names, sched
+from vmgpu.logging import get_logger
 from vmgpu.ledger import GpuUsage, Ledger, Reservation
 from vmgpu.metrics import Metrics
 from vmgpu.spec import parse
@@ -87,11 +88,24 @@ class Service:
         return slices
 
     def release(self, guest: str) -> bool:
-        """Stop guest's forwarder and free its share; False: it held nothing."""
+        """Stop guest's forwarder, free its share and remove its recorded region file (only
+        if it is vmgpu's own: files.remove_ours); False: it held nothing."""
         names.check_guest(guest)
         with self.lock:
+            recorded = self.ledger.forwarder(guest)
             self.supervisor.stop(guest)
-            return self.ledger.release(guest)
+            held = self.ledger.release(guest)
+        if recorded:
+            self._remove_region(guest, recorded[1])
+        return held
+
+    def _remove_region(self, guest: str, region: str) -> None:
+        log = get_logger(guest=guest, region=region)
+        try:
+            if files.remove_ours(region):
+                log.info("region removed")
+        except (errors.UnsafePath, OSError) as e:  # the guest is released all the same
+            log.warning("region left in place", reason=str(e))
 
     def start(self, guest: str, region: str, backend: str = "", size: str = "", wait: str = "") -> int:
         """Start guest's forwarder on region (size: create it first); its pid."""

@@ -139,3 +139,16 @@ def test_a_forwarder_is_started_again_only_where_none_is_recorded(tmp_path):
     assert lc.ensure_forwarder() == 4321
     assert lc.stop_forwarder() is True and d.calls[-1] == ("stop", "g1")
     lc.release()
+
+
+def test_release_removes_the_region_it_made_but_never_a_link_planted_in_its_place(tmp_path):
+    g = _guest(tmp_path)
+    lc = Lifecycle(_Vmgpud(), g)
+    lc.prepare("gpu=0,mem=1G", SIZE, params=SMALL, start=False)
+    assert g.region.exists()
+    assert lc.release() and not g.region.exists()
+    target = tmp_path / "target"
+    target.write_text("not yours")
+    g.region.symlink_to(target)
+    assert lc.release()  # released all the same; the link and its target are left alone
+    assert g.region.is_symlink() and target.read_text() == "not yours"

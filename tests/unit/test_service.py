@@ -92,6 +92,10 @@ def test_an_error_class_without_its_own_code_or_help_is_refused():
 class _Ledger:
     def __init__(self, calls):
         self.calls = calls
+        self.regions: dict[str, str] = {}  # guest: its recorded forwarder's region
+
+    def forwarder(self, guest):
+        return (1, self.regions[guest], "sim") if guest in self.regions else None
 
     def admit(self, guest, kind, spec):
         self.calls.append(("admit", guest))
@@ -165,3 +169,28 @@ def test_a_release_stops_the_forwarder_before_it_frees_the_share_and_defaults_fi
     assert service.start("vm1", "/dev/shm/r") == 42
     assert service.release("vm1") is True
     assert calls == [("start", "vm1", "cuda", "futex"), ("stop", "vm1"), ("release", "vm1")]
+
+
+def test_a_release_removes_the_recorded_region_if_it_is_vmgpus_own_and_nothing_else(tmp_path):
+    service, calls = _service()
+    region = tmp_path / "vmgpu-g"
+    region.write_bytes(b"\0" * 4096)
+    region.chmod(0o660)  # what a guest's ACL entries show in the group bits
+    service.ledger.regions["g"] = str(region)
+    assert service.release("g") is True
+    assert not region.exists() and calls == [("stop", "g"), ("release", "g")]
+    # a link planted at the recorded path: neither it nor what it points at is removed
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    region.symlink_to(victim)
+    assert service.release("g") is True
+    assert region.is_symlink() and victim.read_text() == "keep"
+    # a file open to everyone is not one vmgpu made: left alone too
+    region.unlink()
+    region.write_text("x")
+    region.chmod(0o666)
+    service.release("g")
+    assert region.exists()
+    # the region already gone: the release is not an error
+    region.unlink()
+    assert service.release("g") is True

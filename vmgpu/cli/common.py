@@ -29,6 +29,10 @@ def as_json(help_text: str = "Print as JSON."):
     return click.option("--json", "as_json", is_flag=True, help=help_text)
 
 
+WIDE = click.option(
+    "--wide", is_flag=True, help="Full values (GPU UUIDs) even on a narrow terminal; off a terminal they always are."
+)
+
 SOCKET = click.option(
     "--socket",
     "socket_path",

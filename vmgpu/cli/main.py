@@ -3,6 +3,7 @@ commands only: parse, call the library, print through vmgpu/cli/render.py).
 
     region.py    region create | show | selftest
     shares.py    gpus, admit, release, status
+    top.py       top
     compute.py   weight, policy
     forwarder.py forwarder start | stop, breakdown
     daemon.py    daemon
@@ -17,7 +18,7 @@ from __future__ import annotations
 import click
 
 from vmgpu import __version__
-from vmgpu.cli import compute, daemon, forwarder, host, install, region, shares, vm
+from vmgpu.cli import compute, daemon, forwarder, host, install, region, shares, top, vm
 from vmgpu.cli.common import Group
 
 
@@ -27,7 +28,7 @@ def cli() -> None:
     """vmgpu: share NVIDIA GPUs among VMs and containers by CUDA API remoting."""
 
 
-for module in (region, shares, compute, forwarder, daemon, vm, install, host):
+for module in (region, shares, top, compute, forwarder, daemon, vm, install, host):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -20,6 +20,20 @@ def emit(data, as_json: bool, render, *args) -> None:
         render(data, *args)
 
 
+# Not on a terminal, or with --wide, a table is as wide as what it holds (rich would otherwise
+# fit it to 80 columns, cutting GPU UUIDs and paths short).
+UNBOUNDED = 1 << 16
+
+
+def console(wide: bool = False) -> Console:
+    """Where the tables go: on a terminal, fitted to its width (unless wide); anywhere else (a
+    pipe, a file, a script) or with --wide, never a value cut short or wrapped."""
+    con = Console()
+    if wide or not con.is_terminal:
+        return Console(width=UNBOUNDED)
+    return con
+
+
 def _table(title: str | None, columns) -> Table:
     t = Table(title=title)
     for col in columns:
@@ -39,7 +53,7 @@ def region_created(d: dict) -> None:
 
 def region(d: dict) -> None:
     h = d["header"]
-    con = Console()
+    con = console()
     con.print(
         f"[bold]{d['path']}[/]  ABI {h['version_major']}.{h['version_minor']}  "
         f"{h['region_size']} bytes  name={h['name']!r}  wait={'futex' if h['wait_mode'] == 1 else 'poll'}  "
@@ -68,33 +82,35 @@ def selftest(d: dict) -> None:
     t = Table("check", "result")
     for k, v in d["checks"].items():
         t.add_row(k, "[green]ok[/]" if v else "[red]FAILED[/]")
-    Console().print(t)
+    console().print(t)
     click.echo(
         f"{d['exchanges']} round trips in {d['seconds']:.3f} s "
         f"({d['exchanges'] / d['seconds']:.0f}/s through the Python binding)"
     )
 
 
-def gpus(d: list[dict], inventory: str | None) -> None:
+def gpus(d: list[dict], inventory: str | None, wide: bool = False) -> None:
     t = _table("GPUs" + (f" (declared in {inventory})" if inventory else " (NVML)"), GPU_COLUMNS)
     for g in d:
         t.add_row(str(g["index"]), g["uuid"], g["name"], f"{g['memory_mib']} MiB", g["pci_bus_id"])
-    Console().print(t)
+    console(wide).print(t)
 
 
-def admitted(d: list[dict], guest: str) -> None:
+def admitted(d: list[dict], guest: str, wide: bool = False) -> None:
     t = _table(f"admitted {guest}", ("gpu", "uuid", "memory", "compute"))
     for r in d:
         t.add_row(str(r["gpu"]), r["uuid"], f"{r['mem_mib']} MiB", f"{r['compute_pct']}%")
-    Console().print(t)
+    console(wide).print(t)
 
 
-def status(d: dict) -> None:
-    con = Console()
-    t = _table("GPUs", ("gpu", "name", "memory reserved", "memory free", "compute reserved", "policy"))
+def status(d: dict, wide: bool = False) -> None:
+    con = console(wide)
+    columns = ("gpu", *(("uuid",) if wide else ()), "name", "memory reserved", "memory free", "compute reserved")
+    t = _table("GPUs", (*columns, "policy"))
     for g in d["gpus"]:
         t.add_row(
             str(g["index"]),
+            *((g["uuid"],) if wide else ()),
             g["name"],
             f"{g['mem_reserved_mib']} / {g['mem_mib']} MiB",
             f"{g['mem_mib'] - g['mem_reserved_mib']} MiB",
@@ -103,25 +119,94 @@ def status(d: dict) -> None:
         )
     con.print(t)
     t = _table("guests", ("guest", "kind", "gpu", "memory used / quota", "compute (weight) / now", "forwarder"))
-    fwd = {f["guest"]: f for f in d["forwarders"]}
-    nth: dict[str, int] = {}
-    for s in d["guests"]:
-        f = fwd.get(s["guest"])
-        k = nth[s["guest"]] = nth.get(s["guest"], -1) + 1  # slices come in the forwarder's GPU order
-        used = f["mem_used_mib"][k] if f and k < len(f["mem_used_mib"]) else None
+    for s, f, used in guest_slices(d):
         t.add_row(
-            s["guest"],
+            guest_cell(s),
             s["kind"],
             str(s["gpu"]),
             f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
-            f"{s['compute_pct']}% ({s['weight']}) / "
-            + ("-" if s["compute_achieved_pct"] is None else f"{s['compute_achieved_pct']:.0f}%"),
+            f"{s['compute_pct']}% ({s['weight']}) / {percent(s['compute_achieved_pct'])}",
             forwarder_cell(f),
         )
     con.print(t)
     for f in d["forwarders"]:  # why a guest has no forwarder, unwrapped
         if f["state"] == "restarting" and f["restart_error"]:
             click.echo(f"{f['guest']}: no forwarder, restart attempt {f['restart_attempt']}: {f['restart_error']}")
+
+
+def guest_slices(d: dict):
+    """(slice, its guest's forwarder or None, the slice's memory in use in MiB or None) for
+    each guest slice of a status (reports.status)."""
+    fwd = {f["guest"]: f for f in d["forwarders"]}
+    nth: dict[str, int] = {}
+    for s in d["guests"]:
+        f = fwd.get(s["guest"])
+        k = nth[s["guest"]] = nth.get(s["guest"], -1) + 1  # slices come in the forwarder's GPU order
+        yield s, f, (f["mem_used_mib"][k] if f and k < len(f["mem_used_mib"]) else None)
+
+
+def guest_cell(s: dict) -> str:
+    """A guest as the operator knows it: its label (a container's docker name) and the name
+    vmgpu gave it."""
+    return f"{s['label']} ({s['guest']})" if s.get("label") else s["guest"]
+
+
+def percent(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def _bar(fraction: float | None, width: int = 10) -> str:
+    if fraction is None:
+        return " " * width
+    n = round(max(0.0, min(1.0, fraction)) * width)
+    return "\u2588" * n + "\u2591" * (width - n)
+
+
+def top_frame(d: dict) -> Table:
+    """One frame of `vmgpu top`: per guest and GPU, memory in use against the quota and the
+    share of the GPU's time it held over the last interval (reports.top)."""
+    policy = {g["index"]: g["policy"] for g in d["gpus"]}
+    t = Table(
+        title=f"vmgpu top: {len(d['gpus'])} GPU(s), {len({s['guest'] for s in d['guests']})} guest(s); "
+        f"compute over the last {d['interval_s']:g} s",
+        title_justify="left",
+    )
+    for col, just in (
+        ("guest", "left"),
+        ("kind", "left"),
+        ("gpu", "right"),
+        ("memory used / quota", "right"),
+        ("", "left"),
+        ("compute now", "right"),
+        ("", "left"),
+        ("weight", "right"),
+        ("policy", "left"),
+        ("procs", "right"),
+        ("forwarder", "left"),
+    ):
+        t.add_column(col, justify=just, no_wrap=True)
+    for s, f, used in guest_slices(d):
+        now = s["compute_achieved_pct"]
+        t.add_row(
+            guest_cell(s),
+            s["kind"],
+            str(s["gpu"]),
+            f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
+            _bar(None if used is None else used / s["mem_mib"]),
+            percent(now),
+            _bar(None if now is None else now / 100),
+            str(s["weight"]),
+            policy.get(s["gpu"], "-"),
+            str(f["processes"]) if f else "-",
+            "none" if f is None else ("running" if f["state"] == "running" else f["state"]),
+        )
+    if not t.row_count:
+        t.caption = "no guest holds a share"
+    return t
+
+
+def top(d: dict, wide: bool = False) -> None:
+    console(wide).print(top_frame(d))
 
 
 def forwarder_cell(f: dict | None) -> str:
@@ -136,7 +221,7 @@ def forwarder_cell(f: dict | None) -> str:
 
 
 def breakdown(d: dict, top: int) -> None:
-    con = Console()
+    con = console()
     span = f"in {d['seconds']:.2f} s" if d["seconds"] else "since the forwarder started"
     con.print(
         f"{span}: {d['sync_calls']} sync calls (a round trip each), {d['async_calls']} async; "
@@ -154,7 +239,7 @@ def vm(d: dict) -> None:
     t = _table(f"domain {d['domain']} ({'running' if d['running'] else 'not running'})", ("gpu", "memory", "compute"))
     for s in d["slices"]:
         t.add_row(s["gpu"], s["mem"], f"{s['compute']}%")
-    Console().print(t)
+    console().print(t)
     r = d["region"]
     if r:
         click.echo(f"region device: <shmem name='{r['name']}'> {r['model']}, {r['size_mib']:g} MiB")
@@ -169,11 +254,11 @@ def doctor(d: list[dict]) -> None:
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     for c in d:
         t.add_row(c["name"], f"[{colour[c['status']]}]{c['status']}[/]", c["detail"], c["fix"])
-    Console().print(t)
+    console().print(t)
 
 
 def demo(d: dict) -> None:
-    con = Console()
+    con = console()
     if d["simulated"]:
         con.print("[yellow]No GPU here: the forwarder runs the SIMULATED backend (for tests only).[/]")
     t = _table(f"vmgpu demo on {d['device']}", ("program", "result", "seconds"))

@@ -6,17 +6,18 @@ import click
 
 from vmgpu import config, reports
 from vmgpu.cli import render
-from vmgpu.cli.common import SOCKET, as_json, client, guest_name, inventory
+from vmgpu.cli.common import SOCKET, WIDE, as_json, client, guest_name, inventory
 
 
 @click.command("gpus")
 @inventory("A declared inventory (TOML) instead of NVML, for hosts without a driver.  [env: VMGPU_INVENTORY]")
 @as_json()
-def gpus(inventory, as_json):
+@WIDE
+def gpus(inventory, as_json, wide):
     """The host's GPUs: index, UUID, name, memory, PCI bus id."""
     from vmgpu import gpu
 
-    render.emit([g.__dict__ for g in gpu.inventory(inventory)], as_json, render.gpus, inventory)
+    render.emit([g.__dict__ for g in gpu.inventory(inventory)], as_json, render.gpus, inventory, wide)
 
 
 @click.command("admit")
@@ -31,9 +32,11 @@ def gpus(inventory, as_json):
 )
 @SOCKET
 @as_json()
-def admit(guest, spec, kind, socket_path, as_json):
+@WIDE
+def admit(guest, spec, kind, socket_path, as_json, wide):
     """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,compute=50;gpu=1,..."."""
-    render.emit(reports.admitted(client(socket_path).admit(guest, kind, spec)), as_json, render.admitted, guest)
+    reply = client(socket_path).admit(guest, kind, spec)
+    render.emit(reports.admitted(reply), as_json, render.admitted, guest, wide)
 
 
 @click.command("release")
@@ -48,12 +51,14 @@ def release(guest, socket_path):
 @click.command("status")
 @SOCKET
 @as_json()
-def status(socket_path, as_json):
+@WIDE
+def status(socket_path, as_json, wide):
     """Per GPU: memory and compute reserved and free, and its policy; per guest: its slices, with
-    its memory in use, its compute weight and the share of GPU time it gets now."""
+    its memory in use, its compute weight and the share of GPU time it gets now (over 0.3 s;
+    "-" under the native policy, which meters none).  --wide adds the GPUs' UUIDs."""
     reply = client(socket_path).status()
     achieved = reports.achieved_compute({g.uuid for g in reply.gpus})
-    render.emit(reports.status(reply, achieved), as_json, render.status)
+    render.emit(reports.status(reply, achieved), as_json, render.status, wide)
 
 
 COMMANDS = (gpus, admit, release, status)
