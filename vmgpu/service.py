@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmgpu import config, errors, files, gpu, names, sched
-from vmgpu.logging import get_logger
 from vmgpu.ledger import GpuUsage, Ledger, Reservation
+from vmgpu.logging import get_logger
 from vmgpu.metrics import Metrics
 from vmgpu.spec import parse
 from vmgpu.supervisor import Supervisor
