@@ -70,6 +70,7 @@ def test_a_busy_guest_alone_shows_its_gpu_time_and_memory_and_its_release_leaves
             if p is not None:
                 p.kill()
                 p.wait()
+        Client(str(sock)).release("g")  # its forwarder too, which outlives vmgpud (by design)
         daemon.kill()
         daemon.wait()
         Path(region).unlink(missing_ok=True)
