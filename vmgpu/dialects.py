@@ -68,8 +68,8 @@ def _gpus(name: str, value: str) -> tuple[str, ...]:
             raise SpecError(f"{_q(name, value)}: MIG devices are not shared by vmgpu; name whole GPUs")
         try:
             gpu = share._gpu(item, name)
-        except SpecError as e:
-            raise SpecError(f"{_q(name, value)}: {e.message.removeprefix(name + ': ')}") from None
+        except SpecError:
+            raise SpecError(f"{_q(name, value)}: {item[:40]!r} is neither a GPU index nor a UUID (GPU-...)") from None
         if gpu in out:
             raise SpecError(f"{_q(name, value)} names GPU {gpu} twice")
         out.append(gpu)
@@ -408,7 +408,10 @@ def translate(env: dict[str, str], host_gpus: Callable[[], list[str]] | None = N
     nvidia = _nvidia(env)
     forms: list[tuple[str, tuple[str, ...], share.ShareSpec, bool]] = []  # (dialect, variables, spec, names GPUs)
     if NATIVE in env:
-        forms.append(("vmgpu", (NATIVE,), share.parse(env[NATIVE]), True))
+        try:
+            forms.append(("vmgpu", (NATIVE,), share.parse(env[NATIVE]), True))
+        except SpecError as e:  # the parser quotes the value as given: one line here
+            raise SpecError(f"VMGPU: {e.message if e.message.isprintable() else ascii(e.message)}") from None
     for d in DIALECTS:
         r = d.read(env, notes)
         if r is not None:
