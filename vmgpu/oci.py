@@ -1,7 +1,9 @@
 """`vmgpu-container-runtime`: an OCI runtime in front of runc, for
 `docker run --runtime=vmgpu -e VMGPU="gpu=0,mem=4G" IMAGE CMD`.
 
-A container whose process environment has no VMGPU is runc's alone.  For one with it, at
+A container whose process environment asks for no GPU is runc's alone: it has no VMGPU, and
+none of the other products' variables that vmgpu/dialects.py translates (China Telecom eGPU's
+EGPU, Alibaba cGPU's and eGPU's, boyue's, NVIDIA_VISIBLE_DEVICES).  For one that asks, at
 `create` the runtime admits the share through vmgpud (kind container, guest `ctr-<id12>`),
 starts the guest's forwarder on a fresh region `/dev/shm/vmgpu-containers/vmgpu-ctr-<id12>` (a
 directory only root can enter), and rewrites the bundle's config.json to bind-mount the region
@@ -32,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from vmgpu import files, names, sched
+from vmgpu import dialects, files, names, sched
 from vmgpu.config import CONTAINER_REGION_SIZE, RUNTIME_LOG, SHM_DIR, SOCKET, parse_size
 from vmgpu.errors import InvalidArgument, VmgpuError
 from vmgpu.files import write_atomic
@@ -94,11 +96,21 @@ def guest_name(container_id: str) -> str:
     return names.check_guest(f"ctr-{container_id[:12]}", "container guest name")
 
 
-def share_of(config: dict) -> str | None:
-    for kv in config.get("process", {}).get("env", []):
-        if kv.startswith("VMGPU="):
-            return kv.split("=", 1)[1]
-    return None
+def share_of(config: dict, host_gpus=None, log=None) -> str | None:
+    """The share spec the container's environment asks for, or None (no GPU): VMGPU as given,
+    or another product's variables translated (vmgpu/dialects.py; a contradictory mix refused).
+    log: where the translation (one line: dialect, variables, spec) and what is not enforced go.
+    host_gpus: the host's GPU indices, asked for only to spell out NVIDIA_VISIBLE_DEVICES=all."""
+    env = dialects.environment(config)
+    t = dialects.translate(env, host_gpus)
+    if log is not None:
+        for note in t.notes:
+            log.warning("not enforced", dialect=t.dialect, note=note)
+        if t.spec is not None and t.dialect != "vmgpu":
+            log.info("translated", dialect=t.dialect, variables=t.shown(), share=t.text)
+    if t.spec is None:
+        return None
+    return env[dialects.NATIVE] if dialects.NATIVE in env else t.text
 
 
 PRIVATE_SHM = {"type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}
@@ -229,6 +241,14 @@ class Runtime:
 
         return native_dir() / "guest" / "libcuda.so.1"
 
+    def _host_gpus(self) -> list[str]:
+        """The host's GPU indices, as vmgpud knows them."""
+        client = self._client()
+        try:
+            return [str(g.index) for g in client.status().gpus]
+        finally:
+            client.close()
+
     def runc(self, argv: list[str]) -> int:
         return subprocess.run([self.s["runc"], *argv]).returncode
 
@@ -247,7 +267,7 @@ class Runtime:
         bundle, cid = _bundle(args), args[-1]
         cfg_path = bundle / "config.json"
         config = json.loads(cfg_path.read_text())
-        spec = share_of(config)
+        spec = share_of(config, self._host_gpus, self.log)
         if spec is None:
             return self.runc(argv)
         guest = guest_name(cid)
