@@ -190,7 +190,7 @@ class SchedPage(ctypes.Structure):
 # ---- a forwarder's statistics page (stats_abi.h) ------------------------------------------------
 
 STATS_MAGIC = 0x5354415447504D56
-STATS_VERSION = 1
+STATS_VERSION = 2
 STATS_OPS = 256
 STATS_GPUS = 16
 
@@ -215,6 +215,8 @@ class StatsPage(ctypes.Structure):
         ("dtoh_bytes", u64),
         ("processes", u64),
         ("op", OpStats * STATS_OPS),
+        ("throttled_ns", u64 * STATS_GPUS),
+        ("oom_refusals", u64 * STATS_GPUS),
     ]
 
 

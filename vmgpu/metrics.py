@@ -1,14 +1,24 @@
-"""vmgpud's Prometheus endpoint: what the ledger holds, read at scrape time, and counters of
-admission decisions."""
+"""vmgpud's Prometheus endpoint, everything read at scrape time: what the ledger holds
+(capacity, reservations, quotas), what the guests use (each forwarder's statistics page: memory
+used, time its calls waited at the compute gate, memory refusals; each GPU's scheduler page: GPU
+time held), forwarders restarted by the supervisor, and counters of admission decisions.
+
+Labels: guest (its name), gpu (the host's GPU index), uuid (the GPU's UUID).  A guest's usage is
+shown while its forwarder runs; its counters start again from 0 when a forwarder is started
+again (Prometheus's rate() and increase() take such resets in their stride)."""
 
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from vmgpu import sched
 from vmgpu.ledger import Ledger
+
+NS = 1e9
 
 
 class LedgerCollector:
@@ -40,12 +50,81 @@ class LedgerCollector:
         yield from (mem, cmp, gmem, gcmp, up)
 
 
-class Metrics:
-    """The registry vmgpud exports; `admissions` counts decisions by result."""
+class UsageCollector:
+    """What guests use, from the pages their forwarders keep: a forwarder's statistics page
+    counts per guest GPU (the order of --gpus, which is the ledger's order of the guest's
+    slices); a GPU's scheduler page holds each member's GPU time."""
 
-    def __init__(self, ledger: Ledger, lock: threading.Lock):
+    def __init__(self, ledger: Ledger, lock: threading.Lock, supervisor):
+        self.ledger, self.lock, self.supervisor = ledger, lock, supervisor
+
+    def collect(self):
+        labels = ["guest", "gpu", "uuid"]
+        used = GaugeMetricFamily(
+            "vmgpu_guest_memory_used_bytes", "GPU memory a guest holds now (its forwarder's books)", labels=labels
+        )
+        gpu_time = CounterMetricFamily(
+            "vmgpu_guest_gpu_time_seconds", "Time a guest held the GPU (its compute scheduler's turns)", labels=labels
+        )
+        throttled = CounterMetricFamily(
+            "vmgpu_guest_throttled_seconds",
+            "Time a guest's calls waited at the GPU's compute gate for its turn",
+            labels=labels,
+        )
+        ooms = CounterMetricFamily(
+            "vmgpu_guest_oom_refusals",
+            "Allocations, contexts and module images refused for a guest's memory quota or a full card",
+            labels=labels,
+        )
+        restarts = CounterMetricFamily(
+            "vmgpu_forwarder_restarts", "A guest's forwarder started again after it died", labels=["guest"]
+        )
+        with self.lock:
+            usage, fwds = self.ledger.usage(), self.ledger.forwarders()
+            slices = {g: self.ledger.reservations(g) for g, *_ in fwds}
+            admitted = {r.guest for r in self.ledger.reservations()}
+            restarted = dict(self.supervisor.restarted)
+        for guest, pid, region, _backend, _size in fwds:
+            if self.supervisor.state(guest, pid, region)[0] != "running":
+                continue
+            st = self.supervisor.stats(guest)
+            if not st:
+                continue
+            for i, r in enumerate(slices[guest][: len(st["memory"])]):
+                key = [guest, str(r.gpu_index), r.gpu_uuid]
+                used.add_metric(key, st["memory"][i]["used"])
+                throttled.add_metric(key, st["throttled_ns"][i] / NS)
+                ooms.add_metric(key, st["oom_refusals"][i])
+        for u in usage:
+            for guest, ns in _gpu_time(u.uuid).items():
+                gpu_time.add_metric([guest, str(u.index), u.uuid], ns / NS)
+        for guest in sorted({g for g, *_ in fwds} | (set(restarted) & admitted)):
+            restarts.add_metric([guest], restarted.get(guest, 0))
+        yield from (used, gpu_time, throttled, ooms, restarts)
+
+
+def _gpu_time(uuid: str) -> dict[str, int]:
+    """ns each member of the GPU's scheduler page has held it (none: no forwarder made the page)."""
+    try:
+        page = sched.Page(sched.page_path(uuid))
+    except (sched.SchedError, OSError):
+        return {}
+    held: dict[str, int] = defaultdict(int)
+    with page:
+        for m in page.members():
+            held[m.guest] += m.used_ns
+    return held
+
+
+class Metrics:
+    """The registry vmgpud exports; `admissions` counts decisions by result.  supervisor: the
+    forwarders whose usage is exported (None: the ledger's numbers only)."""
+
+    def __init__(self, ledger: Ledger, lock: threading.Lock, supervisor=None):
         self.registry = CollectorRegistry()
         self.registry.register(LedgerCollector(ledger, lock))
+        if supervisor is not None:
+            self.registry.register(UsageCollector(ledger, lock, supervisor))
         self.admissions = Counter("vmgpu_admissions", "Admission decisions", ["result"], registry=self.registry)
 
     def serve(self, port: int, addr: str = "127.0.0.1"):

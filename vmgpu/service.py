@@ -68,7 +68,7 @@ class Service:
         with lock:
             supervisor.adopt()
         supervisor.watch()
-        return cls(ledger, supervisor, lock, Metrics(ledger, lock))
+        return cls(ledger, supervisor, lock, Metrics(ledger, lock, supervisor))
 
     def close(self) -> None:
         """vmgpud stops; the forwarders keep serving (adopted next time)."""

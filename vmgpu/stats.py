@@ -14,7 +14,8 @@ from vmgpu.errors import InvalidArgument
 
 
 def read(path: str | Path) -> dict:
-    """A snapshot of the page: totals, memory per GPU, and per-function counts and times."""
+    """A snapshot of the page: totals, memory, gate waits and refusals per guest GPU, and
+    per-function counts and times."""
     try:
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), ctypes.sizeof(abi.StatsPage), access=mmap.ACCESS_READ)
@@ -33,7 +34,10 @@ def read(path: str | Path) -> dict:
         "busy_ns": s.busy_ns,
         "htod_bytes": s.htod_bytes,
         "dtoh_bytes": s.dtoh_bytes,
-        "memory": [{"gpu": i, "quota": s.quota[i], "used": s.used[i]} for i in range(s.ndev)],
+        "memory": [{"gpu": i, "quota": s.quota[i], "used": s.used[i]} for i in range(min(s.ndev, abi.STATS_GPUS))],
+        # per guest GPU: ns its calls waited for their turn at the compute gate; memory refusals
+        "throttled_ns": [s.throttled_ns[i] for i in range(min(s.ndev, abi.STATS_GPUS))],
+        "oom_refusals": [s.oom_refusals[i] for i in range(min(s.ndev, abi.STATS_GPUS))],
         "ops": {
             names.get(i, f"op {i}"): {"count": s.op[i].count, "ns": s.op[i].ns}
             for i in range(abi.STATS_OPS)
@@ -47,6 +51,8 @@ def delta(a: dict, b: dict) -> dict:
     out = {k: b[k] - a[k] for k in ("processes", "sync_calls", "async_calls", "busy_ns", "htod_bytes", "dtoh_bytes")}
     out["seconds"] = b["time"] - a["time"]
     out["memory"] = b["memory"]
+    for k in ("throttled_ns", "oom_refusals"):
+        out[k] = [now - was for now, was in zip(b[k], a[k], strict=False)]
     ops = {}
     for name, v in b["ops"].items():
         was = a["ops"].get(name, {"count": 0, "ns": 0})

@@ -6,10 +6,12 @@ A forwarder that dies is started again on the same region with the region's own 
 region's header), by a restart loop that backs off (RESTART_POLICY) and never gives the
 guest up: its record stays in the ledger until a forwarder runs again or it is stopped.  A
 forwarder that dies again soon after a restart counts as a failed attempt, so a forwarder
-that cannot live is not restarted in a storm."""
+that cannot live is not restarted in a storm.  Each forwarder started again is counted
+(`restarted`, exported by vmgpu/metrics.py)."""
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -89,6 +91,9 @@ class Supervisor:
         self.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.children: dict[str, Forwarder] = {}  # the ones this vmgpud started (to reap them)
         self.restarts: dict[str, Restart] = {}  # guests whose forwarder is being restarted
+        # forwarders started again after one died, per guest, since this vmgpud started (under
+        # self.lock): vmgpu_forwarder_restarts_total
+        self.restarted: collections.Counter[str] = collections.Counter()
         self.policy = dict(policy or RESTART_POLICY)
         self.log = get_logger(component="supervisor")
         self._stop = threading.Event()
@@ -216,6 +221,7 @@ class Supervisor:
                     if not held:
                         return None  # stopped meanwhile
                     pid = self.start(guest, region, backend, "")
+                    self.restarted[guest] += 1
                 except Exception as e:
                     r.error = getattr(e, "message", None) or str(e)
                     self.log.error("forwarder restart failed", guest=guest, attempt=r.attempt, error=r.error)

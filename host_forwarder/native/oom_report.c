@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * A refusal of memory reported: a line in the log and, if the operator gave one (--oom-script),
- * their script run with the guest's identity and the numbers, apart from the worker (it waits
- * for nothing).  At most once a second per worker: a program that retries in a loop is told
- * about once.
+ * A refusal of memory: counted on the statistics page, every one (vmgpud exports the count as
+ * vmgpu_guest_oom_refusals_total), and reported: a line in the log and, if the operator gave one
+ * (--oom-script), their script run with the guest's identity and the numbers, apart from the
+ * worker (it waits for nothing).  Reported at most once a second per worker: a program that
+ * retries in a loop is told about once.
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -19,6 +20,8 @@
 void vh_oom_report(struct vh_chan *ch, int dev, const char *call, uint64_t want)
 {
 	static uint64_t last_ns;
+	if (dev >= 0 && dev < VMGPU_STATS_GPUS)
+		atomic_fetch_add_explicit(&ch->fwd->stats->oom_refusals[dev], 1, memory_order_relaxed);
 	uint64_t now = ch->fwd->clock->now_ns();
 	if (last_ns && now - last_ns < 1000000000ull)
 		return; /* a program that retries in a loop is told about once a second */

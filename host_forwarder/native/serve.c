@@ -2,8 +2,9 @@
 /*
  * Serving one channel, in a worker: each request is copied out of the ring, its guest device
  * made current (with the process's context, charged at its first use), passed through the
- * GPU's compute gate if it puts work on the GPU, dispatched, and answered; an async call's
- * first failure is kept for the next synchronising call, as CUDA does.
+ * GPU's compute gate if it puts work on the GPU (the time it waits there is counted on the
+ * statistics page), dispatched, and answered; an async call's first failure is kept for the
+ * next synchronising call, as CUDA does.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -33,6 +34,8 @@ static CUresult set_device(struct vh_chan *ch, uint16_t dev)
 /* Stream captures the guest process has open: a context-wide synchronisation then would end
  * them with an error, and their launches put nothing on the GPU anyway. */
 _Atomic int open_captures;
+
+_Static_assert(VG_MAX_DEVICES <= VMGPU_STATS_GPUS, "the statistics page counts every guest GPU");
 
 static int trace_errors; /* VMGPU_TRACE_ERRORS=1: log every call that fails, with its name */
 
@@ -108,7 +111,12 @@ int vh_serve(struct vh_chan *ch)
 			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
 			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
-			vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
+			if (sc->pg) {
+				uint64_t gate = vmgpu_now_ns();
+				vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
+				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[ch->cur_dev], vmgpu_now_ns() - gate,
+							  memory_order_relaxed);
+			}
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 			vh_sched_exit(sc);
 		} else {

@@ -77,6 +77,7 @@ static struct vh_fwd f;
 static struct vh_chan ch;
 static _Atomic uint64_t used[VG_MAX_DEVICES];
 static _Atomic uint64_t rows[4][VG_MAX_DEVICES];
+static struct vmgpu_stats_page stats; /* where refusals are counted */
 
 static void setup(void)
 {
@@ -98,7 +99,9 @@ static void setup(void)
 	memset(&f, 0, sizeof f);
 	memset(used, 0, sizeof used);
 	memset(rows, 0, sizeof rows);
+	memset(&stats, 0, sizeof stats);
 	f.host = host;
+	f.stats = &stats;
 	f.region = base;
 	f.region_size = size;
 	f.ndev = 1;
@@ -245,7 +248,7 @@ static void a_call_that_fails_or_is_undone_gives_its_reservation_back(void)
 	CHECK_EQ(atomic_load(&rows[0][0]), 0);
 }
 
-static void refusals_are_reported_at_most_once_a_second(void)
+static void refusals_are_reported_at_most_once_a_second_and_every_one_counted(void)
 {
 	setup();
 	clock_ns += 10000 * MS; /* well after any earlier report */
@@ -260,6 +263,8 @@ static void refusals_are_reported_at_most_once_a_second(void)
 	CHECK_EQ(oom_lines, 2);
 	CHECK_EQ(vh_quota_card_full(&ch, 0, CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc", MIB), CUDA_ERROR_OUT_OF_MEMORY);
 	CHECK_EQ(oom_lines, 2); /* within the second again */
+	CHECK_EQ(atomic_load(&stats.oom_refusals[0]), 5); /* on the statistics page: every one */
+	CHECK_EQ(atomic_load(&stats.oom_refusals[1]), 0);
 }
 
 static void charges_are_rounded_as_the_driver_takes_memory(void)
@@ -281,7 +286,7 @@ int main(void)
 	reserve_does_not_wait_for_a_live_process();
 	settle_takes_the_meters_truth();
 	a_call_that_fails_or_is_undone_gives_its_reservation_back();
-	refusals_are_reported_at_most_once_a_second();
+	refusals_are_reported_at_most_once_a_second_and_every_one_counted();
 	charges_are_rounded_as_the_driver_takes_memory();
 	printf("ok\n");
 	return 0;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * vmgpu statistics page ABI, version 1: a small file the forwarder's supervisor maps before it
+ * vmgpu statistics page ABI, version 2: a small file the forwarder's supervisor maps before it
  * forks its workers (MAP_SHARED), so every worker adds to it and vmgpud or `vmgpu breakdown`
  * can read it while the guest runs.  Host-only: the guest never sees it.  Counters only grow,
  * except memory in use; read twice and subtract to see one interval (a training step).
@@ -16,6 +16,9 @@
  * Page map:
  *   0      header and totals (320 bytes)
  *   320    struct vmgpu_op_stats[VMGPU_STATS_OPS]: per opcode (the wire's op numbers)
+ *   4416   per guest GPU: time calls waited at the compute gate, memory refusals (version 2)
+ *
+ * Version 2 appended the per-GPU gate and refusal counters; every offset of version 1 holds.
  */
 #ifndef VMGPU_STATS_ABI_H
 #define VMGPU_STATS_ABI_H
@@ -26,7 +29,7 @@
 #include "shm_abi.h" /* VMGPU_ATOMIC */
 
 #define VMGPU_STATS_MAGIC 0x5354415447504d56ull /* "VMPGTATS" in little-endian bytes */
-#define VMGPU_STATS_VERSION 1
+#define VMGPU_STATS_VERSION 2
 #define VMGPU_STATS_OPS 256 /* counters per opcode below this */
 #define VMGPU_STATS_GPUS 16 /* memory counters for this many guest GPUs */
 
@@ -48,9 +51,14 @@ struct vmgpu_stats_page {
 	VMGPU_ATOMIC(uint64_t) dtoh_bytes;          /* 304 */
 	VMGPU_ATOMIC(uint64_t) processes;           /* 312: guest processes served so far */
 	struct vmgpu_op_stats op[VMGPU_STATS_OPS];        /* 320 */
+	/* 4416: ns the guest's calls waited at the GPU's compute gate for its turn (serve.c) */
+	VMGPU_ATOMIC(uint64_t) throttled_ns[VMGPU_STATS_GPUS];
+	/* 4544: allocations, contexts and module images refused for the quota or a full card
+	 * (oom_report.c: every refusal, though the log tells of one a second) */
+	VMGPU_ATOMIC(uint64_t) oom_refusals[VMGPU_STATS_GPUS];
 };
 
-#define VMGPU_STATS_PAGE_SIZE (320u + VMGPU_STATS_OPS * 16u)
+#define VMGPU_STATS_PAGE_SIZE (320u + VMGPU_STATS_OPS * 16u + 2u * VMGPU_STATS_GPUS * 8u)
 
 #ifndef __cplusplus
 _Static_assert(sizeof(struct vmgpu_op_stats) == 16, "op counters");
@@ -62,6 +70,8 @@ _Static_assert(offsetof(struct vmgpu_stats_page, used) == 144, "used");
 _Static_assert(offsetof(struct vmgpu_stats_page, sync_calls) == 272, "totals");
 _Static_assert(offsetof(struct vmgpu_stats_page, processes) == 312, "processes");
 _Static_assert(offsetof(struct vmgpu_stats_page, op) == 320, "per-op counters");
+_Static_assert(offsetof(struct vmgpu_stats_page, throttled_ns) == 4416, "gate waits");
+_Static_assert(offsetof(struct vmgpu_stats_page, oom_refusals) == 4544, "memory refusals");
 _Static_assert(sizeof(struct vmgpu_stats_page) == VMGPU_STATS_PAGE_SIZE, "page size");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the vmgpu statistics page is little-endian"
