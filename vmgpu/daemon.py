@@ -225,7 +225,8 @@ def run(socket_path, db_path, inventory=None, metrics_port=None) -> None:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    while not done.wait(1.0):  # timed: a signal taken by another thread runs its handler here within 1 s
+        pass
     server.stop(grace=2).wait()
     server.socket_claim.release()
     if server.metrics_http:
