@@ -10,7 +10,6 @@ again (Prometheus's rate() and increase() take such resets in their stride)."""
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -104,16 +103,14 @@ class UsageCollector:
 
 
 def _gpu_time(uuid: str) -> dict[str, int]:
-    """ns each member of the GPU's scheduler page has held it (none: no forwarder made the page)."""
+    """ns each member of the GPU's scheduler page has held it, the turn held now included (a
+    guest alone and busy keeps its turn); none: no forwarder made the page."""
     try:
         page = sched.Page(sched.page_path(uuid))
     except (sched.SchedError, OSError):
         return {}
-    held: dict[str, int] = defaultdict(int)
     with page:
-        for m in page.members():
-            held[m.guest] += m.used_ns
-    return held
+        return page.gpu_time()[1]
 
 
 class Metrics:

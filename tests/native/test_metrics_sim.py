@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.forwarder import NATIVE, forwarder, hold, run_guest, stop_server, wait_for
+from tests.forwarder import NATIVE, forwarder, guest_env, hold, run_guest, stop_server, wait_for
 from tests.unit.test_daemon import INVENTORY
 from vmgpu import stats
 from vmgpu.client import Client
@@ -87,6 +88,20 @@ def test_metrics_count_gpu_time_and_the_time_a_capped_guest_waited_for_its_turn(
     assert after[gpu_time] > 0
     # capped at 30%, a guest that wants the GPU all of 2 s waits for most of them (about 1.4 s)
     assert after[throttled] > 0.3, after
+
+
+def test_a_busy_guest_alone_on_the_gpu_shows_its_gpu_time_while_it_runs(vmgpud, shm_path):
+    c, _server, scrape = vmgpud
+    c.admit("g", "container", "gpu=0,mem=1G,compute=50")
+    c.start_forwarder("g", str(shm_path), backend="sim", size="256M")
+    gpu_time = _key("vmgpu_guest_gpu_time_seconds_total", "g")
+    spin = subprocess.Popen([str(NATIVE / "spin"), "4"], env=guest_env(shm_path), stdout=subprocess.PIPE, text=True)
+    try:
+        # alone and busy, it keeps one turn the whole run: that turn counts before it ends
+        assert wait_for(lambda: scrape()[gpu_time] > 0.5 and spin.poll() is None, timeout=3.5), scrape()[gpu_time]
+    finally:
+        spin.communicate(timeout=60)
+    assert spin.returncode == 0
 
 
 def test_an_allocation_over_the_quota_is_counted_as_an_oom_refusal(vmgpud, shm_path):
