@@ -209,13 +209,14 @@ void vh_sched_unheld(struct vh_sched *s)
 		end_turn(pg, g, 0); /* holding the GPU with no worker to use it or give it up */
 }
 
-void vh_sched_enter(struct vh_sched *s)
+uint64_t vh_sched_enter(struct vh_sched *s)
 {
 	struct vmgpu_sched_page *pg = s->pg;
 	if (!pg)
-		return;
+		return 0;
 	struct vmgpu_sched_slot *g = &pg->slot[s->me];
 	int waiting = 0;
+	uint64_t began = 0;
 	for (;;) {
 		if (atomic_load(&pg->policy) == VMGPU_SCHED_NATIVE || (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))) {
 			/* the fast path touches only this worker's own counters: the scheduler thread
@@ -230,7 +231,8 @@ void vh_sched_enter(struct vh_sched *s)
 		}
 		if (!waiting) {
 			waiting = 1;
-			sched_wait_begin(pg, s->me, now_ns());
+			began = now_ns();
+			sched_wait_begin(pg, s->me, began);
 		}
 		if (atomic_load(&pg->owner) < 0) {
 			lock(pg);
@@ -244,8 +246,10 @@ void vh_sched_enter(struct vh_sched *s)
 		struct timespec t = {0, 1000000}; /* re-check: a dead holder, a rolled period */
 		syscall(SYS_futex, &pg->gen, FUTEX_WAIT, gen, &t, NULL, 0);
 	}
-	if (waiting)
-		sched_wait_end(g);
+	if (!waiting)
+		return 0; /* the fast path reads no clock */
+	sched_wait_end(g);
+	return now_ns() - began;
 }
 
 void vh_sched_exit(struct vh_sched *s)

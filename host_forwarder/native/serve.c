@@ -111,12 +111,10 @@ int vh_serve(struct vh_chan *ch)
 			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
 			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
-			if (sc->pg) {
-				uint64_t gate = vmgpu_now_ns();
-				vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
-				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[ch->cur_dev], vmgpu_now_ns() - gate,
+			uint64_t waited = vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
+			if (waited)
+				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[ch->cur_dev], waited,
 							  memory_order_relaxed);
-			}
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 			vh_sched_exit(sc);
 		} else {

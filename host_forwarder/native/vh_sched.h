@@ -56,7 +56,7 @@ void vh_sched_worker(struct vh_sched *s, int start);
  * worker as it leaves (so the GPU is free at once when the guest's last process ends). */
 void vh_sched_unheld(struct vh_sched *s);
 /* Around a call that puts work on the GPU. */
-void vh_sched_enter(struct vh_sched *s);
+uint64_t vh_sched_enter(struct vh_sched *s); /* the nanoseconds it waited for the turn (0: none) */
 void vh_sched_exit(struct vh_sched *s);
 /* Each worker's scheduler thread, every few hundred microseconds: hands the GPU over when it
  * must.  drain(ctx, dev) waits for the worker's queued work on that device. */
