@@ -230,8 +230,10 @@ int main(int argc, char **argv)
 		size_t fr = 0, tot = 0;
 		cuMemGetInfo(&fr, &tot);
 		char line[256];
-		int n = snprintf(line, sizeof line, "FULL round=%d held=%zu objects=%d free=%zu total=%zu ooms=", round,
-				 total, nheld, fr, tot);
+		/* ended=refused: the round stopped because 24 takes in a row were refused (the quota is
+		 * reached), not because it ran out of tries or slots */
+		int n = snprintf(line, sizeof line, "FULL round=%d held=%zu objects=%d free=%zu total=%zu ended=%s ooms=",
+				 round, total, nheld, fr, tot, streak >= 24 ? "refused" : "tries");
 		for (int i = 0; i < 8; i++)
 			n += snprintf(line + n, sizeof line - n, "%c:%d%s", paths_all[i], ooms[i], i < 7 ? "," : "");
 		pause_here(line);
