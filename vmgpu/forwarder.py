@@ -78,7 +78,9 @@ class Forwarder:
             cmd += ["--create", self.size]
         if self.mem:
             cmd += ["--mem", self.mem]
-        self._log = self._open_log() if self.log_path else tempfile.TemporaryFile("w+")
+        # O_APPEND: the forwarder writes at the end whatever offset log() last sought to (the file
+        # description, and so its offset, is shared with it)
+        self._log = self._open_log() if self.log_path else tempfile.TemporaryFile("a+")
         self._log_start = self._log.tell()
         self.proc = subprocess.Popen(cmd, stderr=self._log, text=True)
         deadline = time.monotonic() + timeout
