@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "channel.h"
+#include "host_nvml.h"
 #include "log.h"
 #include "meter.h"
 
@@ -67,20 +68,11 @@ static void meter_open(const struct vh_chan *ch)
 	if (ch->backend->simulated) {
 		M.sim = (int (*)(CUdevice, unsigned long long *))dlsym(ch->backend->dl, "vmgpuSimProcessUsage");
 	} else {
-		void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-		int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
-		int (*by_uuid)(const char *, void **) =
-			h ? (int (*)(const char *, void **))dlsym(h, "nvmlDeviceGetHandleByUUID") : NULL;
-		if (h)
-			M.get = (int (*)(void *, unsigned *, nvml_proc *))dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
-		if (!init || !by_uuid || !M.get || init() != 0)
-			M.get = NULL;
-		for (int d = 0; M.get && d < f->ndev; d++) {
-			char uuid[64];
-			vh_uuid_str(f->info[d].uuid, uuid, sizeof uuid);
-			if (by_uuid(uuid, &M.dev[d]) != 0)
-				M.dev[d] = NULL;
-		}
+		const struct vh_host_nvml *n = vh_host_nvml(ch);
+		if (n)
+			M.get = (int (*)(void *, unsigned *, nvml_proc *))dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+		for (int d = 0; M.get && d < f->ndev; d++)
+			M.dev[d] = n->dev[d];
 	}
 	for (int d = 0; d < f->ndev; d++) {
 		M.on[d] = (M.sim || M.get) && query(ch, d) >= 0;

@@ -11,11 +11,12 @@
  * left out and the guest's NVML answers NVML_ERROR_NOT_SUPPORTED for them.
  */
 #include <dlfcn.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "host_nvml.h"
+#include "proc.h"
 #include "vh_dispatch.h"
 
 /* The few host NVML entry points read here, by their documented C signatures (nvml.h): handles
@@ -27,8 +28,7 @@ struct host_util_sample {
 	unsigned sm, mem, enc, dec;
 };
 static struct {
-	int tried, ok;
-	int (*by_uuid)(const char *, void **);
+	int tried;
 	int (*proc_util)(void *, struct host_util_sample *, unsigned *, unsigned long long);
 	int (*util)(void *, unsigned[2]); /* nvmlUtilization_t: {unsigned gpu, memory} */
 	int (*temp)(void *, int, unsigned *);
@@ -45,17 +45,13 @@ static struct {
 	int (*driver)(char *, unsigned);
 } H;
 
-static void host_nvml_load(void)
+/* The entry points above, from the worker's host NVML (host_nvml.c), once. */
+static void host_nvml_load(const struct vh_host_nvml *n)
 {
 	if (H.tried)
 		return;
 	H.tried = 1;
-	void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-	int (*init)(void) = h ? (int (*)(void))dlsym(h, "nvmlInit_v2") : NULL;
-	if (!init || init() != 0)
-		return;
-#define L(field, sym) *(void **)&H.field = dlsym(h, sym)
-	L(by_uuid, "nvmlDeviceGetHandleByUUID");
+#define L(field, sym) *(void **)&H.field = dlsym(n->lib, sym)
 	L(proc_util, "nvmlDeviceGetProcessUtilization");
 	L(util, "nvmlDeviceGetUtilizationRates");
 	L(temp, "nvmlDeviceGetTemperature");
@@ -71,25 +67,6 @@ static void host_nvml_load(void)
 	L(pci, "nvmlDeviceGetPciInfo_v3");
 	L(driver, "nvmlSystemGetDriverVersion");
 #undef L
-	H.ok = H.by_uuid != NULL;
-}
-
-/* The parent of a process (from /proc), 0 if it cannot be read. */
-static pid_t parent_of(unsigned pid)
-{
-	char path[64], buf[512];
-	snprintf(path, sizeof path, "/proc/%u/stat", pid);
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return 0;
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	const char *p = strrchr(buf, ')'); /* the command may hold spaces and parentheses */
-	int ppid = 0;
-	if (!p || sscanf(p + 1, " %*c %d", &ppid) != 1)
-		return 0;
-	return ppid;
 }
 
 /* This guest's share of the GPU's time over the last second: the card's utilization (the time
@@ -146,7 +123,8 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 			continue;
 		all_g += s[i].sm;
 		all_m += s[i].mem;
-		if (parent_of(s[i].pid) == supervisor) {
+		int parent;
+		if (vh_proc_stat(s[i].pid, NULL, &parent) == 0 && parent == supervisor) {
 			g += s[i].sm;
 			m += s[i].mem;
 		}
@@ -159,16 +137,11 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 
 static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 {
-	if (ch->backend->simulated)
-		return; /* no card: no readings, and no host NVML loaded for it */
-	host_nvml_load();
-	if (!H.ok)
+	const struct vh_host_nvml *n = vh_host_nvml(ch); /* none on the simulated backend */
+	void *d = n ? n->dev[dev] : NULL;
+	if (!d)
 		return;
-	char uuid[64];
-	vh_uuid_str(ch->fwd->info[dev].uuid, uuid, sizeof uuid);
-	void *d = NULL;
-	if (H.by_uuid(uuid, &d) != 0)
-		return;
+	host_nvml_load(n);
 	unsigned u;
 	int a, b;
 	if (guest_utilization(d, &o->util_gpu, &o->util_mem) == 0)
@@ -208,15 +181,16 @@ static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 	o->driver_version[sizeof o->driver_version - 1] = '\0';
 }
 
-/* The card's readings as this worker last read them, at most READINGS_TTL_NS old: a guest that
- * asks in a loop costs the host's NVML (and the driver's locks its neighbours share) at most
- * a few reads a second per guest process. */
+/* The card's readings (host_facts fills nothing else: no memory, no processes) as this worker
+ * last read them, at most READINGS_TTL_NS old: a guest that asks in a loop costs the host's
+ * NVML (and the driver's locks its neighbours share) at most a few reads a second per guest
+ * process. */
 #define READINGS_TTL_NS 250000000ull
-static void cached_host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
+static const struct vg_nvml_live *readings(struct vh_chan *ch, int dev)
 {
 	static struct {
 		uint64_t at;
-		struct vg_nvml_live facts; /* only the readings' fields are used */
+		struct vg_nvml_live facts;
 	} cache[VG_MAX_DEVICES];
 	uint64_t now = vmgpu_now_ns();
 	if (!cache[dev].at || now - cache[dev].at > READINGS_TTL_NS) {
@@ -224,16 +198,7 @@ static void cached_host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *
 		host_facts(ch, dev, &cache[dev].facts);
 		cache[dev].at = now;
 	}
-	const struct vg_nvml_live *c = &cache[dev].facts;
-	o->flags |= c->flags;
-	o->util_gpu = c->util_gpu, o->util_mem = c->util_mem;
-	o->temp_c = c->temp_c, o->fan_pct = c->fan_pct, o->pstate = c->pstate, o->compute_mode = c->compute_mode;
-	o->power_mw = c->power_mw, o->power_limit_mw = c->power_limit_mw;
-	memcpy(o->clock_mhz, c->clock_mhz, sizeof o->clock_mhz);
-	memcpy(o->max_clock_mhz, c->max_clock_mhz, sizeof o->max_clock_mhz);
-	o->ecc_current = c->ecc_current, o->ecc_pending = c->ecc_pending, o->persistence = c->persistence;
-	o->pci_device_id = c->pci_device_id, o->pci_subsystem_id = c->pci_subsystem_id;
-	memcpy(o->driver_version, c->driver_version, sizeof o->driver_version);
+	return &cache[dev].facts;
 }
 
 CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
@@ -242,9 +207,10 @@ CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr 
 	uint64_t dev = vh_get_u64(rd);
 	if (rd->bad || dev >= (uint64_t)f->ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
-	struct vg_nvml_live *o = calloc(1, sizeof *o);
+	struct vg_nvml_live *o = malloc(sizeof *o);
 	if (!o)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	*o = *readings(ch, (int)dev); /* the card's readings; memory and processes are this guest's: */
 	o->quota = f->quota[dev];
 	o->used = atomic_load(&f->used[dev]);
 	/* this guest's processes: every channel of its region that is served and holds memory here */
@@ -264,7 +230,6 @@ CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr 
 		o->procs[k].bytes += held;
 		o->nprocs += k == o->nprocs;
 	}
-	cached_host_facts(ch, (int)dev, o);
 	vh_put(wr, o, sizeof *o);
 	free(o);
 	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;

@@ -2,30 +2,22 @@
 /* The compute scheduler's arithmetic: see sched_policy.h. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "proc.h"
 #include "sched_policy.h"
 
 int sched_alive(uint32_t pid)
 {
 	if (!pid || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
 		return 0;
-	char path[64], buf[256];
-	snprintf(path, sizeof path, "/proc/%u/stat", pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 1;
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0)
-		return 1;
-	buf[n] = '\0';
-	const char *end = strrchr(buf, ')'); /* "pid (comm) S ..." */
-	return !(end && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X'));
+	char state;
+	if (vh_proc_stat(pid, &state, NULL) != 0)
+		return 1; /* unreadable: kill said it is there */
+	return state != 'Z' && state != 'X';
 }
 
 static int capped(uint32_t policy)
