@@ -27,19 +27,15 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 	}
 	if (!dptr || n == 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	uint64_t est = vh_quota_rounded(n);
-	if (vh_quota_take_begin(ch, dev, est, call))
+	uint64_t est = vh_quota_rounded(n), bound;
+	if (vh_quota_bounded_begin(ch, dev, est, call, &bound))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUresult r = pitch ? B->cuMemAllocPitch_v2(dptr, pitch, width, height, elsz) : B->cuMemAlloc_v2(dptr, n);
-	if (r == CUDA_SUCCESS && pitch && !vh_quota_measured(ch)) {
-		/* the driver's pitch was wider than guessed: charge the difference, or undo */
-		uint64_t real = vh_quota_rounded((uint64_t)*pitch * height);
-		if (real > est && vh_quota_reserve(ch, dev, real - est) == 0)
-			est = real;
-		else if (real > est)
-			r = CUDA_ERROR_OUT_OF_MEMORY;
-		if (r != CUDA_SUCCESS)
-			B->cuMemFree_v2(*dptr);
+	if (r == CUDA_SUCCESS && pitch &&
+	    vh_quota_bounded_widen(ch, dev, &est, vh_quota_rounded((uint64_t)*pitch * height), &bound)) {
+		/* the driver's pitch was wider than guessed, and the difference does not fit */
+		B->cuMemFree_v2(*dptr);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	if (r == CUDA_SUCCESS && !vh_alloc_track(ch, *dptr, est, dev, VH_MEM)) {
 		B->cuMemFree_v2(*dptr);
@@ -49,7 +45,7 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 		B->cuMemFree_v2(*dptr);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	if (vh_quota_take_end(ch, dev, est, r)) {
+	if (vh_quota_bounded_end(ch, dev, est, bound, r)) {
 		B->cuMemFree_v2(*dptr);
 		vh_alloc_untrack(ch, vh_alloc_find(ch, *dptr, 1u << VH_MEM));
 		vh_addr_remove(ch, *dptr, VH_SPAN_MEM);
@@ -82,7 +78,14 @@ CUresult guarded_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 	if (r != CUDA_SUCCESS)
 		return r;
 	vh_addr_remove(ch, dptr, VH_SPAN_MEM); /* from now on the address names nothing */
-	vh_alloc_release(ch, a);
+	if (a->kind == VH_MEM) { /* cuMemAlloc's own: its bounded charge goes back */
+		int dev = a->dev;
+		uint64_t est = a->size;
+		vh_alloc_untrack(ch, a);
+		vh_quota_bounded_free(ch, dev, est);
+	} else {
+		vh_alloc_release(ch, a);
+	}
 	return CUDA_SUCCESS;
 }
 

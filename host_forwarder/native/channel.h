@@ -43,6 +43,10 @@ struct vh_chan {
 	int alias_tried;
 	_Atomic uint64_t *charged;    /* this worker's row of the quota, per device */
 	pthread_mutex_t quota_mu;     /* held across a call that takes or gives memory, and a refresh */
+	/* since the meter was last read (quota.c's bounded takes): bytes charged by bound rather than
+	 * measured, and the takes and frees charged exactly by the driver's rounding */
+	uint64_t unmeasured[VG_MAX_DEVICES];
+	uint32_t unmeasured_exact[VG_MAX_DEVICES];
 	uint8_t *blob;                /* a module image being received */
 	uint64_t blob_size, blob_filled, blob_hash[2];
 	struct vh_image *image;       /* or the cached image this load uses */

@@ -12,6 +12,15 @@
  * cannot both pass the check; after it the reservation is replaced by the measurement, and a
  * call that left the guest over its quota is undone and answered CUDA_ERROR_OUT_OF_MEMORY.
  *
+ * cuMemAlloc and cuMemFree, which programs call in loops (and cuBLAS, cuDNN and XLA's autotuner
+ * for workspaces), take the bounded path instead (vh_quota_bounded_*): what such a call can take
+ * is known (the rounding above; at most one fresh 2 MiB page for an allocation of up to 1 MiB),
+ * so where the guest is well inside its quota the books charge that bound and do not ask NVML
+ * (about 20 us a read).  The meter is read when the bytes so charged pass 64 MiB, after 32 calls
+ * charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
+ * (vh_quota_refresh): the books run ahead of the truth between two reads, never behind it, and
+ * are the truth to the byte at rest.
+ *
  * Where no per-process measurement exists (NVML without per-process accounting, as under
  * MIG), the estimates are the charges: each allocation is charged its rounded size until
  * freed, and every context a flat reserve (--ctx-reserve).
@@ -99,6 +108,8 @@ int vh_quota_settle(struct vh_chan *ch, int dev)
 	struct vh_fwd *f = ch->fwd;
 	int64_t truth = vh_meter_read(ch, dev);
 	if (truth >= 0) {
+		ch->unmeasured[dev] = 0;
+		ch->unmeasured_exact[dev] = 0;
 		uint64_t old = atomic_exchange(&ch->charged[dev], (uint64_t)truth);
 		atomic_fetch_add(&f->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
 	}
@@ -128,6 +139,12 @@ int vh_quota_take_begin(struct vh_chan *ch, int dev, uint64_t est, const char *c
 {
 	if (vh_quota_reserve(ch, dev, est) == 0)
 		return 0;
+	/* refused on the books: where they ran ahead of the truth (bounded takes), ask the truth */
+	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev]) && vh_meter_on(ch, dev)) {
+		vh_quota_settle(ch, dev);
+		if (vh_quota_reserve(ch, dev, est) == 0)
+			return 0;
+	}
 	vh_oom_report(ch, dev, call, est);
 	return -1;
 }
@@ -161,4 +178,95 @@ CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char 
 	if (r == CUDA_ERROR_OUT_OF_MEMORY)
 		vh_oom_report(ch, dev, call, want); /* the card itself is full */
 	return r;
+}
+
+/* ---- bounded takes: cuMemAlloc and cuMemFree without reading the meter each time ---------- */
+
+#define PAGE (2ull << 20)
+/* The meter is read when the bytes charged by bound since the last read pass this (the books are
+ * then at most this far ahead of the truth), */
+#define UNMEASURED_MAX (64ull << 20)
+/* or after this many takes and frees charged by the rounding alone (were the driver ever to take a
+ * page more than its rounding, the books would lag by at most this many pages, */
+#define UNMEASURED_EXACT_MAX 32u
+/* which the guest's distance from its quota covers, or the call is measured). */
+#define MARGIN ((uint64_t)(UNMEASURED_EXACT_MAX + 1) * PAGE)
+
+uint64_t vh_quota_bound(uint64_t est)
+{
+	return est <= (1ull << 20) ? PAGE : est;
+}
+
+/* May a take of bound bytes be charged by bound now? */
+static int bounded_ok(struct vh_chan *ch, int dev, uint64_t bound)
+{
+	if (!vh_meter_on(ch, dev))
+		return 0; /* the estimates are the charges anyway: take_begin's path */
+	if (ch->unmeasured_exact[dev] >= UNMEASURED_EXACT_MAX || ch->unmeasured[dev] + bound > UNMEASURED_MAX)
+		return 0;
+	uint64_t q = ch->fwd->quota[dev], used = atomic_load(&ch->fwd->used[dev]);
+	return q >= MARGIN && used <= q - MARGIN && bound <= q - MARGIN - used;
+}
+
+static void count_bounded(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound)
+{
+	if (bound == est)
+		ch->unmeasured_exact[dev]++;
+	else
+		ch->unmeasured[dev] += bound;
+}
+
+int vh_quota_bounded_begin(struct vh_chan *ch, int dev, uint64_t est, const char *call, uint64_t *bound)
+{
+	uint64_t b = vh_quota_bound(est);
+	if (bounded_ok(ch, dev, b) && reserve_now(ch, dev, b) == 0) {
+		count_bounded(ch, dev, est, b);
+		*bound = b;
+		return 0;
+	}
+	*bound = 0;
+	return vh_quota_take_begin(ch, dev, est, call);
+}
+
+int vh_quota_bounded_widen(struct vh_chan *ch, int dev, uint64_t *est, uint64_t real, uint64_t *bound)
+{
+	if (real <= *est)
+		return 0;
+	if (*bound) { /* charged by bound: charge the wider one's bound */
+		uint64_t nb = vh_quota_bound(real);
+		if (nb > *bound) {
+			if (reserve_now(ch, dev, nb - *bound))
+				return -1;
+			count_bounded(ch, dev, real, nb - *bound);
+			*bound = nb;
+		}
+	} else if (!vh_meter_on(ch, dev)) { /* estimates: the difference */
+		if (vh_quota_reserve(ch, dev, real - *est))
+			return -1;
+	} /* else measured after the call */
+	*est = real;
+	return 0;
+}
+
+int vh_quota_bounded_end(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound, CUresult r)
+{
+	if (!bound)
+		return vh_quota_take_end(ch, dev, est, r);
+	if (r != CUDA_SUCCESS)
+		vh_quota_release(ch, dev, bound);
+	return 0;
+}
+
+void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est)
+{
+	if (!vh_meter_on(ch, dev)) {
+		vh_quota_release(ch, dev, est);
+	} else if (est > (1ull << 20) && ch->unmeasured_exact[dev] < UNMEASURED_EXACT_MAX) {
+		/* whole 2 MiB pages of its own: they go back with it */
+		vh_quota_release(ch, dev, est);
+		ch->unmeasured_exact[dev]++;
+	} else if (est > (1ull << 20)) {
+		vh_quota_settle(ch, dev);
+	}
+	/* else a piece of a shared page, which may stay taken: the books keep it until the next read */
 }

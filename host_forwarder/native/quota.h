@@ -22,6 +22,8 @@ void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n);
 /* Replace this worker's charge on dev by what the driver says it holds (where it can say);
  * nonzero if the guest is then over its quota. */
 int vh_quota_settle(struct vh_chan *ch, int dev);
+/* The most a cuMemAlloc of est bytes (already rounded) can take: est, or a 2 MiB page for a small one. */
+uint64_t vh_quota_bound(uint64_t est);
 /* Whether the charges on the current GPU are measurements (else they are estimates). */
 int vh_quota_measured(struct vh_chan *ch);
 /* What the driver takes for an allocation of n bytes (as the H100's driver rounds them). */
@@ -45,6 +47,17 @@ int vh_quota_take_end(struct vh_chan *ch, int dev, uint64_t est, CUresult r);
 CUresult vh_quota_take_undo(struct vh_chan *ch, int dev, uint64_t est, const char *call);
 void vh_quota_given_back(struct vh_chan *ch, int dev, uint64_t charge);
 CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char *call, uint64_t want);
+
+/* cuMemAlloc's and cuMemFree's steps (alloc.c): the same as take_begin/take_end/given_back, but
+ * where the guest is well inside its quota the books charge what the call can at most take (the
+ * driver's rounding; a fresh 2 MiB page for an allocation of up to 1 MiB), and the meter is read
+ * off the hot path, not after every call.  begin: -1 refused (reported); else 0, and *bound is
+ * what was charged now (0: the call is measured after, as take_begin's). */
+int vh_quota_bounded_begin(struct vh_chan *ch, int dev, uint64_t est, const char *call, uint64_t *bound);
+/* The pitch came back wider than estimated: est becomes real (charged more, or -1: over the quota). */
+int vh_quota_bounded_widen(struct vh_chan *ch, int dev, uint64_t *est, uint64_t real, uint64_t *bound);
+int vh_quota_bounded_end(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound, CUresult r);
+void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est);
 
 /* The guest was refused `want` bytes by `call` on dev: logged, and the operator's script run
  * (--oom-script), at most once a second per worker (oom_report.c). */

@@ -44,6 +44,7 @@ static const struct vh_clock fake_clock = {fake_now, fake_sleep};
 
 static int measured;            /* whether the fake meter gives numbers */
 static int64_t held[VG_MAX_DEVICES]; /* what it says the worker holds */
+static int reads;               /* how often it was read */
 
 int vh_meter_on(const struct vh_chan *ch, int dev)
 {
@@ -55,6 +56,7 @@ int vh_meter_on(const struct vh_chan *ch, int dev)
 int64_t vh_meter_read(const struct vh_chan *ch, int dev)
 {
 	(void)ch;
+	reads++;
 	return measured ? held[dev] : -1;
 }
 
@@ -117,6 +119,7 @@ static void setup(void)
 	pthread_mutex_init(&ch.quota_mu, NULL);
 	measured = 0;
 	memset(held, 0, sizeof held);
+	reads = 0;
 	sleeps = 0;
 	on_sleep = NULL;
 }
@@ -278,6 +281,130 @@ static void charges_are_rounded_as_the_driver_takes_memory(void)
 	CHECK_EQ(vh_quota_rounded(3 * MIB), 4 * MIB);
 }
 
+/* cuMemAlloc/cuMemFree through the bounded steps, as alloc.c makes them; the fake driver takes
+ * `took` bytes (what the meter will say the worker holds more). */
+static int bounded_alloc(uint64_t n, int64_t took, uint64_t *bound)
+{
+	uint64_t est = vh_quota_rounded(n);
+	if (vh_quota_bounded_begin(&ch, 0, est, "cuMemAlloc", bound))
+		return -1;
+	held[0] += took;
+	return vh_quota_bounded_end(&ch, 0, est, *bound, CUDA_SUCCESS);
+}
+
+static void bounded_allocations_far_from_the_quota_charge_their_bound_without_reading_the_meter(void)
+{
+	setup();
+	f.quota[0] = 1024 * MIB;
+	measured = 1;
+	uint64_t bound;
+	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0); /* 1 MiB: a piece of a page, which may be a fresh one */
+	CHECK_EQ(bound, 2 * MIB);
+	CHECK_EQ(bounded_alloc(3 * MIB, 4 * MIB, &bound), 0); /* whole pages: exactly its rounding */
+	CHECK_EQ(bound, 4 * MIB);
+	CHECK_EQ(reads, 0); /* (the fake meter was read for none of it) */
+	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
+	CHECK_EQ(atomic_load(&rows[0][0]), 6 * MIB);
+	/* the books are ahead of the truth (4 MiB), never behind; a read sets them to it */
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
+	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
+	/* a free of whole pages gives them back at once; a piece of a page stays charged until a read */
+	vh_quota_bounded_free(&ch, 0, 4 * MIB);
+	held[0] -= 4 * MIB;
+	CHECK_EQ(atomic_load(&used[0]), 0);
+	CHECK_EQ(reads, 1);
+	CHECK_EQ(bounded_alloc(64 << 10, 2 * MIB, &bound), 0);
+	vh_quota_bounded_free(&ch, 0, 64 << 10);
+	CHECK_EQ(atomic_load(&used[0]), 2 * MIB);
+	CHECK_EQ(reads, 1);
+	/* a failed call gives its bound back */
+	CHECK_EQ(vh_quota_bounded_begin(&ch, 0, 8 * MIB, "cuMemAlloc", &bound), 0);
+	CHECK_EQ(vh_quota_bounded_end(&ch, 0, 8 * MIB, bound, CUDA_ERROR_INVALID_VALUE), 0);
+	CHECK_EQ(atomic_load(&used[0]), 2 * MIB);
+}
+
+static void the_meter_is_read_after_64_mib_of_bounds_or_32_exact_charges(void)
+{
+	setup();
+	f.quota[0] = 4096 * MIB;
+	measured = 1;
+	uint64_t bound;
+	for (int i = 0; i < 32; i++) /* 32 pieces: 64 MiB of bounds, no read */
+		CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
+	CHECK_EQ(reads, 0);
+	CHECK_EQ(atomic_load(&used[0]), 64 * MIB);
+	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0); /* the 33rd is measured */
+	CHECK_EQ(bound, 0);
+	CHECK_EQ(reads, 1);
+	CHECK_EQ(atomic_load(&used[0]), 0); /* the fake driver took nothing: the truth */
+	for (int i = 0; i < 16; i++) { /* 32 exact charges: 16 allocations and their frees */
+		CHECK_EQ(bounded_alloc(4 * MIB, 4 * MIB, &bound), 0);
+		vh_quota_bounded_free(&ch, 0, 4 * MIB);
+		held[0] -= 4 * MIB;
+	}
+	CHECK_EQ(reads, 1);
+	CHECK_EQ(bounded_alloc(4 * MIB, 4 * MIB, &bound), 0);
+	CHECK_EQ(bound, 0); /* measured */
+	CHECK_EQ(reads, 2);
+	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
+	/* and a refresh off the hot path sets the books to the truth at rest */
+	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
+	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
+	vh_quota_refresh(&ch);
+	ch.ctx[0] = NULL; /* (no context: nothing to refresh) */
+	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
+	ch.ctx[0] = (CUcontext)1;
+	vh_quota_refresh(&ch);
+	ch.ctx[0] = NULL;
+	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
+}
+
+static void near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_truth(void)
+{
+	setup();
+	f.quota[0] = 64 * MIB; /* within the margin (33 pages) of the quota: always measured */
+	measured = 1;
+	uint64_t bound;
+	CHECK_EQ(bounded_alloc(MIB, 2 * MIB, &bound), 0);
+	CHECK_EQ(bound, 0);
+	CHECK_EQ(reads, 1);
+	CHECK_EQ(atomic_load(&used[0]), 2 * MIB);
+
+	setup();
+	f.quota[0] = 200 * MIB;
+	measured = 1;
+	for (int i = 0; i < 32; i++) /* 64 MiB of bounds charged; the driver took one page */
+		CHECK_EQ(bounded_alloc(64 << 10, i == 0 ? 2 * MIB : 0, &bound), 0);
+	CHECK_EQ(atomic_load(&used[0]), 64 * MIB);
+	CHECK_EQ(reads, 0);
+	/* 190 MiB more fits the truth (2 MiB held) but not the books: read, then granted */
+	CHECK_EQ(bounded_alloc(190 * MIB, 190 * MIB, &bound), 0);
+	CHECK_EQ(bound, 0);
+	CHECK_EQ(atomic_load(&used[0]), 192 * MIB);
+	CHECK_EQ(atomic_load(&stats.oom_refusals[0]), 0);
+	/* and past the truth: refused, counted */
+	CHECK_EQ(bounded_alloc(10 * MIB, 0, &bound), -1);
+	CHECK_EQ(atomic_load(&used[0]), 192 * MIB);
+	CHECK_EQ(atomic_load(&stats.oom_refusals[0]), 1);
+}
+
+static void without_a_meter_bounded_steps_charge_the_rounding(void)
+{
+	setup();
+	uint64_t bound;
+	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0);
+	CHECK_EQ(bound, 0);
+	CHECK_EQ(atomic_load(&used[0]), MIB);
+	uint64_t est = MIB;
+	CHECK_EQ(vh_quota_bounded_widen(&ch, 0, &est, 3 * MIB, &bound), 0); /* a wider pitch */
+	CHECK_EQ(est, 3 * MIB);
+	CHECK_EQ(atomic_load(&used[0]), 3 * MIB);
+	CHECK_EQ(vh_quota_bounded_widen(&ch, 0, &est, 200 * MIB, &bound), -1);
+	CHECK_EQ(est, 3 * MIB);
+	vh_quota_bounded_free(&ch, 0, 3 * MIB);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+}
+
 int main(void)
 {
 	reserve_within_quota_is_charged_and_past_it_refused();
@@ -288,6 +415,10 @@ int main(void)
 	a_call_that_fails_or_is_undone_gives_its_reservation_back();
 	refusals_are_reported_at_most_once_a_second_and_every_one_counted();
 	charges_are_rounded_as_the_driver_takes_memory();
+	bounded_allocations_far_from_the_quota_charge_their_bound_without_reading_the_meter();
+	the_meter_is_read_after_64_mib_of_bounds_or_32_exact_charges();
+	near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_truth();
+	without_a_meter_bounded_steps_charge_the_rounding();
 	printf("ok\n");
 	return 0;
 }
