@@ -1,6 +1,6 @@
 """ResNet-50 training throughput (synthetic data), for native vs vmgpu comparisons.
 
-    python3 bench/torch_train.py [--steps 30] [--batch 64] [--bf16]
+    python3 bench/torch_train.py [--steps 30] [--batch 64] [--bf16] [--no-autotune]
 Prints `img_per_s=X`.
 """
 
@@ -17,8 +17,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--no-autotune", action="store_true", help="no cuDNN autotuning (launch-bound small batches)")
     a = ap.parse_args()
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = not a.no_autotune
     model = torchvision.models.resnet50().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(a.batch, 3, 224, 224, device="cuda")

@@ -1,0 +1,38 @@
+"""Batch-1 ResNet-50 inference latency (eval, no autotuning), for native vs vmgpu comparisons.
+
+Each request is one image, answered when its result is back on the host (synchronised), as an
+inference service answers one.
+
+    python3 bench/torch_infer.py [--steps 400] [--warmup 50]
+Prints `p50_ms=X p99_ms=Y req_per_s=Z`.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torchvision
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=50)
+    a = ap.parse_args()
+    torch.backends.cudnn.benchmark = False
+    model = torchvision.models.resnet50().cuda().eval()
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    times = []
+    with torch.no_grad():
+        for i in range(a.warmup + a.steps):
+            t0 = time.perf_counter()
+            model(x).argmax(1).item()  # the answer, on the host
+            if i >= a.warmup:
+                times.append(time.perf_counter() - t0)
+    q = statistics.quantiles(times, n=100)
+    print(f"p50_ms={q[49] * 1e3:.3f} p99_ms={q[98] * 1e3:.3f} req_per_s={len(times) / sum(times):.1f}")
+
+
+if __name__ == "__main__":
+    main()
