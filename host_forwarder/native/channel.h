@@ -47,13 +47,16 @@ struct vh_chan {
 	 * measured, and the takes and frees charged exactly by the driver's rounding */
 	uint64_t unmeasured[VG_MAX_DEVICES];
 	uint32_t unmeasured_exact[VG_MAX_DEVICES];
+	_Atomic uint64_t quota_gen;   /* counts the calls that may take or give memory (vh_quota_refresh) */
+	uint8_t refresh_misses[VG_MAX_DEVICES]; /* refreshes in a row whose reading could not be taken */
 	uint8_t *blob;                /* a module image being received */
 	uint64_t blob_size, blob_filled, blob_hash[2];
 	struct vh_image *image;       /* or the cached image this load uses */
 	uint64_t images_sent, images_cached;
 	void *scratch;
 	size_t scratch_cap;
-	uint64_t ncalls, nasync;
+	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
+	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */
 };
 

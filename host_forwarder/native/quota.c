@@ -103,27 +103,49 @@ void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n)
 	atomic_fetch_sub(&ch->charged[dev], n);
 }
 
+/* The truth read for dev, taken by the books (under quota_mu). */
+static void take_truth(struct vh_chan *ch, int dev, int64_t truth)
+{
+	ch->unmeasured[dev] = 0;
+	ch->unmeasured_exact[dev] = 0;
+	uint64_t old = atomic_exchange(&ch->charged[dev], (uint64_t)truth);
+	atomic_fetch_add(&ch->fwd->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
+}
+
 int vh_quota_settle(struct vh_chan *ch, int dev)
 {
 	struct vh_fwd *f = ch->fwd;
 	int64_t truth = vh_meter_read(ch, dev);
-	if (truth >= 0) {
-		ch->unmeasured[dev] = 0;
-		ch->unmeasured_exact[dev] = 0;
-		uint64_t old = atomic_exchange(&ch->charged[dev], (uint64_t)truth);
-		atomic_fetch_add(&f->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
-	}
+	if (truth >= 0)
+		take_truth(ch, dev, truth);
 	return atomic_load(&f->used[dev]) > f->quota[dev];
 }
 
+/* The meter is read without quota_mu (a read can take long; the guest's calls must not wait for
+ * it), and its answer taken only if no call that may take or give memory ran meanwhile; a call
+ * under way settles itself.  Four misses in a row (a busy guest): read under the lock. */
 void vh_quota_refresh(struct vh_chan *ch)
 {
-	if (pthread_mutex_trylock(&ch->quota_mu) != 0)
-		return; /* a call is taking memory: it settles itself */
-	for (int d = 0; d < ch->fwd->ndev; d++)
-		if (ch->ctx[d])
+	for (int d = 0; d < ch->fwd->ndev; d++) {
+		if (!ch->ctx[d] || !vh_meter_on(ch, d))
+			continue;
+		uint64_t gen = atomic_load(&ch->quota_gen);
+		int64_t truth = ch->refresh_misses[d] >= 4 ? -1 : vh_meter_read(ch, d);
+		if (pthread_mutex_trylock(&ch->quota_mu) != 0) {
+			ch->refresh_misses[d]++;
+			continue;
+		}
+		if (truth >= 0 && atomic_load(&ch->quota_gen) == gen) {
+			take_truth(ch, d, truth);
+			ch->refresh_misses[d] = 0;
+		} else if (truth < 0 && ch->refresh_misses[d] >= 4) {
 			vh_quota_settle(ch, d);
-	pthread_mutex_unlock(&ch->quota_mu);
+			ch->refresh_misses[d] = 0;
+		} else {
+			ch->refresh_misses[d]++;
+		}
+		pthread_mutex_unlock(&ch->quota_mu);
+	}
 }
 
 /* Module images and contexts are taken by the driver and measured after. */

@@ -312,8 +312,15 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	/* idle: no worker of the guest has passed the gate for a while (a call that another worker
 	 * still has in flight is waited for by the drain) */
 	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > SCHED_IDLE_NS;
-	if (!sched_turn_over(pg, s->me, now, idle))
+	if (!sched_turn_over(pg, s->me, now, idle)) {
+		if (idle && now - pg->hold_start > SCHED_IDLE_NS) { /* alone and idle: its time is nobody's */
+			lock(pg);
+			if (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))
+				sched_rest(pg, g, s->seen_at, now);
+			unlock(pg);
+		}
 		return;
+	}
 	uint32_t zero = 0;
 	if (!atomic_compare_exchange_strong(&g->draining, &zero, 2u)) /* 2: starting */
 		return;

@@ -188,7 +188,17 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
 	int spent = capped(policy) && g->period_used + held >= sched_budget_ns(pg, g);
-	return idle || expired || spent || policy == VMGPU_SCHED_NATIVE;
+	/* an idle holder alone on the GPU keeps its turn (a hand-over drains the GPU, and its next
+	 * call would wait for that: a pipeline bubble for nothing), unless a cap counts its turns */
+	int idle_over = idle && (capped(policy) || sched_others_wait(pg, me, now, UINT64_MAX));
+	return idle_over || expired || spent || policy == VMGPU_SCHED_NATIVE;
+}
+
+void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now)
+{
+	if (last_work > pg->hold_start)
+		sched_charge(pg, g, last_work < now ? last_work : now);
+	pg->hold_start = now;
 }
 
 void sched_wait_begin(struct vmgpu_sched_page *pg, int me, uint64_t now)

@@ -48,9 +48,14 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
 int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_t mine);
 
 /* Is the turn of `me`, the holder, over at now?  idle: none of its workers has work (the
- * worker's own measure, SCHED_IDLE_NS).  Over when idle, when its slice is spent while another
+ * worker's own measure, SCHED_IDLE_NS).  Over when idle while another waits (or under a capping
+ * policy; alone it keeps the GPU between calls), when its slice is spent while another
  * waits that is behind it, when its cap for the period is spent, or under the native policy. */
 int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle);
+
+/* Under the lock: g holds the GPU idle and alone (its turn not over): charged for its turn up to
+ * its last work, its turn goes on from now, so that idle time alone is nobody's GPU time. */
+void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now);
 
 /* A worker thread of member me begins to wait for the GPU at now: counted a waiter; the first
  * waiter of a guest that neither holds the GPU nor had a turn for SCHED_RECENT_NS marks it back

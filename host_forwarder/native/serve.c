@@ -105,8 +105,10 @@ int vh_serve(struct vh_chan *ch)
 		CUresult r;
 		/* calls that may take or give memory keep the worker's quota row to themselves */
 		int may_take_memory = !vh_op_gpu_work(hdr.op);
-		if (may_take_memory)
+		if (may_take_memory) {
 			pthread_mutex_lock(&ch->quota_mu);
+			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
+		}
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
@@ -127,7 +129,8 @@ int vh_serve(struct vh_chan *ch)
 		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
 			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
 		uint64_t spent = vmgpu_now_ns() - t0;
-		ch->ncalls++;
+		atomic_store_explicit(&ch->ncalls, atomic_load_explicit(&ch->ncalls, memory_order_relaxed) + 1,
+				      memory_order_relaxed);
 		struct vmgpu_stats_page *st = ch->fwd->stats;
 		atomic_fetch_add_explicit(&st->busy_ns, spent, memory_order_relaxed);
 		atomic_fetch_add_explicit((hdr.flags & VG_F_NOREPLY) ? &st->async_calls : &st->sync_calls, 1,

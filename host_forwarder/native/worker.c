@@ -35,17 +35,27 @@ static void sched_drain(void *arg, int dev)
 static void *sched_thread(void *arg)
 {
 	struct vh_chan *ch = arg;
-	unsigned ticks = 0;
 	/* this thread's drains must not break a stream capture the guest has open in the serving
 	 * thread (a global-mode capture forbids other threads' synchronisation unless relaxed) */
 	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
 	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
+	uint64_t last_calls = 0, quiet_since = vmgpu_now_ns(), refreshed = quiet_since;
 	while (!atomic_load(&sched_stop)) {
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_tick(&F.sched[d], sched_drain, NULL);
-		if (++ticks % 200 == 0) /* every 50 ms */
+		uint64_t now = vmgpu_now_ns(), calls = atomic_load_explicit(&ch->ncalls, memory_order_relaxed);
+		if (calls != last_calls) {
+			last_calls = calls;
+			quiet_since = now;
+		}
+		if (now - refreshed >= 50000000ull) { /* every 50 ms */
 			vh_quota_refresh(ch);
-		struct timespec t = {0, 250 * 1000};
+			refreshed = now;
+		}
+		/* every 250 us while the guest process works; a process quiet for 20 ms is looked after
+		 * every 1 ms (a hand-over it holds up waits that much longer), so that an idle guest costs
+		 * the host little CPU */
+		struct timespec t = {0, now - quiet_since > 20000000ull ? 1000 * 1000 : 250 * 1000};
 		nanosleep(&t, NULL);
 	}
 	return NULL;
@@ -94,7 +104,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 			vh_sched_worker(&F.sched[d], 0);
 		vh_sched_unheld(&F.sched[d]);
 	}
-	uint64_t calls = ch.ncalls, async = ch.nasync;
+	uint64_t calls = atomic_load(&ch.ncalls), async = ch.nasync;
 	atomic_store(&sched_ctx, NULL);
 	vh_chan_release_all(&ch);
 	/* its contexts go now, and with them all it held on the GPUs: the quota takes that back

@@ -45,6 +45,7 @@ static const struct vh_clock fake_clock = {fake_now, fake_sleep};
 static int measured;            /* whether the fake meter gives numbers */
 static int64_t held[VG_MAX_DEVICES]; /* what it says the worker holds */
 static int reads;               /* how often it was read */
+static void (*on_read)(void);   /* what happens elsewhere while it is read */
 
 int vh_meter_on(const struct vh_chan *ch, int dev)
 {
@@ -57,6 +58,8 @@ int64_t vh_meter_read(const struct vh_chan *ch, int dev)
 {
 	(void)ch;
 	reads++;
+	if (on_read)
+		on_read();
 	return measured ? held[dev] : -1;
 }
 
@@ -120,6 +123,7 @@ static void setup(void)
 	measured = 0;
 	memset(held, 0, sizeof held);
 	reads = 0;
+	on_read = NULL;
 	sleeps = 0;
 	on_sleep = NULL;
 }
@@ -359,6 +363,39 @@ static void the_meter_is_read_after_64_mib_of_bounds_or_32_exact_charges(void)
 	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
 }
 
+/* The serving thread runs a call that takes memory while the refresh reads the meter. */
+static void a_call_runs(void)
+{
+	atomic_fetch_add(&ch.quota_gen, 1);
+	held[0] += 2 * MIB;
+	atomic_fetch_add(&rows[0][0], 2 * MIB); /* as its own settle would have */
+	atomic_fetch_add(&used[0], 2 * MIB);
+}
+
+static void a_refresh_that_raced_a_call_is_not_taken_and_a_busy_guest_is_read_under_the_lock(void)
+{
+	setup();
+	f.quota[0] = 1024 * MIB;
+	measured = 1;
+	ch.ctx[0] = (CUcontext)1;
+	held[0] = 10 * MIB; /* module code the driver loaded at a launch, say */
+	on_read = a_call_runs;
+	int64_t truth_before_call = held[0];
+	vh_quota_refresh(&ch); /* read 10 MiB, but a call ran meanwhile: not taken */
+	CHECK_EQ(atomic_load(&used[0]), 2 * MIB);
+	CHECK(truth_before_call != (int64_t)atomic_load(&used[0]));
+	for (int i = 0; i < 3; i++)
+		vh_quota_refresh(&ch);
+	CHECK_EQ(atomic_load(&used[0]), 8 * MIB); /* four misses */
+	on_read = NULL; /* (under the lock no call can run) */
+	vh_quota_refresh(&ch);
+	CHECK_EQ(atomic_load(&used[0]), (uint64_t)held[0]); /* the fifth: read under the lock, taken */
+	CHECK_EQ(atomic_load(&used[0]), 18 * MIB);
+	vh_quota_refresh(&ch); /* and a quiet one is taken as read */
+	CHECK_EQ(atomic_load(&used[0]), 18 * MIB);
+	ch.ctx[0] = NULL;
+}
+
 static void near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_truth(void)
 {
 	setup();
@@ -419,6 +456,7 @@ int main(void)
 	the_meter_is_read_after_64_mib_of_bounds_or_32_exact_charges();
 	near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_truth();
 	without_a_meter_bounded_steps_charge_the_rounding();
+	a_refresh_that_raced_a_call_is_not_taken_and_a_busy_guest_is_read_under_the_lock();
 	printf("ok\n");
 	return 0;
 }

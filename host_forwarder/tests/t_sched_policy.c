@@ -269,6 +269,30 @@ static void native_ends_every_turn_at_once(void)
 	check(sched_vcost(&s.pg, &s.pg.slot[a], 10 * MS) == 10 * MS, "native: a turn costs its time, unweighted");
 }
 
+static void an_idle_holder_alone_keeps_its_turn_and_is_not_charged_for_it(void)
+{
+	struct sim s;
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int a = sim_join(&s, "a", 30, 1);
+	int b = sim_join(&s, "b", 70, 0);
+	sched_wait_begin(&s.pg, a, s.now);
+	sched_give_turn(&s.pg, s.now);
+	sched_wait_end(&s.pg.slot[a]);
+	check(!sched_turn_over(&s.pg, a, s.now + 10 * MS, 1), "weighted, alone, idle: the turn goes on (no drain)");
+	/* idle from 3 ms into its turn until 10 ms: charged 3 ms, its turn goes on from 10 ms */
+	sched_rest(&s.pg, &s.pg.slot[a], s.now + 3 * MS, s.now + 10 * MS);
+	check(atomic_load(&s.pg.slot[a].used_ns) == 3 * MS && s.pg.hold_start == s.now + 10 * MS,
+	      "rested: charged %llu ns of GPU time for 3 ms of work", (unsigned long long)atomic_load(&s.pg.slot[a].used_ns));
+	sched_rest(&s.pg, &s.pg.slot[a], s.now + 3 * MS, s.now + 20 * MS); /* still idle: nothing more */
+	check(atomic_load(&s.pg.slot[a].used_ns) == 3 * MS, "rested again while idle: nothing more charged");
+	sched_wait_begin(&s.pg, b, s.now + 20 * MS);
+	check(sched_turn_over(&s.pg, a, s.now + 20 * MS, 1), "weighted, idle, another waits: the turn is over");
+	check(!sched_turn_over(&s.pg, a, s.now + 20 * MS, 0), "busy, within its slice: the turn goes on");
+	sched_wait_end(&s.pg.slot[b]);
+	atomic_store(&s.pg.policy, VMGPU_SCHED_FIXED);
+	check(sched_turn_over(&s.pg, a, s.now + 20 * MS, 1), "fixed (capped), idle, alone: the turn is over");
+}
+
 static void ties_go_to_the_other_and_the_dead_are_let_go(void)
 {
 	struct sim s;
@@ -302,6 +326,7 @@ int main(void)
 	fixed_caps_even_an_idle_card();
 	an_overrun_is_paid_from_the_next_period();
 	native_ends_every_turn_at_once();
+	an_idle_holder_alone_keeps_its_turn_and_is_not_charged_for_it();
 	ties_go_to_the_other_and_the_dead_are_let_go();
 	if (failures) {
 		printf("t_sched_policy: %d failed\n", failures);

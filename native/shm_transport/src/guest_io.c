@@ -78,7 +78,7 @@ VMGPU_EXPORT int vmgpu_gchan_bulk_alloc(struct vmgpu_gchan *c, uint64_t len, uin
 			uint64_t slice = timeout_ns - spent;
 			if (slice > 100000000ull)
 				slice = 100000000ull;
-			shm_wait_word(c->g->l.wait_mode, &c->bulk->release_seq, s, slice, &backoff, &c->g->wo);
+			shm_wait_word(c->g->l.wait_mode, &c->bulk->release_seq, s, slice, &backoff, &c->g->wo, 0);
 		}
 		atomic_store_explicit(&c->bulk->guest_waiting, 0, memory_order_relaxed);
 	}

@@ -43,6 +43,7 @@ struct ring {
 	uint32_t wait_mode;
 	uint32_t chan;      /* for the doorbell */
 	int which;          /* 0 request, 1 completion */
+	uint64_t empty_since; /* consumer, poll mode: when it was last found empty after a record, 0 since */
 };
 
 void ring_init(struct ring *r, uint8_t *data, struct vmgpu_ring_ctl *ctl, uint32_t size,
@@ -56,7 +57,7 @@ int ring_recv(struct ring *r, void *buf, uint32_t cap, uint16_t *type, uint64_t 
 
 /* Block on a 32-bit word while it equals `expect`, at most timeout_ns. */
 void shm_wait_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, uint32_t expect, uint64_t timeout_ns,
-		   uint64_t *backoff, const struct vmgpu_wait_opts *wo);
+		   uint64_t *backoff, const struct vmgpu_wait_opts *wo, uint64_t cap_ns);
 void shm_wake_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, const struct vmgpu_wait_opts *wo,
 		   uint32_t chan, int which);
 

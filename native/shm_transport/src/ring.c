@@ -52,8 +52,14 @@ VMGPU_EXPORT void vmgpu_wait_opts_default(struct vmgpu_wait_opts *o)
 	o->peer_timeout_ns = 5000000000ull;
 }
 
+/* Poll mode, a host's request ring that has been empty this long (the guest process is idle) is
+ * looked at less often: every POLL_IDLE_SLEEP_NS instead of sleep_max_ns, so that an idle guest
+ * costs the host little CPU; its next call after such a pause waits up to that long more. */
+#define POLL_IDLE_AFTER_NS 100000000ull
+#define POLL_IDLE_SLEEP_NS 1000000ull
+
 void shm_wait_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, uint32_t expect, uint64_t timeout_ns,
-		   uint64_t *backoff, const struct vmgpu_wait_opts *wo)
+		   uint64_t *backoff, const struct vmgpu_wait_opts *wo, uint64_t cap_ns)
 {
 	if (timeout_ns == 0)
 		return;
@@ -65,13 +71,14 @@ void shm_wait_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, uint32_t ex
 		return;
 	}
 	/* Poll mode: nobody can wake us across the VM boundary; sleep with back-off. */
+	uint64_t cap = cap_ns ? cap_ns : wo->sleep_max_ns;
 	uint64_t d = *backoff ? *backoff : 1000;
 	if (d > timeout_ns)
 		d = timeout_ns;
 	struct timespec ts = {.tv_sec = (time_t)(d / 1000000000ull), .tv_nsec = (long)(d % 1000000000ull)};
 	nanosleep(&ts, NULL);
 	uint64_t next = *backoff ? *backoff * 2 : 2000;
-	*backoff = next > wo->sleep_max_ns ? wo->sleep_max_ns : next;
+	*backoff = next > cap ? cap : next;
 }
 
 void shm_wake_word(uint32_t wait_mode, VMGPU_ATOMIC(uint32_t) *word, const struct vmgpu_wait_opts *wo,
@@ -180,7 +187,7 @@ void *ring_reserve(struct ring *r, uint32_t len, uint64_t timeout_ns, const stru
 					uint64_t slice = timeout_ns - spent;
 					if (slice > 100000000ull)
 						slice = 100000000ull; /* wake to check the peer */
-					shm_wait_word(r->wait_mode, &r->ctl->space_seq, s, slice, &backoff, r->wo);
+					shm_wait_word(r->wait_mode, &r->ctl->space_seq, s, slice, &backoff, r->wo, 0);
 				}
 				atomic_store_explicit(&r->ctl->prod_waiting, 0, memory_order_relaxed);
 			}
@@ -288,18 +295,24 @@ int ring_recv(struct ring *r, void *buf, uint32_t cap, uint16_t *type, uint64_t 
 	if (r->broken)
 		return vmgpu_seterr(EPROTO, "ring %d of channel %u is broken", r->which, r->chan);
 	int n = ring_try_recv(r, buf, cap, type);
-	if (n != -EAGAIN)
+	if (n != -EAGAIN) {
+		r->empty_since = 0;
 		return n;
+	}
 	if (r->pos != r->other)
 		cons_notify(r);
 	if (timeout_ns == 0)
 		return n;
-	uint64_t t0 = vmgpu_now_ns(), backoff = 0;
+	uint64_t t0 = vmgpu_now_ns(), backoff = 0, sleep_cap = 0;
+	if (!r->empty_since)
+		r->empty_since = t0;
 	for (;;) {
-		uint64_t spent = vmgpu_now_ns() - t0;
+		uint64_t now = vmgpu_now_ns(), spent = now - t0;
 		if (spent >= timeout_ns)
 			return vmgpu_seterr(ETIMEDOUT, "nothing received on ring %d of channel %u", r->which, r->chan);
-		if (spent < r->wo->spin_ns) {
+		if (r->wait_mode == VMGPU_WAIT_POLL && r->which == 0 && now - r->empty_since > POLL_IDLE_AFTER_NS)
+			sleep_cap = POLL_IDLE_SLEEP_NS > r->wo->sleep_max_ns ? POLL_IDLE_SLEEP_NS : 0;
+		if (spent < r->wo->spin_ns && !sleep_cap) { /* (an idle guest's ring is not spun on) */
 			for (int i = 0; i < 32; i++) {
 				cpu_relax();
 				if (atomic_load_explicit(hdr_len(r, r->pos), memory_order_relaxed))
@@ -315,12 +328,14 @@ int ring_recv(struct ring *r, void *buf, uint32_t cap, uint16_t *type, uint64_t 
 				uint64_t slice = timeout_ns - spent;
 				if (slice > 100000000ull)
 					slice = 100000000ull; /* wake to check the peer */
-				shm_wait_word(r->wait_mode, &r->ctl->data_seq, s, slice, &backoff, r->wo);
+				shm_wait_word(r->wait_mode, &r->ctl->data_seq, s, slice, &backoff, r->wo, sleep_cap);
 			}
 			atomic_store_explicit(&r->ctl->cons_waiting, 0, memory_order_relaxed);
 		}
 		n = ring_try_recv(r, buf, cap, type);
-		if (n != -EAGAIN)
+		if (n != -EAGAIN) {
+			r->empty_since = 0;
 			return n;
+		}
 	}
 }
