@@ -80,7 +80,8 @@ def test_cli_against_the_daemon(daemon):
     ]
     r = run(cli, ["status", "--socket", daemon, "--json"])
     guest = {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10, "weight": 10}
-    assert json.loads(r.output)["guests"] == [{**guest, "compute_achieved_pct": None}]  # no forwarder runs
+    want = {**guest, "compute_achieved_pct": None, "label": "", "settings": ""}
+    assert json.loads(r.output)["guests"] == [want]  # no forwarder runs
     assert json.loads(r.output)["gpus"][0]["policy"] == "weighted"
     # compute weight and policy, kept by vmgpud (a forwarder started later gets them)
     r = run(cli, ["weight", "c1", "0", "40", "--socket", daemon])
