@@ -252,7 +252,7 @@ def test_the_managed_settings_reach_every_forwarder_vmgpud_starts_and_the_oom_sc
 
     from vmgpu.cli.main import cli
 
-    scripts, out = _oom_scripts(tmp_path)
+    scripts, _ = _oom_scripts(tmp_path)
     monkeypatch.setenv("VMGPU_OOM_SCRIPTS_DIR", str(scripts))
     monkeypatch.setenv("VMGPU_CTX_RESERVE", "32M")
     monkeypatch.setenv("VMGPU_PEER_TIMEOUT", "7")
