@@ -330,7 +330,8 @@ class Runtime:
         # container's state: another create's look would take a container admitted but not yet
         # known to runc for a stale one, and release it under it.
         with files.exclusive_lock(region.parent / ".create.lock"):
-            with self._lifecycle(guest, self.label(config, cid)) as lc:
+            label = self.label(config, cid)
+            with self._lifecycle(guest, label) as lc:
                 self.collect_stale(lc.client, Path(opts.get("--root", RUNC_ROOT)))
                 lc.prepare(
                     spec,
@@ -338,7 +339,7 @@ class Runtime:
                     (uid, gid),  # the container's user and group get the region (ACL entries)
                     then=lambda: write_atomic(cfg_path, json.dumps(new_config)),
                 )
-                self.log.info("admitted", guest=guest, share=spec, region=str(region))
+                self.log.info("admitted", guest=guest, label=label, share=spec, region=str(region))
             rc = self.runc(argv)
         if rc != 0:
             self._release(guest)
