@@ -301,6 +301,17 @@ def test_the_managed_settings_reach_every_forwarder_vmgpud_starts_and_the_oom_sc
         assert st["guests"][0]["settings"] == "oom-script=notify,peer-timeout=30"
         assert st["settings"]["peer_timeout_s"] == 7
 
+        # the forwarder dies while vmgpud is down: the next vmgpud starts it again, settings and all
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+        os.kill(pids[1], signal.SIGKILL)
+        assert wait_for(lambda: not is_forwarder(pids[1], shm_path))
+        daemon = start_daemon(sock, db, inv)
+        c = Client(str(sock))
+        assert wait_for(lambda: [(f.pid != pids[1], f.state) for f in c.status().forwarders] == [(True, "running")])
+        pids.append(c.status().forwarders[0].pid)
+        assert has_settings(pids[-1]), _cmdline(pids[-1])
+
         # a guest without settings of its own gets the host's
         c.admit("guest-h", "container", "gpu=1,mem=256M")
         h = tmp_path / "h.region"
