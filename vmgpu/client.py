@@ -50,8 +50,8 @@ class Client:
                 ) from None
             raise errors.VmgpuError(f"vmgpud: {e.code().name}: {e.details()}") from None
 
-    def admit(self, guest: str, kind: str, spec: str) -> pb.AdmitReply:
-        return self._rpc(self.stub.Admit, pb.AdmitRequest(guest=guest, kind=kind, spec=spec))
+    def admit(self, guest: str, kind: str, spec: str, label: str = "") -> pb.AdmitReply:
+        return self._rpc(self.stub.Admit, pb.AdmitRequest(guest=guest, kind=kind, spec=spec, label=label))
 
     def release(self, guest: str) -> bool:
         return self._rpc(self.stub.Release, pb.ReleaseRequest(guest=guest)).released

@@ -17,12 +17,20 @@ if TYPE_CHECKING:
 
 # ---- vmgpud ------------------------------------------------------------------------------
 SOCKET = "/run/vmgpu/vmgpud.sock"  # owner-only, in an owner-only directory (vmgpu/daemon.py)
+VMGPUD_CONF = "/etc/vmgpu/vmgpud.toml"  # vmgpud's configuration file (optional; `vmgpu daemon --config`)
 LEDGER_DB = "/var/lib/vmgpu/ledger.db"  # its directory is the state directory: forwarders/ logs
 METRICS_PORT = 9400  # Prometheus on 127.0.0.1
 KINDS = ("vm", "container", "process")  # what an admitted guest is
 BACKENDS = ("cuda", "sim")  # a forwarder's backend (sim: tests only)
 WAITS = ("futex", "poll")  # futex: a guest on this kernel (container); poll: a VM
 POLICIES = ("native", "equal", "preemptive", "weighted", "fixed")  # a GPU's compute policy
+
+# ---- forwarders' managed settings (vmgpu/supervisor.py applies them) -------------------------
+# OOM scripts run as root: only by name, from a directory of root's that no one else can write
+OOM_SCRIPTS_DIR = "/etc/vmgpu/oom-scripts"
+PEER_TIMEOUT_S = (1, 3600)  # a silent guest process is gone after this many seconds (forwarder: 5)
+CTX_RESERVE_MAX = 16 << 30  # what a guest process's context is charged at most (forwarder: 544M)
+LABEL_MAX = 64  # characters of a guest's label (a container's docker name) kept
 
 # ---- guests' regions -------------------------------------------------------------------------
 SHM_DIR = "/dev/shm"  # where regions live (a container's in SHM_DIR/vmgpu-containers/)
@@ -51,6 +59,17 @@ def region_geometry(wait: str = "futex") -> dict:
     """region_params(wait) as a forwarder is told it (--wait, --channels, --bulk)."""
     p = region_params(wait)
     return {"wait": wait, "channels": p.nchannels, "bulk": p.bulk_size}
+
+
+def label_text(text: str) -> str:
+    """A guest's label as vmgpu keeps and shows it: untrusted text (a container's name) with no
+    control or format character (no terminal escape, no bidirectional override), whitespace
+    runs made one space, at most LABEL_MAX characters."""
+    import unicodedata
+
+    text = text[: LABEL_MAX * 16]  # what could be kept, whatever is dropped
+    kept = "".join(" " if c.isspace() else c for c in text if c.isspace() or unicodedata.category(c)[0] != "C")
+    return " ".join(kept.split())[:LABEL_MAX]
 
 
 # ---- sizes -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.ledger import Ledger, Reservation
 from vmgpu.logging import get_logger
 from vmgpu.service import Service
+from vmgpu.supervisor import HostSettings
 
 
 def grpc_status(e: errors.VmgpuError) -> grpc.StatusCode:
@@ -69,7 +70,7 @@ class Servicer(pb_grpc.VmgpudServicer):
         self.service = service
 
     def Admit(self, request, context):
-        slices = self.service.admit(request.guest, request.kind, request.spec)
+        slices = self.service.admit(request.guest, request.kind, request.spec, request.label)
         return pb.AdmitReply(slices=[_slice(r) for r in slices])
 
     def Release(self, request, context):
@@ -96,6 +97,12 @@ class Servicer(pb_grpc.VmgpudServicer):
             gpus=[_message(pb.GpuStatus, u) for u in st.gpus],
             slices=[_slice(r) for r in st.slices],
             forwarders=[_message(pb.Forwarder, f) for f in st.forwarders],
+            settings=pb.HostSettings(
+                oom_scripts_dir=st.settings.oom_scripts_dir,
+                oom_script=st.settings.oom_script,
+                ctx_reserve_bytes=-1 if st.settings.ctx_reserve is None else st.settings.ctx_reserve,
+                peer_timeout_s=st.settings.peer_timeout_s,
+            ),
         )
 
 
@@ -172,12 +179,17 @@ class SocketClaim:
 
 
 def serve(
-    socket_path: str | Path, db_path: str | Path, inventory: str | Path | None = None, metrics_port: int | None = None
+    socket_path: str | Path,
+    db_path: str | Path,
+    inventory: str | Path | None = None,
+    metrics_port: int | None = None,
+    settings: HostSettings | None = None,
 ):
     """Start vmgpud; returns (server, ledger).  The socket is owner-only (0600) in an
     owner-only directory, held by one vmgpud at a time (server.socket_claim; release() it
     after stopping the server).  metrics_port: serve Prometheus metrics on 127.0.0.1 (0: any
-    free port, None: no endpoint); the HTTP server is server.metrics_http."""
+    free port, None: no endpoint); the HTTP server is server.metrics_http.  settings: the
+    host's forwarder settings (checked first: vmgpud does not start with ones it cannot apply)."""
     socket_path, db_path = Path(socket_path), Path(db_path)
     claim = SocketClaim(socket_path).take()
     try:
@@ -190,7 +202,7 @@ def serve(
             ) from None
         ledger = Ledger(db_path)
         try:
-            server = _start(claim, ledger, inventory, db_path, metrics_port)
+            server = _start(claim, ledger, inventory, db_path, metrics_port, settings)
         except BaseException:
             ledger.close()
             raise
@@ -201,8 +213,8 @@ def serve(
     return server, ledger
 
 
-def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics_port: int | None):
-    service = Service.open(ledger, inventory, db_path.parent)
+def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics_port: int | None, settings):
+    service = Service.open(ledger, inventory, db_path.parent, settings)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()])
     pb_grpc.add_VmgpudServicer_to_server(Servicer(service), server)
     server.service = service
@@ -219,9 +231,9 @@ def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics
     return server
 
 
-def run(socket_path, db_path, inventory=None, metrics_port=None) -> None:
+def run(socket_path, db_path, inventory=None, metrics_port=None, settings: HostSettings | None = None) -> None:
     """Serve until SIGTERM or SIGINT."""
-    server, ledger = serve(socket_path, db_path, inventory, metrics_port)
+    server, ledger = serve(socket_path, db_path, inventory, metrics_port, settings)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

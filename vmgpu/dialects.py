@@ -10,7 +10,10 @@ native `VMGPU=` and NVIDIA's `NVIDIA_VISIBLE_DEVICES`, and gives one share or on
 - `NVIDIA_VISIBLE_DEVICES` alone gives whole GPUs (mem=100%), as nvidia-container-toolkit does;
   beside a form that sizes memory it selects the GPUs (a form that names its own GPUs must name
   the same ones; `all`, the default of NVIDIA's CUDA images, selects nothing against those).
-- What vmgpu cannot honour (priorities, a per-container OOM script, memory "reserved" by the
+- Alibaba eGPU's ALIYUN_COM_GPU_OOM_SCRIPT becomes the guest's oom-script= only where it is a
+  bare name (a script of the host's OOM-script directory, checked by vmgpud at admission); a
+  path (a program the container names) is never run.
+- What vmgpu cannot honour (priorities, an OOM script given as a path, memory "reserved" by the
   product) is returned as notes, which the runtime logs as not enforced; nothing is dropped
   silently.  Every value is checked (ASCII digits, ranges, lengths); a bad one is one line of
   SpecError naming the variable, never a trace.
@@ -21,6 +24,7 @@ reading chosen is the one an operator would expect, and the comment (and README)
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +93,7 @@ class Reading:
     gpus: tuple[str, ...] | None = None
     count: int | None = None  # how many GPUs the dialect asks for, when it says
     count_from: str = ""  # the variable that says it
+    settings: share.Settings = share.Settings()  # the guest's forwarder settings it gives
 
 
 @dataclass(frozen=True)
@@ -239,7 +244,8 @@ def _aliyun_cgpu(env: dict[str, str], notes: list[str]) -> Reading | None:
 # AMP_USE_HOST_DAEMON=1 is carried unchanged.  Bytes become whole MiB, rounded down (a container
 # never gets more than it asked).  GPU_MEM_PER_DEVICE absent: the whole card (our reading; the
 # docs show it set).  ALIYUN_COM_GPU_OOM_SCRIPT names a program to run on OOM: a container may
-# not make the host run a program, so it is never run (vmgpu's OOM script is the host's).
+# not make the host run a program of its choosing, so a path is never run; a bare name is read as
+# vmgpu's oom-script= (a script the host's operator put in its OOM-script directory).
 EGPU_VARS = (
     "AMP_VGPU_ENABLE",
     "GPU_MEM_PER_DEVICE",
@@ -271,14 +277,20 @@ def _aliyun_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
             f"ALIYUN_COM_GPU_MEM_RESERVED={r} is not enforced: vmgpu keeps its own context reserve out of "
             "the share (the host's setting), not the container's"
         )
+    settings = share.Settings()
     if "ALIYUN_COM_GPU_OOM_SCRIPT" in env:
-        notes.append(
-            "ALIYUN_COM_GPU_OOM_SCRIPT is not run: a container may not name a program for the host to run; "
-            "vmgpu's OOM script is the host's setting"
-        )
+        try:
+            settings = share.Settings(share.oom_script_name(env["ALIYUN_COM_GPU_OOM_SCRIPT"]))
+        except SpecError:
+            given = _q("ALIYUN_COM_GPU_OOM_SCRIPT", env["ALIYUN_COM_GPU_OOM_SCRIPT"])
+            notes.append(
+                f"ALIYUN_COM_GPU_OOM_SCRIPT is not run: {given} is no script name, and a container may not "
+                "name a program for the host to run; give the name of "
+                "a script in the host's OOM-script directory (oom-script=NAME)"
+            )
     if "AMP_USE_HOST_DAEMON" in env:
         notes.append("AMP_USE_HOST_DAEMON has no meaning under vmgpu (accepted, not used)")
-    return Reading("aliyun-egpu", present, (mem,), (compute,))
+    return Reading("aliyun-egpu", present, (mem,), (compute,), settings=settings)
 
 
 # ---- boyue -----------------------------------------------------------------------------------
@@ -392,13 +404,36 @@ def _slices(r: Reading, nvidia, host_gpus: Callable[[], list[str]] | None) -> sh
         per_gpu.append(values if len(values) == len(gpus) else values * len(gpus))
     text = ";".join(f"gpu={g},mem={m},compute={c}" for g, m, c in zip(gpus, *per_gpu, strict=True))
     try:
-        return share.parse(text)
+        return dataclasses.replace(share.parse(text), settings=r.settings)
     except SpecError as e:
         raise SpecError(f"{label}: {e.message}") from None
 
 
 def _same(a: share.ShareSpec, b: share.ShareSpec) -> bool:
     return sorted(s.to_text() for s in a.slices) == sorted(s.to_text() for s in b.slices)
+
+
+def _settings(forms) -> share.Settings:
+    """The guest's settings the forms give together; two that give one setting differently, or
+    one that gives a setting VMGPU= does not carry (VMGPU= is the share as given), are refused."""
+    merged: dict[str, tuple[str, str]] = {}  # setting -> (value, the form's variables)
+    for name, variables, spec, _ in forms:
+        for k, v in spec.settings.fields().items():
+            if k in merged and merged[k][0] != v:
+                raise SpecError(
+                    f"{merged[k][1]} ask for {k}={merged[k][0]} but {', '.join(variables)} ({name}) for {k}={v}: "
+                    "give one, or make them agree"
+                )
+            merged[k] = (v, ", ".join(variables))
+    out = share._settings({k: v for k, (v, _) in merged.items()}, "settings")
+    native = next((spec for name, _, spec, _ in forms if name == "vmgpu"), None)
+    if native is not None and native.settings != out:
+        missing = sorted(set(out.fields()) - set(native.settings.fields()))
+        raise SpecError(
+            f"{merged[missing[0]][1]} ask for {missing[0]}={merged[missing[0]][0]}, which VMGPU does not carry: "
+            f"add it to VMGPU (;{missing[0]}=...) or drop it"
+        )
+    return out
 
 
 def translate(env: dict[str, str], host_gpus: Callable[[], list[str]] | None = None) -> Translation:
@@ -431,6 +466,7 @@ def translate(env: dict[str, str], host_gpus: Callable[[], list[str]] | None = N
                 f"{', '.join(first_vars)} ({first_name}) ask for {first.to_text()} but {', '.join(variables)} "
                 f"({name}) ask for {other.to_text()}: give one share, or make them agree"
             )
+    first = dataclasses.replace(first, settings=_settings(forms))
     used = [v for _, vs, _, _ in forms for v in vs]
     if nvidia is not None:
         if nvidia in ("none", "void"):

@@ -30,6 +30,7 @@ class Guest:
     region: Path
     backend: str = "cuda"
     wait: str = "futex"
+    label: str = ""  # what the operator knows it by (a container's docker name); untrusted text
 
 
 class Lifecycle:
@@ -86,12 +87,19 @@ class Lifecycle:
     def admit(self, spec: str, replace_stale: bool = False) -> None:
         g = self.guest
         try:
-            self.client.admit(g.name, g.kind, spec)
+            self._admit(spec)
         except Conflict:
             if not replace_stale:
                 raise
             self.log.warning("stale reservation replaced", guest=g.name)
             self.client.release(g.name)
+            self._admit(spec)
+
+    def _admit(self, spec: str) -> None:
+        g = self.guest
+        if g.label:
+            self.client.admit(g.name, g.kind, spec, label=g.label)
+        else:
             self.client.admit(g.name, g.kind, spec)
 
     def start_forwarder(self) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from vmgpu.errors import Conflict, InvalidArgument, LedgerError, NotFound, Refused
 from vmgpu.gpu import Gpu
 from vmgpu.logging import get_logger
-from vmgpu.spec import ShareSpec, SpecError
+from vmgpu.spec import Settings, ShareSpec, SpecError, parse
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gpus (
@@ -107,6 +107,8 @@ class Reservation:
     compute_pct: int
     kind: str = ""  # vm, container or process
     weight: int = 0  # compute weight: compute_pct unless set
+    label: str = ""  # what the operator knows the guest by (a container's docker name)
+    settings: str = ""  # the guest's own forwarder settings, text form (spec.Settings.to_text)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,14 @@ class GpuUsage:
     @property
     def compute_free_pct(self) -> int:
         return 100 - self.compute_reserved_pct
+
+
+def _settings(spec_text: str) -> Settings:
+    """The settings of a spec as the ledger keeps it (written by ShareSpec.to_text)."""
+    try:
+        return parse(spec_text).settings
+    except SpecError:  # a spec an older vmgpud kept that this one reads otherwise: no settings
+        return Settings()
 
 
 class Ledger:
@@ -157,6 +167,8 @@ class Ledger:
             ("slices", "weight", "INTEGER CHECK (weight BETWEEN 1 AND 100)"),  # NULL: compute_pct
             ("gpus", "policy", "TEXT NOT NULL DEFAULT 'weighted'"),
             ("forwarders", "geometry", "TEXT NOT NULL DEFAULT ''"),  # JSON: wait, channels, bulk
+            ("guests", "label", "TEXT NOT NULL DEFAULT ''"),  # a container's docker name, cleaned
+            ("forwarders", "settings", "TEXT NOT NULL DEFAULT ''"),  # JSON: what it was started with
         ):
             have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
@@ -216,9 +228,10 @@ class Ledger:
         return row
 
     @_guarded
-    def admit(self, guest: str, kind: str, spec: ShareSpec) -> list[Reservation]:
+    def admit(self, guest: str, kind: str, spec: ShareSpec, label: str = "") -> list[Reservation]:
         """Reserve every slice of spec for guest, or none.  Admitting the same guest with
-        the same spec again returns its reservations (hooks retry)."""
+        the same spec again returns its reservations (hooks retry).  label: kept with the guest
+        (the caller cleans it: config.label_text)."""
         log = self.log.bind(guest=guest, kind=kind, spec=spec.to_text())
         with self._tx():
             held = self.db.execute("SELECT spec FROM guests WHERE name = ?", (guest,)).fetchone()
@@ -254,8 +267,8 @@ class Ledger:
                         f"guest {guest}: GPU {idx} ({uuid}): compute: asked {compute}%, free {100 - used_cmp}%"
                     )
             self.db.execute(
-                "INSERT INTO guests (name, kind, spec, admitted_at) VALUES (?, ?, ?, ?)",
-                (guest, kind, spec.to_text(), time.time()),
+                "INSERT INTO guests (name, kind, spec, admitted_at, label) VALUES (?, ?, ?, ?, ?)",
+                (guest, kind, spec.to_text(), time.time(), label),
             )
             for uuid, _idx, mem, compute in plan:
                 self.db.execute(
@@ -310,13 +323,20 @@ class Ledger:
     @_guarded
     def reservations(self, guest: str | None = None) -> list[Reservation]:
         q = (
-            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind, COALESCE(s.weight, s.compute_pct)"
-            " FROM slices s"
+            "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind, COALESCE(s.weight, s.compute_pct),"
+            " c.label, c.spec FROM slices s"
             " JOIN gpus g ON g.uuid = s.gpu JOIN guests c ON c.name = s.guest"
             + (" WHERE s.guest = ?" if guest else "")
             + " ORDER BY s.guest, g.idx"
         )
-        return [Reservation(*r) for r in self.db.execute(q, (guest,) if guest else ())]
+        rows = self.db.execute(q, (guest,) if guest else ()).fetchall()
+        return [Reservation(*r[:-1], settings=_settings(r[-1]).to_text()) for r in rows]
+
+    @_guarded
+    def guest_settings(self, guest: str) -> Settings:
+        """The forwarder settings guest asked for with its share (none: Settings())."""
+        row = self.db.execute("SELECT spec FROM guests WHERE name = ?", (guest,)).fetchone()
+        return _settings(row[0]) if row else Settings()
 
     @_guarded
     def usage(self) -> list[GpuUsage]:
@@ -330,15 +350,39 @@ class Ledger:
 
     @_guarded
     def record_forwarder(
-        self, guest: str, pid: int, region: str, backend: str, size: str, geometry: dict | None = None
+        self,
+        guest: str,
+        pid: int,
+        region: str,
+        backend: str,
+        size: str,
+        geometry: dict | None = None,
+        settings: dict | None = None,
     ) -> None:
-        """geometry: the region's wait mode, channels and bulk size (a restart serves it with them)."""
+        """geometry: the region's wait mode, channels and bulk size (a restart serves it with them);
+        settings: the managed settings it was started with (shown by `vmgpu status`)."""
         with self._tx():
             self.db.execute(
-                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at, geometry) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (guest, pid, region, backend, size or "", time.time(), json.dumps(geometry) if geometry else ""),
+                "INSERT OR REPLACE INTO forwarders (guest, pid, region, backend, size, started_at, geometry, "
+                "settings) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    guest,
+                    pid,
+                    region,
+                    backend,
+                    size or "",
+                    time.time(),
+                    json.dumps(geometry) if geometry else "",
+                    json.dumps(settings) if settings else "",
+                ),
             )
+
+    @_guarded
+    def forwarder_settings(self, guest: str) -> dict:
+        """The managed settings guest's forwarder was started with ({}: none recorded, or by an
+        older vmgpud)."""
+        row = self.db.execute("SELECT settings FROM forwarders WHERE guest = ?", (guest,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else {}
 
     @_guarded
     def forwarder_geometry(self, guest: str) -> dict | None:

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -50,6 +52,7 @@ DEFAULTS = {
     "shm_dir": SHM_DIR,
     "region_size": CONTAINER_REGION_SIZE,
     "libdir": "",  # where the guest libcuda.so.1 is (default: the build's)
+    "docker_root": "/var/lib/docker",  # dockerd's --data-root: where a container's name is learnt
 }
 REGION_IN_CONTAINER = "/dev/vmgpu/region"
 # containers' regions: in a directory of root's, mode 0700, under shm_dir.  A region's ACL gives
@@ -221,6 +224,17 @@ def report_error(opts: dict, msg: str) -> None:
         pass
 
 
+# The name an operator knows a container by, in the OCI config's annotations: vmgpu's own (docker
+# 24+: `docker run --annotation vmgpu.label=NAME`), else the CRI's (containerd under Kubernetes:
+# pod/container).  Docker itself passes no name to its runtime: it is read from dockerd's record
+# of the container (DOCKER_RECORD under docker_root), which dockerd writes before it starts it.
+LABEL_ANNOTATION = "vmgpu.label"
+CRI_NAME, CRI_POD = "io.kubernetes.cri.container-name", "io.kubernetes.cri.sandbox-name"
+DOCKER_RECORD = "containers/{id}/config.v2.json"
+DOCKER_RECORD_MAX = 4 << 20
+_DOCKER_ID = re.compile(r"^[0-9a-f]{64}$", re.ASCII)
+
+
 class Runtime:
     def __init__(self, settings: dict):
         self.s = {**DEFAULTS, **settings}
@@ -252,6 +266,42 @@ class Runtime:
     def runc(self, argv: list[str]) -> int:
         return subprocess.run([self.s["runc"], *argv]).returncode
 
+    def label(self, config: dict, cid: str) -> str:
+        """What the operator knows the container by (its docker name), or "" where it cannot be
+        learnt: untrusted text, which vmgpud cleans and bounds (config.label_text)."""
+        notes = config.get("annotations") if isinstance(config, dict) else None
+        notes = notes if isinstance(notes, dict) else {}
+        own, name, pod = (notes.get(k) for k in (LABEL_ANNOTATION, CRI_NAME, CRI_POD))
+        if isinstance(own, str) and own.strip():
+            return own
+        if isinstance(name, str) and name.strip():
+            return f"{pod}/{name}" if isinstance(pod, str) and pod.strip() else name
+        return self._docker_name(cid)
+
+    def _docker_name(self, cid: str) -> str:
+        """The container's name in dockerd's record of it (root's, read never through a link)."""
+        if not _DOCKER_ID.match(cid) or not self.s.get("docker_root"):
+            return ""
+        path = Path(self.s["docker_root"]) / DOCKER_RECORD.format(id=cid)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return ""  # not docker's container, or another data root
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_size > DOCKER_RECORD_MAX:
+                self.log.warning("docker's record of the container ignored", path=str(path))
+                return ""
+            with os.fdopen(os.dup(fd), "rb") as f:
+                record = json.loads(f.read(DOCKER_RECORD_MAX))
+        except (OSError, ValueError) as e:
+            self.log.warning("docker's record of the container unreadable", path=str(path), error=str(e))
+            return ""
+        finally:
+            os.close(fd)
+        name = record.get("Name") if isinstance(record, dict) else None
+        return name.removeprefix("/") if isinstance(name, str) else ""
+
     def collect_stale(self, client, root: Path) -> None:
         """Release container guests whose container runc no longer knows."""
         try:
@@ -280,7 +330,8 @@ class Runtime:
         # container's state: another create's look would take a container admitted but not yet
         # known to runc for a stale one, and release it under it.
         with files.exclusive_lock(region.parent / ".create.lock"):
-            with self._lifecycle(guest) as lc:
+            label = self.label(config, cid)
+            with self._lifecycle(guest, label) as lc:
                 self.collect_stale(lc.client, Path(opts.get("--root", RUNC_ROOT)))
                 lc.prepare(
                     spec,
@@ -288,14 +339,15 @@ class Runtime:
                     (uid, gid),  # the container's user and group get the region (ACL entries)
                     then=lambda: write_atomic(cfg_path, json.dumps(new_config)),
                 )
-                self.log.info("admitted", guest=guest, share=spec, region=str(region))
+                self.log.info("admitted", guest=guest, label=label, share=spec, region=str(region))
             rc = self.runc(argv)
         if rc != 0:
             self._release(guest)
         return rc
 
-    def _lifecycle(self, guest: str) -> Lifecycle:
-        return Lifecycle(self._client(), Guest(guest, KIND, self._region(guest), self.s["backend"]), self.log)
+    def _lifecycle(self, guest: str, label: str = "") -> Lifecycle:
+        g = Guest(guest, KIND, self._region(guest), self.s["backend"], label=label)
+        return Lifecycle(self._client(), g, self.log)
 
     def _release(self, guest: str) -> None:
         with self._lifecycle(guest) as lc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+from vmgpu.config import label_text
+
 
 def admitted(reply) -> list[dict]:
     """An AdmitReply's slices."""
@@ -90,6 +92,8 @@ def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
                 "compute_pct": s.compute_pct,
                 "weight": s.weight,
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
+                "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
+                "settings": s.settings,
             }
             for s in reply.slices
         ],
@@ -106,9 +110,18 @@ def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
                 "state": f.state or "running",
                 "restart_attempt": f.restart_attempt,
                 "restart_error": f.restart_error,
+                "oom_script": f.oom_script,
+                "ctx_reserve_bytes": None if f.ctx_reserve_bytes < 0 else f.ctx_reserve_bytes,
+                "peer_timeout_s": f.peer_timeout_s or None,
             }
             for f in reply.forwarders
         ],
+        "settings": {
+            "oom_scripts_dir": reply.settings.oom_scripts_dir,
+            "oom_script": reply.settings.oom_script,
+            "ctx_reserve_bytes": None if reply.settings.ctx_reserve_bytes < 0 else reply.settings.ctx_reserve_bytes,
+            "peer_timeout_s": reply.settings.peer_timeout_s or None,
+        },
     }
 
 

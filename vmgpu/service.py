@@ -18,7 +18,7 @@ from vmgpu.ledger import GpuUsage, Ledger, Reservation
 from vmgpu.logging import get_logger
 from vmgpu.metrics import Metrics
 from vmgpu.spec import parse
-from vmgpu.supervisor import Supervisor
+from vmgpu.supervisor import HostSettings, Supervisor
 
 
 @dataclass
@@ -36,6 +36,10 @@ class ForwarderStatus:
     processes: int = 0
     sync_calls: int = 0
     async_calls: int = 0
+    # the managed settings it was started with (recorded with it): "" / -1 / 0 the forwarder's default
+    oom_script: str = ""
+    ctx_reserve_bytes: int = -1
+    peer_timeout_s: int = 0
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Status:
     gpus: list[GpuUsage]
     slices: list[Reservation]
     forwarders: list[ForwarderStatus]
+    settings: HostSettings = field(default_factory=HostSettings)
 
 
 def _one_of(what: str, value: str, allowed: tuple[str, ...], words: str) -> str:
@@ -59,12 +64,14 @@ class Service:
         self.metrics = metrics
 
     @classmethod
-    def open(cls, ledger: Ledger, inventory, state_dir: Path) -> Service:
-        """The service of a starting vmgpud: the ledger's GPUs synced with the inventory, the
-        forwarders still running adopted (the dead ones restarted), their watch started."""
+    def open(cls, ledger: Ledger, inventory, state_dir: Path, settings: HostSettings | None = None) -> Service:
+        """The service of a starting vmgpud: the host's forwarder settings checked, the ledger's
+        GPUs synced with the inventory, the forwarders still running adopted (the dead ones
+        restarted, with the settings of now), their watch started."""
+        settings = (settings or HostSettings()).check()
         ledger.sync_gpus(gpu.inventory(inventory))
         lock = threading.Lock()
-        supervisor = Supervisor(ledger, lock, state_dir)
+        supervisor = Supervisor(ledger, lock, state_dir, settings=settings)
         with lock:
             supervisor.adopt()
         supervisor.watch()
@@ -74,13 +81,17 @@ class Service:
         """vmgpud stops; the forwarders keep serving (adopted next time)."""
         self.supervisor.close()
 
-    def admit(self, guest: str, kind: str, spec_text: str) -> list[Reservation]:
-        """Reserve the share spec_text for guest, all slices or none (counted in the metrics)."""
+    def admit(self, guest: str, kind: str, spec_text: str, label: str = "") -> list[Reservation]:
+        """Reserve the share spec_text for guest, all slices or none (counted in the metrics).
+        Its settings are checked first (an OOM script must be one the host can run safely);
+        label: what the operator knows the guest by (untrusted: cleaned, config.label_text)."""
         _one_of("kind", kind, config.KINDS, f"not one of {', '.join(config.KINDS)}")
         names.check_guest(guest)
         try:
+            share = parse(spec_text)
+            self.supervisor.settings.check_guest(share.settings)  # an OOM script it could not run: refused
             with self.lock:
-                slices = self.ledger.admit(guest, kind, parse(spec_text))
+                slices = self.ledger.admit(guest, kind, share, config.label_text(label))
         except errors.VmgpuError as e:
             self.metrics.admissions.labels(result=e.code.lower()).inc()
             raise
@@ -137,11 +148,20 @@ class Service:
     def status(self) -> Status:
         with self.lock:
             usage, slices, fwds = self.ledger.usage(), self.ledger.reservations(), self.ledger.forwarders()
-        return Status(usage, slices, [self._forwarder(g, pid, region, b) for g, pid, region, b, _ in fwds])
+            managed = {g: self.ledger.forwarder_settings(g) for g, *_ in fwds}
+        return Status(
+            usage,
+            slices,
+            [self._forwarder(g, pid, region, b, managed[g]) for g, pid, region, b, _ in fwds],
+            self.supervisor.settings,
+        )
 
-    def _forwarder(self, guest: str, pid: int, region: str, backend: str) -> ForwarderStatus:
+    def _forwarder(self, guest: str, pid: int, region: str, backend: str, managed: dict) -> ForwarderStatus:
         state, attempt, why = self.supervisor.state(guest, pid, region)
         f = ForwarderStatus(guest, pid, region, backend, state, attempt, why)
+        ctx = managed.get("ctx_reserve")
+        f.oom_script, f.peer_timeout_s = managed.get("oom_script", ""), managed.get("peer_timeout_s", 0)
+        f.ctx_reserve_bytes = -1 if ctx is None else ctx
         st = self.supervisor.stats(guest) if state == "running" else None
         if st:
             f.mem_used_mib = [m["used"] >> 20 for m in st["memory"]]

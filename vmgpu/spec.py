@@ -11,9 +11,20 @@ Text form (e.g. ``VMGPU="gpu=0,mem=8G,compute=50;gpu=1,mem=25%,compute=30"``):
              | "compute=" PERCENT               optional, 1..100, default 100; "%" may follow
 Keys are case-insensitive and whitespace around tokens is ignored.  A GPU appears at most once.
 
+The guest's own forwarder settings, at most one group of its own among the slices (each unset
+one is the host's, `vmgpu daemon --oom-script/--peer-timeout`):
+    settings := setting ("," setting)*
+    setting  := "oom-script=" NAME              a script in the host's OOM-script directory
+                                                (by name only: never a path)
+              | "peer-timeout=" SECONDS         1..3600; "s" may follow
+e.g. ``VMGPU="gpu=0,mem=8G;oom-script=notify,peer-timeout=30"``.  The context reserve is the
+host's alone (`vmgpu daemon --ctx-reserve`): a guest that lowered it would use GPU memory
+outside its quota.
+
 XML form, inside the domain's <metadata>:
     <vmgpu:share xmlns:vmgpu="https://vmgpu.dev/xmlns/share/1">
       <vmgpu:slice gpu="0" mem="8G" compute="50"/>
+      <vmgpu:settings oom-script="notify" peer-timeout="30"/>   (optional)
     </vmgpu:share>
 """
 
@@ -24,7 +35,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from decimal import Decimal
 
-from vmgpu.config import UNIT_BYTES
+from vmgpu.config import PEER_TIMEOUT_S, UNIT_BYTES
 from vmgpu.errors import InvalidArgument, SpecError
 
 XML_NS = "https://vmgpu.dev/xmlns/share/1"
@@ -37,6 +48,15 @@ _INDEX = re.compile(r"^[0-9]+$", re.ASCII)
 _UNITS_MIB = {"": Decimal(1), **{u: Decimal(n) / UNIT_BYTES["M"] for u, n in UNIT_BYTES.items()}}  # no unit: MiB
 MAX_MEM_MIB = 1 << 30  # 1 PiB: more than any GPU has, and what the ledger can hold
 MAX_GPU_INDEX = 1023
+SLICE_KEYS = ("gpu", "mem", "compute")
+SETTING_KEYS = ("oom-script", "peer-timeout")
+# what a guest may not set, and why
+HOST_ONLY = {
+    "ctx-reserve": "the context reserve is the host's setting (`vmgpu daemon --ctx-reserve`): a guest that "
+    "lowered it would use GPU memory outside its quota",
+}
+# an OOM script's name: a file directly in the host's OOM-script directory (no path, no dot first)
+_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$", re.ASCII)
 
 
 def _show(value: str) -> str:
@@ -70,11 +90,35 @@ class Slice:
 
 
 @dataclass(frozen=True)
-class ShareSpec:
-    slices: tuple[Slice, ...]
+class Settings:
+    """A guest's own forwarder settings; what is unset (empty, 0) is the host's."""
+
+    oom_script: str = ""  # a script's name in the host's OOM-script directory
+    peer_timeout_s: int = 0
+
+    def fields(self) -> dict[str, str]:
+        """The settings given, by their key in the spec."""
+        out = {}
+        if self.oom_script:
+            out["oom-script"] = self.oom_script
+        if self.peer_timeout_s:
+            out["peer-timeout"] = str(self.peer_timeout_s)
+        return out
 
     def to_text(self) -> str:
-        return ";".join(s.to_text() for s in self.slices)
+        return ",".join(f"{k}={v}" for k, v in self.fields().items())
+
+
+@dataclass(frozen=True)
+class ShareSpec:
+    slices: tuple[Slice, ...]
+    settings: Settings = Settings()
+
+    def to_text(self) -> str:
+        groups = [s.to_text() for s in self.slices]
+        if self.settings.fields():
+            groups.append(self.settings.to_text())
+        return ";".join(groups)
 
     def to_xml(self) -> ET.Element:
         root = ET.Element(f"{{{XML_NS}}}share")
@@ -83,6 +127,8 @@ class ShareSpec:
             el.set("gpu", s.gpu)
             el.set("mem", f"{s.mem_mib}M" if s.mem_mib is not None else _percent_text(s.mem_fraction or 0))
             el.set("compute", str(s.compute))
+        if self.settings.fields():
+            ET.SubElement(root, f"{{{XML_NS}}}settings", self.settings.fields())
         return root
 
 
@@ -133,10 +179,61 @@ def _gpu(value: str, where: str) -> str:
     raise SpecError(f"{where}: gpu '{_show(value)}' is neither an index nor a UUID (GPU-xxxxxxxx-...)")
 
 
-def _slice(fields: dict[str, str], where: str) -> Slice:
-    unknown = sorted(set(fields) - {"gpu", "mem", "compute"})
+def oom_script_name(value: str, where: str = "oom-script") -> str:
+    """An OOM script as a guest (or the host's command line) names it: a file's name, never a path."""
+    v = value.strip()
+    if not _SCRIPT_NAME.match(v):
+        raise SpecError(
+            f"{where}: '{_show(value)}' is not an OOM script's name (letters, digits, '_', '.', '+', '-', "
+            "at most 64, not starting with '.'): name a script of the host's OOM-script directory, never a path"
+        )
+    return v
+
+
+def peer_timeout(value: str, where: str = "peer-timeout") -> int:
+    """A peer timeout in whole seconds, within config.PEER_TIMEOUT_S."""
+    v = value.strip().removesuffix("s").strip()
+    lo, hi = PEER_TIMEOUT_S
+    if not _INDEX.match(v):
+        raise SpecError(f"{where}: '{_show(value)}' is not a whole number of seconds")
+    digits = v.lstrip("0") or "0"
+    if len(digits) > 5 or not lo <= int(digits) <= hi:
+        raise SpecError(f"{where}: {_show(v)} s is outside {lo}..{hi} seconds")
+    return int(digits)
+
+
+def _settings(fields: dict[str, str], where: str) -> Settings:
+    for k in fields:
+        if k in HOST_ONLY:
+            raise SpecError(f"{where}: {k}: {HOST_ONLY[k]}")
+    unknown = sorted(set(fields) - set(SETTING_KEYS) - set(SLICE_KEYS))
     if unknown:
-        raise SpecError(f"{where}: unknown field '{_show(unknown[0])}' (fields are gpu, mem, compute)")
+        raise SpecError(
+            f"{where}: unknown setting '{_show(unknown[0])}' (the guest's settings: {', '.join(SETTING_KEYS)})"
+        )
+    mixed = sorted(set(fields) & set(SLICE_KEYS))
+    if mixed:
+        raise SpecError(
+            f"{where}: {_show(sorted(set(fields) & set(SETTING_KEYS))[0])} is a setting of the guest, not of a "
+            f"slice: give the settings in a group of their own (gpu=0,mem=8G;oom-script=NAME)"
+        )
+    return Settings(
+        oom_script_name(fields["oom-script"], f"{where}: oom-script") if "oom-script" in fields else "",
+        peer_timeout(fields["peer-timeout"], f"{where}: peer-timeout") if "peer-timeout" in fields else 0,
+    )
+
+
+def _is_settings(fields: dict[str, str]) -> bool:
+    return bool(set(fields) & (set(SETTING_KEYS) | set(HOST_ONLY)))
+
+
+def _slice(fields: dict[str, str], where: str) -> Slice:
+    unknown = sorted(set(fields) - set(SLICE_KEYS))
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown field '{_show(unknown[0])}' (fields are gpu, mem, compute; "
+            f"the guest's settings: {', '.join(SETTING_KEYS)})"
+        )
     if "gpu" not in fields:
         raise SpecError(f"{where}: gpu is missing")
     if "mem" not in fields:
@@ -146,7 +243,7 @@ def _slice(fields: dict[str, str], where: str) -> Slice:
     return Slice(_gpu(fields["gpu"], where), mem_mib, frac, compute)
 
 
-def _check_unique(slices: list[Slice]) -> ShareSpec:
+def _check_unique(slices: list[Slice], settings: Settings | None = None) -> ShareSpec:
     if not slices:
         raise SpecError("the share spec has no slice")
     seen: dict[str, int] = {}
@@ -154,7 +251,7 @@ def _check_unique(slices: list[Slice]) -> ShareSpec:
         if s.gpu in seen:
             raise SpecError(f"slice {i}: gpu {s.gpu} is already given by slice {seen[s.gpu]}")
         seen[s.gpu] = i
-    return ShareSpec(tuple(slices))
+    return ShareSpec(tuple(slices), settings or Settings())
 
 
 def from_options(gpu: str | None, mem: str | None, compute: int, spec_text: str | None) -> ShareSpec:
@@ -172,7 +269,7 @@ def parse(text: str) -> ShareSpec:
     """Parse the text form (containers' environment variable)."""
     if text is None or not text.strip():
         raise SpecError("the share spec is empty")
-    slices = []
+    slices, settings = [], None
     for i, part in enumerate(text.strip().strip(";").split(";"), 1):
         where = f"slice {i}"
         fields: dict[str, str] = {}
@@ -186,17 +283,28 @@ def parse(text: str) -> ShareSpec:
             if k in fields:
                 raise SpecError(f"{where}: {_show(k)} is given twice")
             fields[k] = v
-        slices.append(_slice(fields, where))
-    return _check_unique(slices)
+        if _is_settings(fields):
+            if settings is not None:
+                raise SpecError(f"group {i}: the guest's settings are already given: give them in one group")
+            settings = _settings(fields, f"group {i}")
+        else:
+            slices.append(_slice(fields, f"slice {len(slices) + 1}"))
+    return _check_unique(slices, settings or Settings())
 
 
 def from_xml(element: ET.Element) -> ShareSpec:
     """Parse the <vmgpu:share> element of a domain's <metadata>."""
     if element.tag != f"{{{XML_NS}}}share":
         raise SpecError(f"expected <share> in namespace {XML_NS}, found {element.tag}")
-    slices = []
-    for i, el in enumerate(element, 1):
-        if el.tag != f"{{{XML_NS}}}slice":
-            raise SpecError(f"slice {i}: unexpected element {el.tag}")
-        slices.append(_slice({k.lower(): v for k, v in el.attrib.items()}, f"slice {i}"))
-    return _check_unique(slices)
+    slices, settings = [], None
+    for el in element:
+        fields = {k.lower(): v for k, v in el.attrib.items()}
+        if el.tag == f"{{{XML_NS}}}settings":
+            if settings is not None:
+                raise SpecError("<settings> is given twice: give the guest's settings once")
+            settings = _settings(fields, "<settings>")
+        elif el.tag == f"{{{XML_NS}}}slice":
+            slices.append(_slice(fields, f"slice {len(slices) + 1}"))
+        else:
+            raise SpecError(f"slice {len(slices) + 1}: unexpected element {_show(str(el.tag))}")
+    return _check_unique(slices, settings or Settings())

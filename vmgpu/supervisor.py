@@ -7,13 +7,22 @@ region's header), by a restart loop that backs off (RESTART_POLICY) and never gi
 guest up: its record stays in the ledger until a forwarder runs again or it is stopped.  A
 forwarder that dies again soon after a restart counts as a failed attempt, so a forwarder
 that cannot live is not restarted in a storm.  Each forwarder started again is counted
-(`restarted`, exported by vmgpu/metrics.py)."""
+(`restarted`, exported by vmgpu/metrics.py).
+
+Every forwarder is started with the managed settings (HostSettings: the host's, `vmgpu daemon`
+options, with the guest's own from its share spec over them): the OOM script, the context
+reserve, the peer timeout.  An OOM script runs as root, so it is only ever a name, resolved in
+the host's OOM-script directory and refused unless that directory, every directory above it
+and the script are real (no link), root's (or vmgpud's user's) and writable by no one else:
+checked at admission and again at every start (restarts included).  What a forwarder was
+started with is recorded with it; `vmgpu status` shows it."""
 
 from __future__ import annotations
 
 import collections
 import os
 import signal
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,8 +30,8 @@ from pathlib import Path
 
 import tenacity
 
-from vmgpu import config, sched, shm
-from vmgpu.errors import Conflict, ForwarderError, NotFound, VmgpuError
+from vmgpu import config, sched, shm, spec
+from vmgpu.errors import Conflict, ForwarderError, InvalidArgument, NotFound, UnsafePath, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
 from vmgpu.logging import get_logger
@@ -74,6 +83,127 @@ def _geometry_args(g: dict) -> tuple[str, ...]:
     return ("--wait", str(g["wait"]), "--channels", str(int(g["channels"])), "--bulk", str(int(g["bulk"])))
 
 
+def _trusted(st: os.stat_result) -> bool:
+    return st.st_uid in (0, os.geteuid())
+
+
+def _check_dir(path: Path, last: bool) -> None:
+    """path must be a real directory of root's (or this user's) that no one else can change:
+    not writable by group or others (above the scripts' own directory, a sticky one such as
+    /tmp is allowed: no one else can rename what is in it)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise NotFound(
+            f"the OOM-script directory {path} does not exist: make it (root's, mode 0755) and put the scripts there"
+        ) from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(
+            f"{path} (on the OOM-script directory's path) is not a directory but a link or a file: "
+            "OOM scripts run as root, so their directory's path must be real directories"
+        )
+    writable = st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX)
+    if not _trusted(st) or writable:
+        raise UnsafePath(
+            f"{path} (on the OOM-script directory's path) belongs to uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):04o}: OOM scripts run as root, so it must be root's and writable by no "
+            "one else (chown root, chmod go-w)"
+        )
+
+
+def oom_script_path(directory: str | Path, name: str) -> Path:
+    """The OOM script `name` in the host's OOM-script directory, checked: a name (never a path),
+    a real executable file of root's (or vmgpud's user's) writable by no one else, in a directory
+    that only root can change, down from /.  Raises SpecError, NotFound or UnsafePath."""
+    name = spec.oom_script_name(name)
+    d = Path(directory)
+    if not d.is_absolute():
+        raise InvalidArgument(f"the OOM-script directory {directory} is not an absolute path: give one")
+    parts = d.parts
+    for i in range(1, len(parts) + 1):
+        _check_dir(Path(*parts[:i]), i == len(parts))
+    path = d / name
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise NotFound(
+            f"there is no OOM script {name} in {d}: put it there (root's, mode 0755), or name another"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(
+            f"OOM script {path} is not a regular file (a link?): OOM scripts run as root; "
+            "put the script itself there"
+        )
+    if not _trusted(st) or st.st_mode & 0o022:
+        raise UnsafePath(
+            f"OOM script {path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: it runs as "
+            "root, so it must be root's and writable by no one else (chown root, chmod 0755)"
+        )
+    if not st.st_mode & 0o100:
+        raise UnsafePath(f"OOM script {path} is not executable: chmod 0755 it")
+    return path
+
+
+def ctx_reserve(text: str) -> int:
+    """A context reserve (a size) in bytes, within 0..config.CTX_RESERVE_MAX."""
+    b = config.parse_size(text)
+    if not 0 <= b <= config.CTX_RESERVE_MAX:
+        raise InvalidArgument(
+            f"ctx-reserve {text} is outside 0..{config.CTX_RESERVE_MAX >> 30}G (an H100 context is about 544M)"
+        )
+    return b
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """The host's forwarder settings (`vmgpu daemon` options); a guest's own (its share spec's
+    settings) are taken over them.  Unset: ctx_reserve None, peer_timeout_s 0, oom_script ""
+    (the forwarder's defaults: 544M on a GPU, 5 s, no script)."""
+
+    oom_scripts_dir: str = config.OOM_SCRIPTS_DIR
+    oom_script: str = ""
+    ctx_reserve: int | None = None  # bytes
+    peer_timeout_s: int = 0
+
+    def check(self) -> HostSettings:
+        """Refuse settings out of range, or an OOM script that cannot be run safely."""
+        if self.ctx_reserve is not None and not 0 <= self.ctx_reserve <= config.CTX_RESERVE_MAX:
+            raise InvalidArgument(f"ctx-reserve {self.ctx_reserve} is outside 0..{config.CTX_RESERVE_MAX} bytes")
+        if self.peer_timeout_s:
+            spec.peer_timeout(str(self.peer_timeout_s))
+        if self.oom_script:
+            oom_script_path(self.oom_scripts_dir, self.oom_script)
+        return self
+
+    def check_guest(self, guest: spec.Settings) -> None:
+        """A guest's own settings at its admission: its OOM script must be one the host can run."""
+        if guest.oom_script:
+            oom_script_path(self.oom_scripts_dir, guest.oom_script)
+
+    def effective(self, guest: spec.Settings) -> dict:
+        """What a guest's forwarder is started with: its own settings, else the host's; the OOM
+        script resolved and checked now (oom_script_path)."""
+        name = guest.oom_script or self.oom_script
+        return {
+            "oom_script": name,
+            "oom_script_path": str(oom_script_path(self.oom_scripts_dir, name)) if name else "",
+            "ctx_reserve": self.ctx_reserve,
+            "peer_timeout_s": guest.peer_timeout_s or self.peer_timeout_s,
+        }
+
+
+def settings_args(eff: dict) -> tuple[str, ...]:
+    """effective() as the forwarder's options."""
+    args: tuple[str, ...] = ()
+    if eff.get("oom_script_path"):
+        args += ("--oom-script", eff["oom_script_path"])
+    if eff.get("ctx_reserve") is not None:
+        args += ("--ctx-reserve", str(int(eff["ctx_reserve"])))
+    if eff.get("peer_timeout_s"):
+        args += ("--peer-timeout", str(int(eff["peer_timeout_s"])))
+    return args
+
+
 @dataclass
 class Restart:
     """A guest's forwarder being restarted: the loop's attempt and why the last one failed."""
@@ -84,8 +214,16 @@ class Restart:
 
 
 class Supervisor:
-    def __init__(self, ledger: Ledger, lock: threading.Lock, state_dir: str | Path, policy: dict | None = None):
+    def __init__(
+        self,
+        ledger: Ledger,
+        lock: threading.Lock,
+        state_dir: str | Path,
+        policy: dict | None = None,
+        settings: HostSettings | None = None,
+    ):
         self.ledger = ledger
+        self.settings = settings or HostSettings()
         self.lock = lock
         self.logs = Path(state_dir) / "forwarders"
         self.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -113,6 +251,7 @@ class Supervisor:
         else:
             recorded = self.ledger.forwarder_geometry(guest)
             geometry = recorded if recorded and held and held[1] == region else region_geometry(region)
+        managed = self.settings.effective(self.ledger.guest_settings(guest))  # the OOM script checked now
         fwd = Forwarder(
             Path(region),
             backend=backend,
@@ -125,14 +264,17 @@ class Supervisor:
                 "--stats", str(self.stats_path(guest)), *_geometry_args(geometry),
                 "--compute", ",".join(str(s.weight) for s in slices),
                 "--sched-id", ",".join(s.gpu_uuid for s in slices),
+                *settings_args(managed),
             ),
         ).start()  # fmt: skip
         policies = self.ledger.policies()
         for s in slices:  # the forwarder has joined each GPU's scheduler: give the page its policy
             sched.apply(s.gpu_uuid, policy=policies.get(s.gpu_uuid, "weighted"))
         self.children[guest] = fwd
-        self.ledger.record_forwarder(guest, fwd.proc.pid, region, backend, size, geometry)
-        self.log.info("forwarder started", guest=guest, pid=fwd.proc.pid, region=region, backend=backend)
+        self.ledger.record_forwarder(guest, fwd.proc.pid, region, backend, size, geometry, managed)
+        self.log.info(
+            "forwarder started", guest=guest, pid=fwd.proc.pid, region=region, backend=backend, settings=managed
+        )
         return fwd.proc.pid
 
     def stats_path(self, guest: str) -> Path:

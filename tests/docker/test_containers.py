@@ -83,7 +83,13 @@ def host(tmp_path_factory):
     runtime = tmp / "vmgpu-container-runtime"
     oci.install(
         runtime,
-        {"socket": str(sock), "backend": "sim", "runc": shutil.which("runc"), "log": str(tmp / "rt.log")},
+        {
+            "socket": str(sock),
+            "backend": "sim",
+            "runc": shutil.which("runc"),
+            "log": str(tmp / "rt.log"),
+            "docker_root": str(tmp / "data"),  # the test's dockerd's --data-root: containers' names
+        },
         tmp / "daemon.json",
     )
     docker = Docker(tmp, runtime)
@@ -183,3 +189,25 @@ def test_dockerd_restart_leaves_nothing_behind(host):
     assert wait_for(lambda: not client.status().slices and not client.status().forwarders, timeout=30), client.status()
     assert not regions()
     time.sleep(0.1)
+
+
+def test_a_container_shows_in_status_by_its_docker_name(host):
+    docker, client, _ = host
+    r = docker(
+        "run", "-d", "--name", "web-named-1", "--runtime=vmgpu", "--network", "none",
+        "-e", "VMGPU=gpu=0,mem=64M,compute=10", IMAGE, "/bin/sleep", "600", check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    cid = r.stdout.strip()
+    try:
+        (s,) = client.status().slices
+        assert (s.guest, s.label) == (f"ctr-{cid[:12]}", "web-named-1")
+        st = subprocess.run(
+            [sys.executable, "-m", "vmgpu.cli.main", "status", "--socket", client.socket_path],
+            capture_output=True,
+            text=True,
+        )
+        assert f"web-named-1 (ctr-{cid[:12]})" in st.stdout, st.stdout + st.stderr
+    finally:
+        docker("rm", "-f", cid)
+    assert wait_for(lambda: not client.status().slices, timeout=30)

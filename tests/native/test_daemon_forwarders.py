@@ -13,6 +13,7 @@ import pytest
 from tests.forwarder import NATIVE, hold, run_guest, start_daemon, stop_server, wait_for
 from tests.unit.test_daemon import INVENTORY
 from vmgpu.client import Client
+from vmgpu.errors import UnsafePath
 from vmgpu.forwarder import is_forwarder
 
 pytestmark = pytest.mark.native
@@ -218,3 +219,134 @@ def test_restarts_back_off_instead_of_storming_and_stop_when_the_guest_is_stoppe
         for fwd in list(sup.children.values()):
             fwd.stop()
         ledger.close()
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode() for a in f.read().split(b"\0") if a]
+
+
+def _oom_scripts(tmp_path):
+    """An operator's OOM-script directory (this user's, 0755) with `notify`, which writes what it
+    was run with to tmp_path/oom-<guest>.env."""
+    d = tmp_path / "oom-scripts"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    script = d / "notify"
+    out = tmp_path / "oom"
+    script.write_text(
+        f"#!/bin/sh\n{{ echo ARG=$1; env | grep ^VMGPU_ | sort; }} > {out}-$1.tmp && mv {out}-$1.tmp {out}-$1.env\n"
+    )
+    script.chmod(0o755)
+    return d, out
+
+
+def test_the_managed_settings_reach_every_forwarder_vmgpud_starts_and_the_oom_script_runs(
+    tmp_path, shm_path, monkeypatch
+):
+    """The host's settings (vmgpud's options, here by its environment) and the guest's own (its
+    share spec) are on the command line of the forwarder vmgpud starts, of the one it restarts
+    after a death and of the one it adopts after its own kill -9; the OOM script really runs on
+    a refusal, with the guest's identity; `vmgpu status` shows what each forwarder has."""
+    from click.testing import CliRunner
+
+    from vmgpu.cli.main import cli
+
+    scripts, _ = _oom_scripts(tmp_path)
+    monkeypatch.setenv("VMGPU_OOM_SCRIPTS_DIR", str(scripts))
+    monkeypatch.setenv("VMGPU_CTX_RESERVE", "32M")
+    monkeypatch.setenv("VMGPU_PEER_TIMEOUT", "7")
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "3")  # as many simulated GPUs as the inventory declares
+    sock, db, inv = _paths(tmp_path)
+    daemon = start_daemon(sock, db, inv)
+    pids = []
+    run = CliRunner(mix_stderr=False).invoke
+    try:
+        c = Client(str(sock))
+        c.admit("guest-s", "container", "gpu=0,mem=256M;oom-script=notify,peer-timeout=30")
+        pids.append(c.start_forwarder("guest-s", str(shm_path), backend="sim", size="128M"))
+        want = ["--oom-script", str(scripts / "notify"), "--ctx-reserve", str(32 << 20), "--peer-timeout", "30"]
+
+        def has_settings(pid):
+            argv = _cmdline(pid)
+            return all(argv[argv.index(k) + 1] == v for k, v in zip(want[::2], want[1::2], strict=True))
+
+        assert has_settings(pids[0]), _cmdline(pids[0])
+        # a refusal runs the guest's script, with its identity (the context reserve is charged too)
+        over = run_guest([NATIVE / "hold", 300], shm_path)
+        assert over.returncode == 1 and over.stdout.strip() == "alloc failed", over.stdout + over.stderr
+        env_file = tmp_path / "oom-guest-s.env"
+        assert wait_for(env_file.exists)
+        env = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+        assert env["ARG"] == "guest-s" and env["VMGPU_GUEST"] == "guest-s" and env["VMGPU_QUOTA"] == str(256 << 20)
+
+        # a forwarder that dies is started again with the same settings
+        os.kill(pids[0], signal.SIGKILL)
+        assert wait_for(lambda: [f.pid for f in c.status().forwarders] not in ([], [pids[0]]))
+        pids.append(c.status().forwarders[0].pid)
+        assert wait_for(lambda: is_forwarder(pids[1], shm_path)) and has_settings(pids[1]), _cmdline(pids[1])
+
+        # vmgpud dies hard: the next one adopts the forwarder and shows what it was started with
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+        daemon = start_daemon(sock, db, inv)
+        c = Client(str(sock))
+        (f,) = c.status().forwarders
+        assert (f.pid, f.oom_script, f.ctx_reserve_bytes, f.peer_timeout_s) == (pids[1], "notify", 32 << 20, 30)
+        text = run(cli, ["status", "--socket", str(sock)]).output
+        assert f"guest-s (pid {pids[1]}): oom script notify, ctx reserve 32 MiB, peer timeout 30 s" in text, text
+        host = "forwarder settings (host): oom script none, ctx reserve 32 MiB, peer timeout 7 s"
+        assert f"{host}; OOM scripts in {scripts}" in text, text
+        st = json.loads(run(cli, ["status", "--json", "--socket", str(sock)]).output)
+        assert st["guests"][0]["settings"] == "oom-script=notify,peer-timeout=30"
+        assert st["settings"]["peer_timeout_s"] == 7
+
+        # the forwarder dies while vmgpud is down: the next vmgpud starts it again, settings and all
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+        os.kill(pids[1], signal.SIGKILL)
+        assert wait_for(lambda: not is_forwarder(pids[1], shm_path))
+        daemon = start_daemon(sock, db, inv)
+        c = Client(str(sock))
+        assert wait_for(lambda: [(f.pid != pids[1], f.state) for f in c.status().forwarders] == [(True, "running")])
+        pids.append(c.status().forwarders[0].pid)
+        assert has_settings(pids[-1]), _cmdline(pids[-1])
+
+        # a guest without settings of its own gets the host's
+        c.admit("guest-h", "container", "gpu=1,mem=256M")
+        h = tmp_path / "h.region"
+        pids.append(c.start_forwarder("guest-h", str(h), backend="sim", size="128M"))
+        argv = _cmdline(pids[-1])
+        assert "--oom-script" not in argv and argv[argv.index("--peer-timeout") + 1] == "7", argv
+        assert argv[argv.index("--ctx-reserve") + 1] == str(32 << 20), argv
+        assert c.release("guest-h") and c.release("guest-s")
+    finally:
+        daemon.kill()
+        daemon.wait()
+        for p in pids:
+            if is_forwarder(p, shm_path) or is_forwarder(p, tmp_path / "h.region"):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_an_oom_script_made_unsafe_after_admission_stops_the_forwarder_from_starting(tmp_path, shm_path, monkeypatch):
+    """The script is checked again at every start: one made writable by others (or replaced by a
+    link) after the guest was admitted is refused with the reason, and no forwarder runs it."""
+    scripts, _ = _oom_scripts(tmp_path)
+    monkeypatch.setenv("VMGPU_OOM_SCRIPTS_DIR", str(scripts))
+    sock, db, inv = _paths(tmp_path)
+    daemon = start_daemon(sock, db, inv)
+    try:
+        c = Client(str(sock))
+        c.admit("guest-u", "container", "gpu=0,mem=256M;oom-script=notify")
+        (scripts / "notify").chmod(0o777)
+        with pytest.raises(UnsafePath, match=r"OOM script .*notify belongs to uid \d+ with mode 0777"):
+            c.start_forwarder("guest-u", str(shm_path), backend="sim", size="128M")
+        assert list(c.status().forwarders) == []
+        (scripts / "notify").unlink()
+        (scripts / "notify").symlink_to("/bin/sh")
+        with pytest.raises(UnsafePath, match="is not a regular file"):
+            c.start_forwarder("guest-u", str(shm_path), backend="sim", size="128M")
+        assert list(c.status().forwarders) == []
+    finally:
+        daemon.kill()
+        daemon.wait()

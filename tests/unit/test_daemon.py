@@ -80,7 +80,8 @@ def test_cli_against_the_daemon(daemon):
     ]
     r = run(cli, ["status", "--socket", daemon, "--json"])
     guest = {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10, "weight": 10}
-    assert json.loads(r.output)["guests"] == [{**guest, "compute_achieved_pct": None}]  # no forwarder runs
+    want = {**guest, "compute_achieved_pct": None, "label": "", "settings": ""}
+    assert json.loads(r.output)["guests"] == [want]  # no forwarder runs
     assert json.loads(r.output)["gpus"][0]["policy"] == "weighted"
     # compute weight and policy, kept by vmgpud (a forwarder started later gets them)
     r = run(cli, ["weight", "c1", "0", "40", "--socket", daemon])
@@ -377,3 +378,156 @@ def test_a_full_disk_refuses_the_admission_cleanly_and_loses_no_acknowledged_one
             d.kill()
             d.wait()
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+# ---- managed settings: an OOM script runs as root, so only one that only root can change --------
+
+
+def _scripts(tmp_path):
+    """An OOM-script directory as an operator makes it (0755) with `notify` (0755) in it."""
+    d = tmp_path / "oom-scripts"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    (d / "notify").write_text("#!/bin/sh\ntrue\n")
+    (d / "notify").chmod(0o755)
+    return d
+
+
+def _chown_away(path):
+    os.chown(path, 65534, 65534, follow_symlinks=False)
+
+
+HOSTILE_SCRIPTS = {
+    "the script writable by its group": (lambda d: (d / "notify").chmod(0o775), "with mode 0775"),
+    "the script writable by everyone": (lambda d: (d / "notify").chmod(0o757), "with mode 0757"),
+    "the script another user's": (lambda d: _chown_away(d / "notify"), "belongs to uid 65534"),
+    "the script a link to a root program": (
+        lambda d: ((d / "notify").unlink(), (d / "notify").symlink_to("/bin/sh")),
+        "is not a regular file",
+    ),
+    "the script a directory": (lambda d: ((d / "notify").unlink(), (d / "notify").mkdir()), "is not a regular file"),
+    "the script not executable": (lambda d: (d / "notify").chmod(0o644), "is not executable"),
+    "the directory writable by its group": (lambda d: d.chmod(0o775), "with mode 0775"),
+    "the directory another user's": (lambda d: _chown_away(d), "belongs to uid 65534"),
+    "a directory above writable by everyone": (lambda d: d.parent.chmod(0o777), "with mode 0777"),
+    "a directory above another user's": (lambda d: _chown_away(d.parent), "belongs to uid 65534"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_SCRIPTS))
+def test_an_oom_script_anyone_but_root_could_change_is_refused(tmp_path, case):
+    from vmgpu.errors import UnsafePath
+    from vmgpu.supervisor import oom_script_path
+
+    top = tmp_path / "etc"
+    top.mkdir(mode=0o755)
+    top.chmod(0o755)
+    d = _scripts(top)
+    assert oom_script_path(d, "notify") == d / "notify"
+    change, message = HOSTILE_SCRIPTS[case]
+    if "another user" in case and os.geteuid() != 0:
+        pytest.skip("making a file another user's needs root")
+    change(d)
+    with pytest.raises(UnsafePath, match=message):
+        oom_script_path(d, "notify")
+
+
+def test_an_oom_script_directory_reached_through_a_link_or_missing_or_relative_is_refused(tmp_path):
+    from vmgpu.errors import InvalidArgument, NotFound, UnsafePath
+    from vmgpu.supervisor import oom_script_path
+
+    d = _scripts(tmp_path)
+    (tmp_path / "via-link").symlink_to(d)
+    with pytest.raises(UnsafePath, match="is not a directory but a link"):
+        oom_script_path(tmp_path / "via-link", "notify")
+    with pytest.raises(NotFound, match="there is no OOM script other in"):
+        oom_script_path(d, "other")
+    with pytest.raises(NotFound, match="does not exist"):
+        oom_script_path(tmp_path / "none", "notify")
+    with pytest.raises(InvalidArgument, match="not an absolute path"):
+        oom_script_path("oom-scripts", "notify")
+    with pytest.raises(SpecError, match="never a path"):
+        oom_script_path(d, "../oom-scripts/notify")
+    # a sticky directory above (as /tmp is) is fine: no one else can rename what is in it
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert oom_script_path(_scripts(sticky), "notify") == sticky / "oom-scripts" / "notify"
+
+
+def test_vmgpud_refuses_a_guest_naming_an_oom_script_it_could_not_run_and_reserves_nothing(host, tmp_path):
+    from vmgpu.errors import NotFound, UnsafePath
+    from vmgpu.supervisor import HostSettings
+
+    sock, db, inv = host
+    d = _scripts(tmp_path)
+    server, ledger = serve(sock, db, inv, settings=HostSettings(str(d)))
+    try:
+        c = Client(str(sock))
+        with pytest.raises(NotFound, match="there is no OOM script evil in"):
+            c.admit("g1", "container", "gpu=0,mem=1G;oom-script=evil")
+        with pytest.raises(SpecError, match="never a path"):
+            c.admit("g1", "container", "gpu=0,mem=1G;oom-script=/bin/sh")
+        (d / "notify").chmod(0o777)
+        with pytest.raises(UnsafePath, match="mode 0777"):
+            c.admit("g1", "container", "gpu=0,mem=1G;oom-script=notify")
+        assert list(c.status().slices) == []
+        (d / "notify").chmod(0o755)
+        reply = c.admit("g1", "container", "gpu=0,mem=1G;oom-script=notify", label="web")
+        assert [(s.guest, s.label, s.settings) for s in reply.slices] == [("g1", "web", "oom-script=notify")]
+    finally:
+        stop_server(server, ledger)
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "message"),
+    [
+        ({"oom_script": "../notify"}, SpecError, "never a path"),
+        ({"oom_script": "missing"}, "NotFound", "there is no OOM script missing"),
+        ({"peer_timeout_s": 86400}, SpecError, r"outside 1\.\.3600"),
+        ({"ctx_reserve": 1 << 40}, "InvalidArgument", "ctx-reserve"),
+    ],
+)
+def test_vmgpud_does_not_start_with_host_settings_it_cannot_apply(host, tmp_path, settings, error, message):
+    from vmgpu import errors
+    from vmgpu.supervisor import HostSettings
+
+    sock, db, inv = host
+    error = getattr(errors, error) if isinstance(error, str) else error
+    with pytest.raises(error, match=message):
+        serve(sock, db, inv, settings=HostSettings(str(_scripts(tmp_path)), **settings))
+    assert not sock.exists()  # nothing left serving
+    server, ledger = serve(sock, db, inv)  # and the socket's claim was let go
+    stop_server(server, ledger)
+
+
+def test_vmgpu_daemon_takes_its_settings_from_its_file_the_environment_and_the_command_line(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("vmgpu.daemon.run", lambda *a: seen.update(args=a))
+    conf = tmp_path / "vmgpud.toml"
+    conf.write_text('oom-scripts-dir = "/srv/oom"\noom_script = "notify"\nctx-reserve = "600M"\npeer-timeout = 9\n')
+    run = CliRunner(mix_stderr=False).invoke
+    r = run(cli, ["daemon", "--config", str(conf)])
+    assert r.exit_code == 0, r.output + r.stderr
+    settings = seen["args"][-1]
+    assert (settings.oom_scripts_dir, settings.oom_script, settings.ctx_reserve, settings.peer_timeout_s) == (
+        "/srv/oom",
+        "notify",
+        600 << 20,
+        9,
+    )
+    r = run(cli, ["daemon", "--config", str(conf), "--peer-timeout", "20"], env={"VMGPU_CTX_RESERVE": "0"})
+    assert r.exit_code == 0 and (seen["args"][-1].peer_timeout_s, seen["args"][-1].ctx_reserve) == (20, 0)
+    conf.write_text('oom-script = "notify"\nexec = "/bin/sh"\n')
+    r = run(cli, ["daemon", "--config", str(conf)])
+    assert r.exit_code == 2 and "unknown key 'exec'" in r.stderr
+    r = run(cli, ["daemon", "--config", str(tmp_path / "none.toml")])
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+    conf.write_text("")
+    for opt, value, message in (
+        ("--ctx-reserve", "17G", "is outside 0..16G"),
+        ("--ctx-reserve", "lots", "is not a number of bytes"),
+        ("--peer-timeout", "0", "outside 1..3600"),
+    ):
+        r = run(cli, ["daemon", "--config", str(conf), opt, value])
+        assert r.exit_code == 2 and message in r.stderr, (opt, value, r.stderr)

@@ -6,6 +6,7 @@ create admits the translated share."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -267,13 +268,15 @@ class _Vmgpud:
 
     def __init__(self):
         self.admitted = []
+        self.labels = []
 
     def status(self):
         gpu = type("G", (), {"index": 0})
         return type("S", (), {"slices": [], "gpus": [gpu, type("G", (), {"index": 1})]})()
 
-    def admit(self, guest, kind, spec):
+    def admit(self, guest, kind, spec, label=None):
         self.admitted.append((guest, kind, spec))
+        self.labels.append(label)
         raise Refused(f"guest {guest}: GPU 0: memory: asked a lot, free 4 MiB")
 
     def release(self, guest):
@@ -283,14 +286,14 @@ class _Vmgpud:
         pass
 
 
-def _create(tmp_path, monkeypatch, config):
+def _create(tmp_path, monkeypatch, config, cid="f" * 64, **settings):
     bundle = tmp_path / "bundle"
     bundle.mkdir(exist_ok=True)
     (bundle / "config.json").write_text(json.dumps(config))
-    rt = oci.Runtime({"shm_dir": str(tmp_path / "shm"), "runc": "true", "libdir": str(tmp_path)})
+    rt = oci.Runtime({"shm_dir": str(tmp_path / "shm"), "runc": "true", "libdir": str(tmp_path), **settings})
     fake = _Vmgpud()
     monkeypatch.setattr(rt, "_client", lambda: fake)
-    rc = rt.main(["--root", str(tmp_path / "runc-root"), "create", "--bundle", str(bundle), "f" * 64])
+    rc = rt.main(["--root", str(tmp_path / "runc-root"), "create", "--bundle", str(bundle), cid])
     return rc, fake
 
 
@@ -307,3 +310,76 @@ def test_the_runtimes_create_refuses_a_contradictory_mix_before_admitting(tmp_pa
     assert rc == 1 and fake.admitted == []
     err = capsys.readouterr().err
     assert "VMGPU" in err and "boyue_GMEM" in err and "[INVALID_SPEC]" in err
+
+
+# ---- the guest's settings a dialect gives ----------------------------------------------------
+
+
+def test_alibaba_egpus_oom_script_given_by_name_is_the_guests_oom_script_and_a_path_never_runs():
+    env = {"AMP_VGPU_ENABLE": "1", "NVIDIA_VISIBLE_DEVICES": "0", "ALIYUN_COM_GPU_OOM_SCRIPT": "notify"}
+    assert share(env) == "gpu=0,mem=100%,compute=100;oom-script=notify"
+    for path in ("/bin/oom.sh", "../notify", "notify; reboot", "$(reboot)"):
+        t = dialects.translate({**env, "ALIYUN_COM_GPU_OOM_SCRIPT": path})
+        assert t.text == "gpu=0,mem=100%,compute=100", path  # no setting: the host's script, if any
+        assert any(n.startswith("ALIYUN_COM_GPU_OOM_SCRIPT is not run") for n in t.notes), t.notes
+
+
+def test_a_dialects_oom_script_must_agree_with_vmgpus_settings():
+    env = {"AMP_VGPU_ENABLE": "1", "NVIDIA_VISIBLE_DEVICES": "0", "ALIYUN_COM_GPU_OOM_SCRIPT": "notify"}
+    assert "which VMGPU does not carry" in refusal({**env, "VMGPU": "gpu=0,mem=100%"})
+    assert "give one, or make them agree" in refusal({**env, "VMGPU": "gpu=0,mem=100%;oom-script=other"})
+    assert share({**env, "VMGPU": "gpu=0,mem=100%;oom-script=notify"}) == "gpu=0,mem=100%,compute=100;oom-script=notify"
+
+
+# ---- the container's label: what the operator knows it by --------------------------------------
+
+CID = "0123456789abcdef" * 4
+
+
+def _record(root, cid=CID, text=None, name="/web-1"):
+    d = root / "containers" / cid
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.v2.json").write_text(text if text is not None else json.dumps({"ID": cid, "Name": name}))
+    return d / "config.v2.json"
+
+
+def test_a_containers_label_is_its_annotation_else_its_kubernetes_name_else_its_docker_name(tmp_path):
+    rt = oci.Runtime({"docker_root": str(tmp_path)})
+    _record(tmp_path)
+    assert rt.label({}, CID) == "web-1"  # docker passes no name: dockerd's record of the container has it
+    assert rt.label({"annotations": {"io.kubernetes.cri.container-name": "app"}}, CID) == "app"
+    pod = {"io.kubernetes.cri.container-name": "app", "io.kubernetes.cri.sandbox-name": "pod-7"}
+    assert rt.label({"annotations": pod}, CID) == "pod-7/app"
+    assert rt.label({"annotations": {**pod, "vmgpu.label": "mine"}}, CID) == "mine"
+    assert rt.label({"annotations": ["not", "a", "map"]}, CID) == "web-1"
+    assert rt.label({}, "f" * 64) == ""  # no record: no label
+
+
+def test_a_containers_docker_record_is_read_only_where_docker_could_have_written_it(tmp_path):
+    rt = oci.Runtime({"docker_root": str(tmp_path)})
+    rec = _record(tmp_path)
+    assert rt.label({}, "../../etc/" + CID[10:]) == ""  # an id is 64 hex digits, never a path
+    assert rt.label({}, CID.upper()) == ""
+    rec.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"Name": "/planted"}))
+    rec.symlink_to(tmp_path / "elsewhere.json")
+    assert rt.label({}, CID) == ""  # never through a link
+    rec.unlink()
+    _record(tmp_path, text="{not json")
+    assert rt.label({}, CID) == ""
+    _record(tmp_path, text=json.dumps({"Name": ["/x"]}))
+    assert rt.label({}, CID) == ""
+    _record(tmp_path, text=json.dumps({"Name": "/x", "pad": "y" * oci.DOCKER_RECORD_MAX}))
+    assert rt.label({}, CID) == ""  # too big to be docker's record
+    if os.geteuid() == 0:
+        _record(tmp_path)
+        os.chown(rec, 65534, 65534)
+        assert rt.label({}, CID) == ""  # another user's file is no record of dockerd's
+
+
+def test_the_runtimes_create_gives_vmgpud_the_containers_docker_name(tmp_path, monkeypatch):
+    _record(tmp_path / "docker")
+    bundle_config = _config("VMGPU=gpu=0,mem=1G")
+    rc, fake = _create(tmp_path, monkeypatch, bundle_config, CID, docker_root=str(tmp_path / "docker"))
+    assert rc == 1 and fake.admitted == [("ctr-0123456789ab", "container", "gpu=0,mem=1G")]
+    assert fake.labels == ["web-1"]

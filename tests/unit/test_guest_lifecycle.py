@@ -152,3 +152,18 @@ def test_release_removes_the_region_it_made_but_never_a_link_planted_in_its_plac
     g.region.symlink_to(target)
     assert lc.release()  # released all the same; the link and its target are left alone
     assert g.region.is_symlink() and target.read_text() == "not yours"
+
+
+class _LabelledVmgpud(_Vmgpud):
+    def admit(self, guest, kind, spec, label):
+        self.labels.append(label)
+        super().admit(guest, kind, spec)
+
+
+def test_a_guests_label_goes_with_every_admission_the_stale_ones_replacement_too(tmp_path):
+    g = Guest("ctr-0123456789ab", "container", tmp_path / "vmgpu-c", backend="sim", label="web-1")
+    d = _LabelledVmgpud(held="gpu=1,mem=1G")
+    d.labels = []
+    Lifecycle(d, g).prepare("gpu=0,mem=1G", SIZE, params=SMALL, start=False, replace_stale=True)
+    assert [c[0] for c in d.calls] == ["admit", "release", "admit"] and d.labels == ["web-1", "web-1"]
+    Lifecycle(d, g).release()

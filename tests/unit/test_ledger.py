@@ -143,3 +143,61 @@ def test_concurrent_admission_never_overcommits(tmp_path):
     admitted = sum(q.get() for _ in procs)
     assert admitted == 32  # 32 x 1000 MiB fit in 32768 MiB; 80 asked
     assert Ledger(path).usage()[0].mem_reserved_mib == 32000
+
+
+# The schema of the first ledgers (before weights, policies, geometry, labels and settings).
+OLD_SCHEMA = """
+CREATE TABLE gpus (uuid TEXT PRIMARY KEY, idx INTEGER NOT NULL UNIQUE, name TEXT NOT NULL DEFAULT '',
+    mem_mib INTEGER NOT NULL CHECK (mem_mib > 0), compute_pct INTEGER NOT NULL DEFAULT 100);
+CREATE TABLE guests (name TEXT PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('vm', 'container', 'process')),
+    spec TEXT NOT NULL, admitted_at REAL NOT NULL);
+CREATE TABLE forwarders (guest TEXT PRIMARY KEY REFERENCES guests(name), pid INTEGER NOT NULL,
+    region TEXT NOT NULL, backend TEXT NOT NULL, size TEXT NOT NULL, started_at REAL NOT NULL);
+CREATE TABLE slices (guest TEXT NOT NULL REFERENCES guests(name) ON DELETE CASCADE,
+    gpu TEXT NOT NULL REFERENCES gpus(uuid), mem_mib INTEGER NOT NULL CHECK (mem_mib > 0),
+    compute_pct INTEGER NOT NULL CHECK (compute_pct BETWEEN 1 AND 100), PRIMARY KEY (guest, gpu));
+"""
+
+
+def test_a_ledger_of_the_first_schema_gains_labels_and_settings_and_loses_nothing(tmp_path):
+    path = tmp_path / "old.db"
+    con = sqlite3.connect(path)
+    con.executescript(OLD_SCHEMA)
+    uuid = GPUS[0].uuid
+    con.execute("INSERT INTO gpus VALUES (?, 0, 'test 32G', 32768, 100)", (uuid,))
+    con.execute("INSERT INTO guests VALUES ('ctr-0123456789ab', 'container', 'gpu=0,mem=8192M,compute=50', 1.0)")
+    con.execute("INSERT INTO slices VALUES ('ctr-0123456789ab', ?, 8192, 50)", (uuid,))
+    con.execute("INSERT INTO forwarders VALUES ('ctr-0123456789ab', 4242, '/dev/shm/r', 'sim', '', 2.0)")
+    con.commit()
+    con.close()
+    lg = Ledger(path)
+    try:
+        (r,) = lg.reservations()
+        assert (r.guest, r.gpu_uuid, r.mem_mib, r.compute_pct, r.weight) == ("ctr-0123456789ab", uuid, 8192, 50, 50)
+        assert (r.kind, r.label, r.settings) == ("container", "", "")
+        assert lg.forwarders() == [("ctr-0123456789ab", 4242, "/dev/shm/r", "sim", "")]
+        assert lg.forwarder_settings("ctr-0123456789ab") == {} and lg.forwarder_geometry("ctr-0123456789ab") is None
+        # the same spec admitted again (a hook's retry) is still the same guest
+        assert lg.admit("ctr-0123456789ab", "container", parse("gpu=0,mem=8G,compute=50")) == [r]
+        lg.admit("ctr-ba9876543210", "container", parse("gpu=0,mem=1G,compute=10;oom-script=notify"), label="web-1")
+        lg.record_forwarder("ctr-ba9876543210", 7, "/dev/shm/s", "sim", "", None, {"oom_script": "notify"})
+    finally:
+        lg.close()
+    lg = Ledger(path)  # and it all survives the next start
+    try:
+        new = lg.reservations("ctr-ba9876543210")[0]
+        assert (new.label, new.settings) == ("web-1", "oom-script=notify")
+        assert lg.guest_settings("ctr-ba9876543210").oom_script == "notify"
+        assert lg.forwarder_settings("ctr-ba9876543210") == {"oom_script": "notify"}
+        assert lg.guest_settings("ctr-0123456789ab") == parse("gpu=0,mem=1").settings
+    finally:
+        lg.close()
+
+
+def test_a_guests_settings_are_part_of_its_share_a_readmission_with_others_conflicts(ledger):
+    ledger.admit("vm1", "vm", parse("gpu=0,mem=1G;peer-timeout=30"))
+    assert ledger.admit("vm1", "vm", parse("gpu=0,mem=1G;peer-timeout=30s"))[0].settings == "peer-timeout=30"
+    with pytest.raises(Conflict, match="already admitted with another share"):
+        ledger.admit("vm1", "vm", parse("gpu=0,mem=1G;peer-timeout=31"))
+    with pytest.raises(Conflict):
+        ledger.admit("vm1", "vm", parse("gpu=0,mem=1G"))

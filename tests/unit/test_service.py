@@ -16,6 +16,7 @@ from vmgpu.api.v1 import vmgpu_pb2_grpc as pb_grpc
 from vmgpu.client import Client
 from vmgpu.daemon import ErrorInterceptor, Servicer
 from vmgpu.service import Service
+from vmgpu.supervisor import HostSettings
 
 
 class _Raising:
@@ -97,7 +98,7 @@ class _Ledger:
     def forwarder(self, guest):
         return (1, self.regions[guest], "sim") if guest in self.regions else None
 
-    def admit(self, guest, kind, spec):
+    def admit(self, guest, kind, spec, label=""):
         self.calls.append(("admit", guest))
         return []
 
@@ -109,6 +110,7 @@ class _Ledger:
 class _Supervisor:
     def __init__(self, calls):
         self.calls = calls
+        self.settings = HostSettings()
 
     def start(self, guest, region, backend, size, wait):
         self.calls.append(("start", guest, backend, wait))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vmgpu.spec import XML_NS, Slice, SpecError, from_xml, parse
+from vmgpu.spec import XML_NS, Settings, Slice, SpecError, from_xml, parse
 
 
 def test_text_form():
@@ -139,3 +139,75 @@ def test_any_xml_attributes_parse_or_are_a_spec_error(attrs):
 def test_a_percentage_written_back_reads_the_same(mem):
     s = parse(f"gpu=0,mem={mem}")
     assert parse(s.to_text()) == s and from_xml(s.to_xml()) == s
+
+
+def test_a_guests_settings_are_a_group_of_their_own_and_read_the_same_in_text_and_xml():
+    s = parse("gpu=0,mem=8G; OOM-Script=notify , peer-timeout=30s ;gpu=1,mem=1G")
+    assert [x.gpu for x in s.slices] == ["0", "1"]
+    assert (s.settings.oom_script, s.settings.peer_timeout_s) == ("notify", 30)
+    assert s.to_text() == "gpu=0,mem=8192M,compute=100;gpu=1,mem=1024M,compute=100;oom-script=notify,peer-timeout=30"
+    assert parse(s.to_text()) == s and from_xml(s.to_xml()) == s
+    el = ET.fromstring(f'<share xmlns="{XML_NS}"><slice gpu="0" mem="8G"/><settings oom-script="notify"/></share>')
+    assert from_xml(el).settings == Settings("notify")
+    assert parse("gpu=0,mem=8G").to_text() == "gpu=0,mem=8192M,compute=100"  # no settings: the text of before
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "/bin/sh",
+        "../../bin/sh",
+        "a/b",
+        ".hidden",
+        "..",
+        "x;reboot",
+        "$(reboot)",
+        "x y",
+        "x\nreboot",
+        "ſh",
+        "",
+        "a" * 65,
+    ],
+)
+def test_an_oom_script_is_only_ever_a_name_never_a_path_or_a_command(script):
+    with pytest.raises(SpecError):  # the name refused, or what follows a ";" not key=value
+        parse(f"gpu=0,mem=1G;oom-script={script}")
+    el = ET.Element(f"{{{XML_NS}}}share")
+    ET.SubElement(el, f"{{{XML_NS}}}slice", {"gpu": "0", "mem": "1G"})
+    ET.SubElement(el, f"{{{XML_NS}}}settings", {"oom-script": script})
+    with pytest.raises(SpecError, match="is not an OOM script's name"):
+        from_xml(el)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gpu=0,mem=1G;peer-timeout=0", r"group 2: peer-timeout: 0 s is outside 1\.\.3600 seconds"),
+        ("gpu=0,mem=1G;peer-timeout=3601", r"outside 1\.\.3600"),
+        ("gpu=0,mem=1G;peer-timeout=99999999999999999999", r"outside 1\.\.3600"),
+        ("gpu=0,mem=1G;peer-timeout=-5", "is not a whole number of seconds"),
+        ("gpu=0,mem=1G;peer-timeout=1.5", "is not a whole number of seconds"),
+        ("gpu=0,mem=1G;peer-timeout=٣", "is not a whole number of seconds"),
+        ("gpu=0,mem=1G;ctx-reserve=0", "ctx-reserve: the context reserve is the host's setting"),
+        ("gpu=0,mem=1G,oom-script=x", "oom-script is a setting of the guest, not of a slice"),
+        ("gpu=0,mem=1G;oom-script=x;peer-timeout=3", "group 3: the guest's settings are already given"),
+        ("gpu=0,mem=1G;oom-script=x,oom-script=y", "oom-script is given twice"),
+        ("gpu=0,mem=1G;oom-script=x,run=y", "unknown setting 'run'"),
+        ("oom-script=x", "the share spec has no slice"),
+    ],
+)
+def test_a_bad_setting_is_one_spec_error_naming_it(text, message):
+    with pytest.raises(SpecError, match=message):
+        parse(text)
+
+
+def test_settings_given_twice_in_xml_or_a_guest_ctx_reserve_are_refused():
+    el = ET.fromstring(
+        f'<share xmlns="{XML_NS}"><slice gpu="0" mem="8G"/><settings peer-timeout="3"/><settings peer-timeout="4"/>'
+        "</share>"
+    )
+    with pytest.raises(SpecError, match="<settings> is given twice"):
+        from_xml(el)
+    el = ET.fromstring(f'<share xmlns="{XML_NS}"><slice gpu="0" mem="8G"/><settings ctx-reserve="0"/></share>')
+    with pytest.raises(SpecError, match="a guest that lowered it would use GPU memory outside its quota"):
+        from_xml(el)

@@ -68,3 +68,52 @@ def test_top_once_prints_one_frame_of_every_guest_and_json_needs_once(daemon):
     assert "vm1" in out and "- / 2048 MiB" in out and "weighted" in out, out
     r = CliRunner(mix_stderr=False).invoke(cli, ["top", "--json", "--socket", sock])
     assert r.exit_code == 2 and "--once" in r.stderr, r.stderr
+
+
+HOSTILE_LABEL = "\x1b[2J\x1b]0;owned\x07web\u202e-1[red]x[/red]\u200b\r\n" + "y" * 200
+
+
+def test_a_label_reaches_the_terminal_without_control_characters_markup_or_its_length(daemon):
+    from vmgpu import config
+    from vmgpu.client import Client
+
+    sock, _ = daemon
+    Client(sock).admit("ctr-0123456789ab", "container", "gpu=0,mem=1G", label=HOSTILE_LABEL)
+    (s,) = json.loads(_run("status", "--json", "--socket", sock))["guests"]
+    assert s["label"] == config.label_text(HOSTILE_LABEL)
+    assert s["label"].startswith("[2J]0;ownedweb-1[red]x[/red] yyy") and len(s["label"]) == config.LABEL_MAX
+    for out in (_run("status", "--socket", sock), _run("top", "--once", "--interval", "0.1", "--socket", sock)):
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out and "\u200b" not in out, repr(out)
+        assert "[red]x[/red]" in out, out  # shown as it is, never taken as rich's markup
+        assert "(ctr-0123456789ab)" in out, out
+
+
+def test_status_shows_the_host_settings_and_what_a_guest_without_a_forwarder_asks_for(tmp_path):
+    from vmgpu.client import Client
+    from vmgpu.supervisor import HostSettings
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    scripts = tmp_path / "oom"
+    scripts.mkdir(mode=0o755)
+    (scripts / "page-me").write_text("#!/bin/sh\n")
+    (scripts / "page-me").chmod(0o755)
+    sock = tmp_path / "run" / "vmgpud.sock"
+    server, ledger = serve(sock, tmp_path / "ledger.db", inv, settings=HostSettings(str(scripts), "", 256 << 20, 12))
+    try:
+        Client(str(sock)).admit("vm1", "vm", "gpu=0,mem=1G;oom-script=page-me,peer-timeout=60")
+        out = _run("status", "--socket", str(sock))
+        assert (
+            f"forwarder settings (host): oom script none, ctx reserve 256 MiB, peer timeout 12 s; OOM scripts in "
+            f"{scripts}" in out
+        ), out
+        assert "vm1: asks oom-script=page-me,peer-timeout=60 (its forwarder will be started with it)" in out, out
+        st = json.loads(_run("status", "--json", "--socket", str(sock)))
+        assert st["settings"] == {
+            "oom_scripts_dir": str(scripts),
+            "oom_script": "",
+            "ctx_reserve_bytes": 256 << 20,
+            "peer_timeout_s": 12,
+        }
+    finally:
+        stop_server(server, ledger)

@@ -8,6 +8,7 @@ import json
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -132,6 +133,34 @@ def status(d: dict, wide: bool = False) -> None:
     for f in d["forwarders"]:  # why a guest has no forwarder, unwrapped
         if f["state"] == "restarting" and f["restart_error"]:
             click.echo(f"{f['guest']}: no forwarder, restart attempt {f['restart_attempt']}: {f['restart_error']}")
+    settings(d)
+
+
+def settings_text(oom_script: str, ctx_reserve_bytes: int | None, peer_timeout_s: int | None) -> str:
+    """Managed settings as a line shows them ("default": the forwarder's own)."""
+    ctx = "default" if ctx_reserve_bytes is None else f"{ctx_reserve_bytes >> 20} MiB"
+    peer = "default" if peer_timeout_s is None else f"{peer_timeout_s} s"
+    return f"oom script {oom_script or 'none'}, ctx reserve {ctx}, peer timeout {peer}"
+
+
+def settings(d: dict) -> None:
+    """The forwarders' managed settings: the host's, then what each guest's forwarder was started
+    with, and what a guest without one asked for (applied when it starts)."""
+    h = d.get("settings")
+    if h:
+        click.echo(
+            f"forwarder settings (host): {settings_text(h['oom_script'], h['ctx_reserve_bytes'], h['peer_timeout_s'])}"
+            f"; OOM scripts in {h['oom_scripts_dir'] or '-'}"
+        )
+    running = {f["guest"] for f in d["forwarders"]}
+    for f in d["forwarders"]:
+        click.echo(
+            f"  {f['guest']} (pid {f['pid']}): "
+            f"{settings_text(f['oom_script'], f['ctx_reserve_bytes'], f['peer_timeout_s'])}"
+        )
+    asked = {s["guest"]: s["settings"] for s in d["guests"] if s.get("settings") and s["guest"] not in running}
+    for guest, text in asked.items():
+        click.echo(f"  {guest}: asks {text} (its forwarder will be started with it)")
 
 
 def guest_slices(d: dict):
@@ -148,7 +177,10 @@ def guest_slices(d: dict):
 def guest_cell(s: dict) -> str:
     """A guest as the operator knows it: its label (a container's docker name) and the name
     vmgpu gave it."""
-    return f"{s['label']} ({s['guest']})" if s.get("label") else s["guest"]
+    from vmgpu.config import label_text
+
+    label = label_text(s.get("label") or "")  # untrusted text: never a control character on a terminal
+    return f"{escape(label)} ({s['guest']})" if label else s["guest"]  # and never rich markup
 
 
 def percent(v: float | None) -> str:

@@ -34,7 +34,8 @@ def gpus(inventory, as_json, wide):
 @as_json()
 @WIDE
 def admit(guest, spec, kind, socket_path, as_json, wide):
-    """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,compute=50;gpu=1,..."."""
+    """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,compute=50;gpu=1,...", with
+    the guest's own forwarder settings in a group of their own if any (";oom-script=NAME,peer-timeout=S")."""
     reply = client(socket_path).admit(guest, kind, spec)
     render.emit(reports.admitted(reply), as_json, render.admitted, guest, wide)
 

@@ -63,8 +63,8 @@ def attach(xml: str, share: spec.ShareSpec, heap_mib: int = DEFAULT_HEAP_MIB) ->
     # the one XML form of a share (vmgpu/spec.py), with vmgpu's prefix
     el = etree.fromstring(ET.tostring(share.to_xml()))
     clean = etree.Element(f"{{{NS}}}share", nsmap={PREFIX: NS})
-    for sl in el:
-        etree.SubElement(clean, f"{{{NS}}}slice", dict(sl.attrib))
+    for child in el:  # the slices, and the guest's <settings> if it has any
+        etree.SubElement(clean, child.tag, dict(child.attrib))
     meta.append(clean)
     devices = root.find("devices")
     if devices is None:

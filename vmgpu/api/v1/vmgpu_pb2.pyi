@@ -40,17 +40,19 @@ class SetPolicyReply(_message.Message):
     def __init__(self, gpu_uuid: _Optional[str] = ..., live: bool = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("guest", "kind", "spec")
+    __slots__ = ("guest", "kind", "spec", "label")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
     guest: str
     kind: str
     spec: str
-    def __init__(self, guest: _Optional[str] = ..., kind: _Optional[str] = ..., spec: _Optional[str] = ...) -> None: ...
+    label: str
+    def __init__(self, guest: _Optional[str] = ..., kind: _Optional[str] = ..., spec: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind", "weight")
+    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind", "weight", "label", "settings")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,8 @@ class Slice(_message.Message):
     COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     guest: str
     gpu_index: int
     gpu_uuid: str
@@ -65,7 +69,9 @@ class Slice(_message.Message):
     compute_pct: int
     kind: str
     weight: int
-    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+    label: str
+    settings: str
+    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[int] = ..., label: _Optional[str] = ..., settings: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("slices",)
@@ -118,7 +124,7 @@ class StopForwarderReply(_message.Message):
     def __init__(self, stopped: bool = ...) -> None: ...
 
 class Forwarder(_message.Message):
-    __slots__ = ("guest", "pid", "region", "backend", "mem_used_mib", "processes", "sync_calls", "async_calls", "state", "restart_attempt", "restart_error")
+    __slots__ = ("guest", "pid", "region", "backend", "mem_used_mib", "processes", "sync_calls", "async_calls", "state", "restart_attempt", "restart_error", "oom_script", "ctx_reserve_bytes", "peer_timeout_s")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +136,9 @@ class Forwarder(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESTART_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RESTART_ERROR_FIELD_NUMBER: _ClassVar[int]
+    OOM_SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    CTX_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PEER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     guest: str
     pid: int
     region: str
@@ -141,7 +150,10 @@ class Forwarder(_message.Message):
     state: str
     restart_attempt: int
     restart_error: str
-    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., mem_used_mib: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., sync_calls: _Optional[int] = ..., async_calls: _Optional[int] = ..., state: _Optional[str] = ..., restart_attempt: _Optional[int] = ..., restart_error: _Optional[str] = ...) -> None: ...
+    oom_script: str
+    ctx_reserve_bytes: int
+    peer_timeout_s: int
+    def __init__(self, guest: _Optional[str] = ..., pid: _Optional[int] = ..., region: _Optional[str] = ..., backend: _Optional[str] = ..., mem_used_mib: _Optional[_Iterable[int]] = ..., processes: _Optional[int] = ..., sync_calls: _Optional[int] = ..., async_calls: _Optional[int] = ..., state: _Optional[str] = ..., restart_attempt: _Optional[int] = ..., restart_error: _Optional[str] = ..., oom_script: _Optional[str] = ..., ctx_reserve_bytes: _Optional[int] = ..., peer_timeout_s: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -165,12 +177,26 @@ class GpuStatus(_message.Message):
     policy: str
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_mib: _Optional[int] = ..., mem_reserved_mib: _Optional[int] = ..., compute_reserved_pct: _Optional[int] = ..., policy: _Optional[str] = ...) -> None: ...
 
+class HostSettings(_message.Message):
+    __slots__ = ("oom_scripts_dir", "oom_script", "ctx_reserve_bytes", "peer_timeout_s")
+    OOM_SCRIPTS_DIR_FIELD_NUMBER: _ClassVar[int]
+    OOM_SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    CTX_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PEER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    oom_scripts_dir: str
+    oom_script: str
+    ctx_reserve_bytes: int
+    peer_timeout_s: int
+    def __init__(self, oom_scripts_dir: _Optional[str] = ..., oom_script: _Optional[str] = ..., ctx_reserve_bytes: _Optional[int] = ..., peer_timeout_s: _Optional[int] = ...) -> None: ...
+
 class StatusReply(_message.Message):
-    __slots__ = ("gpus", "slices", "forwarders")
+    __slots__ = ("gpus", "slices", "forwarders", "settings")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SLICES_FIELD_NUMBER: _ClassVar[int]
     FORWARDERS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuStatus]
     slices: _containers.RepeatedCompositeFieldContainer[Slice]
     forwarders: _containers.RepeatedCompositeFieldContainer[Forwarder]
-    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ..., forwarders: _Optional[_Iterable[_Union[Forwarder, _Mapping]]] = ...) -> None: ...
+    settings: HostSettings
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., slices: _Optional[_Iterable[_Union[Slice, _Mapping]]] = ..., forwarders: _Optional[_Iterable[_Union[Forwarder, _Mapping]]] = ..., settings: _Optional[_Union[HostSettings, _Mapping]] = ...) -> None: ...
