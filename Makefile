@@ -17,10 +17,11 @@ NVML_INCLUDE ?= $(if $(wildcard $(CUDA_INCLUDE)/nvml.h),$(CUDA_INCLUDE),$(abspat
 NVCC ?= $(or $(shell command -v nvcc),$(wildcard /usr/local/cuda/bin/nvcc),$(PIP_CUDA)/bin/nvcc -L$(PIP_CUDA)/lib)
 PTXAS ?= $(or $(shell command -v ptxas),$(wildcard /usr/local/cuda/bin/ptxas),$(PIP_CUDA)/bin/ptxas)
 # the venv's extras: the CUDA wheels where the build uses them; libvirt-python (built against
-# libvirt-dev, for `vmgpu vm` and its tests) only where libvirt-dev and pkg-config are there.
-# VENV_EXTRAS=test,libvirt insists (CI does, where libvirt must be tested).
-VENV_EXTRAS ?= test$(if $(findstring $(PIP_CUDA),$(CUDA_INCLUDE) $(NVCC) $(PTXAS)),$(comma)cuda)$(if \
-	$(shell pkg-config --exists libvirt 2>/dev/null && echo y),$(comma)libvirt)
+# libvirt-dev, for `vmgpu vm` and its tests): LIBVIRT=auto installs it where libvirt-dev and
+# pkg-config are there, LIBVIRT=yes insists (CI: the libvirt tests must run), LIBVIRT=no leaves it out.
+LIBVIRT ?= auto
+VENV_EXTRAS ?= test$(if $(findstring $(PIP_CUDA),$(CUDA_INCLUDE) $(NVCC) $(PTXAS)),$(comma)cuda)$(if $(filter \
+	yes,$(LIBVIRT))$(if $(filter auto,$(LIBVIRT)),$(shell pkg-config --exists libvirt 2>/dev/null && echo y)),$(comma)libvirt)
 comma := ,
 
 .PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation selftest lint clean \
