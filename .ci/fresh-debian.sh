@@ -32,6 +32,7 @@ cleanup() {
     rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM
 mnt() { mount "$@" && mounted+=("${*: -1}"); }
 
 echo "== debootstrap bookworm ($PACKAGES) into $root"
@@ -44,7 +45,18 @@ done
 if [ -e "$root/usr/local/cuda" ] || chroot "$root" sh -c 'command -v nvcc'; then
     echo "a CUDA toolkit is in the chroot: not a clean machine" >&2; exit 1
 fi
+# this host's network settings, as a machine on its network would have them: the resolver, a
+# proxy, and the CA that pip must trust where TLS to PyPI is intercepted (pip's `cert` setting)
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+pass=()
+cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+if [ -n "$cert" ] && [ -f "$cert" ]; then
+    mkdir -p "$root/etc/ssl" && cp "$cert" "$root/etc/ssl/pip-ca.pem"
+    pass+=(PIP_CERT=/etc/ssl/pip-ca.pem)
+fi
+for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+    [ -n "${!v:-}" ] && pass+=("$v=${!v}")
+done
 mnt -t proc proc "$root/proc"
 mnt --bind /dev "$root/dev"
 mnt -t tmpfs -o mode=1777,size=2g tmpfs "$root/dev/shm"
@@ -84,8 +96,8 @@ grep -q '"path": "/usr/local/bin/vmgpu-container-runtime"' /tmp/host/etc/docker/
 step "the installed package runs alone"
 case "$site" in /opt/vmgpu/lib/python3*/site-packages/vmgpu) ;; *) echo "vmgpu imported from $site" >&2; exit 1 ;; esac
 ls -l "$site/_native" "$site/_native/guest"
-/tmp/host/usr/local/bin/vmgpu region selftest
-/opt/vmgpu/bin/python - <<'PY'
+timeout 120 /tmp/host/usr/local/bin/vmgpu region selftest
+timeout 120 /opt/vmgpu/bin/python - <<'PY'
 from pathlib import Path
 
 from vmgpu.forwarder import Forwarder, native_dir
@@ -104,6 +116,6 @@ if find /tmp/host -type f ! -name daemon.json | grep .; then echo "setup --unins
 step "done"
 EOF
 echo "== in the chroot"
-chroot "$root" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 TERM=dumb \
+timeout 3000 chroot "$root" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 TERM=dumb "${pass[@]}" \
     bash /run-fresh.sh
 echo "== fresh Debian 12: passed in $((SECONDS - t_start)) s"

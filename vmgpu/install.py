@@ -54,9 +54,10 @@ BIN = """#!{python}
 {mark}: the `vmgpu` of {package}
 import sys
 
-from vmgpu.cli.main import main
+if __name__ == "__main__":  # a multiprocessing child (spawn) imports this file again
+    from vmgpu.cli.main import main
 
-sys.exit(main())
+    sys.exit(main())
 """
 
 

@@ -89,6 +89,17 @@ def test_setup_points_every_piece_at_the_installed_python_and_never_at_the_check
         [root / FILES[3], "--version"], cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True
     )
     assert where.returncode == 0 and "vmgpu, version" in where.stdout, where.stderr
+    # a command that starts a process (multiprocessing's spawn imports the script again)
+    lib = {"PATH": "/usr/bin:/bin", "VMGPU_LIBDIR": str(REPO / "build" / "native")}
+    st = subprocess.run(
+        [root / FILES[3], "region", "selftest", "--exchanges", "10", "--json"],
+        cwd="/",
+        env=lib,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert st.returncode == 0, st.stdout + st.stderr
     # a second run changes nothing
     again = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout.rstrip().endswith("nothing to change"), again.stdout
