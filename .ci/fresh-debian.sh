@@ -103,7 +103,7 @@ from pathlib import Path
 from vmgpu.forwarder import Forwarder, native_dir
 
 assert "site-packages/vmgpu/_native" in str(native_dir()), native_dir()
-with Forwarder(Path("/dev/shm/vmgpu-fresh"), backend="sim", size="64M", guest="fresh") as f:
+with Forwarder(Path("/dev/shm/vmgpu-fresh"), backend="sim", guest="fresh") as f:
     pass
 print("forwarder on the simulated backend from", native_dir(), "ran and stopped:", f.log().strip().splitlines()[-1])
 PY
