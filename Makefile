@@ -5,25 +5,50 @@ NATIVE := $(BUILD)/native
 VENV := .venv
 PYTHON ?= $(VENV)/bin/python
 
-CUDA_INCLUDE ?= /usr/local/cuda/include
+# cuda.h, nvcc and ptxas: the CUDA toolkit's where one is installed, else NVIDIA's wheels (the
+# `cuda` extra, pinned in pyproject.toml) in the virtual environment, which `make venv` then
+# installs and links as $(VENV)/cuda (their nvidia/cu13: bin/, include/, lib/, nvvm/).
+PIP_CUDA := $(abspath $(VENV))/cuda
+CUDA_INCLUDE ?= $(if $(wildcard /usr/local/cuda/include/cuda.h),/usr/local/cuda/include,$(PIP_CUDA)/include)
 # nvml.h, for the guest's libnvidia-ml.so.1: the toolkit's, or NVIDIA's nvidia-nvml-dev wheel (pinned
 # in pyproject.toml) from the virtual environment where the toolkit has none.
 NVML_INCLUDE ?= $(if $(wildcard $(CUDA_INCLUDE)/nvml.h),$(CUDA_INCLUDE),$(abspath $(VENV))/nvml-include)
-NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-PTXAS ?= $(shell command -v ptxas || echo /usr/local/cuda/bin/ptxas)
+# the wheel's nvcc finds its headers, cicc and ptxas itself, but not its lib/ (static cudart)
+NVCC ?= $(or $(shell command -v nvcc),$(wildcard /usr/local/cuda/bin/nvcc),$(PIP_CUDA)/bin/nvcc -L$(PIP_CUDA)/lib)
+PTXAS ?= $(or $(shell command -v ptxas),$(wildcard /usr/local/cuda/bin/ptxas),$(PIP_CUDA)/bin/ptxas)
+# the venv's extras: the CUDA wheels where the build uses them; libvirt-python (built against
+# libvirt-dev, for `vmgpu vm` and its tests): LIBVIRT=auto installs it where libvirt-dev and
+# pkg-config are there, LIBVIRT=yes insists (CI: the libvirt tests must run), LIBVIRT=no leaves it out.
+LIBVIRT ?= auto
+VENV_EXTRAS ?= test$(if $(findstring $(PIP_CUDA),$(CUDA_INCLUDE) $(NVCC) $(PTXAS)),$(comma)cuda)$(if $(filter \
+	yes,$(LIBVIRT))$(if $(filter auto,$(LIBVIRT)),$(shell pkg-config --exists libvirt 2>/dev/null && echo y)),$(comma)libvirt)
+comma := ,
 
-.PHONY: all demo native native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation selftest lint clean \
+.PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation selftest lint clean \
 	gen gen-check cuda-programs proto
 
 all: native
 
-# A virtual environment with vmgpu (editable) and its test tools, pinned in pyproject.toml.
+# A virtual environment with vmgpu (editable) and its test tools, pinned in pyproject.toml
+# (extras: VENV_EXTRAS above).
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test,libvirt]'
+	$(VENV)/bin/pip install -q -e '.[$(VENV_EXTRAS)]'
+	$(if $(findstring cuda,$(VENV_EXTRAS)),ln -sfn "$$($(PYTHON) -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')" $(PIP_CUDA))
 	touch $@
+
+# cuda.h from the venv's wheel (a toolkit's is there already)
+$(PIP_CUDA)/include/cuda.h: $(VENV)/.stamp
+	test -f $@
+
+# The wheel to install on a host (`pip install build/dist/vmgpu-*.whl`: `vmgpu` and the native
+# programs, in vmgpu/_native/), built from the sdist beside it, which builds the native parts.
+wheel: venv
+	rm -rf $(BUILD)/dist
+	$(PYTHON) -m build --sdist --outdir $(BUILD)/dist .
+	$(PYTHON) -m pip wheel -q --no-deps --wheel-dir $(BUILD)/dist $(BUILD)/dist/vmgpu-*.tar.gz
 
 selftest: native venv
 	$(VENV)/bin/vmgpu region selftest
@@ -36,7 +61,7 @@ demo: native cuda-programs venv
 
 # The transport, the guest's libcuda.so.1, the forwarder and the simulated backend,
 # and the driver-API test program.
-native: $(NVML_INCLUDE)/nvml.h
+native: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	$(MAKE) -C native/shm_transport O=$(abspath $(NATIVE)) SAN=none
 	$(MAKE) -C guest_agent O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE) NVML_INCLUDE=$(NVML_INCLUDE)
 	$(MAKE) -C host_forwarder O=$(abspath $(NATIVE)) CUDA_INCLUDE=$(CUDA_INCLUDE)
@@ -62,7 +87,7 @@ cuda-programs: native
 	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu
 
 # The CUDA API spec drives generated code on both sides; CI fails if it is stale.
-gen: $(NVML_INCLUDE)/nvml.h
+gen: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	python3 native/cuda_api/gen.py --cuda-include $(CUDA_INCLUDE)
 	python3 guest_agent/nvml/gen_nvml.py --nvml-include $(NVML_INCLUDE)
 
@@ -74,7 +99,7 @@ $(abspath $(VENV))/nvml-include/nvml.h: $(VENV)/.stamp
 proto: venv
 	$(PYTHON) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. vmgpu/api/v1/vmgpu.proto
 
-gen-check: $(NVML_INCLUDE)/nvml.h
+gen-check: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	python3 native/cuda_api/gen.py --check --cuda-include $(CUDA_INCLUDE)
 	python3 guest_agent/nvml/gen_nvml.py --check --nvml-include $(NVML_INCLUDE)
 

@@ -19,12 +19,23 @@ from vmgpu.files import open_ours, private_dir
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def native_dirs() -> list[Path]:
+    """Where the native programs are looked for, in order: $VMGPU_LIBDIR, the installed package's
+    vmgpu/_native/ (a wheel's, setup.py), then a checkout's build/native (development)."""
+    dirs = [Path(os.environ["VMGPU_LIBDIR"])] if os.environ.get("VMGPU_LIBDIR") else []
+    return [*dirs, Path(__file__).resolve().parent / "_native", _REPO_ROOT / "build" / "native"]
+
+
 def native_dir() -> Path:
-    """Where the forwarder, the simulated backend and the guest library were built."""
-    for d in (os.environ.get("VMGPU_LIBDIR"), _REPO_ROOT / "build" / "native", "/usr/local/lib/vmgpu"):
-        if d and (Path(d) / "vmgpu-forwarder").exists():
-            return Path(d)
-    raise NativeLibraryMissing("vmgpu-forwarder not found (build/native or $VMGPU_LIBDIR); run `make`")
+    """Where the forwarder, the simulated backend and the guest library are."""
+    dirs = native_dirs()
+    for d in dirs:
+        if (d / "vmgpu-forwarder").exists():
+            return d
+    raise NativeLibraryMissing(
+        "vmgpu-forwarder not found (looked in: " + ", ".join(map(str, dirs)) + "); install the vmgpu wheel, "
+        "or run `make native` in a checkout, or set VMGPU_LIBDIR"
+    )
 
 
 def gpu_present() -> bool:

@@ -393,7 +393,7 @@ def main(argv: list[str], settings: dict) -> int:
 
 SCRIPT = """#!{python}
 # vmgpu's OCI runtime for docker (`docker run --runtime=vmgpu -e VMGPU=...`), written by
-# `vmgpu runtime install`; what it does: vmgpu/oci.py.
+# `vmgpu setup` or `vmgpu runtime install`; what it does: vmgpu/oci.py.
 import sys
 
 SETTINGS = {settings!r}
@@ -405,18 +405,40 @@ if __name__ == "__main__":
 """
 
 
-def install(path: str | Path, settings: dict, daemon_json: str | Path | None) -> dict:
-    """Write the runtime script at path and register it in docker's daemon.json (kept as
-    it is otherwise); docker reads daemon.json at start-up and on SIGHUP."""
-    path = write_atomic(path, SCRIPT.format(python=sys.executable, settings={**DEFAULTS, **settings}), 0o755)
+def script_text(settings: dict, python: str | None = None) -> str:
+    """The runtime script as installed: run by python (default: this one), with these settings."""
+    return SCRIPT.format(python=python or sys.executable, settings={**DEFAULTS, **settings})
+
+
+def daemon_json_text(daemon_json: str | Path, runtime_path: str | Path | None) -> str:
+    """docker's daemon.json with the runtime 'vmgpu' registered at runtime_path (None: removed),
+    everything else kept as it is; a missing or empty file counts as {}."""
+    dj = Path(daemon_json)
+    try:
+        text = dj.read_text() if dj.exists() else ""
+        conf = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as e:
+        raise VmgpuError(f"{dj} is not valid JSON ({e}); fix it, then run this again") from None
+    if not isinstance(conf, dict):
+        raise VmgpuError(f"{dj} is not a JSON object; fix it, then run this again")
+    runtimes = conf.setdefault("runtimes", {})
+    if runtime_path is None:
+        runtimes.pop("vmgpu", None)
+        if not runtimes:
+            del conf["runtimes"]
+    else:
+        runtimes["vmgpu"] = {"path": str(runtime_path)}
+    return json.dumps(conf, indent=2) + "\n"
+
+
+def install(path: str | Path, settings: dict, daemon_json: str | Path | None, python: str | None = None) -> dict:
+    """Write the runtime script at path (run by python, default this one) and register it in
+    docker's daemon.json (kept as it is otherwise); docker reads daemon.json at start-up and on
+    SIGHUP."""
+    new_conf = daemon_json_text(daemon_json, path) if daemon_json else None  # refuses a broken one first
+    path = write_atomic(path, script_text(settings, python), 0o755)
     out = {"path": str(path), "daemon_json": None}
     if daemon_json:
-        dj = Path(daemon_json)
-        try:
-            conf = json.loads(dj.read_text()) if dj.exists() and dj.read_text().strip() else {}
-        except json.JSONDecodeError as e:
-            raise VmgpuError(f"{dj} is not valid JSON ({e}); fix it, then run this again") from None
-        conf.setdefault("runtimes", {})["vmgpu"] = {"path": str(path)}
-        write_atomic(dj, json.dumps(conf, indent=2) + "\n")
-        out["daemon_json"] = str(dj)
+        write_atomic(daemon_json, new_conf)
+        out["daemon_json"] = str(daemon_json)
     return out

@@ -16,18 +16,20 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _find_library() -> Path:
+    """$VMGPU_LIBDIR's, the installed package's (vmgpu/_native/, a wheel's), else a checkout's build/native."""
     candidates = []
     if os.environ.get("VMGPU_LIBDIR"):
         candidates.append(Path(os.environ["VMGPU_LIBDIR"]) / "libvmgpushm.so")
     candidates += [
+        Path(__file__).resolve().parent / "_native" / "libvmgpushm.so",
         _REPO_ROOT / "build" / "native" / "libvmgpushm.so",
-        Path("/usr/local/lib/vmgpu/libvmgpushm.so"),
     ]
     for c in candidates:
         if c.exists():
             return c
     raise NativeLibraryMissing(
-        "libvmgpushm.so not found (looked in: " + ", ".join(str(c) for c in candidates) + "); run `make`"
+        "libvmgpushm.so not found (looked in: " + ", ".join(str(c) for c in candidates) + "); install the vmgpu "
+        "wheel, or run `make native` in a checkout, or set VMGPU_LIBDIR"
     )
 
 

@@ -1,4 +1,5 @@
-"""`vmgpu hooks` and `vmgpu runtime`: install the libvirt qemu hook and the OCI runtime for docker."""
+"""`vmgpu setup`: vmgpud's service, the qemu hook and the docker runtime at once, run by this
+installed package; `vmgpu hooks` and `vmgpu runtime`: the hook and the runtime one at a time."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def hooks_install(hooks_dir, socket_path, backend, log_path, no_reload):
 
     out = hook.install(hooks_dir, {"socket": socket_path, "backend": backend, "log": log_path}, not no_reload)
     click.echo(f"installed {out['path']}")
+    _checkout_note()
     if out["libvirtd_reloaded"]:
         click.echo(f"sent SIGHUP to libvirtd (pid {', '.join(map(str, out['libvirtd_reloaded']))})")
     elif no_reload:
@@ -73,8 +75,73 @@ def runtime_install(script_path, daemon_json, socket_path, backend, runc):
 
     out = oci.install(script_path, {"socket": socket_path, "backend": backend, "runc": runc}, daemon_json or None)
     click.echo(f"installed {out['path']}")
+    _checkout_note()
     if out["daemon_json"]:
         click.echo(f"registered as runtime 'vmgpu' in {out['daemon_json']}: restart dockerd or send it SIGHUP")
 
 
-COMMANDS = (hooks, runtime)
+def _checkout_note() -> None:
+    from vmgpu.install import checkout_of, package_dir
+
+    tree = checkout_of(package_dir())
+    if tree:
+        click.echo(
+            f"note: written to run vmgpu from the checkout {tree}: it breaks if the checkout moves (`vmgpu setup` "
+            "from an installed wheel does not)",
+            err=True,
+        )
+
+
+@click.command("setup")
+@click.option("--uninstall", is_flag=True, help="Remove what setup wrote (the rest of daemon.json is kept).")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False),
+    default="/",
+    show_default=True,
+    help="Write under this directory instead of / (an image, a test); nothing running is touched.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be written or removed; change nothing.")
+@click.option(
+    "--init",
+    "init",
+    type=click.Choice(["auto", "systemd", "none"]),
+    default="auto",
+    show_default=True,
+    help="vmgpud's service: a systemd unit, or none (the foreground command is shown); auto: " "systemd where it runs.",
+)
+@click.option("--hook/--no-hook", default=None, help="The libvirt qemu hook  [default: where /etc/libvirt is]")
+@click.option(
+    "--runtime/--no-runtime", default=None, help="The docker runtime  [default: where /etc/docker or dockerd is]"
+)
+@click.option("--no-start", is_flag=True, help="Do not enable and start vmgpud or signal libvirtd.")
+@click.option("--allow-checkout", is_flag=True, help="Install even when vmgpu runs from a source checkout.")
+@SOCKET
+@STARTS_BACKEND
+def setup(uninstall, root, dry_run, init, hook, runtime, no_start, allow_checkout, socket_path, backend):
+    """Install vmgpud's systemd unit, the libvirt qemu hook, the docker runtime and `vmgpu` on
+    PATH, all run by this Python and its installed vmgpu package (never a checkout's).  Safe to
+    run again: files already right are left alone.  Nothing is written through a symbolic link."""
+    from pathlib import Path
+
+    from vmgpu import install
+
+    opts = install.Options(
+        root=Path(root).absolute(),
+        socket=socket_path,
+        backend=backend,
+        init=init,
+        hook=hook,
+        runtime=runtime,
+        dry_run=dry_run,
+        start=not no_start,
+        allow_checkout=allow_checkout,
+    )
+    rep = install.uninstall(opts) if uninstall else install.setup(opts)
+    for line in rep.lines:
+        click.echo(line)
+    if not rep.changed:
+        click.echo("nothing to change")
+
+
+COMMANDS = (hooks, runtime, setup)

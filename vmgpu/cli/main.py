@@ -8,7 +8,7 @@ commands only: parse, call the library, print through vmgpu/cli/render.py).
     forwarder.py forwarder start | stop, breakdown
     daemon.py    daemon
     vm.py        vm attach | detach | show
-    install.py   hooks install | uninstall, runtime install
+    install.py   setup, hooks install | uninstall, runtime install
     host.py      doctor, demo
 A VmgpuError ends any of them with one line and its exit code (common.Group, from the code
 table of vmgpu/errors.py)."""

@@ -53,7 +53,6 @@ DEFAULTS = {
 }
 # libvirt's built-in QEMU user where qemu.conf names none (Debian/Ubuntu, then Fedora/RHEL)
 LIBVIRT_QEMU_USERS = ("libvirt-qemu", "qemu")
-TEMPLATE = Path(__file__).resolve().parent.parent.parent / "libvirt_hooks" / "qemu"
 
 
 def _client(settings):
@@ -197,7 +196,7 @@ def run(args: list[str], xml: str, settings: dict) -> int:
 
 
 def main(argv: list[str], stdin, settings: dict) -> int:
-    """The installed script's entry point (libvirt_hooks/qemu)."""
+    """The installed script's entry point (SCRIPT below)."""
     merged = {**DEFAULTS, **settings}
     configure_file(merged["log"])
     return run(argv, stdin.read(), merged)
@@ -206,13 +205,24 @@ def main(argv: list[str], stdin, settings: dict) -> int:
 # ---- installing ------------------------------------------------------------------------
 
 
+SCRIPT = """#!{python}
+# vmgpu's libvirt qemu hook (libvirt runs it as: qemu DOMAIN OPERATION SUBOPERATION EXTRA, with the
+# domain's XML on stdin), written by `vmgpu setup` or `vmgpu hooks install`: the first line names
+# the Python that has vmgpu (libvirt runs hooks with a bare PATH).  What it does: vmgpu/virt/hook.py.
+import sys
+
+SETTINGS = {settings!r}
+
+if __name__ == "__main__":
+    from vmgpu.virt.hook import main
+
+    sys.exit(main(sys.argv[1:], sys.stdin, SETTINGS))
+"""
+
+
 def script_text(settings: dict, python: str | None = None) -> str:
-    """The hook script as installed: the template with this interpreter and these settings."""
-    lines = TEMPLATE.read_text().splitlines(keepends=True)
-    out = [f"#!{python or sys.executable}\n"]
-    for ln in lines[1:]:
-        out.append(f"SETTINGS = {({**DEFAULTS, **settings})!r}\n" if ln.startswith("SETTINGS = ") else ln)
-    return "".join(out)
+    """The hook script as installed: run by python (default: this one), with these settings."""
+    return SCRIPT.format(python=python or sys.executable, settings={**DEFAULTS, **settings})
 
 
 def _libvirtd_pids() -> list[int]:
@@ -227,24 +237,32 @@ def _libvirtd_pids() -> list[int]:
     return pids
 
 
-def install(hooks_dir: str | Path, settings: dict, reload: bool = True) -> dict:
-    """Write the hook into HOOKS_DIR/qemu.d/ and, if libvirtd runs, send it SIGHUP: libvirtd
-    only looks for qemu hooks at start-up and on SIGHUP (a hook added later is otherwise
-    ignored until it restarts)."""
-    path = write_atomic(Path(hooks_dir) / "qemu.d" / HOOK_NAME, script_text(settings), 0o755)
+def hook_path(hooks_dir: str | Path) -> Path:
+    return Path(hooks_dir) / "qemu.d" / HOOK_NAME
+
+
+def reload_libvirtd() -> list[int]:
+    """Send every running libvirtd SIGHUP: it looks for qemu hooks only at start-up and on SIGHUP
+    (a hook added later is otherwise ignored until it restarts).  The pids signalled."""
     signalled = []
-    if reload:
-        for pid in _libvirtd_pids():
-            try:
-                os.kill(pid, signal.SIGHUP)
-                signalled.append(pid)
-            except OSError:
-                continue
-    return {"path": str(path), "libvirtd_reloaded": signalled}
+    for pid in _libvirtd_pids():
+        try:
+            os.kill(pid, signal.SIGHUP)
+            signalled.append(pid)
+        except OSError:
+            continue
+    return signalled
+
+
+def install(hooks_dir: str | Path, settings: dict, reload: bool = True, python: str | None = None) -> dict:
+    """Write the hook into HOOKS_DIR/qemu.d/ (run by python, default this one) and, if libvirtd
+    runs, send it SIGHUP (reload_libvirtd)."""
+    path = write_atomic(hook_path(hooks_dir), script_text(settings, python), 0o755)
+    return {"path": str(path), "libvirtd_reloaded": reload_libvirtd() if reload else []}
 
 
 def uninstall(hooks_dir: str | Path) -> bool:
-    path = Path(hooks_dir) / "qemu.d" / HOOK_NAME
+    path = hook_path(hooks_dir)
     if not path.exists():
         return False
     path.unlink()
