@@ -30,8 +30,8 @@ struct integrity_device {
 static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_t result[2]);
 
 /* What the driver would answer for this version, time, thread and device set. */
-void vg_integrity_hash(uint32_t version, uint64_t unix_seconds, uint32_t driver_version, uint32_t pid, uint32_t tid,
-		       uint32_t ndev, const struct vg_dev_info *devs, uint64_t out[2])
+static void vg_integrity_hash(uint32_t version, uint64_t unix_seconds, uint32_t driver_version, uint32_t pid, uint32_t tid,
+			      uint32_t ndev, const struct vg_dev_info *devs, uint64_t out[2])
 {
 	if (version % 10 == 0 || version % 10 == 1) {
 		out[0] = version % 10 == 0 ? 0x3341181C03CB675Cull : 0x1841181C03CB675Cull;

@@ -19,8 +19,7 @@
 #include "context.h"
 #include "export_tables.h"
 #include "vg_nvml_table.h"
-
-CUresult handwritten_cuModuleLoadData(CUmodule *m, const void *image, unsigned fl);
+#include "vg_guest_protos.h"
 
 /* ---- slots nobody has explained: callable, logged, refused ---------------------------- */
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for. */
 #include "call.h"
+#include "vg_guest_protos.h"
 
 /* ---- stream capture state ------------------------------------------------------------------- */
 

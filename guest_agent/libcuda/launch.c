@@ -13,6 +13,7 @@
 #include "call.h"
 #include "connection.h"
 #include "function.h"
+#include "vg_guest_protos.h"
 
 /* ---- kernel parameter layouts ------------------------------------------------------------ */
 

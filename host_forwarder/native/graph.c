@@ -9,6 +9,7 @@
 #include "channel.h"
 #include "quota.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 /* What a graph's memory nodes ask for, in whole 2 MiB pages. */
 static uint64_t graph_mem(struct vh_chan *ch, CUgraph g)

@@ -9,6 +9,7 @@
 
 #include "protocol.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 static CUresult param_layout(struct vh_chan *ch, struct vh_handle *e)
 {

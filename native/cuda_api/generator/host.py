@@ -14,6 +14,10 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     strs = set(s.get("in_string", []))
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
+    in_sized = s.get("in_sized", {})
+    out_sized = s.get("out_sized", {})
+    nonnull = set(s.get("nonnull", []))
+    sel_type = {p.name: p.ctype for p in fn.params}
     b = [f"\tcase VG_OP_{fn.name}: {{"]
     for p in fn.params:
         if p.name in outs:
@@ -32,11 +36,21 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         elif p.name in out_arr:
             b.append(f"\t\tuint64_t {p.name}_n = vh_get_u64(rd);")
             b.append(f"\t\t{p.ctype}{p.name} = {p.name}_n ? vh_scratch(ch, {p.name}_n, sizeof({p.pointee})) : NULL;")
+        elif p.name in in_sized or p.name in out_sized:
+            # a private, aligned buffer of the largest size the table allows
+            t = sel_type[in_sized.get(p.name) or out_sized[p.name]]
+            b.append(
+                f"\t\tuint64_t {p.name}_v[(VG_SIZE_MAX_{t} + 7) / 8] = {{0}};\n\t\t{p.ctype}{p.name} = {p.name}_v;"
+            )
+            if p.name in in_sized:
+                b.append(f"\t\tuint64_t {p.name}_n;\n\t\tconst void *{p.name}_in = vh_get_arr(rd, 1, &{p.name}_n);")
         else:
             if p.is_pointer:  # never let a guest-supplied value reach the driver as a pointer
                 raise SpecError(f"{fn.name}: pointer parameter {p.name} has no host-side decoding")
             b.append(f"\t\t{p.ctype} {p.name};\n\t\tvh_get(rd, &{p.name}, sizeof({p.name}));")
             k = kind_of(p.ctype, handles)
+            if p.name in nonnull:
+                b.append(f"\t\tif ({p.name} == NULL)\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;")
             if k:
                 b.append(
                     f"\t\tif (vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;"
@@ -53,6 +67,12 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(
                 f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
             )
+    for n, sel in [*in_sized.items(), *out_sized.items()]:
+        b.append(f"\t\tsize_t {n}_sz = vg_size_{sel_type[sel]}({sel});")
+        b.append(f"\t\tif ({n}_sz == 0)\n\t\t\treturn CUDA_ERROR_NOT_SUPPORTED;")
+        if n in in_sized:
+            b.append(f"\t\tif ({n}_n != {n}_sz)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+            b.append(f"\t\tmemcpy({n}_v, {n}_in, {n}_sz);")
     for n, size in s.get("device", {}).items():
         count, k = device_size(fn, size)
         b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
@@ -83,21 +103,14 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, sizeof(*{p.name}));")
         elif p.name in out_arr:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, {p.name}_n * sizeof(*{p.name}));")
+        elif p.name in out_sized:
+            b.append(f"\t\tvh_put(wr, {p.name}, {p.name}_sz);")
     b.append("\t\treturn CUDA_SUCCESS;\n\t}")
     return b
 
 
 def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
-    lines = [BANNER, '#include "vh_dispatch.h"\n']
-    for fn in funcs:
-        if fn.cls in ("sync", "async") and fn.spec.get("host") == "custom":
-            lines.append(
-                f"CUresult guarded_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});"
-            )
-        if fn.cls == "custom":
-            lines.append(
-                f"CUresult handwritten_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);"
-            )
+    lines = [BANNER, '#include "vh_dispatch.h"\n#include "vh_protos.h"\n#include "vg_sizes.h"\n']
     lines.append(
         "\nCUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)\n{"
     )
@@ -130,8 +143,10 @@ def emit_backend(funcs: list[Func], extra: list[str]) -> str:
             names.append(n)
     lines = [
         BANNER,
-        "/* The driver functions the forwarder calls; X(name) per function, P(name, variant)",
-        " * for the per-thread-default-stream variant a flagged request uses. */",
+        "/* The driver functions the forwarder calls (what the real driver and the simulated backend",
+        " * provide): those the generated dispatcher calls, then those the hand-written halves call",
+        " * (`->cuName` in host_forwarder/native, found by gen.py).  X(name) per function, P(name,",
+        " * variant) for the per-thread-default-stream variant a flagged request uses. */",
         "#define VH_BACKEND_FNS(X) \\",
     ]
     lines += [f"\tX({n}) \\" for n in names]
