@@ -156,10 +156,10 @@ def compiles(directory: str, target: str, source: Path) -> subprocess.CompletedP
         (
             "host_forwarder",
             "{O}/vmgpu-forwarder",
-            "host_forwarder/native/graph.c",
-            "CUresult handwritten_cuGraphGetNodes(",
-            "CUresult handwritten_cuGraphGetNodez(",
-            "no previous prototype for 'handwritten_cuGraphGetNodez'",
+            "host_forwarder/native/launch.c",
+            "CUresult handwritten_cuLaunchKernel(",
+            "CUresult handwritten_cuLaunchKernelX(",
+            "no previous prototype for 'handwritten_cuLaunchKernelX'",
         ),
         (
             "guest_agent",
@@ -256,3 +256,98 @@ def raw(chan, op: int, body: bytes, seq: int) -> tuple[int, bytes]:
     result, rop, rseq = struct.unpack_from("<iIQ", rep)
     assert (rtype, rop, rseq) == (2, op, seq)  # VG_REC_REPLY
     return result, rep[16:]
+
+
+CLUSTERS = """
+import ctypes, sys
+cuda = ctypes.CDLL(sys.argv[1])
+class Attr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint64 * 8)]
+class Config(ctypes.Structure):
+    _fields_ = [("dims", ctypes.c_uint * 7), ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(Attr)),
+                ("n", ctypes.c_uint)]
+ctx, mod, fn, dev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cuda.cuCtxSetCurrent(ctx) == 0
+assert cuda.cuModuleLoadData(ctypes.byref(mod), open(sys.argv[2], "rb").read() + b"\\0") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"vadd") == 0
+def query(attrs=(), n=None, stream=None, out=True, f=fn, config=True):
+    arr = (Attr * max(1, len(attrs)))(*attrs)
+    cfg = Config((ctypes.c_uint * 7)(1, 1, 1, 32, 1, 1, 0), stream, arr if attrs else None,
+                 len(attrs) if n is None else n)
+    k = ctypes.c_int(-1)
+    return cuda.cuOccupancyMaxActiveClusters(ctypes.byref(k) if out else None, f,
+                                             ctypes.byref(cfg) if config else None)
+event = lambda h: Attr(7, b"", (ctypes.c_uint64 * 8)(h))  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT
+print(query(), query(out=False), query(config=False), query(f=None), query(n=1))
+print(query([Attr()] * 17), query([Attr(0x7FFF)]), query([Attr(13)]), query(stream=0x1234), query([event(0x1234)]))
+print(query([Attr()] * 16))
+"""
+
+
+def test_a_launch_configuration_crosses_whole_and_a_bad_one_is_refused(shm_path):
+    """cuOccupancyMaxActiveClusters, generated from launch_config: a good configuration is
+    answered; a NULL answer or configuration, attributes said but not given, more attributes
+    than VG_MAX_LAUNCH_ATTRS or unknown ones are invalid values; a graphs-only attribute is not
+    supported; a NULL function, a stream or an event not the guest's are invalid handles."""
+    with forwarder(shm_path, asan=(ASAN / "vmgpu-forwarder").exists()) as fwd:
+        r = run_guest(
+            [sys.executable, "-c", CLUSTERS, NATIVE / "guest" / "libcuda.so.1", ROOT / "tests" / "cuda" / "vadd.ptx"],
+            shm_path,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert r.stdout.split("\n")[:3] == ["0 1 1 400 1", "1 1 801 400 400", "0"], r.stdout
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+GRAPH_NODES = """
+import ctypes, sys
+cuda = ctypes.CDLL(sys.argv[1])
+ctx, mod, fn, dev, s, g = (ctypes.c_void_p() for _ in range(6))
+d = ctypes.c_int()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(d), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) == 0 and cuda.cuCtxSetCurrent(ctx) == 0
+assert cuda.cuModuleLoadData(ctypes.byref(mod), open(sys.argv[2], "rb").read() + b"\\0") == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"vadd") == 0
+buf = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(buf), ctypes.c_size_t(4096)) == 0
+n = ctypes.c_uint(16)
+args = (ctypes.c_void_p * 4)(*(ctypes.addressof(x) for x in (buf, buf, buf, n)))
+assert cuda.cuStreamCreate(ctypes.byref(s), 0) == 0 and cuda.cuStreamBeginCapture_v2(s, 0) == 0
+for _ in range(3):
+    assert cuda.cuLaunchKernel(fn, 1, 1, 1, 16, 1, 1, 0, s, args, None) == 0
+assert cuda.cuStreamEndCapture(s, ctypes.byref(g)) == 0
+def nodes(cap, graph=g, array=True, count=True):
+    arr = (ctypes.c_void_p * 8)(*([0xAA] * 8))
+    num = ctypes.c_size_t(cap)
+    r = cuda.cuGraphGetNodes(graph, arr if array else None, ctypes.byref(num) if count else None)
+    return r, num.value, [x or 0 for x in arr]
+r, total, _ = nodes(0, array=False)
+r2, got, two = nodes(2)
+r3, got3, three = nodes(1 << 62)  # a capacity far past what exists: bounded by the total on the host
+print(r, total, r2, got, two[2] == 0xAA, len(set(two[:2])), 0 not in two[:2])
+print(r3, got3, three[:3] == two[:2] + three[2:3], len(set(three[:3])), three[3] == 0xAA)
+print(nodes(0)[:2], nodes(3, count=False)[0], nodes(3, graph=ctypes.c_void_p(0x1234))[0])
+"""
+
+
+def test_a_counted_array_gives_at_most_what_exists_as_handles_of_the_guest(shm_path):
+    """cuGraphGetNodes, generated from counted_out: the count alone; the first N nodes for a
+    capacity of N, writing no further; a capacity past what exists (even 2^62) gives what
+    exists, set aside on the host by the total, not by the capacity the guest claims; the same
+    node is the same handle each time; a NULL count is an invalid value, a graph not the
+    guest's an invalid handle."""
+    with forwarder(shm_path, asan=(ASAN / "vmgpu-forwarder").exists()) as fwd:
+        r = run_guest(
+            [
+                sys.executable,
+                "-c",
+                GRAPH_NODES,
+                NATIVE / "guest" / "libcuda.so.1",
+                ROOT / "tests" / "cuda" / "vadd.ptx",
+            ],
+            shm_path,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert r.stdout.split("\n")[:3] == ["0 3 0 2 True 2 True", "0 3 True 3 True", "(0, 0) 1 400"], r.stdout
+        assert fwd.proc.poll() is None, fwd.log()

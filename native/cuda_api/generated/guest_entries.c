@@ -1285,14 +1285,56 @@ VG_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, C
 	return handwritten_cuLaunchKernelEx(config, f, kernelParams, extra, VG_F_PTDS);
 }
 
+static CUresult forward_cuOccupancyMaxActiveClusters(int * numClusters, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags)
+{
+	if (numClusters == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (config == NULL || (config->numAttrs && config->attrs == NULL))
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuOccupancyMaxActiveClusters, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, numClusters != NULL);
+	vg_put_u64(&c, vg_function_handle(func));
+	vg_put_launch_config(&c, config);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (numClusters != NULL)
+			vg_get(&c, numClusters, sizeof(*numClusters));
+	}
+	return vg_end(&c, r);
+}
+
 VG_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config)
 {
-	return handwritten_cuOccupancyMaxActiveClusters(numClusters, func, config, 0);
+	return forward_cuOccupancyMaxActiveClusters(numClusters, func, config, 0);
+}
+
+static CUresult forward_cuOccupancyMaxPotentialClusterSize(int * clusterSize, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags)
+{
+	if (clusterSize == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (config == NULL || (config->numAttrs && config->attrs == NULL))
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuOccupancyMaxPotentialClusterSize, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, clusterSize != NULL);
+	vg_put_u64(&c, vg_function_handle(func));
+	vg_put_launch_config(&c, config);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (clusterSize != NULL)
+			vg_get(&c, clusterSize, sizeof(*clusterSize));
+	}
+	return vg_end(&c, r);
 }
 
 VG_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config)
 {
-	return handwritten_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
+	return forward_cuOccupancyMaxPotentialClusterSize(clusterSize, func, config, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
@@ -1427,9 +1469,29 @@ VG_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
 	return forward_cuGraphDestroy(hGraph, 0);
 }
 
+static CUresult forward_cuGraphGetNodes(CUgraph hGraph, CUgraphNode * nodes, size_t * numNodes, unsigned vg_flags)
+{
+	if (numNodes == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphGetNodes, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_u64(&c, nodes != NULL ? (uint64_t)*numNodes : 0);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		uint64_t nodes_total = vg_get_u64(&c), nodes_got = vg_get_u64(&c);
+		if (nodes != NULL && nodes_got <= *numNodes)
+			vg_get(&c, nodes, nodes_got * sizeof(*nodes));
+		*numNodes = nodes != NULL ? nodes_got : nodes_total;
+	}
+	return vg_end(&c, r);
+}
+
 VG_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 {
-	return handwritten_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
+	return forward_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
 }
 
 static CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)

@@ -769,10 +769,60 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return handwritten_cuMemHostGetDevicePointer_v2(ch, vg_flags, rd, wr);
 	case VG_OP_cuLaunchKernelEx:
 		return handwritten_cuLaunchKernelEx(ch, vg_flags, rd, wr);
-	case VG_OP_cuOccupancyMaxActiveClusters:
-		return handwritten_cuOccupancyMaxActiveClusters(ch, vg_flags, rd, wr);
-	case VG_OP_cuOccupancyMaxPotentialClusterSize:
-		return handwritten_cuOccupancyMaxPotentialClusterSize(ch, vg_flags, rd, wr);
+	case VG_OP_cuOccupancyMaxActiveClusters: {
+		int numClusters_v;
+		memset(&numClusters_v, 0, sizeof(numClusters_v));
+		int *numClusters = vh_get_u64(rd) ? &numClusters_v : NULL;
+		CUfunction func;
+		vh_get(rd, &func, sizeof(func));
+		if (func == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_FUNCTION, (void **)&func))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUlaunchConfig config_v;
+		CUlaunchAttribute config_attrs[VG_MAX_LAUNCH_ATTRS];
+		CUresult config_r = vh_launch_config_in(ch, vg_flags, rd, &config_v, config_attrs);
+		const CUlaunchConfig *config = &config_v;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (config_r != CUDA_SUCCESS)
+			return config_r;
+		if (numClusters == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuOccupancyMaxActiveClusters(numClusters, func, config);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (numClusters != NULL)
+			vh_put(wr, numClusters, sizeof(*numClusters));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuOccupancyMaxPotentialClusterSize: {
+		int clusterSize_v;
+		memset(&clusterSize_v, 0, sizeof(clusterSize_v));
+		int *clusterSize = vh_get_u64(rd) ? &clusterSize_v : NULL;
+		CUfunction func;
+		vh_get(rd, &func, sizeof(func));
+		if (func == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_FUNCTION, (void **)&func))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUlaunchConfig config_v;
+		CUlaunchAttribute config_attrs[VG_MAX_LAUNCH_ATTRS];
+		CUresult config_r = vh_launch_config_in(ch, vg_flags, rd, &config_v, config_attrs);
+		const CUlaunchConfig *config = &config_v;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (config_r != CUDA_SUCCESS)
+			return config_r;
+		if (clusterSize == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuOccupancyMaxPotentialClusterSize(clusterSize, func, config);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (clusterSize != NULL)
+			vh_put(wr, clusterSize, sizeof(*clusterSize));
+		return CUDA_SUCCESS;
+	}
 	case VG_OP_cuPointerGetAttribute:
 		return handwritten_cuPointerGetAttribute(ch, vg_flags, rd, wr);
 	case VG_OP_cuPointerGetAttributes:
@@ -869,8 +919,36 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_handle_drop(ch, VG_KIND_GRAPH, hGraph);
 		return CUDA_SUCCESS;
 	}
-	case VG_OP_cuGraphGetNodes:
-		return handwritten_cuGraphGetNodes(ch, vg_flags, rd, wr);
+	case VG_OP_cuGraphGetNodes: {
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t nodes_cap = vh_get_u64(rd);
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		size_t nodes_total = 0;
+		CUresult r = B->cuGraphGetNodes(hGraph, NULL, &nodes_total);
+		if (r != CUDA_SUCCESS)
+			return r;
+		uint64_t nodes_want = nodes_cap < nodes_total ? nodes_cap : nodes_total;
+		if (nodes_want > (wr->cap - wr->len) / sizeof(CUgraphNode) - 2)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *nodes = nodes_want ? vh_scratch(ch, nodes_want, sizeof(*nodes)) : NULL;
+		size_t nodes_got = nodes_want;
+		if (nodes_want && (!nodes || (r = B->cuGraphGetNodes(hGraph, nodes, &nodes_got)) != CUDA_SUCCESS))
+			return nodes ? r : CUDA_ERROR_OUT_OF_MEMORY;
+		if (nodes_got > nodes_want)
+			return CUDA_ERROR_UNKNOWN;
+		uint64_t nodes_head[2] = {nodes_total, nodes_got};
+		vh_put(wr, nodes_head, sizeof(nodes_head));
+		for (size_t i = 0; i < nodes_got; i++)
+			if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&nodes[i], hGraph))
+				return CUDA_ERROR_OUT_OF_MEMORY;
+		if (nodes_got)
+			vh_put(wr, nodes, nodes_got * sizeof(*nodes));
+		return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	}
 	case VG_OP_cuMemAllocPitch_v2: {
 		CUdeviceptr dptr_v;
 		memset(&dptr_v, 0, sizeof(dptr_v));

@@ -81,10 +81,7 @@ CUresult handwritten_cuLibraryLoadData(CUlibrary * library, const void * code, C
 CUresult handwritten_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p, unsigned int Flags, unsigned vg_flags);
 CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
-CUresult handwritten_cuOccupancyMaxActiveClusters(int * numClusters, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
-CUresult handwritten_cuOccupancyMaxPotentialClusterSize(int * clusterSize, CUfunction func, const CUlaunchConfig * config, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
-CUresult handwritten_cuGraphGetNodes(CUgraph hGraph, CUgraphNode * nodes, size_t * numNodes, unsigned vg_flags);
 
 #endif

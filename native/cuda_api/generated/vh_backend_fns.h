@@ -44,10 +44,13 @@
 	X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
 	X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) \
 	X(cuOccupancyAvailableDynamicSMemPerBlock) \
+	X(cuOccupancyMaxActiveClusters) \
+	X(cuOccupancyMaxPotentialClusterSize) \
 	X(cuStreamBeginCapture_v2) \
 	X(cuStreamEndCapture) \
 	X(cuThreadExchangeStreamCaptureMode) \
 	X(cuGraphDestroy) \
+	X(cuGraphGetNodes) \
 	X(cuArrayGetDescriptor_v2) \
 	X(cuArray3DGetDescriptor_v2) \
 	X(cuDeviceGetDefaultMemPool) \
@@ -80,7 +83,6 @@
 	X(cuFuncGetParamInfo) \
 	X(cuGetErrorName) \
 	X(cuGraphExecDestroy) \
-	X(cuGraphGetNodes) \
 	X(cuGraphInstantiateWithFlags) \
 	X(cuGraphMemAllocNodeGetParams) \
 	X(cuGraphNodeGetType) \
@@ -123,8 +125,6 @@
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleGetGlobal_v2) \
 	X(cuModuleLoadData) \
-	X(cuOccupancyMaxActiveClusters) \
-	X(cuOccupancyMaxPotentialClusterSize) \
 	X(cuPointerGetAttribute) \
 	X(cuPointerGetAttributes) \
 	X(cuStreamGetCaptureInfo_v3) \

@@ -33,13 +33,10 @@ CUresult handwritten_cuLibraryLoadData(struct vh_chan *ch, uint32_t flags, struc
 CUresult handwritten_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult handwritten_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult handwritten_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult handwritten_cuOccupancyMaxActiveClusters(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
-CUresult handwritten_cuOccupancyMaxPotentialClusterSize(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult handwritten_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult handwritten_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult guarded_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags);
 CUresult guarded_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec hGraphExec);
-CUresult handwritten_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult guarded_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
 CUresult guarded_cuArrayCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray);
 CUresult guarded_cuArray3DCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray);

@@ -26,8 +26,15 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
         f"{'' if fn.spec.get('guest') == 'cached' else 'static '}CUresult forward_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
         "{",
     ]
-    for n in [*in_sized, *out_sized]:  # a sized value needs its buffer
+    counted = s.get("counted_out", {})
+    counts = {c: a for a, c in counted.items()}
+    for n in [*in_sized, *out_sized, *s.get("required", []), *counted.values()]:  # a sized value needs its buffer
         body.append(f"\tif ({n} == NULL)\n\t\treturn CUDA_ERROR_INVALID_VALUE;")
+    configs = s.get("launch_config", [])
+    for n in configs:
+        body.append(
+            f"\tif ({n} == NULL || ({n}->numAttrs && {n}->attrs == NULL))\n\t\treturn CUDA_ERROR_INVALID_VALUE;"
+        )
     body += [
         "\tstruct vg_call c;",
         f"\tCUresult r = vg_begin(&c, VG_OP_{fn.name}, vg_flags);",
@@ -48,6 +55,12 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
             body.append(f"\tvg_put_arr(&c, {p.name}, {size_of(p.name, in_sized[p.name])}, 1);")
         elif p.name in out_sized:
             continue  # the host sizes it by the same table
+        elif p.name in configs:
+            body.append(f"\tvg_put_launch_config(&c, {p.name});")
+        elif p.name in counted:  # the capacity; 0: the count alone is asked for
+            body.append(f"\tvg_put_u64(&c, {p.name} != NULL ? (uint64_t)*{counted[p.name]} : 0);")
+        elif p.name in counts:
+            continue
         elif p.ctype == "CUcontext":
             body.append(f"\tvg_put_ctx(&c, {p.name});")
         elif p.ctype == "CUfunction":
@@ -60,7 +73,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
         body.append("\treturn vg_send_async(&c);")
     else:
         body.append("\tr = vg_call_sync(&c);")
-        if outs or out_arr or inouts or out_sized:
+        if outs or out_arr or inouts or out_sized or counted:
             body.append("\tif (r == CUDA_SUCCESS) {")
             for p in fn.params:
                 if p.name in outs or p.name in inouts:
@@ -71,6 +84,13 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
                     )
                 elif p.name in out_sized:
                     body.append(f"\t\tvg_get(&c, {p.name}, {size_of(p.name, out_sized[p.name])});")
+                elif p.name in counted:
+                    # the total, then the elements given (never more than the capacity)
+                    cnt = counted[p.name]
+                    body.append(f"\t\tuint64_t {p.name}_total = vg_get_u64(&c), {p.name}_got = vg_get_u64(&c);")
+                    body.append(f"\t\tif ({p.name} != NULL && {p.name}_got <= *{cnt})")
+                    body.append(f"\t\t\tvg_get(&c, {p.name}, {p.name}_got * sizeof(*{p.name}));")
+                    body.append(f"\t\t*{cnt} = {p.name} != NULL ? {p.name}_got : {p.name}_total;")
             body.append("\t}")
         body.append("\treturn vg_end(&c, r);")
     body.append("}\n")

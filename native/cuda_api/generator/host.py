@@ -17,6 +17,9 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     in_sized = s.get("in_sized", {})
     out_sized = s.get("out_sized", {})
     nonnull = set(s.get("nonnull", []))
+    configs = s.get("launch_config", [])
+    counted = s.get("counted_out", {})
+    counts = {c: a for a, c in counted.items()}
     sel_type = {p.name: p.ctype for p in fn.params}
     b = [f"\tcase VG_OP_{fn.name}: {{"]
     for p in fn.params:
@@ -36,6 +39,15 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         elif p.name in out_arr:
             b.append(f"\t\tuint64_t {p.name}_n = vh_get_u64(rd);")
             b.append(f"\t\t{p.ctype}{p.name} = {p.name}_n ? vh_scratch(ch, {p.name}_n, sizeof({p.pointee})) : NULL;")
+        elif p.name in counted:
+            b.append(f"\t\tuint64_t {p.name}_cap = vh_get_u64(rd);")
+        elif p.name in counts:
+            continue
+        elif p.name in configs:
+            # dims, stream and attributes, the attributes' events translated (launch.c)
+            b.append(f"\t\tCUlaunchConfig {p.name}_v;\n\t\tCUlaunchAttribute {p.name}_attrs[VG_MAX_LAUNCH_ATTRS];")
+            b.append(f"\t\tCUresult {p.name}_r = vh_launch_config_in(ch, vg_flags, rd, &{p.name}_v, {p.name}_attrs);")
+            b.append(f"\t\t{p.ctype}{p.name} = &{p.name}_v;")
         elif p.name in in_sized or p.name in out_sized:
             # a private, aligned buffer of the largest size the table allows
             t = sel_type[in_sized.get(p.name) or out_sized[p.name]]
@@ -67,6 +79,10 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(
                 f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
             )
+    for n in configs:
+        b.append(f"\t\tif ({n}_r != CUDA_SUCCESS)\n\t\t\treturn {n}_r;")
+    for n in s.get("required", []):
+        b.append(f"\t\tif ({n} == NULL)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     for n, sel in [*in_sized.items(), *out_sized.items()]:
         b.append(f"\t\tsize_t {n}_sz = vg_size_{sel_type[sel]}({sel});")
         b.append(f"\t\tif ({n}_sz == 0)\n\t\t\treturn CUDA_ERROR_NOT_SUPPORTED;")
@@ -77,6 +93,8 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         count, k = device_size(fn, size)
         b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     call_args = ", ".join(p.name for p in fn.params)
+    if counted:
+        return b + counted_call(fn, counted, handles) + ["\t}"]
     if s.get("host") == "custom":
         b.append(f"\t\tCUresult r = guarded_{fn.name}(ch{', ' + call_args if call_args else ''});")
     else:
@@ -106,6 +124,40 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         elif p.name in out_sized:
             b.append(f"\t\tvh_put(wr, {p.name}, {p.name}_sz);")
     b.append("\t\treturn CUDA_SUCCESS;\n\t}")
+    return b
+
+
+def counted_call(fn: Func, counted: dict[str, str], handles: dict[str, str]) -> list[str]:
+    """An array the driver fills up to a count, or whose count alone it gives when the array is
+    NULL: asked for the total first, so that what the host sets aside is bounded by what exists
+    (never by the capacity the guest claims) and by what the reply can carry; the reply is the
+    total, the number given, then the elements (new handles where they are handles)."""
+    ((arr, cnt),) = counted.items()
+    p = next(p for p in fn.params if p.name == arr)
+    args = lambda a, c: ", ".join(a if q.name == arr else c if q.name == cnt else q.name for q in fn.params)  # noqa: E731
+    b = [
+        f"\t\tsize_t {arr}_total = 0;",
+        f"\t\tCUresult r = B->{fn.name}({args('NULL', f'&{arr}_total')});",
+        "\t\tif (r != CUDA_SUCCESS)\n\t\t\treturn r;",
+        f"\t\tuint64_t {arr}_want = {arr}_cap < {arr}_total ? {arr}_cap : {arr}_total;",
+        f"\t\tif ({arr}_want > (wr->cap - wr->len) / sizeof({p.pointee}) - 2)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;",
+        f"\t\t{p.pointee} *{arr} = {arr}_want ? vh_scratch(ch, {arr}_want, sizeof(*{arr})) : NULL;",
+        f"\t\tsize_t {arr}_got = {arr}_want;",
+        f"\t\tif ({arr}_want && (!{arr} || (r = B->{fn.name}({args(arr, f'&{arr}_got')})) != CUDA_SUCCESS))",
+        f"\t\t\treturn {arr} ? r : CUDA_ERROR_OUT_OF_MEMORY;",
+        f"\t\tif ({arr}_got > {arr}_want)\n\t\t\treturn CUDA_ERROR_UNKNOWN;",
+        f"\t\tuint64_t {arr}_head[2] = {{{arr}_total, {arr}_got}};",
+        f"\t\tvh_put(wr, {arr}_head, sizeof({arr}_head));",
+    ]
+    k = kind_of(p.pointee, handles)
+    if k:
+        parent = fn.spec.get("parent")
+        b.append(f"\t\tfor (size_t i = 0; i < {arr}_got; i++)")
+        b.append(
+            f"\t\t\tif (vh_handle_new(ch, VG_KIND_{k.upper()}, (void **)&{arr}[i], {parent or 'NULL'}))\n\t\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;"
+        )
+    b.append(f"\t\tif ({arr}_got)\n\t\t\tvh_put(wr, {arr}, {arr}_got * sizeof(*{arr}));")
+    b.append("\t\treturn wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;")
     return b
 
 

@@ -206,6 +206,23 @@ def check_params(fn: Func, handles: dict[str, str], sizes: dict[str, dict[str, i
             if q.ctype not in sizes:
                 raise SpecError(f"{fn.name}: {key} {n}: no [sizes.{q.ctype}] table says how big it is")
             described.add(n)
+    counted = fn.spec.get("counted_out", {})
+    for n, cnt in counted.items():
+        p = next((p for p in fn.params if p.name == n), None)
+        q = next((q for q in fn.params if q.name == cnt), None)
+        if p is None or q is None or q.ctype != "size_t *" or not p.is_pointer:
+            raise SpecError(f"{fn.name}: counted_out {n}={cnt} must name an array and its size_t * count")
+        if len(counted) > 1 or fn.variants or fn.spec.get("host") == "custom":
+            raise SpecError(f"{fn.name}: counted_out: one array, no per-thread variant, a generated host half")
+        described |= {n, cnt}
+    for n in fn.spec.get("launch_config", []):
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.ctype != "const CUlaunchConfig *":
+            raise SpecError(f"{fn.name}: launch_config must name a const CUlaunchConfig * parameter, not {n!r}")
+        described.add(n)
+    for n in fn.spec.get("required", []):
+        if n not in fn.spec.get("out", []):
+            raise SpecError(f"{fn.name}: required must name an out parameter, not {n!r}")
     for n in fn.spec.get("nonnull", []):
         p = next((p for p in fn.params if p.name == n), None)
         if p is None or p.ctype not in handles:

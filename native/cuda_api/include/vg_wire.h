@@ -75,6 +75,7 @@ struct vg_addr_answer {
 #define VG_MAX_POINTER_ATTRS 32
 #define VG_MAX_ATTRS 160 /* >= CU_DEVICE_ATTRIBUTE_MAX of CUDA 13 */
 #define VG_MAX_PARAMS 1024
+#define VG_MAX_LAUNCH_ATTRS 16 /* attributes of one launch configuration (cuLaunchKernelEx) */
 #define VG_MAX_BLOB (1ull << 30)
 
 struct vg_hello_req {
