@@ -44,8 +44,8 @@ static void vg_integrity_hash(uint32_t version, uint64_t unix_seconds, uint32_t 
 	in.version = version;
 	in.pid = pid;
 	in.tid = tid;
-	in.cudart_table = vg_cudart_interface;
-	in.integrity_table = vg_integrity_check_table;
+	in.cudart_table = vg_export_cudart_interface;
+	in.integrity_table = vg_export_integrity_check;
 	in.fn = (const void *)integrity_check;
 	in.unix_seconds = unix_seconds;
 	struct vg_md2 m;
@@ -86,8 +86,4 @@ static CUresult integrity_set_enabled(int on)
 	return CUDA_SUCCESS;
 }
 
-const vg_slot vg_integrity_check_table[3] = {
-	(vg_slot)(uintptr_t)(3 * sizeof(void *)),
-	(vg_slot)integrity_check,
-	(vg_slot)integrity_set_enabled,
-};
+VG_EXPORT_TABLE_INTEGRITY_CHECK

@@ -1,6 +1,7 @@
 """The CUDA API generator (native/cuda_api/gen.py): its committed output is current, and a bad
 spec entry is refused with a message naming it."""
 
+import os
 import re
 import shlex
 import struct
@@ -351,3 +352,75 @@ def test_a_counted_array_gives_at_most_what_exists_as_handles_of_the_guest(shm_p
         assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
         assert r.stdout.split("\n")[:3] == ["0 3 0 2 True 2 True", "0 3 True 3 True", "(0, 0) 1 400"], r.stdout
         assert fwd.proc.poll() is None, fwd.log()
+
+
+EXPORTS = (GEN / "export_tables.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ("slots = 93\n", "slots = 92\n", "TOOLS_CONTEXT: 92 slots, the probed driver's has 93"),
+        ("driver_slots = 15\n", "", "CONTEXT_CHECKS: 4 slots, the probed driver's has 15"),
+        ('known = { 4 = "context_number",', 'known = { 93 = "context_number",', "known slot 93"),
+        ('uuid = "6e163fbe-', 'uuid = "21318c60-9714-3248-8ca6-41ff7324c8f2"\n#', "uuid already used by TOOLS_CONTEXT"),
+        ('refuse = "CUDA_ERROR_NOT_FOUND"', 'refuse = "CUDA_SUCCESS"', "refuse must be one of"),
+        ('uuid = "766d6770-', 'uuid = "866d6770-', "by VG_NVML_TABLE_UUID's uuid"),
+        ("null = [3]\nknown = { 2", "null = [2]\nknown = { 1", "a NULL inside the size word's slots"),
+    ],
+)
+def test_generator_refuses_an_export_table_layout_that_drifts(tmp_path, old, new, message):
+    assert old in EXPORTS
+    path = tmp_path / "export_tables.toml"
+    path.write_text(EXPORTS.replace(old, new, 1))
+    r = subprocess.run(
+        [sys.executable, str(GEN / "gen.py"), "--check", "--exports", str(path)], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_every_export_table_the_guest_serves_is_as_long_as_the_probed_drivers():
+    """What the guest library hands out (its size word, or the entries before its NULL) is what
+    export_tables.toml says, and where the probed driver has the table, the driver's length
+    (CONTEXT_CHECKS is served shorter, as export_tables.toml says: driver_slots)."""
+    with open(GEN / "export_tables.toml", "rb") as f:
+        tables = tomllib.load(f)["table"]
+    probed = {}
+    for ln in (GEN / "driver" / "export_tables.txt").read_text().splitlines():
+        cols = ln.split("\t")
+        if len(cols) == 3 and cols[1] == "rc=0":
+            w = cols[2].split()
+            probed[cols[0]] = int(w[0], 16) // 8 if w[0].startswith("0x") else w.index("0")
+    served = {n: t for n, t in tables.items() if "slots" in t}
+    code = "".join(
+        f"words = table({t['uuid'].replace('-', '')!r}, {t.get('size_word', True)}); print({n!r}, words)\n"
+        for n, t in served.items()
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", EXPORT_PROBE.format(lib=str(NATIVE / "guest" / "libcuda.so.1")) + code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VMGPU_REGION": "/nonexistent"},
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    got = {ln.split()[0].strip("'"): int(ln.split()[1]) for ln in r.stdout.splitlines()}
+    assert got == {n: t["slots"] for n, t in served.items()}
+    for n, t in served.items():
+        driver = probed.get(t["uuid"])
+        assert driver is None or driver in (t["slots"], t.get("driver_slots")), n
+    assert probed[tables["CONTEXT_CHECKS"]["uuid"]] == 15  # the one served shorter
+
+
+EXPORT_PROBE = """
+import ctypes
+cuda = ctypes.CDLL({lib!r})
+def table(hexid, size_word):
+    uuid = (ctypes.c_ubyte * 16)(*bytes.fromhex(hexid))
+    p = ctypes.c_void_p()
+    assert cuda.cuGetExportTable(ctypes.byref(p), ctypes.byref(uuid)) == 0
+    words = ctypes.cast(p, ctypes.POINTER(ctypes.c_uint64))
+    if size_word:
+        return words[0] // 8
+    return next(i for i in range(4096) if not words[i])
+"""
