@@ -10,6 +10,7 @@
 #include "connection.h"
 #include "context.h"
 #include "device.h"
+#include "vg_guest_protos.h"
 
 struct guest_context {
 	uint32_t magic;

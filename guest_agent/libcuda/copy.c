@@ -13,6 +13,7 @@
 #include "connection.h"
 #include "copy.h"
 #include "hostmem.h"
+#include "vg_guest_protos.h"
 
 #define INLINE_MAX (16u << 10)
 
@@ -70,10 +71,10 @@ struct copy_call {
 };
 
 /* A copy request: the device address, the stream, the length, and where the host bytes are
- * (VG_BUFFER_INLINE: in the request or the reply; VG_BUFFER_HEAP: at a region offset;
- * VG_BUFFER_BULK: at a bulk position).  The channel is held on success. */
+ * (VG_BUF_INLINE: in the request or the reply; VG_BUF_HEAP: at a region offset;
+ * VG_BUF_BULK: at a bulk position).  The channel is held on success. */
 static CUresult begin_copy(struct vg_call *c, const struct copy_call *k, CUdeviceptr dev, uint64_t n,
-			   enum vg_buffer_kind kind, uint64_t where)
+			   enum vg_buf_kind kind, uint64_t where)
 {
 	CUresult r = vg_begin(c, k->op, k->flags);
 	if (r != CUDA_SUCCESS)
@@ -111,7 +112,7 @@ static CUresult htod(const struct copy_call *k, CUdeviceptr dst, const void *src
 	struct vg_call c;
 	uint64_t off = vg_heap_offset(src, n);
 	if (off != UINT64_MAX || n <= INLINE_MAX) {
-		enum vg_buffer_kind kind = off != UINT64_MAX ? VG_BUFFER_HEAP : VG_BUFFER_INLINE;
+		enum vg_buf_kind kind = off != UINT64_MAX ? VG_BUF_HEAP : VG_BUF_INLINE;
 		if ((r = begin_copy(&c, k, dst, n, kind, off != UINT64_MAX ? off : 0)) != CUDA_SUCCESS)
 			return r;
 		if (off == UINT64_MAX)
@@ -132,7 +133,7 @@ static CUresult htod(const struct copy_call *k, CUdeviceptr dst, const void *src
 		}
 		copy_stream(bulk, p + done, len);
 		int last = done + len == n;
-		if ((r = begin_copy(&c, k, dst + done, len, VG_BUFFER_BULK, pos)) != CUDA_SUCCESS)
+		if ((r = begin_copy(&c, k, dst + done, len, VG_BUF_BULK, pos)) != CUDA_SUCCESS)
 			break;
 		done += len;
 		r = finish(&c, k->async || !last);
@@ -162,12 +163,12 @@ static CUresult dtoh(const struct copy_call *k, void *dst, CUdeviceptr src, size
 	uint64_t off = vg_heap_offset(dst, n);
 	if (off != UINT64_MAX) {
 		/* pinned: the host DMAs straight into the heap; async stays async */
-		if ((r = begin_copy(&c, k, src, n, VG_BUFFER_HEAP, off)) != CUDA_SUCCESS)
+		if ((r = begin_copy(&c, k, src, n, VG_BUF_HEAP, off)) != CUDA_SUCCESS)
 			return r;
 		return finish(&c, k->async);
 	}
 	if (n <= INLINE_MAX) {
-		if ((r = begin_copy(&c, k, src, n, VG_BUFFER_INLINE, 0)) != CUDA_SUCCESS)
+		if ((r = begin_copy(&c, k, src, n, VG_BUF_INLINE, 0)) != CUDA_SUCCESS)
 			return r;
 		r = vg_call_sync(&c);
 		if (r == CUDA_SUCCESS) {
@@ -200,7 +201,7 @@ static CUresult dtoh(const struct copy_call *k, void *dst, CUdeviceptr src, size
 				r = VG_ERROR_LOST;
 				break;
 			}
-			if ((r = begin_copy(&f->c, k, src + sent, f->len, VG_BUFFER_BULK, pos)) != CUDA_SUCCESS)
+			if ((r = begin_copy(&f->c, k, src + sent, f->len, VG_BUF_BULK, pos)) != CUDA_SUCCESS)
 				break;
 			r = vg_send_request(&f->c);
 			vg_end(&f->c, r); /* the outer vg_lock keeps the channel */
@@ -247,7 +248,7 @@ CUresult handwritten_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, 
 void vg_put_unified_address(struct vg_call *c, CUdeviceptr p, size_t n)
 {
 	uint64_t off = vg_heap_offset((const void *)(uintptr_t)p, n);
-	vg_put_u64(c, off != UINT64_MAX ? VG_BUFFER_HEAP : VG_BUFFER_INLINE);
+	vg_put_u64(c, off != UINT64_MAX ? VG_BUF_HEAP : VG_BUF_INLINE);
 	vg_put_u64(c, off != UINT64_MAX ? off : p);
 }
 

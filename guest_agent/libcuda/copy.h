@@ -8,8 +8,6 @@
 
 #include "call.h"
 
-enum vg_buffer_kind { VG_BUFFER_INLINE = 0, VG_BUFFER_HEAP = 1, VG_BUFFER_BULK = 2 };
-
 /* A bulk chunk: a quarter of the channel's bulk area, so several are in flight. */
 uint64_t vg_bulk_chunk_size(void);
 

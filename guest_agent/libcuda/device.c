@@ -9,6 +9,7 @@
 
 #include "connection.h"
 #include "device.h"
+#include "vg_guest_protos.h"
 
 /* ---- initialisation and version -------------------------------------------------- */
 

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "vg_errors.h"
+#include "vg_guest_protos.h"
 
 static const struct vg_error_name *error_entry(CUresult e)
 {

@@ -30,8 +30,8 @@ struct integrity_device {
 static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_t result[2]);
 
 /* What the driver would answer for this version, time, thread and device set. */
-void vg_integrity_hash(uint32_t version, uint64_t unix_seconds, uint32_t driver_version, uint32_t pid, uint32_t tid,
-		       uint32_t ndev, const struct vg_dev_info *devs, uint64_t out[2])
+static void vg_integrity_hash(uint32_t version, uint64_t unix_seconds, uint32_t driver_version, uint32_t pid, uint32_t tid,
+			      uint32_t ndev, const struct vg_dev_info *devs, uint64_t out[2])
 {
 	if (version % 10 == 0 || version % 10 == 1) {
 		out[0] = version % 10 == 0 ? 0x3341181C03CB675Cull : 0x1841181C03CB675Cull;
@@ -44,8 +44,8 @@ void vg_integrity_hash(uint32_t version, uint64_t unix_seconds, uint32_t driver_
 	in.version = version;
 	in.pid = pid;
 	in.tid = tid;
-	in.cudart_table = vg_cudart_interface;
-	in.integrity_table = vg_integrity_check_table;
+	in.cudart_table = vg_export_cudart_interface;
+	in.integrity_table = vg_export_integrity_check;
 	in.fn = (const void *)integrity_check;
 	in.unix_seconds = unix_seconds;
 	struct vg_md2 m;
@@ -86,8 +86,4 @@ static CUresult integrity_set_enabled(int on)
 	return CUDA_SUCCESS;
 }
 
-const vg_slot vg_integrity_check_table[3] = {
-	(vg_slot)(uintptr_t)(3 * sizeof(void *)),
-	(vg_slot)integrity_check,
-	(vg_slot)integrity_set_enabled,
-};
+VG_EXPORT_TABLE_INTEGRITY_CHECK

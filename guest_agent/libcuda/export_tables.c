@@ -19,15 +19,14 @@
 #include "context.h"
 #include "export_tables.h"
 #include "vg_nvml_table.h"
-
-CUresult handwritten_cuModuleLoadData(CUmodule *m, const void *image, unsigned fl);
+#include "vg_guest_protos.h"
 
 /* ---- slots nobody has explained: callable, logged, refused ---------------------------- */
 
 /* The first call's register arguments are logged: they are how a slot's meaning is found. */
 CUresult vg_unknown_slot(const char *table, int tid, int slot, const uint64_t a[4])
 {
-	static int seen[TABLE_COUNT][128];
+	static int seen[VG_EXPORT_ID_COUNT][128];
 	if (!__atomic_exchange_n(&seen[tid][slot & 127], 1, __ATOMIC_RELAXED))
 		vg_log("export table %s slot %d is not implemented; CUDA_ERROR_NOT_SUPPORTED (args %#llx %#llx "
 		       "%#llx %#llx)",
@@ -81,28 +80,7 @@ static CUresult cudart_load_compilers(void)
 	return CUDA_SUCCESS; /* PTX is compiled on the host */
 }
 
-UNKNOWN_SLOT(cudart, TABLE_CUDART, 3)
-UNKNOWN_SLOT(cudart, TABLE_CUDART, 4)
-UNKNOWN_SLOT(cudart, TABLE_CUDART, 5)
-UNKNOWN_SLOT(cudart, TABLE_CUDART, 9)
-UNKNOWN_SLOT(cudart, TABLE_CUDART, 10)
-UNKNOWN_SLOT(cudart, TABLE_CUDART, 11)
-
-const vg_slot vg_cudart_interface[13] = {
-	(vg_slot)(uintptr_t)(13 * sizeof(void *)),
-	(vg_slot)cudart_module_from_cubin,
-	(vg_slot)cudart_primary_context,
-	(vg_slot)unknown_cudart_3,
-	(vg_slot)unknown_cudart_4,
-	(vg_slot)unknown_cudart_5,
-	(vg_slot)cudart_module_from_cubin_ext1,
-	(vg_slot)cudart_noop,
-	(vg_slot)cudart_module_from_cubin_ext2,
-	(vg_slot)unknown_cudart_9,
-	(vg_slot)unknown_cudart_10,
-	(vg_slot)unknown_cudart_11,
-	(vg_slot)cudart_load_compilers,
-};
+VG_EXPORT_TABLE_CUDART_INTERFACE
 
 /* ---- TOOLS_RUNTIME_CALLBACK_HOOKS: two buffers and callable no-ops -------------------------- */
 
@@ -125,15 +103,7 @@ static CUresult hooks_noop(void)
 	return CUDA_SUCCESS;
 }
 
-static const vg_slot tools_hooks[7] = {
-	(vg_slot)(uintptr_t)(7 * sizeof(void *)),
-	(vg_slot)hooks_noop,
-	(vg_slot)hooks_buffer1,
-	(vg_slot)hooks_noop,
-	(vg_slot)hooks_noop,
-	(vg_slot)hooks_noop,
-	(vg_slot)hooks_buffer2,
-};
+VG_EXPORT_TABLE_TOOLS_RUNTIME_CALLBACK_HOOKS
 
 /* ---- TOOLS_TLS ---------------------------------------------------------------------------- */
 
@@ -148,13 +118,7 @@ static CUresult tls_current_context(CUcontext *out)
 	return CUDA_SUCCESS;
 }
 
-UNKNOWN_SLOT(tls, TABLE_TLS, 1)
-static const vg_slot tools_tls[4] = {
-	(vg_slot)(uintptr_t)(3 * sizeof(void *)),
-	(vg_slot)unknown_tls_1,
-	(vg_slot)tls_current_context,
-	NULL,
-};
+VG_EXPORT_TABLE_TOOLS_TLS
 
 /* ---- CONTEXT_LOCAL_STORAGE: per-context key/value, served locally (hot) ------------------- */
 
@@ -226,12 +190,7 @@ static CUresult context_storage_get(void **value, CUcontext ctx, void *key)
 }
 
 /* no size word: the table ends at a NULL */
-static const vg_slot context_local_storage[4] = {
-	(vg_slot)context_storage_put,
-	(vg_slot)context_storage_delete,
-	(vg_slot)context_storage_get,
-	NULL,
-};
+VG_EXPORT_TABLE_CONTEXT_LOCAL_STORAGE
 
 /* ---- CONTEXT_CHECKS ----------------------------------------------------------------------- */
 
@@ -249,13 +208,7 @@ static uint32_t context_check3(void)
 	return 0;
 }
 
-UNKNOWN_SLOT(checks, TABLE_CHECKS, 1)
-static const vg_slot context_checks[4] = {
-	(vg_slot)(uintptr_t)(4 * sizeof(void *)),
-	(vg_slot)unknown_checks_1,
-	(vg_slot)context_check,
-	(vg_slot)context_check3,
-};
+VG_EXPORT_TABLE_CONTEXT_CHECKS
 
 /* ---- lookup -------------------------------------------------------------------------------- */
 
@@ -268,30 +221,13 @@ struct table {
 	CUresult refusal;
 };
 
-static const struct table tables[] = {
-	{"CUDART_INTERFACE", {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9},
-	 vg_cudart_interface, 0},
-	{"TOOLS_RUNTIME_CALLBACK_HOOKS", {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66},
-	 tools_hooks, 0},
-	{"TOOLS_TLS", {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc},
-	 tools_tls, 0},
-	{"CONTEXT_LOCAL_STORAGE", {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93},
-	 context_local_storage, 0},
-	{"CONTEXT_CHECKS", {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e},
-	 context_checks, 0},
-	{"INTEGRITY_CHECK", {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
-	 vg_integrity_check_table, 0},
-	{"TOOLS_CONTEXT", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
-	 vg_tools_context, 0},
-	{"TOOLS_MODULE", {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
-	 vg_tools_module, 0},
-	{"LT_AUX", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
-	 vg_cublaslt_aux, 0},
-	{"VMGPU_NVML", VG_NVML_TABLE_UUID, &vg_nvml_table, 0}, /* vmgpu's own: the guest NVML library */
-	/* a bootstrap shortcut probe: refusing it keeps cudart on the documented path */
-	{"f8cff951", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9},
-	 NULL, CUDA_ERROR_NOT_FOUND},
-};
+#define SERVED(name, slots, ...) {name, {__VA_ARGS__}, slots, 0},
+#define OBJECT(name, object, ...) {name, {__VA_ARGS__}, &object, 0},
+#define REFUSED(name, result, ...) {name, {__VA_ARGS__}, NULL, result},
+static const struct table tables[] = {VG_EXPORT_TABLES(SERVED, OBJECT, REFUSED)};
+#undef SERVED
+#undef OBJECT
+#undef REFUSED
 
 CUresult handwritten_cuGetExportTable(const void **table, const CUuuid *id, unsigned f)
 {

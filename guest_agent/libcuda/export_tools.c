@@ -53,23 +53,7 @@ static CUresult context_zero(uint64_t a, uint64_t b, uint64_t *out)
 	return CUDA_SUCCESS;
 }
 
-#define TOOLS_CONTEXT_SLOTS(K, U) \
-	U(1) U(2) U(3) K(4, context_number) U(5) U(6) U(7) U(8) U(9) U(10) U(11) U(12) \
-	U(13) U(14) U(15) U(16) U(17) U(18) U(19) U(20) U(21) U(22) U(23) U(24) \
-	U(25) U(26) U(27) U(28) U(29) U(30) U(31) U(32) U(33) U(34) U(35) U(36) \
-	U(37) U(38) K(39, context_zero) U(40) U(41) U(42) U(43) U(44) U(45) U(46) U(47) U(48) \
-	U(49) U(50) K(51, context_object_get) U(52) U(53) U(54) U(55) U(56) U(57) U(58) U(59) U(60) \
-	U(61) U(62) U(63) U(64) U(65) U(66) U(67) U(68) U(69) U(70) U(71) U(72) \
-	U(73) U(74) U(75) U(76) U(77) U(78) U(79) U(80) U(81) U(82) U(83) U(84) \
-	U(85) U(86) U(87) U(88) U(89) U(90) U(91) U(92)
-#define UNKNOWN_CONTEXT_SLOT(n) UNKNOWN_SLOT(ctxtools, TABLE_TOOLS_CONTEXT, n)
-#define UNKNOWN_CONTEXT_ENTRY(n) [n] = (vg_slot)unknown_ctxtools_##n,
-TOOLS_CONTEXT_SLOTS(SLOT_NO_DEFINITION, UNKNOWN_CONTEXT_SLOT)
-
-const vg_slot vg_tools_context[] = {
-	(vg_slot)(uintptr_t)(93 * sizeof(void *)),
-	TOOLS_CONTEXT_SLOTS(SLOT_ENTRY, UNKNOWN_CONTEXT_ENTRY)
-};
+VG_EXPORT_TABLE_TOOLS_CONTEXT
 
 /* ---- TOOLS_MODULE (6e163fbe): asked for by cuFFT ------------------------------------------
  * 99 slots in driver 580; cuFFT calls only slot 7 (measured): (ctx, module, callback,
@@ -154,24 +138,7 @@ static uint64_t module_functions(CUcontext ctx, CUmodule mod, module_fn_cb cb, v
 	return 1; /* what the driver returns when it has been through the module */
 }
 
-#define TOOLS_MODULE_SLOTS(K, U) \
-	U(1) U(2) U(3) U(4) U(5) U(6) K(7, module_functions) U(8) U(9) U(10) U(11) U(12) \
-	U(13) U(14) U(15) U(16) U(17) U(18) U(19) U(20) U(21) U(22) U(23) U(24) \
-	U(25) U(26) U(27) U(28) U(29) U(30) U(31) U(32) U(33) U(34) U(35) U(36) \
-	U(37) U(38) U(39) U(40) U(41) U(42) U(43) U(44) U(45) U(46) U(47) U(48) \
-	U(49) U(50) U(51) U(52) U(53) U(54) U(55) U(56) U(57) U(58) U(59) U(60) \
-	U(61) U(62) U(63) U(64) U(65) U(66) U(67) U(68) U(69) U(70) U(71) U(72) \
-	U(73) U(74) U(75) U(76) U(77) U(78) U(79) U(80) U(81) U(82) U(83) U(84) \
-	U(85) U(86) U(87) U(88) U(89) U(90) U(91) U(92) U(93) U(94) U(95) U(96) \
-	U(97) U(98)
-#define UNKNOWN_MODULE_SLOT(n) UNKNOWN_SLOT(ctxmodule, TABLE_TOOLS_MODULE, n)
-#define UNKNOWN_MODULE_ENTRY(n) [n] = (vg_slot)unknown_ctxmodule_##n,
-TOOLS_MODULE_SLOTS(SLOT_NO_DEFINITION, UNKNOWN_MODULE_SLOT)
-
-const vg_slot vg_tools_module[] = {
-	(vg_slot)(uintptr_t)(99 * sizeof(void *)),
-	TOOLS_MODULE_SLOTS(SLOT_ENTRY, UNKNOWN_MODULE_ENTRY)
-};
+VG_EXPORT_TABLE_TOOLS_MODULE
 
 /* ---- 1734dc26: asked for by cuBLASLt (also in nvrtc, nvJitLink, CUPTI) ----------------------- */
 
@@ -191,14 +158,4 @@ static CUresult cublaslt_aux_decline(void **a, void **b)
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-#define CUBLASLT_AUX_SLOTS(K, U) \
-	U(1) U(2) U(3) K(4, cublaslt_aux_decline) U(5) U(6) U(7) U(8) U(9) U(10) U(11) U(12) \
-	U(13) U(14) U(15) U(16)
-#define UNKNOWN_CUBLASLT_SLOT(n) UNKNOWN_SLOT(lt_aux, TABLE_LT_AUX, n)
-#define UNKNOWN_CUBLASLT_ENTRY(n) [n] = (vg_slot)unknown_lt_aux_##n,
-CUBLASLT_AUX_SLOTS(SLOT_NO_DEFINITION, UNKNOWN_CUBLASLT_SLOT)
-
-const vg_slot vg_cublaslt_aux[] = {
-	(vg_slot)(uintptr_t)(17 * sizeof(void *)),
-	CUBLASLT_AUX_SLOTS(SLOT_ENTRY, UNKNOWN_CUBLASLT_ENTRY)
-};
+VG_EXPORT_TABLE_LT_AUX

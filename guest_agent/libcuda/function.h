@@ -22,4 +22,8 @@ CUresult vg_param_layout(uint64_t handle, struct vg_param_layout **out);
  * handle (export_tools.c). */
 uint64_t vg_function_handle(CUfunction f);
 
+/* A launch configuration into a request (launch.c): api.toml's launch_config. */
+struct vg_call;
+void vg_put_launch_config(struct vg_call *c, const CUlaunchConfig *cfg);
+
 #endif

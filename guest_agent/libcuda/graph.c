@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for. */
 #include "call.h"
+#include "vg_guest_protos.h"
 
 /* ---- stream capture state ------------------------------------------------------------------- */
 
@@ -52,27 +53,4 @@ CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus
 				       unsigned f)
 {
 	return capture_info(VG_OP_cuStreamGetCaptureInfo_v3, s, status, id, graph, deps, edges, ndeps, f);
-}
-
-/* The nodes of a graph: the count, and the nodes as handles when asked for. */
-CUresult handwritten_cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num, unsigned fl)
-{
-	if (!num)
-		return CUDA_ERROR_INVALID_VALUE;
-	struct vg_call c;
-	CUresult r = vg_begin(&c, VG_OP_cuGraphGetNodes, fl);
-	if (r != CUDA_SUCCESS)
-		return r;
-	vg_put_u64(&c, (uint64_t)(uintptr_t)g);
-	vg_put_u64(&c, nodes ? *num : 0);
-	r = vg_call_sync(&c);
-	if (r == CUDA_SUCCESS) {
-		uint64_t total = vg_get_u64(&c), got = vg_get_u64(&c);
-		const uint64_t *h = got ? vg_get_ref(&c, got * 8) : NULL;
-		if (nodes && got <= *num && (h || !got))
-			for (uint64_t i = 0; i < got; i++)
-				nodes[i] = (CUgraphNode)(uintptr_t)h[i];
-		*num = nodes ? got : total;
-	}
-	return vg_end(&c, r);
 }

@@ -8,6 +8,7 @@
 #include "call.h"
 #include "connection.h"
 #include "hostmem.h"
+#include "vg_guest_protos.h"
 
 uint64_t vg_heap_offset(const void *p, size_t n)
 {
@@ -93,11 +94,12 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsi
 	vg_put_u64(&c, (uint64_t)(uintptr_t)vmgpu_guest_ptr(vg_conn.guest, 0));
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS) {
-		/* kind 0: a device address (our own pointer); kind 2: a region offset (a kernel
-		 * cannot use it, but copies can, as for any pinned pointer) */
-		uint64_t v[2];
-		vg_get(&c, v, sizeof v);
-		*pd = v[0] == 2 ? (CUdeviceptr)(uintptr_t)vmgpu_guest_ptr(vg_conn.guest, v[1]) : (CUdeviceptr)v[1];
+		/* a device address (our own pointer), or a region offset (a kernel cannot use it, but
+		 * copies can, as for any pinned pointer) */
+		struct vg_addr_answer a;
+		vg_get(&c, &a, sizeof a);
+		*pd = a.kind == VG_ANSWER_REGION ? (CUdeviceptr)(uintptr_t)vmgpu_guest_ptr(vg_conn.guest, a.value)
+						 : (CUdeviceptr)a.value;
 	}
 	return vg_end(&c, r);
 }

@@ -13,12 +13,7 @@
 #include "call.h"
 #include "context.h"
 #include "function.h"
-
-CUresult forward_cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev, unsigned f);
-CUresult forward_cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned f);
-CUresult forward_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev, unsigned f);
-CUresult forward_cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value, unsigned f);
-CUresult forward_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel, unsigned f);
+#include "vg_guest_protos.h"
 
 #define SLOTS 16384 /* power of two */
 

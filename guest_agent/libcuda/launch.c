@@ -13,6 +13,7 @@
 #include "call.h"
 #include "connection.h"
 #include "function.h"
+#include "vg_guest_protos.h"
 
 /* ---- kernel parameter layouts ------------------------------------------------------------ */
 
@@ -149,7 +150,7 @@ static CUresult put_params(struct vg_call *c, const struct vg_param_layout *fi, 
 }
 
 /* A launch configuration: dims, shared memory, stream, attributes. */
-static void put_config(struct vg_call *c, const CUlaunchConfig *cfg)
+void vg_put_launch_config(struct vg_call *c, const CUlaunchConfig *cfg)
 {
 	uint32_t dims[8] = {cfg->gridDimX,  cfg->gridDimY,	 cfg->gridDimZ, cfg->blockDimX,
 			    cfg->blockDimY, cfg->blockDimZ, cfg->sharedMemBytes, cfg->numAttrs};
@@ -197,36 +198,10 @@ CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 	CUresult r = launch_begin(&c, VG_OP_cuLaunchKernelEx, f, fl, &fi);
 	if (r != CUDA_SUCCESS)
 		return r;
-	put_config(&c, config);
+	vg_put_launch_config(&c, config);
 	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
 		return vg_end(&c, r);
 	return vg_send_async(&c);
-}
-
-static CUresult cluster_query(uint32_t op, int *out, CUfunction f, const CUlaunchConfig *config, unsigned fl)
-{
-	if (!out || !config || (config->numAttrs && !config->attrs))
-		return CUDA_ERROR_INVALID_VALUE;
-	struct vg_call c;
-	CUresult r = vg_begin(&c, op, fl);
-	if (r != CUDA_SUCCESS)
-		return r;
-	vg_put_u64(&c, vg_function_handle(f));
-	put_config(&c, config);
-	r = vg_call_sync(&c);
-	if (r == CUDA_SUCCESS)
-		vg_get(&c, out, sizeof *out);
-	return vg_end(&c, r);
-}
-
-CUresult handwritten_cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *config, unsigned fl)
-{
-	return cluster_query(VG_OP_cuOccupancyMaxActiveClusters, n, f, config, fl);
-}
-
-CUresult handwritten_cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const CUlaunchConfig *config, unsigned fl)
-{
-	return cluster_query(VG_OP_cuOccupancyMaxPotentialClusterSize, n, f, config, fl);
 }
 
 CUresult handwritten_cuFuncGetName(const char **name, CUfunction f, unsigned fl)

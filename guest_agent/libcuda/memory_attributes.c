@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Pointer attributes (a device address or pinned heap memory, answered by the host
- * in its terms and put back in the guest's) and memory-pool attributes (an int or
- * 64 bits, by attribute).
+ * in its terms and put back in the guest's).  Memory-pool attributes are generated (a value
+ * sized by its attribute: [sizes] in api.toml).
  */
 #include <string.h>
 
@@ -10,6 +10,7 @@
 #include "connection.h"
 #include "context.h"
 #include "copy.h"
+#include "vg_guest_protos.h"
 
 /* ---- pointer attributes ----------------------------------------------------------------------- */
 
@@ -45,16 +46,15 @@ static size_t pointer_attr_size(CUpointer_attribute a)
 	}
 }
 
-/* The host's answer for one attribute: kind 1 names a device's context, kind 2 a region
- * offset; otherwise the value's bytes. */
-static void pointer_attr_put(void *data, size_t size, const uint64_t *v)
+/* The host's answer for one attribute, in the guest's terms (vg_wire.h). */
+static void pointer_attr_put(void *data, size_t size, const struct vg_attr_answer *a)
 {
-	if (v[0] == 1)
-		*(CUcontext *)data = v[1] == UINT64_MAX ? NULL : vg_primary_context((int)v[1]);
-	else if (v[0] == 2)
-		*(void **)data = vmgpu_guest_ptr(vg_conn.guest, v[1]);
+	if (a->kind == VG_ANSWER_DEVICE)
+		*(CUcontext *)data = a->value[0] == UINT64_MAX ? NULL : vg_primary_context((int)a->value[0]);
+	else if (a->kind == VG_ANSWER_REGION)
+		*(void **)data = vmgpu_guest_ptr(vg_conn.guest, a->value[0]);
 	else
-		memcpy(data, &v[1], size);
+		memcpy(data, a->value, size);
 }
 
 /* A pointer is a device address or, in the region's heap, pinned host memory; the host
@@ -74,9 +74,9 @@ CUresult handwritten_cuPointerGetAttribute(void *data, CUpointer_attribute attr,
 	vg_put_unified_address(&c, ptr, 1);
 	r = vg_call_sync(&c);
 	if (r == CUDA_SUCCESS) {
-		uint64_t v[3];
-		vg_get(&c, v, sizeof v);
-		pointer_attr_put(data, size, v);
+		struct vg_attr_answer a;
+		vg_get(&c, &a, sizeof a);
+		pointer_attr_put(data, size, &a);
 	}
 	return vg_end(&c, r);
 }
@@ -100,52 +100,9 @@ CUresult handwritten_cuPointerGetAttributes(unsigned n, CUpointer_attribute *att
 	vg_put_unified_address(&c, ptr, 1);
 	r = vg_call_sync(&c);
 	for (unsigned i = 0; r == CUDA_SUCCESS && i < n; i++) {
-		uint64_t v[3];
-		vg_get(&c, v, sizeof v);
-		pointer_attr_put(data[i], pointer_attr_size(attrs[i]), v);
+		struct vg_attr_answer a;
+		vg_get(&c, &a, sizeof a);
+		pointer_attr_put(data[i], pointer_attr_size(attrs[i]), &a);
 	}
 	return vg_end(&c, r);
-}
-
-/* Pool attributes: the value is an int for the three reuse switches, 64 bits for the rest;
- * it crosses as 64 bits and the host checks which attribute it is. */
-static int pool_attr_is_int(CUmemPool_attribute a)
-{
-	return a == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES || a == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
-	       a == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-}
-
-static CUresult pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, void *value, int set, unsigned fl)
-{
-	if (!value)
-		return CUDA_ERROR_INVALID_VALUE;
-	struct vg_call c;
-	CUresult r = vg_begin(&c, set ? VG_OP_cuMemPoolSetAttribute : VG_OP_cuMemPoolGetAttribute, fl);
-	if (r != CUDA_SUCCESS)
-		return r;
-	uint64_t v = 0;
-	if (set)
-		v = pool_attr_is_int(attr) ? (uint64_t)(int64_t) * (int *)value : *(cuuint64_t *)value;
-	vg_put_u64(&c, (uint64_t)(uintptr_t)pool);
-	vg_put_u64(&c, (uint64_t)attr);
-	vg_put_u64(&c, v);
-	r = vg_call_sync(&c);
-	if (r == CUDA_SUCCESS && !set) {
-		vg_get(&c, &v, sizeof v);
-		if (pool_attr_is_int(attr))
-			*(int *)value = (int)v;
-		else
-			*(cuuint64_t *)value = v;
-	}
-	return vg_end(&c, r);
-}
-
-CUresult handwritten_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, unsigned fl)
-{
-	return pool_attr(pool, attr, value, 1, fl);
-}
-
-CUresult handwritten_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value, unsigned fl)
-{
-	return pool_attr(pool, attr, value, 0, fl);
 }

@@ -12,6 +12,7 @@
 #include "connection.h"
 #include "copy.h"
 #include "vg_hash.h"
+#include "vg_guest_protos.h"
 
 CUresult handwritten_cuModuleGetLoadingMode(CUmoduleLoadingMode *mode, unsigned f)
 {

@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include "vg_procaddr.h"
+#include "vg_guest_protos.h"
 
 static CUresult procaddr(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status)
 {

@@ -11,6 +11,7 @@
 #include "channel.h"
 #include "quota.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
 			     unsigned elsz, const char *call)

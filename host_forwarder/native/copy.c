@@ -9,6 +9,7 @@
 #include "addresses.h"
 #include "host_memory.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 static CUresult htod(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int async)
 {

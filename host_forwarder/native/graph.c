@@ -9,6 +9,7 @@
 #include "channel.h"
 #include "quota.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 /* What a graph's memory nodes ask for, in whole 2 MiB pages. */
 static uint64_t graph_mem(struct vh_chan *ch, CUgraph g)
@@ -113,35 +114,3 @@ static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *r
 VH_CUSTOM_VARIANT(handwritten_cuStreamGetCaptureInfo, capture_info, 1)
 VH_CUSTOM_VARIANT(handwritten_cuStreamGetCaptureInfo_v2, capture_info, 2)
 VH_CUSTOM_VARIANT(handwritten_cuStreamGetCaptureInfo_v3, capture_info, 3)
-
-CUresult handwritten_cuGraphGetNodes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
-{
-	(void)flags;
-	void *g = (void *)(uintptr_t)vh_get_u64(rd);
-	uint64_t cap = vh_get_u64(rd);
-	if (rd->bad)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (vh_handle_in(ch, VG_KIND_GRAPH, &g))
-		return CUDA_ERROR_INVALID_HANDLE;
-	size_t total = 0;
-	CUresult r = ch->backend->cuGraphGetNodes(g, NULL, &total);
-	if (r != CUDA_SUCCESS)
-		return r;
-	uint64_t want = cap < total ? cap : total;
-	if (want > (wr->cap - wr->len) / 8 - 2)
-		return CUDA_ERROR_INVALID_VALUE;
-	CUgraphNode *nodes = want ? vh_scratch(ch, want, sizeof *nodes) : NULL;
-	size_t got = want;
-	if (want && (!nodes || (r = ch->backend->cuGraphGetNodes(g, nodes, &got)) != CUDA_SUCCESS))
-		return nodes ? r : CUDA_ERROR_OUT_OF_MEMORY;
-	uint64_t head[2] = {total, got};
-	vh_put(wr, head, sizeof head);
-	for (size_t i = 0; i < got; i++) {
-		void *n = nodes[i];
-		if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, &n, g))
-			return CUDA_ERROR_OUT_OF_MEMORY;
-		uint64_t v = (uint64_t)(uintptr_t)n;
-		vh_put(wr, &v, 8);
-	}
-	return CUDA_SUCCESS;
-}

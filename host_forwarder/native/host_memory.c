@@ -6,6 +6,7 @@
 
 #include "host_memory.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 void *vh_host_buf(struct vh_chan *ch, uint64_t kind, uint64_t a, uint64_t n)
 {
@@ -76,9 +77,9 @@ static uint8_t *region_alias(struct vh_chan *ch, uint64_t guest_base)
 	return ch->alias;
 }
 
-/* The device address of heap memory, as the guest may see it: (kind 0, its own pointer, which
- * is the device address of the alias) where the alias exists, else (kind 2, region offset),
- * which the guest library turns into its own pointer.  Never the worker's address. */
+/* The device address of heap memory, as the guest may see it: (VG_ANSWER_VALUE, its own pointer,
+ * which is the device address of the alias) where the alias exists, else (VG_ANSWER_REGION,
+ * region offset), which the guest library turns into its own pointer.  Never the worker's address. */
 CUresult handwritten_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {
 	(void)flags;
@@ -90,15 +91,15 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(struct vh_chan *ch, uint32_t f
 		return CUDA_ERROR_INVALID_VALUE; /* flags must be 0, as for the driver */
 	if (!ch->fwd->registered)
 		return CUDA_ERROR_NOT_SUPPORTED;
-	uint64_t out[2] = {2, off};
+	struct vg_addr_answer out = {VG_ANSWER_REGION, off};
 	uint8_t *alias = region_alias(ch, guest_base);
 	CUdeviceptr d;
 	/* with unified addressing the device address is alias + off: the guest's own pointer */
 	if (alias && ch->backend->cuMemHostGetDevicePointer_v2(&d, alias + off, 0) == CUDA_SUCCESS &&
 	    d == (CUdeviceptr)(uintptr_t)(alias + off)) {
-		out[0] = 0;
-		out[1] = d;
+		out.kind = VG_ANSWER_VALUE;
+		out.value = d;
 	}
-	vh_put(wr, out, sizeof out);
+	vh_put(wr, &out, sizeof out);
 	return CUDA_SUCCESS;
 }

@@ -9,6 +9,7 @@
 
 #include "protocol.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 static CUresult param_layout(struct vh_chan *ch, struct vh_handle *e)
 {
@@ -66,17 +67,15 @@ static CUresult params_in(struct vh_chan *ch, struct vh_handle *e, struct vh_rd 
 	return CUDA_SUCCESS;
 }
 
-#define VH_MAX_LAUNCH_ATTRS 16
-
 /* A launch configuration; attributes naming events are translated, unknown ones refused. */
-static CUresult config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, CUlaunchConfig *cfg,
-			  CUlaunchAttribute *attrs)
+CUresult vh_launch_config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, CUlaunchConfig *cfg,
+			     CUlaunchAttribute *attrs)
 {
 	uint32_t dims[8];
 	vh_get(rd, dims, sizeof dims);
 	uint64_t sraw = vh_get_u64(rd), n;
 	const CUlaunchAttribute *in = vh_get_arr(rd, sizeof *in, &n);
-	if (rd->bad || n != dims[7] || n > VH_MAX_LAUNCH_ATTRS)
+	if (rd->bad || n != dims[7] || n > VG_MAX_LAUNCH_ATTRS)
 		return CUDA_ERROR_INVALID_VALUE;
 	int bad = 0;
 	memset(cfg, 0, sizeof *cfg);
@@ -138,13 +137,13 @@ CUresult handwritten_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct v
 struct launch_target {
 	struct vh_handle *e;
 	CUlaunchConfig cfg;
-	CUlaunchAttribute attrs[VH_MAX_LAUNCH_ATTRS];
+	CUlaunchAttribute attrs[VG_MAX_LAUNCH_ATTRS];
 };
 
 static CUresult function_and_config(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct launch_target *t)
 {
 	t->e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
-	CUresult r = config_in(ch, flags, rd, &t->cfg, t->attrs);
+	CUresult r = vh_launch_config_in(ch, flags, rd, &t->cfg, t->attrs);
 	if (r != CUDA_SUCCESS)
 		return r;
 	return t->e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -160,23 +159,6 @@ CUresult handwritten_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct
 		return r;
 	return ch->backend->cuLaunchKernelEx(&t.cfg, t.e->ptr, t.e->nparams ? args : NULL, NULL);
 }
-
-static CUresult cluster_query(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int potential)
-{
-	struct launch_target t;
-	CUresult r = function_and_config(ch, flags, rd, &t);
-	if (r != CUDA_SUCCESS)
-		return r;
-	int n = 0;
-	r = potential ? ch->backend->cuOccupancyMaxPotentialClusterSize(&n, t.e->ptr, &t.cfg)
-		      : ch->backend->cuOccupancyMaxActiveClusters(&n, t.e->ptr, &t.cfg);
-	if (r == CUDA_SUCCESS)
-		vh_put(wr, &n, sizeof n);
-	return r;
-}
-
-VH_CUSTOM_VARIANT(handwritten_cuOccupancyMaxActiveClusters, cluster_query, 0)
-VH_CUSTOM_VARIANT(handwritten_cuOccupancyMaxPotentialClusterSize, cluster_query, 1)
 
 CUresult handwritten_cuFuncGetName(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
 {

@@ -11,6 +11,7 @@
 #include "protocol.h"
 #include "quota.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 /* The image to give the driver: the bytes received (or the cache's copy of the same bytes),
  * checked against their own headers (image_check.c), with a zeroed guard after them. */

@@ -18,6 +18,7 @@
 #include "host_nvml.h"
 #include "proc.h"
 #include "vh_dispatch.h"
+#include "protocol.h"
 
 /* The few host NVML entry points read here, by their documented C signatures (nvml.h): handles
  * are pointers, enums ints, and nvmlProcessUtilizationSample_t is

@@ -7,6 +7,7 @@
 #include "addresses.h"
 #include "host_memory.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 /* What the driver says of memory it does not know: asked of this unregistered object of the
  * worker, never of an address the guest chose. */
@@ -42,35 +43,35 @@ static int attr_is_address(CUpointer_attribute attr)
 	       attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attr == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR;
 }
 
-/* One attribute's value as the guest may see it (out[0] kind, out[1..2] value): a context
- * becomes a device index (kind 1; UINT64_MAX for none or not the guest's), an address in the
- * region a region offset (kind 2, which the guest turns into its own pointer), an address of
- * this process's device memory stays; any other address, host handle or token is withheld (0):
- * no host address of the worker leaves the host. */
-static void pointer_out(struct vh_chan *ch, CUpointer_attribute attr, const uint64_t *v, uint64_t out[3])
+/* One attribute's value as the guest may see it (vg_wire.h): a context becomes a device index
+ * (VG_ANSWER_DEVICE; UINT64_MAX for none or not the guest's), an address in the region a region
+ * offset (VG_ANSWER_REGION, which the guest turns into its own pointer), an address of this
+ * process's device memory stays; any other address, host handle or token is withheld (0): no
+ * host address of the worker leaves the host. */
+static void pointer_out(struct vh_chan *ch, CUpointer_attribute attr, const uint64_t *v, struct vg_attr_answer *out)
 {
-	out[0] = 0;
-	out[1] = v[0];
-	out[2] = v[1];
+	out->kind = VG_ANSWER_VALUE;
+	out->value[0] = v[0];
+	out->value[1] = v[1];
 	if (attr == CU_POINTER_ATTRIBUTE_CONTEXT) {
-		out[0] = 1;
-		out[1] = UINT64_MAX;
+		out->kind = VG_ANSWER_DEVICE;
+		out->value[0] = UINT64_MAX;
 		for (int d = 0; v[0] && d < ch->fwd->ndev; d++)
 			if (ch->ctx[d] && (uint64_t)(uintptr_t)ch->ctx[d] == v[0])
-				out[1] = (uint64_t)d;
+				out->value[0] = (uint64_t)d;
 	} else if (attr_is_address(attr)) {
 		uint64_t region = (uint64_t)(uintptr_t)ch->fwd->region, off = vh_alias_offset(ch, v[0]);
 		if (v[0] >= region && v[0] - region < ch->fwd->region_size)
 			off = v[0] - region;
-		out[2] = 0;
+		out->value[1] = 0;
 		if (off != UINT64_MAX) {
-			out[0] = 2;
-			out[1] = off;
+			out->kind = VG_ANSWER_REGION;
+			out->value[0] = off;
 		} else if (v[0] && !vh_addr_owned(ch, v[0])) {
-			out[1] = 0;
+			out->value[0] = 0;
 		}
 	} else if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE || attr == CU_POINTER_ATTRIBUTE_P2P_TOKENS) {
-		out[1] = out[2] = 0;
+		out->value[0] = out->value[1] = 0;
 	}
 }
 
@@ -83,16 +84,18 @@ CUresult handwritten_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, s
 		return CUDA_ERROR_INVALID_VALUE; /* as the driver says of memory it does not know */
 	if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE || attr == CU_POINTER_ATTRIBUTE_P2P_TOKENS)
 		return CUDA_ERROR_NOT_SUPPORTED; /* host handles and tokens the guest has no name for */
-	uint64_t v[4] = {0}, out[3];
+	uint64_t v[4] = {0};
+	struct vg_attr_answer out;
 	CUresult r = ch->backend->cuPointerGetAttribute(v, attr, p);
 	if (r != CUDA_SUCCESS)
 		return r;
-	pointer_out(ch, attr, v, out);
+	pointer_out(ch, attr, v, &out);
 	/* alone, a context or address the guest cannot name is an error, as for a bad pointer */
-	if ((out[0] == 1 && out[1] == UINT64_MAX) || (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER && out[0] != 2) ||
-	    (attr_is_address(attr) && out[0] == 0 && out[1] == 0))
+	if ((out.kind == VG_ANSWER_DEVICE && out.value[0] == UINT64_MAX) ||
+	    (attr == CU_POINTER_ATTRIBUTE_HOST_POINTER && out.kind != VG_ANSWER_REGION) ||
+	    (attr_is_address(attr) && out.kind == VG_ANSWER_VALUE && out.value[0] == 0))
 		return CUDA_ERROR_INVALID_VALUE;
-	vh_put(wr, out, sizeof out);
+	vh_put(wr, &out, sizeof out);
 	return CUDA_SUCCESS;
 }
 
@@ -121,9 +124,9 @@ CUresult handwritten_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, 
 	if (r != CUDA_SUCCESS)
 		return r;
 	for (uint64_t i = 0; i < n; i++) {
-		uint64_t out[3];
-		pointer_out(ch, attrs[i], v[i], out);
-		vh_put(wr, out, sizeof out);
+		struct vg_attr_answer out;
+		pointer_out(ch, attrs[i], v[i], &out);
+		vh_put(wr, &out, sizeof out);
 	}
 	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }

@@ -6,6 +6,7 @@
 #include "channel.h"
 #include "quota.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 static int capturing(struct vh_chan *ch, CUstream s)
 {
@@ -118,58 +119,12 @@ CUresult guarded_cuMemPoolTrimTo(struct vh_chan *ch, CUmemoryPool pool, size_t k
 	return r;
 }
 
-/* Pool attributes: the three reuse switches are ints, the rest 64-bit. */
-static int pool_attr_size(CUmemPool_attribute a)
+/* A pool attribute set (its value decoded and sized by [sizes] in api.toml): a lower release
+ * threshold can free memory, which the quota is given back. */
+CUresult guarded_cuMemPoolSetAttribute(struct vh_chan *ch, CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-	switch (a) {
-	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-		return 4;
-	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-		return 8;
-	default:
-		return 0;
-	}
+	CUresult r = ch->backend->cuMemPoolSetAttribute(pool, attr, value);
+	if (r == CUDA_SUCCESS)
+		vh_quota_given_back(ch, pool_dev(ch, pool), 0);
+	return r;
 }
-
-static CUresult pool_attr(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int set)
-{
-	(void)flags;
-	void *pool = (void *)(uintptr_t)vh_get_u64(rd);
-	CUmemPool_attribute attr = (CUmemPool_attribute)vh_get_u64(rd);
-	uint64_t v = vh_get_u64(rd);
-	if (rd->bad)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!pool || vh_handle_in(ch, VG_KIND_MEMPOOL, &pool))
-		return CUDA_ERROR_INVALID_HANDLE;
-	int size = pool_attr_size(attr);
-	if (!size)
-		return CUDA_ERROR_NOT_SUPPORTED;
-	union {
-		int i;
-		cuuint64_t u;
-	} val = {0};
-	if (size == 4)
-		val.i = (int)v;
-	else
-		val.u = v;
-	CUresult r = set ? ch->backend->cuMemPoolSetAttribute(pool, attr, &val)
-			 : ch->backend->cuMemPoolGetAttribute(pool, attr, &val);
-	if (r != CUDA_SUCCESS)
-		return r;
-	if (set) {
-		vh_quota_given_back(ch, pool_dev(ch, pool), 0); /* a lower threshold can free memory */
-		return CUDA_SUCCESS;
-	}
-	v = size == 4 ? (uint64_t)(int64_t)val.i : val.u;
-	vh_put(wr, &v, sizeof v);
-	return CUDA_SUCCESS;
-}
-
-VH_CUSTOM_VARIANT(handwritten_cuMemPoolSetAttribute, pool_attr, 1)
-VH_CUSTOM_VARIANT(handwritten_cuMemPoolGetAttribute, pool_attr, 0)

@@ -47,12 +47,11 @@ static const char *op_name(uint32_t op)
 		return #name;
 		VG_OP_NAMES(N)
 #undef N
-	case VG_OP_HELLO: return "hello";
-	case VG_OP_FUNC_PARAMS: return "function parameters";
-	case VG_OP_BLOB_BEGIN: return "module image";
-	case VG_OP_BLOB_PUT: return "module image chunk";
-	case VG_OP_MODULE_FUNCS: return "module functions";
-	case VG_OP_NVML_QUERY: return "NVML query";
+#define P(op, name) \
+	case op:    \
+		return name;
+		VG_PROTO_OP_NAMES(P)
+#undef P
 	default: return "unknown operation";
 	}
 }

@@ -36,6 +36,11 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 int vh_op_reports_async(uint32_t op);
 int vh_op_gpu_work(uint32_t op);
 
+/* launch.c: a launch configuration from the request (api.toml's launch_config): dims, the stream,
+ * up to VG_MAX_LAUNCH_ATTRS attributes into attrs, their events translated, unknown ones refused. */
+CUresult vh_launch_config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, CUlaunchConfig *cfg,
+			     CUlaunchAttribute *attrs);
+
 /* A handwritten_ entry point that is one variant of a shared implementation,
  * impl(ch, flags, rd, wr, variant): a synchronous and an asynchronous copy, a get and a set. */
 #define VH_CUSTOM_VARIANT(name, impl, variant)                                                \

@@ -8,6 +8,7 @@
 #include "channel.h"
 #include "quota.h"
 #include "vh_dispatch.h"
+#include "vh_protos.h"
 
 #define VH_MAX_ACCESS_DESCS 16
 

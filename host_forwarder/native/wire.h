@@ -25,10 +25,6 @@ struct vh_wr {
 	int bad;
 };
 
-/* Where a host buffer the guest names lives: in the request itself, in the region's heap (an
- * offset), or in the channel's bulk area (a position) (host_memory.c). */
-enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };
-
 static inline uint32_t vh_pad8(uint64_t n)
 {
 	return (uint32_t)((n + 7) & ~7ull);

@@ -3,9 +3,10 @@
 
     python3 native/cuda_api/gen.py [--check] [--cuda-include DIR]
 
-Inputs: api.toml (what is served and how each pointer is used), cuda.h (prototypes,
-read through the C preprocessor), driver/libcuda_exports.txt and driver/procaddr.tsv
-(probed from a real driver by probe_driver.py).  Output: generated/ (committed).
+Inputs: api.toml (what is served and how each pointer is used), export_tables.toml (the
+export tables' layouts and UUIDs), cuda.h (prototypes, read through the C preprocessor),
+driver/libcuda_exports.txt, driver/procaddr.tsv and driver/export_tables.txt (probed from a
+real driver by probe_driver.py).  Output: generated/ (committed).
 --check regenerates into memory and fails if generated/ differs.
 """
 
@@ -26,9 +27,14 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="fail if generated/ is out of date")
     ap.add_argument("--cuda-include", default=os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include"))
     ap.add_argument("--spec", default=os.path.join(CUDA_API_DIR, "api.toml"), help="the API spec (default: api.toml)")
+    ap.add_argument(
+        "--exports",
+        default=os.path.join(CUDA_API_DIR, "export_tables.toml"),
+        help="the export tables' layouts (default: export_tables.toml)",
+    )
     a = ap.parse_args()
     try:
-        files = generate(a.cuda_include, a.spec)
+        files = generate(a.cuda_include, a.spec, a.exports)
     except (SpecError, subprocess.CalledProcessError) as e:
         print(f"gen.py: {e}", file=sys.stderr)
         return 2

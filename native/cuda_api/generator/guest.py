@@ -18,9 +18,24 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     strs = set(s.get("in_string", []))
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
+    in_sized = s.get("in_sized", {})
+    out_sized = s.get("out_sized", {})
+    sel_type = {p.name: p.ctype for p in fn.params}
+    size_of = lambda n, sel: f"vg_size_{sel_type[sel]}({sel})"  # noqa: E731
     body = [
         f"{'' if fn.spec.get('guest') == 'cached' else 'static '}CUresult forward_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
         "{",
+    ]
+    counted = s.get("counted_out", {})
+    counts = {c: a for a, c in counted.items()}
+    for n in [*in_sized, *out_sized, *s.get("required", []), *counted.values()]:  # a sized value needs its buffer
+        body.append(f"\tif ({n} == NULL)\n\t\treturn CUDA_ERROR_INVALID_VALUE;")
+    configs = s.get("launch_config", [])
+    for n in configs:
+        body.append(
+            f"\tif ({n} == NULL || ({n}->numAttrs && {n}->attrs == NULL))\n\t\treturn CUDA_ERROR_INVALID_VALUE;"
+        )
+    body += [
         "\tstruct vg_call c;",
         f"\tCUresult r = vg_begin(&c, VG_OP_{fn.name}, vg_flags);",
         "\tif (r != CUDA_SUCCESS)\n\t\treturn r;",
@@ -36,6 +51,16 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
             body.append(f"\tvg_put_arr(&c, {p.name}, (uint64_t)({in_arr[p.name]}), sizeof(*{p.name}));")
         elif p.name in out_arr:
             body.append(f"\tvg_put_u64(&c, {p.name} != NULL ? (uint64_t)({out_arr[p.name]}) : 0);")
+        elif p.name in in_sized:
+            body.append(f"\tvg_put_arr(&c, {p.name}, {size_of(p.name, in_sized[p.name])}, 1);")
+        elif p.name in out_sized:
+            continue  # the host sizes it by the same table
+        elif p.name in configs:
+            body.append(f"\tvg_put_launch_config(&c, {p.name});")
+        elif p.name in counted:  # the capacity; 0: the count alone is asked for
+            body.append(f"\tvg_put_u64(&c, {p.name} != NULL ? (uint64_t)*{counted[p.name]} : 0);")
+        elif p.name in counts:
+            continue
         elif p.ctype == "CUcontext":
             body.append(f"\tvg_put_ctx(&c, {p.name});")
         elif p.ctype == "CUfunction":
@@ -48,7 +73,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
         body.append("\treturn vg_send_async(&c);")
     else:
         body.append("\tr = vg_call_sync(&c);")
-        if outs or out_arr or inouts:
+        if outs or out_arr or inouts or out_sized or counted:
             body.append("\tif (r == CUDA_SUCCESS) {")
             for p in fn.params:
                 if p.name in outs or p.name in inouts:
@@ -57,6 +82,15 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
                     body.append(
                         f"\t\tif ({p.name} != NULL)\n\t\t\tvg_get(&c, {p.name}, (uint64_t)({out_arr[p.name]}) * sizeof(*{p.name}));"
                     )
+                elif p.name in out_sized:
+                    body.append(f"\t\tvg_get(&c, {p.name}, {size_of(p.name, out_sized[p.name])});")
+                elif p.name in counted:
+                    # the total, then the elements given (never more than the capacity)
+                    cnt = counted[p.name]
+                    body.append(f"\t\tuint64_t {p.name}_total = vg_get_u64(&c), {p.name}_got = vg_get_u64(&c);")
+                    body.append(f"\t\tif ({p.name} != NULL && {p.name}_got <= *{cnt})")
+                    body.append(f"\t\t\tvg_get(&c, {p.name}, {p.name}_got * sizeof(*{p.name}));")
+                    body.append(f"\t\t*{cnt} = {p.name} != NULL ? {p.name}_got : {p.name}_total;")
             body.append("\t}")
         body.append("\treturn vg_end(&c, r);")
     body.append("}\n")
@@ -64,7 +98,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
 
 
 def emit_guest(funcs: list[Func], handles: dict[str, str]) -> str:
-    lines = [BANNER, '#include "vg_guest.h"\n']
+    lines = [BANNER, '#include "vg_guest.h"\n#include "vg_guest_protos.h"\n#include "vg_sizes.h"\n']
     args = lambda f: ", ".join(p.name for p in f.params)  # noqa: E731
     for fn in funcs:
         if fn.cls in ("sync", "async"):
@@ -72,14 +106,8 @@ def emit_guest(funcs: list[Func], handles: dict[str, str]) -> str:
             target = f"forward_{fn.name}"
             if fn.spec.get("guest") == "cached":
                 # answered from a hand-written guest cache, which calls forward_<name> on a miss
-                lines.append(
-                    f"CUresult handwritten_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
-                )
                 target = f"handwritten_{fn.name}"
         else:
-            lines.append(
-                f"CUresult handwritten_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])});"
-            )
             target = f"handwritten_{fn.name}"
         for name, flag in [(fn.name, "0")] + [(v, "VG_F_PTDS") for v in fn.variants]:
             lines.append(

@@ -14,6 +14,13 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     strs = set(s.get("in_string", []))
     in_arr = s.get("in_array", {})
     out_arr = s.get("out_array", {})
+    in_sized = s.get("in_sized", {})
+    out_sized = s.get("out_sized", {})
+    nonnull = set(s.get("nonnull", []))
+    configs = s.get("launch_config", [])
+    counted = s.get("counted_out", {})
+    counts = {c: a for a, c in counted.items()}
+    sel_type = {p.name: p.ctype for p in fn.params}
     b = [f"\tcase VG_OP_{fn.name}: {{"]
     for p in fn.params:
         if p.name in outs:
@@ -32,11 +39,30 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
         elif p.name in out_arr:
             b.append(f"\t\tuint64_t {p.name}_n = vh_get_u64(rd);")
             b.append(f"\t\t{p.ctype}{p.name} = {p.name}_n ? vh_scratch(ch, {p.name}_n, sizeof({p.pointee})) : NULL;")
+        elif p.name in counted:
+            b.append(f"\t\tuint64_t {p.name}_cap = vh_get_u64(rd);")
+        elif p.name in counts:
+            continue
+        elif p.name in configs:
+            # dims, stream and attributes, the attributes' events translated (launch.c)
+            b.append(f"\t\tCUlaunchConfig {p.name}_v;\n\t\tCUlaunchAttribute {p.name}_attrs[VG_MAX_LAUNCH_ATTRS];")
+            b.append(f"\t\tCUresult {p.name}_r = vh_launch_config_in(ch, vg_flags, rd, &{p.name}_v, {p.name}_attrs);")
+            b.append(f"\t\t{p.ctype}{p.name} = &{p.name}_v;")
+        elif p.name in in_sized or p.name in out_sized:
+            # a private, aligned buffer of the largest size the table allows
+            t = sel_type[in_sized.get(p.name) or out_sized[p.name]]
+            b.append(
+                f"\t\tuint64_t {p.name}_v[(VG_SIZE_MAX_{t} + 7) / 8] = {{0}};\n\t\t{p.ctype}{p.name} = {p.name}_v;"
+            )
+            if p.name in in_sized:
+                b.append(f"\t\tuint64_t {p.name}_n;\n\t\tconst void *{p.name}_in = vh_get_arr(rd, 1, &{p.name}_n);")
         else:
             if p.is_pointer:  # never let a guest-supplied value reach the driver as a pointer
                 raise SpecError(f"{fn.name}: pointer parameter {p.name} has no host-side decoding")
             b.append(f"\t\t{p.ctype} {p.name};\n\t\tvh_get(rd, &{p.name}, sizeof({p.name}));")
             k = kind_of(p.ctype, handles)
+            if p.name in nonnull:
+                b.append(f"\t\tif ({p.name} == NULL)\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;")
             if k:
                 b.append(
                     f"\t\tif (vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_HANDLE;"
@@ -53,10 +79,22 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(
                 f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
             )
+    for n in configs:
+        b.append(f"\t\tif ({n}_r != CUDA_SUCCESS)\n\t\t\treturn {n}_r;")
+    for n in s.get("required", []):
+        b.append(f"\t\tif ({n} == NULL)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+    for n, sel in [*in_sized.items(), *out_sized.items()]:
+        b.append(f"\t\tsize_t {n}_sz = vg_size_{sel_type[sel]}({sel});")
+        b.append(f"\t\tif ({n}_sz == 0)\n\t\t\treturn CUDA_ERROR_NOT_SUPPORTED;")
+        if n in in_sized:
+            b.append(f"\t\tif ({n}_n != {n}_sz)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+            b.append(f"\t\tmemcpy({n}_v, {n}_in, {n}_sz);")
     for n, size in s.get("device", {}).items():
         count, k = device_size(fn, size)
         b.append(f"\t\tif (vh_dev_range(ch, {n}, (uint64_t)({count}), {k}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     call_args = ", ".join(p.name for p in fn.params)
+    if counted:
+        return b + counted_call(fn, counted, handles) + ["\t}"]
     if s.get("host") == "custom":
         b.append(f"\t\tCUresult r = guarded_{fn.name}(ch{', ' + call_args if call_args else ''});")
     else:
@@ -83,21 +121,48 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, sizeof(*{p.name}));")
         elif p.name in out_arr:
             b.append(f"\t\tif ({p.name} != NULL)\n\t\t\tvh_put(wr, {p.name}, {p.name}_n * sizeof(*{p.name}));")
+        elif p.name in out_sized:
+            b.append(f"\t\tvh_put(wr, {p.name}, {p.name}_sz);")
     b.append("\t\treturn CUDA_SUCCESS;\n\t}")
     return b
 
 
+def counted_call(fn: Func, counted: dict[str, str], handles: dict[str, str]) -> list[str]:
+    """An array the driver fills up to a count, or whose count alone it gives when the array is
+    NULL: asked for the total first, so that what the host sets aside is bounded by what exists
+    (never by the capacity the guest claims) and by what the reply can carry; the reply is the
+    total, the number given, then the elements (new handles where they are handles)."""
+    ((arr, cnt),) = counted.items()
+    p = next(p for p in fn.params if p.name == arr)
+    args = lambda a, c: ", ".join(a if q.name == arr else c if q.name == cnt else q.name for q in fn.params)  # noqa: E731
+    b = [
+        f"\t\tsize_t {arr}_total = 0;",
+        f"\t\tCUresult r = B->{fn.name}({args('NULL', f'&{arr}_total')});",
+        "\t\tif (r != CUDA_SUCCESS)\n\t\t\treturn r;",
+        f"\t\tuint64_t {arr}_want = {arr}_cap < {arr}_total ? {arr}_cap : {arr}_total;",
+        f"\t\tif ({arr}_want > (wr->cap - wr->len) / sizeof({p.pointee}) - 2)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;",
+        f"\t\t{p.pointee} *{arr} = {arr}_want ? vh_scratch(ch, {arr}_want, sizeof(*{arr})) : NULL;",
+        f"\t\tsize_t {arr}_got = {arr}_want;",
+        f"\t\tif ({arr}_want && (!{arr} || (r = B->{fn.name}({args(arr, f'&{arr}_got')})) != CUDA_SUCCESS))",
+        f"\t\t\treturn {arr} ? r : CUDA_ERROR_OUT_OF_MEMORY;",
+        f"\t\tif ({arr}_got > {arr}_want)\n\t\t\treturn CUDA_ERROR_UNKNOWN;",
+        f"\t\tuint64_t {arr}_head[2] = {{{arr}_total, {arr}_got}};",
+        f"\t\tvh_put(wr, {arr}_head, sizeof({arr}_head));",
+    ]
+    k = kind_of(p.pointee, handles)
+    if k:
+        parent = fn.spec.get("parent")
+        b.append(f"\t\tfor (size_t i = 0; i < {arr}_got; i++)")
+        b.append(
+            f"\t\t\tif (vh_handle_new(ch, VG_KIND_{k.upper()}, (void **)&{arr}[i], {parent or 'NULL'}))\n\t\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;"
+        )
+    b.append(f"\t\tif ({arr}_got)\n\t\t\tvh_put(wr, {arr}, {arr}_got * sizeof(*{arr}));")
+    b.append("\t\treturn wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;")
+    return b
+
+
 def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
-    lines = [BANNER, '#include "vh_dispatch.h"\n']
-    for fn in funcs:
-        if fn.cls in ("sync", "async") and fn.spec.get("host") == "custom":
-            lines.append(
-                f"CUresult guarded_{fn.name}(struct vh_chan *ch, {', '.join(f'{p.ctype} {p.name}' for p in fn.params)});"
-            )
-        if fn.cls == "custom":
-            lines.append(
-                f"CUresult handwritten_{fn.name}(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);"
-            )
+    lines = [BANNER, '#include "vh_dispatch.h"\n#include "vh_protos.h"\n#include "vg_sizes.h"\n']
     lines.append(
         "\nCUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct vh_rd *rd, struct vh_wr *wr)\n{"
     )
@@ -130,8 +195,10 @@ def emit_backend(funcs: list[Func], extra: list[str]) -> str:
             names.append(n)
     lines = [
         BANNER,
-        "/* The driver functions the forwarder calls; X(name) per function, P(name, variant)",
-        " * for the per-thread-default-stream variant a flagged request uses. */",
+        "/* The driver functions the forwarder calls (what the real driver and the simulated backend",
+        " * provide): those the generated dispatcher calls, then those the hand-written halves call",
+        " * (`->cuName` in host_forwarder/native, found by gen.py).  X(name) per function, P(name,",
+        " * variant) for the per-thread-default-stream variant a flagged request uses. */",
         "#define VH_BACKEND_FNS(X) \\",
     ]
     lines += [f"\tX({n}) \\" for n in names]

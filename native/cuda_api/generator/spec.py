@@ -10,7 +10,8 @@ import tomllib
 
 CUDA_API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # native/cuda_api
 VARIANTS = ("_ptds", "_ptsz")
-OP_FIRST = 16  # below: the protocol's own opcodes (vg_wire.h)
+OP_FIRST = 16  # below: the protocol's own opcodes ([protocol] in api.toml)
+HOST_SOURCES = os.path.normpath(os.path.join(CUDA_API_DIR, "..", "..", "host_forwarder", "native"))
 
 
 class SpecError(Exception):
@@ -93,12 +94,62 @@ def parse_params(fname: str, args: str) -> list[Param]:
     return out
 
 
+@dataclasses.dataclass
+class ProtoOp:
+    ident: str  # VG_OP_<ident>
+    op: int
+    name: str  # as logs and statistics show it
+    doc: str
+
+
+def load_protocol(spec: dict) -> list[ProtoOp]:
+    """The protocol's own operations, 1..OP_FIRST-1: not CUDA calls."""
+    out: list[ProtoOp] = []
+    seen: dict[int, str] = {}
+    for ident, e in spec.get("protocol", {}).items():
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", ident):
+            raise SpecError(f"protocol {ident}: the name must be upper case (VG_OP_{ident})")
+        op = e.get("op")
+        if not isinstance(op, int) or not 1 <= op < OP_FIRST:
+            raise SpecError(f"protocol {ident}: needs an op number in 1..{OP_FIRST - 1}")
+        if op in seen:
+            raise SpecError(f"protocol {ident}: op {op} already used by {seen[op]}")
+        if not isinstance(e.get("name"), str) or not e["name"]:
+            raise SpecError(f"protocol {ident}: needs a name")
+        seen[op] = ident
+        out.append(ProtoOp(ident, op, e["name"], e.get("doc", "")))
+    return sorted(out, key=lambda p: p.op)
+
+
+def backend_calls(protos: dict[str, list[Param]], host_dir: str = HOST_SOURCES) -> list[str]:
+    """The driver functions the forwarder's hand-written halves call through the backend
+    (`->cuName`, in host_forwarder/native): found in the sources, so never a list kept by hand."""
+    found: set[str] = set()
+    for name in sorted(os.listdir(host_dir)):
+        if name.endswith((".c", ".h")):
+            with open(os.path.join(host_dir, name)) as f:
+                found |= set(re.findall(r"->\s*(cu[A-Z]\w*)\b", f.read()))
+    return sorted(n for n in found if n in protos)
+
+
+def check_sizes(sizes: dict, include_dir: str) -> None:
+    """[sizes.<enum type>]: each value of the enum a sized parameter may take, and its bytes."""
+    text = open(os.path.join(include_dir, "cuda.h")).read()
+    for ctype, table in sizes.items():
+        if not table or not all(isinstance(v, int) and 0 < v <= 64 for v in table.values()):
+            raise SpecError(f"[sizes.{ctype}]: each value needs a size of 1..64 bytes")
+        for name in table:
+            if not re.search(rf"\b{name}\s*[=,}}]", text):
+                raise SpecError(f"[sizes.{ctype}]: {name} is not in cuda.h")
+
+
 def load(include_dir: str, spec_path: str):
     with open(spec_path, "rb") as f:
         spec = tomllib.load(f)
     exports = [ln.strip() for ln in open(os.path.join(CUDA_API_DIR, "driver", "libcuda_exports.txt")) if ln.strip()]
     protos = read_prototypes(include_dir)
     handles: dict[str, str] = spec.get("handles", {})
+    check_sizes(spec.get("sizes", {}), include_dir)
     funcs: list[Func] = []
     ops: dict[int, str] = {}
     for name, fs in spec["fn"].items():
@@ -122,17 +173,16 @@ def load(include_dir: str, spec_path: str):
             if [p.ctype for p in protos.get(v, [])] != [p.ctype for p in fn.params]:
                 raise SpecError(f"{v}: prototype differs from {name}")
         if cls in ("sync", "async"):
-            check_params(fn, handles)
+            check_params(fn, handles, spec.get("sizes", {}))
         funcs.append(fn)
     served = {f.name for f in funcs} | {v for f in funcs for v in f.variants}
-    extra = spec.get("backend", {}).get("extra", [])
-    for name in extra:
-        if name not in protos:
-            raise SpecError(f"backend extra {name}: no prototype in cuda.h")
-    return spec, funcs, exports, served, protos, handles, extra
+    if "backend" in spec:
+        raise SpecError("[backend] is derived from the spec and the forwarder's sources; remove it")
+    extra = backend_calls(protos)
+    return spec, funcs, exports, served, protos, handles, extra, load_protocol(spec)
 
 
-def check_params(fn: Func, handles: dict[str, str]) -> None:
+def check_params(fn: Func, handles: dict[str, str], sizes: dict[str, dict[str, int]]) -> None:
     names = {p.name for p in fn.params}
     described = set()
     for key in ("out", "in", "inout", "in_string"):
@@ -145,6 +195,38 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
             if n not in names or count not in names:
                 raise SpecError(f"{fn.name}: {key} {n}={count} names an unknown parameter")
             described.add(n)
+    for key in ("in_sized", "out_sized"):
+        for n, sel in fn.spec.get(key, {}).items():
+            p = next((p for p in fn.params if p.name == n), None)
+            q = next((q for q in fn.params if q.name == sel), None)
+            if p is None or q is None:
+                raise SpecError(f"{fn.name}: {key} {n}={sel} names an unknown parameter")
+            if p.pointee != "void":
+                raise SpecError(f"{fn.name}: {key} {n} must be a void pointer, not {p.ctype}")
+            if q.ctype not in sizes:
+                raise SpecError(f"{fn.name}: {key} {n}: no [sizes.{q.ctype}] table says how big it is")
+            described.add(n)
+    counted = fn.spec.get("counted_out", {})
+    for n, cnt in counted.items():
+        p = next((p for p in fn.params if p.name == n), None)
+        q = next((q for q in fn.params if q.name == cnt), None)
+        if p is None or q is None or q.ctype != "size_t *" or not p.is_pointer:
+            raise SpecError(f"{fn.name}: counted_out {n}={cnt} must name an array and its size_t * count")
+        if len(counted) > 1 or fn.variants or fn.spec.get("host") == "custom":
+            raise SpecError(f"{fn.name}: counted_out: one array, no per-thread variant, a generated host half")
+        described |= {n, cnt}
+    for n in fn.spec.get("launch_config", []):
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.ctype != "const CUlaunchConfig *":
+            raise SpecError(f"{fn.name}: launch_config must name a const CUlaunchConfig * parameter, not {n!r}")
+        described.add(n)
+    for n in fn.spec.get("required", []):
+        if n not in fn.spec.get("out", []):
+            raise SpecError(f"{fn.name}: required must name an out parameter, not {n!r}")
+    for n in fn.spec.get("nonnull", []):
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.ctype not in handles:
+            raise SpecError(f"{fn.name}: nonnull must name a handle parameter, not {n!r}")
     device = fn.spec.get("device", {})
     for n, size in device.items():
         p = next((p for p in fn.params if p.name == n), None)
@@ -160,7 +242,7 @@ def check_params(fn: Func, handles: dict[str, str]) -> None:
             raise SpecError(f"{fn.name}: pointer parameter {p.name} ({p.ctype}) is not described")
         if not p.is_pointer and p.name in described:
             raise SpecError(f"{fn.name}: {p.name} is not a pointer")
-    if fn.cls == "async" and (fn.spec.get("out") or fn.spec.get("out_array") or fn.spec.get("inout")):
+    if fn.cls == "async" and any(fn.spec.get(k) for k in ("out", "out_array", "inout", "out_sized")):
         raise SpecError(f"{fn.name}: an async call cannot return values")
     par = fn.spec.get("parent")
     if par is not None:

@@ -12,8 +12,8 @@
  * Sync calls get one reply record (VG_REC_REPLY): struct vg_rep_hdr, then the
  * out values in parameter order, each padded to 8.  Async calls get none.
  *
- * Opcodes 1..15 are the protocol's own; 16.. are generated from api.toml
- * (generated/vg_ops.h).  Both are stable: append only.
+ * Opcodes 1..15 are the protocol's own ([protocol] in api.toml, generated into vg_proto_ops.h);
+ * 16.. are the CUDA calls ([fn], generated/vg_ops.h).  Both are stable: append only.
  */
 #ifndef VG_WIRE_H
 #define VG_WIRE_H
@@ -44,15 +44,30 @@ struct vg_rep_hdr {
 #define VG_F_PTDS 0x1u    /* the guest called the _ptds/_ptsz variant */
 #define VG_F_NOREPLY 0x2u /* async: no reply; an error is latched for the next reporting call */
 
-/* Protocol opcodes. */
-enum vg_proto_op {
-	VG_OP_HELLO = 1,       /* -> vg_hello_rep, then ndev * vg_dev_info */
-	VG_OP_FUNC_PARAMS = 2, /* (u64 function or kernel handle) -> u64 n, n * {u32 offset, u32 size} */
-	VG_OP_BLOB_BEGIN = 3,  /* (u64 size, u64 hash[2]) -> u64 1 if the host holds this image already */
-	VG_OP_BLOB_PUT = 4,    /* (u64 offset, u64 bulk pos, u64 len), async: copy from bulk into the blob */
-	VG_OP_GOODBYE = 5,     /* sync; the host frees the channel's resources */
-	VG_OP_MODULE_FUNCS = 6, /* (u64 module) -> u64 n, n * {u64 function handle, u64 driver tag} */
-	VG_OP_NVML_QUERY = 7,  /* (u64 guest device) -> vg_nvml_live: what the guest's NVML shows */
+/* The protocol's own opcodes (VG_OP_HELLO ...), generated from [protocol] in api.toml. */
+#include "vg_proto_ops.h"
+
+/* Where a host buffer a request names lives (guest copy.c; host host_memory.c, copy.c): in the
+ * request or the reply itself, at an offset in the region's heap, or at a position in the
+ * channel's bulk area.  A unified address (cuMemcpy, pointer attributes) is INLINE for a device
+ * address (or any address the guest has), HEAP for a heap offset. */
+enum vg_buf_kind { VG_BUF_INLINE = 0, VG_BUF_HEAP = 1, VG_BUF_BULK = 2 };
+
+/* An address or value the host answers in the guest's terms, never in its own: */
+enum vg_answer_kind {
+	VG_ANSWER_VALUE = 0,  /* the value itself (a device address of the guest's own, a number) */
+	VG_ANSWER_DEVICE = 1, /* a device index, UINT64_MAX for none: the guest's context of it */
+	VG_ANSWER_REGION = 2, /* a region offset: the guest's own pointer into the region */
+};
+/* cuPointerGetAttribute(s): one per attribute, its value's bytes (at most 16) in value[]. */
+struct vg_attr_answer {
+	uint64_t kind; /* enum vg_answer_kind */
+	uint64_t value[2];
+};
+/* cuMemHostGetDevicePointer: the device address (VALUE) or the memory's region offset (REGION). */
+struct vg_addr_answer {
+	uint64_t kind; /* enum vg_answer_kind */
+	uint64_t value;
 };
 
 #define VG_MAX_DEVICES 16
@@ -60,6 +75,7 @@ enum vg_proto_op {
 #define VG_MAX_POINTER_ATTRS 32
 #define VG_MAX_ATTRS 160 /* >= CU_DEVICE_ATTRIBUTE_MAX of CUDA 13 */
 #define VG_MAX_PARAMS 1024
+#define VG_MAX_LAUNCH_ATTRS 16 /* attributes of one launch configuration (cuLaunchKernelEx) */
 #define VG_MAX_BLOB (1ull << 30)
 
 struct vg_hello_req {
