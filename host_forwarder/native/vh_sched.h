@@ -44,8 +44,10 @@ struct vh_sched {
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
 };
 
-/* Join the scheduler of the GPU with this UUID (a page in dir).  weight 1..100.  0 on success. */
-int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev);
+/* Join the scheduler of the GPU with this UUID (a page in dir) with the guest's share there.  0 on success. */
+struct sched_share;
+int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest,
+		  const struct sched_share *share, int dev);
 void vh_sched_leave(struct vh_sched *s);
 /* A worker process starts or stops taking part: the supervisor counts one in (start 1) before
  * it forks it, and it is counted out once: by itself as it leaves (0), or by the supervisor on
