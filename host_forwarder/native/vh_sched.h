@@ -12,8 +12,11 @@
  *   native     no control: calls pass at once.
  *   equal      every guest on the GPU gets 1/N of the time, even when the others are idle.
  *   preemptive equal shares, work-conserving: an idle guest's time goes to busy ones.
- *   weighted   work-conserving, shares by weight (`vmgpu weight`; default: the compute %).
+ *   weighted   work-conserving, shares by weight (`vmgpu weight`; default: the spec's, 100), the
+ *              busy guests' guarantees first.
  *   fixed      a hard cap of weight% per period, even when the card is otherwise idle.
+ * Under each but native, a guest's own cap (`vmgpu cap`) is a budget per period for it alone, and
+ * a waiting guest of a higher priority (`vmgpu priority`) has the GPU before any lower one.
  *
  * The page's layout: native/shm_transport/include/vmgpu/sched_abi.h.  The arithmetic (who is next,
  * what a turn costs, when it is over): sched_policy.c; the page's mechanics: sched_page.c.
