@@ -8,6 +8,7 @@ The GPU numbers come from `make bench-isolation`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -109,7 +110,9 @@ def test_a_dead_holder_does_not_stop_the_others(sched_dir, tmp_path):
             assert [m.guest for m in pg.members()] == ["b"]
 
 
-def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_path):
+@contextlib.contextmanager
+def _vmgpud(tmp_path: Path):
+    """A vmgpud on the test inventory; its client."""
     from tests.forwarder import start_daemon
     from tests.unit.test_daemon import INVENTORY
     from vmgpu.client import Client
@@ -117,9 +120,16 @@ def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_
     inv = tmp_path / "inventory.toml"
     inv.write_text(INVENTORY)
     daemon = start_daemon(tmp_path / "run" / "vmgpud.sock", tmp_path / "ledger.db", inv)
-    region = tmp_path / "region"
     try:
-        c = Client(str(tmp_path / "run" / "vmgpud.sock"))
+        yield Client(str(tmp_path / "run" / "vmgpud.sock"))
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_path):
+    region = tmp_path / "region"
+    with _vmgpud(tmp_path) as c:
         c.admit("g", "container", "gpu=0,mem=1G,compute=30")
         assert c.set_policy("0", "equal").live is False  # no forwarder yet: kept for its start
         c.start_forwarder("g", str(region), backend="sim", size="256M")
@@ -131,22 +141,11 @@ def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_
             assert c.set_policy("0", "fixed").live and pg.policy == "fixed"
             assert [s.weight for s in c.status().slices] == [60]
         c.release("g")
-    finally:
-        daemon.kill()
-        daemon.wait()
 
 
 def test_vmgpud_gives_forwarders_their_caps_priorities_and_guarantees_at_start_and_live(sched_dir, tmp_path):
-    from tests.forwarder import start_daemon
-    from tests.unit.test_daemon import INVENTORY
-    from vmgpu.client import Client
-
-    inv = tmp_path / "inventory.toml"
-    inv.write_text(INVENTORY)
-    daemon = start_daemon(tmp_path / "run" / "vmgpud.sock", tmp_path / "ledger.db", inv)
     region = tmp_path / "region"
-    try:
-        c = Client(str(tmp_path / "run" / "vmgpud.sock"))
+    with _vmgpud(tmp_path) as c:
         c.admit("g", "container", "gpu=0,mem=1G,weight=20,guarantee=30%,cap=40%,priority=high")
         c.start_forwarder("g", str(region), backend="sim", size="256M")
         with _page(sched_dir) as pg:
@@ -162,9 +161,6 @@ def test_vmgpud_gives_forwarders_their_caps_priorities_and_guarantees_at_start_a
                 c.set_priority("g", "0", "urgent")
             assert (pg.members()[0].cap, pg.members()[0].priority) == (0, "low")  # a refused change is not applied
         c.release("g")
-    finally:
-        daemon.kill()
-        daemon.wait()
 
 
 @pytest.mark.parametrize(
