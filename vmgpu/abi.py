@@ -137,6 +137,7 @@ SCHED_VERSION = 1
 SCHED_SLOTS = 64
 SCHED_DIR = "/dev/shm/vmgpu"  # VMGPU_SCHED_DIR
 POLICY_NATIVE, POLICY_EQUAL, POLICY_PREEMPTIVE, POLICY_WEIGHTED, POLICY_FIXED = range(5)
+PRIO_NORMAL, PRIO_HIGH, PRIO_LOW = range(3)
 
 
 class SchedSlot(ctypes.Structure):
@@ -161,12 +162,16 @@ class SchedSlot(ctypes.Structure):
         ("drained", u32),
         ("drain_gen", u32),
         ("rejoin", u32),
-        ("pad", u8 * (256 - 168)),
+        ("cap", u32),
+        ("priority", u32),
+        ("guarantee", u32),
+        ("pad", u8 * (256 - 180)),
     ]
 
 
 class SchedPage(ctypes.Structure):
-    """Python stores only whole aligned 32-bit control words here (policy, a slot's weight): a
+    """Python stores only whole aligned 32-bit control words here (policy, a slot's weight, cap,
+    priority, guarantee): a
     ctypes field store, one aligned 4-byte store, as the forwarders' atomic loads expect."""
 
     c_struct = "vmgpu_sched_page"
@@ -243,6 +248,9 @@ CONSTANTS = {
     "VMGPU_SCHED_PREEMPTIVE": POLICY_PREEMPTIVE,
     "VMGPU_SCHED_WEIGHTED": POLICY_WEIGHTED,
     "VMGPU_SCHED_FIXED": POLICY_FIXED,
+    "VMGPU_SCHED_PRIO_NORMAL": PRIO_NORMAL,
+    "VMGPU_SCHED_PRIO_HIGH": PRIO_HIGH,
+    "VMGPU_SCHED_PRIO_LOW": PRIO_LOW,
     "VMGPU_STATS_MAGIC": STATS_MAGIC,
     "VMGPU_STATS_VERSION": STATS_VERSION,
     "VMGPU_STATS_OPS": STATS_OPS,

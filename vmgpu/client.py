@@ -68,6 +68,12 @@ class Client:
     def set_weight(self, guest: str, gpu: str, weight: int) -> pb.SetWeightReply:
         return self._rpc(self.stub.SetWeight, pb.SetWeightRequest(guest=guest, gpu=gpu, weight=weight))
 
+    def set_cap(self, guest: str, gpu: str, cap: int) -> pb.SetWeightReply:
+        return self._rpc(self.stub.SetCap, pb.SetCapRequest(guest=guest, gpu=gpu, cap=cap))
+
+    def set_priority(self, guest: str, gpu: str, priority: str) -> pb.SetWeightReply:
+        return self._rpc(self.stub.SetPriority, pb.SetPriorityRequest(guest=guest, gpu=gpu, priority=priority))
+
     def set_policy(self, gpu: str, policy: str) -> pb.SetPolicyReply:
         return self._rpc(self.stub.SetPolicy, pb.SetPolicyRequest(gpu=gpu, policy=policy))
 

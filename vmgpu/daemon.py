@@ -87,6 +87,14 @@ class Servicer(pb_grpc.VmgpudServicer):
         uuid, live = self.service.weight(request.guest, request.gpu, request.weight)
         return pb.SetWeightReply(gpu_uuid=uuid, live=live)
 
+    def SetCap(self, request, context):
+        uuid, live = self.service.cap(request.guest, request.gpu, request.cap)
+        return pb.SetWeightReply(gpu_uuid=uuid, live=live)
+
+    def SetPriority(self, request, context):
+        uuid, live = self.service.priority(request.guest, request.gpu, request.priority)
+        return pb.SetWeightReply(gpu_uuid=uuid, live=live)
+
     def SetPolicy(self, request, context):
         uuid, live = self.service.policy(request.gpu, request.policy)
         return pb.SetPolicyReply(gpu_uuid=uuid, live=live)

@@ -83,8 +83,8 @@ def _gpus(name: str, value: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Reading:
     """What one dialect asks for, per GPU.  gpus None: the dialect does not name them (chosen by
-    NVIDIA_VISIBLE_DEVICES, else GPU 0..count-1).  mem and compute hold one value per GPU, or one
-    value for every GPU."""
+    NVIDIA_VISIBLE_DEVICES, else GPU 0..count-1).  mem and compute (the weight) hold one value per
+    GPU, or one value for every GPU; cap and priority are the same on every GPU."""
 
     dialect: str
     variables: tuple[str, ...]
@@ -94,6 +94,8 @@ class Reading:
     count: int | None = None  # how many GPUs the dialect asks for, when it says
     count_from: str = ""  # the variable that says it
     settings: share.Settings = share.Settings()  # the guest's forwarder settings it gives
+    cap: int = 0  # % of each GPU's time at most, 0: none
+    priority: str = "normal"
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,10 @@ class Dialect:
 # ",".  China Telecom's documents are not public; the reading here is ours, and the README says
 # so: the first group may be a header (POLICY, ONLINE, TYPE); every other group is one GPU:
 # PGPU its index (or UUID), MEM MiB, WEIGHT its compute share in percent (1..100, vmgpu's
-# compute=; absent: 100, as VMGPU's default).  Header fields vmgpu cannot apply per container
-# (POLICY: a GPU's policy is the host's, `vmgpu policy`; ONLINE: a priority class) are notes.
+# weight=; absent: 100, as VMGPU's default).  ONLINE=1 (an online, latency-bound service) is
+# priority=high, ONLINE=0 (offline work) the default normal: an offline container is not put below
+# guests that did not say.  POLICY, which vmgpu cannot apply per container (a GPU's policy is the
+# host's, `vmgpu policy`), is a note.
 EGPU_HEADER = ("POLICY", "ONLINE", "TYPE")
 EGPU_DEVICE = ("PGPU", "MEM", "WEIGHT")
 
@@ -138,6 +142,7 @@ def _ct_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
     if value is None:
         return None
     gpus, mems, weights = [], [], []
+    online = 0
     groups = value.split(":", MAX_GPUS + 1)
     if len(groups) > MAX_GPUS + 1:
         raise SpecError(f"{_q('EGPU', value)} has more than {MAX_GPUS} GPU groups")
@@ -155,11 +160,7 @@ def _ct_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
                     "the host's (`vmgpu policy GPU POLICY`)"
                 )
             if "ONLINE" in fields:
-                _int("EGPU ONLINE", fields["ONLINE"], 0, 1)
-                notes.append(
-                    f"EGPU ONLINE={fields['ONLINE']} is not enforced: vmgpu has no online/offline priority yet; "
-                    "the container gets its compute share like every guest"
-                )
+                online = _int("EGPU ONLINE", fields["ONLINE"], 0, 1)
             continue
         if set(fields) & set(EGPU_HEADER):
             raise SpecError(f"EGPU group {i}: POLICY, ONLINE and TYPE belong in the first group, not a GPU's")
@@ -170,7 +171,9 @@ def _ct_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
         weights.append(_int("EGPU WEIGHT", fields["WEIGHT"], 1, 100, " (percent)") if "WEIGHT" in fields else 100)
     if not gpus:
         raise SpecError(f"{_q('EGPU', value)} names no GPU (give PGPU=N,MEM=MiB,WEIGHT=percent groups)")
-    return Reading("ct-egpu", ("EGPU",), tuple(mems), tuple(weights), tuple(gpus))
+    return Reading(
+        "ct-egpu", ("EGPU",), tuple(mems), tuple(weights), tuple(gpus), priority="high" if online else "normal"
+    )
 
 
 # ---- Alibaba cGPU ----------------------------------------------------------------------------
@@ -184,6 +187,7 @@ def _ct_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
 # every GPU).  ALIYUN_COM_GPU_SCHD_WEIGHT is relative to the host's max_inst (1..25) in cGPU's
 # docs, which no container line carries; we read one unit as 5% (max_inst 20), as a public GPU
 # scheduler writing cGPU's and eGPU's variables together does (weight = GPU_UTIL_PER_DEVICE / 5).
+# ALIYUN_COM_GPU_HIGH_PRIO=1 is priority=high (0: normal).
 CGPU_VARS = (
     "ALIYUN_COM_GPU_MEM_CONTAINER",
     "ALIYUN_COM_GPU_MEM_DEV",
@@ -224,22 +228,27 @@ def _aliyun_cgpu(env: dict[str, str], notes: list[str]) -> Reading | None:
     if "ALIYUN_COM_GPU_SCHD_WEIGHT" in env:
         w = _int("ALIYUN_COM_GPU_SCHD_WEIGHT", env["ALIYUN_COM_GPU_SCHD_WEIGHT"], 1, 100 // CGPU_WEIGHT_PCT)
         compute = w * CGPU_WEIGHT_PCT
-    if "ALIYUN_COM_GPU_HIGH_PRIO" in env:
-        notes.append(
-            f"ALIYUN_COM_GPU_HIGH_PRIO={env['ALIYUN_COM_GPU_HIGH_PRIO'][:40]!r} is not enforced: vmgpu has no "
-            "priorities yet; the container gets its compute share like every guest"
-        )
+    high = "ALIYUN_COM_GPU_HIGH_PRIO" in env and _int("ALIYUN_COM_GPU_HIGH_PRIO", env["ALIYUN_COM_GPU_HIGH_PRIO"], 0, 1)
     visible = env.get("ALIYUN_COM_GPU_VISIBLE_DEVICES")
     gpus = _gpus("ALIYUN_COM_GPU_VISIBLE_DEVICES", visible) if visible is not None else None
     count = len(sizes) if len(sizes) > 1 else None
     mems = tuple(f"{s}{unit}" for s in sizes)
-    return Reading("aliyun-cgpu", present, mems, (compute,), gpus, count, "ALIYUN_COM_GPU_MEM_CONTAINER")
+    return Reading(
+        "aliyun-cgpu",
+        present,
+        mems,
+        (compute,),
+        gpus,
+        count,
+        "ALIYUN_COM_GPU_MEM_CONTAINER",
+        priority="high" if high else "normal",
+    )
 
 
 # ---- Alibaba eGPU (PAI) ----------------------------------------------------------------------
 # PAI's "eGPU interface usage example": AMP_VGPU_ENABLE=1 is the master switch (without it eGPU
 # changes nothing); GPU_MEM_PER_DEVICE is the memory per GPU in bytes; GPU_UTIL_PER_DEVICE the
-# compute in percent; the GPUs are NVIDIA_VISIBLE_DEVICES's (UUIDs, indices, or both);
+# limit of compute in percent (vmgpu's cap=); the GPUs are NVIDIA_VISIBLE_DEVICES's (UUIDs, indices, or both);
 # ALIYUN_COM_GPU_MEM_RESERVED (MiB, default 10) is what eGPU itself keeps of the memory;
 # AMP_USE_HOST_DAEMON=1 is carried unchanged.  Bytes become whole MiB, rounded down (a container
 # never gets more than it asked).  GPU_MEM_PER_DEVICE absent: the whole card (our reading; the
@@ -268,9 +277,9 @@ def _aliyun_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
         most = share.MAX_MEM_MIB << 20
         b = _int("GPU_MEM_PER_DEVICE", env["GPU_MEM_PER_DEVICE"], 1 << 20, most, " (bytes, at least 1 MiB)")
         mem = f"{b >> 20}M"
-    compute = 100
+    cap = 0  # a limit per device, as eGPU enforces it: vmgpu's cap=, beside weighted guests
     if "GPU_UTIL_PER_DEVICE" in env:
-        compute = _int("GPU_UTIL_PER_DEVICE", env["GPU_UTIL_PER_DEVICE"], 1, 100, " (percent)")
+        cap = _int("GPU_UTIL_PER_DEVICE", env["GPU_UTIL_PER_DEVICE"], 1, 100, " (percent)")
     if "ALIYUN_COM_GPU_MEM_RESERVED" in env:
         r = _int("ALIYUN_COM_GPU_MEM_RESERVED", env["ALIYUN_COM_GPU_MEM_RESERVED"], 0, share.MAX_MEM_MIB, " (MiB)")
         notes.append(
@@ -290,14 +299,14 @@ def _aliyun_egpu(env: dict[str, str], notes: list[str]) -> Reading | None:
             )
     if "AMP_USE_HOST_DAEMON" in env:
         notes.append("AMP_USE_HOST_DAEMON has no meaning under vmgpu (accepted, not used)")
-    return Reading("aliyun-egpu", present, (mem,), (compute,), settings=settings)
+    return Reading("aliyun-egpu", present, (mem,), settings=settings, cap=cap)
 
 
 # ---- boyue -----------------------------------------------------------------------------------
 # boyue_VGPU (how many vGPUs), boyue_GMEM (memory per vGPU, MiB), boyue_RATIO (compute share):
 # the seeds' names (issue 17); boyue's documents are not public, the reading is ours: N vGPUs are
 # N GPUs (vmgpu gives a guest a GPU once), chosen by NVIDIA_VISIBLE_DEVICES or else GPUs
-# 0..N-1; RATIO in percent (1..100, absent: 100); GMEM absent: the whole card.
+# 0..N-1; RATIO in percent (1..100, absent: 100) is the weight; GMEM absent: the whole card.
 BOYUE_VARS = ("boyue_VGPU", "boyue_GMEM", "boyue_RATIO")
 
 
@@ -402,7 +411,8 @@ def _slices(r: Reading, nvidia, host_gpus: Callable[[], list[str]] | None) -> sh
         if len(values) not in (1, len(gpus)):
             raise SpecError(f"{label}: {len(values)} {what} for {len(gpus)} GPUs: give one, or one per GPU")
         per_gpu.append(values if len(values) == len(gpus) else values * len(gpus))
-    text = ";".join(f"gpu={g},mem={m},compute={c}" for g, m, c in zip(gpus, *per_gpu, strict=True))
+    extra = (f",cap={r.cap}%" if r.cap else "") + (f",priority={r.priority}" if r.priority != "normal" else "")
+    text = ";".join(f"gpu={g},mem={m},weight={c}{extra}" for g, m, c in zip(gpus, *per_gpu, strict=True))
     try:
         return dataclasses.replace(share.parse(text), settings=r.settings)
     except SpecError as e:
@@ -457,7 +467,7 @@ def translate(env: dict[str, str], host_gpus: Callable[[], list[str]] | None = N
         gpus = nvidia if isinstance(nvidia, tuple) else tuple(host_gpus() if host_gpus else ())
         if not gpus:
             raise SpecError(f"{NVIDIA}=all: the host's GPUs cannot be listed here; name them ({NVIDIA}=0,1)")
-        spec = share.parse(";".join(f"gpu={g},mem=100%,compute=100" for g in gpus))
+        spec = share.parse(";".join(f"gpu={g},mem=100%" for g in gpus))
         return Translation("nvidia", ((NVIDIA, env[NVIDIA]),), spec, tuple(notes))
     first_name, first_vars, first, _ = forms[0]
     for name, variables, other, _ in forms[1:]:

@@ -1,10 +1,17 @@
 """The admission ledger: who holds how much of which GPU.  SQLite in WAL mode.
 
-Capacity per GPU: its memory in MiB and 100% compute.  A guest's request (one slice per
-GPU) is validated first (a slice over 100% compute or over a card's memory is refused
-before anything is reserved) and then admitted all-or-nothing in one immediate
-transaction: either every slice is reserved or none is.  Every admission and refusal is
-logged with the guest's identity.
+Capacity per GPU: its memory in MiB and 100% of guaranteed compute.  A slice's weight, cap
+and priority reserve nothing (weights are relative; a cap only limits its guest); its
+guarantee does: a GPU's guarantees never sum past 100%.  A guest's request (one slice per
+GPU) is validated first (a slice over a card's memory is refused before anything is
+reserved) and then admitted all-or-nothing in one immediate transaction: either every slice
+is reserved or none is.  Every admission and refusal is logged with the guest's identity.
+
+A slice's columns: compute_pct is the weight it was admitted with (the first schema's name,
+when the compute % was both a weight and a reservation), weight the weight set since (NULL:
+compute_pct), guarantee_pct, cap_pct (0: none) and priority.  A ledger of that first grammar
+is migrated as the old compute= key now reads: its compute % is the guest's weight, and
+nothing is reserved (_migrate).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from pathlib import Path
 from vmgpu.errors import Conflict, InvalidArgument, LedgerError, NotFound, Refused
 from vmgpu.gpu import Gpu
 from vmgpu.logging import get_logger
-from vmgpu.spec import Settings, ShareSpec, SpecError, parse
+from vmgpu.spec import PRIORITIES, Settings, ShareSpec, SpecError, parse
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gpus (
@@ -104,10 +111,13 @@ class Reservation:
     gpu_index: int
     gpu_uuid: str
     mem_mib: int
-    compute_pct: int
+    compute_pct: int  # the weight it was admitted with
     kind: str = ""  # vm, container or process
     weight: int = 0  # compute weight: compute_pct unless set
     label: str = ""  # what the operator knows the guest by (a container's docker name)
+    guarantee_pct: int = 0  # compute reserved for it, 0: none
+    cap_pct: int = 0  # at most this % of the GPU's time, 0: none
+    priority: str = "normal"
     settings: str = ""  # the guest's own forwarder settings, text form (spec.Settings.to_text)
 
 
@@ -118,7 +128,7 @@ class GpuUsage:
     name: str
     mem_mib: int
     mem_reserved_mib: int
-    compute_reserved_pct: int
+    compute_reserved_pct: int  # the guarantees' sum
     policy: str = "weighted"
 
     @property
@@ -136,6 +146,14 @@ def _settings(spec_text: str) -> Settings:
         return parse(spec_text).settings
     except SpecError:  # a spec an older vmgpud kept that this one reads otherwise: no settings
         return Settings()
+
+
+def _respelled(spec_text: str) -> str:
+    """A kept spec in today's grammar (as admit writes it), or as it is if it does not parse."""
+    try:
+        return parse(spec_text).to_text()
+    except SpecError:
+        return spec_text
 
 
 class Ledger:
@@ -162,17 +180,37 @@ class Ledger:
             raise
 
     def _migrate(self) -> None:
-        """Columns added after the first schema: a ledger from an older vmgpud gains them."""
-        for table, column, decl in (
-            ("slices", "weight", "INTEGER CHECK (weight BETWEEN 1 AND 100)"),  # NULL: compute_pct
-            ("gpus", "policy", "TEXT NOT NULL DEFAULT 'weighted'"),
-            ("forwarders", "geometry", "TEXT NOT NULL DEFAULT ''"),  # JSON: wait, channels, bulk
-            ("guests", "label", "TEXT NOT NULL DEFAULT ''"),  # a container's docker name, cleaned
-            ("forwarders", "settings", "TEXT NOT NULL DEFAULT ''"),  # JSON: what it was started with
-        ):
-            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
-            if column not in have:
-                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        """Columns added after the first schema: a ledger from an older vmgpud gains them, in one
+        transaction (a crash half-way leaves the ledger as it was)."""
+        with self._tx():
+            for table, column, decl in (
+                ("slices", "weight", "INTEGER CHECK (weight BETWEEN 1 AND 100)"),  # NULL: compute_pct
+                ("gpus", "policy", "TEXT NOT NULL DEFAULT 'weighted'"),
+                ("forwarders", "geometry", "TEXT NOT NULL DEFAULT ''"),  # JSON: wait, channels, bulk
+                ("guests", "label", "TEXT NOT NULL DEFAULT ''"),  # a container's docker name, cleaned
+                ("forwarders", "settings", "TEXT NOT NULL DEFAULT ''"),  # JSON: what it was started with
+                # the share grammar of weight, guarantee, cap and priority (issue 20):
+                ("slices", "guarantee_pct", "INTEGER NOT NULL DEFAULT 0 CHECK (guarantee_pct BETWEEN 0 AND 100)"),
+                ("slices", "cap_pct", "INTEGER NOT NULL DEFAULT 0 CHECK (cap_pct BETWEEN 0 AND 100)"),
+                ("slices", "priority", "TEXT NOT NULL DEFAULT 'normal' CHECK (priority IN ('high', 'normal', 'low'))"),
+            ):
+                have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+                    if column == "guarantee_pct":
+                        self._respell_specs()
+
+    def _respell_specs(self) -> None:
+        """The guests' specs of a ledger kept before guarantees, in today's grammar: their compute
+        % is their weight (what compute= means now), so a hook that admits one again with the spec
+        it was admitted with finds the same share."""
+        for name, text in self.db.execute("SELECT name, spec FROM guests").fetchall():
+            try:
+                new = parse(text).to_text()
+            except SpecError:
+                continue  # kept as it was: a spec this vmgpud cannot read holds no settings
+            self.db.execute("UPDATE guests SET spec = ? WHERE name = ?", (new, name))
+            self.log.info("ledger migrated", guest=name, spec=new, was=text)
 
     def close(self) -> None:
         self.db.close()
@@ -236,7 +274,7 @@ class Ledger:
         with self._tx():
             held = self.db.execute("SELECT spec FROM guests WHERE name = ?", (guest,)).fetchone()
             if held is not None:
-                if held[0] != spec.to_text():
+                if _respelled(held[0]) != spec.to_text():
                     raise Conflict(f"guest {guest} is already admitted with another share ({held[0]})")
                 return self.reservations(guest)
             plan = []
@@ -249,10 +287,11 @@ class Ledger:
                     raise SpecError(f"slice {i}: mem {mem} MiB is more than GPU {idx} has ({card} MiB)")
                 if mem < 1:
                     raise SpecError(f"slice {i}: mem is less than 1 MiB of GPU {idx}")
-                plan.append((uuid, idx, mem, s.compute))
-            for uuid, idx, mem, compute in plan:
+                plan.append((uuid, idx, mem, s))
+            for uuid, idx, mem, sl in plan:
+                compute = sl.guarantee
                 used_mem, used_cmp = self.db.execute(
-                    "SELECT COALESCE(SUM(mem_mib), 0), COALESCE(SUM(compute_pct), 0) FROM slices WHERE gpu = ?",
+                    "SELECT COALESCE(SUM(mem_mib), 0), COALESCE(SUM(guarantee_pct), 0) FROM slices WHERE gpu = ?",
                     (uuid,),
                 ).fetchone()
                 card = self.db.execute("SELECT mem_mib FROM gpus WHERE uuid = ?", (uuid,)).fetchone()[0]
@@ -262,21 +301,26 @@ class Ledger:
                         f"guest {guest}: GPU {idx} ({uuid}): memory: asked {mem} MiB, free {card - used_mem} MiB"
                     )
                 if compute > 100 - used_cmp:
-                    log.info("refused", gpu=idx, resource="compute", asked_pct=compute, free_pct=100 - used_cmp)
+                    log.info("refused", gpu=idx, resource="guarantee", asked_pct=compute, free_pct=100 - used_cmp)
                     raise Refused(
-                        f"guest {guest}: GPU {idx} ({uuid}): compute: asked {compute}%, free {100 - used_cmp}%"
+                        f"guest {guest}: GPU {idx} ({uuid}): compute: asked {compute}%, free {100 - used_cmp}% "
+                        "(guarantees; a weight reserves nothing: lower the guarantee or leave it out)"
                     )
             self.db.execute(
                 "INSERT INTO guests (name, kind, spec, admitted_at, label) VALUES (?, ?, ?, ?, ?)",
                 (guest, kind, spec.to_text(), time.time(), label),
             )
-            for uuid, _idx, mem, compute in plan:
+            for uuid, _idx, mem, sl in plan:
                 self.db.execute(
-                    "INSERT INTO slices (guest, gpu, mem_mib, compute_pct) VALUES (?, ?, ?, ?)",
-                    (guest, uuid, mem, compute),
+                    "INSERT INTO slices (guest, gpu, mem_mib, compute_pct, guarantee_pct, cap_pct, priority) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (guest, uuid, mem, sl.weight, sl.guarantee, sl.cap, sl.priority),
                 )
         res = self.reservations(guest)
-        log.info("admitted", slices=[(r.gpu_index, r.mem_mib, r.compute_pct) for r in res])
+        log.info(
+            "admitted",
+            slices=[(r.gpu_index, r.mem_mib, r.weight, r.guarantee_pct, r.cap_pct, r.priority) for r in res],
+        )
         return res
 
     @_guarded
@@ -292,6 +336,31 @@ class Ledger:
         if not n:
             raise NotFound(f"guest {guest} holds no slice on gpu {idx}")
         self.log.info("weight set", guest=guest, gpu=idx, weight=weight)
+        return uuid
+
+    @_guarded
+    def set_cap(self, guest: str, gpu: str, cap: int) -> str:
+        """The cap (% of the GPU's time; 0 lifts it) of guest's slice on gpu; the GPU's UUID."""
+        if not 0 <= cap <= 100:
+            raise InvalidArgument(f"cap {cap}% is not in 0..100 (0: none)")
+        return self._set_slice(guest, gpu, "cap_pct", cap, "cap")
+
+    @_guarded
+    def set_priority(self, guest: str, gpu: str, priority: str) -> str:
+        """The priority (high, normal, low) of guest's slice on gpu; the GPU's UUID."""
+        if priority not in PRIORITIES:
+            raise InvalidArgument(f"priority '{priority}' is not one of {', '.join(PRIORITIES)}")
+        return self._set_slice(guest, gpu, "priority", priority, "priority")
+
+    def _set_slice(self, guest: str, gpu: str, column: str, value, what: str) -> str:
+        with self._tx():
+            uuid, idx, _ = self._gpu(gpu, f"{what} of {guest}")
+            n = self.db.execute(
+                f"UPDATE slices SET {column} = ? WHERE guest = ? AND gpu = ?", (value, guest, uuid)
+            ).rowcount
+        if not n:
+            raise NotFound(f"guest {guest} holds no slice on gpu {idx}")
+        self.log.info(f"{what} set", guest=guest, gpu=idx, **{what: value})
         return uuid
 
     @_guarded
@@ -324,7 +393,7 @@ class Ledger:
     def reservations(self, guest: str | None = None) -> list[Reservation]:
         q = (
             "SELECT s.guest, g.idx, g.uuid, s.mem_mib, s.compute_pct, c.kind, COALESCE(s.weight, s.compute_pct),"
-            " c.label, c.spec FROM slices s"
+            " c.label, s.guarantee_pct, s.cap_pct, s.priority, c.spec FROM slices s"
             " JOIN gpus g ON g.uuid = s.gpu JOIN guests c ON c.name = s.guest"
             + (" WHERE s.guest = ?" if guest else "")
             + " ORDER BY s.guest, g.idx"
@@ -341,7 +410,7 @@ class Ledger:
     @_guarded
     def usage(self) -> list[GpuUsage]:
         rows = self.db.execute(
-            "SELECT g.idx, g.uuid, g.name, g.mem_mib, COALESCE(SUM(s.mem_mib), 0), COALESCE(SUM(s.compute_pct), 0), "
+            "SELECT g.idx, g.uuid, g.name, g.mem_mib, COALESCE(SUM(s.mem_mib), 0), COALESCE(SUM(s.guarantee_pct), 0), "
             "g.policy FROM gpus g LEFT JOIN slices s ON s.gpu = g.uuid GROUP BY g.uuid ORDER BY g.idx"
         )
         return [GpuUsage(*r) for r in rows]

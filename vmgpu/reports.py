@@ -12,9 +12,19 @@ from vmgpu.config import label_text
 def admitted(reply) -> list[dict]:
     """An AdmitReply's slices."""
     return [
-        {"gpu": s.gpu_index, "uuid": s.gpu_uuid, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct}
+        {"gpu": s.gpu_index, "uuid": s.gpu_uuid, "mem_mib": s.mem_mib, "compute_pct": s.compute_pct, **share(s)}
         for s in reply.slices
     ]
+
+
+def share(s) -> dict:
+    """A Slice's compute share: weight, guarantee and cap in % (0: none), priority."""
+    return {
+        "weight": s.weight or s.compute_pct,
+        "guarantee_pct": s.guarantee_pct,
+        "cap_pct": s.cap_pct,
+        "priority": s.priority or "normal",
+    }
 
 
 class ComputeSampler:
@@ -90,7 +100,7 @@ def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
                 "gpu": s.gpu_index,
                 "mem_mib": s.mem_mib,
                 "compute_pct": s.compute_pct,
-                "weight": s.weight,
+                **share(s),
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
                 "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
                 "settings": s.settings,

@@ -4,7 +4,7 @@ weight, how much GPU time each was given; and the live controls (policy, weights
 The page is native/shm_transport/include/vmgpu/sched_abi.h's `struct vmgpu_sched_page`, mirrored
 once in vmgpu/abi.py (SchedPage, checked against the header by a test), one per physical GPU at
 `<dir>/vmgpu-sched-<GPU UUID>` (dir: $VMGPU_SCHED_DIR or /dev/shm/vmgpu).  Forwarders create it and
-take turns through it; vmgpud and `vmgpu weight` / `vmgpu policy` write its controls.  Whoever
+take turns through it; vmgpud and `vmgpu weight` / `cap` / `priority` / `policy` write its controls.  Whoever
 writes a page sets every guest's share, so the directory must be root's and writable by no one
 else, and a page is used only if root made it (host_forwarder/native/region_file.c makes both).
 Standard library only (and vmgpu's own): the GPU host's benchmarks use it too.
@@ -54,6 +54,10 @@ def page_path(uuid: str, directory: str | Path | None = None) -> Path:
     return Path(directory or sched_dir()) / f"vmgpu-sched-{uuid}"
 
 
+PRIORITIES = {"normal": abi.PRIO_NORMAL, "high": abi.PRIO_HIGH, "low": abi.PRIO_LOW}
+PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
+
+
 @dataclass
 class Member:
     slot: int
@@ -64,6 +68,9 @@ class Member:
     turns: int
     waiting: int
     workers: int
+    cap: int = 0  # % of each period, 0: none
+    priority: str = "normal"
+    guarantee: int = 0
 
 
 class Page:
@@ -126,7 +133,11 @@ class Page:
         for i, s in enumerate(self.page.slot):
             if s.pid:
                 name = s.name.decode(errors="replace")
-                out.append(Member(i, name, s.pid, s.weight, s.used_ns, s.turns, s.waiters, s.nworkers))
+                prio = PRIORITY_NAMES.get(s.priority, "normal")
+                m = Member(
+                    i, name, s.pid, s.weight, s.used_ns, s.turns, s.waiters, s.nworkers, s.cap, prio, s.guarantee
+                )
+                out.append(m)
         return out
 
     def gpu_time(self) -> tuple[int, dict[str, int]]:
@@ -153,17 +164,39 @@ class Page:
         """Set a guest's weight (1..100); how many of its memberships changed."""
         if not 1 <= weight <= 100:
             raise SchedError(f"weight {weight} is not in 1..100")
+        return self._store(guest, "weight", weight)
+
+    def set_cap(self, guest: str, cap: int) -> int:
+        """Set a guest's cap (0..100 % of each period, 0: none); how many of its memberships changed."""
+        if not 0 <= cap <= 100:
+            raise SchedError(f"cap {cap}% is not in 0..100 (0: none)")
+        return self._store(guest, "cap", cap)
+
+    def set_priority(self, guest: str, priority: str) -> int:
+        """Set a guest's priority (high, normal, low); how many of its memberships changed."""
+        if priority not in PRIORITIES:
+            raise SchedError(f"priority '{priority}' is not one of high, normal, low")
+        return self._store(guest, "priority", PRIORITIES[priority])
+
+    def _store(self, guest: str, field: str, value: int) -> int:
         n = 0
         for m in self.members():
             if m.guest == guest:
-                self.page.slot[m.slot].weight = weight  # one aligned 4-byte store
+                setattr(self.page.slot[m.slot], field, value)  # one aligned 4-byte store
                 n += 1
         return n
 
 
-def apply(uuid: str, weights: dict[str, int] | None = None, policy: str | None = None) -> bool:
-    """Put weights (by guest) and a policy on the GPU's page now, if a forwarder has made it;
-    whether anything running took them (vmgpud keeps them for forwarders started later)."""
+def apply(
+    uuid: str,
+    weights: dict[str, int] | None = None,
+    policy: str | None = None,
+    caps: dict[str, int] | None = None,
+    priorities: dict[str, str] | None = None,
+) -> bool:
+    """Put weights, caps and priorities (by guest) and a policy on the GPU's page now, if a
+    forwarder has made it; whether anything running took them (vmgpud keeps them for
+    forwarders started later)."""
     try:
         page = Page(page_path(uuid))
     except SchedError:
@@ -175,4 +208,8 @@ def apply(uuid: str, weights: dict[str, int] | None = None, policy: str | None =
             live = bool(page.members())
         for guest, w in (weights or {}).items():
             live |= page.set_weight(guest, w) > 0
+        for guest, c in (caps or {}).items():
+            live |= page.set_cap(guest, c) > 0
+        for guest, p in (priorities or {}).items():
+            live |= page.set_priority(guest, p) > 0
         return live

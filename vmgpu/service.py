@@ -139,6 +139,20 @@ class Service:
             uuid = self.ledger.set_weight(guest, gpu_ref, weight)
         return uuid, sched.apply(uuid, weights={guest: weight})
 
+    def cap(self, guest: str, gpu_ref: str, cap: int) -> tuple[str, bool]:
+        """Set guest's cap (% of the GPU's time, 0: none) on a GPU: (its UUID, whether its page took it now)."""
+        names.check_guest(guest)
+        with self.lock:
+            uuid = self.ledger.set_cap(guest, gpu_ref, cap)
+        return uuid, sched.apply(uuid, caps={guest: cap})
+
+    def priority(self, guest: str, gpu_ref: str, priority: str) -> tuple[str, bool]:
+        """Set guest's priority (high, normal, low) on a GPU: (its UUID, whether its page took it now)."""
+        names.check_guest(guest)
+        with self.lock:
+            uuid = self.ledger.set_priority(guest, gpu_ref, priority)
+        return uuid, sched.apply(uuid, priorities={guest: priority})
+
     def policy(self, gpu_ref: str, policy: str) -> tuple[str, bool]:
         """Set a GPU's compute policy: (its UUID, whether its page took it now)."""
         with self.lock:

@@ -1,15 +1,27 @@
-"""Share specs: which GPUs a guest gets, how much memory, what compute weight.
+"""Share specs: which GPUs a guest gets, how much memory, and its share of each GPU's time.
 
 One grammar for containers (an environment variable) and VMs (a namespaced element in
 the domain's <metadata>), one validator, the same errors.
 
-Text form (e.g. ``VMGPU="gpu=0,mem=8G,compute=50;gpu=1,mem=25%,compute=30"``):
+Text form (e.g. ``VMGPU="gpu=0,mem=8G,weight=50,priority=high;gpu=1,mem=25%,guarantee=30%,cap=60%"``):
     spec    := slice (";" slice)*
     slice   := field ("," field)*
     field   := "gpu=" (INDEX | UUID)            required; UUID as nvidia-smi prints it (GPU-...)
              | "mem=" SIZE                      required; 8G, 8192M, 8192 (MiB), or 50% of the card
-             | "compute=" PERCENT               optional, 1..100, default 100; "%" may follow
-Keys are case-insensitive and whitespace around tokens is ignored.  A GPU appears at most once.
+             | "weight=" N                      optional, 1..100, default 100: relative to the other
+                                                guests' weights on the GPU; never refuses admission
+             | "guarantee=" PERCENT             optional, 1..100, default none: reserved at admission
+                                                (a GPU's guarantees never sum past 100%) and, under
+                                                the weighted policy, given first while the guest is busy
+             | "cap=" PERCENT                   optional, 1..100, default none: at most this share of
+                                                the GPU's time, even on an idle card; the guests
+                                                beside it stay weighted
+             | "priority=" ("high"|"normal"|"low")  optional, default normal: a waiting guest of a
+                                                higher priority has the GPU before any lower one
+             | "compute=" N                     the old name of weight (compute=50 is weight=50:
+                                                nothing reserved); not with weight
+PERCENT may end in "%".  Keys and priorities are case-insensitive and whitespace around tokens is
+ignored.  A GPU appears at most once.
 
 The guest's own forwarder settings, at most one group of its own among the slices (each unset
 one is the host's, `vmgpu daemon --oom-script/--peer-timeout`):
@@ -21,9 +33,9 @@ e.g. ``VMGPU="gpu=0,mem=8G;oom-script=notify,peer-timeout=30"``.  The context re
 host's alone (`vmgpu daemon --ctx-reserve`): a guest that lowered it would use GPU memory
 outside its quota.
 
-XML form, inside the domain's <metadata>:
+XML form, inside the domain's <metadata> (the same fields as attributes):
     <vmgpu:share xmlns:vmgpu="https://vmgpu.dev/xmlns/share/1">
-      <vmgpu:slice gpu="0" mem="8G" compute="50"/>
+      <vmgpu:slice gpu="0" mem="8G" weight="50" guarantee="20%" cap="60%" priority="high"/>
       <vmgpu:settings oom-script="notify" peer-timeout="30"/>   (optional)
     </vmgpu:share>
 """
@@ -48,7 +60,9 @@ _INDEX = re.compile(r"^[0-9]+$", re.ASCII)
 _UNITS_MIB = {"": Decimal(1), **{u: Decimal(n) / UNIT_BYTES["M"] for u, n in UNIT_BYTES.items()}}  # no unit: MiB
 MAX_MEM_MIB = 1 << 30  # 1 PiB: more than any GPU has, and what the ledger can hold
 MAX_GPU_INDEX = 1023
-SLICE_KEYS = ("gpu", "mem", "compute")
+SLICE_KEYS = ("gpu", "mem", "weight", "guarantee", "cap", "priority", "compute")
+PRIORITIES = ("high", "normal", "low")
+DEFAULT_WEIGHT = 100
 SETTING_KEYS = ("oom-script", "peer-timeout")
 # what a guest may not set, and why
 HOST_ONLY = {
@@ -76,7 +90,10 @@ class Slice:
     gpu: str
     mem_mib: int | None = None  # absolute
     mem_fraction: float | None = None  # of the card, 0 < f <= 1
-    compute: int = 100  # percent
+    weight: int = DEFAULT_WEIGHT  # relative, 1..100
+    guarantee: int = 0  # percent reserved at admission, 0: none
+    cap: int = 0  # percent of the GPU's time at most, 0: none
+    priority: str = "normal"  # high, normal or low
 
     def mem_for(self, card_mib: int) -> int:
         """Memory in MiB on a card of card_mib."""
@@ -84,9 +101,20 @@ class Slice:
             return self.mem_mib
         return int(card_mib * (self.mem_fraction or 0))
 
+    def share_fields(self) -> dict[str, str]:
+        """The compute share's fields by their key, each default one left out (weight always given)."""
+        out = {"weight": str(self.weight)}
+        if self.guarantee:
+            out["guarantee"] = f"{self.guarantee}%"
+        if self.cap:
+            out["cap"] = f"{self.cap}%"
+        if self.priority != "normal":
+            out["priority"] = self.priority
+        return out
+
     def to_text(self) -> str:
         mem = f"{self.mem_mib}M" if self.mem_mib is not None else _percent_text(self.mem_fraction or 0)
-        return f"gpu={self.gpu},mem={mem},compute={self.compute}"
+        return ",".join([f"gpu={self.gpu}", f"mem={mem}", *(f"{k}={v}" for k, v in self.share_fields().items())])
 
 
 @dataclass(frozen=True)
@@ -126,7 +154,8 @@ class ShareSpec:
             el = ET.SubElement(root, f"{{{XML_NS}}}slice")
             el.set("gpu", s.gpu)
             el.set("mem", f"{s.mem_mib}M" if s.mem_mib is not None else _percent_text(s.mem_fraction or 0))
-            el.set("compute", str(s.compute))
+            for k, v in s.share_fields().items():
+                el.set(k, v)
         if self.settings.fields():
             ET.SubElement(root, f"{{{XML_NS}}}settings", self.settings.fields())
         return root
@@ -154,17 +183,37 @@ def _mem(value: str, where: str) -> tuple[int | None, float | None]:
     return int(mib), None
 
 
-def _compute(value: str, where: str) -> int:
-    v = value.strip().removesuffix("%")
+def _number(key: str, value: str, where: str, percent: bool) -> int:
+    """A whole number 1..100 (a percentage: "%" may follow)."""
+    v = value.strip().removesuffix("%") if percent else value.strip()
+    what = "a whole percentage" if percent else "a whole number"
     if not _INDEX.match(v):
-        raise SpecError(f"{where}: compute '{_show(value)}' is not a whole percentage")
+        raise SpecError(f"{where}: {key} '{_show(value)}' is not {what} (1..100)")
     digits = v.lstrip("0") or "0"
-    if len(digits) > 3:
-        raise SpecError(f"{where}: compute {_show(v)}% is outside 1..100")
-    c = int(digits)
-    if not 1 <= c <= 100:
-        raise SpecError(f"{where}: compute {c}% is outside 1..100")
-    return c
+    n = int(digits) if len(digits) <= 3 else 1000
+    if not 1 <= n <= 100:
+        raise SpecError(f"{where}: {key} {_show(v)}{'%' if percent else ''} is outside 1..100")
+    return n
+
+
+def weight(value: str, where: str = "weight") -> int:
+    """A weight: 1..100 (a "%" after it, as the old compute= took, is allowed)."""
+    return _number("weight", value, where, percent=True)
+
+
+def cap(value: str, where: str = "cap") -> int:
+    """A cap: 1..100 percent, or 0 for "none"/"0" (live changes lift a cap so)."""
+    v = value.strip().lower()
+    if v in ("none", "0", "0%"):
+        return 0
+    return _number("cap", value, where, percent=True)
+
+
+def priority(value: str, where: str = "priority") -> str:
+    v = value.strip().lower()
+    if v not in PRIORITIES:
+        raise SpecError(f"{where}: priority '{_show(value)}' is not one of {', '.join(PRIORITIES)}")
+    return v
 
 
 def _gpu(value: str, where: str) -> str:
@@ -231,16 +280,28 @@ def _slice(fields: dict[str, str], where: str) -> Slice:
     unknown = sorted(set(fields) - set(SLICE_KEYS))
     if unknown:
         raise SpecError(
-            f"{where}: unknown field '{_show(unknown[0])}' (fields are gpu, mem, compute; "
+            f"{where}: unknown field '{_show(unknown[0])}' (fields are {', '.join(SLICE_KEYS)}; "
             f"the guest's settings: {', '.join(SETTING_KEYS)})"
         )
     if "gpu" not in fields:
         raise SpecError(f"{where}: gpu is missing")
     if "mem" not in fields:
         raise SpecError(f"{where}: mem is missing")
+    if "compute" in fields and "weight" in fields:
+        raise SpecError(f"{where}: compute is the old name of weight: give one of them")
     mem_mib, frac = _mem(fields["mem"], where)
-    compute = _compute(fields["compute"], where) if "compute" in fields else 100
-    return Slice(_gpu(fields["gpu"], where), mem_mib, frac, compute)
+    w = fields.get("weight", fields.get("compute"))
+    return Slice(
+        _gpu(fields["gpu"], where),
+        mem_mib,
+        frac,
+        _number("weight" if "weight" in fields else "compute", w, where, percent=True)
+        if w is not None
+        else DEFAULT_WEIGHT,
+        _number("guarantee", fields["guarantee"], where, percent=True) if "guarantee" in fields else 0,
+        _number("cap", fields["cap"], where, percent=True) if "cap" in fields else 0,
+        priority(fields["priority"], where) if "priority" in fields else "normal",
+    )
 
 
 def _check_unique(slices: list[Slice], settings: Settings | None = None) -> ShareSpec:
@@ -255,13 +316,14 @@ def _check_unique(slices: list[Slice], settings: Settings | None = None) -> Shar
 
 
 def from_options(gpu: str | None, mem: str | None, compute: int, spec_text: str | None) -> ShareSpec:
-    """The share of `vmgpu vm attach`: either the whole spec, or one slice's gpu, mem, compute."""
+    """The share of `vmgpu vm attach`: either the whole spec, or one slice's gpu, mem and weight
+    (--compute, the old name of weight)."""
     if spec_text and (gpu or mem):
         raise InvalidArgument("give either --spec or --gpu/--mem/--compute, not both")
     if not spec_text:
         if gpu is None or mem is None:
             raise InvalidArgument("give --gpu and --mem (or --spec)")
-        spec_text = f"gpu={gpu},mem={mem},compute={compute}"
+        spec_text = f"gpu={gpu},mem={mem},weight={compute}"
     return parse(spec_text)
 
 

@@ -262,7 +262,10 @@ class Supervisor:
             log_path=self.logs / f"{guest}.log",
             extra=(
                 "--stats", str(self.stats_path(guest)), *_geometry_args(geometry),
-                "--compute", ",".join(str(s.weight) for s in slices),
+                "--weight", ",".join(str(s.weight) for s in slices),
+                "--guarantee", ",".join(str(s.guarantee_pct) for s in slices),
+                "--cap", ",".join(str(s.cap_pct) for s in slices),
+                "--priority", ",".join(s.priority for s in slices),
                 "--sched-id", ",".join(s.gpu_uuid for s in slices),
                 *settings_args(managed),
             ),

@@ -30,6 +30,7 @@
 #include "images.h"
 #include "process.h"
 #include "region_file.h"
+#include "sched_policy.h"
 
 volatile sig_atomic_t stopping;
 volatile sig_atomic_t region_broken;
@@ -59,8 +60,13 @@ static void usage(FILE *f)
 		"  --wait futex|poll   region geometry: wait mode (default futex)\n"
 		"  --peer-timeout SEC  a guest process silent this long is gone (default 5)\n"
 		"  --stats FILE        keep the statistics page in FILE (vmgpud and `vmgpu breakdown` read it)\n"
-		"  --compute LIST      the guest's compute weight per GPU, 1..100 (its cap under the fixed\n"
-		"                      policy; default 100)\n"
+		"  --weight LIST       the guest's compute weight per GPU, 1..100, relative to the others'\n"
+		"                      (its cap under the fixed policy; default 100); --compute is the same\n"
+		"  --guarantee LIST    the compute share per GPU reserved for it at admission, 0..100 (%%;\n"
+		"                      default 0: none): under weighted it is given first, the rest by weight\n"
+		"  --cap LIST          at most this %% of each period per GPU, 0..100 (default 0: no cap),\n"
+		"                      beside weighted guests that have none\n"
+		"  --priority LIST     high, normal (default) or low per GPU: a higher guest's work goes first\n"
 		"  --sched-dir DIR     where the GPUs' scheduler pages live (default $VMGPU_SCHED_DIR or /dev/shm/vmgpu)\n"
 		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
 		"                      default the UUID the driver reports)\n"
@@ -78,28 +84,53 @@ static void usage(FILE *f)
 /* What the command line sets besides F. */
 struct options {
 	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
-	int compute[VG_MAX_DEVICES], no_sched, ctx_reserve_set, allow_pageable;
+	struct sched_share share[VG_MAX_DEVICES];
+	int no_sched, ctx_reserve_set, allow_pageable;
 	uint64_t create;
 	struct vmgpu_shm_params params;
 	struct vmgpu_wait_opts wopts;
 };
 
-/* --compute LIST: a weight per GPU, the last one for the GPUs not named. */
-static int parse_compute(const char *arg, int compute[VG_MAX_DEVICES])
+/* A share field per GPU (--weight, --cap, --guarantee, --priority LIST), the last one for the
+ * GPUs not named: a number in lo..hi, or (lo < 0) high, normal or low. */
+static int parse_share(const char *flag, const char *arg, struct sched_share share[VG_MAX_DEVICES], int lo, int hi)
 {
 	char *list = strdup(arg), *save = NULL;
-	int n = 0;
+	int n = 0, val[VG_MAX_DEVICES];
 	uint64_t v;
 	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		if (n >= VG_MAX_DEVICES || vh_parse_size(t, &v) || v < 1 || v > 100) {
-			free(list);
-			return vh_die("--compute: '%s' is not a list of weights in 1..100", arg);
+		int ok = n < VG_MAX_DEVICES;
+		if (ok && lo < 0) {
+			ok = !strcmp(t, "high") || !strcmp(t, "normal") || !strcmp(t, "low");
+			val[n] = !strcmp(t, "high")  ? VMGPU_SCHED_PRIO_HIGH
+				 : !strcmp(t, "low") ? VMGPU_SCHED_PRIO_LOW
+						     : VMGPU_SCHED_PRIO_NORMAL;
+		} else if (ok) {
+			ok = !vh_parse_size(t, &v) && v >= (uint64_t)lo && v <= (uint64_t)hi;
+			val[n] = (int)v;
 		}
-		compute[n++] = (int)v;
+		if (!ok) {
+			free(list);
+			if (lo < 0)
+				return vh_die("--%s: '%s' is not a list of high, normal or low", flag, arg);
+			return vh_die("--%s: '%s' is not a list of numbers in %d..%d", flag, arg, lo, hi);
+		}
+		n++;
 	}
-	for (; n > 0 && n < VG_MAX_DEVICES; n++)
-		compute[n] = compute[n - 1];
 	free(list);
+	if (!n)
+		return vh_die("--%s: the list is empty", flag);
+	for (int d = 0; d < VG_MAX_DEVICES; d++) {
+		int x = val[d < n ? d : n - 1];
+		if (!strcmp(flag, "cap"))
+			share[d].cap = x;
+		else if (!strcmp(flag, "guarantee"))
+			share[d].guarantee = x;
+		else if (!strcmp(flag, "priority"))
+			share[d].priority = x;
+		else
+			share[d].weight = x;
+	}
 	return 0;
 }
 
@@ -110,7 +141,8 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"region", 1, 0, 'r'}, {"create", 1, 0, 'c'}, {"backend", 1, 0, 'b'}, {"gpus", 1, 0, 'g'},
 		{"mem", 1, 0, 'm'}, {"guest", 1, 0, 'n'}, {"channels", 1, 0, 'C'}, {"bulk", 1, 0, 'B'},
 		{"wait", 1, 0, 'w'}, {"peer-timeout", 1, 0, 't'}, {"stats", 1, 0, 's'}, {"help", 0, 0, 'h'},
-		{"compute", 1, 0, 'W'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
+		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
+		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
 		{0, 0, 0, 0},
 	};
@@ -152,7 +184,19 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			break;
 		case 's': o->stats_path = optarg; break;
 		case 'W':
-			if (parse_compute(optarg, o->compute))
+			if (parse_share("weight", optarg, o->share, 1, 100))
+				return 1;
+			break;
+		case 'K':
+			if (parse_share("cap", optarg, o->share, 0, 100))
+				return 1;
+			break;
+		case 'G':
+			if (parse_share("guarantee", optarg, o->share, 0, 100))
+				return 1;
+			break;
+		case 'p':
+			if (parse_share("priority", optarg, o->share, -1, 0))
 				return 1;
 			break;
 		case 'D': o->sched_dir = optarg; break;
@@ -238,7 +282,7 @@ static int join_schedulers(const struct options *o)
 		if (o->sched_ids && sched_id(o->sched_ids, d, uuid, sizeof uuid))
 			return vh_die("--sched-id: '%s' names no page for GPU %d (UUIDs of letters, digits and '-')",
 				      o->sched_ids, d);
-		if (vh_sched_join(&F.sched[d], dir, uuid, F.guest, o->compute[d], d))
+		if (vh_sched_join(&F.sched[d], dir, uuid, F.guest, &o->share[d], d))
 			return vh_die("cannot join the compute scheduler of %s in %s: %s", uuid, dir, strerror(errno));
 	}
 	return 0;
@@ -266,7 +310,7 @@ int main(int argc, char **argv)
 {
 	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR")};
 	for (int i = 0; i < VG_MAX_DEVICES; i++)
-		o.compute[i] = 100;
+		o.share[i] = (struct sched_share){.weight = 100, .priority = VMGPU_SCHED_PRIO_NORMAL};
 	vmgpu_shm_params_default(&o.params);
 	vmgpu_wait_opts_default(&o.wopts);
 	F.guest = "guest";

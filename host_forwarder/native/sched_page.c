@@ -108,7 +108,8 @@ static struct vmgpu_sched_page *map_page(const char *dir, const char *uuid)
 	return pg;
 }
 
-int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev)
+int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest,
+		  const struct sched_share *share, int dev)
 {
 	memset(s, 0, sizeof *s);
 	s->me = -1;
@@ -126,7 +127,7 @@ int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const c
 		struct vmgpu_sched_slot *g = &pg->slot[i];
 		if (atomic_load(&g->pid))
 			continue;
-		sched_seat(g, guest, weight, now, floor);
+		sched_seat(g, guest, share, now, floor);
 		atomic_store(&g->pid, (uint32_t)getpid());
 		s->me = i;
 	}

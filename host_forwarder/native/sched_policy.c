@@ -20,9 +20,24 @@ int sched_alive(uint32_t pid)
 	return state != 'Z' && state != 'X';
 }
 
-static int capped(uint32_t policy)
+static int capped_policy(uint32_t policy)
 {
 	return policy == VMGPU_SCHED_EQUAL || policy == VMGPU_SCHED_FIXED;
+}
+
+/* Is g held to a budget per period?  Every guest under a capping policy; under the others
+ * (native aside) a guest with a cap of its own, while the uncapped beside it stay weighted. */
+static int capped(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
+{
+	uint32_t policy = atomic_load(&pg->policy);
+	return capped_policy(policy) || (policy != VMGPU_SCHED_NATIVE && atomic_load(&g->cap));
+}
+
+/* Priority as an order: low < normal < high (an unknown value is normal). */
+static int rank(struct vmgpu_sched_slot *g)
+{
+	uint32_t p = atomic_load(&g->priority);
+	return p == VMGPU_SCHED_PRIO_HIGH ? 2 : p == VMGPU_SCHED_PRIO_LOW ? 0 : 1;
 }
 
 static int nmembers(struct vmgpu_sched_page *pg)
@@ -40,13 +55,17 @@ static uint64_t period_ns(struct vmgpu_sched_page *pg)
 
 uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
 {
-	uint64_t period = period_ns(pg);
-	if (atomic_load(&pg->policy) == VMGPU_SCHED_EQUAL) {
+	uint64_t period = period_ns(pg), budget = period;
+	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&g->weight), cap = atomic_load(&g->cap);
+	if (policy == VMGPU_SCHED_EQUAL) {
 		int n = nmembers(pg);
-		return period / (uint64_t)(n ? n : 1);
+		budget = period / (uint64_t)(n ? n : 1);
+	} else if (policy == VMGPU_SCHED_FIXED) {
+		budget = period * (w > 100 ? 100 : w) / 100;
 	}
-	uint32_t w = atomic_load(&g->weight);
-	return period * (w > 100 ? 100 : w) / 100;
+	if (cap && period * (cap > 100 ? 100 : cap) / 100 < budget) /* its own cap, where tighter */
+		budget = period * (cap > 100 ? 100 : cap) / 100;
+	return budget;
 }
 
 /* Start a new period for g if its last one is over; unspent budget is not kept, an overrun
@@ -63,24 +82,55 @@ static void roll(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64
 /* Has g spent its budget for the period under way?  (Read only: a period over is not spent.) */
 static int spent_for_period(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	return capped(atomic_load(&pg->policy)) && now - g->period_start < period_ns(pg) &&
+	return capped(pg, g) && now - g->period_start < period_ns(pg) &&
 	       g->period_used >= sched_budget_ns(pg, g);
 }
 
 /* Under the lock: may g have a turn now?  Starts its new period if the last one is over. */
 static int eligible(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	if (capped(atomic_load(&pg->policy)))
+	if (capped(pg, g))
 		roll(pg, g, now);
 	return !spent_for_period(pg, g, now);
 }
 
+/* Is g taking part now: holding the GPU or waiting for it? */
+static int active(struct vmgpu_sched_page *pg, int i)
+{
+	return atomic_load(&pg->slot[i].pid) && (atomic_load(&pg->slot[i].waiters) || atomic_load(&pg->owner) == i);
+}
+
+/* g's weight for virtual time.  Under weighted, guests with a guarantee among the active ones
+ * first get their guaranteed shares, and the rest is shared by weight: g's share is
+ * guarantee + (100 - G) * weight / W (G, W: the active guests' guarantees and weights), in
+ * proportion to guarantee * W + (100 - G) * weight, which is 100 * weight when no active guest
+ * has a guarantee (the plain weighted share). */
+static uint64_t effective_weight(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
+{
+	uint64_t w = atomic_load(&g->weight), gsum = 0, wsum = 0;
+	if (w > 100)
+		w = 100;
+	if (atomic_load(&pg->policy) != VMGPU_SCHED_WEIGHTED)
+		return 100 * w;
+	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
+		struct vmgpu_sched_slot *o = &pg->slot[i];
+		if (!active(pg, i) && o != g)
+			continue;
+		uint32_t gi = atomic_load(&o->guarantee), wi = atomic_load(&o->weight);
+		gsum += gi > 100 ? 100 : gi;
+		wsum += wi > 100 ? 100 : wi;
+	}
+	if (!gsum)
+		return 100 * w;
+	uint64_t mine = atomic_load(&g->guarantee), rest = gsum < 100 ? 100 - gsum : 0;
+	return (mine > 100 ? 100 : mine) * wsum + rest * w;
+}
+
 uint64_t sched_vcost(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t held)
 {
-	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&g->weight);
-	if (policy != VMGPU_SCHED_WEIGHTED && policy != VMGPU_SCHED_FIXED)
-		w = 100;
-	return held * 100 / (w ? w : 1);
+	uint32_t policy = atomic_load(&pg->policy);
+	uint64_t w = policy == VMGPU_SCHED_WEIGHTED || policy == VMGPU_SCHED_FIXED ? effective_weight(pg, g) : 10000;
+	return held * 10000 / (w ? w : 1);
 }
 
 uint64_t sched_vtime_floor(struct vmgpu_sched_page *pg)
@@ -96,26 +146,38 @@ uint64_t sched_vtime_floor(struct vmgpu_sched_page *pg)
 	return floor;
 }
 
-void sched_seat(struct vmgpu_sched_slot *g, const char *guest, int weight, uint64_t now, uint64_t floor)
+static uint32_t clamp(int v, int lo, int hi)
+{
+	return (uint32_t)(v < lo ? lo : v > hi ? hi : v);
+}
+
+void sched_seat(struct vmgpu_sched_slot *g, const char *guest, const struct sched_share *share, uint64_t now,
+		uint64_t floor)
 {
 	memset((char *)g + sizeof g->pid, 0, sizeof *g - sizeof g->pid);
 	snprintf(g->name, sizeof g->name, "%s", guest);
-	atomic_store(&g->weight, (uint32_t)(weight < 1 ? 1 : weight > 100 ? 100 : weight));
+	atomic_store(&g->weight, clamp(share->weight, 1, 100));
+	atomic_store(&g->cap, clamp(share->cap, 0, 100));
+	atomic_store(&g->guarantee, clamp(share->guarantee, 0, 100));
+	atomic_store(&g->priority, share->priority == VMGPU_SCHED_PRIO_HIGH || share->priority == VMGPU_SCHED_PRIO_LOW
+					   ? (uint32_t)share->priority
+					   : VMGPU_SCHED_PRIO_NORMAL);
 	g->vtime = floor == UINT64_MAX ? 0 : floor; /* no credit for time not spent here */
 	g->period_start = now;
 	g->joined_ns = now;
 }
 
-/* Under the lock: the waiting, eligible guest furthest behind in virtual time, or -1; on a
- * tie, not the one that had the last turn.  A guest back from idle first starts level with
- * the others: time it left unused is not owed to it. */
+/* Under the lock: of the waiting, eligible guests of the highest priority among them, the one
+ * furthest behind in virtual time, or -1; on a tie, not the one that had the last turn.  A guest
+ * back from idle first starts level with the others: time it left unused is not owed to it; nor is
+ * the time its cap held it back. */
 static int pick(struct vmgpu_sched_page *pg, uint64_t now, int prev)
 {
 	uint64_t floor = UINT64_MAX;
 	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
 		struct vmgpu_sched_slot *g = &pg->slot[i];
 		if (atomic_load(&g->pid) && !atomic_load(&g->rejoin) && (atomic_load(&g->waiters) || i == prev) &&
-		    g->vtime < floor)
+		    !spent_for_period(pg, g, now) && g->vtime < floor)
 			floor = g->vtime;
 	}
 	int best = -1;
@@ -132,9 +194,15 @@ static int pick(struct vmgpu_sched_page *pg, uint64_t now, int prev)
 			atomic_store(&g->pid, 0);
 			continue;
 		}
-		if (!eligible(pg, g, now))
+		if (!eligible(pg, g, now)) { /* held back by its cap: owed nothing for the time it lost */
+			if (floor != UINT64_MAX && g->vtime < floor)
+				g->vtime = floor;
 			continue;
-		if (best < 0 || g->vtime < pg->slot[best].vtime || (g->vtime == pg->slot[best].vtime && best == prev))
+		}
+		if (best < 0 || rank(g) > rank(&pg->slot[best]))
+			best = i;
+		else if (rank(g) == rank(&pg->slot[best]) &&
+			 (g->vtime < pg->slot[best].vtime || (g->vtime == pg->slot[best].vtime && best == prev)))
 			best = i;
 	}
 	return best;
@@ -157,7 +225,7 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
 	uint64_t held = now - pg->hold_start;
 	atomic_fetch_add(&g->used_ns, held);
 	g->vtime += sched_vcost(pg, g, held);
-	if (capped(atomic_load(&pg->policy))) {
+	if (capped(pg, g)) {
 		g->period_used += held;
 	} else { /* no debt from uncapped time when a cap comes in later */
 		g->period_used = 0;
@@ -167,14 +235,28 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
 }
 
 /* The holder yields at the end of a slice only to one behind what it would be, charged for its
- * turn so far: a holder between two calls is not waiting, but it is not done either. */
+ * turn so far: a holder between two calls is not waiting, but it is not done either.  A waiter of
+ * a lower priority than the holder's counts only when mine is UINT64_MAX (any). */
 int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_t mine)
 {
 	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
 		struct vmgpu_sched_slot *g = &pg->slot[i];
 		if (i == me || !atomic_load(&g->pid) || !atomic_load(&g->waiters) || spent_for_period(pg, g, now))
 			continue;
-		if (atomic_load(&g->rejoin) || g->vtime < mine)
+		if (mine == UINT64_MAX || rank(g) > rank(&pg->slot[me]))
+			return 1;
+		if (rank(g) == rank(&pg->slot[me]) && (atomic_load(&g->rejoin) || g->vtime < mine))
+			return 1;
+	}
+	return 0;
+}
+
+int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now)
+{
+	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
+		struct vmgpu_sched_slot *g = &pg->slot[i];
+		if (i != me && atomic_load(&g->pid) && atomic_load(&g->waiters) && rank(g) > rank(&pg->slot[me]) &&
+		    !spent_for_period(pg, g, now))
 			return 1;
 	}
 	return 0;
@@ -187,11 +269,13 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	uint64_t held = now - pg->hold_start;
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
-	int spent = capped(policy) && g->period_used + held >= sched_budget_ns(pg, g);
+	int spent = capped(pg, g) && g->period_used + held >= sched_budget_ns(pg, g);
 	/* an idle holder alone on the GPU keeps its turn (a hand-over drains the GPU, and its next
 	 * call would wait for that: a pipeline bubble for nothing), unless a cap counts its turns */
-	int idle_over = idle && (capped(policy) || sched_others_wait(pg, me, now, UINT64_MAX));
-	return idle_over || expired || spent || policy == VMGPU_SCHED_NATIVE;
+	int idle_over = idle && (capped(pg, g) || sched_others_wait(pg, me, now, UINT64_MAX));
+	/* a higher-priority guest waits: the turn ends now, its slice not awaited */
+	int preempted = policy != VMGPU_SCHED_NATIVE && sched_higher_waits(pg, me, now);
+	return idle_over || expired || spent || preempted || policy == VMGPU_SCHED_NATIVE;
 }
 
 void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now)

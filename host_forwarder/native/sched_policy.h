@@ -25,15 +25,25 @@ int sched_alive(uint32_t pid);
  * UINT64_MAX if none: where a new member starts, so it is owed nothing for time before it came. */
 uint64_t sched_vtime_floor(struct vmgpu_sched_page *pg);
 
-/* Under the lock: fill the free slot g for guest (weight clamped to 1..100) joining at now with
- * virtual time floor (sched_vtime_floor); its pid is stored last by the caller. */
-void sched_seat(struct vmgpu_sched_slot *g, const char *guest, int weight, uint64_t now, uint64_t floor);
+/* A guest's share on one GPU, as the forwarder's command line gives it (vmgpu/spec.py's grammar). */
+struct sched_share {
+	int weight;    /* 1..100: relative */
+	int cap;       /* 0: none; 1..100: at most cap% of each period */
+	int priority;  /* enum vmgpu_sched_priority */
+	int guarantee; /* 0..100: % reserved at admission */
+};
+
+/* Under the lock: fill the free slot g for guest (each field clamped to its range) joining at now
+ * with virtual time floor (sched_vtime_floor); its pid is stored last by the caller. */
+void sched_seat(struct vmgpu_sched_slot *g, const char *guest, const struct sched_share *share, uint64_t now,
+		uint64_t floor);
 
 /* Virtual time a turn of `held` ns costs g: its held time per weight (equal weights under
- * the policies that do not weigh). */
+ * the policies that do not weigh; under weighted, guarantees first: effective_weight). */
 uint64_t sched_vcost(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t held);
 
-/* Held-time budget per period of g under a capping policy (equal: 1/N; fixed: weight%). */
+/* Held-time budget per period of g under a capping policy (equal: 1/N; fixed: weight%), or of a
+ * guest with a cap of its own (cap%, the tighter of the two under a capping policy). */
 uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g);
 
 /* Under the lock: the GPU to whoever should have it at now (pick, and begin its turn); the
@@ -47,10 +57,14 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
  * time `mine` (UINT64_MAX: any)? */
 int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_t mine);
 
+/* Does a member of a higher priority than `me` wait for the GPU that may have it now? */
+int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now);
+
 /* Is the turn of `me`, the holder, over at now?  idle: none of its workers has work (the
  * worker's own measure, SCHED_IDLE_NS).  Over when idle while another waits (or under a capping
  * policy; alone it keeps the GPU between calls), when its slice is spent while another
- * waits that is behind it, when its cap for the period is spent, or under the native policy. */
+ * waits that is behind it, when its cap for the period is spent, as soon as a guest of a higher
+ * priority waits, or under the native policy. */
 int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle);
 
 /* Under the lock: g holds the GPU idle and alone (its turn not over): charged for its turn up to

@@ -12,8 +12,11 @@
  *   native     no control: calls pass at once.
  *   equal      every guest on the GPU gets 1/N of the time, even when the others are idle.
  *   preemptive equal shares, work-conserving: an idle guest's time goes to busy ones.
- *   weighted   work-conserving, shares by weight (`vmgpu weight`; default: the compute %).
+ *   weighted   work-conserving, shares by weight (`vmgpu weight`; default: the spec's, 100), the
+ *              busy guests' guarantees first.
  *   fixed      a hard cap of weight% per period, even when the card is otherwise idle.
+ * Under each but native, a guest's own cap (`vmgpu cap`) is a budget per period for it alone, and
+ * a waiting guest of a higher priority (`vmgpu priority`) has the GPU before any lower one.
  *
  * The page's layout: native/shm_transport/include/vmgpu/sched_abi.h.  The arithmetic (who is next,
  * what a turn costs, when it is over): sched_policy.c; the page's mechanics: sched_page.c.
@@ -44,8 +47,10 @@ struct vh_sched {
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
 };
 
-/* Join the scheduler of the GPU with this UUID (a page in dir).  weight 1..100.  0 on success. */
-int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest, int weight, int dev);
+/* Join the scheduler of the GPU with this UUID (a page in dir) with the guest's share there.  0 on success. */
+struct sched_share;
+int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const char *guest,
+		  const struct sched_share *share, int dev);
 void vh_sched_leave(struct vh_sched *s);
 /* A worker process starts or stops taking part: the supervisor counts one in (start 1) before
  * it forks it, and it is counted out once: by itself as it leaves (0), or by the supervisor on

@@ -62,7 +62,8 @@ static int sim_join(struct sim *s, const char *name, int weight, int busy)
 {
 	int i = s->n++;
 	uint64_t floor = sched_vtime_floor(&s->pg);
-	sched_seat(&s->pg.slot[i], name, weight, s->now, floor);
+	struct sched_share share = {.weight = weight, .priority = VMGPU_SCHED_PRIO_NORMAL};
+	sched_seat(&s->pg.slot[i], name, &share, s->now, floor);
 	atomic_store(&s->pg.slot[i].pid, (uint32_t)getpid());
 	s->busy[i] = busy;
 	return i;
@@ -316,6 +317,98 @@ static void ties_go_to_the_other_and_the_dead_are_let_go(void)
 	check(!sched_alive(0) && sched_alive((uint32_t)getpid()) && !sched_alive((uint32_t)child), "sched_alive");
 }
 
+/* A guest joins with a priority, a cap or a guarantee besides its weight. */
+static int sim_join_share(struct sim *s, const char *name, struct sched_share share, int busy)
+{
+	int i = sim_join(s, name, share.weight, busy);
+	struct sched_share full = share;
+	sched_seat(&s->pg.slot[i], name, &full, s->now, sched_vtime_floor(&s->pg));
+	return i;
+}
+
+static void a_waiting_higher_priority_guest_takes_the_gpu_at_once(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int lo = sim_join_share(&s, "low", (struct sched_share){.weight = 100, .priority = VMGPU_SCHED_PRIO_LOW}, 1);
+	int hi = sim_join_share(&s, "high", (struct sched_share){.weight = 1, .priority = VMGPU_SCHED_PRIO_HIGH}, 0);
+	sim_run(&s, 1 * SEC, p);
+	check(p[lo] >= 995 && p[hi] == 0, "high idle: low holds %u‰", p[lo]);
+	/* low holds the GPU well within its slice; high gets work: low's turn is over at the next tick */
+	check(atomic_load(&s.pg.owner) == lo, "low holds the GPU");
+	s.busy[hi] = 1;
+	sim_step(&s); /* high begins to wait */
+	check(atomic_load(&s.pg.owner) == hi, "high waits: low's turn ended in one tick, its slice not awaited");
+	sim_run(&s, 2 * SEC, p);
+	check(p[hi] >= 995 && p[lo] <= 5, "both busy: high (weight 1) holds %u‰, low (weight 100) %u‰", p[hi], p[lo]);
+	s.busy[hi] = 0;
+	sim_run(&s, 1 * SEC, p);
+	check(p[lo] >= 990, "high idle again: low soaks up the rest, %u‰", p[lo]);
+	/* at a hand-over the higher waiter goes first whatever the virtual times say */
+	int n = sim_join_share(&s, "normal", (struct sched_share){.weight = 100}, 0);
+	s.pg.slot[n].vtime = 0;
+	s.pg.slot[hi].vtime = UINT64_MAX / 2;
+	sched_wait_begin(&s.pg, n, s.now);
+	sched_wait_begin(&s.pg, hi, s.now);
+	atomic_store(&s.pg.owner, -1);
+	check(sched_give_turn(&s.pg, s.now) == hi, "high and normal wait: high has the next turn though far ahead");
+	check(!sched_turn_over(&s.pg, hi, s.now + 20 * MS, 0), "a high holder keeps its turn past its slice beside lower waiters");
+	sched_wait_end(&s.pg.slot[n]);
+	sched_wait_end(&s.pg.slot[hi]);
+}
+
+static void equal_priorities_stay_weighted(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int a = sim_join_share(&s, "a", (struct sched_share){.weight = 30, .priority = VMGPU_SCHED_PRIO_HIGH}, 1);
+	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 70, .priority = VMGPU_SCHED_PRIO_HIGH}, 1);
+	int c = sim_join_share(&s, "c", (struct sched_share){.weight = 100, .priority = VMGPU_SCHED_PRIO_LOW}, 1);
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[a], 300, 3) && near(p[b], 700, 3) && p[c] == 0,
+	      "two high at 30/70 beside a busy low: a %u‰ b %u‰ c %u‰", p[a], p[b], p[c]);
+}
+
+static void a_cap_holds_one_guest_while_the_others_stay_weighted(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 10}, 1);
+	sim_run(&s, 5 * SEC, p);
+	check(near(p[a], 100, 2), "cap 10, alone and busy on a weighted card: holds %u‰", p[a]);
+	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 30}, 1);
+	int c = sim_join_share(&s, "c", (struct sched_share){.weight = 70}, 1);
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[a], 100, 3) && near(p[b], 270, 5) && near(p[c], 630, 5),
+	      "cap 10 beside weights 30/70: a %u‰ b %u‰ c %u‰", p[a], p[b], p[c]);
+	atomic_store(&s.pg.slot[a].cap, 50); /* live: vmgpu share set */
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[a], 500, 5) && near(p[b], 150, 5) && near(p[c], 350, 5),
+	      "cap raised live to 50, weight 100 of 200: a %u‰ b %u‰ c %u‰", p[a], p[b], p[c]);
+	atomic_store(&s.pg.slot[a].cap, 0);
+	sim_run(&s, 10 * SEC, p);
+	check(near(p[a], 500, 5) && near(p[b], 150, 5) && near(p[c], 350, 5),
+	      "cap lifted: weights 100/30/70 of 200 (a's weight is worth 50%%): a %u‰ b %u‰ c %u‰", p[a], p[b], p[c]);
+}
+
+static void a_guarantee_is_given_first_and_the_rest_by_weight(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .guarantee = 60}, 1);
+	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 100}, 1);
+	sim_run(&s, 10 * SEC, p);
+	/* a: 60 + 40 * 100/200 = 80%; b: 40 * 100/200 = 20% */
+	check(near(p[a], 800, 5) && near(p[b], 200, 5), "guarantee 60 + equal weights: a %u‰ b %u‰", p[a], p[b]);
+	s.busy[a] = 0;
+	sim_run(&s, 2 * SEC, p);
+	check(p[b] >= 995, "the guaranteed guest idle: its time goes to b (%u‰)", p[b]);
+}
+
 int main(void)
 {
 	weights_share_the_gpu_and_change_live();
@@ -328,6 +421,10 @@ int main(void)
 	native_ends_every_turn_at_once();
 	an_idle_holder_alone_keeps_its_turn_and_is_not_charged_for_it();
 	ties_go_to_the_other_and_the_dead_are_let_go();
+	a_waiting_higher_priority_guest_takes_the_gpu_at_once();
+	equal_priorities_stay_weighted();
+	a_cap_holds_one_guest_while_the_others_stay_weighted();
+	a_guarantee_is_given_first_and_the_rest_by_weight();
 	if (failures) {
 		printf("t_sched_policy: %d failed\n", failures);
 		return 1;

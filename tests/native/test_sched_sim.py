@@ -8,6 +8,7 @@ The GPU numbers come from `make bench-isolation`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env, wait_for
+from vmgpu.errors import InvalidArgument
 from vmgpu.sched import Page, SchedError
 
 
@@ -108,7 +110,9 @@ def test_a_dead_holder_does_not_stop_the_others(sched_dir, tmp_path):
             assert [m.guest for m in pg.members()] == ["b"]
 
 
-def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_path):
+@contextlib.contextmanager
+def _vmgpud(tmp_path: Path):
+    """A vmgpud on the test inventory; its client."""
     from tests.forwarder import start_daemon
     from tests.unit.test_daemon import INVENTORY
     from vmgpu.client import Client
@@ -116,9 +120,16 @@ def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_
     inv = tmp_path / "inventory.toml"
     inv.write_text(INVENTORY)
     daemon = start_daemon(tmp_path / "run" / "vmgpud.sock", tmp_path / "ledger.db", inv)
-    region = tmp_path / "region"
     try:
-        c = Client(str(tmp_path / "run" / "vmgpud.sock"))
+        yield Client(str(tmp_path / "run" / "vmgpud.sock"))
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_path):
+    region = tmp_path / "region"
+    with _vmgpud(tmp_path) as c:
         c.admit("g", "container", "gpu=0,mem=1G,compute=30")
         assert c.set_policy("0", "equal").live is False  # no forwarder yet: kept for its start
         c.start_forwarder("g", str(region), backend="sim", size="256M")
@@ -130,6 +141,44 @@ def test_vmgpud_gives_forwarders_their_weights_and_policies_live(sched_dir, tmp_
             assert c.set_policy("0", "fixed").live and pg.policy == "fixed"
             assert [s.weight for s in c.status().slices] == [60]
         c.release("g")
-    finally:
-        daemon.kill()
-        daemon.wait()
+
+
+def test_vmgpud_gives_forwarders_their_caps_priorities_and_guarantees_at_start_and_live(sched_dir, tmp_path):
+    region = tmp_path / "region"
+    with _vmgpud(tmp_path) as c:
+        c.admit("g", "container", "gpu=0,mem=1G,weight=20,guarantee=30%,cap=40%,priority=high")
+        c.start_forwarder("g", str(region), backend="sim", size="256M")
+        with _page(sched_dir) as pg:
+            (m,) = pg.members()
+            assert (m.weight, m.guarantee, m.cap, m.priority) == (20, 30, 40, "high")
+            assert c.set_cap("g", "0", 0).live and pg.members()[0].cap == 0
+            assert c.set_priority("g", "0", "low").live and pg.members()[0].priority == "low"
+            s = c.status().slices[0]
+            assert (s.weight, s.guarantee_pct, s.cap_pct, s.priority) == (20, 30, 0, "low")
+            with pytest.raises(InvalidArgument, match="cap 101% is not in 0..100"):
+                c.set_cap("g", "0", 101)
+            with pytest.raises(InvalidArgument, match="priority 'urgent' is not one of high, normal, low"):
+                c.set_priority("g", "0", "urgent")
+            assert (pg.members()[0].cap, pg.members()[0].priority) == (0, "low")  # a refused change is not applied
+        c.release("g")
+
+
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [
+        ("--priority", "urgent", "--priority: 'urgent' is not a list of high, normal or low"),
+        ("--cap", "0,101", "--cap: '0,101' is not a list of numbers in 0..100"),
+        ("--guarantee", "x", "--guarantee: 'x' is not a list of numbers in 0..100"),
+        ("--weight", "0", "--weight: '0' is not a list of numbers in 1..100"),
+        ("--compute", "500", "--weight: '500' is not a list of numbers in 1..100"),
+    ],
+)
+def test_the_forwarder_refuses_a_share_flag_out_of_its_range_with_one_line(tmp_path, flag, value, said):
+    res = subprocess.run(
+        [str(NATIVE / "vmgpu-forwarder"), "--region", str(tmp_path / "r"), "--backend", "sim", flag, value],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode != 0 and said in res.stderr, res.stderr
+    assert not (tmp_path / "r").exists()

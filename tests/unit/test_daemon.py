@@ -45,7 +45,7 @@ def daemon(host):
 
 def test_admit_status_release_through_the_client(daemon):
     c = Client(daemon)
-    reply = c.admit("vm1", "vm", "gpu=0,mem=8G,compute=50;gpu=2,mem=25%")
+    reply = c.admit("vm1", "vm", "gpu=0,mem=8G,compute=50,guarantee=50%;gpu=2,mem=25%,guarantee=100%")
     assert [(s.gpu_index, s.mem_mib, s.compute_pct) for s in reply.slices] == [(0, 8192, 50), (2, 8192, 100)]
     st = c.status()
     assert [(g.index, g.mem_reserved_mib, g.compute_reserved_pct) for g in st.gpus] == [
@@ -76,10 +76,20 @@ def test_cli_against_the_daemon(daemon):
     r = run(cli, ["admit", "c1", "gpu=0,mem=2G,compute=10", "--kind", "container", "--socket", daemon, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == [
-        {"gpu": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "mem_mib": 2048, "compute_pct": 10}
+        {
+            "gpu": 0,
+            "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+            "mem_mib": 2048,
+            "compute_pct": 10,
+            "weight": 10,
+            "guarantee_pct": 0,
+            "cap_pct": 0,
+            "priority": "normal",
+        }
     ]
     r = run(cli, ["status", "--socket", daemon, "--json"])
     guest = {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10, "weight": 10}
+    guest |= {"guarantee_pct": 0, "cap_pct": 0, "priority": "normal"}
     want = {**guest, "compute_achieved_pct": None, "label": "", "settings": ""}
     assert json.loads(r.output)["guests"] == [want]  # no forwarder runs
     assert json.loads(r.output)["gpus"][0]["policy"] == "weighted"
@@ -88,6 +98,20 @@ def test_cli_against_the_daemon(daemon):
     assert r.exit_code == 0 and "weight 40 (from its forwarder's next start)" in r.output, r.output
     r = run(cli, ["policy", "GPU-00000000-0000-0000-0000-000000000000", "fixed", "--socket", daemon])
     assert r.exit_code == 0 and "policy fixed" in r.output, r.output
+    # cap and priority, the same way
+    r = run(cli, ["cap", "c1", "0", "25%", "--socket", daemon])
+    assert r.exit_code == 0 and "c1 on GPU-00000000-0000-0000-0000-000000000000: cap 25% (from" in r.output, r.output
+    r = run(cli, ["priority", "c1", "0", "HIGH", "--socket", daemon])
+    assert r.exit_code == 0 and "priority high (from its forwarder's next start)" in r.output, r.output
+    r = run(cli, ["status", "--socket", daemon, "--json"])
+    (g,) = json.loads(r.output)["guests"]
+    assert (g["weight"], g["cap_pct"], g["priority"]) == (40, 25, "high")
+    r = run(cli, ["cap", "c1", "0", "none", "--socket", daemon])
+    assert r.exit_code == 0 and "no cap" in r.output, r.output
+    r = run(cli, ["cap", "c1", "0", "120", "--socket", daemon])
+    assert r.exit_code == 2 and "cap 120% is outside 1..100" in r.output + r.stderr
+    r = run(cli, ["priority", "c1", "7", "low", "--socket", daemon])
+    assert r.exit_code != 0 and "gpu 7 is not on this host" in r.stderr, r.stderr
     st = json.loads(run(cli, ["status", "--socket", daemon, "--json"]).output)
     assert st["guests"][0]["weight"] == 40 and st["gpus"][0]["policy"] == "fixed"
     r = run(cli, ["weight", "c9", "0", "10", "--socket", daemon])
@@ -160,7 +184,7 @@ def test_metrics_endpoint(host):
     server, ledger = serve(sock, db, inv, metrics_port=0)
     try:
         c = Client(str(sock))
-        c.admit("m1", "vm", "gpu=0,mem=4G,compute=30")
+        c.admit("m1", "vm", "gpu=0,mem=4G,weight=30,guarantee=30%")
         with pytest.raises(Refused):
             c.admit("m2", "vm", "gpu=0,mem=30G")
         port = server.metrics_http.server_port

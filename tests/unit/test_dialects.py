@@ -31,18 +31,25 @@ def refusal(env: dict) -> str:
 # ---- each dialect's example lines ----------------------------------------------------------
 
 
-def test_china_telecom_egpus_seed_line_gives_each_pgpu_its_mem_in_mib_and_weight_as_compute():
+def test_china_telecom_egpus_seed_line_gives_each_pgpu_its_mem_in_mib_and_its_weight():
     t = dialects.translate(
         {"EGPU": "POLICY=0,ONLINE=0,TYPE=DOCKER:PGPU=0,MEM=3276,WEIGHT=10:PGPU=1,MEM=8192,WEIGHT=30"}
     )
     assert t.dialect == "ct-egpu"
-    assert t.text == "gpu=0,mem=3276M,compute=10;gpu=1,mem=8192M,compute=30"
+    assert t.text == "gpu=0,mem=3276M,weight=10;gpu=1,mem=8192M,weight=30"
     assert any("POLICY=0 is not enforced" in n for n in t.notes)
-    assert any("ONLINE=0 is not enforced" in n for n in t.notes)
+    assert not any("ONLINE" in n for n in t.notes)  # offline: the default priority, normal
+
+
+def test_china_telecom_egpu_online_is_high_priority():
+    t = dialects.translate({"EGPU": "ONLINE=1:PGPU=0,MEM=1024,WEIGHT=10"})
+    assert t.text == "gpu=0,mem=1024M,weight=10,priority=high"
+    with pytest.raises(SpecError, match="EGPU ONLINE"):
+        dialects.translate({"EGPU": "ONLINE=2:PGPU=0,MEM=1024"})
 
 
 def test_china_telecom_egpu_without_header_or_weight_gives_full_compute():
-    assert share({"EGPU": "PGPU=2,MEM=1024"}) == "gpu=2,mem=1024M,compute=100"
+    assert share({"EGPU": "PGPU=2,MEM=1024"}) == "gpu=2,mem=1024M,weight=100"
 
 
 def test_alibaba_cgpus_seed_line_gives_each_visible_gpu_its_own_size_in_gib():
@@ -55,19 +62,25 @@ def test_alibaba_cgpus_seed_line_gives_each_visible_gpu_its_own_size_in_gib():
     t = dialects.translate(env)
     assert t.dialect == "aliyun-cgpu"
     assert t.text == (
-        "gpu=0,mem=3072M,compute=10;gpu=1,mem=4096M,compute=10;gpu=2,mem=5120M,compute=10;gpu=3,mem=6144M,compute=10"
+        "gpu=0,mem=3072M,weight=10;gpu=1,mem=4096M,weight=10;gpu=2,mem=5120M,weight=10;gpu=3,mem=6144M,weight=10"
     )
     assert [k for k, _ in t.variables] == list(env)
 
 
 def test_alibaba_cgpus_documented_example_gives_1g_of_a_4g_card_on_gpu_0():
     """cGPU's README: -e ALIYUN_COM_GPU_MEM_DEV=4 -e ALIYUN_COM_GPU_MEM_CONTAINER=1 gives 1G."""
-    assert share({"ALIYUN_COM_GPU_MEM_DEV": "4", "ALIYUN_COM_GPU_MEM_CONTAINER": "1"}) == "gpu=0,mem=1024M,compute=100"
+    assert share({"ALIYUN_COM_GPU_MEM_DEV": "4", "ALIYUN_COM_GPU_MEM_CONTAINER": "1"}) == "gpu=0,mem=1024M,weight=100"
+
+
+def test_alibaba_cgpu_high_prio_is_high_priority():
+    env = {"ALIYUN_COM_GPU_MEM_CONTAINER": "1", "ALIYUN_COM_GPU_HIGH_PRIO": "1"}
+    assert share(env) == "gpu=0,mem=1024M,weight=100,priority=high"
+    assert share({**env, "ALIYUN_COM_GPU_HIGH_PRIO": "0"}) == "gpu=0,mem=1024M,weight=100"
 
 
 def test_alibaba_cgpu_in_mib_units_and_one_size_for_every_gpu():
     env = {"ALIYUN_COM_GPU_MEM_CONTAINER": "3803", "ALIYUN_COM_GPU_MEM_UNIT": "MiB", "NVIDIA_VISIBLE_DEVICES": "1,2"}
-    assert share(env) == "gpu=1,mem=3803M,compute=100;gpu=2,mem=3803M,compute=100"
+    assert share(env) == "gpu=1,mem=3803M,weight=100;gpu=2,mem=3803M,weight=100"
 
 
 def test_alibaba_cgpu_is_off_without_its_memory_or_with_cgpu_disable_and_says_so():
@@ -77,8 +90,8 @@ def test_alibaba_cgpu_is_off_without_its_memory_or_with_cgpu_disable_and_says_so
     assert t.spec is None and "CGPU_DISABLE" in t.notes[0]
 
 
-def test_alibaba_egpus_documented_example_gives_whole_mib_of_the_bytes_and_util_as_compute():
-    """PAI's eGPU example: 2G of memory (bytes) and 50% compute on NVIDIA_VISIBLE_DEVICES=1."""
+def test_alibaba_egpus_documented_example_gives_whole_mib_of_the_bytes_and_util_as_a_cap():
+    """PAI's eGPU example: 2G of memory (bytes) and at most 50% compute on NVIDIA_VISIBLE_DEVICES=1."""
     env = {
         "AMP_VGPU_ENABLE": "1",
         "GPU_MEM_PER_DEVICE": "2000000000",
@@ -89,7 +102,7 @@ def test_alibaba_egpus_documented_example_gives_whole_mib_of_the_bytes_and_util_
         "ALIYUN_COM_GPU_OOM_SCRIPT": "/bin/oom.sh",
     }
     t = dialects.translate(env)
-    assert t.dialect == "aliyun-egpu" and t.text == "gpu=1,mem=1907M,compute=50"
+    assert t.dialect == "aliyun-egpu" and t.text == "gpu=1,mem=1907M,weight=100,cap=50%"
     notes = " ".join(t.notes)
     assert "ALIYUN_COM_GPU_MEM_RESERVED=10 is not enforced" in notes
     assert "ALIYUN_COM_GPU_OOM_SCRIPT is not run" in notes
@@ -102,20 +115,20 @@ def test_alibaba_egpu_is_off_without_its_master_switch_and_says_so():
 
 def test_alibaba_egpu_with_nvidia_all_gives_every_host_gpu_the_size():
     env = {"AMP_VGPU_ENABLE": "1", "GPU_MEM_PER_DEVICE": str(4 << 30), "NVIDIA_VISIBLE_DEVICES": "all"}
-    assert share(env) == ";".join(f"gpu={g},mem=4096M,compute=100" for g in HOST)
+    assert share(env) == ";".join(f"gpu={g},mem=4096M,weight=100" for g in HOST)
 
 
 def test_boyue_gives_n_gpus_each_gmem_mib_and_ratio_compute():
     env = {"boyue_VGPU": "2", "boyue_GMEM": "4096", "boyue_RATIO": "30"}
-    assert share(env) == "gpu=0,mem=4096M,compute=30;gpu=1,mem=4096M,compute=30"
-    assert share({**env, "NVIDIA_VISIBLE_DEVICES": "2,0"}) == "gpu=2,mem=4096M,compute=30;gpu=0,mem=4096M,compute=30"
+    assert share(env) == "gpu=0,mem=4096M,weight=30;gpu=1,mem=4096M,weight=30"
+    assert share({**env, "NVIDIA_VISIBLE_DEVICES": "2,0"}) == "gpu=2,mem=4096M,weight=30;gpu=0,mem=4096M,weight=30"
 
 
 def test_nvidia_visible_devices_alone_gives_whole_gpus():
-    assert share({"NVIDIA_VISIBLE_DEVICES": "0,1"}) == "gpu=0,mem=100%,compute=100;gpu=1,mem=100%,compute=100"
+    assert share({"NVIDIA_VISIBLE_DEVICES": "0,1"}) == "gpu=0,mem=100%,weight=100;gpu=1,mem=100%,weight=100"
     uuid = "GPU-28df2127-fac9-f8fd-77de-e461c85c8ef2"
-    assert share({"NVIDIA_VISIBLE_DEVICES": uuid}) == f"gpu={uuid},mem=100%,compute=100"
-    assert share({"NVIDIA_VISIBLE_DEVICES": "all"}) == ";".join(f"gpu={g},mem=100%,compute=100" for g in HOST)
+    assert share({"NVIDIA_VISIBLE_DEVICES": uuid}) == f"gpu={uuid},mem=100%,weight=100"
+    assert share({"NVIDIA_VISIBLE_DEVICES": "all"}) == ";".join(f"gpu={g},mem=100%,weight=100" for g in HOST)
     for none in ("none", "void", ""):
         assert share({"NVIDIA_VISIBLE_DEVICES": none}) is None
     assert share({"PATH": "/bin"}) is None
@@ -123,12 +136,12 @@ def test_nvidia_visible_devices_alone_gives_whole_gpus():
 
 def test_vmgpu_with_an_agreeing_dialect_and_a_cuda_images_nvidia_all_is_admitted():
     env = {
-        "VMGPU": "gpu=0,mem=3276M,compute=10",
+        "VMGPU": "gpu=0,mem=3276M,compute=10",  # the old key: the same weight
         "EGPU": "PGPU=0,MEM=3276,WEIGHT=10",
         "NVIDIA_VISIBLE_DEVICES": "all",
     }
     t = dialects.translate(env)
-    assert t.dialect == "vmgpu+ct-egpu" and t.text == "gpu=0,mem=3276M,compute=10"
+    assert t.dialect == "vmgpu+ct-egpu" and t.text == "gpu=0,mem=3276M,weight=10"
 
 
 # ---- refusals ------------------------------------------------------------------------------
@@ -243,13 +256,13 @@ def test_share_of_translates_a_dialect_and_logs_one_line_with_dialect_variables_
     spec = oci.share_of(
         _config("AMP_VGPU_ENABLE=1", "GPU_MEM_PER_DEVICE=2000000000", "NVIDIA_VISIBLE_DEVICES=1"), None, log
     )
-    assert spec == "gpu=1,mem=1907M,compute=100"
+    assert spec == "gpu=1,mem=1907M,weight=100"
     translated = [kw for level, event, kw in log.lines if event == "translated"]
     assert translated == [
         {
             "dialect": "aliyun-egpu",
             "variables": "AMP_VGPU_ENABLE='1' GPU_MEM_PER_DEVICE='2000000000' NVIDIA_VISIBLE_DEVICES='1'",
-            "share": "gpu=1,mem=1907M,compute=100",
+            "share": "gpu=1,mem=1907M,weight=100",
         }
     ]
     # VMGPU alone is passed on as given, and an unrelated container asks for nothing
@@ -300,9 +313,9 @@ def _create(tmp_path, monkeypatch, config, cid="f" * 64, **settings):
 def test_the_runtimes_create_admits_the_translated_share(tmp_path, monkeypatch):
     rc, fake = _create(tmp_path, monkeypatch, _config("EGPU=POLICY=0,ONLINE=0,TYPE=DOCKER:PGPU=0,MEM=3276,WEIGHT=10"))
     assert rc == 1  # the fake refuses after recording what it was asked
-    assert fake.admitted == [("ctr-ffffffffffff", "container", "gpu=0,mem=3276M,compute=10")]
+    assert fake.admitted == [("ctr-ffffffffffff", "container", "gpu=0,mem=3276M,weight=10")]
     rc, fake = _create(tmp_path, monkeypatch, _config("NVIDIA_VISIBLE_DEVICES=all"))
-    assert fake.admitted[0][2] == "gpu=0,mem=100%,compute=100;gpu=1,mem=100%,compute=100"  # vmgpud's GPUs
+    assert fake.admitted[0][2] == "gpu=0,mem=100%,weight=100;gpu=1,mem=100%,weight=100"  # vmgpud's GPUs
 
 
 def test_the_runtimes_create_refuses_a_contradictory_mix_before_admitting(tmp_path, monkeypatch, capsys):
@@ -317,10 +330,10 @@ def test_the_runtimes_create_refuses_a_contradictory_mix_before_admitting(tmp_pa
 
 def test_alibaba_egpus_oom_script_given_by_name_is_the_guests_oom_script_and_a_path_never_runs():
     env = {"AMP_VGPU_ENABLE": "1", "NVIDIA_VISIBLE_DEVICES": "0", "ALIYUN_COM_GPU_OOM_SCRIPT": "notify"}
-    assert share(env) == "gpu=0,mem=100%,compute=100;oom-script=notify"
+    assert share(env) == "gpu=0,mem=100%,weight=100;oom-script=notify"
     for path in ("/bin/oom.sh", "../notify", "notify; reboot", "$(reboot)"):
         t = dialects.translate({**env, "ALIYUN_COM_GPU_OOM_SCRIPT": path})
-        assert t.text == "gpu=0,mem=100%,compute=100", path  # no setting: the host's script, if any
+        assert t.text == "gpu=0,mem=100%,weight=100", path  # no setting: the host's script, if any
         assert any(n.startswith("ALIYUN_COM_GPU_OOM_SCRIPT is not run") for n in t.notes), t.notes
 
 
@@ -328,7 +341,7 @@ def test_a_dialects_oom_script_must_agree_with_vmgpus_settings():
     env = {"AMP_VGPU_ENABLE": "1", "NVIDIA_VISIBLE_DEVICES": "0", "ALIYUN_COM_GPU_OOM_SCRIPT": "notify"}
     assert "which VMGPU does not carry" in refusal({**env, "VMGPU": "gpu=0,mem=100%"})
     assert "give one, or make them agree" in refusal({**env, "VMGPU": "gpu=0,mem=100%;oom-script=other"})
-    assert share({**env, "VMGPU": "gpu=0,mem=100%;oom-script=notify"}) == "gpu=0,mem=100%,compute=100;oom-script=notify"
+    assert share({**env, "VMGPU": "gpu=0,mem=100%;oom-script=notify"}) == "gpu=0,mem=100%,weight=100;oom-script=notify"
 
 
 # ---- the container's label: what the operator knows it by --------------------------------------

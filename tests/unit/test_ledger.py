@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from vmgpu import logging as vlog
-from vmgpu.errors import Conflict, NotFound, Refused
+from vmgpu.errors import Conflict, InvalidArgument, NotFound, Refused
 from vmgpu.gpu import Gpu
 from vmgpu.ledger import Ledger
 from vmgpu.spec import SpecError, parse
@@ -56,12 +56,40 @@ def test_c_a_slice_over_100_percent_compute_is_refused_at_validation(ledger):
     assert ledger.reservations() == []
 
 
-def test_d_guests_fill_compute_and_a_fourth_is_refused(ledger):
+def guaranteed(mem, pct):
+    return parse(";".join(f"gpu={i},mem={m},guarantee={pct}%" for i, m in enumerate(mem)))
+
+
+def test_d_guests_fill_compute_guarantees_and_a_fourth_is_refused(ledger):
     for name, pct in (("d1", 25), ("d2", 25), ("d3", 50)):
-        ledger.admit(name, "vm", per_gpu(["1024M"] * 3, pct))
-    with pytest.raises(Refused, match=r"GPU 0 .*compute: asked 10%, free 0%"):
-        ledger.admit("d4", "vm", per_gpu(["1024M"] * 3, 10))
+        ledger.admit(name, "vm", guaranteed(["1024M"] * 3, pct))
+    with pytest.raises(Refused, match=r"GPU 0 .*compute: asked 10%, free 0% \(guarantees; a weight reserves nothing"):
+        ledger.admit("d4", "vm", guaranteed(["1024M"] * 3, 10))
     assert [u.compute_free_pct for u in ledger.usage()] == [0, 0, 0]
+    # a weight, a cap or a priority reserves nothing: a weighted guest still comes in
+    (r,) = ledger.admit("d5", "vm", parse("gpu=0,mem=1G,weight=100,cap=50%,priority=high"))
+    assert (r.weight, r.guarantee_pct, r.cap_pct, r.priority) == (100, 0, 50, "high")
+
+
+def test_weights_never_refuse_admission_two_default_guests_share_an_empty_card(ledger):
+    ledger.admit("w1", "vm", parse("gpu=0,mem=1G"))
+    ledger.admit("w2", "vm", parse("gpu=0,mem=1G,compute=100"))  # the old key: a weight, nothing reserved
+    assert [(r.guest, r.weight, r.guarantee_pct) for r in ledger.reservations()] == [("w1", 100, 0), ("w2", 100, 0)]
+    assert reserved(ledger)[0] == (2048, 0)
+
+
+def test_cap_and_priority_change_live_and_are_checked(ledger):
+    ledger.admit("p", "vm", parse("gpu=0,mem=1G;gpu=1,mem=1G"))
+    assert ledger.set_cap("p", "1", 30) == GPUS[1].uuid and ledger.set_priority("p", "0", "low") == GPUS[0].uuid
+    assert [(r.gpu_index, r.cap_pct, r.priority) for r in ledger.reservations()] == [(0, 0, "low"), (1, 30, "normal")]
+    ledger.set_cap("p", "1", 0)
+    assert ledger.reservations()[1].cap_pct == 0
+    with pytest.raises(InvalidArgument, match="cap 101% is not in 0..100"):
+        ledger.set_cap("p", "0", 101)
+    with pytest.raises(InvalidArgument, match="priority 'urgent' is not one of high, normal, low"):
+        ledger.set_priority("p", "0", "urgent")
+    with pytest.raises(NotFound, match="guest p holds no slice on gpu 2"):
+        ledger.set_priority("p", "2", "high")
 
 
 def test_all_or_nothing_across_gpus(ledger):
@@ -72,7 +100,7 @@ def test_all_or_nothing_across_gpus(ledger):
 
 
 def test_release_frees_and_is_idempotent(ledger):
-    ledger.admit("r", "vm", parse("gpu=0,mem=50%,compute=40"))
+    ledger.admit("r", "vm", parse("gpu=0,mem=50%,guarantee=40%"))
     assert reserved(ledger)[0] == (16384, 40)
     assert ledger.release("r") is True
     assert ledger.release("r") is False
@@ -201,3 +229,50 @@ def test_a_guests_settings_are_part_of_its_share_a_readmission_with_others_confl
         ledger.admit("vm1", "vm", parse("gpu=0,mem=1G;peer-timeout=31"))
     with pytest.raises(Conflict):
         ledger.admit("vm1", "vm", parse("gpu=0,mem=1G"))
+
+
+# The schema before guarantees, caps and priorities: the first one with the columns added since
+# (weight, policy, geometry, label, settings), where the compute % was both a weight and reserved.
+RESERVED_COMPUTE_SCHEMA = (
+    OLD_SCHEMA
+    + """
+ALTER TABLE slices ADD COLUMN weight INTEGER CHECK (weight BETWEEN 1 AND 100);
+ALTER TABLE gpus ADD COLUMN policy TEXT NOT NULL DEFAULT 'weighted';
+ALTER TABLE forwarders ADD COLUMN geometry TEXT NOT NULL DEFAULT '';
+ALTER TABLE guests ADD COLUMN label TEXT NOT NULL DEFAULT '';
+ALTER TABLE forwarders ADD COLUMN settings TEXT NOT NULL DEFAULT '';
+"""
+)
+
+
+def test_a_ledger_that_reserved_compute_is_migrated_to_weights_that_reserve_nothing(tmp_path):
+    path = tmp_path / "reserved.db"
+    con = sqlite3.connect(path)
+    con.executescript(RESERVED_COMPUTE_SCHEMA)
+    uuid = GPUS[0].uuid
+    con.execute("INSERT INTO gpus VALUES (?, 0, 'test 32G', 32768, 100, 'fixed')", (uuid,))
+    con.execute("INSERT INTO guests VALUES ('a', 'vm', 'gpu=0,mem=8192M,compute=60', 1.0, '')")
+    con.execute("INSERT INTO guests VALUES ('b', 'vm', 'gpu=0,mem=1024M,compute=40;peer-timeout=9', 1.0, 'bee')")
+    con.execute("INSERT INTO slices VALUES ('a', ?, 8192, 60, NULL)", (uuid,))
+    con.execute("INSERT INTO slices VALUES ('b', ?, 1024, 40, 75)", (uuid,))  # `vmgpu weight b 0 75`
+    con.commit()
+    con.close()
+    lg = Ledger(path)
+    try:
+        got = [(r.guest, r.compute_pct, r.weight, r.guarantee_pct, r.cap_pct, r.priority) for r in lg.reservations()]
+        assert got == [("a", 60, 60, 0, 0, "normal"), ("b", 40, 75, 0, 0, "normal")]
+        assert reserved(lg)[0] == (9216, 0) and lg.policies()[uuid] == "fixed"
+        specs = dict(lg.db.execute("SELECT name, spec FROM guests"))
+        assert specs == {"a": "gpu=0,mem=8192M,weight=60", "b": "gpu=0,mem=1024M,weight=40;peer-timeout=9"}
+        assert lg.reservations("b")[0].settings == "peer-timeout=9" and lg.reservations("b")[0].label == "bee"
+        # a hook admitting a again with the spec of its domain (old grammar) finds the same guest
+        assert [r.guest for r in lg.admit("a", "vm", parse("gpu=0,mem=8G,compute=60"))] == ["a"]
+        # nothing was reserved: a new guest's guarantee of all the card fits
+        assert lg.admit("c", "vm", parse("gpu=0,mem=1G,guarantee=100%"))[0].guarantee_pct == 100
+    finally:
+        lg.close()
+    lg = Ledger(path)  # migrated once: a second start changes nothing
+    try:
+        assert [r.guarantee_pct for r in lg.reservations()] == [0, 0, 100]
+    finally:
+        lg.close()

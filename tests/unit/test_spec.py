@@ -13,9 +13,9 @@ from vmgpu.spec import XML_NS, Settings, Slice, SpecError, from_xml, parse
 def test_text_form():
     s = parse("gpu=0,mem=8G,compute=50; GPU=1, MEM=25%  ;gpu=GPU-2334bcfe-b020-635c-eae9-8d9e7483b949,mem=512")
     assert s.slices == (
-        Slice("0", mem_mib=8192, compute=50),
-        Slice("1", mem_fraction=0.25, compute=100),
-        Slice("GPU-2334bcfe-b020-635c-eae9-8d9e7483b949", mem_mib=512, compute=100),
+        Slice("0", mem_mib=8192, weight=50),
+        Slice("1", mem_fraction=0.25, weight=100),
+        Slice("GPU-2334bcfe-b020-635c-eae9-8d9e7483b949", mem_mib=512, weight=100),
     )
     assert s.slices[1].mem_for(32768) == 8192
 
@@ -145,11 +145,11 @@ def test_a_guests_settings_are_a_group_of_their_own_and_read_the_same_in_text_an
     s = parse("gpu=0,mem=8G; OOM-Script=notify , peer-timeout=30s ;gpu=1,mem=1G")
     assert [x.gpu for x in s.slices] == ["0", "1"]
     assert (s.settings.oom_script, s.settings.peer_timeout_s) == ("notify", 30)
-    assert s.to_text() == "gpu=0,mem=8192M,compute=100;gpu=1,mem=1024M,compute=100;oom-script=notify,peer-timeout=30"
+    assert s.to_text() == "gpu=0,mem=8192M,weight=100;gpu=1,mem=1024M,weight=100;oom-script=notify,peer-timeout=30"
     assert parse(s.to_text()) == s and from_xml(s.to_xml()) == s
     el = ET.fromstring(f'<share xmlns="{XML_NS}"><slice gpu="0" mem="8G"/><settings oom-script="notify"/></share>')
     assert from_xml(el).settings == Settings("notify")
-    assert parse("gpu=0,mem=8G").to_text() == "gpu=0,mem=8192M,compute=100"  # no settings: the text of before
+    assert parse("gpu=0,mem=8G").to_text() == "gpu=0,mem=8192M,weight=100"  # no settings: no settings group
 
 
 @pytest.mark.parametrize(
@@ -211,3 +211,41 @@ def test_settings_given_twice_in_xml_or_a_guest_ctx_reserve_are_refused():
     el = ET.fromstring(f'<share xmlns="{XML_NS}"><slice gpu="0" mem="8G"/><settings ctx-reserve="0"/></share>')
     with pytest.raises(SpecError, match="a guest that lowered it would use GPU memory outside its quota"):
         from_xml(el)
+
+
+def test_weight_guarantee_cap_and_priority_read_the_same_in_text_and_xml():
+    s = parse("gpu=0,mem=8G,weight=30,guarantee=20%,cap=60,priority=HIGH;gpu=1,mem=1G,priority=low")
+    assert s.slices == (
+        Slice("0", mem_mib=8192, weight=30, guarantee=20, cap=60, priority="high"),
+        Slice("1", mem_mib=1024, weight=100, priority="low"),
+    )
+    assert (
+        s.to_text()
+        == "gpu=0,mem=8192M,weight=30,guarantee=20%,cap=60%,priority=high;gpu=1,mem=1024M,weight=100,priority=low"
+    )
+    assert from_xml(s.to_xml()) == s == parse(s.to_text())
+
+
+def test_compute_is_the_old_name_of_weight_and_reserves_nothing():
+    assert parse("gpu=0,mem=1G,compute=50") == parse("gpu=0,mem=1G,weight=50")
+    assert parse("gpu=0,mem=1G,compute=50").slices[0].guarantee == 0
+    with pytest.raises(SpecError, match="slice 1: compute is the old name of weight: give one of them"):
+        parse("gpu=0,mem=1G,compute=50,weight=50")
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("gpu=0,mem=1G,weight=0", "slice 1: weight 0% is outside 1..100"),
+        ("gpu=0,mem=1G,weight=101", "slice 1: weight 101% is outside 1..100"),
+        ("gpu=0,mem=1G,guarantee=0%", "slice 1: guarantee 0% is outside 1..100"),
+        ("gpu=0,mem=1G,cap=150%", "slice 1: cap 150% is outside 1..100"),
+        ("gpu=0,mem=1G,cap=half", "slice 1: cap 'half' is not a whole percentage"),
+        ("gpu=0,mem=1G,priority=urgent", "slice 1: priority 'urgent' is not one of high, normal, low"),
+        ("gpu=0,mem=1G,weight=1" + "0" * 5000, "slice 1: weight 1000000000000000000000000000000000000000..."),
+    ],
+)
+def test_bad_share_fields_are_refused_with_the_field_named(text, error):
+    with pytest.raises(SpecError) as e:
+        parse(text)
+    assert e.value.message.startswith(error), e.value.message

@@ -27,8 +27,8 @@ def doms():
 
 def test_attach_show_detach(doms):
     out = doms.attach("web1", spec.parse("gpu=0,mem=8G,compute=50;gpu=1,mem=25%,compute=10"), heap_mib=16)
-    assert out["share"] == "gpu=0,mem=8192M,compute=50;gpu=1,mem=25%,compute=10"
-    assert [(s["gpu"], s["mem"], s["compute"]) for s in out["slices"]] == [("0", "8192 MiB", 50), ("1", "25%", 10)]
+    assert out["share"] == "gpu=0,mem=8192M,weight=50;gpu=1,mem=25%,weight=10"
+    assert [(s["gpu"], s["mem"], s["weight"]) for s in out["slices"]] == [("0", "8192 MiB", "50"), ("1", "25%", "10")]
     assert out["region"] == {"name": "vmgpu-web1", "model": "ivshmem-plain", "size_mib": domain.region_size_mib(16)}
     assert out["problem"] is None and out["running"] is False
     xml = doms.conn.lookupByName("web1").XMLDesc(0)

@@ -1,10 +1,10 @@
-"""`vmgpu weight` and `vmgpu policy`: how guests share a GPU's time, set live."""
+"""`vmgpu weight`, `cap`, `priority` and `policy`: how guests share a GPU's time, set live."""
 
 from __future__ import annotations
 
 import click
 
-from vmgpu import config
+from vmgpu import config, errors, spec
 from vmgpu.cli.common import SOCKET, client, guest_name
 
 
@@ -16,11 +16,51 @@ from vmgpu.cli.common import SOCKET, client, guest_name
 def weight(guest, gpu, weight, socket_path):
     """Set GUEST's compute WEIGHT (1..100) on GPU (index or UUID), live.
 
-    Under the weighted policy guests share a busy GPU in proportion to their weights; under
-    fixed, the weight is the guest's cap in percent.  The default weight is the compute % of
-    the guest's share spec."""
+    Under the weighted policy guests share a busy GPU in proportion to their weights (after
+    the guarantees of the busy ones); under fixed, the weight is the guest's cap in percent.
+    A weight reserves nothing.  The default is the weight of the guest's share spec (100)."""
     r = client(socket_path).set_weight(guest, gpu, weight)
-    click.echo(f"{guest} on {r.gpu_uuid}: weight {weight}" + ("" if r.live else " (from its forwarder's next start)"))
+    click.echo(f"{guest} on {r.gpu_uuid}: weight {weight}" + _when(r))
+
+
+def _when(reply) -> str:
+    return "" if reply.live else " (from its forwarder's next start)"
+
+
+def _cap(ctx, param, value):
+    try:
+        return spec.cap(value)
+    except errors.SpecError as e:
+        raise click.BadParameter(e.message) from None
+
+
+@click.command("cap")
+@click.argument("guest", callback=guest_name)
+@click.argument("gpu")
+@click.argument("cap", metavar="CAP", callback=_cap)
+@SOCKET
+def cap(guest, gpu, cap, socket_path):
+    """Set GUEST's CAP on GPU (index or UUID), live: at most CAP% (1..100) of the GPU's time in
+    each period, even on an otherwise idle card; "none" (or 0) lifts it.  The guests beside it
+    keep their weighted shares."""
+    r = client(socket_path).set_cap(guest, gpu, cap)
+    click.echo(f"{guest} on {r.gpu_uuid}: " + (f"cap {cap}%" if cap else "no cap") + _when(r))
+
+
+@click.command("priority")
+@click.argument("guest", callback=guest_name)
+@click.argument("gpu")
+@click.argument("priority", type=click.Choice(list(spec.PRIORITIES), case_sensitive=False))
+@SOCKET
+def priority(guest, gpu, priority, socket_path):
+    """Set GUEST's PRIORITY on GPU (index or UUID), live.
+
+    A waiting guest of a higher priority has the GPU before any lower one, and a lower
+    guest's turn ends as soon as a higher one has work; guests of one priority share by
+    weight, and lower ones get what the higher leave."""
+    priority = priority.lower()
+    r = client(socket_path).set_priority(guest, gpu, priority)
+    click.echo(f"{guest} on {r.gpu_uuid}: priority {priority}" + _when(r))
 
 
 @click.command("policy")
@@ -40,4 +80,4 @@ def policy(gpu, name, socket_path):
     click.echo(f"{r.gpu_uuid}: policy {name}" + ("" if r.live else " (from the next forwarder's start)"))
 
 
-COMMANDS = (weight, policy)
+COMMANDS = (weight, cap, priority, policy)

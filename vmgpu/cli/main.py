@@ -4,7 +4,7 @@ commands only: parse, call the library, print through vmgpu/cli/render.py).
     region.py    region create | show | selftest
     shares.py    gpus, admit, release, status
     top.py       top
-    compute.py   weight, policy
+    compute.py   weight, cap, priority, policy
     forwarder.py forwarder start | stop, breakdown
     daemon.py    daemon
     vm.py        vm attach | detach | show

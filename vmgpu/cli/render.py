@@ -97,16 +97,26 @@ def gpus(d: list[dict], inventory: str | None, wide: bool = False) -> None:
     console(wide).print(t)
 
 
+def share_cells(s: dict) -> tuple[str, str, str, str]:
+    """weight, guarantee, cap, priority as a table shows them ("-": none)."""
+    return (
+        str(s["weight"]),
+        f"{s['guarantee_pct']}%" if s["guarantee_pct"] else "-",
+        f"{s['cap_pct']}%" if s["cap_pct"] else "-",
+        s["priority"],
+    )
+
+
 def admitted(d: list[dict], guest: str, wide: bool = False) -> None:
-    t = _table(f"admitted {guest}", ("gpu", "uuid", "memory", "compute"))
+    t = _table(f"admitted {guest}", ("gpu", "uuid", "memory", "weight", "guarantee", "cap", "priority"))
     for r in d:
-        t.add_row(str(r["gpu"]), r["uuid"], f"{r['mem_mib']} MiB", f"{r['compute_pct']}%")
+        t.add_row(str(r["gpu"]), r["uuid"], f"{r['mem_mib']} MiB", *share_cells(r))
     console(wide).print(t)
 
 
 def status(d: dict, wide: bool = False) -> None:
     con = console(wide)
-    columns = ("gpu", *(("uuid",) if wide else ()), "name", "memory reserved", "memory free", "compute reserved")
+    columns = ("gpu", *(("uuid",) if wide else ()), "name", "memory reserved", "memory free", "compute guaranteed")
     t = _table("GPUs", (*columns, "policy"))
     for g in d["gpus"]:
         t.add_row(
@@ -119,14 +129,16 @@ def status(d: dict, wide: bool = False) -> None:
             g["policy"],
         )
     con.print(t)
-    t = _table("guests", ("guest", "kind", "gpu", "memory used / quota", "compute (weight) / now", "forwarder"))
+    share_columns = ("weight", "guarantee", "cap", "priority")
+    t = _table("guests", ("guest", "kind", "gpu", "memory used / quota", *share_columns, "compute now", "forwarder"))
     for s, f, used in guest_slices(d):
         t.add_row(
             guest_cell(s),
             s["kind"],
             str(s["gpu"]),
             f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
-            f"{s['compute_pct']}% ({s['weight']}) / {percent(s['compute_achieved_pct'])}",
+            *share_cells(s),
+            percent(s["compute_achieved_pct"]),
             forwarder_cell(f),
         )
     con.print(t)
@@ -268,9 +280,11 @@ def breakdown(d: dict, top: int) -> None:
 
 
 def vm(d: dict) -> None:
-    t = _table(f"domain {d['domain']} ({'running' if d['running'] else 'not running'})", ("gpu", "memory", "compute"))
+    t = _table(f"domain {d['domain']} ({'running' if d['running'] else 'not running'})", ("gpu", "memory", "share"))
     for s in d["slices"]:
-        t.add_row(s["gpu"], s["mem"], f"{s['compute']}%")
+        t.add_row(
+            s["gpu"], s["mem"], ",".join(f"{k}={s[k]}" for k in ("weight", "guarantee", "cap", "priority") if k in s)
+        )
     console().print(t)
     r = d["region"]
     if r:

@@ -34,8 +34,11 @@ def gpus(inventory, as_json, wide):
 @as_json()
 @WIDE
 def admit(guest, spec, kind, socket_path, as_json, wide):
-    """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,compute=50;gpu=1,...", with
-    the guest's own forwarder settings in a group of their own if any (";oom-script=NAME,peer-timeout=S")."""
+    """Reserve a share for GUEST, all slices or none.  SPEC: "gpu=0,mem=8G,weight=50;gpu=1,...", each
+    slice with optional weight=1..100 (relative, default 100, reserves nothing; compute= is its old
+    name), guarantee=N% (reserved: a GPU's guarantees never sum past 100%), cap=N% and
+    priority=high|normal|low, and the guest's own forwarder settings in a group of their own if
+    any (";oom-script=NAME,peer-timeout=S")."""
     reply = client(socket_path).admit(guest, kind, spec)
     render.emit(reports.admitted(reply), as_json, render.admitted, guest, wide)
 
@@ -54,9 +57,10 @@ def release(guest, socket_path):
 @as_json()
 @WIDE
 def status(socket_path, as_json, wide):
-    """Per GPU: memory and compute reserved and free, and its policy; per guest: its slices, with
-    its memory in use, its compute weight and the share of GPU time it gets now (over 0.3 s;
-    "-" under the native policy, which meters none).  --wide adds the GPUs' UUIDs."""
+    """Per GPU: memory reserved and free, compute guaranteed, and its policy; per guest: its slices,
+    with its memory in use, its weight, guarantee, cap and priority and the share of GPU time it
+    gets now (over 0.3 s; "-" under the native policy, which meters none).  --wide adds the GPUs'
+    UUIDs."""
     reply = client(socket_path).status()
     achieved = reports.achieved_compute({g.uuid for g in reply.gpus})
     render.emit(reports.status(reply, achieved), as_json, render.status, wide)

@@ -97,7 +97,7 @@ class Domains:
                 {
                     "gpu": s.gpu,
                     "mem": f"{s.mem_mib} MiB" if s.mem_mib is not None else f"{(s.mem_fraction or 0) * 100:g}%",
-                    "compute": s.compute,
+                    **s.share_fields(),
                 }
                 for s in (share.slices if share else ())
             ],

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vmgpu/api/v1/vmgpu.proto\x12\x0cvmgpu.api.v1\">\n\x10SetWeightRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x05\"0\n\x0eSetWeightReply\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04live\x18\x02 \x01(\x08\"/\n\x10SetPolicyRequest\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\"0\n\x0eSetPolicyReply\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04live\x18\x02 \x01(\x08\"H\n\x0c\x41\x64mitRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04spec\x18\x03 \x01(\t\x12\r\n\x05label\x18\x04 \x01(\t\"\xa0\x01\n\x05Slice\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ompute_pct\x18\x05 \x01(\x05\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\x12\r\n\x05label\x18\x08 \x01(\t\x12\x10\n\x08settings\x18\t \x01(\t\"1\n\nAdmitReply\x12#\n\x06slices\x18\x01 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\"\x1f\n\x0eReleaseRequest\x12\r\n\x05guest\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"c\n\x15StartForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\t\x12\x0c\n\x04wait\x18\x05 \x01(\t\"\"\n\x13StartForwarderReply\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"%\n\x14StopForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\"%\n\x12StopForwarderReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\xa0\x02\n\tForwarder\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x14\n\x0cmem_used_mib\x18\x05 \x03(\x03\x12\x11\n\tprocesses\x18\x06 \x01(\x04\x12\x12\n\nsync_calls\x18\x07 \x01(\x04\x12\x13\n\x0b\x61sync_calls\x18\x08 \x01(\x04\x12\r\n\x05state\x18\t \x01(\t\x12\x17\n\x0frestart_attempt\x18\n \x01(\r\x12\x15\n\rrestart_error\x18\x0b \x01(\t\x12\x12\n\noom_script\x18\x0c \x01(\t\x12\x19\n\x11\x63tx_reserve_bytes\x18\r \x01(\x03\x12\x16\n\x0epeer_timeout_s\x18\x0e \x01(\r\"\x0f\n\rStatusRequest\"\x8f\x01\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x18\n\x10mem_reserved_mib\x18\x05 \x01(\x03\x12\x1c\n\x14\x63ompute_reserved_pct\x18\x06 \x01(\x05\x12\x0e\n\x06policy\x18\x07 \x01(\t\"n\n\x0cHostSettings\x12\x17\n\x0foom_scripts_dir\x18\x01 \x01(\t\x12\x12\n\noom_script\x18\x02 \x01(\t\x12\x19\n\x11\x63tx_reserve_bytes\x18\x03 \x01(\x03\x12\x16\n\x0epeer_timeout_s\x18\x04 \x01(\r\"\xb4\x01\n\x0bStatusReply\x12%\n\x04gpus\x18\x01 \x03(\x0b\x32\x17.vmgpu.api.v1.GpuStatus\x12#\n\x06slices\x18\x02 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\x12+\n\nforwarders\x18\x03 \x03(\x0b\x32\x17.vmgpu.api.v1.Forwarder\x12,\n\x08settings\x18\x04 \x01(\x0b\x32\x1a.vmgpu.api.v1.HostSettings2\x95\x04\n\x06Vmgpud\x12=\n\x05\x41\x64mit\x12\x1a.vmgpu.api.v1.AdmitRequest\x1a\x18.vmgpu.api.v1.AdmitReply\x12\x43\n\x07Release\x12\x1c.vmgpu.api.v1.ReleaseRequest\x1a\x1a.vmgpu.api.v1.ReleaseReply\x12X\n\x0eStartForwarder\x12#.vmgpu.api.v1.StartForwarderRequest\x1a!.vmgpu.api.v1.StartForwarderReply\x12U\n\rStopForwarder\x12\".vmgpu.api.v1.StopForwarderRequest\x1a .vmgpu.api.v1.StopForwarderReply\x12@\n\x06Status\x12\x1b.vmgpu.api.v1.StatusRequest\x1a\x19.vmgpu.api.v1.StatusReply\x12I\n\tSetWeight\x12\x1e.vmgpu.api.v1.SetWeightRequest\x1a\x1c.vmgpu.api.v1.SetWeightReply\x12I\n\tSetPolicy\x12\x1e.vmgpu.api.v1.SetPolicyRequest\x1a\x1c.vmgpu.api.v1.SetPolicyReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18vmgpu/api/v1/vmgpu.proto\x12\x0cvmgpu.api.v1\">\n\x10SetWeightRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x05\"8\n\rSetCapRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x0b\n\x03\x63\x61p\x18\x03 \x01(\x05\"B\n\x12SetPriorityRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\t\"0\n\x0eSetWeightReply\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04live\x18\x02 \x01(\x08\"/\n\x10SetPolicyRequest\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\"0\n\x0eSetPolicyReply\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04live\x18\x02 \x01(\x08\"H\n\x0c\x41\x64mitRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04spec\x18\x03 \x01(\t\x12\r\n\x05label\x18\x04 \x01(\t\"\xda\x01\n\x05Slice\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x13\n\x0b\x63ompute_pct\x18\x05 \x01(\x05\x12\x0c\n\x04kind\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\x12\r\n\x05label\x18\x08 \x01(\t\x12\x10\n\x08settings\x18\t \x01(\t\x12\x15\n\rguarantee_pct\x18\n \x01(\x05\x12\x0f\n\x07\x63\x61p_pct\x18\x0b \x01(\x05\x12\x10\n\x08priority\x18\x0c \x01(\t\"1\n\nAdmitReply\x12#\n\x06slices\x18\x01 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\"\x1f\n\x0eReleaseRequest\x12\r\n\x05guest\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"c\n\x15StartForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0c\n\x04size\x18\x04 \x01(\t\x12\x0c\n\x04wait\x18\x05 \x01(\t\"\"\n\x13StartForwarderReply\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"%\n\x14StopForwarderRequest\x12\r\n\x05guest\x18\x01 \x01(\t\"%\n\x12StopForwarderReply\x12\x0f\n\x07stopped\x18\x01 \x01(\x08\"\xa0\x02\n\tForwarder\x12\r\n\x05guest\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x14\n\x0cmem_used_mib\x18\x05 \x03(\x03\x12\x11\n\tprocesses\x18\x06 \x01(\x04\x12\x12\n\nsync_calls\x18\x07 \x01(\x04\x12\x13\n\x0b\x61sync_calls\x18\x08 \x01(\x04\x12\r\n\x05state\x18\t \x01(\t\x12\x17\n\x0frestart_attempt\x18\n \x01(\r\x12\x15\n\rrestart_error\x18\x0b \x01(\t\x12\x12\n\noom_script\x18\x0c \x01(\t\x12\x19\n\x11\x63tx_reserve_bytes\x18\r \x01(\x03\x12\x16\n\x0epeer_timeout_s\x18\x0e \x01(\r\"\x0f\n\rStatusRequest\"\x8f\x01\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0f\n\x07mem_mib\x18\x04 \x01(\x03\x12\x18\n\x10mem_reserved_mib\x18\x05 \x01(\x03\x12\x1c\n\x14\x63ompute_reserved_pct\x18\x06 \x01(\x05\x12\x0e\n\x06policy\x18\x07 \x01(\t\"n\n\x0cHostSettings\x12\x17\n\x0foom_scripts_dir\x18\x01 \x01(\t\x12\x12\n\noom_script\x18\x02 \x01(\t\x12\x19\n\x11\x63tx_reserve_bytes\x18\x03 \x01(\x03\x12\x16\n\x0epeer_timeout_s\x18\x04 \x01(\r\"\xb4\x01\n\x0bStatusReply\x12%\n\x04gpus\x18\x01 \x03(\x0b\x32\x17.vmgpu.api.v1.GpuStatus\x12#\n\x06slices\x18\x02 \x03(\x0b\x32\x13.vmgpu.api.v1.Slice\x12+\n\nforwarders\x18\x03 \x03(\x0b\x32\x17.vmgpu.api.v1.Forwarder\x12,\n\x08settings\x18\x04 \x01(\x0b\x32\x1a.vmgpu.api.v1.HostSettings2\xa9\x05\n\x06Vmgpud\x12=\n\x05\x41\x64mit\x12\x1a.vmgpu.api.v1.AdmitRequest\x1a\x18.vmgpu.api.v1.AdmitReply\x12\x43\n\x07Release\x12\x1c.vmgpu.api.v1.ReleaseRequest\x1a\x1a.vmgpu.api.v1.ReleaseReply\x12X\n\x0eStartForwarder\x12#.vmgpu.api.v1.StartForwarderRequest\x1a!.vmgpu.api.v1.StartForwarderReply\x12U\n\rStopForwarder\x12\".vmgpu.api.v1.StopForwarderRequest\x1a .vmgpu.api.v1.StopForwarderReply\x12@\n\x06Status\x12\x1b.vmgpu.api.v1.StatusRequest\x1a\x19.vmgpu.api.v1.StatusReply\x12I\n\tSetWeight\x12\x1e.vmgpu.api.v1.SetWeightRequest\x1a\x1c.vmgpu.api.v1.SetWeightReply\x12\x43\n\x06SetCap\x12\x1b.vmgpu.api.v1.SetCapRequest\x1a\x1c.vmgpu.api.v1.SetWeightReply\x12M\n\x0bSetPriority\x12 .vmgpu.api.v1.SetPriorityRequest\x1a\x1c.vmgpu.api.v1.SetWeightReply\x12I\n\tSetPolicy\x12\x1e.vmgpu.api.v1.SetPolicyRequest\x1a\x1c.vmgpu.api.v1.SetPolicyReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,40 +33,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SETWEIGHTREQUEST']._serialized_start=42
   _globals['_SETWEIGHTREQUEST']._serialized_end=104
-  _globals['_SETWEIGHTREPLY']._serialized_start=106
-  _globals['_SETWEIGHTREPLY']._serialized_end=154
-  _globals['_SETPOLICYREQUEST']._serialized_start=156
-  _globals['_SETPOLICYREQUEST']._serialized_end=203
-  _globals['_SETPOLICYREPLY']._serialized_start=205
-  _globals['_SETPOLICYREPLY']._serialized_end=253
-  _globals['_ADMITREQUEST']._serialized_start=255
-  _globals['_ADMITREQUEST']._serialized_end=327
-  _globals['_SLICE']._serialized_start=330
-  _globals['_SLICE']._serialized_end=490
-  _globals['_ADMITREPLY']._serialized_start=492
-  _globals['_ADMITREPLY']._serialized_end=541
-  _globals['_RELEASEREQUEST']._serialized_start=543
-  _globals['_RELEASEREQUEST']._serialized_end=574
-  _globals['_RELEASEREPLY']._serialized_start=576
-  _globals['_RELEASEREPLY']._serialized_end=608
-  _globals['_STARTFORWARDERREQUEST']._serialized_start=610
-  _globals['_STARTFORWARDERREQUEST']._serialized_end=709
-  _globals['_STARTFORWARDERREPLY']._serialized_start=711
-  _globals['_STARTFORWARDERREPLY']._serialized_end=745
-  _globals['_STOPFORWARDERREQUEST']._serialized_start=747
-  _globals['_STOPFORWARDERREQUEST']._serialized_end=784
-  _globals['_STOPFORWARDERREPLY']._serialized_start=786
-  _globals['_STOPFORWARDERREPLY']._serialized_end=823
-  _globals['_FORWARDER']._serialized_start=826
-  _globals['_FORWARDER']._serialized_end=1114
-  _globals['_STATUSREQUEST']._serialized_start=1116
-  _globals['_STATUSREQUEST']._serialized_end=1131
-  _globals['_GPUSTATUS']._serialized_start=1134
-  _globals['_GPUSTATUS']._serialized_end=1277
-  _globals['_HOSTSETTINGS']._serialized_start=1279
-  _globals['_HOSTSETTINGS']._serialized_end=1389
-  _globals['_STATUSREPLY']._serialized_start=1392
-  _globals['_STATUSREPLY']._serialized_end=1572
-  _globals['_VMGPUD']._serialized_start=1575
-  _globals['_VMGPUD']._serialized_end=2108
+  _globals['_SETCAPREQUEST']._serialized_start=106
+  _globals['_SETCAPREQUEST']._serialized_end=162
+  _globals['_SETPRIORITYREQUEST']._serialized_start=164
+  _globals['_SETPRIORITYREQUEST']._serialized_end=230
+  _globals['_SETWEIGHTREPLY']._serialized_start=232
+  _globals['_SETWEIGHTREPLY']._serialized_end=280
+  _globals['_SETPOLICYREQUEST']._serialized_start=282
+  _globals['_SETPOLICYREQUEST']._serialized_end=329
+  _globals['_SETPOLICYREPLY']._serialized_start=331
+  _globals['_SETPOLICYREPLY']._serialized_end=379
+  _globals['_ADMITREQUEST']._serialized_start=381
+  _globals['_ADMITREQUEST']._serialized_end=453
+  _globals['_SLICE']._serialized_start=456
+  _globals['_SLICE']._serialized_end=674
+  _globals['_ADMITREPLY']._serialized_start=676
+  _globals['_ADMITREPLY']._serialized_end=725
+  _globals['_RELEASEREQUEST']._serialized_start=727
+  _globals['_RELEASEREQUEST']._serialized_end=758
+  _globals['_RELEASEREPLY']._serialized_start=760
+  _globals['_RELEASEREPLY']._serialized_end=792
+  _globals['_STARTFORWARDERREQUEST']._serialized_start=794
+  _globals['_STARTFORWARDERREQUEST']._serialized_end=893
+  _globals['_STARTFORWARDERREPLY']._serialized_start=895
+  _globals['_STARTFORWARDERREPLY']._serialized_end=929
+  _globals['_STOPFORWARDERREQUEST']._serialized_start=931
+  _globals['_STOPFORWARDERREQUEST']._serialized_end=968
+  _globals['_STOPFORWARDERREPLY']._serialized_start=970
+  _globals['_STOPFORWARDERREPLY']._serialized_end=1007
+  _globals['_FORWARDER']._serialized_start=1010
+  _globals['_FORWARDER']._serialized_end=1298
+  _globals['_STATUSREQUEST']._serialized_start=1300
+  _globals['_STATUSREQUEST']._serialized_end=1315
+  _globals['_GPUSTATUS']._serialized_start=1318
+  _globals['_GPUSTATUS']._serialized_end=1461
+  _globals['_HOSTSETTINGS']._serialized_start=1463
+  _globals['_HOSTSETTINGS']._serialized_end=1573
+  _globals['_STATUSREPLY']._serialized_start=1576
+  _globals['_STATUSREPLY']._serialized_end=1756
+  _globals['_VMGPUD']._serialized_start=1759
+  _globals['_VMGPUD']._serialized_end=2440
 # @@protoc_insertion_point(module_scope)

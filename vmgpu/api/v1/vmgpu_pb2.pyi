@@ -15,6 +15,26 @@ class SetWeightRequest(_message.Message):
     weight: int
     def __init__(self, guest: _Optional[str] = ..., gpu: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
 
+class SetCapRequest(_message.Message):
+    __slots__ = ("guest", "gpu", "cap")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    CAP_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    gpu: str
+    cap: int
+    def __init__(self, guest: _Optional[str] = ..., gpu: _Optional[str] = ..., cap: _Optional[int] = ...) -> None: ...
+
+class SetPriorityRequest(_message.Message):
+    __slots__ = ("guest", "gpu", "priority")
+    GUEST_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    guest: str
+    gpu: str
+    priority: str
+    def __init__(self, guest: _Optional[str] = ..., gpu: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+
 class SetWeightReply(_message.Message):
     __slots__ = ("gpu_uuid", "live")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -52,7 +72,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, guest: _Optional[str] = ..., kind: _Optional[str] = ..., spec: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind", "weight", "label", "settings")
+    __slots__ = ("guest", "gpu_index", "gpu_uuid", "mem_mib", "compute_pct", "kind", "weight", "label", "settings", "guarantee_pct", "cap_pct", "priority")
     GUEST_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +82,9 @@ class Slice(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    GUARANTEE_PCT_FIELD_NUMBER: _ClassVar[int]
+    CAP_PCT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     guest: str
     gpu_index: int
     gpu_uuid: str
@@ -71,7 +94,10 @@ class Slice(_message.Message):
     weight: int
     label: str
     settings: str
-    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[int] = ..., label: _Optional[str] = ..., settings: _Optional[str] = ...) -> None: ...
+    guarantee_pct: int
+    cap_pct: int
+    priority: str
+    def __init__(self, guest: _Optional[str] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., mem_mib: _Optional[int] = ..., compute_pct: _Optional[int] = ..., kind: _Optional[str] = ..., weight: _Optional[int] = ..., label: _Optional[str] = ..., settings: _Optional[str] = ..., guarantee_pct: _Optional[int] = ..., cap_pct: _Optional[int] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("slices",)

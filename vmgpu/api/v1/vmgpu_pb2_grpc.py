@@ -64,6 +64,16 @@ class VmgpudStub(object):
                 request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightRequest.SerializeToString,
                 response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
                 _registered_method=True)
+        self.SetCap = channel.unary_unary(
+                '/vmgpu.api.v1.Vmgpud/SetCap',
+                request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetCapRequest.SerializeToString,
+                response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
+                _registered_method=True)
+        self.SetPriority = channel.unary_unary(
+                '/vmgpu.api.v1.Vmgpud/SetPriority',
+                request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPriorityRequest.SerializeToString,
+                response_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
+                _registered_method=True)
         self.SetPolicy = channel.unary_unary(
                 '/vmgpu.api.v1.Vmgpud/SetPolicy',
                 request_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPolicyRequest.SerializeToString,
@@ -116,6 +126,20 @@ class VmgpudServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetCap(self, request, context):
+        """A guest's cap on one GPU (% of its time, 0..100; 0: none), live.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPriority(self, request, context):
+        """A guest's priority on one GPU (high, normal or low), live.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SetPolicy(self, request, context):
         """A GPU's compute policy: native, equal, preemptive, weighted or fixed, live.
         """
@@ -154,6 +178,16 @@ def add_VmgpudServicer_to_server(servicer, server):
             'SetWeight': grpc.unary_unary_rpc_method_handler(
                     servicer.SetWeight,
                     request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightRequest.FromString,
+                    response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.SerializeToString,
+            ),
+            'SetCap': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCap,
+                    request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetCapRequest.FromString,
+                    response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.SerializeToString,
+            ),
+            'SetPriority': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPriority,
+                    request_deserializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPriorityRequest.FromString,
                     response_serializer=vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.SerializeToString,
             ),
             'SetPolicy': grpc.unary_unary_rpc_method_handler(
@@ -323,6 +357,60 @@ class Vmgpud(object):
             target,
             '/vmgpu.api.v1.Vmgpud/SetWeight',
             vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightRequest.SerializeToString,
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vmgpu.api.v1.Vmgpud/SetCap',
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetCapRequest.SerializeToString,
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPriority(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vmgpu.api.v1.Vmgpud/SetPriority',
+            vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetPriorityRequest.SerializeToString,
             vmgpu_dot_api_dot_v1_dot_vmgpu__pb2.SetWeightReply.FromString,
             options,
             channel_credentials,

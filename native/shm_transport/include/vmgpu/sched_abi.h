@@ -12,7 +12,11 @@
  *  - magic first, then the version: a reader refuses a page whose magic or version it does not
  *    speak.  The creator stores the magic last (release), after every other field is written.
  *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
- *    store only whole aligned 32-bit control words: policy and a slot's weight.
+ *    store only whole aligned 32-bit control words: policy and a slot's weight, cap, priority and
+ *    guarantee.
+ *  - cap, priority and guarantee sit where version 1 had padding, and zero means what a slot
+ *    without them did (no cap, normal priority, no guarantee): a forwarder that does not know them
+ *    leaves them zero, so the page stays version 1.
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
  *
@@ -43,10 +47,18 @@ enum vmgpu_sched_policy {
 	VMGPU_SCHED_FIXED = 4,      /* a hard cap of weight% per period, even on an idle card */
 };
 
+/* slot.priority: a waiting guest of a higher priority has the GPU before any lower one, and the
+ * turn of a lower holder ends as soon as a higher one waits.  Zero is normal. */
+enum vmgpu_sched_priority {
+	VMGPU_SCHED_PRIO_NORMAL = 0,
+	VMGPU_SCHED_PRIO_HIGH = 1,
+	VMGPU_SCHED_PRIO_LOW = 2,
+};
+
 /* One member: a guest's forwarder on this GPU.  256 bytes. */
 struct vmgpu_sched_slot {
 	VMGPU_ATOMIC(uint32_t) pid;     /*   0: the forwarder; 0: free */
-	VMGPU_ATOMIC(uint32_t) weight;  /*   4: 1..100: share weight, or the cap in % under fixed */
+	VMGPU_ATOMIC(uint32_t) weight;  /*   4: 1..100: relative share weight, or the cap in % under fixed */
 	VMGPU_ATOMIC(uint32_t) waiters; /*   8: worker threads waiting to put work on the GPU */
 	uint32_t pad0;                        /*  12 */
 	char name[VMGPU_SCHED_NAME];          /*  16: the guest, NUL padded */
@@ -66,7 +78,10 @@ struct vmgpu_sched_slot {
 	VMGPU_ATOMIC(uint32_t) drained;    /* 156: workers that finished their queued work this hand-over */
 	VMGPU_ATOMIC(uint32_t) drain_gen;  /* 160: hand-overs begun */
 	VMGPU_ATOMIC(uint32_t) rejoin;     /* 164: back from idle: starts level with the others at its next pick */
-	uint8_t pad[256 - 168];                  /* 168 */
+	VMGPU_ATOMIC(uint32_t) cap;        /* 168: 0: none; 1..100: at most cap% of each period, whatever the policy */
+	VMGPU_ATOMIC(uint32_t) priority;   /* 172: enum vmgpu_sched_priority */
+	VMGPU_ATOMIC(uint32_t) guarantee;  /* 176: 0..100: % reserved at admission, given first under weighted */
+	uint8_t pad[256 - 180];                  /* 180 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -98,7 +113,10 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, inflight) == 136, "slot workers
 _Static_assert(offsetof(struct vmgpu_sched_slot, work_calls) == 144, "slot work_calls");
 _Static_assert(offsetof(struct vmgpu_sched_slot, nworkers) == 152, "slot nworkers");
 _Static_assert(offsetof(struct vmgpu_sched_slot, rejoin) == 164, "slot rejoin");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 168, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, cap) == 168, "slot cap");
+_Static_assert(offsetof(struct vmgpu_sched_slot, priority) == 172, "slot priority");
+_Static_assert(offsetof(struct vmgpu_sched_slot, guarantee) == 176, "slot guarantee");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 180, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
