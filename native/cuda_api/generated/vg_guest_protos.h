@@ -57,10 +57,6 @@ CUresult handwritten_cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, si
 CUresult handwritten_cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, size_t * numDependencies_out, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, const CUgraphEdgeData ** edgeData_out, size_t * numDependencies_out, unsigned vg_flags);
-CUresult handwritten_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags);
-CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags);
-CUresult handwritten_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags);
-CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags);
 CUresult handwritten_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 CUresult forward_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 CUresult handwritten_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags);
@@ -87,9 +83,5 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p,
 CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
-CUresult handwritten_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags);
-CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags);
-CUresult handwritten_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags);
-CUresult forward_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags);
 
 #endif
