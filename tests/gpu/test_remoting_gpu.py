@@ -46,6 +46,7 @@ def _both(shm_path, program, mem=None):
         pytest.param([NATIVE / "devquery"], id="devquery"),
         pytest.param([sys.executable, HERE / "torch_ops.py"], id="pytorch"),
         pytest.param([sys.executable, HERE / "torch_graphs.py"], id="pytorch-cuda-graphs"),
+        pytest.param([sys.executable, HERE / "torch_compile.py"], id="torch-compile"),
         pytest.param([sys.executable, HERE / "cupy_ops.py"], id="cupy"),
     ],
 )

@@ -1240,6 +1240,11 @@ VG_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, 
 	return handwritten_cuMemcpyAsync(dst, src, ByteCount, hStream, VG_F_PTDS);
 }
 
+VG_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
+{
+	return handwritten_cuModuleLoad(module, fname, 0);
+}
+
 VG_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
 {
 	return handwritten_cuModuleLoadData(module, image, 0);
@@ -1258,6 +1263,11 @@ VG_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *f
 VG_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
 {
 	return handwritten_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+	return handwritten_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)

@@ -74,10 +74,12 @@ CUresult handwritten_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void * sr
 CUresult handwritten_cuMemcpyDtoHAsync_v2(void * dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, unsigned vg_flags);
 CUresult handwritten_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, unsigned vg_flags);
 CUresult handwritten_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuModuleLoad(CUmodule * module, const char * fname, unsigned vg_flags);
 CUresult handwritten_cuModuleLoadData(CUmodule * module, const void * image, unsigned vg_flags);
 CUresult handwritten_cuModuleLoadDataEx(CUmodule * module, const void * image, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
 CUresult handwritten_cuModuleLoadFatBinary(CUmodule * module, const void * fatCubin, unsigned vg_flags);
 CUresult handwritten_cuLibraryLoadData(CUlibrary * library, const void * code, CUjit_option * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions, unsigned vg_flags);
+CUresult handwritten_cuLibraryLoadFromFile(CUlibrary * library, const char * fileName, CUjit_option * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions, unsigned vg_flags);
 CUresult handwritten_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p, unsigned int Flags, unsigned vg_flags);
 CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
