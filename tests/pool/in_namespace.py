@@ -3,6 +3,8 @@ JSON object.
 
     race URL N MEM   N threads, released together, each admit a guest racer-I to one slice
     stale URL        a transaction on a GPU read before another admission changed it
+    junk URL put|delete   records no vmgpu wrote: a GPU record that is not JSON, one that claims
+                     more free memory than it has, a guest record with no token hash
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 
 from vmgpu.errors import VmgpuError
 from vmgpu.pool import admission
-from vmgpu.pool.store import GPUS, Store
+from vmgpu.pool.store import GPUS, GUESTS, Store, _b64
 
 
 def race(url: str, n: int, mem: str) -> dict:
@@ -49,7 +51,32 @@ def stale(url: str) -> dict:
     return {"applied": applied, "free_after": after["mem_free_mib"], "free_before": read.json()["mem_free_mib"]}
 
 
+JUNK = {
+    GPUS + "GPU-junk-1": b"not json {",
+    GPUS + "GPU-junk-2": json.dumps(
+        {"uuid": "GPU-junk-2", "host": "ha", "index": 9, "name": "x", "mem_mib": 1, "mem_free_mib": 1 << 30}
+        | {"compute_free_pct": 100}
+    ).encode(),
+    GUESTS + "junk": b'{"guest": "junk", "slices": []}',
+}
+
+
+def junk(url: str, what: str) -> dict:
+    store = Store(url)
+    for key, value in JUNK.items():
+        if what == "put":
+            store._post("kv/put", {"key": _b64(key), "value": _b64(value)})
+        else:
+            store.txn([], [Store.delete(key)])
+    return {"keys": sorted(JUNK)}
+
+
 if __name__ == "__main__":
     mode, url = sys.argv[1], sys.argv[2]
-    out = race(url, int(sys.argv[3]), sys.argv[4]) if mode == "race" else stale(url)
+    if mode == "race":
+        out = race(url, int(sys.argv[3]), sys.argv[4])
+    elif mode == "junk":
+        out = junk(url, sys.argv[3])
+    else:
+        out = stale(url)
     print(json.dumps(out))

@@ -102,6 +102,22 @@ def test_a_transaction_on_a_gpu_read_before_another_admission_changed_it_is_not_
     assert out["free_after"] == out["free_before"] - 1024  # the other admission's, not overwritten
 
 
+def test_records_that_no_vmgpu_wrote_are_left_out_and_never_trusted(lab):
+    assert lab.python(GUEST_NS, HERE / "in_namespace.py", "junk", lab.url, "put").returncode == 0
+    try:
+        st = lab.status()  # answers, without them
+        assert "GPU-junk-1" not in {g["uuid"] for g in st["gpus"]} and "junk" not in {g["guest"] for g in st["guests"]}
+        # a GPU that claims 1 PiB free is not chosen for 20 GiB: no real GPU has that
+        r = _admit(lab, "greedy", "--slices", "1", "--mem", "20G")
+        error = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 8 and "GPU-junk" not in error and "the most free is GPU-" in error
+        assert r.stderr.count('"pool record left out"') == 2  # each said, once
+        r = _verify(lab, "junk", "0" * 64, "ha")
+        assert r.returncode == 1 and "not well formed" in r.stderr
+    finally:
+        assert lab.python(GUEST_NS, HERE / "in_namespace.py", "junk", lab.url, "delete").returncode == 0
+
+
 def test_a_wrong_token_is_refused_by_the_data_planes_check(lab):
     r = _admit(lab, "tok", "--slices", "1", "--mem", "1G", "--compute", "5")
     assert r.returncode == 0, r.stderr

@@ -47,7 +47,6 @@ def pool() -> None:
 @click.option(
     "--host",
     "host_name",
-    default=lambda: socket.gethostname().split(".")[0],
     help="This host's name in the pool.  [default: the hostname]",
 )
 @click.option(
@@ -78,6 +77,7 @@ def join(pool_url, host_name, ifname, address, port, ttl_s, inventory):
     from vmgpu.pool.agent import Agent, Membership
 
     configure(json=True)
+    host_name = host_name or socket.gethostname().split(".")[0]
     if bool(ifname) == bool(address):
         raise InvalidArgument("give one of --bind-net IFNAME and --address ADDR (where guests reach this host)")
     if ifname:
