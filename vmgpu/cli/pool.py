@@ -28,9 +28,13 @@ def _host_name(ctx, param, value):
     return names.check_guest(value, "host name")
 
 
-def _store(pool_url: str):
+def _store(pool_url: str, json_logs: bool = False):
+    """The pool's etcd, for a command; what it logs (records left out) readable on stderr,
+    JSON lines for the agent."""
+    from vmgpu.logging import configure
     from vmgpu.pool.store import Store
 
+    configure(json=json_logs)
     return Store(pool_url)
 
 
@@ -72,17 +76,17 @@ def join(pool_url, host_name, ifname, address, port, ttl_s, inventory):
     held on its GPUs; restarted within them, it keeps everything.  Logs are JSON lines on stderr."""
     from vmgpu import gpu
     from vmgpu.errors import InvalidArgument
-    from vmgpu.logging import configure
     from vmgpu.pool import net
     from vmgpu.pool.agent import Agent, Membership
 
-    configure(json=True)
     host_name = host_name or socket.gethostname().split(".")[0]
     if bool(ifname) == bool(address):
         raise InvalidArgument("give one of --bind-net IFNAME and --address ADDR (where guests reach this host)")
     if ifname:
         address = net.interface_address(ifname)
-    agent = Agent(_store(pool_url), Membership(host_name, address, port, ttl_s), gpu.inventory(inventory))
+    agent = Agent(
+        _store(pool_url, json_logs=True), Membership(host_name, address, port, ttl_s), gpu.inventory(inventory)
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop.set())
     agent.run()

@@ -56,8 +56,18 @@ def _load(cls, doc: object):
     return out
 
 
+class _Record:
+    def check(self) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, doc: object):
+        """The record of a decoded JSON value, checked; RecordError if it is not one."""
+        return _load(cls, doc)
+
+
 @dataclass
-class HostRecord:
+class HostRecord(_Record):
     host: str
     address: str  # the data plane's address (the forwarder a guest will reach)
     port: int
@@ -76,13 +86,9 @@ class HostRecord:
         for u in self.gpus:
             check_uuid(u)
 
-    @classmethod
-    def load(cls, doc) -> HostRecord:
-        return _load(cls, doc)
-
 
 @dataclass
-class GpuRecord:
+class GpuRecord(_Record):
     uuid: str
     host: str
     index: int
@@ -100,17 +106,13 @@ class GpuRecord:
         _number(self.mem_free_mib, "free memory", 0, self.mem_mib)
         _number(self.compute_free_pct, "free compute", 0, 100)
 
-    @classmethod
-    def load(cls, doc) -> GpuRecord:
-        return _load(cls, doc)
-
     def load_fraction(self) -> tuple[float, int]:
         """How loaded it is: the share of its memory reserved, then of its compute (least first)."""
         return (1 - self.mem_free_mib / self.mem_mib, 100 - self.compute_free_pct)
 
 
 @dataclass
-class SliceRecord:
+class SliceRecord(_Record):
     guest: str
     uuid: str
     host: str
@@ -124,13 +126,9 @@ class SliceRecord:
         _number(self.mem_mib, "memory", 1, MAX_MIB)
         _number(self.compute_pct, "compute", 0, 100)
 
-    @classmethod
-    def load(cls, doc) -> SliceRecord:
-        return _load(cls, doc)
-
 
 @dataclass
-class GuestRecord:
+class GuestRecord(_Record):
     guest: str
     token_sha256: str  # the data plane's token is never stored, only its hash
     slices: list[str]  # GPU UUIDs
@@ -146,10 +144,6 @@ class GuestRecord:
             check_uuid(u)
         if not isinstance(self.admitted_at, int | float):
             raise RecordError("admitted_at is not a time")
-
-    @classmethod
-    def load(cls, doc) -> GuestRecord:
-        return _load(cls, doc)
 
 
 def load_all(entries, load, log) -> list:
