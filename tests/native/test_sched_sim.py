@@ -197,3 +197,16 @@ def test_a_live_change_reaches_only_its_own_guest_when_names_fill_the_slots_name
             assert pg.set_priority(short, "high") == 1 and pg.set_cap(long, 10) == 1
             got = {m.guest: (m.priority, m.cap) for m in pg.members()}
             assert got == {short: ("high", 0), long: ("normal", 10)}
+
+
+def test_an_owner_no_slot_has_on_the_page_is_let_go_and_the_guest_goes_on(sched_dir, tmp_path):
+    """A page whose owner field names no slot (written wrong: the forwarders index slots by it) is
+    handed over at the next look, and a guest's work goes on."""
+    a = tmp_path / "a"
+    with forwarder(a, extra=("--compute", "50")):
+        with _page(sched_dir) as pg:
+            p = _spin(a, 1.5)
+            assert wait_for(lambda: pg.owner >= 0, timeout=10)
+            pg.page.owner = 1000  # one aligned 4-byte store, as vmgpu/sched.py writes the policy
+            assert _ops(p) > 0
+            assert wait_for(lambda: pg.owner < 16, timeout=5)
