@@ -286,6 +286,9 @@ def vm(d: dict) -> None:
             s["gpu"], s["mem"], ",".join(f"{k}={s[k]}" for k in ("weight", "guarantee", "cap", "priority") if k in s)
         )
     console().print(t)
+    if d["slices"]:
+        own = ", ".join(f"{k}={v}" for k, v in d["settings"].items())
+        click.echo(f"settings: {own or 'none of its own'} (the rest: the host's)")
     r = d["region"]
     if r:
         click.echo(f"region device: <shmem name='{r['name']}'> {r['model']}, {r['size_mib']:g} MiB")
