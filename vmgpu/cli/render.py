@@ -314,6 +314,8 @@ def demo(d: dict) -> None:
     for r in d["programs"]:
         t.add_row(r["program"], "[green]ok[/]" if r["ok"] else f"[red]failed[/] {r['detail']}", f"{r['seconds']:.2f}")
     con.print(t)
+    for line in d.get("skipped", ()):
+        con.print(f"[yellow]not run:[/] {line}", highlight=False)
     con.print("[dim]forwarder log:[/]")
     for line in d["forwarder_log"]:
         con.print(Text("  " + line, style="dim"), highlight=False)
