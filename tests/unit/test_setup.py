@@ -230,4 +230,3 @@ def test_the_demo_without_its_driver_api_program_says_how_to_get_it(tmp_path, mo
     _demo_dir(native, "vadd.ptx")
     with pytest.raises(InvalidArgument, match="reinstall the vmgpu wheel, or run `make native`"):
         demo.demo_programs("sim", native)
-
