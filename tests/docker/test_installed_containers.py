@@ -1,0 +1,115 @@
+"""A GPU container through an installed vmgpu, the checkout out of reach: the wheel installed into
+a virtual environment outside the checkout (tests/libvirt/installed.py, built once per session),
+its `vmgpu setup` writing vmgpud's unit, the runtime and docker's daemon.json into a test root;
+vmgpud started as that unit starts it, and a dockerd reading that daemon.json with the runtime at
+/usr/local/bin where setup puts it, both where an empty tmpfs lies over the checkout.  A container
+asking for a share runs the wheel's driver-API program with the guest libcuda.so.1 the runtime
+mounts from the installed package, computing on the simulated backend, and the forwarder and its
+worker run the wheel's programs.
+
+Needs what tests/docker/test_containers.py needs (root, docker.io) and a mount namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.docker.test_containers import IMAGE, Docker, import_image, regions
+from tests.forwarder import wait_for
+from tests.libvirt import guest
+from tests.libvirt.installed import RUNTIME, assert_python_installed, assert_runs_installed, hidden, installed
+from vmgpu.client import Client
+
+pytestmark = pytest.mark.docker
+INVENTORY = '[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-0000000000dd"\nname = "inst"\nmemory = "1G"\n'
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (dockerd)")
+    if not shutil.which("dockerd"):
+        pytest.skip("docker.io is not installed (.ci/run installs it)")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"needs a mount namespace (the checkout hidden): {probe.stderr.strip()}")
+    inst = installed(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp("installed-docker")
+    inv = tmp / "inventory.toml"
+    inv.write_text(INVENTORY)
+    root = tmp / "root"
+    inst.setup(root, tmp / "run" / "vmgpud.sock")
+    daemon = inst.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log")
+    # dockerd reads the daemon.json setup wrote, which names the runtime at /usr/local/bin
+    docker = Docker(
+        tmp,
+        None,
+        wrap=lambda cmd: hidden(cmd, binds=((root / "usr" / "local" / "bin", "/usr/local/bin"),)),
+        extra=("--config-file", str(root / "etc" / "docker" / "daemon.json")),
+    )
+    client = Client(str(tmp / "run" / "vmgpud.sock"))
+    try:
+        docker.start()
+        import_image(
+            docker,
+            {"drv_api": inst.native / "demo" / "drv_api", "hold": guest.NATIVE / "hold"},
+            {"/vadd.ptx": inst.native / "demo" / "vadd.ptx"},
+            native=inst.native,
+        )
+        yield docker, client, tmp, inst, daemon, root
+    finally:
+        client.close()
+        docker("rm", "-f", *docker("ps", "-aq", check=False).stdout.split(), check=False)
+        docker.stop()
+        daemon.terminate()
+        daemon.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_gpu_container_computes_through_the_installed_runtime_vmgpud_and_forwarder_with_the_checkout_out_of_reach(
+    host,
+):
+    docker, client, tmp, inst, daemon, root = host
+    conf = json.loads((root / "etc" / "docker" / "daemon.json").read_text())
+    assert conf["runtimes"]["vmgpu"] == {"path": "/usr/local/bin/vmgpu-container-runtime"}
+    assert (root / RUNTIME).read_text().startswith(f"#!{inst.python}\n")
+    # hold keeps a worker busy until sleep ends its stdin: the test looks at that worker meanwhile
+    script = "/bin/drv_api /vadd.ptx 24; echo drv_api rc=$?; sleep 10 | /bin/hold 64; echo hold rc=$?"
+    r = docker(
+        "run", "-d", "--runtime=vmgpu", "--network", "none", "-e", "VMGPU=gpu=0,mem=256M,weight=10",
+        IMAGE, "/bin/sh", "-c", script, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    cid = r.stdout.strip()
+    try:
+        assert wait_for(lambda: "held" in docker("logs", cid, check=False).stdout, timeout=60), docker("logs", cid)
+        (fwd,) = client.status().forwarders
+        assert_runs_installed(fwd.pid, inst)
+        assert_python_installed(daemon.pid, inst)
+        workers = _children(fwd.pid)
+        assert workers, "no worker serves the container's process"
+        for w in workers:  # the worker runs the container's CUDA calls on the installed simulated backend
+            assert_runs_installed(w, inst, must_map=("libvmgpu-simcuda.so",))
+        assert wait_for(lambda: docker("inspect", "-f", "{{.State.Running}}", cid).stdout.strip() == "false", 60)
+        logs = docker("logs", cid)
+        out = logs.stdout + logs.stderr
+    finally:
+        docker("rm", "-f", cid, check=False)
+    print(out)
+    for want in ("PASSED: 0 unexpected", "vadd result", "drv_api rc=0", "SIMULATED backend", "hold rc=0"):
+        assert want in out, f"'{want}' not in the container's output:\n{out}"
+    assert wait_for(lambda: not client.status().slices and not client.status().forwarders, timeout=30)
+    assert not regions()
+    time.sleep(0.1)
