@@ -84,12 +84,16 @@ def import_image(docker: Docker, programs: dict[str, Path], files: dict[str, Pat
     tar.wait()
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
+def need_docker() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (dockerd)")
     if not shutil.which("dockerd"):
         pytest.skip("docker.io is not installed (.ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    need_docker()
     tmp = tmp_path_factory.mktemp("docker")
     inv = tmp / "inventory.toml"
     inv.write_text(INVENTORY)

@@ -136,6 +136,19 @@ def assert_python_installed(pid: int, inst: Installed) -> None:
     assert [m for m in maps if _under(m, inst.venv)], f"pid {pid} loaded no extension module of {inst.venv}"
 
 
+def assert_serves_installed(client, daemon_pid: int, inst: Installed) -> None:
+    """vmgpud is the installed package's, and so are the guest's forwarder and each of its workers
+    (a worker runs the guest's CUDA calls on the installed simulated backend): call it while a
+    guest process is served."""
+    assert_python_installed(daemon_pid, inst)
+    (fwd,) = client.status().forwarders
+    assert_runs_installed(fwd.pid, inst)
+    children = Path(f"/proc/{fwd.pid}/task/{fwd.pid}/children").read_text().split()
+    assert children, "no worker serves the guest's process"
+    for w in children:
+        assert_runs_installed(int(w), inst, must_map=("libvmgpu-simcuda.so",))
+
+
 _installed: Installed | None = None
 
 
