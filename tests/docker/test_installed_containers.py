@@ -12,8 +12,10 @@ Needs what tests/docker/test_containers.py needs (root, docker.io) and a mount n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,11 +42,14 @@ def host(tmp_path_factory):
     root = tmp / "root"
     inst.setup(root, tmp / "run" / "vmgpud.sock")
     daemon = inst.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log")
-    # dockerd reads the daemon.json setup wrote, which names the runtime at /usr/local/bin
+    # dockerd reads the daemon.json setup wrote, which names the runtime at /usr/local/bin; a system
+    # containerd's socket hidden, it runs a containerd of its own (the runtime's parent) beside it
     docker = Docker(
         tmp,
         None,
-        wrap=lambda cmd: hidden(cmd, binds=((root / "usr" / "local" / "bin", "/usr/local/bin"),)),
+        wrap=lambda cmd: hidden(
+            cmd, binds=((root / "usr" / "local" / "bin", "/usr/local/bin"),), empty=("/run/containerd",)
+        ),
         extra=("--config-file", str(root / "etc" / "docker" / "daemon.json")),
     )
     client = Client(str(tmp / "run" / "vmgpud.sock"))
@@ -80,6 +85,12 @@ def test_a_gpu_container_computes_through_the_installed_runtime_vmgpud_and_forwa
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     cid = r.stdout.strip()
+    # the runtime ran where the checkout is hidden: under dockerd's own containerd, in its namespace
+    kids = Path(f"/proc/{docker.proc.pid}/task/{docker.proc.pid}/children").read_text().split()
+    containerd = [k for k in kids if Path(f"/proc/{k}/comm").read_text().strip() == "containerd"]
+    assert containerd, "dockerd runs no containerd of its own: the runtime may have run outside the namespace"
+    assert os.readlink(f"/proc/{containerd[0]}/ns/mnt") == os.readlink(f"/proc/{docker.proc.pid}/ns/mnt")
+    assert os.readlink(f"/proc/{docker.proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     try:
         assert wait_for(lambda: "held" in docker("logs", cid, check=False).stdout, timeout=60), docker("logs", cid)
         assert_serves_installed(client, daemon.pid, inst)

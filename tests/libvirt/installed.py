@@ -24,13 +24,15 @@ HOOK = "etc/libvirt/hooks/qemu.d/50-vmgpu"
 RUNTIME = "usr/local/bin/vmgpu-container-runtime"
 
 
-def hidden(cmd: list[str], binds: tuple[tuple[Path, str], ...] = ()) -> list[str]:
-    """cmd run in a mount namespace of its own where the checkout is an empty read-only tmpfs, and
-    each (source, target) of binds is bind-mounted (an installed file where a host has it)."""
+def hidden(cmd: list[str], binds: tuple[tuple[Path, str], ...] = (), empty: tuple[str, ...] = ()) -> list[str]:
+    """cmd run in a mount namespace of its own where the checkout is an empty read-only tmpfs, each
+    (source, target) of binds is bind-mounted (an installed file where a host has it), and each
+    directory of empty that exists is an empty tmpfs."""
     script = " && ".join(
         [
             f"mount -t tmpfs -o ro,mode=0555,size=64k vmgpu-checkout-removed {shlex.quote(str(REPO))}",
             *(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}" for src, dst in binds),
+            *(f"{{ [ ! -d {q} ] || mount -t tmpfs -o size=1m vmgpu-empty {q}; }}" for q in map(shlex.quote, empty)),
             'exec "$@"',
         ]
     )
