@@ -24,7 +24,7 @@ VENV_EXTRAS ?= test$(if $(findstring $(PIP_CUDA),$(CUDA_INCLUDE) $(NVCC) $(PTXAS
 	yes,$(LIBVIRT))$(if $(filter auto,$(LIBVIRT)),$(shell pkg-config --exists libvirt 2>/dev/null && echo y)),$(comma)libvirt)
 comma := ,
 
-.PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation selftest lint clean \
+.PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation bench-sharing selftest lint clean \
 	gen gen-check cuda-programs proto
 
 all: native
@@ -141,6 +141,11 @@ bench-pytorch: cuda-programs
 bench-isolation: cuda-programs
 	@mkdir -p $(BUILD)/bench
 	python3 bench/run_isolation.py | tee $(BUILD)/bench/isolation.txt
+
+# tenants' throughput shares, priority and caps beside the no-sched and MPS references
+bench-sharing: cuda-programs
+	@mkdir -p $(BUILD)/bench
+	python3 bench/run_sharing.py | tee $(BUILD)/bench/sharing.txt
 
 # the last line joins the summaries: remoting overheads and the PyTorch ratios
 bench: bench-transport bench-remoting bench-pytorch

@@ -8,6 +8,7 @@ Prints `p50_ms=X p99_ms=Y req_per_s=Z`.
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -19,17 +20,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--seconds", type=float, help="run this long instead of --steps (bench/run_sharing.py)")
+    ap.add_argument("--go", help="after warm-up, print 'ready' and wait for this file to exist")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = False
     model = torchvision.models.resnet50().cuda().eval()
     x = torch.randn(1, 3, 224, 224, device="cuda")
     times = []
     with torch.no_grad():
-        for i in range(a.warmup + a.steps):
+        for _ in range(a.warmup):
+            model(x).argmax(1).item()
+        if a.go:
+            print("ready", flush=True)
+            while not os.path.exists(a.go):
+                time.sleep(0.005)
+        start = time.perf_counter()
+        while (time.perf_counter() - start < a.seconds) if a.seconds else len(times) < a.steps:
             t0 = time.perf_counter()
             model(x).argmax(1).item()  # the answer, on the host
-            if i >= a.warmup:
-                times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
     q = statistics.quantiles(times, n=100)
     print(f"p50_ms={q[49] * 1e3:.3f} p99_ms={q[98] * 1e3:.3f} req_per_s={len(times) / sum(times):.1f}")
 

@@ -5,6 +5,7 @@ Prints `img_per_s=X`.
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -18,6 +19,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--no-autotune", action="store_true", help="no cuDNN autotuning (launch-bound small batches)")
+    ap.add_argument("--seconds", type=float, help="run this long instead of --steps (bench/run_sharing.py)")
+    ap.add_argument("--go", help="after warm-up, print 'ready' and wait for this file to exist")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = not a.no_autotune
     model = torchvision.models.resnet50().cuda()
@@ -36,12 +39,20 @@ def main() -> None:
     for _ in range(a.warmup):
         step()
     torch.cuda.synchronize()
+    if a.go:
+        print("ready", flush=True)
+        while not os.path.exists(a.go):
+            time.sleep(0.005)
     t0 = time.perf_counter()
-    for _ in range(a.steps):
+    steps = 0
+    while (time.perf_counter() - t0 < a.seconds) if a.seconds else steps < a.steps:
         loss = step()
+        steps += 1
+        if a.seconds and steps % 4 == 0:
+            torch.cuda.synchronize()  # a timed run ends on time, not a queue later
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    print(f"img_per_s={a.steps * a.batch / dt:.1f} loss={loss.item():.4f}")
+    print(f"img_per_s={steps * a.batch / dt:.1f} loss={loss.item():.4f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`vmgpu doctor`: what this host needs for vmgpu, what is wrong, and how to fix it."""
+"""`vmgpu doctor`: what this host needs for vmgpu, what is wrong, and how to fix it (with --pool:
+the pool's etcd members, and the route and MTU to each of its hosts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vmgpu import config, errors
+from vmgpu.logging import get_logger
 
 
 @dataclass
@@ -135,6 +137,68 @@ def _libvirt() -> list[Check]:
     return out
 
 
-def run_doctor(socket_path: str) -> list[dict]:
+def _pool(url: str) -> list[Check]:
+    """The pool's etcd members, and the route and MTU (pyroute2) from here to each of its hosts."""
+    from vmgpu.pool import net
+    from vmgpu.pool.records import HostRecord, load_all
+    from vmgpu.pool.store import HOSTS, Store
+
+    try:
+        store = Store(url)
+    except errors.VmgpuError as e:
+        return [Check("pool", "fail", e.message, "--pool etcd://HOST:PORT[,HOST:PORT...]")]
+    members = store.health()
+    down = [m for m, what in members if what.startswith("down")]
+    quorum = len(members) // 2 + 1
+    if len(members) - len(down) < quorum:
+        return [
+            Check(
+                "pool etcd",
+                "fail",
+                f"{len(members) - len(down)} of {len(members)} members answer (down: {', '.join(down)}): no quorum",
+                "start the etcd members, or check the network to them",
+            )
+        ]
+    status = "warn" if down else "ok"
+    detail = f"{len(members) - len(down)} of {len(members)} members answer" + (
+        f" (down: {', '.join(down)})" if down else ""
+    )
+    out = [Check("pool etcd", status, detail, "start the members that are down" if down else "")]
+    try:
+        entries, _ = store.range(HOSTS)
+    except errors.VmgpuError as e:
+        return [*out, Check("pool hosts", "fail", e.message, "check the etcd cluster's health")]
+    hosts = [h for _, h in load_all(entries, HostRecord.load, get_logger(pool=url))]
+    if not hosts:
+        out.append(Check("pool hosts", "warn", "no host has joined", "vmgpu pool join on each GPU host"))
+    for h in hosts:
+        name = f"route to {h.host}"
+        try:
+            r = net.route_to(h.address)
+        except errors.VmgpuError as e:
+            out.append(Check(name, "fail", f"{h.address}: {e.message}", f"add a route to {h.address} (ip route)"))
+            continue
+        via = (
+            f"{h.address} via {r.interface}"
+            + (f" gw {r.gateway}" if r.gateway else "")
+            + (f" from {r.source}" if r.source else "")
+        )
+        if r.mtu and r.mtu < net.MIN_MTU:
+            out.append(
+                Check(
+                    name,
+                    "warn",
+                    f"{via}, MTU {r.mtu}: below {net.MIN_MTU}, the data plane's packets fragment",
+                    f"raise the MTU of {r.interface} (ip link set {r.interface} mtu {net.MIN_MTU}) and on the path",
+                )
+            )
+        else:
+            out.append(Check(name, "ok", f"{via}, MTU {r.mtu}"))
+    return out
+
+
+def run_doctor(socket_path: str, pool_url: str | None = None) -> list[dict]:
     checks = [_driver(), _nvml(), _native(), _shm(), *_daemon(socket_path), *_libvirt()]
+    if pool_url:
+        checks += _pool(pool_url)
     return [asdict(c) for c in checks]

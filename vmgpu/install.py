@@ -46,6 +46,14 @@ Type=simple
 ExecStart={command}
 Restart=on-failure
 RestartSec=2
+# the forwarders vmgpud starts serve on while it stops or restarts (it adopts them again): a
+# stop, restart or crash of vmgpud ends vmgpud alone, never every guest's GPU
+KillMode=process
+NoNewPrivileges=yes
+ProtectSystem=full
+ProtectKernelTunables=yes
+ProtectControlGroups=yes
+RestrictRealtime=yes
 
 [Install]
 WantedBy=multi-user.target

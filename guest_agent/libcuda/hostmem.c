@@ -5,6 +5,8 @@
  * from them are zero-copy DMA.  Allocation and freeing stay in the guest; only
  * the device address of pinned memory asks the host.
  */
+#include <stdatomic.h>
+
 #include "call.h"
 #include "connection.h"
 #include "hostmem.h"
@@ -37,6 +39,14 @@ CUresult handwritten_cuMemHostAlloc(void **pp, size_t size, unsigned int flags, 
 	if (e < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	*pp = vmgpu_guest_ptr(vg_conn.guest, off);
+	/* with unified addressing, pinned memory's pointer is its device address too (programs give
+	 * it to memsets and copies as such): once per process, the host maps the region at this
+	 * process's address (as cuMemHostGetDevicePointer does), so that it is */
+	static _Atomic int aliased;
+	if (!atomic_exchange(&aliased, 1)) {
+		CUdeviceptr d;
+		handwritten_cuMemHostGetDevicePointer_v2(&d, *pp, 0, f);
+	}
 	return CUDA_SUCCESS;
 }
 

@@ -6,6 +6,8 @@
  * the bulk area, then loaded.
  */
 #include <elf.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "call.h"
@@ -144,6 +146,73 @@ CUresult handwritten_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned
 	(void)o;
 	(void)v;
 	return load_image(VG_OP_cuModuleLoadDataEx, image, (void **)m, fl);
+}
+
+/* ---- images from the guest's files: read here, then loaded as an image from memory is (the
+ * host checks them the same way) ---------------------------------------------------------- */
+
+#define FILE_IMAGE_MAX (1ull << 30)
+
+/* The whole file, NUL-terminated (a PTX file is text), or NULL with *r set as the driver would. */
+static void *read_image(const char *fname, CUresult *r)
+{
+	if (!fname) {
+		*r = CUDA_ERROR_INVALID_VALUE;
+		return NULL;
+	}
+	FILE *f = fopen(fname, "rb");
+	if (!f) {
+		*r = CUDA_ERROR_FILE_NOT_FOUND;
+		return NULL;
+	}
+	size_t cap = 1 << 16, n = 0;
+	uint8_t *buf = malloc(cap + 1);
+	for (size_t got; buf; n += got) {
+		if (n == cap) {
+			uint8_t *more = cap < FILE_IMAGE_MAX ? realloc(buf, cap * 2 + 1) : NULL;
+			if (!more) {
+				free(buf);
+				buf = NULL;
+				break;
+			}
+			buf = more;
+			cap *= 2;
+		}
+		if ((got = fread(buf + n, 1, cap - n, f)) == 0)
+			break;
+	}
+	int failed = ferror(f);
+	fclose(f);
+	if (!buf || failed || n == 0) {
+		free(buf);
+		*r = !buf ? CUDA_ERROR_OUT_OF_MEMORY : n == 0 && !failed ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_FILE_NOT_FOUND;
+		return NULL;
+	}
+	buf[n] = 0;
+	return buf;
+}
+
+CUresult handwritten_cuModuleLoad(CUmodule *m, const char *fname, unsigned fl)
+{
+	CUresult r = CUDA_SUCCESS;
+	void *image = read_image(fname, &r);
+	if (!image)
+		return r;
+	r = load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl);
+	free(image);
+	return r;
+}
+
+CUresult handwritten_cuLibraryLoadFromFile(CUlibrary *lib, const char *fname, CUjit_option *jo, void **jv,
+					   unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
+{
+	CUresult r = CUDA_SUCCESS;
+	void *image = read_image(fname, &r);
+	if (!image)
+		return r;
+	r = handwritten_cuLibraryLoadData(lib, image, jo, jv, nj, lo, lv, nl, fl);
+	free(image);
+	return r;
 }
 
 CUresult handwritten_cuModuleLoadFatBinary(CUmodule *m, const void *image, unsigned fl)

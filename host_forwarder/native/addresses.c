@@ -15,6 +15,7 @@
 
 #include "addresses.h"
 #include "channel.h"
+#include "log.h"
 
 /* The index of the last span whose base is <= addr, or -1. */
 static ptrdiff_t span_at(const struct vh_chan *ch, uint64_t addr)
@@ -81,6 +82,38 @@ int vh_addr_owned(struct vh_chan *ch, uint64_t addr)
 	return i >= 0 && addr < ch->spans[i].end;
 }
 
+static int refused(const struct vh_chan *ch, uint64_t addr, uint64_t n, ptrdiff_t i)
+{
+	static int trace = -1;
+	if (trace < 0) {
+		const char *t = getenv("VMGPU_TRACE_ERRORS");
+		trace = t && !strcmp(t, "1");
+	}
+	if (trace) { /* where a program's address was refused, and the object nearest below it */
+		if (i >= 0)
+			vh_log("channel %u: refused the range [%#llx, +%llu): the nearest object below it is "
+			       "[%#llx, %#llx) (kind %d)", ch->index, (unsigned long long)addr, (unsigned long long)n,
+			       (unsigned long long)ch->spans[i].base, (unsigned long long)ch->spans[i].end, ch->spans[i].kind);
+		else
+			vh_log("channel %u: refused the range [%#llx, +%llu): no object of this process is below it",
+			       ch->index, (unsigned long long)addr, (unsigned long long)n);
+	}
+	return -1;
+}
+
+/* Pinned memory of the region's heap at the guest's own address (the region mapped again there,
+ * host_memory.c): with unified addressing that is also its device address, which a program may
+ * give a memset or a copy as it would a device pointer (XLA does).  The heap only: never the
+ * region's rings or bulk areas. */
+static int in_heap_alias(const struct vh_chan *ch, uint64_t addr, uint64_t end)
+{
+	const struct vh_fwd *f = ch->fwd;
+	uint64_t base = (uint64_t)(uintptr_t)ch->alias;
+	if (!ch->alias || addr < base || addr - base < f->heap_off || f->heap_size == 0)
+		return 0;
+	return end - base <= f->heap_off + f->heap_size;
+}
+
 int vh_addr_ok(struct vh_chan *ch, uint64_t addr, uint64_t n)
 {
 	uint64_t end;
@@ -90,14 +123,12 @@ int vh_addr_ok(struct vh_chan *ch, uint64_t addr, uint64_t n)
 	if (n == 0)
 		return addr == 0 || (i >= 0 && addr <= ch->spans[i].end) ? 0 : -1;
 	if (i < 0 || addr >= ch->spans[i].end)
-		return -1;
+		return in_heap_alias(ch, addr, end) ? 0 : refused(ch, addr, n, i);
 	/* inside one object; VMM mappings placed back to back (an expandable segment) count as one */
-	while (end > ch->spans[i].end) {
+	for (ptrdiff_t first = i; end > ch->spans[i].end; i++)
 		if (ch->spans[i].kind != VH_SPAN_MAP || (size_t)(i + 1) >= ch->nspans ||
 		    ch->spans[i + 1].kind != VH_SPAN_MAP || ch->spans[i + 1].base != ch->spans[i].end)
-			return -1;
-		i++;
-	}
+			return refused(ch, addr, n, first);
 	return 0;
 }
 

@@ -36,6 +36,7 @@ struct vh_fwd {
 	struct vmgpu_host *host;
 	uint8_t *region;
 	uint64_t region_size;
+	uint64_t heap_off, heap_size; /* the region's pinned-memory heap (from its layout) */
 	int registered;     /* this worker registered the region with the driver (pinned DMA) */
 	int registered_dev; /* in its context on this GPU */
 	int ndev;

@@ -346,6 +346,8 @@ int main(int argc, char **argv)
 		return 1;
 
 	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
+	F.heap_off = L->heap_off;
+	F.heap_size = L->heap_size;
 	vh_log("serving %s (%llu MiB, %u channels) on %d GPU(s): %s, quota %llu MiB; driver %d", o.region,
 	       (unsigned long long)(F.region_size >> 20), L->nchannels, F.ndev, F.info[0].name,
 	       (unsigned long long)(F.quota[0] >> 20), F.driver_version);

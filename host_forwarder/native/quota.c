@@ -16,7 +16,8 @@
  * for workspaces), take the bounded path instead (vh_quota_bounded_*): what such a call can take
  * is known (the rounding above; at most one fresh 2 MiB page for an allocation of up to 1 MiB),
  * so where the guest is well inside its quota the books charge that bound and do not ask NVML
- * (about 20 us a read).  The meter is read when the bytes so charged pass 64 MiB, after 32 calls
+ * (about 20 us a read).  The meter is read when the bytes so charged pass 256 MiB (128 small
+ * allocations), after 32 calls
  * charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
  * (vh_quota_refresh): the books run ahead of the truth between two reads, never behind it, and
  * are the truth to the byte at rest.
@@ -207,7 +208,7 @@ CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char 
 #define PAGE (2ull << 20)
 /* The meter is read when the bytes charged by bound since the last read pass this (the books are
  * then at most this far ahead of the truth), */
-#define UNMEASURED_MAX (64ull << 20)
+#define UNMEASURED_MAX (256ull << 20)
 /* or after this many takes and frees charged by the rounding alone (were the driver ever to take a
  * page more than its rounding, the books would lag by at most this many pages, */
 #define UNMEASURED_EXACT_MAX 32u

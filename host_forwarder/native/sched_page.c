@@ -121,8 +121,9 @@ int vh_sched_join(struct vh_sched *s, const char *dir, const char *uuid, const c
 	uint64_t now = now_ns();
 	lock(pg);
 	uint64_t floor = sched_vtime_floor(pg); /* and dead members let go */
-	if (atomic_load(&pg->owner) >= 0 && !atomic_load(&pg->slot[atomic_load(&pg->owner)].pid))
-		hand_over(pg, now);
+	int32_t held_by = atomic_load(&pg->owner);
+	if (held_by >= VMGPU_SCHED_SLOTS || (held_by >= 0 && !atomic_load(&pg->slot[held_by].pid)))
+		hand_over(pg, now); /* a holder that is gone, or an owner no slot has (a page written wrong) */
 	for (int i = 0; i < VMGPU_SCHED_SLOTS && s->me < 0; i++) {
 		struct vmgpu_sched_slot *g = &pg->slot[i];
 		if (atomic_load(&g->pid))
@@ -275,11 +276,12 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		s->published = mine;
 	}
 	if (owner != s->me) {
-		/* a holder that died, or nobody holding while guests wait (a period rolled) */
-		if (owner >= 0 && !sched_alive(atomic_load(&pg->slot[owner].pid))) {
+		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */
+		if (owner >= VMGPU_SCHED_SLOTS || (owner >= 0 && !sched_alive(atomic_load(&pg->slot[owner].pid)))) {
 			lock(pg);
 			if (atomic_load(&pg->owner) == owner) {
-				atomic_store(&pg->slot[owner].pid, 0);
+				if (owner < VMGPU_SCHED_SLOTS)
+					atomic_store(&pg->slot[owner].pid, 0);
 				hand_over(pg, now);
 			}
 			unlock(pg);

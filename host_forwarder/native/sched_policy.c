@@ -155,7 +155,9 @@ void sched_seat(struct vmgpu_sched_slot *g, const char *guest, const struct sche
 		uint64_t floor)
 {
 	memset((char *)g + sizeof g->pid, 0, sizeof *g - sizeof g->pid);
-	snprintf(g->name, sizeof g->name, "%s", guest);
+	/* the whole name, NUL padded: a guest's name may fill all 64 bytes (vmgpu/names.py allows 64),
+	 * and `vmgpu cap/priority/weight` find a guest's slot by it: cut to 63, two guests would share one */
+	memcpy(g->name, guest, strnlen(guest, sizeof g->name));
 	atomic_store(&g->weight, clamp(share->weight, 1, 100));
 	atomic_store(&g->cap, clamp(share->cap, 0, 100));
 	atomic_store(&g->guarantee, clamp(share->guarantee, 0, 100));

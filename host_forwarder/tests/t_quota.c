@@ -327,17 +327,17 @@ static void bounded_allocations_far_from_the_quota_charge_their_bound_without_re
 	CHECK_EQ(atomic_load(&used[0]), 2 * MIB);
 }
 
-static void the_meter_is_read_after_64_mib_of_bounds_or_32_exact_charges(void)
+static void the_meter_is_read_after_256_mib_of_bounds_or_32_exact_charges(void)
 {
 	setup();
 	f.quota[0] = 4096 * MIB;
 	measured = 1;
 	uint64_t bound;
-	for (int i = 0; i < 32; i++) /* 32 pieces: 64 MiB of bounds, no read */
+	for (int i = 0; i < 128; i++) /* 128 pieces: 256 MiB of bounds, no read */
 		CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
 	CHECK_EQ(reads, 0);
-	CHECK_EQ(atomic_load(&used[0]), 64 * MIB);
-	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0); /* the 33rd is measured */
+	CHECK_EQ(atomic_load(&used[0]), 256 * MIB);
+	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0); /* the 129th is measured */
 	CHECK_EQ(bound, 0);
 	CHECK_EQ(reads, 1);
 	CHECK_EQ(atomic_load(&used[0]), 0); /* the fake driver took nothing: the truth */
@@ -453,7 +453,7 @@ int main(void)
 	refusals_are_reported_at_most_once_a_second_and_every_one_counted();
 	charges_are_rounded_as_the_driver_takes_memory();
 	bounded_allocations_far_from_the_quota_charge_their_bound_without_reading_the_meter();
-	the_meter_is_read_after_64_mib_of_bounds_or_32_exact_charges();
+	the_meter_is_read_after_256_mib_of_bounds_or_32_exact_charges();
 	near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_truth();
 	without_a_meter_bounded_steps_charge_the_rounding();
 	a_refresh_that_raced_a_call_is_not_taken_and_a_busy_guest_is_read_under_the_lock();

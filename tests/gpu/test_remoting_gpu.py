@@ -46,7 +46,9 @@ def _both(shm_path, program, mem=None):
         pytest.param([NATIVE / "devquery"], id="devquery"),
         pytest.param([sys.executable, HERE / "torch_ops.py"], id="pytorch"),
         pytest.param([sys.executable, HERE / "torch_graphs.py"], id="pytorch-cuda-graphs"),
+        pytest.param([sys.executable, HERE / "torch_compile.py"], id="torch-compile"),
         pytest.param([sys.executable, HERE / "cupy_ops.py"], id="cupy"),
+        pytest.param([sys.executable, HERE / "cupy_sparse.py"], id="cupy-sparse-solver"),
     ],
 )
 def test_same_output_natively_and_through_vmgpu(shm_path, program):

@@ -5,6 +5,7 @@ back when a guest process or its worker dies, and the out-of-memory script."""
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -125,3 +126,65 @@ def test_a_missing_oom_script_is_refused_at_start(shm_path):
         text=True,
     )
     assert r.returncode != 0 and "--oom-script: /nonexistent/script is not an executable file" in r.stderr
+
+
+def test_a_guest_starting_process_after_process_runs_the_root_oom_script_once_not_once_each(shm_path, tmp_path):
+    """Each guest process has a worker of its own: a guest that starts processes that each ask
+    for too much made every worker run the (root's) script at once, as fast as it could start
+    them, and a slow script piled up.  Reported once a second per forwarder, one script at a time."""
+    out = tmp_path / "runs"
+    script = tmp_path / "on-oom"
+    script.write_text(f"#!/bin/sh\necho $$ >> {out}\nsleep 3\n")
+    script.chmod(0o755)
+    with forwarder(shm_path, mem="64M", extra=["--oom-script", str(script)]) as fwd:
+        for _ in range(4):
+            over = run_guest([NATIVE / "hold", 80], shm_path)
+            assert over.returncode == 1 and over.stdout.strip() == "alloc failed"
+        assert wait_for(out.exists), log_text(fwd)
+        time.sleep(1.5)  # past the second: a script still running is not started again
+        over = run_guest([NATIVE / "hold", 80], shm_path)
+        assert over.returncode == 1
+        assert wait_for(lambda: "is still running: not started again" in log_text(fwd)), log_text(fwd)
+    assert len(out.read_text().split()) == 1
+
+
+def test_the_oom_script_gets_no_descriptor_of_the_worker_and_an_environment_of_its_own(shm_path, tmp_path):
+    """The script (root's) is given /dev/null, the log, and nothing else of the worker's; its
+    environment is PATH and the VMGPU_* variables, none of the forwarder's own."""
+    out = tmp_path / "seen"
+    script = tmp_path / "on-oom"
+    script.write_text(  # the shell's descriptors as it starts, seen by a child of its own
+        f"#!/bin/sh\nfind /proc/$$/fd -mindepth 1 -printf 'FD %f %l\\n' > {out}.tmp\n"
+        f"env >> {out}.tmp\nmv {out}.tmp {out}\n"
+    )
+    script.chmod(0o755)
+    with forwarder(shm_path, mem="64M", extra=["--oom-script", str(script)], env={"LEAKED_SETTING": "1"}) as fwd:
+        over = run_guest([NATIVE / "hold", 80], shm_path)
+        assert over.returncode == 1
+        assert wait_for(out.exists), log_text(fwd)
+    lines = out.read_text().splitlines()
+    fds = {int(n): target for _, n, target in (line.split(" ", 2) for line in lines if line.startswith("FD "))}
+    assert fds[0] == "/dev/null"
+    others = {n: t for n, t in fds.items() if n > 2 and t not in (str(script), fds[2])}  # the shell keeps copies
+    assert others == {}, fds
+    env = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("FD "))
+    assert "LEAKED_SETTING" not in env and env["VMGPU_GUEST"]
+    assert set(env) - {"PATH", "PWD", "SHLVL", "_", "OLDPWD"} <= {k for k in env if k.startswith("VMGPU_")}
+
+
+def test_an_oom_script_replaced_by_a_link_after_the_start_is_not_run(shm_path, tmp_path):
+    """The script is opened never through a link and run from what was checked."""
+    out = tmp_path / "ran"
+    script = tmp_path / "on-oom"
+    script.write_text(f"#!/bin/sh\ntouch {out}\n")
+    script.chmod(0o755)
+    other = tmp_path / "other"
+    other.write_text(f"#!/bin/sh\ntouch {out}\n")
+    other.chmod(0o755)
+    with forwarder(shm_path, mem="64M", extra=["--oom-script", str(script)]) as fwd:
+        script.unlink()
+        script.symlink_to(other)
+        over = run_guest([NATIVE / "hold", 80], shm_path)
+        assert over.returncode == 1
+        assert wait_for(lambda: "cannot run the OOM script" in log_text(fwd)), log_text(fwd)
+    assert not out.exists()

@@ -182,3 +182,31 @@ def test_the_forwarder_refuses_a_share_flag_out_of_its_range_with_one_line(tmp_p
     )
     assert res.returncode != 0 and said in res.stderr, res.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_live_change_reaches_only_its_own_guest_when_names_fill_the_slots_name(sched_dir, tmp_path):
+    """Guest names are up to 64 characters and the page's slot name is 64 bytes: a name cut to 63
+    made a 64-character guest's live changes miss it, and reach another guest whose name is its
+    first 63 characters (`vmgpu priority` of one tenant raising another's)."""
+    short = "v" * 63
+    long = short + "x"
+    with forwarder(tmp_path / "a", guest=short), forwarder(tmp_path / "b", guest=long):
+        with _page(sched_dir) as pg:
+            assert wait_for(lambda: len(pg.members()) == 2)
+            assert sorted(m.guest for m in pg.members()) == [short, long]
+            assert pg.set_priority(short, "high") == 1 and pg.set_cap(long, 10) == 1
+            got = {m.guest: (m.priority, m.cap) for m in pg.members()}
+            assert got == {short: ("high", 0), long: ("normal", 10)}
+
+
+def test_an_owner_no_slot_has_on_the_page_is_let_go_and_the_guest_goes_on(sched_dir, tmp_path):
+    """A page whose owner field names no slot (written wrong: the forwarders index slots by it) is
+    handed over at the next look, and a guest's work goes on."""
+    a = tmp_path / "a"
+    with forwarder(a, extra=("--compute", "50")):
+        with _page(sched_dir) as pg:
+            p = _spin(a, 1.5)
+            assert wait_for(lambda: pg.owner >= 0, timeout=10)
+            pg.page.owner = 1000  # one aligned 4-byte store, as vmgpu/sched.py writes the policy
+            assert _ops(p) > 0
+            assert wait_for(lambda: pg.owner < 16, timeout=5)

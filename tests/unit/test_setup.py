@@ -192,6 +192,25 @@ def test_an_installed_packages_native_programs_come_before_a_checkouts(tmp_path,
     assert forwarder.native_dir() == own and shm_lib._find_library() == own / "libvmgpushm.so"
 
 
+def test_the_unit_lets_the_forwarders_outlive_a_vmgpud_stop_or_crash_and_is_hardened(tmp_path):
+    """systemd's default KillMode (control-group) would kill every forwarder vmgpud started, and
+    so every guest's GPU, at each `systemctl restart vmgpud` or crash: the unit kills vmgpud only."""
+    from vmgpu import install
+
+    unit = install.UNIT.format(mark=install.MARK, command="/opt/vmgpu/bin/python -m vmgpu.cli.main daemon")
+    service = unit.split("[Service]\n", 1)[1].split("\n[", 1)[0]
+    keys = dict(line.split("=", 1) for line in service.splitlines() if "=" in line and not line.startswith("#"))
+    assert keys["KillMode"] == "process"
+    assert keys["NoNewPrivileges"] == "yes" and keys["ProtectSystem"] == "full"
+    assert "PrivateDevices" not in keys  # the forwarders open /dev/nvidia*
+    analyze = shutil.which("systemd-analyze")
+    if analyze:  # where systemd's own checker is here, it finds nothing wrong with the unit
+        path = tmp_path / "vmgpud.service"
+        path.write_text(unit.replace("/opt/vmgpu/bin/python", sys.executable))
+        r = subprocess.run([analyze, "verify", "--man=no", str(path)], capture_output=True, text=True)
+        assert "Unknown key" not in r.stderr and "Invalid" not in r.stderr, r.stderr
+
+
 def _demo_dir(native: Path, *names: str) -> None:
     (native / "demo").mkdir(parents=True)
     for n in names:

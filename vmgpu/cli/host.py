@@ -12,14 +12,20 @@ from vmgpu.cli.common import SOCKET, as_json
 
 @click.command("doctor")
 @SOCKET
+@click.option(
+    "--pool",
+    "pool_url",
+    envvar="VMGPU_POOL",
+    help="Also check this GPU pool: its etcd members, the route and MTU to each host.  [env: VMGPU_POOL]",
+)
 @as_json()
-def doctor(socket_path, as_json):
+def doctor(socket_path, pool_url, as_json):
     """Check this host for vmgpu: driver, NVML, native parts, /dev/shm, vmgpud, libvirt.
 
     Each line says what is wrong and how to fix it.  Exits 1 if a check failed."""
     from vmgpu.doctor import run_doctor
 
-    checks = run_doctor(socket_path)
+    checks = run_doctor(socket_path, pool_url)
     render.emit(checks, as_json, render.doctor)
     if any(c["status"] == "fail" for c in checks):
         sys.exit(1)

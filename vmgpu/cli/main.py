@@ -10,6 +10,7 @@ commands only: parse, call the library, print through vmgpu/cli/render.py).
     vm.py        vm attach | detach | show
     install.py   setup, hooks install | uninstall, runtime install
     host.py      doctor, demo
+    pool.py      pool join | leave | admit | release | status | verify
 A VmgpuError ends any of them with one line and its exit code (common.Group, from the code
 table of vmgpu/errors.py)."""
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import click
 
 from vmgpu import __version__
-from vmgpu.cli import compute, daemon, forwarder, host, install, region, shares, top, vm
+from vmgpu.cli import compute, daemon, forwarder, host, install, pool, region, shares, top, vm
 from vmgpu.cli.common import Group
 
 
@@ -28,7 +29,7 @@ def cli() -> None:
     """vmgpu: share NVIDIA GPUs among VMs and containers by CUDA API remoting."""
 
 
-for module in (region, shares, top, compute, forwarder, daemon, vm, install, host):
+for module in (region, shares, top, compute, forwarder, daemon, vm, install, host, pool):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -319,3 +319,55 @@ def demo(d: dict) -> None:
     con.print("[dim]forwarder log:[/]")
     for line in d["forwarder_log"]:
         con.print(Text("  " + line, style="dim"), highlight=False)
+
+
+def pool_grant(d: dict, wide: bool = False) -> None:
+    t = _table(f"pool slices of {d['guest']}", ("host", "data plane", "gpu", "uuid", "name", "memory", "compute"))
+    for s in d["slices"]:
+        t.add_row(
+            s["host"],
+            f"{s['address']}:{s['port']}",
+            str(s["index"]),
+            s["uuid"],
+            s["name"],
+            f"{s['mem_mib']} MiB",
+            f"{s['compute_pct']}%",
+        )
+    con = console(wide)
+    con.print(t)
+    con.print(f"token: {d['token']}  (shown once; the hosts' forwarders ask for it)", highlight=False)
+
+
+def pool_status(d: dict, wide: bool = False) -> None:
+    con = console(wide)
+    con.print(f"[bold]pool[/] {escape(d['pool'])}")
+    t = _table("hosts", ("host", "data plane", "gpus", "lease left"))
+    for h in d["hosts"]:
+        left = f"{h['lease_left_s']} / {h['ttl_s']} s" if h["lease_left_s"] >= 0 else "expired"
+        t.add_row(h["host"], f"{h['address']}:{h['port']}", str(len(h["gpus"])), left)
+    con.print(t if t.row_count else "no host has joined (vmgpu pool join)")
+    t = _table("GPUs", ("host", "gpu", *(("uuid",) if wide else ()), "name", "memory reserved", "compute", "guests"))
+    for g in d["gpus"]:
+        t.add_row(
+            g["host"],
+            str(g["index"]),
+            *((g["uuid"],) if wide else ()),
+            g["name"],
+            f"{g['mem_reserved_mib']} / {g['mem_mib']} MiB",
+            f"{g['compute_reserved_pct']}%",
+            ", ".join(g["guests"]) or "-",
+        )
+    if t.row_count:
+        con.print(t)
+    t = _table("guests", ("guest", "host", "gpu uuid", "memory", "compute", "state"))
+    for r in d["guests"]:
+        for s in r["slices"]:
+            t.add_row(
+                r["guest"],
+                s.get("host", "-"),
+                s["uuid"],
+                f"{s['mem_mib']} MiB" if "mem_mib" in s else "-",
+                f"{s['compute_pct']}%" if "compute_pct" in s else "-",
+                s["state"],
+            )
+    con.print(t if t.row_count else "no guest holds slices")

@@ -392,7 +392,7 @@ VG_EXPORT CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache config)
 	return forward_cuCtxSetCacheConfig(config, 0);
 }
 
-CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags)
+static CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAlloc_v2, vg_flags);
@@ -410,10 +410,10 @@ CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_
 
 VG_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	return handwritten_cuMemAlloc_v2(dptr, bytesize, 0);
+	return forward_cuMemAlloc_v2(dptr, bytesize, 0);
 }
 
-CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
+static CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemFree_v2, vg_flags);
@@ -426,7 +426,7 @@ CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
-	return handwritten_cuMemFree_v2(dptr, 0);
+	return forward_cuMemFree_v2(dptr, 0);
 }
 
 static CUresult forward_cuMemGetInfo_v2(size_t * free, size_t * total, unsigned vg_flags)
@@ -1240,6 +1240,11 @@ VG_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, 
 	return handwritten_cuMemcpyAsync(dst, src, ByteCount, hStream, VG_F_PTDS);
 }
 
+VG_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule *module, const char *fname)
+{
+	return handwritten_cuModuleLoad(module, fname, 0);
+}
+
 VG_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)
 {
 	return handwritten_cuModuleLoadData(module, image, 0);
@@ -1258,6 +1263,11 @@ VG_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *f
 VG_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
 {
 	return handwritten_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+	return handwritten_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
@@ -1494,7 +1504,7 @@ VG_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, s
 	return forward_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
 }
 
-CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)
+static CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAllocPitch_v2, vg_flags);
@@ -1517,7 +1527,7 @@ CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t 
 
 VG_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
 {
-	return handwritten_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, 0);
+	return forward_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, 0);
 }
 
 static CUresult forward_cuArrayCreate_v2(CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray, unsigned vg_flags)
@@ -2170,7 +2180,7 @@ VG_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraph, CUstream hStre
 	return forward_cuGraphUpload(hGraph, hStream, VG_F_PTDS);
 }
 
-CUresult forward_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags)
+static CUresult forward_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemFreeAsync, vg_flags);
@@ -2183,10 +2193,10 @@ CUresult forward_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_
 
 VG_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-	return handwritten_cuMemFreeAsync(dptr, hStream, 0);
+	return forward_cuMemFreeAsync(dptr, hStream, 0);
 }
 
 VG_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-	return handwritten_cuMemFreeAsync(dptr, hStream, VG_F_PTDS);
+	return forward_cuMemFreeAsync(dptr, hStream, VG_F_PTDS);
 }

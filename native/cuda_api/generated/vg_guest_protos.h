@@ -57,10 +57,6 @@ CUresult handwritten_cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, si
 CUresult handwritten_cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, size_t * numDependencies_out, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, const CUgraphEdgeData ** edgeData_out, size_t * numDependencies_out, unsigned vg_flags);
-CUresult handwritten_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags);
-CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags);
-CUresult handwritten_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags);
-CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags);
 CUresult handwritten_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 CUresult forward_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 CUresult handwritten_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags);
@@ -78,18 +74,16 @@ CUresult handwritten_cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void * sr
 CUresult handwritten_cuMemcpyDtoHAsync_v2(void * dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream, unsigned vg_flags);
 CUresult handwritten_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, unsigned vg_flags);
 CUresult handwritten_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuModuleLoad(CUmodule * module, const char * fname, unsigned vg_flags);
 CUresult handwritten_cuModuleLoadData(CUmodule * module, const void * image, unsigned vg_flags);
 CUresult handwritten_cuModuleLoadDataEx(CUmodule * module, const void * image, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
 CUresult handwritten_cuModuleLoadFatBinary(CUmodule * module, const void * fatCubin, unsigned vg_flags);
 CUresult handwritten_cuLibraryLoadData(CUlibrary * library, const void * code, CUjit_option * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions, unsigned vg_flags);
+CUresult handwritten_cuLibraryLoadFromFile(CUlibrary * library, const char * fileName, CUjit_option * jitOptions, void ** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption * libraryOptions, void ** libraryOptionValues, unsigned int numLibraryOptions, unsigned vg_flags);
 CUresult handwritten_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p, unsigned int Flags, unsigned vg_flags);
 CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
-CUresult handwritten_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags);
-CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags);
-CUresult handwritten_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags);
-CUresult forward_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream, unsigned vg_flags);
 
 #endif
