@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from tests.docker.test_containers import IMAGE, Docker, import_image, need_docker, regions
 from tests.forwarder import wait_for
 from tests.libvirt import guest
-from tests.libvirt.installed import RUNTIME, assert_serves_installed, hidden, installed
+from tests.libvirt.installed import RUNTIME, assert_serves_installed, hidden, installed, need_namespace
 from vmgpu.client import Client
 
 pytestmark = pytest.mark.docker
@@ -32,16 +31,10 @@ INVENTORY = '[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-0000000000d
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     need_docker()
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"needs a mount namespace (the checkout hidden): {probe.stderr.strip()}")
+    need_namespace()
     inst = installed(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("installed-docker")
-    inv = tmp / "inventory.toml"
-    inv.write_text(INVENTORY)
-    root = tmp / "root"
-    inst.setup(root, tmp / "run" / "vmgpud.sock")
-    daemon = inst.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log")
+    root, daemon = inst.host(tmp, INVENTORY)
     # dockerd reads the daemon.json setup wrote, which names the runtime at /usr/local/bin; a system
     # containerd's socket hidden, it runs a containerd of its own (the runtime's parent) beside it
     docker = Docker(

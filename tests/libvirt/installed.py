@@ -101,6 +101,26 @@ class Installed:
             time.sleep(0.05)
         return p
 
+    def host(self, tmp: Path, inventory: str) -> tuple[Path, subprocess.Popen]:
+        """A test host: `vmgpu setup` into tmp/root (vmgpud at tmp/run/vmgpud.sock), and vmgpud as
+        its unit starts it, on the declared inventory.  (root, vmgpud's process)."""
+        inv = tmp / "inventory.toml"
+        inv.write_text(inventory)
+        root = tmp / "root"
+        self.setup(root, tmp / "run" / "vmgpud.sock")
+        return root, self.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log")
+
+
+def need_namespace() -> None:
+    """Skip unless this process may make a mount namespace (root): where the checkout is hidden."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a mount namespace hiding the checkout")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"needs a mount namespace (the checkout hidden): {probe.stderr.strip()}")
+
 
 def native_of(pid: int) -> tuple[Path, set[Path]]:
     """The program a process runs and every file it has mapped (its shared libraries)."""

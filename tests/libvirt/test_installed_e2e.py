@@ -21,7 +21,7 @@ import pytest
 
 from tests.forwarder import wait_for
 from tests.libvirt import guest
-from tests.libvirt.installed import HOOK, REPO, assert_serves_installed, installed
+from tests.libvirt.installed import HOOK, REPO, assert_serves_installed, installed, need_namespace
 from vmgpu import spec
 from vmgpu.client import Client
 from vmgpu.virt import domain
@@ -42,11 +42,7 @@ sleep 10 | /bin/hold 64; echo "VMGPU-E2E hold rc=$?"
 @pytest.fixture(scope="module")
 def inst(tmp_path_factory):
     """The installed wheel, where a mount namespace can hide the checkout from what runs it."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (a mount namespace hiding the checkout; libvirtd)")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"needs a mount namespace (libvirtd's hooks, the checkout hidden): {probe.stderr.strip()}")
+    need_namespace()
     return installed(tmp_path_factory)
 
 
@@ -67,11 +63,7 @@ def host(inst, tmp_path_factory):
     import libvirt
 
     tmp = tmp_path_factory.mktemp("installed-vm")
-    inv = tmp / "inventory.toml"
-    inv.write_text(INVENTORY)
-    root = tmp / "root"
-    inst.setup(root, tmp / "run" / "vmgpud.sock")
-    daemon = inst.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log")
+    root, daemon = inst.host(tmp, INVENTORY)
     # libvirtd's /etc/libvirt is the test root's, where `vmgpu setup` put the hook; the checkout hidden
     env = {**os.environ, "VMGPU_LIBVIRT_ETC": str(root / "etc" / "libvirt"), "VMGPU_LIBVIRT_HIDE": str(REPO)}
     conn = client = None
