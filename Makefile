@@ -44,11 +44,12 @@ $(PIP_CUDA)/include/cuda.h: $(VENV)/.stamp
 	test -f $@
 
 # The wheel to install on a host (`pip install build/dist/vmgpu-*.whl`: `vmgpu` and the native
-# programs, in vmgpu/_native/), built from the sdist beside it, which builds the native parts.
+# programs, in vmgpu/_native/), built from the sdist beside it, which builds the native parts and,
+# with this build's nvcc, the demo's vecadd_ptx.
 wheel: venv
 	rm -rf $(BUILD)/dist
 	$(PYTHON) -m build --sdist --outdir $(BUILD)/dist .
-	$(PYTHON) -m pip wheel -q --no-deps --wheel-dir $(BUILD)/dist $(BUILD)/dist/vmgpu-*.tar.gz
+	NVCC='$(NVCC)' $(PYTHON) -m pip wheel -q --no-deps --wheel-dir $(BUILD)/dist $(BUILD)/dist/vmgpu-*.tar.gz
 
 selftest: native venv
 	$(VENV)/bin/vmgpu region selftest

@@ -4,6 +4,8 @@ directory, and what an installed host needs of it copied into the package as vmg
 
     vmgpu-forwarder, libvmgpu-simcuda.so, libvmgpushm.so
     guest/libcuda.so.1, guest/libnvidia-ml.so.1, guest/vmgpu-guest-agent, guest/vmgpu-smi
+    demo/drv_api, demo/vadd.ptx (what `vmgpu demo` runs), and demo/vecadd_ptx where the build has
+    nvcc ($NVCC, which may carry arguments, else nvcc on PATH or /usr/local/cuda/bin/nvcc)
 
 cuda.h and nvml.h: $CUDA_INCLUDE / $NVML_INCLUDE where set (a CUDA toolkit's), else NVIDIA's
 header wheels that pyproject.toml's build requirements put in the build environment.  An
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +40,21 @@ NATIVE_FILES = (
     "guest/vmgpu-guest-agent",
     "guest/vmgpu-smi",
 )
+# `vmgpu demo` (vmgpu/demo.py): the driver-API program with its PTX, and an nvcc-built vector add
+# that carries its kernel as PTX (which the simulated backend runs), where nvcc is there
+DEMO_DIR = "demo"
+DEMO_NATIVE = ("drv_api",)
+DEMO_SOURCES = {"vadd.ptx": "tests/cuda/vadd.ptx"}
+DEMO_NVCC = ("vecadd_ptx", "tests/cuda/vecadd.cu", ["-O2", "-gencode=arch=compute_90,code=compute_90", "-no-compress"])
+
+
+def _nvcc() -> list[str] | None:
+    """The nvcc command the build has, or None."""
+    if os.environ.get("NVCC"):
+        return shlex.split(os.environ["NVCC"])
+    toolkit = "/usr/local/cuda/bin/nvcc"
+    found = shutil.which("nvcc") or (toolkit if os.access(toolkit, os.X_OK) else None)
+    return [found] if found else None
 
 
 def _header_dir(env: str, dist: str, header: str) -> str:
@@ -78,6 +96,20 @@ class BuildNative(build_py):
             for name in NATIVE_FILES:
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(Path(tmp) / "native" / name, dest / name)
+            self._demo(Path(tmp) / "native", dest / DEMO_DIR)
+
+    def _demo(self, native: Path, demo: Path) -> None:
+        demo.mkdir(parents=True, exist_ok=True)
+        for name in DEMO_NATIVE:
+            shutil.copy2(native / name, demo / name)
+        for name, src in DEMO_SOURCES.items():
+            shutil.copy2(HERE / src, demo / name)
+        nvcc = _nvcc()
+        name, src, flags = DEMO_NVCC
+        if nvcc is None:
+            self.announce(f"no nvcc (set NVCC): the wheel's demo has no {name}", level=3)
+            return
+        subprocess.run([*nvcc, *flags, "-o", str(demo / name), str(HERE / src)], check=True)
 
 
 class PlatformWheel(bdist_wheel):

@@ -11,7 +11,8 @@
 #     python3 -m venv /opt/vmgpu && /opt/vmgpu/bin/pip install build/dist/vmgpu-*.whl
 #     rm -rf /src                            the checkout gone: all that follows runs the installed package
 #     vmgpu setup --root /tmp/host ...       the unit, hook, runtime and `vmgpu` name /opt/vmgpu, never /src
-#     the installed region self-test, a forwarder on the simulated backend, the hook and the runtime run
+#     the installed region self-test, `vmgpu demo`, a forwarder on the simulated backend, the hook and
+#     the runtime run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,6 +98,7 @@ step "the installed package runs alone"
 case "$site" in /opt/vmgpu/lib/python3*/site-packages/vmgpu) ;; *) echo "vmgpu imported from $site" >&2; exit 1 ;; esac
 ls -l "$site/_native" "$site/_native/guest"
 timeout 120 /tmp/host/usr/local/bin/vmgpu region selftest
+timeout 300 vmgpu demo --backend sim   # the demo's programs and PTX from the wheel's vmgpu/_native/demo/
 timeout 120 /opt/vmgpu/bin/python - <<'PY'
 from pathlib import Path
 

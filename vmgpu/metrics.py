@@ -1,7 +1,8 @@
 """vmgpud's Prometheus endpoint, everything read at scrape time: what the ledger holds
-(capacity, reservations, quotas), what the guests use (each forwarder's statistics page: memory
-used, time its calls waited at the compute gate, memory refusals; each GPU's scheduler page: GPU
-time held), forwarders restarted by the supervisor, and counters of admission decisions.
+(capacity, reservations, quotas, each guest's compute weight, guarantee, cap and priority), what
+the guests use (each forwarder's statistics page: memory used, time its calls waited at the
+compute gate, memory refusals; each GPU's scheduler page: GPU time held), forwarders restarted by
+the supervisor, and counters of admission decisions.
 
 Labels: guest (its name), gpu (the host's GPU index), uuid (the GPU's UUID).  A guest's usage is
 shown while its forwarder runs; its counters start again from 0 when a forwarder is started
@@ -29,7 +30,9 @@ class LedgerCollector:
             usage, slices, fwds = self.ledger.usage(), self.ledger.reservations(), self.ledger.forwarders()
         mem = GaugeMetricFamily("vmgpu_gpu_memory_mib", "GPU memory, MiB", labels=["gpu", "uuid", "state"])
         cmp = GaugeMetricFamily(
-            "vmgpu_gpu_compute_reserved_percent", "Compute reserved on a GPU", labels=["gpu", "uuid"]
+            "vmgpu_gpu_compute_reserved_percent",
+            "Compute reserved on a GPU: its guests' guarantees",
+            labels=["gpu", "uuid"],
         )
         for u in usage:
             mem.add_metric([str(u.index), u.uuid, "total"], u.mem_mib)
@@ -38,15 +41,38 @@ class LedgerCollector:
         gmem = GaugeMetricFamily(
             "vmgpu_guest_memory_quota_mib", "A guest's memory quota on a GPU", labels=["guest", "gpu"]
         )
-        gcmp = GaugeMetricFamily(
-            "vmgpu_guest_compute_percent", "A guest's compute share on a GPU", labels=["guest", "gpu"]
+        # a slice's compute share, each field as the share grammar names it (vmgpu/spec.py)
+        weight = GaugeMetricFamily(
+            "vmgpu_guest_compute_weight",
+            "A guest's compute weight on a GPU, 1..100, relative to the other guests' (reserves nothing)",
+            labels=["guest", "gpu"],
+        )
+        guarantee = GaugeMetricFamily(
+            "vmgpu_guest_compute_guarantee_percent",
+            "The share of a GPU's time reserved for a guest at admission (0: none)",
+            labels=["guest", "gpu"],
+        )
+        cap = GaugeMetricFamily(
+            "vmgpu_guest_compute_cap_percent",
+            "The most of a GPU's time a guest may have (only guests with a cap appear)",
+            labels=["guest", "gpu"],
+        )
+        priority = GaugeMetricFamily(
+            "vmgpu_guest_compute_priority",
+            "A guest's priority on a GPU, as its label (high, normal, low); the value is always 1",
+            labels=["guest", "gpu", "priority"],
         )
         for r in slices:
-            gmem.add_metric([r.guest, str(r.gpu_index)], r.mem_mib)
-            gcmp.add_metric([r.guest, str(r.gpu_index)], r.compute_pct)
+            key = [r.guest, str(r.gpu_index)]
+            gmem.add_metric(key, r.mem_mib)
+            weight.add_metric(key, r.weight)
+            guarantee.add_metric(key, r.guarantee_pct)
+            if r.cap_pct:
+                cap.add_metric(key, r.cap_pct)
+            priority.add_metric([*key, r.priority], 1)
         up = GaugeMetricFamily("vmgpu_forwarders", "Forwarders vmgpud supervises")
         up.add_metric([], len(fwds))
-        yield from (mem, cmp, gmem, gcmp, up)
+        yield from (mem, cmp, gmem, weight, guarantee, cap, priority, up)
 
 
 class UsageCollector:

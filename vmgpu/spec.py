@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from vmgpu.config import PEER_TIMEOUT_S, UNIT_BYTES
-from vmgpu.errors import InvalidArgument, SpecError
+from vmgpu.errors import SpecError
 
 XML_NS = "https://vmgpu.dev/xmlns/share/1"
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", re.ASCII)
@@ -313,18 +313,6 @@ def _check_unique(slices: list[Slice], settings: Settings | None = None) -> Shar
             raise SpecError(f"slice {i}: gpu {s.gpu} is already given by slice {seen[s.gpu]}")
         seen[s.gpu] = i
     return ShareSpec(tuple(slices), settings or Settings())
-
-
-def from_options(gpu: str | None, mem: str | None, compute: int, spec_text: str | None) -> ShareSpec:
-    """The share of `vmgpu vm attach`: either the whole spec, or one slice's gpu, mem and weight
-    (--compute, the old name of weight)."""
-    if spec_text and (gpu or mem):
-        raise InvalidArgument("give either --spec or --gpu/--mem/--compute, not both")
-    if not spec_text:
-        if gpu is None or mem is None:
-            raise InvalidArgument("give --gpu and --mem (or --spec)")
-        spec_text = f"gpu={gpu},mem={mem},weight={compute}"
-    return parse(spec_text)
 
 
 def parse(text: str) -> ShareSpec:

@@ -28,8 +28,11 @@ INVENTORY = '[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-0000000000d
 
 
 class Docker:
-    def __init__(self, tmp: Path, runtime: Path):
-        self.tmp, self.runtime = tmp, runtime
+    """A dockerd of the test's own.  runtime: registered as `vmgpu` (--add-runtime; None: the
+    configuration's); wrap: how its command line is run (a mount namespace); extra: more options."""
+
+    def __init__(self, tmp: Path, runtime: Path | None, wrap=lambda cmd: cmd, extra: tuple[str, ...] = ()):
+        self.tmp, self.runtime, self.wrap, self.extra = tmp, runtime, wrap, extra
         self.sock = tmp / "docker.sock"
         self.proc = None
 
@@ -37,7 +40,7 @@ class Docker:
         self.sock.unlink(missing_ok=True)
         log = open(self.tmp / "dockerd.log", "a")
         self.proc = subprocess.Popen(
-            [
+            self.wrap([
                 "dockerd",
                 "--host", f"unix://{self.sock}",
                 "--data-root", str(self.tmp / "data"),
@@ -45,8 +48,9 @@ class Docker:
                 "--pidfile", str(self.tmp / "dockerd.pid"),
                 "--bridge=none", "--iptables=false", "--ip-masq=false",
                 "--storage-driver", "vfs",
-                "--add-runtime", f"vmgpu={self.runtime}",
-            ],
+                *(["--add-runtime", f"vmgpu={self.runtime}"] if self.runtime else []),
+                *self.extra,
+            ]),
             stdout=log,
             stderr=log,
         )  # fmt: skip
@@ -69,12 +73,27 @@ class Docker:
         return r
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
+def import_image(docker: Docker, programs: dict[str, Path], files: dict[str, Path], native: Path = guest.NATIVE):
+    """IMAGE, from a root file system holding programs and files (the runtime mounts the guest
+    libraries: the image has none)."""
+    rootfs = guest.build_rootfs(docker.tmp / "rootfs", programs, files, guest_lib=False, native=native)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    subprocess.run(
+        ["docker", "--host", f"unix://{docker.sock}", "import", "-", IMAGE], stdin=tar.stdout, check=True, timeout=120
+    )
+    tar.wait()
+
+
+def need_docker() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (dockerd)")
     if not shutil.which("dockerd"):
         pytest.skip("docker.io is not installed (.ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    need_docker()
     tmp = tmp_path_factory.mktemp("docker")
     inv = tmp / "inventory.toml"
     inv.write_text(INVENTORY)
@@ -94,17 +113,11 @@ def host(tmp_path_factory):
     )
     docker = Docker(tmp, runtime)
     docker.start()
-    rootfs = guest.build_rootfs(
-        tmp / "rootfs",
+    import_image(
+        docker,
         {"drv_api": guest.NATIVE / "drv_api", "hold": guest.NATIVE / "hold"},
         {"/vadd.ptx": guest.ROOT / "tests" / "cuda" / "vadd.ptx"},
-        guest_lib=False,  # the runtime mounts it
     )
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    subprocess.run(
-        ["docker", "--host", f"unix://{docker.sock}", "import", "-", IMAGE], stdin=tar.stdout, check=True, timeout=120
-    )
-    tar.wait()
     client = Client(str(sock))
     try:
         yield docker, client, tmp

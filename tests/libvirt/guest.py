@@ -45,10 +45,12 @@ def _libs(binary: Path, search: list[Path]) -> set[Path]:
     return libs
 
 
-def build_rootfs(root: Path, programs: dict[str, Path], files: dict[str, Path], guest_lib: bool = True) -> Path:
+def build_rootfs(
+    root: Path, programs: dict[str, Path], files: dict[str, Path], guest_lib: bool = True, native: Path = NATIVE
+) -> Path:
     """A minimal root file system at root: busybox, the programs in /bin with the shared
     libraries they load, files at their paths, and (guest_lib) the guest libcuda.so.1 and
-    libnvidia-ml.so.1."""
+    libnvidia-ml.so.1 of native/guest (the build's, or an installed package's _native)."""
     shutil.rmtree(root, ignore_errors=True)
     for d in ("bin", "dev", "proc", "sys", "tmp", "lib/x86_64-linux-gnu", "lib64"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -57,14 +59,14 @@ def build_rootfs(root: Path, programs: dict[str, Path], files: dict[str, Path], 
     for a in applets.split():
         if a != "busybox":
             (root / "bin" / a).symlink_to("busybox")
-    guestlib = NATIVE / "guest" / "libcuda.so.1"
+    guestlib = native / "guest" / "libcuda.so.1"
     if guest_lib:
         shutil.copy2(guestlib, root / "lib/x86_64-linux-gnu/libcuda.so.1")
         shutil.copy2(guestlib.parent / "libnvidia-ml.so.1", root / "lib/x86_64-linux-gnu/libnvidia-ml.so.1")
     libs: set[Path] = set(_libs(guestlib, []))
     for name, src in programs.items():
         shutil.copy2(src, root / "bin" / name)
-        libs |= _libs(src, [NATIVE / "guest"])
+        libs |= _libs(src, [native / "guest"])
     for lib in libs:
         if lib.name in ("libcuda.so.1", "libnvidia-ml.so.1"):
             continue
@@ -77,9 +79,11 @@ def build_rootfs(root: Path, programs: dict[str, Path], files: dict[str, Path], 
     return root
 
 
-def build_initramfs(dest: Path, programs: dict[str, Path], files: dict[str, Path], script: str) -> Path:
+def build_initramfs(
+    dest: Path, programs: dict[str, Path], files: dict[str, Path], script: str, native: Path = NATIVE
+) -> Path:
     """An uncompressed newc cpio at dest holding build_rootfs() and an /init that runs script."""
-    root = build_rootfs(dest.with_suffix(".d"), programs, files)
+    root = build_rootfs(dest.with_suffix(".d"), programs, files, native=native)
     init = root / "init"
     init.write_text(INIT_HEAD + script + "\necho 'VMGPU-E2E done'\nsync\nreboot -f\n")
     init.chmod(0o755)
@@ -90,15 +94,16 @@ def build_initramfs(dest: Path, programs: dict[str, Path], files: dict[str, Path
     return dest
 
 
-def domain_xml(name: str, initrd: Path, console: Path, memory_mib: int = 384) -> str:
-    """A TCG domain booting the kernel and initrd, its serial console in a file."""
+def domain_xml(name: str, initrd: Path, console: Path, memory_mib: int = 384, kernel_path: Path | None = None) -> str:
+    """A TCG domain booting the kernel (kernel_path, default the fetched one) and initrd, its
+    serial console in a file."""
     return f"""<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>{memory_mib}</memory>
   <vcpu>1</vcpu>
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
-    <kernel>{kernel()}</kernel>
+    <kernel>{kernel_path or kernel()}</kernel>
     <initrd>{initrd}</initrd>
     <cmdline>console=ttyS0 panic=-1 quiet loglevel=3</cmdline>
   </os>

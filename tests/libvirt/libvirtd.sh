@@ -8,9 +8,12 @@
 # /etc/libvirt (a copy of the system's, but for hooks/: DIR/hooks is the tests' own).  libvirt
 # looks for hooks only in the /etc/libvirt/hooks it was built with, so this is how a test
 # libvirtd gets a private hooks directory: the system's hooks are never read nor touched.
+# VMGPU_LIBVIRT_HIDE=DIR (with VMGPU_LIBVIRT_ETC): in that namespace an empty read-only tmpfs
+# lies over DIR, so that libvirtd, its hooks and its QEMUs cannot reach it (a removed checkout).
 set -euo pipefail
 STATE=${VMGPU_LIBVIRT_STATE:-/run/vmgpu-test-libvirt}
 ETC=${VMGPU_LIBVIRT_ETC:-}
+HIDE=${VMGPU_LIBVIRT_HIDE:-}
 case "${1:-}" in
 up)
     mkdir -p "$STATE" /etc/libvirt /var/log/libvirt
@@ -48,8 +51,9 @@ CONF
             [ "$(basename "$f")" = hooks ] || cp -a "$f" "$ETC/"
         done
         unshare --mount --propagation private -- /bin/sh -c \
-            'mount --bind "$1" /etc/libvirt && exec /usr/sbin/libvirtd -d --pid-file "$2"' \
-            sh "$ETC" "$STATE/libvirtd.pid"
+            'mount --bind "$1" /etc/libvirt && { [ -z "$3" ] || mount -t tmpfs -o ro,mode=0555,size=64k hidden "$3"; } &&
+             exec /usr/sbin/libvirtd -d --pid-file "$2"' \
+            sh "$ETC" "$STATE/libvirtd.pid" "$HIDE"
         printf '%s' "$ETC" > "$STATE/libvirtd.etc"
     else
         /usr/sbin/libvirtd -d --pid-file "$STATE/libvirtd.pid"

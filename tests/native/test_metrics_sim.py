@@ -147,3 +147,29 @@ def test_every_forwarder_log_line_starts_with_its_utc_time_to_the_millisecond(sh
         when = datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC)
         assert start - timedelta(seconds=1) <= when <= datetime.now(UTC), line
     assert any(STAMP.sub("", ln).startswith("channel ") and "out of memory on GPU 0" in ln for ln in lines), lines
+
+
+def test_metrics_show_each_guests_weight_guarantee_cap_and_priority_by_their_own_names(vmgpud):
+    c, _server, scrape = vmgpud
+    c.admit("a", "container", "gpu=0,mem=1G,weight=30,guarantee=20%,cap=60%,priority=high")
+    c.admit("b", "container", "gpu=0,mem=1G,compute=50")  # the old name of weight: reserves nothing
+
+    def share(guest: str, name: str, **extra) -> float | None:
+        return scrape().get((name, tuple(sorted({"gpu": "0", "guest": guest, **extra}.items()))))
+
+    assert share("a", "vmgpu_guest_compute_weight") == 30
+    assert share("a", "vmgpu_guest_compute_guarantee_percent") == 20
+    assert share("a", "vmgpu_guest_compute_cap_percent") == 60
+    assert share("a", "vmgpu_guest_compute_priority", priority="high") == 1
+    assert share("b", "vmgpu_guest_compute_weight") == 50
+    assert share("b", "vmgpu_guest_compute_guarantee_percent") == 0
+    assert share("b", "vmgpu_guest_compute_cap_percent") is None  # no cap: no sample, never "0%"
+    assert share("b", "vmgpu_guest_compute_priority", priority="normal") == 1
+    assert scrape()[("vmgpu_gpu_compute_reserved_percent", (("gpu", "0"), ("uuid", UUID0)))] == 20
+    assert not any(name == "vmgpu_guest_compute_percent" for name, _ in scrape())  # the old, misleading name
+    # a live change is what the next scrape shows
+    c.set_weight("a", "0", 70)
+    c.set_priority("a", "0", "low")
+    assert share("a", "vmgpu_guest_compute_weight") == 70
+    assert share("a", "vmgpu_guest_compute_priority", priority="low") == 1
+    assert share("a", "vmgpu_guest_compute_priority", priority="high") is None

@@ -10,6 +10,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from vmgpu import forwarder, shm_lib
@@ -208,3 +209,43 @@ def test_the_unit_lets_the_forwarders_outlive_a_vmgpud_stop_or_crash_and_is_hard
         path.write_text(unit.replace("/opt/vmgpu/bin/python", sys.executable))
         r = subprocess.run([analyze, "verify", "--man=no", str(path)], capture_output=True, text=True)
         assert "Unknown key" not in r.stderr and "Invalid" not in r.stderr, r.stderr
+
+
+def _demo_dir(native: Path, *names: str) -> None:
+    (native / "demo").mkdir(parents=True)
+    for n in names:
+        (native / "demo" / n).write_text("x")
+
+
+def test_the_demo_finds_its_programs_in_an_installed_packages_native_demo_directory(tmp_path, monkeypatch):
+    from vmgpu import demo
+
+    monkeypatch.setattr(demo, "_CHECKOUT_PTX", tmp_path / "no-checkout" / "vadd.ptx")  # no checkout to fall back on
+    native = tmp_path / "_native"
+    _demo_dir(native, "drv_api", "vadd.ptx", "vecadd_ptx")
+    programs, skipped = demo.demo_programs("sim", native)
+    d = native / "demo"
+    assert programs == [[d / "drv_api", d / "vadd.ptx", "64"], [d / "vecadd_ptx", str(1 << 22)]] and skipped == []
+    # on a GPU the PTX one serves where the native vecadd is not there (its kernel is JIT-compiled)
+    assert demo.demo_programs("cuda", native)[0][1][0] == d / "vecadd_ptx"
+
+
+def test_the_demo_of_a_wheel_built_without_nvcc_runs_the_driver_api_program_and_says_what_it_left_out(tmp_path):
+    from vmgpu import demo
+
+    native = tmp_path / "_native"
+    _demo_dir(native, "drv_api", "vadd.ptx")
+    programs, skipped = demo.demo_programs("sim", native)
+    assert [p[0].name for p in programs] == ["drv_api"]
+    assert len(skipped) == 1 and skipped[0].startswith("vecadd_ptx: not here") and "nvcc" in skipped[0]
+
+
+def test_the_demo_without_its_driver_api_program_says_how_to_get_it(tmp_path, monkeypatch):
+    from vmgpu import demo
+    from vmgpu.errors import InvalidArgument
+
+    monkeypatch.setattr(demo, "_CHECKOUT_PTX", tmp_path / "no-checkout" / "vadd.ptx")
+    native = tmp_path / "_native"
+    _demo_dir(native, "vadd.ptx")
+    with pytest.raises(InvalidArgument, match="reinstall the vmgpu wheel, or run `make native`"):
+        demo.demo_programs("sim", native)

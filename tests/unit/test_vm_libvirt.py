@@ -53,3 +53,68 @@ def test_unknown_domain_and_bad_heap(doms):
         doms.show("nope")
     with pytest.raises(InvalidArgument, match="--heap"):
         doms.attach("web1", spec.parse("gpu=0,mem=1G"), heap_mib=1)
+
+
+def _vm(*args):
+    """`vmgpu vm ARGS` against the test driver's own domain `test` (a fresh state each connection)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vmgpu.cli.main import cli
+
+    r = CliRunner(mix_stderr=False).invoke(cli, ["vm", *args, "--connect", "test:///default", "--json"])
+    return r, (json.loads(r.output) if r.exit_code == 0 else None)
+
+
+def test_vm_attach_takes_the_share_grammars_fields_and_the_guests_own_settings():
+    r, out = _vm(
+        "attach", "test", "--gpu", "0", "--mem", "2G", "--weight", "30", "--guarantee", "20%", "--cap", "60",
+        "--priority", "HIGH", "--oom-script", "notify", "--peer-timeout", "45s", "--heap", "16M",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    slice_text = "gpu=0,mem=2048M,weight=30,guarantee=20%,cap=60%,priority=high"
+    assert out["share"] == f"{slice_text};oom-script=notify,peer-timeout=45"
+    assert out["slices"] == [
+        {"gpu": "0", "mem": "2048 MiB", "weight": "30", "guarantee": "20%", "cap": "60%", "priority": "high"}
+    ]
+    assert out["settings"] == {"oom-script": "notify", "peer-timeout": "45"}
+    # the same share as `vmgpu admit` would take it, through --spec
+    r2, out2 = _vm("attach", "test", "--spec", out["share"], "--heap", "16M")
+    assert r2.exit_code == 0 and out2["share"] == out["share"] and out2["settings"] == out["settings"]
+    # --compute is still the old name of --weight
+    r3, out3 = _vm("attach", "test", "--gpu", "1", "--mem", "1G", "--compute", "40")
+    assert r3.exit_code == 0 and out3["share"] == "gpu=1,mem=1024M,weight=40" and out3["settings"] == {}
+
+
+def test_vm_attach_refuses_a_bad_field_or_a_mix_with_one_line_naming_it():
+    r, _ = _vm("attach", "test", "--gpu", "0", "--mem", "1G", "--weight", "300")
+    assert r.exit_code != 0 and "slice 1: weight 300" in r.stderr and r.stderr.count("\n") == 1
+    r, _ = _vm("attach", "test", "--gpu", "0", "--mem", "1G", "--weight", "3", "--compute", "4")
+    assert "--compute is the old name of --weight" in r.stderr
+    r, _ = _vm("attach", "test", "--spec", "gpu=0,mem=1G", "--cap", "50%")
+    assert "give either --spec or --cap, not both" in r.stderr
+    r, _ = _vm("attach", "test", "--gpu", "0", "--mem", "1G", "--oom-script", "../../bin/evil")
+    assert "never a path" in r.stderr
+    r, _ = _vm("attach", "test", "--mem", "1G")
+    assert "give --gpu and --mem" in r.stderr
+
+
+def test_vm_show_displays_the_domains_own_settings_and_says_the_rest_are_the_hosts():
+    from click.testing import CliRunner
+
+    from vmgpu.cli import render
+
+    # one connection (the test driver forgets at its close): attach, then show through the renderer
+    doms = Domains("test:///default")
+    try:
+        doms.attach("test", spec.parse("gpu=0,mem=1G;peer-timeout=30"), heap_mib=16)
+        shown = doms.show("test")
+        assert shown["settings"] == {"peer-timeout": "30"}
+        with CliRunner().isolation() as (out, _err):  # the table and the lines go to click's stdout
+            render.vm(shown)
+        text = out.getvalue().decode()
+    finally:
+        doms.close()
+    assert "settings: peer-timeout=30 (the rest: the host's)" in text
+    assert "weight=100" in text

@@ -45,8 +45,9 @@ def demo(backend, as_json):
 
     Starts a forwarder on a fresh region in /dev/shm, runs a driver-API program and an
     nvcc-built vector add with vmgpu's libcuda.so.1, and shows what the forwarder did.
-    Needs `make native cuda-programs`.  Exits 1 if a program failed.
-    """
+    An installed wheel carries them (the vector add where the wheel was built with nvcc; it
+    says so where not); a checkout needs `make native cuda-programs`.  Exits 1 if a program
+    failed."""
     from vmgpu.demo import run_demo
 
     result = run_demo(backend)

@@ -46,14 +46,22 @@ def region_show(name, as_json):
 
 @region.command("selftest")
 @click.option("--exchanges", default=20000, show_default=True, help="Round trips to make.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="Seconds the guest process may take; after them it is killed and the self-test fails.",
+)
 @as_json()
-def region_selftest(exchanges, as_json):
+def region_selftest(exchanges, timeout, as_json):
     """Check the transport on this host: a region in /dev/shm, a guest process,
     checksummed round trips, a heap buffer seen at the same offset by both sides,
-    and the channel reclaimed when the guest exits."""
+    and the channel reclaimed when the guest exits.  A guest process that dies, or
+    outlasts --timeout, fails it at once with one line saying so."""
     from vmgpu.selftest import run_selftest
 
-    res = run_selftest(exchanges)
+    res = run_selftest(exchanges, timeout)
     render.emit(res, as_json, render.selftest)
     if not all(res["checks"].values()):
         sys.exit(1)

@@ -286,6 +286,9 @@ def vm(d: dict) -> None:
             s["gpu"], s["mem"], ",".join(f"{k}={s[k]}" for k in ("weight", "guarantee", "cap", "priority") if k in s)
         )
     console().print(t)
+    if d["slices"]:
+        own = ", ".join(f"{k}={v}" for k, v in d["settings"].items())
+        click.echo(f"settings: {own or 'none of its own'} (the rest: the host's)")
     r = d["region"]
     if r:
         click.echo(f"region device: <shmem name='{r['name']}'> {r['model']}, {r['size_mib']:g} MiB")
@@ -311,6 +314,8 @@ def demo(d: dict) -> None:
     for r in d["programs"]:
         t.add_row(r["program"], "[green]ok[/]" if r["ok"] else f"[red]failed[/] {r['detail']}", f"{r['seconds']:.2f}")
     con.print(t)
+    for line in d.get("skipped", ()):
+        con.print(f"[yellow]not run:[/] {line}", highlight=False)
     con.print("[dim]forwarder log:[/]")
     for line in d["forwarder_log"]:
         con.print(Text("  " + line, style="dim"), highlight=False)

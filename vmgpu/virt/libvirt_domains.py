@@ -101,6 +101,8 @@ class Domains:
                 }
                 for s in (share.slices if share else ())
             ],
+            # the guest's own forwarder settings; what is not here is the host's
+            "settings": share.settings.fields() if share else {},
             "region": dev,
             "problem": problem,
         }
