@@ -116,7 +116,7 @@ native-tsan:
 # The whole suite: native test programs (plain, ASan/UBSan, TSan), the bounded
 # fuzz run, the Python tests, and `make lint` first.  This is what CI runs.
 test: gen-check lint native native-asan native-tsan cuda-programs venv
-	$(PYTHON) -m pytest tests
+	CUDA_INCLUDE=$(CUDA_INCLUDE) NVML_INCLUDE=$(NVML_INCLUDE) $(PYTHON) -m pytest tests
 
 # Bounded fuzzing of the host side in the ASan/UBSan build (FUZZ_SECONDS, default 60).
 FUZZ_SECONDS ?= 60

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: the README's main command and the wheel's install, on a clean Debian 12 with neither
+# CI: the README's two commands and the wheel's install, on a clean Debian 12 with neither
 # libvirt-dev nor a CUDA toolkit (cuda.h, nvcc and nvml.h come from NVIDIA's wheels; libvirt-python
 # is not installed).  A chroot made by debootstrap (bookworm, minbase, plus the README's
 # requirements only); docker hub is not reachable from CI, so no container image.  Nothing is
@@ -7,6 +7,8 @@
 #
 #   inside, in a copy of this working tree at /src:
 #     make demo                              the README's main command
+#     make test                              the README's test command (the libvirt, docker, pool and GPU
+#                                            tests skip there, each saying why: no libvirtd, dockerd, etcd or GPU)
 #     make wheel                             sdist, and the wheel built from it (native parts in it)
 #     python3 -m venv /opt/vmgpu && /opt/vmgpu/bin/pip install build/dist/vmgpu-*.whl
 #     rm -rf /src                            the checkout gone: all that follows runs the installed package
@@ -74,6 +76,8 @@ t0=$SECONDS
 cd /src
 step "make demo"
 make demo
+step "make test"
+make test
 step "make wheel"
 make wheel
 cp build/dist/vmgpu-*.whl build/dist/vmgpu-*.tar.gz /tmp/

@@ -44,7 +44,8 @@ def test_tables_off_a_terminal_hold_full_uuids_however_narrow_the_columns(daemon
 
 def test_on_a_narrow_terminal_wide_gives_the_full_uuids_that_the_fitted_table_cuts(daemon):
     _, inv = daemon
-    narrow = {"COLUMNS": "60", "FORCE_COLOR": "1"}  # rich takes these for a 60-column terminal
+    # rich takes these for a 60-column terminal (TERM too: under TERM=dumb it is no terminal)
+    narrow = {"COLUMNS": "60", "FORCE_COLOR": "1", "TERM": "xterm"}
     fitted = _run("gpus", "--inventory", inv, env=narrow)
     assert UUID not in fitted, fitted  # the terminal's width wins without --wide
     assert UUID in _run("gpus", "--inventory", inv, "--wide", env=narrow)
