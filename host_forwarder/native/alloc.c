@@ -79,7 +79,9 @@ CUresult guarded_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 	if (r != CUDA_SUCCESS)
 		return r;
 	vh_addr_remove(ch, dptr, VH_SPAN_MEM); /* from now on the address names nothing */
-	if (a->kind == VH_MEM) { /* cuMemAlloc's own: its bounded charge goes back */
+	/* cuMemAlloc's own memory, freed now: its bounded charge goes back (a stream-ordered free gives
+	 * memory back later, so vh_alloc_release measures it instead) */
+	if (a->kind == VH_MEM) {
 		int dev = a->dev;
 		uint64_t est = a->size;
 		vh_alloc_untrack(ch, a);

@@ -17,8 +17,7 @@
  * is known (the rounding above; at most one fresh 2 MiB page for an allocation of up to 1 MiB),
  * so where the guest is well inside its quota the books charge that bound and do not ask NVML
  * (about 20 us a read).  The meter is read when the bytes so charged pass 256 MiB (128 small
- * allocations), after 32 calls
- * charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
+ * allocations), after 32 calls charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
  * (vh_quota_refresh): the books run ahead of the truth between two reads, never behind it, and
  * are the truth to the byte at rest.
  *
@@ -33,11 +32,14 @@
 #include "meter.h"
 #include "quota.h"
 
+#define PAGE (2ull << 20)    /* the driver's page */
+#define SMALL_MAX (1ull << 20) /* an allocation up to this size is a piece of a shared page */
+
 uint64_t vh_quota_rounded(uint64_t n)
 {
 	/* as the H100's driver takes them: up to 1 MiB in 64 KiB pieces of shared 2 MiB pages,
 	 * above that whole 2 MiB pages */
-	uint64_t unit = n <= (1u << 20) ? (64u << 10) : (2u << 20);
+	uint64_t unit = n <= SMALL_MAX ? (64u << 10) : PAGE;
 	return n == 0 ? unit : (n + unit - 1) / unit * unit;
 }
 
@@ -205,7 +207,6 @@ CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char 
 
 /* ---- bounded takes: cuMemAlloc and cuMemFree without reading the meter each time ---------- */
 
-#define PAGE (2ull << 20)
 /* The meter is read when the bytes charged by bound since the last read pass this (the books are
  * then at most this far ahead of the truth), */
 #define UNMEASURED_MAX (256ull << 20)
@@ -215,9 +216,10 @@ CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char 
 /* which the guest's distance from its quota covers, or the call is measured). */
 #define MARGIN ((uint64_t)(UNMEASURED_EXACT_MAX + 1) * PAGE)
 
-uint64_t vh_quota_bound(uint64_t est)
+/* The most a cuMemAlloc of est bytes (already rounded) can take: est, or a fresh page for a small one. */
+static uint64_t bound_of(uint64_t est)
 {
-	return est <= (1ull << 20) ? PAGE : est;
+	return est <= SMALL_MAX ? PAGE : est;
 }
 
 /* May a take of bound bytes be charged by bound now? */
@@ -241,7 +243,7 @@ static void count_bounded(struct vh_chan *ch, int dev, uint64_t est, uint64_t bo
 
 int vh_quota_bounded_begin(struct vh_chan *ch, int dev, uint64_t est, const char *call, uint64_t *bound)
 {
-	uint64_t b = vh_quota_bound(est);
+	uint64_t b = bound_of(est);
 	if (bounded_ok(ch, dev, b) && reserve_now(ch, dev, b) == 0) {
 		count_bounded(ch, dev, est, b);
 		*bound = b;
@@ -256,7 +258,7 @@ int vh_quota_bounded_widen(struct vh_chan *ch, int dev, uint64_t *est, uint64_t 
 	if (real <= *est)
 		return 0;
 	if (*bound) { /* charged by bound: charge the wider one's bound */
-		uint64_t nb = vh_quota_bound(real);
+		uint64_t nb = bound_of(real);
 		if (nb > *bound) {
 			if (reserve_now(ch, dev, nb - *bound))
 				return -1;
@@ -284,12 +286,13 @@ void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est)
 {
 	if (!vh_meter_on(ch, dev)) {
 		vh_quota_release(ch, dev, est);
-	} else if (est > (1ull << 20) && ch->unmeasured_exact[dev] < UNMEASURED_EXACT_MAX) {
+	} else if (est <= SMALL_MAX) {
+		/* a piece of a shared page, which may stay taken: the books keep it until the next read */
+	} else if (ch->unmeasured_exact[dev] < UNMEASURED_EXACT_MAX) {
 		/* whole 2 MiB pages of its own: they go back with it */
 		vh_quota_release(ch, dev, est);
 		ch->unmeasured_exact[dev]++;
-	} else if (est > (1ull << 20)) {
+	} else {
 		vh_quota_settle(ch, dev);
 	}
-	/* else a piece of a shared page, which may stay taken: the books keep it until the next read */
 }

@@ -22,8 +22,6 @@ void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n);
 /* Replace this worker's charge on dev by what the driver says it holds (where it can say);
  * nonzero if the guest is then over its quota. */
 int vh_quota_settle(struct vh_chan *ch, int dev);
-/* The most a cuMemAlloc of est bytes (already rounded) can take: est, or a 2 MiB page for a small one. */
-uint64_t vh_quota_bound(uint64_t est);
 /* Whether the charges on the current GPU are measurements (else they are estimates). */
 int vh_quota_measured(struct vh_chan *ch);
 /* What the driver takes for an allocation of n bytes (as the H100's driver rounds them). */
