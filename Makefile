@@ -71,6 +71,7 @@ native: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	$(CC) -O1 -g -Wall -o $(NATIVE)/multi tests/cuda/multi.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/spin tests/cuda/spin.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/memquota tests/cuda/memquota.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/reuse tests/cuda/reuse.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/memprobe bench/memprobe.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda -ldl
 
 # Unchanged CUDA runtime programs (nvcc, static cudart), for the differential tests.
@@ -81,6 +82,7 @@ cuda-programs: native
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/streams tests/cuda/streams.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/devquery tests/cuda/devquery.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/oob tests/cuda/oob.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/free_reuse tests/cuda/free_reuse.cu
 	$(PTXAS) -arch=sm_90 -o $(NATIVE)/vadd.cubin tests/cuda/vadd.ptx
 	$(NVCC) -cubin -arch=sm_90 -o $(NATIVE)/bigglobal.cubin tests/cuda/bigglobal.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu

@@ -48,6 +48,10 @@ int main(int argc, char **argv) {
     t0 = now_us();
     for (int i = 0; i < allocs; i++) { void *p; CK(cudaMalloc(&p, 1 << 20)); CK(cudaFree(p)); }
     printf("alloc_free_1m_us=%.3f\n", (now_us() - t0) / allocs);
+    /* 64 sizes in turn (256 KiB .. 16 MiB): no freed block is ever of the next one's size */
+    t0 = now_us();
+    for (int i = 0; i < allocs; i++) { void *p; CK(cudaMalloc(&p, (size_t)(i % 64 + 1) << 18)); CK(cudaFree(p)); }
+    printf("alloc_free_mixed_us=%.3f\n", (now_us() - t0) / allocs);
 
     int dev = 0, v = 0, queries = (int)(1000000 * scale);
     t0 = now_us();

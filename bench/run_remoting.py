@@ -30,6 +30,7 @@ TIMES = [
     "memcpy4_htod_us",
     "memcpy4_dtoh_us",
     "alloc_free_1m_us",
+    "alloc_free_mixed_us",
     "local_query_us",
 ]
 RATES = ["htod_pageable_gbs", "dtoh_pageable_gbs", "htod_pinned_gbs", "dtoh_pinned_gbs"]
@@ -142,6 +143,7 @@ def main() -> int:
         f" pinned_h2d_ratio={ratios['htod_pinned_gbs']:.3f} pinned_d2h_ratio={ratios['dtoh_pinned_gbs']:.3f}"
         f" pageable_h2d_ratio={ratios['htod_pageable_gbs']:.3f} pageable_d2h_ratio={ratios['dtoh_pageable_gbs']:.3f}"
         f" alloc_free_ratio={ratios['alloc_free_1m_us']:.3f}"
+        f" alloc_free_mixed_ratio={ratios['alloc_free_mixed_us']:.3f}"
         f" poll_launch_overhead_us={over(poll, 'launch_async_us'):.3f}"
         f" poll_rtt_overhead_us={over(poll, 'launch_sync_us'):.3f}"
         f" poll_pinned_h2d_ratio={pratios['htod_pinned_gbs']:.3f}"

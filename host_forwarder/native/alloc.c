@@ -7,8 +7,20 @@
  *
  * The pattern is the same for each: reserve an estimate or refuse, make the call, let the
  * quota take the truth, and undo a call that left the guest over its quota.
+ *
+ * Kept blocks.  A block of cuMemAlloc's that the guest frees is kept on the GPU, still charged
+ * to the guest, for its next cuMemAlloc of the same size: programs that allocate and free per
+ * step (cuBLAS and cuDNN workspaces, XLA's autotuner) then pay no driver call either way.  The
+ * guest cannot name a kept block (its addresses are removed at the free), and it is only ever
+ * handed to the same guest process on the same GPU.  At most VH_KEPT_MAX blocks and KEPT_BYTES
+ * are kept per process; a block kept over a second, or any block while the guest is near its
+ * quota, goes back to the driver.  Since the driver's cuMemFree waits for the work that may
+ * still use the block, a kept block is handed out again only after the same wait, where any
+ * work may have been queued since it was freed.  The books still equal what NVML measures: a
+ * kept block is memory the worker holds, charged as such.
  */
 #include "channel.h"
+#include "protocol.h"
 #include "quota.h"
 #include "vh_dispatch.h"
 #include "vh_protos.h"
@@ -55,9 +67,115 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 	return vh_quota_card_full(ch, dev, r, call, est);
 }
 
+/* ---- kept blocks --------------------------------------------------------------------- */
+
+#define KEPT_BYTES (64ull << 20)
+#define KEPT_NS 1000000000ull
+
+extern _Atomic int open_captures; /* serve.c: a context-wide wait now would break them */
+
+/* Give kept block i back to the driver, and its charge to the quota. */
+static void kept_drop(struct vh_chan *ch, uint32_t i)
+{
+	const struct vh_backend *B = ch->backend;
+	struct vh_kept k = ch->kept[i];
+	memmove(&ch->kept[i], &ch->kept[i + 1], (ch->nkept - i - 1) * sizeof k);
+	ch->nkept--;
+	ch->kept_bytes -= k.est;
+	int other = k.dev != ch->cur_dev && ch->ctx[k.dev];
+	if (other)
+		B->cuCtxSetCurrent(ch->ctx[k.dev]);
+	B->cuMemFree_v2(k.p);
+	if (other)
+		B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	vh_quota_bounded_free(ch, k.dev, k.est);
+}
+
+void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns)
+{
+	while (ch->nkept && now_ns - ch->kept[0].at_ns > KEPT_NS) /* oldest first */
+		kept_drop(ch, 0);
+}
+
+void vh_kept_forget(struct vh_chan *ch)
+{
+	ch->nkept = 0;
+	ch->kept_bytes = 0;
+}
+
+static void kept_drop_dev(struct vh_chan *ch, int dev)
+{
+	for (uint32_t i = ch->nkept; i-- > 0;)
+		if (ch->kept[i].dev == dev)
+			kept_drop(ch, i);
+}
+
+/* cuMemFree of a's block: keep it rather than free it, if it may be kept (1: kept). */
+static int kept_put(struct vh_chan *ch, struct vh_alloc *a)
+{
+	uint64_t n = a->ref; /* the size cuMemAlloc was asked for; 0 for a pitched block */
+	if (!n || a->size > KEPT_BYTES || atomic_load(&open_captures) || vh_quota_near(ch, a->dev, a->size))
+		return 0;
+	uint64_t now = vmgpu_now_ns();
+	vh_kept_expire(ch, now);
+	while (ch->nkept == VH_KEPT_MAX || ch->kept_bytes + a->size > KEPT_BYTES)
+		kept_drop(ch, 0);
+	ch->kept[ch->nkept++] = (struct vh_kept){a->base, n, a->size, ch->work_seq, now, a->dev};
+	ch->kept_bytes += a->size;
+	return 1;
+}
+
+/* cuMemAlloc of n bytes from a kept block: 1 if *dptr is one (or *r an error), 0 if none fits. */
+static int kept_take(struct vh_chan *ch, CUdeviceptr *dptr, uint64_t n, CUresult *r)
+{
+	int dev = ch->cur_dev;
+	for (uint32_t i = ch->nkept; i-- > 0;) {
+		struct vh_kept k = ch->kept[i];
+		if (k.dev != dev || k.n != n)
+			continue;
+		if (k.seq != ch->synced_seq) {
+			/* work queued before the free may still be using it: wait, as cuMemFree would have */
+			if (atomic_load(&open_captures))
+				return 0;
+			uint64_t seq = ch->work_seq;
+			*r = ch->backend->cuCtxSynchronize_v2(ch->ctx[dev]);
+			if (*r != CUDA_SUCCESS)
+				return 1; /* the context is broken: the guest hears it, as from the driver */
+			for (uint32_t j = 0; j < ch->nkept; j++)
+				if (ch->kept[j].dev == dev && ch->kept[j].seq <= seq)
+					ch->kept[j].seq = ch->synced_seq = seq;
+		}
+		memmove(&ch->kept[i], &ch->kept[i + 1], (ch->nkept - i - 1) * sizeof k);
+		ch->nkept--;
+		ch->kept_bytes -= k.est;
+		struct vh_alloc *a = vh_alloc_track(ch, k.p, k.est, dev, VH_MEM);
+		if (a && vh_addr_add(ch, k.p, n, VH_SPAN_MEM, NULL) == 0) {
+			a->ref = n;
+			*dptr = k.p;
+			*r = CUDA_SUCCESS;
+			return 1;
+		}
+		if (a)
+			vh_alloc_untrack(ch, a);
+		ch->backend->cuMemFree_v2(k.p);
+		vh_quota_bounded_free(ch, dev, k.est);
+		return 0;
+	}
+	return 0;
+}
+
 CUresult guarded_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t bytesize)
 {
-	return alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
+	CUresult r;
+	if (ch->cur_dev >= 0 && dptr && bytesize && kept_take(ch, dptr, bytesize, &r))
+		return r;
+	if (ch->nkept && ch->cur_dev >= 0 && vh_quota_near(ch, ch->cur_dev, vh_quota_rounded(bytesize)))
+		kept_drop_dev(ch, ch->cur_dev); /* the guest needs its memory back */
+	r = alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
+	struct vh_alloc *a = r == CUDA_SUCCESS ? vh_alloc_find(ch, *dptr, 1u << VH_MEM) : NULL;
+	if (a)
+		a->ref = bytesize;
+	return r;
 }
 
 CUresult guarded_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -75,6 +193,11 @@ CUresult guarded_cuMemFree_v2(struct vh_chan *ch, CUdeviceptr dptr)
 	struct vh_alloc *a = vh_alloc_find(ch, dptr, 1u << VH_MEM | 1u << VH_MEM_ASYNC);
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE; /* not an allocation of this process: the driver would say the same */
+	if (a->kind == VH_MEM && kept_put(ch, a)) {
+		vh_addr_remove(ch, dptr, VH_SPAN_MEM); /* from now on the address names nothing */
+		vh_alloc_untrack(ch, a);
+		return CUDA_SUCCESS;
+	}
 	CUresult r = ch->backend->cuMemFree_v2(dptr);
 	if (r != CUDA_SUCCESS)
 		return r;
@@ -104,7 +227,11 @@ CUresult guarded_cuMemGetInfo_v2(struct vh_chan *ch, size_t *free_b, size_t *tot
 	vh_quota_settle(ch, dev);
 	uint64_t quota = ch->fwd->quota[dev];
 	uint64_t used = atomic_load(&ch->fwd->used[dev]);
-	uint64_t left = used < quota ? quota - used : 0;
+	uint64_t left = used < quota ? quota - used : 0, kept = 0;
+	for (uint32_t i = 0; i < ch->nkept; i++)
+		kept += ch->kept[i].dev == dev ? ch->kept[i].est : 0; /* the guest's to take again */
+	left += kept;
+	hw_free += kept;
 	if (free_b)
 		*free_b = left < hw_free ? left : hw_free;
 	if (total_b)

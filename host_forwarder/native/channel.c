@@ -64,6 +64,7 @@ void vh_chan_release_all(struct vh_chan *ch)
 	ch->nspans = ch->capspans = 0;
 	ch->nfn_tags = 0;
 	vh_module_image_forget(ch);
+	vh_kept_forget(ch); /* kept blocks go with the contexts too */
 	free(ch->scratch);
 	ch->allocs = NULL;
 	ch->scratch = NULL;

@@ -20,6 +20,16 @@
 
 struct vh_image;
 
+/* A block the guest freed, kept on the GPU for its next cuMemAlloc of the same size (alloc.c). */
+struct vh_kept {
+	CUdeviceptr p;
+	uint64_t n, est;   /* the size asked for; what it is charged */
+	uint64_t seq;      /* the channel's work_seq when it was freed */
+	uint64_t at_ns;
+	int dev;
+};
+#define VH_KEPT_MAX 16
+
 struct vh_chan {
 	struct vh_fwd *fwd;
 	const struct vh_backend *backend;
@@ -49,6 +59,11 @@ struct vh_chan {
 	uint32_t unmeasured_exact[VG_MAX_DEVICES];
 	_Atomic uint64_t quota_gen;   /* counts the calls that may take or give memory (vh_quota_refresh) */
 	uint8_t refresh_misses[VG_MAX_DEVICES]; /* refreshes in a row whose reading could not be taken */
+	struct vh_kept kept[VH_KEPT_MAX];
+	uint32_t nkept;
+	uint64_t kept_bytes;          /* their charges, summed */
+	uint64_t work_seq;            /* calls that may have put work on the GPU (serve.c counts them) */
+	uint64_t synced_seq;          /* work_seq when the contexts were last synchronised for a kept block */
 	uint8_t *blob;                /* a module image being received */
 	uint64_t blob_size, blob_filled, blob_hash[2];
 	struct vh_image *image;       /* or the cached image this load uses */
@@ -62,6 +77,10 @@ struct vh_chan {
 
 /* A buffer of n elements of elsz bytes for one call (at most 64 MiB), or NULL. */
 void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
+/* Kept blocks (alloc.c): those kept over a second are given back to the driver (called while the
+ * guest is quiet, under quota_mu); forget drops the table when the process's contexts go. */
+void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns);
+void vh_kept_forget(struct vh_chan *ch);
 /* What a process that exits or dies leaves behind: free all of it (its contexts go next). */
 void vh_chan_release_all(struct vh_chan *ch);
 

@@ -233,6 +233,12 @@ static int bounded_ok(struct vh_chan *ch, int dev, uint64_t bound)
 	return q >= MARGIN && used <= q - MARGIN && bound <= q - MARGIN - used;
 }
 
+int vh_quota_near(struct vh_chan *ch, int dev, uint64_t est)
+{
+	uint64_t q = ch->fwd->quota[dev], used = atomic_load(&ch->fwd->used[dev]), b = bound_of(est);
+	return q < MARGIN || used > q - MARGIN || b > q - MARGIN - used;
+}
+
 static void count_bounded(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound)
 {
 	if (bound == est)

@@ -56,6 +56,9 @@ int vh_quota_bounded_begin(struct vh_chan *ch, int dev, uint64_t est, const char
 int vh_quota_bounded_widen(struct vh_chan *ch, int dev, uint64_t *est, uint64_t real, uint64_t *bound);
 int vh_quota_bounded_end(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound, CUresult r);
 void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est);
+/* Whether a cuMemAlloc of est bytes would take the guest near its quota on dev (within what the
+ * books may run ahead of the truth): the blocks alloc.c keeps for reuse are given back first. */
+int vh_quota_near(struct vh_chan *ch, int dev, uint64_t est);
 
 /* The guest was refused `want` bytes by `call` on dev: logged, and the operator's script run
  * (--oom-script), at most once a second per worker (oom_report.c). */

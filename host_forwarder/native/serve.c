@@ -76,6 +76,11 @@ int vh_serve(struct vh_chan *ch)
 		uint64_t now = vmgpu_now_ns();
 		if (n == -EAGAIN || n == -ETIMEDOUT || now - last_poll > 100 * 1000000ull) {
 			last_poll = now;
+			if (ch->nkept && n < 0) { /* quiet: blocks kept over a second go back to the driver */
+				pthread_mutex_lock(&ch->quota_mu);
+				vh_kept_expire(ch, now);
+				pthread_mutex_unlock(&ch->quota_mu);
+			}
 			int ev = vmgpu_hchan_poll(ch->hc, now);
 			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED) {
 				ch->end_event = ev;
@@ -104,6 +109,8 @@ int vh_serve(struct vh_chan *ch)
 		CUresult r;
 		/* calls that may take or give memory keep the worker's quota row to themselves */
 		int may_take_memory = !vh_op_gpu_work(hdr.op);
+		if (hdr.op != VG_OP_cuMemAlloc_v2 && hdr.op != VG_OP_cuMemFree_v2)
+			ch->work_seq++; /* any other call may have queued work (alloc.c's kept blocks wait for it) */
 		if (may_take_memory) {
 			pthread_mutex_lock(&ch->quota_mu);
 			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);

@@ -44,6 +44,7 @@ def _both(shm_path, program, mem=None):
         pytest.param([NATIVE / "matmul", 768], id="matmul"),
         pytest.param([NATIVE / "streams"], id="streams-events-memset-pinned"),
         pytest.param([NATIVE / "devquery"], id="devquery"),
+        pytest.param([NATIVE / "free_reuse"], id="freed-block-reused-after-its-work"),
         pytest.param([sys.executable, HERE / "torch_ops.py"], id="pytorch"),
         pytest.param([sys.executable, HERE / "torch_graphs.py"], id="pytorch-cuda-graphs"),
         pytest.param([sys.executable, HERE / "torch_compile.py"], id="torch-compile"),

@@ -12,6 +12,7 @@ import pytest
 from tests.forwarder import (
     NATIVE,
     forwarder,
+    guest_env,
     hold,
     log_text,
     memquota,
@@ -63,7 +64,9 @@ def test_every_allocation_path_is_held_to_the_quota(shm_path, tmp_path, monkeypa
             assert int(fields["total"]) == quota and int(fields["free"]) < (4 << 20)
             assert books > quota - (4 << 20)  # full to the edge, as the books say
         else:
-            assert books == ctx  # the context's own memory, measured, charged
+            # the context's own memory, measured, charged; blocks freed lately are kept for the
+            # guest's next allocation of their size until it has been quiet a second (alloc.c)
+            assert wait_for(lambda: stats.read(page)["memory"][0]["used"] == ctx, timeout=5), books
 
     with forwarder(shm_path, mem="512M", extra=["--stats", str(page)]) as fwd:
         refused = memquota(fwd, shm_path, 7, 3, NATIVE / "vadd.cubin", "aprsov", check)
@@ -188,3 +191,49 @@ def test_an_oom_script_replaced_by_a_link_after_the_start_is_not_run(shm_path, t
         assert over.returncode == 1
         assert wait_for(lambda: "cannot run the OOM script" in log_text(fwd)), log_text(fwd)
     assert not out.exists()
+
+
+def test_a_freed_block_is_kept_for_the_process_charged_and_named_by_nothing(shm_path, tmp_path, monkeypatch):
+    """cuMemFree keeps the block for the process's next cuMemAlloc of its size (alloc.c): the
+    guest's address no longer names it, the books still charge it (NVML sees it held), the
+    guest's cuMemGetInfo counts it as free, the next allocation of that size gets it, a double
+    or bogus free is still refused, and once the guest is quiet a second it goes back."""
+    monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")
+    ctx, n = 32 << 20, 4 << 20
+    page = tmp_path / "stats"
+
+    def used():
+        return stats.read(page)["memory"][0]["used"]
+
+    with forwarder(shm_path, mem="512M", extra=["--stats", str(page)]) as fwd:
+        p = subprocess.Popen(
+            [str(NATIVE / "reuse")],
+            env=guest_env(shm_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out = {}
+            for line in p.stdout:
+                key, value = line.split()
+                out[key] = value
+                if key != "wait":
+                    continue
+                if value == "freed":
+                    assert used() == ctx + n, log_text(fwd)  # kept, and charged
+                else:
+                    assert wait_for(lambda: used() == ctx, timeout=5), (used(), log_text(fwd))
+                p.stdin.write("\n")
+                p.stdin.flush()
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert out["freed_memset"] == "1", out  # CUDA_ERROR_INVALID_VALUE: the address names nothing
+    assert out["info_delta"] == "0", out
+    assert out["reuse"] == "same", out
+    assert out["memset_again"] == "0" and out["free"] == "0", out
+    assert out["double_free"] == "1" and out["bogus_free"] == "1", out

@@ -392,7 +392,7 @@ VG_EXPORT CUresult CUDAAPI cuCtxSetCacheConfig(CUfunc_cache config)
 	return forward_cuCtxSetCacheConfig(config, 0);
 }
 
-static CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags)
+CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemAlloc_v2, vg_flags);
@@ -410,10 +410,10 @@ static CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsig
 
 VG_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	return forward_cuMemAlloc_v2(dptr, bytesize, 0);
+	return handwritten_cuMemAlloc_v2(dptr, bytesize, 0);
 }
 
-static CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
+CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuMemFree_v2, vg_flags);
@@ -426,7 +426,7 @@ static CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags)
 
 VG_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
-	return forward_cuMemFree_v2(dptr, 0);
+	return handwritten_cuMemFree_v2(dptr, 0);
 }
 
 static CUresult forward_cuMemGetInfo_v2(size_t * free, size_t * total, unsigned vg_flags)

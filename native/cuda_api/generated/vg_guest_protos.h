@@ -7,7 +7,7 @@
 #include <cuda.h>
 
 /* handwritten_<name>: a local or custom function's guest half, or a cache in front of
- * forward_<name> (guest = "cached"), the generated call it makes on a miss. */
+ * forward_<name> (guest = "cached"), the generated call it makes where it needs the host. */
 CUresult handwritten_cuInit(unsigned int Flags, unsigned vg_flags);
 CUresult handwritten_cuDriverGetVersion(int * driverVersion, unsigned vg_flags);
 CUresult handwritten_cuGetProcAddress(const char * symbol, void ** pfn, int cudaVersion, cuuint64_t flags, unsigned vg_flags);
@@ -57,6 +57,10 @@ CUresult handwritten_cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, si
 CUresult handwritten_cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, size_t * numDependencies_out, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, CUgraph * graph_out, const CUgraphNode ** dependencies_out, const CUgraphEdgeData ** edgeData_out, size_t * numDependencies_out, unsigned vg_flags);
+CUresult handwritten_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags);
+CUresult forward_cuMemAlloc_v2(CUdeviceptr * dptr, size_t bytesize, unsigned vg_flags);
+CUresult handwritten_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags);
+CUresult forward_cuMemFree_v2(CUdeviceptr dptr, unsigned vg_flags);
 CUresult handwritten_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 CUresult forward_cuKernelGetFunction(CUfunction * pFunc, CUkernel kernel, unsigned vg_flags);
 CUresult handwritten_cuFuncGetAttribute(int * pi, CUfunction_attribute attrib, CUfunction hfunc, unsigned vg_flags);

@@ -65,7 +65,7 @@ def emit_guest_protos(funcs: list[Func]) -> str:
         "#ifndef VG_GUEST_PROTOS_H\n#define VG_GUEST_PROTOS_H\n",
         "#define __CUDA_API_VERSION_INTERNAL 1\n#include <cuda.h>\n",
         "/* handwritten_<name>: a local or custom function's guest half, or a cache in front of",
-        ' * forward_<name> (guest = "cached"), the generated call it makes on a miss. */',
+        ' * forward_<name> (guest = "cached"), the generated call it makes where it needs the host. */',
     ]
     for fn in funcs:
         if fn.cls in ("local", "custom") or fn.spec.get("guest") == "cached":
