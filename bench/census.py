@@ -136,12 +136,12 @@ def unserved_functions(usage: Usage, served: Served) -> list[Unserved]:
     """Every function called at least once that the guest library does not serve, most called first."""
     out = []
     for name, calls in usage.calls.items():
-        if calls == 0 or name in served.functions:
+        # a base name is what cuGetProcAddress was asked for: served when what the driver answers is
+        # (cuMemAlloc: cuMemAlloc_v2); any other name is a symbol itself (dlsym's)
+        answers = served.procaddr.get(name, frozenset([name]))
+        if calls == 0 or answers <= served.functions:
             continue
-        answers = served.procaddr.get(name, frozenset())
-        if answers and answers <= served.functions:
-            continue
-        needs = tuple(sorted(answers - served.functions))
+        needs = tuple(sorted(answers - served.functions)) if name in served.procaddr else ()
         out.append(Unserved(name, calls, needs))
     return sorted(out, key=lambda u: (-u.calls, u.name))
 
