@@ -253,14 +253,19 @@ def read_text(path: Path) -> str | None:
         return None
 
 
+def create(path: Path):
+    """A new file, never through a link someone left in its place."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w")
+
+
 def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> Result:
     """One program natively under the census: out/<name>.tsv, .log (its output) and .exit."""
     tsv, log, status_file = (out / f"{name}{ext}" for ext in (".tsv", ".log", ".exit"))
-    for stale in (tsv, status_file):
+    for stale in (tsv, log, status_file):
         stale.unlink(missing_ok=True)  # a program that writes none must not be read as its last run
     preload = " ".join(filter(None, [str(lib), os.environ.get("LD_PRELOAD")]))
     env = native_env(LD_PRELOAD=preload, CENSUS_OUT=str(tsv))
-    with open(log, "w") as f:
+    with create(log) as f:
         try:
             p = subprocess.Popen(
                 [str(a) for a in argv], env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
@@ -275,7 +280,8 @@ def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> 
                 os.killpg(p.pid, signal.SIGKILL)  # the program and what it started (its session)
                 p.wait()
                 status = None
-    status_file.write_text(f"{'timeout' if status is None else status}\n")
+    with create(status_file) as f:
+        f.write(f"{'timeout' if status is None else status}\n")
     return Result(name, status, read_text(tsv), read_text(log) or "")
 
 

@@ -224,6 +224,19 @@ def test_a_program_killed_before_writing_its_census_is_failed_not_its_last_runs_
     assert not (out_dir / "gone.tsv").exists() and (out_dir / "gone.exit").read_text() == "-9\n"
 
 
+def test_a_link_left_in_place_of_a_programs_files_is_replaced_not_written_through(fake_census, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    for ext in (".tsv", ".log", ".exit"):
+        (out_dir / f"p{ext}").symlink_to(victim)
+    status, out, _ = run_cli(capsys, "--census-dir", fake_census, "--out", out_dir, "--run", f"p={py('print(1)')}")
+    assert status == 0 and victim.read_text() == "keep\n"
+    assert not any((out_dir / f"p{ext}").is_symlink() for ext in (".tsv", ".log", ".exit"))
+    assert (out_dir / "p.log").read_text() == "1\n" and "cuZeta" in out
+
+
 def test_strict_is_zero_when_everything_used_is_served(tmp_path, capsys):
     (tmp_path / "clean.tsv").write_text(tsv((9, "cuMemAlloc"), (0, f"EXPORT_TABLE_{TABLE_DECLINED}")))
     status, out, _ = run_cli(capsys, "--from-dir", tmp_path, "--strict")
