@@ -200,6 +200,10 @@ def report(results: list[Result], served: Served) -> tuple[list[str], set[str], 
             f"{r.program}: {used} driver functions called, {len(usage.tables)} export tables asked for; "
             f"unserved: {len(missing)} functions, {len(missing_tables)} export tables"
         )
+        if not used and not usage.tables:
+            # the census writes its file at each process's exit: a child of the program that ends
+            # after it (a compiler, a worker pool) leaves its own, empty one
+            lines.append("  nothing recorded: if the program uses the GPU, a process it started ended after it")
         if missing or missing_tables:
             lines.append(f"  {'calls':>10}  unserved")
         for u in missing:

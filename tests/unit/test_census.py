@@ -141,6 +141,11 @@ def test_a_failing_program_is_reported_as_failed_with_its_last_words():
     assert functions == {"cuZeta"}  # what it used before failing still counts
 
 
+def test_a_census_with_nothing_in_it_says_so():
+    lines, _, _ = census.report([census.Result("vecadd", 0, "")], served())
+    assert lines[-1].startswith("  nothing recorded: if the program uses the GPU, a process it started ended after it")
+
+
 # ---- the command line, with a stand-in census ------------------------------------------------
 
 FAKE_CENSUS_C = r"""
