@@ -25,7 +25,7 @@ VENV_EXTRAS ?= test$(if $(findstring $(PIP_CUDA),$(CUDA_INCLUDE) $(NVCC) $(PTXAS
 comma := ,
 
 .PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation bench-sharing selftest lint clean \
-	gen gen-check cuda-programs proto
+	gen gen-check cuda-programs proto census
 
 all: native
 
@@ -148,6 +148,12 @@ bench-isolation: cuda-programs
 bench-sharing: cuda-programs
 	@mkdir -p $(BUILD)/bench
 	python3 bench/run_sharing.py | tee $(BUILD)/bench/sharing.txt
+
+# every GPU test program natively under the driver-call census (CENSUS_DIR: the census tool's
+# directory, built into build/census/): what each uses that vmgpu does not serve (CENSUS_ARGS: e.g. --strict)
+CENSUS_DIR ?= ../shared/tools/census
+census: cuda-programs
+	python3 bench/census.py --census-dir '$(CENSUS_DIR)' $(CENSUS_ARGS)
 
 # the last line joins the summaries: remoting overheads and the PyTorch ratios
 bench: bench-transport bench-remoting bench-pytorch

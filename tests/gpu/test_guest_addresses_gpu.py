@@ -8,18 +8,15 @@ worker; and a program whose kernel works on pinned memory (zero copy) gives the 
     make native native-asan && python3 -m pytest -m gpu tests/gpu/test_guest_addresses_gpu.py
 """
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.forwarder import NATIVE, PTX, forwarder, log_text, run_guest
+from tests.gpu.programs import PROGRAMS, run_native
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("mode", ["names", "replies"])
@@ -39,9 +36,8 @@ def test_a_hostile_guest_cannot_reach_host_memory_of_its_worker_on_a_gpu(shm_pat
 
 
 def test_a_kernel_on_pinned_memory_gives_the_native_output(shm_path):
-    program = [sys.executable, str(HERE / "zero_copy.py"), str(PTX)]
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VMGPU_REGION")}
-    native = subprocess.run(program, env=env, capture_output=True, text=True, timeout=300)
+    program = PROGRAMS["zero-copy"]
+    native = run_native(program)
     assert native.returncode == 0, native.stdout + native.stderr
     with forwarder(shm_path, backend="cuda", size="1G") as fwd:
         vm = run_guest(program, shm_path, timeout=300)

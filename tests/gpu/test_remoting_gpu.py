@@ -5,29 +5,22 @@ Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu test
 """
 
 import operator
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, PTX, forwarder, guest_env, hold, log_text, memquota, run_guest, wait_for
+from tests.forwarder import NATIVE, forwarder, guest_env, hold, log_text, memquota, run_guest, wait_for
+from tests.gpu.programs import PROGRAMS, SAME_OUTPUT, run_native
 from vmgpu import stats
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
-HERE = Path(__file__).resolve().parent
-
-
-def _native(args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VMGPU_REGION")}
-    return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _both(shm_path, program, mem=None):
-    native = _native(program)
+    native = run_native(program)
     assert native.returncode == 0, native.stdout + native.stderr
     with forwarder(shm_path, backend="cuda", size="1G", mem=mem) as fwd:
         vm = run_guest(program, shm_path, timeout=300)
@@ -36,22 +29,7 @@ def _both(shm_path, program, mem=None):
     return native.stdout, vm.stdout
 
 
-@pytest.mark.parametrize(
-    "program",
-    [
-        pytest.param([NATIVE / "drv_api", PTX, 256, NATIVE / "vadd.cubin"], id="drv_api-ptx-and-cubin"),
-        pytest.param([NATIVE / "vecadd", 1 << 24], id="vecadd"),
-        pytest.param([NATIVE / "matmul", 768], id="matmul"),
-        pytest.param([NATIVE / "streams"], id="streams-events-memset-pinned"),
-        pytest.param([NATIVE / "devquery"], id="devquery"),
-        pytest.param([NATIVE / "free_reuse"], id="freed-block-reused-after-its-work"),
-        pytest.param([sys.executable, HERE / "torch_ops.py"], id="pytorch"),
-        pytest.param([sys.executable, HERE / "torch_graphs.py"], id="pytorch-cuda-graphs"),
-        pytest.param([sys.executable, HERE / "torch_compile.py"], id="torch-compile"),
-        pytest.param([sys.executable, HERE / "cupy_ops.py"], id="cupy"),
-        pytest.param([sys.executable, HERE / "cupy_sparse.py"], id="cupy-sparse-solver"),
-    ],
-)
+@pytest.mark.parametrize("program", [pytest.param(p, id=k) for k, p in SAME_OUTPUT.items()])
 def test_same_output_natively_and_through_vmgpu(shm_path, program):
     native, vm = _both(shm_path, program)
     assert vm == native
@@ -67,9 +45,9 @@ def test_device_query_shows_the_quota_and_nothing_else_changes(shm_path):
 
 def test_kernel_fault_is_the_guests_alone(shm_path):
     """An out-of-bounds kernel gets the native error; the forwarder survives; the next process runs."""
-    native = _native([NATIVE / "oob"])
+    native = run_native(PROGRAMS["oob"])
     with forwarder(shm_path, backend="cuda", size="1G") as fwd:
-        vm = run_guest([NATIVE / "oob"], shm_path)
+        vm = run_guest(PROGRAMS["oob"], shm_path)
         after = run_guest([NATIVE / "vecadd", 1 << 20], shm_path)
         assert fwd.proc.poll() is None, log_text(fwd)
     assert native.returncode == 0 and "sync=0 " not in native.stdout, native.stdout
@@ -106,10 +84,10 @@ def test_a_faulting_guest_does_not_harm_its_neighbour(shm_path, tmp_path, monkey
 @pytest.mark.parametrize("quota,fits", [("3200M", False), ("8G", True)])
 def test_pytorch_training_fits_its_quota_or_gets_a_cuda_oom(shm_path, quota, fits):
     """Training that needs about 7.6 GB: a CUDA out-of-memory error under 3.2 GiB, trained under 8 GiB."""
-    native = _native([sys.executable, HERE / "torch_mem.py"])
+    native = run_native(PROGRAMS["torch-mem"])
     assert native.stdout.startswith("trained"), native.stdout + native.stderr
     with forwarder(shm_path, backend="cuda", size="1G", mem=quota) as fwd:
-        vm = run_guest([sys.executable, HERE / "torch_mem.py"], shm_path, timeout=300)
+        vm = run_guest(PROGRAMS["torch-mem"], shm_path, timeout=300)
         assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
     if fits:
         assert vm.stdout.startswith("trained"), vm.stdout + vm.stderr
@@ -142,7 +120,7 @@ def test_pytorch_training_gives_the_native_losses(shm_path, precision, rel):
     """A small CNN and a small transformer train a few steps: the same losses natively and through vmgpu."""
     import json
 
-    program = [sys.executable, HERE / "torch_train_diff.py"] + (["--bf16"] if precision == "bf16" else [])
+    program = PROGRAMS[f"torch-train-{precision}"]
     native, vm = _both(shm_path, program)
     native, vm = json.loads(native.splitlines()[-1]), json.loads(vm.splitlines()[-1])
     for model in ("cnn", "transformer"):

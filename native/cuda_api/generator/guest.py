@@ -128,16 +128,23 @@ def emit_stubs(exports: list[str], served: set[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def emit_procaddr(exports: list[str]) -> str:
+def read_procaddr(path: str = os.path.join(CUDA_API_DIR, "driver", "procaddr.tsv")) -> tuple[str, list]:
+    """The probed driver's cuGetProcAddress answers: its version line, and rows (base name, flags,
+    version asked, answer: a symbol, `!rc/status` or `?` for an unexported internal function)."""
     rows = []
     driver = ""
-    with open(os.path.join(CUDA_API_DIR, "driver", "procaddr.tsv")) as f:
+    with open(path) as f:
         for ln in f:
             if ln.startswith("#"):
                 driver = ln[1:].strip()
                 continue
             base, flag, ver, ans = ln.rstrip("\n").split("\t")
             rows.append((base if base != "-" else "", int(flag), int(ver), ans))
+    return driver, rows
+
+
+def emit_procaddr(exports: list[str]) -> str:
+    driver, rows = read_procaddr()
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
     lines = [
         BANNER,

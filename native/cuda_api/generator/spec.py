@@ -143,10 +143,21 @@ def check_sizes(sizes: dict, include_dir: str) -> None:
                 raise SpecError(f"[sizes.{ctype}]: {name} is not in cuda.h")
 
 
+def read_exports() -> list[str]:
+    """The probed driver's exported symbols (driver/libcuda_exports.txt)."""
+    with open(os.path.join(CUDA_API_DIR, "driver", "libcuda_exports.txt")) as f:
+        return [ln.strip() for ln in f if ln.strip()]
+
+
+def variants(name: str, exports: list[str]) -> list[str]:
+    """The per-thread-stream variants of a served function, served by its entry: those the driver exports."""
+    return [name + v for v in VARIANTS if name + v in exports]
+
+
 def load(include_dir: str, spec_path: str):
     with open(spec_path, "rb") as f:
         spec = tomllib.load(f)
-    exports = [ln.strip() for ln in open(os.path.join(CUDA_API_DIR, "driver", "libcuda_exports.txt")) if ln.strip()]
+    exports = read_exports()
     protos = read_prototypes(include_dir)
     handles: dict[str, str] = spec.get("handles", {})
     check_sizes(spec.get("sizes", {}), include_dir)
@@ -168,7 +179,7 @@ def load(include_dir: str, spec_path: str):
                 raise SpecError(f"{name}: op {op} already used by {ops[op]}")
             ops[op] = name
         fn = Func(name, protos[name], fs)
-        fn.variants = [name + v for v in VARIANTS if name + v in exports]
+        fn.variants = variants(name, exports)
         for v in fn.variants:
             if [p.ctype for p in protos.get(v, [])] != [p.ctype for p in fn.params]:
                 raise SpecError(f"{v}: prototype differs from {name}")

@@ -1,0 +1,52 @@
+"""The programs the GPU tests run natively (and through vmgpu), by test id: one list, read by the
+differential tests and by `make census` (bench/census.py).  Standard library only, so the census
+can import it without the test dependencies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NATIVE = HERE.parent.parent / "build" / "native"
+PTX = HERE.parent / "cuda" / "vadd.ptx"
+
+# the differential tests' programs: the same output natively and through vmgpu
+SAME_OUTPUT: dict[str, list] = {
+    "drv_api-ptx-and-cubin": [NATIVE / "drv_api", PTX, 256, NATIVE / "vadd.cubin"],
+    "vecadd": [NATIVE / "vecadd", 1 << 24],
+    "matmul": [NATIVE / "matmul", 768],
+    "streams-events-memset-pinned": [NATIVE / "streams"],
+    "devquery": [NATIVE / "devquery"],
+    "freed-block-reused-after-its-work": [NATIVE / "free_reuse"],
+    "pytorch": [sys.executable, HERE / "torch_ops.py"],
+    "pytorch-cuda-graphs": [sys.executable, HERE / "torch_graphs.py"],
+    "torch-compile": [sys.executable, HERE / "torch_compile.py"],
+    "cupy": [sys.executable, HERE / "cupy_ops.py"],
+    "cupy-sparse-solver": [sys.executable, HERE / "cupy_sparse.py"],
+}
+
+# and every other program a GPU test runs natively
+PROGRAMS: dict[str, list] = {
+    **SAME_OUTPUT,
+    "oob": [NATIVE / "oob"],
+    "torch-mem": [sys.executable, HERE / "torch_mem.py"],
+    "torch-train-fp32": [sys.executable, HERE / "torch_train_diff.py"],
+    "torch-train-bf16": [sys.executable, HERE / "torch_train_diff.py", "--bf16"],
+    "zero-copy": [sys.executable, HERE / "zero_copy.py", PTX],
+}
+
+
+def native_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a native run: no guest library, no region."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VMGPU_REGION")}
+    env.update(extra)
+    return env
+
+
+def run_native(args, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(a) for a in args], env=native_env(**extra), capture_output=True, text=True, timeout=timeout
+    )
