@@ -211,7 +211,8 @@ def test_raw_peer_requests_naming_contexts_devices_or_memory_not_the_guests_are_
     """Written straight into the ring, past the guest library's own checks: a context that is none
     of the process's (0, 3 of a guest with two GPUs, 2^64-1) in a peer copy and in
     cuCtxEnablePeerAccess, device ordinals 2, 7 and -1, and a peer copy of an address the process
-    never allocated, or one byte past its own allocation: each refused, the ASan/UBSan forwarder
+    never allocated, or one byte past its own allocation, and the async form's bad ranges, contexts
+    and streams (reported at the next synchronisation): each refused, the ASan/UBSan forwarder
     intact; the same copy of its own memory then succeeds."""
     if not (ASAN / "vmgpu-forwarder").exists():
         pytest.fail("build/asan is missing: run `make native-asan`")
@@ -249,6 +250,20 @@ def test_raw_peer_requests_naming_contexts_devices_or_memory_not_the_guests_are_
             assert raw(chan, 134, peer(b1, 2, a0, 1), seq=seq)[0] == SUCCESS
             seq += 1
             assert raw(chan, 134, peer(b1, 2, a0, 2), seq=seq)[0] == INVALID_VALUE  # a0 is on GPU 0
+            # the async form, refused the same: its error is the next synchronisation's
+            for body, want in (
+                (peer(b1, 2, a0 + 1, 1) + q(0), INVALID_VALUE),
+                (peer(b1, 3, a0, 1) + q(0), INVALID_CONTEXT),
+                (peer(b1, 2, a0, 1) + q(0x999), INVALID_HANDLE),  # a stream not the process's
+            ):
+                seq += 1
+                chan.send(1, struct.pack("<IHHQ", 135, 0, 2, seq) + body)  # VG_F_NOREPLY
+                seq += 1
+                assert raw(chan, 16, b"", seq=seq)[0] == want, body  # cuCtxSynchronize
+            seq += 1
+            chan.send(1, struct.pack("<IHHQ", 135, 0, 2, seq) + peer(b1, 2, a0, 1) + q(0))
+            seq += 1
+            assert raw(chan, 16, b"", seq=seq)[0] == SUCCESS
         finally:
             chan.close()
             region.close()
