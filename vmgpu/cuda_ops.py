@@ -118,4 +118,10 @@ OPS = {
     119: "cuMemMap",
     120: "cuMemUnmap",
     121: "cuMemSetAccess",
+    130: "cuDeviceCanAccessPeer",
+    131: "cuDeviceGetP2PAttribute",
+    132: "cuCtxEnablePeerAccess",
+    133: "cuCtxDisablePeerAccess",
+    134: "cuMemcpyPeer",
+    135: "cuMemcpyPeerAsync",
 }

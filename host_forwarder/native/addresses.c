@@ -82,6 +82,12 @@ int vh_addr_owned(struct vh_chan *ch, uint64_t addr)
 	return i >= 0 && addr < ch->spans[i].end;
 }
 
+const struct vh_span *vh_addr_span(const struct vh_chan *ch, uint64_t addr)
+{
+	ptrdiff_t i = span_at(ch, addr);
+	return i >= 0 && addr < ch->spans[i].end ? &ch->spans[i] : NULL;
+}
+
 static int refused(const struct vh_chan *ch, uint64_t addr, uint64_t n, ptrdiff_t i)
 {
 	static int trace = -1;

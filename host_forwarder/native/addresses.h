@@ -26,6 +26,8 @@ int vh_addr_ok(struct vh_chan *ch, uint64_t addr, uint64_t n);
 int vh_dev_range(struct vh_chan *ch, uint64_t addr, uint64_t count, uint64_t elsz);
 /* Whether addr lies inside one of its objects. */
 int vh_addr_owned(struct vh_chan *ch, uint64_t addr);
+/* The object of this process that addr lies in, or NULL (valid until its table next changes). */
+const struct vh_span *vh_addr_span(const struct vh_chan *ch, uint64_t addr);
 
 /* A range the process may now name (the same global again is fine); -1 if it would overlap
  * another, wraps, is empty, or there is no memory for it. */

@@ -119,10 +119,17 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 	sim_usage_add(-(int64_t)sim_ctx_bytes());
 	return CUDA_SUCCESS;
 }
+int sim_ctx_device(CUcontext c)
+{
+	return (int *)c >= primary_ctx && (int *)c < primary_ctx + 8 ? (int)((int *)c - primary_ctx) : -1;
+}
+__thread CUcontext sim_current;
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)
 {
-	if (!c || ((int *)c >= primary_ctx && (int *)c < primary_ctx + 8)) return CUDA_SUCCESS;
-	return (uintptr_t)c >= 4096 && *(uint32_t *)c == CTX_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	if (c && sim_ctx_device(c) < 0 && ((uintptr_t)c < 4096 || *(uint32_t *)c != CTX_MAGIC))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	sim_current = c;
+	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) { return cuCtxSetCurrent(c); }

@@ -15,7 +15,7 @@
  * pointer attributes), copies.c (copies and memsets), streams.c (streams, events, stream
  * capture), modules.c (modules from PTX, functions), launch.c (launches and graphs), pools.c
  * (pools and VMM), knobs.c (what tests set through the environment, and the usage NVML would
- * report).  This header is what the files share; only the CUDA API is exported (EXPORT).
+ * report), peer.c (peer access and peer copies between the GPUs).  This header is what the files share; only the CUDA API is exported (EXPORT).
  */
 #ifndef SIM_H
 #define SIM_H
@@ -50,6 +50,12 @@ uint8_t *sim_resolve(uint64_t addr, uint64_t n);
 CUresult sim_add_range(uint64_t dev, uint8_t *host, uint64_t size, int registered);
 /* An allocation of n bytes as the H100's driver rounds it. */
 uint64_t sim_round(uint64_t n);
+
+/* ---- contexts (devices.c) ------------------------------------------------------------- */
+
+/* The device of a primary context, or -1 (a created context, or none). */
+int sim_ctx_device(CUcontext c);
+extern __thread CUcontext sim_current; /* this thread's current context (cuCtxSetCurrent) */
 
 /* ---- the test knobs (knobs.c) ------------------------------------------------------ */
 

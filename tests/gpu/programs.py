@@ -36,6 +36,7 @@ PROGRAMS: dict[str, list] = {
     "torch-train-fp32": [sys.executable, HERE / "torch_train_diff.py"],
     "torch-train-bf16": [sys.executable, HERE / "torch_train_diff.py", "--bf16"],
     "zero-copy": [sys.executable, HERE / "zero_copy.py", PTX],
+    "torch-peer": [sys.executable, HERE / "torch_peer.py"],  # needs two GPUs
 }
 
 

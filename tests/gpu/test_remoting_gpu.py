@@ -13,7 +13,8 @@ import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env, hold, log_text, memquota, run_guest, wait_for
 from tests.gpu.programs import PROGRAMS, SAME_OUTPUT, run_native
-from vmgpu import stats
+from vmgpu import gpu, stats
+from vmgpu.errors import GpuError
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
@@ -33,6 +34,31 @@ def _both(shm_path, program, mem=None):
 def test_same_output_natively_and_through_vmgpu(shm_path, program):
     native, vm = _both(shm_path, program)
     assert vm == native
+
+
+def _gpu_count() -> int:
+    """The GPUs NVML sees here (0 without a driver or NVML)."""
+    if not gpu_present():
+        return 0
+    try:
+        return len(gpu.nvml())
+    except GpuError:
+        return 0
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two NVIDIA GPUs (a guest with slices on GPUs 0 and 1)")
+def test_pytorch_tensors_move_between_a_guests_two_gpus_as_natively(shm_path):
+    """A guest with slices on GPUs 0 and 1: tensors copied from cuda:0 to cuda:1 and back (peer
+    access and peer copies where the GPUs have a path, staged through the host where not), computed
+    on there: the same output natively and through vmgpu."""
+    program = PROGRAMS["torch-peer"]
+    native = run_native(program)
+    assert native.returncode == 0, native.stdout + native.stderr
+    with forwarder(shm_path, backend="cuda", size="1G", extra=["--gpus", "0,1"]) as fwd:
+        vm = run_guest(program, shm_path, timeout=300)
+        assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
+    assert "SIMULATED" not in log_text(fwd)
+    assert vm.stdout == native.stdout
 
 
 def test_device_query_shows_the_quota_and_nothing_else_changes(shm_path):

@@ -2200,3 +2200,131 @@ VG_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStrea
 {
 	return forward_cuMemFreeAsync(dptr, hStream, VG_F_PTDS);
 }
+
+static CUresult forward_cuDeviceCanAccessPeer(int * canAccessPeer, CUdevice dev, CUdevice peerDev, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuDeviceCanAccessPeer, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, canAccessPeer != NULL);
+	vg_put(&c, &dev, sizeof(dev));
+	vg_put(&c, &peerDev, sizeof(peerDev));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (canAccessPeer != NULL)
+			vg_get(&c, canAccessPeer, sizeof(*canAccessPeer));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+	return forward_cuDeviceCanAccessPeer(canAccessPeer, dev, peerDev, 0);
+}
+
+static CUresult forward_cuDeviceGetP2PAttribute(int * value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuDeviceGetP2PAttribute, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, value != NULL);
+	vg_put(&c, &attrib, sizeof(attrib));
+	vg_put(&c, &srcDevice, sizeof(srcDevice));
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (value != NULL)
+			vg_get(&c, value, sizeof(*value));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int *value, CUdevice_P2PAttribute attrib, CUdevice srcDevice, CUdevice dstDevice)
+{
+	return forward_cuDeviceGetP2PAttribute(value, attrib, srcDevice, dstDevice, 0);
+}
+
+static CUresult forward_cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuCtxEnablePeerAccess, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_ctx(&c, peerContext);
+	vg_put(&c, &Flags, sizeof(Flags));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+	return forward_cuCtxEnablePeerAccess(peerContext, Flags, 0);
+}
+
+static CUresult forward_cuCtxDisablePeerAccess(CUcontext peerContext, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuCtxDisablePeerAccess, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_ctx(&c, peerContext);
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+	return forward_cuCtxDisablePeerAccess(peerContext, 0);
+}
+
+static CUresult forward_cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpyPeer, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put_ctx(&c, dstContext);
+	vg_put(&c, &srcDevice, sizeof(srcDevice));
+	vg_put_ctx(&c, srcContext);
+	vg_put(&c, &ByteCount, sizeof(ByteCount));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+	return forward_cuMemcpyPeer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+	return forward_cuMemcpyPeer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, VG_F_PTDS);
+}
+
+static CUresult forward_cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpyPeerAsync, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put_ctx(&c, dstContext);
+	vg_put(&c, &srcDevice, sizeof(srcDevice));
+	vg_put_ctx(&c, srcContext);
+	vg_put(&c, &ByteCount, sizeof(ByteCount));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
+{
+	return forward_cuMemcpyPeerAsync(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
+{
+	return forward_cuMemcpyPeerAsync(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, VG_F_PTDS);
+}

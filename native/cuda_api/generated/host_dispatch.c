@@ -1533,6 +1533,124 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return r;
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuDeviceCanAccessPeer: {
+		int canAccessPeer_v;
+		memset(&canAccessPeer_v, 0, sizeof(canAccessPeer_v));
+		int *canAccessPeer = vh_get_u64(rd) ? &canAccessPeer_v : NULL;
+		CUdevice dev;
+		vh_get(rd, &dev, sizeof(dev));
+		if (vh_device_in(ch, &dev))
+			return CUDA_ERROR_INVALID_DEVICE;
+		CUdevice peerDev;
+		vh_get(rd, &peerDev, sizeof(peerDev));
+		if (vh_device_in(ch, &peerDev))
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuDeviceCanAccessPeer(canAccessPeer, dev, peerDev);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (canAccessPeer != NULL)
+			vh_put(wr, canAccessPeer, sizeof(*canAccessPeer));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuDeviceGetP2PAttribute: {
+		int value_v;
+		memset(&value_v, 0, sizeof(value_v));
+		int *value = vh_get_u64(rd) ? &value_v : NULL;
+		CUdevice_P2PAttribute attrib;
+		vh_get(rd, &attrib, sizeof(attrib));
+		CUdevice srcDevice;
+		vh_get(rd, &srcDevice, sizeof(srcDevice));
+		if (vh_device_in(ch, &srcDevice))
+			return CUDA_ERROR_INVALID_DEVICE;
+		CUdevice dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		if (vh_device_in(ch, &dstDevice))
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuDeviceGetP2PAttribute(value, attrib, srcDevice, dstDevice);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (value != NULL)
+			vh_put(wr, value, sizeof(*value));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuCtxEnablePeerAccess: {
+		CUcontext peerContext;
+		vh_get(rd, &peerContext, sizeof(peerContext));
+		if (vh_context_in(ch, &peerContext))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		unsigned int Flags;
+		vh_get(rd, &Flags, sizeof(Flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuCtxEnablePeerAccess(peerContext, Flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuCtxDisablePeerAccess: {
+		CUcontext peerContext;
+		vh_get(rd, &peerContext, sizeof(peerContext));
+		if (vh_context_in(ch, &peerContext))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuCtxDisablePeerAccess(peerContext);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpyPeer: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		CUcontext dstContext;
+		vh_get(rd, &dstContext, sizeof(dstContext));
+		if (vh_context_in(ch, &dstContext))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		CUdeviceptr srcDevice;
+		vh_get(rd, &srcDevice, sizeof(srcDevice));
+		CUcontext srcContext;
+		vh_get(rd, &srcContext, sizeof(srcContext));
+		if (vh_context_in(ch, &srcContext))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		size_t ByteCount;
+		vh_get(rd, &ByteCount, sizeof(ByteCount));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpyPeer(ch, dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpyPeerAsync: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		CUcontext dstContext;
+		vh_get(rd, &dstContext, sizeof(dstContext));
+		if (vh_context_in(ch, &dstContext))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		CUdeviceptr srcDevice;
+		vh_get(rd, &srcDevice, sizeof(srcDevice));
+		CUcontext srcContext;
+		vh_get(rd, &srcContext, sizeof(srcContext));
+		if (vh_context_in(ch, &srcContext))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		size_t ByteCount;
+		vh_get(rd, &ByteCount, sizeof(ByteCount));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpyPeerAsync(ch, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}
@@ -1555,6 +1673,7 @@ int vh_op_reports_async(uint32_t op)
 	case VG_OP_cuMemcpyDtoH_v2:
 	case VG_OP_cuMemcpyDtoHAsync_v2:
 	case VG_OP_cuMemcpy:
+	case VG_OP_cuMemcpyPeer:
 		return 1;
 	default:
 		return 0;
@@ -1582,6 +1701,8 @@ int vh_op_gpu_work(uint32_t op)
 	case VG_OP_cuMemsetD32Async:
 	case VG_OP_cuMemcpyDtoDAsync_v2:
 	case VG_OP_cuGraphLaunch:
+	case VG_OP_cuMemcpyPeer:
+	case VG_OP_cuMemcpyPeerAsync:
 		return 1;
 	default:
 		return 0;

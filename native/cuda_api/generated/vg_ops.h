@@ -108,7 +108,13 @@
 #define VG_OP_cuMemMap 119
 #define VG_OP_cuMemUnmap 120
 #define VG_OP_cuMemSetAccess 121
-#define VG_OP_LIMIT 122
+#define VG_OP_cuDeviceCanAccessPeer 130
+#define VG_OP_cuDeviceGetP2PAttribute 131
+#define VG_OP_cuCtxEnablePeerAccess 132
+#define VG_OP_cuCtxDisablePeerAccess 133
+#define VG_OP_cuMemcpyPeer 134
+#define VG_OP_cuMemcpyPeerAsync 135
+#define VG_OP_LIMIT 136
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -216,5 +222,11 @@
 	X(119, cuMemMap) \
 	X(120, cuMemUnmap) \
 	X(121, cuMemSetAccess) \
+	X(130, cuDeviceCanAccessPeer) \
+	X(131, cuDeviceGetP2PAttribute) \
+	X(132, cuCtxEnablePeerAccess) \
+	X(133, cuCtxDisablePeerAccess) \
+	X(134, cuMemcpyPeer) \
+	X(135, cuMemcpyPeerAsync) \
 
 #endif

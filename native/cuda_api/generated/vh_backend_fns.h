@@ -65,6 +65,10 @@
 	X(cuStreamWaitEvent) \
 	X(cuGraphLaunch) \
 	X(cuGraphUpload) \
+	X(cuDeviceCanAccessPeer) \
+	X(cuDeviceGetP2PAttribute) \
+	X(cuCtxEnablePeerAccess) \
+	X(cuCtxDisablePeerAccess) \
 	X(cuArray3DCreate_v2) \
 	X(cuArrayCreate_v2) \
 	X(cuArrayDestroy) \
@@ -121,6 +125,8 @@
 	X(cuMemcpyDtoH_v2) \
 	X(cuMemcpyHtoDAsync_v2) \
 	X(cuMemcpyHtoD_v2) \
+	X(cuMemcpyPeer) \
+	X(cuMemcpyPeerAsync) \
 	X(cuModuleEnumerateFunctions) \
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleGetGlobal_v2) \

@@ -56,5 +56,7 @@ CUresult guarded_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size
 CUresult guarded_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
 CUresult guarded_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count);
 CUresult guarded_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream);
+CUresult guarded_cuMemcpyPeer(struct vh_chan *ch, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount);
+CUresult guarded_cuMemcpyPeerAsync(struct vh_chan *ch, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream);
 
 #endif
