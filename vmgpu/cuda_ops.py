@@ -118,4 +118,8 @@ OPS = {
     119: "cuMemMap",
     120: "cuMemUnmap",
     121: "cuMemSetAccess",
+    122: "cuTensorMapEncodeTiled",
+    123: "cuTensorMapEncodeIm2col",
+    124: "cuTensorMapEncodeIm2colWide",
+    125: "cuTensorMapReplaceAddress",
 }

@@ -108,7 +108,11 @@
 #define VG_OP_cuMemMap 119
 #define VG_OP_cuMemUnmap 120
 #define VG_OP_cuMemSetAccess 121
-#define VG_OP_LIMIT 122
+#define VG_OP_cuTensorMapEncodeTiled 122
+#define VG_OP_cuTensorMapEncodeIm2col 123
+#define VG_OP_cuTensorMapEncodeIm2colWide 124
+#define VG_OP_cuTensorMapReplaceAddress 125
+#define VG_OP_LIMIT 126
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -216,5 +220,9 @@
 	X(119, cuMemMap) \
 	X(120, cuMemUnmap) \
 	X(121, cuMemSetAccess) \
+	X(122, cuTensorMapEncodeTiled) \
+	X(123, cuTensorMapEncodeIm2col) \
+	X(124, cuTensorMapEncodeIm2colWide) \
+	X(125, cuTensorMapReplaceAddress) \
 
 #endif

@@ -55,6 +55,10 @@ CUresult guarded_cuMemAddressFree(struct vh_chan *ch, CUdeviceptr ptr, size_t si
 CUresult guarded_cuMemMap(struct vh_chan *ch, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
 CUresult guarded_cuMemUnmap(struct vh_chan *ch, CUdeviceptr ptr, size_t size);
 CUresult guarded_cuMemSetAccess(struct vh_chan *ch, CUdeviceptr ptr, size_t size, const CUmemAccessDesc * desc, size_t count);
+CUresult guarded_cuTensorMapEncodeTiled(struct vh_chan *ch, CUtensorMap * tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void * globalAddress, const cuuint64_t * globalDim, const cuuint64_t * globalStrides, const cuuint32_t * boxDim, const cuuint32_t * elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill);
+CUresult guarded_cuTensorMapEncodeIm2col(struct vh_chan *ch, CUtensorMap * tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void * globalAddress, const cuuint64_t * globalDim, const cuuint64_t * globalStrides, const int * pixelBoxLowerCorner, const int * pixelBoxUpperCorner, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn, const cuuint32_t * elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill);
+CUresult guarded_cuTensorMapEncodeIm2colWide(struct vh_chan *ch, CUtensorMap * tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void * globalAddress, const cuuint64_t * globalDim, const cuuint64_t * globalStrides, int pixelBoxLowerCornerWidth, int pixelBoxUpperCornerWidth, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn, const cuuint32_t * elementStrides, CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill);
+CUresult guarded_cuTensorMapReplaceAddress(struct vh_chan *ch, CUtensorMap * tensorMap, void * globalAddress);
 CUresult guarded_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream);
 
 #endif
