@@ -209,7 +209,7 @@ def check_params(fn: Func, handles: dict[str, str], sizes: dict[str, dict[str, i
             raise SpecError(f"{fn.name}: address names {n!r}, which is not a void * parameter")
         if fn.spec.get("host") != "custom":
             # the range it names depends on the call: only a hand-written host half can check it
-            raise SpecError(f"{fn.name}: address {n} needs host = \"custom\", whose guarded half checks its range")
+            raise SpecError(f'{fn.name}: address {n} needs host = "custom", whose guarded half checks its range')
         described.add(n)
     for key in ("in_sized", "out_sized"):
         for n, sel in fn.spec.get(key, {}).items():
@@ -279,7 +279,8 @@ def array_count(fn: Func, key: str, n: str, count: str) -> tuple[str, int]:
     if not m:
         raise SpecError(f"{fn.name}: {key} {n}={count!r} is not 'count' or 'count-k'")
     k = int(m.group(2) or 0)
-    if k and fn.spec.get("bounds", {}).get(m.group(1), [0])[0] < k:
+    low = fn.spec.get("bounds", {}).get(m.group(1))
+    if k and not (isinstance(low, list) and low and isinstance(low[0], int) and low[0] >= k):
         raise SpecError(f"{fn.name}: {key} {n}={count}: bounds must keep {m.group(1)} at {k} or more")
     return m.group(1), k
 
