@@ -196,6 +196,33 @@ def test_a_hostile_guest_cannot_pass_the_rank_or_array_checks_on_the_wire(shm_pa
             region.close()
 
 
+def test_the_maps_a_process_may_move_are_bounded_and_the_oldest_is_forgotten(shm_path):
+    """A guest that encodes map after map holds at most VH_TMAP_KEEP (4096) of them on the host: once
+    4096 newer maps were encoded, the first can no longer be moved (refused, logged), the newest can."""
+    with forwarder(shm_path, size="128M", asan=True) as fwd:
+        region = shm.Region.open(shm_path)
+        chan = shm.GuestChannel(region)
+        try:
+            r, rep = raw(chan, OP_MEM_ALLOC, struct.pack("<QQ", 1, 1 << 16), seq=1)
+            assert r == 0, rep
+            a = struct.unpack_from("<Q", rep)[0]
+            maps = []
+            for i in range(4097):  # all different: a row of 1..4097 bytes
+                r, rep = raw(chan, OP_TILED, tiled_request(1, a, [i + 1], [], [16], [1]), seq=2 + i)
+                assert r == 0, (i, r)
+                maps.append(rep)
+            moved = [
+                raw(chan, OP_REPLACE, struct.pack("<Q", 1) + m + struct.pack("<Q", a + 16), seq=5000 + i)[0]
+                for i, m in enumerate([maps[0], maps[1], maps[-1]])
+            ]
+            assert moved == [1, 0, 0]
+            assert fwd.proc.poll() is None, fwd.log()
+        finally:
+            chan.close()
+            region.close()
+    assert "cuTensorMapReplaceAddress refused a tensor map this forwarder did not encode" in fwd.log()
+
+
 TILED = (
     'cuTensorMapEncodeTiled = {{ op = 122, class = "sync", host = "custom", out = ["tensorMap"], '
     'address = ["globalAddress"], {} in_array = {{ globalDim = "tensorRank", globalStrides = {}, '
