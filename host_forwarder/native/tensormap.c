@@ -89,7 +89,7 @@ static int interleave_bytes(CUtensorMapInterleave il)
 struct tmap_geometry {
 	CUtensorMapDataType type;
 	uint32_t rank, min_rank;
-	uint64_t address;
+	const void *address;
 	const cuuint64_t *dim, *stride; /* rank and rank - 1 of them (the generated half counted them) */
 	const cuuint32_t *element_stride;
 	CUtensorMapInterleave interleave;
@@ -108,12 +108,13 @@ static int geometry_valid(const struct tmap_geometry *g)
 		return 0; /* an interleaved layout has at least 3 dimensions */
 	int wide = g->interleave == CU_TENSOR_MAP_INTERLEAVE_32B || g->type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B ||
 		   g->type == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B;
-	if (g->address % (wide ? 32 : 16))
+	if ((uintptr_t)g->address % (wide ? 32 : 16))
 		return 0;
 	for (uint32_t i = 0; i < g->rank; i++) {
 		if (g->dim[i] == 0 || g->dim[i] > VH_TMAP_DIM_MAX)
 			return 0;
-		if (g->element_stride[i] == 0 || g->element_stride[i] > VH_TMAP_ELEMENT_STRIDE_MAX)
+		/* without interleave the driver ignores dimension 0's element stride */
+		if ((i > 0 || chunk) && (g->element_stride[i] == 0 || g->element_stride[i] > VH_TMAP_ELEMENT_STRIDE_MAX))
 			return 0;
 		if (g->box && (g->box[i] == 0 || g->box[i] > VH_TMAP_BOX_MAX))
 			return 0;
@@ -229,7 +230,7 @@ static CUresult encode_check(struct vh_chan *ch, const struct tmap_geometry *g, 
 	if (!geometry_valid(g))
 		return CUDA_ERROR_INVALID_VALUE;
 	*reach = geometry_reach(g);
-	if (*reach == 0 || vh_addr_ok(ch, g->address, *reach))
+	if (*reach == 0 || vh_addr_ok(ch, (uint64_t)(uintptr_t)g->address, *reach))
 		return CUDA_ERROR_INVALID_VALUE; /* not inside this process's own device memory */
 	return CUDA_SUCCESS;
 }
@@ -248,15 +249,14 @@ CUresult guarded_cuTensorMapEncodeTiled(struct vh_chan *ch, CUtensorMap *tensorM
 					CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
 					CUtensorMapFloatOOBfill oobFill)
 {
-	struct tmap_geometry g = {tensorDataType, tensorRank, 1, (uint64_t)(uintptr_t)globalAddress,
-				  globalDim, globalStrides, elementStrides, interleave, boxDim};
-	uint64_t reach;
-	CUresult r = encode_check(ch, &g, &reach);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ch->backend->cuTensorMapEncodeTiled(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
-						globalStrides, boxDim, elementStrides, interleave, swizzle,
-						l2Promotion, oobFill);
+	uint64_t reach = 0;
+	CUresult r = encode_check(ch, &(struct tmap_geometry){tensorDataType, tensorRank, 1, globalAddress, globalDim,
+							      globalStrides, elementStrides, interleave, boxDim},
+				  &reach);
+	if (r == CUDA_SUCCESS)
+		r = ch->backend->cuTensorMapEncodeTiled(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
+							globalStrides, boxDim, elementStrides, interleave, swizzle,
+							l2Promotion, oobFill);
 	return encoded(r, tensorMap, reach);
 }
 
@@ -270,16 +270,15 @@ CUresult guarded_cuTensorMapEncodeIm2col(struct vh_chan *ch, CUtensorMap *tensor
 {
 	/* the pixel box's corners are offsets of the coordinates a kernel gives: what is read
 	 * still lies inside globalDim (outside it, the fill value), so the reach is the same */
-	struct tmap_geometry g = {tensorDataType, tensorRank, 3, (uint64_t)(uintptr_t)globalAddress,
-				  globalDim, globalStrides, elementStrides, interleave};
-	uint64_t reach;
-	CUresult r = encode_check(ch, &g, &reach);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ch->backend->cuTensorMapEncodeIm2col(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
-						 globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner,
-						 channelsPerPixel, pixelsPerColumn, elementStrides, interleave, swizzle,
-						 l2Promotion, oobFill);
+	uint64_t reach = 0;
+	CUresult r = encode_check(ch, &(struct tmap_geometry){tensorDataType, tensorRank, 3, globalAddress, globalDim,
+							      globalStrides, elementStrides, interleave},
+				  &reach);
+	if (r == CUDA_SUCCESS)
+		r = ch->backend->cuTensorMapEncodeIm2col(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
+							 globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner,
+							 channelsPerPixel, pixelsPerColumn, elementStrides, interleave, swizzle,
+							 l2Promotion, oobFill);
 	return encoded(r, tensorMap, reach);
 }
 
@@ -293,16 +292,15 @@ CUresult guarded_cuTensorMapEncodeIm2colWide(struct vh_chan *ch, CUtensorMap *te
 					     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion,
 					     CUtensorMapFloatOOBfill oobFill)
 {
-	struct tmap_geometry g = {tensorDataType, tensorRank, 3, (uint64_t)(uintptr_t)globalAddress,
-				  globalDim, globalStrides, elementStrides, interleave};
-	uint64_t reach;
-	CUresult r = encode_check(ch, &g, &reach);
-	if (r != CUDA_SUCCESS)
-		return r;
-	r = ch->backend->cuTensorMapEncodeIm2colWide(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
-						     globalStrides, pixelBoxLowerCornerWidth, pixelBoxUpperCornerWidth,
-						     channelsPerPixel, pixelsPerColumn, elementStrides, interleave,
-						     mode, swizzle, l2Promotion, oobFill);
+	uint64_t reach = 0;
+	CUresult r = encode_check(ch, &(struct tmap_geometry){tensorDataType, tensorRank, 3, globalAddress, globalDim,
+							      globalStrides, elementStrides, interleave},
+				  &reach);
+	if (r == CUDA_SUCCESS)
+		r = ch->backend->cuTensorMapEncodeIm2colWide(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim,
+							     globalStrides, pixelBoxLowerCornerWidth, pixelBoxUpperCornerWidth,
+							     channelsPerPixel, pixelsPerColumn, elementStrides, interleave,
+							     mode, swizzle, l2Promotion, oobFill);
 	return encoded(r, tensorMap, reach);
 }
 

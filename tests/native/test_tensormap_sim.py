@@ -76,9 +76,10 @@ print("not its own", tiled(other, [16])[0], tiled(0x1000, [16])[0], tiled(None, 
 print("overflow", tiled(A, [1 << 32] * 5, [(1 << 40) - 16] * 4)[0], tiled(A, [(1 << 32) + 1])[0],
       tiled(A, [16, 2], [1 << 40])[0], tiled(A, [16, 1 << 32], [1 << 32])[0])
 print("geometry", tiled(A + 8, [16])[0], tiled(A, [16, 2], [24])[0], tiled(A, [0])[0], tiled(A, [16], box=[257])[0],
-      tiled(A, [16], box=[0])[0], tiled(A, [16], elem=[9])[0], tiled(A, [16], dtype=99)[0],
+      tiled(A, [16], box=[0])[0], tiled(A, [16, 2], [16], elem=[1, 9])[0], tiled(A, [16], dtype=99)[0],
       tiled(A + 16, [16, 2, 2], [16, 32], interleave=2)[0], tiled(A, [16, 2], [16], interleave=1)[0],
       tiled(A, [16], interleave=7)[0])
+print("dimension 0's element stride, which the driver ignores", tiled(A, [16], elem=[0])[0])
 print("rank", tiled(A, [16], rank=0)[0], tiled(A, [16] * 6, [16] * 5)[0], tiled(A, [16], out=False)[0])
 r, m = im2col(A, [16, 16, 4], [32, 512])
 r2, _ = im2col(A, [16, 16, 9], [32, 512])  # 4608 bytes
@@ -140,6 +141,7 @@ def test_a_tensor_map_is_encoded_only_over_the_processs_own_memory_and_moved_onl
                 "not its own 1 1 1 1 1",
                 "overflow 1 1 1 1",
                 "geometry 1 1 1 1 1 1 1 1 1 1",
+                "dimension 0's element stride, which the driver ignores 0",
                 "rank 1 1 1",
                 "im2col 0 True 2 1 1 1",
                 "wide 0 3 1 1",
