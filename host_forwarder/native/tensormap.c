@@ -312,11 +312,13 @@ CUresult guarded_cuTensorMapReplaceAddress(struct vh_chan *ch, CUtensorMap *tens
 		return CUDA_ERROR_INVALID_VALUE;
 	const struct kept_map *k = kept_find(tensorMap);
 	if (!k) {
-		if (!forged_logged++)
+		if (!forged_logged) { /* once: a guest may send many */
+			forged_logged = 1;
 			vh_log("channel %u: cuTensorMapReplaceAddress refused a tensor map this forwarder did not "
-			       "encode for this process (or one of more than %d older ones): its bytes cannot be "
-			       "trusted to say what it reaches; encode the map again instead",
+			       "encode for this process, or not among the last %d it did: its bytes cannot be "
+			       "trusted to say what it reaches; encode the map again instead (logged once)",
 			       ch->index, VH_TMAP_KEEP);
+		}
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	uint64_t reach = k->reach, address = (uint64_t)(uintptr_t)globalAddress;
