@@ -1981,6 +1981,139 @@ VG_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CU
 	return forward_cuMemSetAccess(ptr, size, desc, count, 0);
 }
 
+static CUresult forward_cuTensorMapEncodeTiled(CUtensorMap * tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void * globalAddress, const cuuint64_t * globalDim, const cuuint64_t * globalStrides, const cuuint32_t * boxDim, const cuuint32_t * elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill, unsigned vg_flags)
+{
+	if ((uint64_t)tensorRank < 1u || (uint64_t)tensorRank > 5u)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (tensorMap == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTensorMapEncodeTiled, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, tensorMap != NULL);
+	vg_put(&c, &tensorDataType, sizeof(tensorDataType));
+	vg_put(&c, &tensorRank, sizeof(tensorRank));
+	vg_put_u64(&c, (uint64_t)(uintptr_t)globalAddress);
+	vg_put_arr(&c, globalDim, (uint64_t)(tensorRank), sizeof(*globalDim));
+	vg_put_arr(&c, globalStrides, (uint64_t)(tensorRank-1), sizeof(*globalStrides));
+	vg_put_arr(&c, boxDim, (uint64_t)(tensorRank), sizeof(*boxDim));
+	vg_put_arr(&c, elementStrides, (uint64_t)(tensorRank), sizeof(*elementStrides));
+	vg_put(&c, &interleave, sizeof(interleave));
+	vg_put(&c, &swizzle, sizeof(swizzle));
+	vg_put(&c, &l2Promotion, sizeof(l2Promotion));
+	vg_put(&c, &oobFill, sizeof(oobFill));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (tensorMap != NULL)
+			vg_get(&c, tensorMap, sizeof(*tensorMap));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides, const cuuint32_t *boxDim, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
+{
+	return forward_cuTensorMapEncodeTiled(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, boxDim, elementStrides, interleave, swizzle, l2Promotion, oobFill, 0);
+}
+
+static CUresult forward_cuTensorMapEncodeIm2col(CUtensorMap * tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void * globalAddress, const cuuint64_t * globalDim, const cuuint64_t * globalStrides, const int * pixelBoxLowerCorner, const int * pixelBoxUpperCorner, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn, const cuuint32_t * elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill, unsigned vg_flags)
+{
+	if ((uint64_t)tensorRank < 3u || (uint64_t)tensorRank > 5u)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (tensorMap == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTensorMapEncodeIm2col, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, tensorMap != NULL);
+	vg_put(&c, &tensorDataType, sizeof(tensorDataType));
+	vg_put(&c, &tensorRank, sizeof(tensorRank));
+	vg_put_u64(&c, (uint64_t)(uintptr_t)globalAddress);
+	vg_put_arr(&c, globalDim, (uint64_t)(tensorRank), sizeof(*globalDim));
+	vg_put_arr(&c, globalStrides, (uint64_t)(tensorRank-1), sizeof(*globalStrides));
+	vg_put_arr(&c, pixelBoxLowerCorner, (uint64_t)(tensorRank-2), sizeof(*pixelBoxLowerCorner));
+	vg_put_arr(&c, pixelBoxUpperCorner, (uint64_t)(tensorRank-2), sizeof(*pixelBoxUpperCorner));
+	vg_put(&c, &channelsPerPixel, sizeof(channelsPerPixel));
+	vg_put(&c, &pixelsPerColumn, sizeof(pixelsPerColumn));
+	vg_put_arr(&c, elementStrides, (uint64_t)(tensorRank), sizeof(*elementStrides));
+	vg_put(&c, &interleave, sizeof(interleave));
+	vg_put(&c, &swizzle, sizeof(swizzle));
+	vg_put(&c, &l2Promotion, sizeof(l2Promotion));
+	vg_put(&c, &oobFill, sizeof(oobFill));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (tensorMap != NULL)
+			vg_get(&c, tensorMap, sizeof(*tensorMap));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTensorMapEncodeIm2col(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides, const int *pixelBoxLowerCorner, const int *pixelBoxUpperCorner, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
+{
+	return forward_cuTensorMapEncodeIm2col(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn, elementStrides, interleave, swizzle, l2Promotion, oobFill, 0);
+}
+
+static CUresult forward_cuTensorMapEncodeIm2colWide(CUtensorMap * tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void * globalAddress, const cuuint64_t * globalDim, const cuuint64_t * globalStrides, int pixelBoxLowerCornerWidth, int pixelBoxUpperCornerWidth, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn, const cuuint32_t * elementStrides, CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill, unsigned vg_flags)
+{
+	if ((uint64_t)tensorRank < 3u || (uint64_t)tensorRank > 5u)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (tensorMap == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTensorMapEncodeIm2colWide, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, tensorMap != NULL);
+	vg_put(&c, &tensorDataType, sizeof(tensorDataType));
+	vg_put(&c, &tensorRank, sizeof(tensorRank));
+	vg_put_u64(&c, (uint64_t)(uintptr_t)globalAddress);
+	vg_put_arr(&c, globalDim, (uint64_t)(tensorRank), sizeof(*globalDim));
+	vg_put_arr(&c, globalStrides, (uint64_t)(tensorRank-1), sizeof(*globalStrides));
+	vg_put(&c, &pixelBoxLowerCornerWidth, sizeof(pixelBoxLowerCornerWidth));
+	vg_put(&c, &pixelBoxUpperCornerWidth, sizeof(pixelBoxUpperCornerWidth));
+	vg_put(&c, &channelsPerPixel, sizeof(channelsPerPixel));
+	vg_put(&c, &pixelsPerColumn, sizeof(pixelsPerColumn));
+	vg_put_arr(&c, elementStrides, (uint64_t)(tensorRank), sizeof(*elementStrides));
+	vg_put(&c, &interleave, sizeof(interleave));
+	vg_put(&c, &mode, sizeof(mode));
+	vg_put(&c, &swizzle, sizeof(swizzle));
+	vg_put(&c, &l2Promotion, sizeof(l2Promotion));
+	vg_put(&c, &oobFill, sizeof(oobFill));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (tensorMap != NULL)
+			vg_get(&c, tensorMap, sizeof(*tensorMap));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTensorMapEncodeIm2colWide(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides, int pixelBoxLowerCornerWidth, int pixelBoxUpperCornerWidth, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave, CUtensorMapIm2ColWideMode mode, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill)
+{
+	return forward_cuTensorMapEncodeIm2colWide(tensorMap, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, pixelBoxLowerCornerWidth, pixelBoxUpperCornerWidth, channelsPerPixel, pixelsPerColumn, elementStrides, interleave, mode, swizzle, l2Promotion, oobFill, 0);
+}
+
+static CUresult forward_cuTensorMapReplaceAddress(CUtensorMap * tensorMap, void * globalAddress, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTensorMapReplaceAddress, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, tensorMap, sizeof(*tensorMap));
+	vg_put_u64(&c, (uint64_t)(uintptr_t)globalAddress);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (tensorMap != NULL)
+			vg_get(&c, tensorMap, sizeof(*tensorMap));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTensorMapReplaceAddress(CUtensorMap *tensorMap, void *globalAddress)
+{
+	return forward_cuTensorMapReplaceAddress(tensorMap, globalAddress, 0);
+}
+
 static CUresult forward_cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream, unsigned vg_flags)
 {
 	struct vg_call c;

@@ -1353,6 +1353,171 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return r;
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuTensorMapEncodeTiled: {
+		CUtensorMap tensorMap_v;
+		memset(&tensorMap_v, 0, sizeof(tensorMap_v));
+		CUtensorMap *tensorMap = vh_get_u64(rd) ? &tensorMap_v : NULL;
+		CUtensorMapDataType tensorDataType;
+		vh_get(rd, &tensorDataType, sizeof(tensorDataType));
+		cuuint32_t tensorRank;
+		vh_get(rd, &tensorRank, sizeof(tensorRank));
+		void *globalAddress = (void *)(uintptr_t)vh_get_u64(rd);
+		uint64_t globalDim_n;
+		const cuuint64_t *globalDim = vh_get_arr(rd, sizeof(cuuint64_t), &globalDim_n);
+		uint64_t globalStrides_n;
+		const cuuint64_t *globalStrides = vh_get_arr(rd, sizeof(cuuint64_t), &globalStrides_n);
+		uint64_t boxDim_n;
+		const cuuint32_t *boxDim = vh_get_arr(rd, sizeof(cuuint32_t), &boxDim_n);
+		uint64_t elementStrides_n;
+		const cuuint32_t *elementStrides = vh_get_arr(rd, sizeof(cuuint32_t), &elementStrides_n);
+		CUtensorMapInterleave interleave;
+		vh_get(rd, &interleave, sizeof(interleave));
+		CUtensorMapSwizzle swizzle;
+		vh_get(rd, &swizzle, sizeof(swizzle));
+		CUtensorMapL2promotion l2Promotion;
+		vh_get(rd, &l2Promotion, sizeof(l2Promotion));
+		CUtensorMapFloatOOBfill oobFill;
+		vh_get(rd, &oobFill, sizeof(oobFill));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if ((uint64_t)tensorRank < 1u || (uint64_t)tensorRank > 5u)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (globalDim_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (globalStrides_n != (uint64_t)(tensorRank-1))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (boxDim_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (elementStrides_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (tensorMap == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTensorMapEncodeTiled(ch, tensorMap, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, boxDim, elementStrides, interleave, swizzle, l2Promotion, oobFill);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (tensorMap != NULL)
+			vh_put(wr, tensorMap, sizeof(*tensorMap));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTensorMapEncodeIm2col: {
+		CUtensorMap tensorMap_v;
+		memset(&tensorMap_v, 0, sizeof(tensorMap_v));
+		CUtensorMap *tensorMap = vh_get_u64(rd) ? &tensorMap_v : NULL;
+		CUtensorMapDataType tensorDataType;
+		vh_get(rd, &tensorDataType, sizeof(tensorDataType));
+		cuuint32_t tensorRank;
+		vh_get(rd, &tensorRank, sizeof(tensorRank));
+		void *globalAddress = (void *)(uintptr_t)vh_get_u64(rd);
+		uint64_t globalDim_n;
+		const cuuint64_t *globalDim = vh_get_arr(rd, sizeof(cuuint64_t), &globalDim_n);
+		uint64_t globalStrides_n;
+		const cuuint64_t *globalStrides = vh_get_arr(rd, sizeof(cuuint64_t), &globalStrides_n);
+		uint64_t pixelBoxLowerCorner_n;
+		const int *pixelBoxLowerCorner = vh_get_arr(rd, sizeof(int), &pixelBoxLowerCorner_n);
+		uint64_t pixelBoxUpperCorner_n;
+		const int *pixelBoxUpperCorner = vh_get_arr(rd, sizeof(int), &pixelBoxUpperCorner_n);
+		cuuint32_t channelsPerPixel;
+		vh_get(rd, &channelsPerPixel, sizeof(channelsPerPixel));
+		cuuint32_t pixelsPerColumn;
+		vh_get(rd, &pixelsPerColumn, sizeof(pixelsPerColumn));
+		uint64_t elementStrides_n;
+		const cuuint32_t *elementStrides = vh_get_arr(rd, sizeof(cuuint32_t), &elementStrides_n);
+		CUtensorMapInterleave interleave;
+		vh_get(rd, &interleave, sizeof(interleave));
+		CUtensorMapSwizzle swizzle;
+		vh_get(rd, &swizzle, sizeof(swizzle));
+		CUtensorMapL2promotion l2Promotion;
+		vh_get(rd, &l2Promotion, sizeof(l2Promotion));
+		CUtensorMapFloatOOBfill oobFill;
+		vh_get(rd, &oobFill, sizeof(oobFill));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if ((uint64_t)tensorRank < 3u || (uint64_t)tensorRank > 5u)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (globalDim_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (globalStrides_n != (uint64_t)(tensorRank-1))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pixelBoxLowerCorner_n != (uint64_t)(tensorRank-2))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pixelBoxUpperCorner_n != (uint64_t)(tensorRank-2))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (elementStrides_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (tensorMap == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTensorMapEncodeIm2col(ch, tensorMap, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, pixelBoxLowerCorner, pixelBoxUpperCorner, channelsPerPixel, pixelsPerColumn, elementStrides, interleave, swizzle, l2Promotion, oobFill);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (tensorMap != NULL)
+			vh_put(wr, tensorMap, sizeof(*tensorMap));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTensorMapEncodeIm2colWide: {
+		CUtensorMap tensorMap_v;
+		memset(&tensorMap_v, 0, sizeof(tensorMap_v));
+		CUtensorMap *tensorMap = vh_get_u64(rd) ? &tensorMap_v : NULL;
+		CUtensorMapDataType tensorDataType;
+		vh_get(rd, &tensorDataType, sizeof(tensorDataType));
+		cuuint32_t tensorRank;
+		vh_get(rd, &tensorRank, sizeof(tensorRank));
+		void *globalAddress = (void *)(uintptr_t)vh_get_u64(rd);
+		uint64_t globalDim_n;
+		const cuuint64_t *globalDim = vh_get_arr(rd, sizeof(cuuint64_t), &globalDim_n);
+		uint64_t globalStrides_n;
+		const cuuint64_t *globalStrides = vh_get_arr(rd, sizeof(cuuint64_t), &globalStrides_n);
+		int pixelBoxLowerCornerWidth;
+		vh_get(rd, &pixelBoxLowerCornerWidth, sizeof(pixelBoxLowerCornerWidth));
+		int pixelBoxUpperCornerWidth;
+		vh_get(rd, &pixelBoxUpperCornerWidth, sizeof(pixelBoxUpperCornerWidth));
+		cuuint32_t channelsPerPixel;
+		vh_get(rd, &channelsPerPixel, sizeof(channelsPerPixel));
+		cuuint32_t pixelsPerColumn;
+		vh_get(rd, &pixelsPerColumn, sizeof(pixelsPerColumn));
+		uint64_t elementStrides_n;
+		const cuuint32_t *elementStrides = vh_get_arr(rd, sizeof(cuuint32_t), &elementStrides_n);
+		CUtensorMapInterleave interleave;
+		vh_get(rd, &interleave, sizeof(interleave));
+		CUtensorMapIm2ColWideMode mode;
+		vh_get(rd, &mode, sizeof(mode));
+		CUtensorMapSwizzle swizzle;
+		vh_get(rd, &swizzle, sizeof(swizzle));
+		CUtensorMapL2promotion l2Promotion;
+		vh_get(rd, &l2Promotion, sizeof(l2Promotion));
+		CUtensorMapFloatOOBfill oobFill;
+		vh_get(rd, &oobFill, sizeof(oobFill));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if ((uint64_t)tensorRank < 3u || (uint64_t)tensorRank > 5u)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (globalDim_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (globalStrides_n != (uint64_t)(tensorRank-1))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (elementStrides_n != (uint64_t)(tensorRank))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (tensorMap == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTensorMapEncodeIm2colWide(ch, tensorMap, tensorDataType, tensorRank, globalAddress, globalDim, globalStrides, pixelBoxLowerCornerWidth, pixelBoxUpperCornerWidth, channelsPerPixel, pixelsPerColumn, elementStrides, interleave, mode, swizzle, l2Promotion, oobFill);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (tensorMap != NULL)
+			vh_put(wr, tensorMap, sizeof(*tensorMap));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTensorMapReplaceAddress: {
+		CUtensorMap tensorMap_v;
+		CUtensorMap *tensorMap = vh_get_opt(rd, &tensorMap_v, sizeof(tensorMap_v));
+		void *globalAddress = (void *)(uintptr_t)vh_get_u64(rd);
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTensorMapReplaceAddress(ch, tensorMap, globalAddress);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (tensorMap != NULL)
+			vh_put(wr, tensorMap, sizeof(*tensorMap));
+		return CUDA_SUCCESS;
+	}
 	case VG_OP_cuMemsetD8Async: {
 		CUdeviceptr dstDevice;
 		vh_get(rd, &dstDevice, sizeof(dstDevice));

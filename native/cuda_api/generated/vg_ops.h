@@ -108,6 +108,10 @@
 #define VG_OP_cuMemMap 119
 #define VG_OP_cuMemUnmap 120
 #define VG_OP_cuMemSetAccess 121
+#define VG_OP_cuTensorMapEncodeTiled 122
+#define VG_OP_cuTensorMapEncodeIm2col 123
+#define VG_OP_cuTensorMapEncodeIm2colWide 124
+#define VG_OP_cuTensorMapReplaceAddress 125
 #define VG_OP_cuDeviceCanAccessPeer 130
 #define VG_OP_cuDeviceGetP2PAttribute 131
 #define VG_OP_cuCtxEnablePeerAccess 132
@@ -222,6 +226,10 @@
 	X(119, cuMemMap) \
 	X(120, cuMemUnmap) \
 	X(121, cuMemSetAccess) \
+	X(122, cuTensorMapEncodeTiled) \
+	X(123, cuTensorMapEncodeIm2col) \
+	X(124, cuTensorMapEncodeIm2colWide) \
+	X(125, cuTensorMapReplaceAddress) \
 	X(130, cuDeviceCanAccessPeer) \
 	X(131, cuDeviceGetP2PAttribute) \
 	X(132, cuCtxEnablePeerAccess) \

@@ -135,6 +135,10 @@
 	X(cuPointerGetAttributes) \
 	X(cuStreamGetCaptureInfo_v3) \
 	X(cuStreamGetCaptureInfo_v3_ptsz) \
+	X(cuTensorMapEncodeIm2col) \
+	X(cuTensorMapEncodeIm2colWide) \
+	X(cuTensorMapEncodeTiled) \
+	X(cuTensorMapReplaceAddress) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \

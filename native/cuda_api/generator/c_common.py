@@ -15,6 +15,15 @@ def proto(fn_name: str, params: list[Param]) -> str:
     return f"CUresult CUDAAPI {fn_name}({args})"
 
 
+def bounds_checks(bounds: dict[str, list[int]], tab: str = "\t") -> list[str]:
+    """A value outside its bounds is CUDA_ERROR_INVALID_VALUE (each side checks it: the host again)."""
+    out = []
+    for n, (lo, hi) in bounds.items():
+        low = f"(uint64_t){n} < {lo}u || " if lo > 0 else ""
+        out.append(f"{tab}if ({low}(uint64_t){n} > {hi}u)\n{tab}\treturn CUDA_ERROR_INVALID_VALUE;")
+    return out
+
+
 def kind_of(ctype: str, handles: dict[str, str]) -> str | None:
     return handles.get(ctype)
 

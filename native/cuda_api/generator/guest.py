@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from .c_common import BANNER, proto
+from .c_common import BANNER, bounds_checks, proto
 from .spec import CUDA_API_DIR, Func, SpecError
 
 
@@ -28,6 +28,8 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     ]
     counted = s.get("counted_out", {})
     counts = {c: a for a, c in counted.items()}
+    addresses = set(s.get("address", []))
+    body += bounds_checks(s.get("bounds", {}))  # before any array the value counts is read
     for n in [*in_sized, *out_sized, *s.get("required", []), *counted.values()]:  # a sized value needs its buffer
         body.append(f"\tif ({n} == NULL)\n\t\treturn CUDA_ERROR_INVALID_VALUE;")
     configs = s.get("launch_config", [])
@@ -61,6 +63,8 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
             body.append(f"\tvg_put_u64(&c, {p.name} != NULL ? (uint64_t)*{counted[p.name]} : 0);")
         elif p.name in counts:
             continue
+        elif p.name in addresses:  # a device address as the program gave it; the host checks it
+            body.append(f"\tvg_put_u64(&c, (uint64_t)(uintptr_t){p.name});")
         elif p.ctype == "CUcontext":
             body.append(f"\tvg_put_ctx(&c, {p.name});")
         elif p.ctype == "CUfunction":

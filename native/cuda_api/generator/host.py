@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .c_common import BANNER, kind_of
+from .c_common import BANNER, bounds_checks, kind_of
 from .spec import Func, SpecError, device_size
 
 
@@ -21,6 +21,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     counted = s.get("counted_out", {})
     counts = {c: a for a, c in counted.items()}
     sel_type = {p.name: p.ctype for p in fn.params}
+    addresses = set(s.get("address", []))
     b = [f"\tcase VG_OP_{fn.name}: {{"]
     for p in fn.params:
         if p.name in outs:
@@ -32,6 +33,8 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             )
         elif p.name in strs:
             b.append(f"\t\tconst char *{p.name} = vh_get_str(rd);")
+        elif p.name in addresses:  # a guest device address, for the guarded half to check
+            b.append(f"\t\t{p.ctype}{p.name} = (void *)(uintptr_t)vh_get_u64(rd);")
         elif p.name in in_arr:
             b.append(
                 f"\t\tuint64_t {p.name}_n;\n\t\t{p.ctype}{p.name} = vh_get_arr(rd, sizeof({p.pointee}), &{p.name}_n);"
@@ -72,6 +75,7 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             elif p.ctype == "CUcontext":
                 b.append(f"\t\tif (vh_context_in(ch, &{p.name}))\n\t\t\treturn CUDA_ERROR_INVALID_CONTEXT;")
     b.append("\t\tif (rd->bad)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+    b += bounds_checks(s.get("bounds", {}), "\t\t")  # before the counts they give
     for p in fn.params:
         if p.name in in_arr:
             b.append(f"\t\tif ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")

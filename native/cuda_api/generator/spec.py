@@ -203,9 +203,25 @@ def check_params(fn: Func, handles: dict[str, str], sizes: dict[str, dict[str, i
             described.add(n)
     for key in ("in_array", "out_array"):
         for n, count in fn.spec.get(key, {}).items():
-            if n not in names or count not in names:
+            if n not in names or array_count(fn, key, n, count)[0] not in names:
                 raise SpecError(f"{fn.name}: {key} {n}={count} names an unknown parameter")
             described.add(n)
+    for n, bound in fn.spec.get("bounds", {}).items():
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.is_pointer or p.ctype in handles:
+            raise SpecError(f"{fn.name}: bounds names {n!r}, which is not a value parameter")
+        if not (isinstance(bound, list) and len(bound) == 2 and all(isinstance(v, int) and v >= 0 for v in bound)):
+            raise SpecError(f"{fn.name}: bounds {n} must be [lowest, highest], two numbers >= 0")
+        if bound[0] > bound[1]:
+            raise SpecError(f"{fn.name}: bounds {n}: {bound[0]} is above {bound[1]}")
+    for n in fn.spec.get("address", []):
+        p = next((p for p in fn.params if p.name == n), None)
+        if p is None or p.pointee != "void":
+            raise SpecError(f"{fn.name}: address names {n!r}, which is not a void * parameter")
+        if fn.spec.get("host") != "custom":
+            # the range it names depends on the call: only a hand-written host half can check it
+            raise SpecError(f'{fn.name}: address {n} needs host = "custom", whose guarded half checks its range')
+        described.add(n)
     for key in ("in_sized", "out_sized"):
         for n, sel in fn.spec.get(key, {}).items():
             p = next((p for p in fn.params if p.name == n), None)
@@ -265,6 +281,19 @@ def check_params(fn: Func, handles: dict[str, str], sizes: dict[str, dict[str, i
         p = next((p for p in fn.params if p.name == d), None)
         if p is None or p.ctype not in handles:
             raise SpecError(f"{fn.name}: destroys must name a handle parameter")
+
+
+def array_count(fn: Func, key: str, n: str, count: str) -> tuple[str, int]:
+    """An array's element count: a parameter, less a constant ("tensorRank-1"): (parameter, k).
+    One that can go below zero must have bounds that keep it at zero or more."""
+    m = re.fullmatch(r"(\w+)(?:\s*-\s*(\d+))?", str(count))
+    if not m:
+        raise SpecError(f"{fn.name}: {key} {n}={count!r} is not 'count' or 'count-k'")
+    k = int(m.group(2) or 0)
+    low = fn.spec.get("bounds", {}).get(m.group(1))
+    if k and not (isinstance(low, list) and low and isinstance(low[0], int) and low[0] >= k):
+        raise SpecError(f"{fn.name}: {key} {n}={count}: bounds must keep {m.group(1)} at {k} or more")
+    return m.group(1), k
 
 
 def device_size(fn: Func, size: str) -> tuple[str, int]:
