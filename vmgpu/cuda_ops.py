@@ -128,4 +128,6 @@ OPS = {
     133: "cuCtxDisablePeerAccess",
     134: "cuMemcpyPeer",
     135: "cuMemcpyPeerAsync",
+    140: "cuLaunchHostFunc",
+    141: "cuStreamAddCallback",
 }

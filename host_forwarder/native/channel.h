@@ -81,6 +81,10 @@ void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
  * guest is quiet, under quota_mu); forget drops the table when the process's contexts go. */
 void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns);
 void vh_kept_forget(struct vh_chan *ch);
+/* Host functions (host_func.c): the scheduler's thread watches those in flight (one given up on
+ * after the timeout); the serving thread asks whether one was, to report it. */
+void vh_host_func_watch(struct vh_chan *ch, uint64_t now_ns);
+int vh_host_func_timed_out(void);
 /* What a process that exits or dies leaves behind: free all of it (its contexts go next). */
 void vh_chan_release_all(struct vh_chan *ch);
 

@@ -78,7 +78,11 @@ static void usage(FILE *f)
 		"                      though a guest's kernel could then read and write its worker\n"
 		"  --oom-script PATH   run PATH GUEST when the guest is refused memory, with VMGPU_GUEST,\n"
 		"                      VMGPU_GPU (UUID), VMGPU_QUOTA, VMGPU_USED, VMGPU_REQUEST, VMGPU_CALL,\n"
-		"                      VMGPU_CHANNEL and VMGPU_WORKER_PID set (at most once a second per process)\n");
+		"                      VMGPU_CHANNEL and VMGPU_WORKER_PID set (at most once a second per process)\n"
+		"Environment: VMGPU_HOST_FUNC_TIMEOUT_S (default 10): a guest's host function (cuLaunchHostFunc)\n"
+		"  that has not returned this long after its stream reached it is given up on: its stream is\n"
+		"  released and the guest gets CUDA_ERROR_LAUNCH_TIMEOUT.  VMGPU_TRACE_ERRORS=1: log every\n"
+		"  call that fails, with its name, and every address refused.\n");
 }
 
 /* What the command line sets besides F. */

@@ -148,6 +148,8 @@ int vh_serve(struct vh_chan *ch)
 		if (r != CUDA_SUCCESS && trace_errors)
 			vh_log("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
 			       (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", vh_error_name(r), r);
+		if (vh_host_func_timed_out() && ch->latched == CUDA_SUCCESS)
+			ch->latched = CUDA_ERROR_LAUNCH_TIMEOUT; /* a host function given up on (host_func.c) */
 		if (hdr.flags & VG_F_NOREPLY) {
 			ch->nasync++;
 			if (r != CUDA_SUCCESS && ch->latched == CUDA_SUCCESS)

@@ -2461,3 +2461,23 @@ VG_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUconte
 {
 	return forward_cuMemcpyPeerAsync(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream, VG_F_PTDS);
 }
+
+VG_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+	return handwritten_cuLaunchHostFunc(hStream, fn, userData, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData)
+{
+	return handwritten_cuLaunchHostFunc(hStream, fn, userData, VG_F_PTDS);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags)
+{
+	return handwritten_cuStreamAddCallback(hStream, callback, userData, flags, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void *userData, unsigned int flags)
+{
+	return handwritten_cuStreamAddCallback(hStream, callback, userData, flags, VG_F_PTDS);
+}

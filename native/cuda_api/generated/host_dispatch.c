@@ -1816,6 +1816,10 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return r;
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuLaunchHostFunc:
+		return handwritten_cuLaunchHostFunc(ch, vg_flags, rd, wr);
+	case VG_OP_cuStreamAddCallback:
+		return handwritten_cuStreamAddCallback(ch, vg_flags, rd, wr);
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}
@@ -1868,6 +1872,8 @@ int vh_op_gpu_work(uint32_t op)
 	case VG_OP_cuGraphLaunch:
 	case VG_OP_cuMemcpyPeer:
 	case VG_OP_cuMemcpyPeerAsync:
+	case VG_OP_cuLaunchHostFunc:
+	case VG_OP_cuStreamAddCallback:
 		return 1;
 	default:
 		return 0;

@@ -89,5 +89,7 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p,
 CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
+CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void * userData, unsigned vg_flags);
+CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void * userData, unsigned int flags, unsigned vg_flags);
 
 #endif

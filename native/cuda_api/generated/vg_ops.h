@@ -118,7 +118,9 @@
 #define VG_OP_cuCtxDisablePeerAccess 133
 #define VG_OP_cuMemcpyPeer 134
 #define VG_OP_cuMemcpyPeerAsync 135
-#define VG_OP_LIMIT 136
+#define VG_OP_cuLaunchHostFunc 140
+#define VG_OP_cuStreamAddCallback 141
+#define VG_OP_LIMIT 142
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -236,5 +238,7 @@
 	X(133, cuCtxDisablePeerAccess) \
 	X(134, cuMemcpyPeer) \
 	X(135, cuMemcpyPeerAsync) \
+	X(140, cuLaunchHostFunc) \
+	X(141, cuStreamAddCallback) \
 
 #endif

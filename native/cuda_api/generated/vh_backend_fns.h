@@ -135,6 +135,8 @@
 	X(cuPointerGetAttributes) \
 	X(cuStreamGetCaptureInfo_v3) \
 	X(cuStreamGetCaptureInfo_v3_ptsz) \
+	X(cuStreamWaitValue32_v2) \
+	X(cuStreamWriteValue32_v2) \
 	X(cuTensorMapEncodeIm2col) \
 	X(cuTensorMapEncodeIm2colWide) \
 	X(cuTensorMapEncodeTiled) \

@@ -62,5 +62,7 @@ CUresult guarded_cuTensorMapReplaceAddress(struct vh_chan *ch, CUtensorMap * ten
 CUresult guarded_cuMemFreeAsync(struct vh_chan *ch, CUdeviceptr dptr, CUstream hStream);
 CUresult guarded_cuMemcpyPeer(struct vh_chan *ch, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount);
 CUresult guarded_cuMemcpyPeerAsync(struct vh_chan *ch, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream);
+CUresult handwritten_cuLaunchHostFunc(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuStreamAddCallback(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 
 #endif

@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Host functions on a stream (cuLaunchHostFunc, cuStreamAddCallback) run here, in the guest
+ * process, on a callback thread of this library: the host queues on the stream a write of a
+ * sequence number to a word of the region's heap and a wait for a second word
+ * (host_forwarder/native/host_func.c); this thread sees the first, runs the function, and writes
+ * the second.  At most SLOTS functions are in flight; a further one waits for a slot.  As the
+ * driver says, a host function must not call CUDA.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "call.h"
+#include "connection.h"
+#include "vg_guest.h"
+#include "vg_guest_protos.h"
+
+#define SLOTS 256
+
+struct slot {
+	CUhostFn fn;             /* cuLaunchHostFunc's, or */
+	CUstreamCallback cb;     /* cuStreamAddCallback's, called with its stream */
+	CUstream stream;
+	void *data;
+	uint32_t seq;
+	int busy;
+};
+
+static struct slot slots[SLOTS];
+static _Atomic uint32_t *words; /* SLOTS pairs {reached, done} in the region's heap */
+static uint64_t words_off;
+static uint32_t next_seq, nbusy, next_slot;
+static int started;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER, freed = PTHREAD_COND_INITIALIZER;
+
+static void *callback_thread(void *arg)
+{
+	(void)arg;
+	unsigned idle = 0;
+	for (;;) {
+		pthread_mutex_lock(&mu);
+		while (!nbusy)
+			pthread_cond_wait(&work, &mu);
+		pthread_mutex_unlock(&mu);
+		int ran = 0;
+		for (uint32_t k = 0; k < SLOTS; k++) {
+			pthread_mutex_lock(&mu);
+			struct slot s = slots[k];
+			pthread_mutex_unlock(&mu);
+			if (!s.busy || (int32_t)(atomic_load_explicit(&words[2 * k], memory_order_acquire) - s.seq) < 0)
+				continue;
+			if (s.fn)
+				s.fn(s.data);
+			else
+				s.cb(s.stream, CUDA_SUCCESS, s.data);
+			atomic_store_explicit(&words[2 * k + 1], s.seq, memory_order_release);
+			pthread_mutex_lock(&mu);
+			slots[k].busy = 0;
+			nbusy--;
+			pthread_cond_signal(&freed);
+			pthread_mutex_unlock(&mu);
+			ran = 1;
+		}
+		/* waiting on the GPU: spin a little, then look every 20 us */
+		if (ran) {
+			idle = 0;
+		} else if (++idle < 64) {
+			sched_yield();
+		} else {
+			struct timespec t = {0, 20000};
+			nanosleep(&t, NULL);
+		}
+	}
+	return NULL;
+}
+
+/* The heap words and the thread, once; under mu. */
+static CUresult start(void)
+{
+	if (started)
+		return CUDA_SUCCESS;
+	uint64_t off;
+	vg_lock();
+	int e = vmgpu_guest_heap_alloc(vg_conn.chan, SLOTS * 2 * sizeof(uint32_t), &off);
+	vg_unlock();
+	if (e < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	words = vmgpu_guest_ptr(vg_conn.guest, off);
+	for (uint32_t i = 0; i < 2 * SLOTS; i++)
+		atomic_store(&words[i], 0);
+	words_off = off;
+	pthread_t t;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	e = pthread_create(&t, &a, callback_thread, NULL);
+	pthread_attr_destroy(&a);
+	if (e)
+		return CUDA_ERROR_OUT_OF_MEMORY; /* the heap words stay for the next try */
+	started = 1;
+	return CUDA_SUCCESS;
+}
+
+static CUresult queue(uint32_t op, CUstream stream, CUhostFn fn, CUstreamCallback cb, void *data, unsigned f)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&mu);
+	if ((r = start()) != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&mu);
+		return r;
+	}
+	while (nbusy == SLOTS)
+		pthread_cond_wait(&freed, &mu);
+	uint32_t k = next_slot;
+	while (slots[k].busy)
+		k = (k + 1) % SLOTS;
+	next_slot = (k + 1) % SLOTS;
+	if (++next_seq == 0 || next_seq > INT32_MAX) /* kept where the signed comparisons hold */
+		next_seq = 1;
+	uint32_t seq = next_seq;
+	/* a slot's words may hold an older number from its last use, never this one or later */
+	atomic_store(&words[2 * k], 0);
+	atomic_store(&words[2 * k + 1], 0);
+	slots[k] = (struct slot){fn, cb, stream, data, seq, 1};
+	nbusy++;
+	pthread_cond_signal(&work); /* it may run before the call returns (a host that queues synchronously) */
+	pthread_mutex_unlock(&mu);
+
+	struct vg_call c;
+	if ((r = vg_begin(&c, op, f)) == CUDA_SUCCESS) {
+		vg_put_u64(&c, (uint64_t)(uintptr_t)stream);
+		vg_put_u64(&c, words_off + 2 * k * sizeof(uint32_t));
+		vg_put_u64(&c, seq);
+		r = vg_end(&c, vg_call_sync(&c));
+	}
+	pthread_mutex_lock(&mu);
+	if (r != CUDA_SUCCESS && slots[k].busy && slots[k].seq == seq) { /* never queued: it will not run */
+		slots[k].busy = 0;
+		nbusy--;
+		pthread_cond_signal(&freed);
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData, unsigned f)
+{
+	if (!fn)
+		return CUDA_ERROR_INVALID_VALUE;
+	return queue(VG_OP_cuLaunchHostFunc, hStream, fn, NULL, userData, f);
+}
+
+CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData,
+					 unsigned int flags, unsigned f)
+{
+	if (!callback || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	return queue(VG_OP_cuStreamAddCallback, hStream, NULL, callback, userData, f);
+}
