@@ -227,8 +227,25 @@ static CUresult encode_check(struct vh_chan *ch, const struct tmap_geometry *g, 
 {
 	if (ch->cur_dev < 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	if (!geometry_valid(g))
+	if (!geometry_valid(g)) {
+		static int trace = -1;
+		if (trace < 0) {
+			const char *t = getenv("VMGPU_TRACE_ERRORS");
+			trace = t && !strcmp(t, "1");
+		}
+		if (trace) /* what the driver's rules refused, for a program that expected otherwise */
+			vh_log("channel %u: tensor map refused by the driver's rules: type %d rank %u address %#llx "
+			       "dims %llu,%llu,%llu strides %llu,%llu element strides %u,%u box %u,%u interleave %d",
+			       ch->index, (int)g->type, g->rank, (unsigned long long)(uintptr_t)g->address,
+			       (unsigned long long)(g->rank > 0 ? g->dim[0] : 0),
+			       (unsigned long long)(g->rank > 1 ? g->dim[1] : 0),
+			       (unsigned long long)(g->rank > 2 ? g->dim[2] : 0),
+			       (unsigned long long)(g->rank > 1 ? g->stride[0] : 0),
+			       (unsigned long long)(g->rank > 2 ? g->stride[1] : 0), g->rank > 0 ? g->element_stride[0] : 0,
+			       g->rank > 1 ? g->element_stride[1] : 0, g->box && g->rank > 0 ? g->box[0] : 0,
+			       g->box && g->rank > 1 ? g->box[1] : 0, (int)g->interleave);
 		return CUDA_ERROR_INVALID_VALUE;
+	}
 	*reach = geometry_reach(g);
 	if (*reach == 0 || vh_addr_ok(ch, (uint64_t)(uintptr_t)g->address, *reach))
 		return CUDA_ERROR_INVALID_VALUE; /* not inside this process's own device memory */

@@ -18,12 +18,12 @@ def main() -> None:
     def chain(a):
         return jnp.tanh(a @ a.T) @ a
 
-    print(f"jit {float(chain(x).sum()):.3f}")
+    print(f"jit {float(chain(x).sum()):.4g}")
 
     key = jax.random.PRNGKey(0)
     k1, k2 = jax.random.split(key)
     params = {"w1": jax.random.normal(k1, (64, 128)) * 0.1, "w2": jax.random.normal(k2, (128, 1)) * 0.1}
-    data = jnp.linspace(-1.0, 1.0, 512 * 64, dtype=jnp.float32).reshape(512, 64)
+    data = jnp.linspace(-1.0, 1.0, 512 * 64, dtype=jnp.float32).reshape(512, 64) / 8.0
     target = jnp.sin(data.sum(axis=1, keepdims=True))
 
     def loss(p, d, t):
@@ -32,12 +32,12 @@ def main() -> None:
     @jax.jit
     def step(p, d, t):
         val, g = jax.value_and_grad(loss)(p, d, t)
-        return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, p, g), val
+        return jax.tree_util.tree_map(lambda a, b: a - 0.05 * b, p, g), val
 
     for i in range(20):
         params, val = step(params, data, target)
         if i % 5 == 4:
-            print(f"step {i + 1} loss {float(val):.5f}")
+            print(f"step {i + 1} loss {float(val):.4g}")
 
 
 if __name__ == "__main__":

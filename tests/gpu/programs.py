@@ -21,6 +21,7 @@ SAME_OUTPUT: dict[str, list] = {
     "streams-events-memset-pinned": [NATIVE / "streams"],
     "devquery": [NATIVE / "devquery"],
     "freed-block-reused-after-its-work": [NATIVE / "free_reuse"],
+    "host-functions": [NATIVE / "hostfn"],
     "pytorch": [sys.executable, HERE / "torch_ops.py"],
     "pytorch-cuda-graphs": [sys.executable, HERE / "torch_graphs.py"],
     "torch-compile": [sys.executable, HERE / "torch_compile.py"],
