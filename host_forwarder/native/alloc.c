@@ -103,11 +103,17 @@ void vh_kept_forget(struct vh_chan *ch)
 	ch->kept_bytes = 0;
 }
 
-static void kept_drop_dev(struct vh_chan *ch, int dev)
+int vh_kept_give_back(struct vh_chan *ch, int dev)
 {
+	int gave = 0;
+	if (atomic_load(&open_captures))
+		return 0; /* the driver's free now would break a capture the guest has open */
 	for (uint32_t i = ch->nkept; i-- > 0;)
-		if (ch->kept[i].dev == dev)
+		if (ch->kept[i].dev == dev) {
 			kept_drop(ch, i);
+			gave = 1;
+		}
+	return gave;
 }
 
 /* cuMemFree of a's block: keep it rather than free it, if it may be kept (1: kept). */
@@ -170,7 +176,7 @@ CUresult guarded_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t byt
 	if (ch->cur_dev >= 0 && dptr && bytesize && kept_take(ch, dptr, bytesize, &r))
 		return r;
 	if (ch->nkept && ch->cur_dev >= 0 && vh_quota_near(ch, ch->cur_dev, vh_quota_rounded(bytesize)))
-		kept_drop_dev(ch, ch->cur_dev); /* the guest needs its memory back */
+		vh_kept_give_back(ch, ch->cur_dev); /* the guest needs its memory back */
 	r = alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
 	struct vh_alloc *a = r == CUDA_SUCCESS ? vh_alloc_find(ch, *dptr, 1u << VH_MEM) : NULL;
 	if (a)

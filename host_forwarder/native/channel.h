@@ -81,6 +81,9 @@ void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
  * guest is quiet, under quota_mu); forget drops the table when the process's contexts go. */
 void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns);
 void vh_kept_forget(struct vh_chan *ch);
+/* Give every block kept on dev back to the driver, and its charge to the quota (1: there were
+ * some): the quota does so before it refuses the guest anything on dev (quota.c). */
+int vh_kept_give_back(struct vh_chan *ch, int dev);
 /* Host functions (host_func.c): the scheduler's thread watches those in flight (one given up on
  * after the timeout); the serving thread asks whether one was, to report it. */
 void vh_host_func_watch(struct vh_chan *ch, uint64_t now_ns);
