@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "call.h"
@@ -76,6 +77,36 @@ static void *callback_thread(void *arg)
 		}
 	}
 	return NULL;
+}
+
+/* A forked child connects afresh (connection.c): the callback thread is not in it and the heap
+ * words are its parent's channel's, so it starts its own at its first host function.  The lock
+ * is held across the fork so that the child finds the table whole. */
+static void before_fork(void)
+{
+	pthread_mutex_lock(&mu);
+}
+
+static void parent_after_fork(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+
+static void child_after_fork(void)
+{
+	memset(slots, 0, sizeof slots);
+	words = NULL;
+	words_off = 0;
+	nbusy = next_slot = 0;
+	started = 0;
+	pthread_cond_init(&work, NULL);
+	pthread_cond_init(&freed, NULL);
+	pthread_mutex_unlock(&mu);
+}
+
+__attribute__((constructor)) static void host_func_ctor(void)
+{
+	pthread_atfork(before_fork, parent_after_fork, child_after_fork);
 }
 
 /* The heap words and the thread, once; under mu. */

@@ -85,3 +85,14 @@ def test_raw_host_function_requests_naming_words_outside_the_heap_or_a_stream_no
             region.close()
         assert fwd.proc.poll() is None, fwd.log()
         assert "has not returned" not in fwd.log()  # the wait saw the guest's word, not the timeout
+
+
+def test_a_child_forked_after_its_parent_ran_host_functions_runs_its_own(shm_path):
+    """A forked child connects afresh: its host functions run on a callback thread of its own and
+    on words of its own channel's heap, not on the parent's (whose thread is not in the child),
+    so the function runs and the stream's synchronisation succeeds without the watchdog."""
+    with forwarder(shm_path, asan=True, env={"VMGPU_HOST_FUNC_TIMEOUT_S": "1"}) as fwd:
+        r = run_guest([NATIVE / "hostfn", "fork"], shm_path, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert r.stdout.split() == ["child", "0", "0", "1"], r.stdout + fwd.log()
+        assert "has not returned" not in fwd.log()
