@@ -140,16 +140,22 @@ static int kept_take(struct vh_chan *ch, CUdeviceptr *dptr, uint64_t n, CUresult
 		if (k.dev != dev || k.n != n)
 			continue;
 		if (k.seq != ch->synced_seq) {
-			/* work queued before the free may still be using it: wait, as cuMemFree would have */
+			/* work queued before the free may still be using it: wait, as cuMemFree would have,
+			 * on every GPU of the process (work_seq counts its calls on all of them, and a kernel
+			 * or copy on another GPU reaches this one's memory through peer access) */
 			if (atomic_load(&open_captures))
 				return 0;
 			uint64_t seq = ch->work_seq;
-			*r = ch->backend->cuCtxSynchronize_v2(ch->ctx[dev]);
+			*r = CUDA_SUCCESS;
+			for (int d = 0; d < ch->fwd->ndev && *r == CUDA_SUCCESS; d++)
+				if (ch->ctx[d])
+					*r = ch->backend->cuCtxSynchronize_v2(ch->ctx[d]);
+			ch->backend->cuCtxSetCurrent(ch->ctx[dev]); /* as it was (the simulated one moves it) */
 			if (*r != CUDA_SUCCESS)
-				return 1; /* the context is broken: the guest hears it, as from the driver */
+				return 1; /* a context is broken: the guest hears it, as from the driver */
 			for (uint32_t j = 0; j < ch->nkept; j++)
-				if (ch->kept[j].dev == dev && ch->kept[j].seq <= seq)
-					ch->kept[j].seq = ch->synced_seq = seq;
+				ch->kept[j].seq = seq; /* none of them is in use now */
+			ch->synced_seq = seq;
 		}
 		memmove(&ch->kept[i], &ch->kept[i + 1], (ch->nkept - i - 1) * sizeof k);
 		ch->nkept--;
