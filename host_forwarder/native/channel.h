@@ -88,6 +88,9 @@ int vh_kept_give_back(struct vh_chan *ch, int dev);
  * after the timeout); the serving thread asks whether one was, to report it. */
 void vh_host_func_watch(struct vh_chan *ch, uint64_t now_ns);
 int vh_host_func_timed_out(void);
+/* The guest process is done (its channel is reclaimed only after the worker ends): each function
+ * still in flight is marked done, so that no stream waits on it while the contexts go. */
+void vh_host_func_release_all(struct vh_chan *ch);
 /* What a process that exits or dies leaves behind: free all of it (its contexts go next). */
 void vh_chan_release_all(struct vh_chan *ch);
 

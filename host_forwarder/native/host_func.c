@@ -93,6 +93,15 @@ void vh_host_func_watch(struct vh_chan *ch, uint64_t now_ns)
 	pthread_mutex_unlock(&mu);
 }
 
+void vh_host_func_release_all(struct vh_chan *ch)
+{
+	pthread_mutex_lock(&mu);
+	for (uint32_t i = 0; i < npending; i++)
+		atomic_store_explicit(&words_of(ch, pending[i].off)[1], pending[i].seq, memory_order_release);
+	npending = 0;
+	pthread_mutex_unlock(&mu);
+}
+
 int vh_host_func_timed_out(void)
 {
 	return atomic_exchange(&timed_out, 0);
