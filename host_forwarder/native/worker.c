@@ -48,7 +48,6 @@ static void *sched_thread(void *arg)
 			last_calls = calls;
 			quiet_since = now;
 		}
-		vh_host_func_watch(ch, now);
 		if (now - refreshed >= 50000000ull) { /* every 50 ms */
 			vh_quota_refresh(ch);
 			refreshed = now;
