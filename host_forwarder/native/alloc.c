@@ -93,6 +93,8 @@ static void kept_drop(struct vh_chan *ch, uint32_t i)
 
 void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns)
 {
+	if (atomic_load(&open_captures))
+		return; /* the driver's free would break a capture the guest has open: they wait for its end */
 	while (ch->nkept && now_ns - ch->kept[0].at_ns > KEPT_NS) /* oldest first */
 		kept_drop(ch, 0);
 }
