@@ -95,8 +95,11 @@ static void *watch_thread(void *arg)
 	while (!atomic_load(&watch_stop)) {
 		pthread_mutex_lock(&mu);
 		sweep(ch, vmgpu_now_ns());
+		int idle = npending == 0;
 		pthread_mutex_unlock(&mu);
-		struct timespec t = {0, 2 * 1000 * 1000};
+		/* every 2 ms while functions are in flight, every 50 ms while none are (a new one waits
+		 * for its stream at first anyway, and the timeout is seconds) */
+		struct timespec t = {0, (idle ? 50 : 2) * 1000 * 1000};
 		nanosleep(&t, NULL);
 	}
 	return NULL;
