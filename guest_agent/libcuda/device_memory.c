@@ -91,6 +91,32 @@ static int forget(uint64_t p)
 	return 1;
 }
 
+/* A forked child connects afresh (connection.c): its parent's blocks are not its own, and a free
+ * of one must make the round trip and be refused there and then.  The lock is held across the
+ * fork so that the child finds the set whole. */
+static void before_fork(void)
+{
+	pthread_mutex_lock(&mu);
+}
+
+static void parent_after_fork(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+
+static void child_after_fork(void)
+{
+	free(slots);
+	slots = NULL;
+	cap = used = 0;
+	pthread_mutex_unlock(&mu);
+}
+
+__attribute__((constructor)) static void device_memory_ctor(void)
+{
+	pthread_atfork(before_fork, parent_after_fork, child_after_fork);
+}
+
 CUresult handwritten_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize, unsigned f)
 {
 	CUresult r = forward_cuMemAlloc_v2(dptr, bytesize, f);

@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "call.h"
@@ -78,6 +79,36 @@ static void *callback_thread(void *arg)
 	return NULL;
 }
 
+/* A forked child connects afresh (connection.c): the callback thread is not in it and the heap
+ * words are its parent's channel's, so it starts its own at its first host function.  The lock
+ * is held across the fork so that the child finds the table whole. */
+static void before_fork(void)
+{
+	pthread_mutex_lock(&mu);
+}
+
+static void parent_after_fork(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+
+static void child_after_fork(void)
+{
+	memset(slots, 0, sizeof slots);
+	words = NULL;
+	words_off = 0;
+	nbusy = next_slot = 0;
+	started = 0;
+	pthread_cond_init(&work, NULL);
+	pthread_cond_init(&freed, NULL);
+	pthread_mutex_unlock(&mu);
+}
+
+__attribute__((constructor)) static void host_func_ctor(void)
+{
+	pthread_atfork(before_fork, parent_after_fork, child_after_fork);
+}
+
 /* The heap words and the thread, once; under mu. */
 static CUresult start(void)
 {
@@ -121,12 +152,14 @@ static CUresult queue(uint32_t op, CUstream stream, CUhostFn fn, CUstreamCallbac
 	while (slots[k].busy)
 		k = (k + 1) % SLOTS;
 	next_slot = (k + 1) % SLOTS;
-	if (++next_seq == 0 || next_seq > INT32_MAX) /* kept where the signed comparisons hold */
+	if (++next_seq == 0) /* the comparisons, here, on the host and the GPU's, are cyclic */
 		next_seq = 1;
 	uint32_t seq = next_seq;
-	/* a slot's words may hold an older number from its last use, never this one or later */
-	atomic_store(&words[2 * k], 0);
-	atomic_store(&words[2 * k + 1], 0);
+	/* a slot's words hold the number of its last use: both now say "one before this one", which
+	 * is at or past that number, so a stream still waiting on the last use is released (never
+	 * held back as a reset to 0 would hold it, were the GPU to look only after the reset) */
+	atomic_store(&words[2 * k], seq - 1);
+	atomic_store(&words[2 * k + 1], seq - 1);
 	slots[k] = (struct slot){fn, cb, stream, data, seq, 1};
 	nbusy++;
 	pthread_cond_signal(&work); /* it may run before the call returns (a host that queues synchronously) */

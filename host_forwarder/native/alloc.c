@@ -93,6 +93,8 @@ static void kept_drop(struct vh_chan *ch, uint32_t i)
 
 void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns)
 {
+	if (atomic_load(&open_captures))
+		return; /* the driver's free would break a capture the guest has open: they wait for its end */
 	while (ch->nkept && now_ns - ch->kept[0].at_ns > KEPT_NS) /* oldest first */
 		kept_drop(ch, 0);
 }
@@ -103,11 +105,17 @@ void vh_kept_forget(struct vh_chan *ch)
 	ch->kept_bytes = 0;
 }
 
-static void kept_drop_dev(struct vh_chan *ch, int dev)
+int vh_kept_give_back(struct vh_chan *ch, int dev)
 {
+	int gave = 0;
+	if (atomic_load(&open_captures))
+		return 0; /* the driver's free now would break a capture the guest has open */
 	for (uint32_t i = ch->nkept; i-- > 0;)
-		if (ch->kept[i].dev == dev)
+		if (ch->kept[i].dev == dev) {
 			kept_drop(ch, i);
+			gave = 1;
+		}
+	return gave;
 }
 
 /* cuMemFree of a's block: keep it rather than free it, if it may be kept (1: kept). */
@@ -134,16 +142,22 @@ static int kept_take(struct vh_chan *ch, CUdeviceptr *dptr, uint64_t n, CUresult
 		if (k.dev != dev || k.n != n)
 			continue;
 		if (k.seq != ch->synced_seq) {
-			/* work queued before the free may still be using it: wait, as cuMemFree would have */
+			/* work queued before the free may still be using it: wait, as cuMemFree would have,
+			 * on every GPU of the process (work_seq counts its calls on all of them, and a kernel
+			 * or copy on another GPU reaches this one's memory through peer access) */
 			if (atomic_load(&open_captures))
 				return 0;
 			uint64_t seq = ch->work_seq;
-			*r = ch->backend->cuCtxSynchronize_v2(ch->ctx[dev]);
+			*r = CUDA_SUCCESS;
+			for (int d = 0; d < ch->fwd->ndev && *r == CUDA_SUCCESS; d++)
+				if (ch->ctx[d])
+					*r = ch->backend->cuCtxSynchronize_v2(ch->ctx[d]);
+			ch->backend->cuCtxSetCurrent(ch->ctx[dev]); /* as it was (the simulated one moves it) */
 			if (*r != CUDA_SUCCESS)
-				return 1; /* the context is broken: the guest hears it, as from the driver */
+				return 1; /* a context is broken: the guest hears it, as from the driver */
 			for (uint32_t j = 0; j < ch->nkept; j++)
-				if (ch->kept[j].dev == dev && ch->kept[j].seq <= seq)
-					ch->kept[j].seq = ch->synced_seq = seq;
+				ch->kept[j].seq = seq; /* none of them is in use now */
+			ch->synced_seq = seq;
 		}
 		memmove(&ch->kept[i], &ch->kept[i + 1], (ch->nkept - i - 1) * sizeof k);
 		ch->nkept--;
@@ -170,7 +184,7 @@ CUresult guarded_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t byt
 	if (ch->cur_dev >= 0 && dptr && bytesize && kept_take(ch, dptr, bytesize, &r))
 		return r;
 	if (ch->nkept && ch->cur_dev >= 0 && vh_quota_near(ch, ch->cur_dev, vh_quota_rounded(bytesize)))
-		kept_drop_dev(ch, ch->cur_dev); /* the guest needs its memory back */
+		vh_kept_give_back(ch, ch->cur_dev); /* the guest needs its memory back */
 	r = alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
 	struct vh_alloc *a = r == CUDA_SUCCESS ? vh_alloc_find(ch, *dptr, 1u << VH_MEM) : NULL;
 	if (a)

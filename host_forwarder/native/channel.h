@@ -81,10 +81,16 @@ void *vh_scratch(struct vh_chan *ch, uint64_t n, size_t elsz);
  * guest is quiet, under quota_mu); forget drops the table when the process's contexts go. */
 void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns);
 void vh_kept_forget(struct vh_chan *ch);
-/* Host functions (host_func.c): the scheduler's thread watches those in flight (one given up on
+/* Give every block kept on dev back to the driver, and its charge to the quota (1: there were
+ * some): the quota does so before it refuses the guest anything on dev (quota.c). */
+int vh_kept_give_back(struct vh_chan *ch, int dev);
+/* Host functions (host_func.c): a thread of their own watches those in flight (one given up on
  * after the timeout); the serving thread asks whether one was, to report it. */
-void vh_host_func_watch(struct vh_chan *ch, uint64_t now_ns);
 int vh_host_func_timed_out(void);
+/* The guest process is done (its channel is reclaimed only after the worker ends): the watch
+ * stops, and each function still in flight is marked done, so that no stream waits on it while
+ * the contexts go. */
+void vh_host_func_release_all(struct vh_chan *ch);
 /* What a process that exits or dies leaves behind: free all of it (its contexts go next). */
 void vh_chan_release_all(struct vh_chan *ch);
 

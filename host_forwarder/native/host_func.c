@@ -13,12 +13,15 @@
  * kernel: so a function that has not returned within VMGPU_HOST_FUNC_TIMEOUT_S seconds (in the
  * forwarder's environment, default 10; its --help says so) of its stream reaching it is given up
  * on: the forwarder writes "done" itself, and the guest's next call that reports asynchronous
- * errors returns CUDA_ERROR_LAUNCH_TIMEOUT.
+ * errors returns CUDA_ERROR_LAUNCH_TIMEOUT.  The watch has a thread of its own (started with
+ * the process's first host function): the serving thread may be waiting in the driver for the
+ * very stream, and the scheduler's thread draining the GPU for a hand-over.
  * A stream being captured into a graph is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED):
  * a graph would replay the same number, which the wait has already seen.
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "channel.h"
 #include "host_memory.h"
@@ -36,12 +39,14 @@ struct pending {
 };
 
 /* A worker serves one channel: this is its process's table (the serving thread adds, the
- * scheduler's thread watches). */
+ * watching thread sweeps). */
 static struct pending pending[PENDING_MAX];
 static uint32_t npending;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic int timed_out;
+static _Atomic int timed_out, watch_stop;
 static uint64_t timeout_ns;
+static pthread_t watcher;
+static int watching;
 
 static uint64_t host_func_timeout_ns(void)
 {
@@ -84,12 +89,45 @@ static void sweep(struct vh_chan *ch, uint64_t now)
 	}
 }
 
-void vh_host_func_watch(struct vh_chan *ch, uint64_t now_ns)
+static void *watch_thread(void *arg)
 {
-	if (!__atomic_load_n(&npending, __ATOMIC_RELAXED))
-		return;
+	struct vh_chan *ch = arg;
+	while (!atomic_load(&watch_stop)) {
+		pthread_mutex_lock(&mu);
+		sweep(ch, vmgpu_now_ns());
+		int idle = npending == 0;
+		pthread_mutex_unlock(&mu);
+		/* every 2 ms while functions are in flight, every 50 ms while none are (a new one waits
+		 * for its stream at first anyway, and the timeout is seconds) */
+		struct timespec t = {0, (idle ? 50 : 2) * 1000 * 1000};
+		nanosleep(&t, NULL);
+	}
+	return NULL;
+}
+
+/* The watching thread, once; under mu.  0, or -1 if it cannot be started. */
+static int watch_start(struct vh_chan *ch)
+{
+	if (watching)
+		return 0;
+	host_func_timeout_ns(); /* read once, before another thread reads it */
+	if (pthread_create(&watcher, NULL, watch_thread, ch))
+		return -1;
+	watching = 1;
+	return 0;
+}
+
+void vh_host_func_release_all(struct vh_chan *ch)
+{
+	if (watching) {
+		atomic_store(&watch_stop, 1);
+		pthread_join(watcher, NULL);
+		watching = 0;
+	}
 	pthread_mutex_lock(&mu);
-	sweep(ch, now_ns);
+	for (uint32_t i = 0; i < npending; i++)
+		atomic_store_explicit(&words_of(ch, pending[i].off)[1], pending[i].seq, memory_order_release);
+	npending = 0;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -125,10 +163,12 @@ static CUresult queue_wait(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd)
 	pthread_mutex_lock(&mu);
 	if (npending == PENDING_MAX)
 		sweep(ch, vmgpu_now_ns());
-	int full = npending == PENDING_MAX;
+	int full = npending == PENDING_MAX, unwatched = watch_start(ch);
 	pthread_mutex_unlock(&mu);
 	if (full)
 		return CUDA_ERROR_OUT_OF_MEMORY; /* more in flight than the guest library ever has */
+	if (unwatched)
+		return CUDA_ERROR_OUT_OF_MEMORY; /* no thread to give up on a function that never returns */
 	/* the wait comes after the write on the same stream; a wait that could not be queued would let
 	 * the stream run on before the function, so it is an error the guest hears */
 	r = B->cuStreamWriteValue32_v2(s, d, (cuuint32_t)seq64, CU_STREAM_WRITE_VALUE_DEFAULT);

@@ -164,6 +164,9 @@ int vh_quota_take_begin(struct vh_chan *ch, int dev, uint64_t est, const char *c
 {
 	if (vh_quota_reserve(ch, dev, est) == 0)
 		return 0;
+	/* the blocks alloc.c keeps for cuMemAlloc are the guest's free memory: they go back first */
+	if (vh_kept_give_back(ch, dev) && vh_quota_reserve(ch, dev, est) == 0)
+		return 0;
 	/* refused on the books: where they ran ahead of the truth (bounded takes), ask the truth */
 	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev]) && vh_meter_on(ch, dev)) {
 		vh_quota_settle(ch, dev);

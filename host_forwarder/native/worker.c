@@ -48,7 +48,6 @@ static void *sched_thread(void *arg)
 			last_calls = calls;
 			quiet_since = now;
 		}
-		vh_host_func_watch(ch, now);
 		if (now - refreshed >= 50000000ull) { /* every 50 ms */
 			vh_quota_refresh(ch);
 			refreshed = now;
@@ -107,6 +106,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	}
 	uint64_t calls = atomic_load(&ch.ncalls), async = ch.nasync;
 	atomic_store(&sched_ctx, NULL);
+	vh_host_func_release_all(&ch); /* nobody runs them now, and the watchdog has stopped */
 	vh_chan_release_all(&ch);
 	/* its contexts go now, and with them all it held on the GPUs: the quota takes that back
 	 * here, so that the guest's next process finds its memory free (the supervisor's reap is

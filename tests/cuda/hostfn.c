@@ -8,10 +8,13 @@
  *                   synchronisation after it ("stuck R"; through vmgpu with a shorter
  *                   VMGPU_HOST_FUNC_TIMEOUT_S on the forwarder, CUDA_ERROR_LAUNCH_TIMEOUT)
  *   hostfn capture  a host function queued on a stream being captured ("capture R")
+ *   hostfn fork     a function run in the parent, then a child forked after it runs one of its
+ *                   own ("child Q R RAN": its queueing, its stream's synchronisation, whether it ran)
  */
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define N 300
@@ -49,6 +52,37 @@ static void CUDA_CB sleepy(void *arg)
 	sleep(3);
 }
 
+static void CUDA_CB mark(void *arg)
+{
+	*(volatile int *)arg = 1;
+}
+
+/* A child forked after the parent ran a host function runs its own (the guest library's
+ * callback thread and heap words are the parent's, not the child's). */
+static int forked(CUstream s)
+{
+	static int parent_ran, child_ran;
+	if (cuLaunchHostFunc(s, mark, &parent_ran) || cuStreamSynchronize(s) || !parent_ran)
+		return 1;
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		CUdevice dev;
+		CUcontext ctx;
+		CUstream cs;
+		if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
+		    cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING))
+			_exit(3);
+		CUresult q = cuLaunchHostFunc(cs, mark, &child_ran);
+		CUresult r = cuStreamSynchronize(cs);
+		printf("child %d %d %d\n", (int)q, (int)r, child_ran);
+		fflush(stdout);
+		_exit(0);
+	}
+	int st = 0;
+	return pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st);
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "order";
@@ -68,6 +102,8 @@ int main(int argc, char **argv)
 		printf("queued %d stuck %d\n", (int)q, (int)cuStreamSynchronize(s[0]));
 		return 0;
 	}
+	if (!strcmp(mode, "fork"))
+		return forked(s[0]);
 	if (!strcmp(mode, "capture")) {
 		if (cuStreamBeginCapture(s[0], CU_STREAM_CAPTURE_MODE_RELAXED))
 			return 1;

@@ -5,10 +5,12 @@ the guest's own stream and words of its heap, refuses a capturing stream, and gi
 function that never returns (host_forwarder/native/host_func.c)."""
 
 import struct
+import subprocess
+import time
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, run_guest
+from tests.forwarder import NATIVE, forwarder, guest_env, run_guest
 from tests.native.test_generator import raw
 from vmgpu import shm
 
@@ -85,3 +87,37 @@ def test_raw_host_function_requests_naming_words_outside_the_heap_or_a_stream_no
             region.close()
         assert fwd.proc.poll() is None, fwd.log()
         assert "has not returned" not in fwd.log()  # the wait saw the guest's word, not the timeout
+
+
+def test_a_child_forked_after_its_parent_ran_host_functions_runs_its_own(shm_path):
+    """A forked child connects afresh: its host functions run on a callback thread of its own and
+    on words of its own channel's heap, not on the parent's (whose thread is not in the child),
+    so the function runs and the stream's synchronisation succeeds without the watchdog."""
+    with forwarder(shm_path, asan=True, env={"VMGPU_HOST_FUNC_TIMEOUT_S": "1"}) as fwd:
+        r = run_guest([NATIVE / "hostfn", "fork"], shm_path, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert r.stdout.split() == ["child", "0", "0", "1"], r.stdout + fwd.log()
+        assert "has not returned" not in fwd.log()
+
+
+def test_a_host_function_that_never_returns_is_given_up_on_while_another_guest_waits_for_the_gpu(
+    shm_path, tmp_path, sched_dir
+):
+    """Another guest's work waits for the GPU, so the scheduler hands the turn over and drains the
+    holder's work, which waits for the function: the watch must still give up on it after the
+    timeout (1 s here, the function takes 3 s), not wait with the drain for the function."""
+    other = tmp_path / "other"
+    with (
+        forwarder(shm_path, asan=True, extra=("--compute", "50"), env={"VMGPU_HOST_FUNC_TIMEOUT_S": "1"}) as fwd,
+        forwarder(other, extra=("--compute", "50")),
+    ):
+        spin = subprocess.Popen([str(NATIVE / "spin"), "8"], env=guest_env(other), stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.5)  # the other guest is at work, and waits for the GPU at every turn
+            r = run_guest([NATIVE / "hostfn", "stuck"], shm_path, timeout=60)
+        finally:
+            spin.kill()
+            spin.wait()
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert r.stdout.split() == ["queued", "0", "stuck", "702"], r.stdout + fwd.log()
+        assert "a host function has not returned 1 s after its stream reached it" in fwd.log()

@@ -237,3 +237,24 @@ def test_a_freed_block_is_kept_for_the_process_charged_and_named_by_nothing(shm_
     assert out["reuse"] == "same", out
     assert out["memset_again"] == "0" and out["free"] == "0", out
     assert out["double_free"] == "1" and out["bogus_free"] == "1", out
+
+
+def test_a_kept_block_gives_way_to_the_processs_other_allocations_near_its_quota(shm_path, monkeypatch):
+    """A block cuMemFree kept for reuse is the guest's free memory as the driver would have it: a
+    pitched or stream-ordered allocation that fits only without it is served (the kept block goes
+    back to the driver first), not refused."""
+    monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")
+    with forwarder(shm_path, mem="512M") as fwd:
+        r = run_guest([NATIVE / "reuse", "others", 448], shm_path, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr + log_text(fwd)
+    assert r.stdout.split() == ["pitch", "0", "async", "0"], r.stdout + log_text(fwd)
+
+
+def test_a_forked_child_freeing_its_parents_block_is_refused_at_once(shm_path):
+    """A child connects afresh, so its parent's cuMemAlloc blocks are not its own: its cuMemFree of
+    one is answered CUDA_ERROR_INVALID_VALUE there and then, as an address of no allocation is,
+    and its next synchronisation is not charged with that error."""
+    with forwarder(shm_path, mem="512M") as fwd:
+        r = run_guest([NATIVE / "reuse", "fork"], shm_path, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr + log_text(fwd)
+    assert r.stdout.split() == ["child_free", "1", "child_sync", "0"], r.stdout + log_text(fwd)
