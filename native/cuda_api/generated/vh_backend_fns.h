@@ -51,6 +51,17 @@
 	X(cuThreadExchangeStreamCaptureMode) \
 	X(cuGraphDestroy) \
 	X(cuGraphGetNodes) \
+	X(cuGraphCreate) \
+	X(cuGraphAddEmptyNode) \
+	X(cuGraphAddChildGraphNode) \
+	X(cuGraphAddEventRecordNode) \
+	X(cuGraphAddEventWaitNode) \
+	X(cuGraphExecChildGraphNodeSetParams) \
+	X(cuGraphExecEventRecordNodeSetEvent) \
+	X(cuGraphExecEventWaitNodeSetEvent) \
+	X(cuGraphNodeGetType) \
+	X(cuGraphNodeSetEnabled) \
+	X(cuGraphNodeGetEnabled) \
 	X(cuArrayGetDescriptor_v2) \
 	X(cuArray3DGetDescriptor_v2) \
 	X(cuDeviceGetDefaultMemPool) \
@@ -86,10 +97,17 @@
 	X(cuFuncGetName) \
 	X(cuFuncGetParamInfo) \
 	X(cuGetErrorName) \
+	X(cuGraphAddKernelNode_v2) \
+	X(cuGraphAddMemcpyNode) \
+	X(cuGraphAddMemsetNode) \
 	X(cuGraphExecDestroy) \
+	X(cuGraphExecKernelNodeSetParams_v2) \
+	X(cuGraphExecMemcpyNodeSetParams) \
+	X(cuGraphExecMemsetNodeSetParams) \
+	X(cuGraphExecUpdate_v2) \
 	X(cuGraphInstantiateWithFlags) \
+	X(cuGraphKernelNodeSetParams_v2) \
 	X(cuGraphMemAllocNodeGetParams) \
-	X(cuGraphNodeGetType) \
 	X(cuInit) \
 	X(cuKernelGetName) \
 	X(cuKernelGetParamInfo) \
