@@ -2,6 +2,8 @@
 /* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for;
  * graphs built node by node: memcpy nodes' host memory as region offsets, kernel nodes'
  * parameters laid out as a launch's (host half: host_forwarder/native/graph_nodes.c). */
+#include <string.h>
+
 #include "call.h"
 #include "connection.h"
 #include "function.h"
@@ -117,6 +119,17 @@ CUresult handwritten_cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNod
 	CUDA_MEMCPY3D p;
 	CUresult r = copy_params_out("cuGraphExecMemcpyNodeSetParams", params, &p);
 	return r != CUDA_SUCCESS ? r : forward_cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx, fl);
+}
+
+/* A failed update's reply carries no values: its reason is the generic one, naming no node. */
+CUresult handwritten_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo *info, unsigned fl)
+{
+	CUresult r = forward_cuGraphExecUpdate_v2(exec, g, info, fl);
+	if (r != CUDA_SUCCESS && info) {
+		memset(info, 0, sizeof *info);
+		info->result = CU_GRAPH_EXEC_UPDATE_ERROR;
+	}
+	return r;
 }
 
 /* A kernel node: its handles (graph and dependencies, or [graph exec and] node), then what a

@@ -165,21 +165,6 @@ CUresult guarded_cuGraphExecMemsetNodeSetParams(struct vh_chan *ch, CUgraphExec 
 	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphExecMemsetNodeSetParams(exec, node, params, ctx);
 }
 
-/* ---- an update's result: nodes the guest may name, never the host's pointers ------------------ */
-
-CUresult guarded_cuGraphExecUpdate_v2(struct vh_chan *ch, CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo *info)
-{
-	CUresult r = ch->backend->cuGraphExecUpdate_v2(exec, g, info);
-	if (info) {
-		if (info->errorNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorNode, g))
-			info->errorNode = NULL;
-		/* a node of the graph the executable graph was made from: the guest's handle if it has one */
-		if (info->errorFromNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorFromNode, g))
-			info->errorFromNode = NULL;
-	}
-	return r;
-}
-
 /* ---- kernel nodes: the request is a launch's, after the node's handles ---------------------- */
 
 enum kernel_node_call { ADD_NODE, SET_NODE, SET_EXEC_NODE };

@@ -3,7 +3,8 @@
  *   graphs_explicit VADD_PTX [OTHER_ADDR FOREIGN_NODE]
  * memset node (a = 1.0) and a copy from pinned memory (b = i) -> kernel node (vadd: c = a + b)
  * -> copy of c into pinned memory -> empty node; instantiated, launched, checked; the executable
- * graph's kernel node given new parameters (c = b + b) and launched again; a child graph; node
+ * graph's kernel node given new parameters (c = b + b) and launched again; the executable graph
+ * updated from another graph (a = 2.0), and refused one of another shape; a child graph; node
  * types and enabled flags.  Then what a hostile program tries, each answered when the node is
  * added or its parameters set: ranges past its allocation or at OTHER_ADDR (another process's
  * allocation), pageable host memory, a function, a node or a graph that is not its own (a
@@ -85,14 +86,36 @@ static int wrong(const float *out, float scale, float plus)
 	return bad;
 }
 
+static CUcontext ctx;
+static CUfunction fn;
+static CUdeviceptr a, b, c;
+static float *hin, *hout;
+
+/* memset (a = value) and a copy of hin into b -> vadd(args) -> a copy of c into hout -> empty */
+static CUresult build(CUgraph *g, CUgraphNode *n[5], unsigned value, void **args)
+{
+	CUDA_MEMSET_NODE_PARAMS ms = memset_of(a, value, N);
+	CUDA_MEMCPY3D in = copy_of(b, NULL, 0, hin, N * 4), out = copy_of(0, hout, c, NULL, N * 4);
+	CUDA_KERNEL_NODE_PARAMS kp = vadd_of(fn, args);
+	CUresult r = cuGraphCreate(g, 0);
+	if (!r)
+		r = cuGraphAddMemsetNode(n[0], *g, NULL, 0, &ms, ctx);
+	if (!r)
+		r = cuGraphAddMemcpyNode(n[1], *g, NULL, 0, &in, ctx);
+	CUgraphNode deps[2] = {*n[0], *n[1]};
+	if (!r)
+		r = cuGraphAddKernelNode(n[2], *g, deps, 2, &kp);
+	if (!r)
+		r = cuGraphAddMemcpyNode(n[3], *g, n[2], 1, &out, ctx);
+	if (!r)
+		r = cuGraphAddEmptyNode(n[4], *g, n[3], 1);
+	return r;
+}
+
 int main(int argc, char **argv)
 {
 	CUdevice dev;
-	CUcontext ctx;
 	CUmodule mod;
-	CUfunction fn;
-	CUdeviceptr a, b, c;
-	float *hin, *hout;
 	char *ptx = argc > 1 ? read_file(argv[1]) : NULL;
 	CUdeviceptr other = argc > 2 ? (CUdeviceptr)strtoull(argv[2], NULL, 0) : 0x1000;
 	CUgraphNode foreign = (CUgraphNode)(uintptr_t)(argc > 3 ? strtoull(argv[3], NULL, 0) : 0x7777777700);
@@ -110,24 +133,12 @@ int main(int argc, char **argv)
 
 	/* ---- the graph ---- */
 	CUgraph g;
-	CUgraphNode m1, c0, k, c1, e, deps[2];
+	CUgraphNode m1, c0, k, c1, e;
 	CUgraphExec exec;
 	CUDA_MEMSET_NODE_PARAMS ms = memset_of(a, 0x3f800000u, N); /* 1.0f */
-	CUDA_MEMCPY3D in = copy_of(b, NULL, 0, hin, N * 4), out = copy_of(0, hout, c, NULL, N * 4);
+	CUDA_MEMCPY3D out = copy_of(0, hout, c, NULL, N * 4);
 	CUDA_KERNEL_NODE_PARAMS kp = vadd_of(fn, args);
-	CUresult r = cuGraphCreate(&g, 0);
-	if (!r)
-		r = cuGraphAddMemsetNode(&m1, g, NULL, 0, &ms, ctx);
-	if (!r)
-		r = cuGraphAddMemcpyNode(&c0, g, NULL, 0, &in, ctx);
-	deps[0] = m1;
-	deps[1] = c0;
-	if (!r)
-		r = cuGraphAddKernelNode(&k, g, deps, 2, &kp);
-	if (!r)
-		r = cuGraphAddMemcpyNode(&c1, g, &k, 1, &out, ctx);
-	if (!r)
-		r = cuGraphAddEmptyNode(&e, g, &c1, 1);
+	CUresult r = build(&g, (CUgraphNode *[]){&m1, &c0, &k, &c1, &e}, 0x3f800000u, args);
 	if (!r)
 		r = cuGraphInstantiate(&exec, g, 0);
 	memset(hout, 0xff, N * 4);
@@ -147,6 +158,29 @@ int main(int argc, char **argv)
 	if (!r)
 		r = cuStreamSynchronize(0);
 	printf("kernel node updated: %d %d\n", r, r ? -1 : wrong(hout, 2, 0));
+
+	/* the executable graph updated from another graph of its shape (a = 2.0), and from one that is not */
+	CUgraph g2, g3;
+	CUgraphNode n2[5], lone;
+	CUgraphExecUpdateResultInfo info;
+	memset(&info, 0xff, sizeof info);
+	memset(hout, 0xff, N * 4);
+	r = build(&g2, (CUgraphNode *[]){&n2[0], &n2[1], &n2[2], &n2[3], &n2[4]}, 0x40000000u, args);
+	if (!r)
+		r = cuGraphExecUpdate(exec, g2, &info);
+	if (!r)
+		r = cuGraphLaunch(exec, 0);
+	if (!r)
+		r = cuStreamSynchronize(0);
+	printf("updated from a graph: %d %d %d\n", r, (int)info.result, r ? -1 : wrong(hout, 1, 2));
+	r = cuGraphCreate(&g3, 0);
+	if (!r)
+		r = cuGraphAddEmptyNode(&lone, g3, NULL, 0);
+	if (!r)
+		r = cuGraphExecUpdate(exec, g3, &info);
+	printf("updated from another shape: %d %d\n", r, info.result != CU_GRAPH_EXEC_UPDATE_SUCCESS);
+	cuGraphDestroy(g2);
+	cuGraphDestroy(g3);
 
 	/* a node disabled in the executable graph, and enabled again */
 	unsigned on = 7;

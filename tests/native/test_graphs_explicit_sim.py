@@ -38,7 +38,8 @@ def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(s
     """tests/cuda/graphs_explicit.c through the guest library, against the ASan/UBSan forwarder: a
     memset node and a copy from pinned memory feed a vadd kernel node whose result a copy brings back
     into pinned memory: right results; the executable graph's kernel node given new parameters: the
-    new results; a node disabled and its flag read back; node types; a child graph runs.  Refused when
+    new results; the executable graph updated from another graph of its shape: its results, and from
+    one of another shape: refused with the driver's reason; a node disabled and its flag read back; node types; a child graph runs.  Refused when
     added or set: memset and memcpy ranges one byte past an allocation, starting inside it and running
     past, rows or a second row past it, another process's allocation, pinned memory far past the heap
     (CUDA_ERROR_INVALID_VALUE); pageable host memory either way (CUDA_ERROR_NOT_SUPPORTED, said once
@@ -57,6 +58,8 @@ def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(s
             assert r.stdout.splitlines() == [
                 "built and launched: 0 0",
                 "kernel node updated: 0 0",
+                "updated from a graph: 0 0 0",
+                "updated from another shape: 910 1",  # CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
                 "enabled flag: 0 0 0",
                 "node types: 1 2 1 0 1 5",  # memset, memcpy, kernel, memcpy, empty
                 "child graph: 0 0",

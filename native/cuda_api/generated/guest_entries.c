@@ -1791,7 +1791,7 @@ VG_EXPORT CUresult CUDAAPI cuGraphExecEventWaitNodeSetEvent(CUgraphExec hGraphEx
 	return forward_cuGraphExecEventWaitNodeSetEvent(hGraphExec, hNode, event, 0);
 }
 
-static CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags)
+CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags)
 {
 	struct vg_call c;
 	CUresult r = vg_begin(&c, VG_OP_cuGraphExecUpdate_v2, vg_flags);
@@ -1810,7 +1810,7 @@ static CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGr
 
 VG_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
 {
-	return forward_cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo, 0);
+	return handwritten_cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo, 0);
 }
 
 static CUresult forward_cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType * type, unsigned vg_flags)

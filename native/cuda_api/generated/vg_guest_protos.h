@@ -96,6 +96,8 @@ CUresult handwritten_cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA
 CUresult handwritten_cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS * nodeParams, unsigned vg_flags);
 CUresult handwritten_cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags);
 CUresult forward_cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags);
+CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags);
 CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void * userData, unsigned vg_flags);
 CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void * userData, unsigned int flags, unsigned vg_flags);
 
