@@ -149,4 +149,5 @@ OPS = {
     166: "cuGraphNodeGetType",
     167: "cuGraphNodeSetEnabled",
     168: "cuGraphNodeGetEnabled",
+    169: "cuStreamBeginCaptureToGraph",
 }

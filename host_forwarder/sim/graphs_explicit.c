@@ -224,6 +224,25 @@ EXPORT CUresult cuGraphAddEventWaitNode(CUgraphNode *out, CUgraph g, const CUgra
 	return event_node(out, g, deps, n, ev, SIM_NODE_EVENT_WAIT);
 }
 
+/* A stream captured into a graph that exists, after deps: its launches become the graph's kernel
+ * nodes (sim_capture_launch), and cuStreamEndCapture gives the same graph back. */
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
+					    size_t ndeps, CUstreamCaptureMode mode)
+{
+	(void)data;
+	(void)mode;
+	struct sim_obj *o = sim_stream_obj(s);
+	struct sim_graph *x = graph_of(g);
+	if (!o) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	if (!x) return CUDA_ERROR_INVALID_HANDLE;
+	if (o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+	if (ndeps && !deps) return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < ndeps; i++)
+		if (!node_in(x, deps[i])) return CUDA_ERROR_INVALID_VALUE;
+	o->capturing = x;
+	return CUDA_SUCCESS;
+}
+
 /* ---- parameters set later ------------------------------------------------------------------ */
 
 EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p)

@@ -219,6 +219,35 @@ int main(int argc, char **argv)
 		r = cuStreamSynchronize(0);
 	printf("child graph: %d %d\n", r, r ? -1 : wrong(hout, 0, 3));
 
+	/* a launch captured into a graph that exists, after its memset node (c = 3.0 + i) */
+	CUstream s;
+	CUgraph gt, got = NULL;
+	CUgraphNode tm;
+	CUgraphExec texec;
+	void *args3[] = {&c, &b, &a, &n};
+	CUDA_MEMSET_NODE_PARAMS three_c = memset_of(c, 0x40400000u, N);
+	r = cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+	if (!r)
+		r = cuGraphCreate(&gt, 0);
+	if (!r)
+		r = cuGraphAddMemsetNode(&tm, gt, NULL, 0, &three_c, ctx);
+	if (!r)
+		r = cuStreamBeginCaptureToGraph(s, gt, &tm, NULL, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+	if (!r)
+		r = cuLaunchKernel(fn, 1, 1, 1, N, 1, 1, 0, s, args3, NULL);
+	if (!r)
+		r = cuStreamEndCapture(s, &got);
+	if (!r)
+		r = cuGraphInstantiate(&texec, gt, 0);
+	if (!r)
+		r = cuGraphLaunch(texec, s);
+	if (!r)
+		r = cuStreamSynchronize(s);
+	if (!r)
+		r = cuMemcpyDtoH(hout, a, N * 4);
+	CUresult rf = cuStreamBeginCaptureToGraph(s, gt, &foreign, NULL, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+	printf("captured into a graph: %d %d %d %d\n", r, got == gt, r ? -1 : wrong(hout, 1, 3), rf);
+
 	/* ---- what a hostile program tries: each refused when the node is added or set ---- */
 	CUgraphNode x;
 	CUDA_MEMSET_NODE_PARAMS past = memset_of(a, 0, N + 1), shifted = memset_of(a + 4, 0, N),

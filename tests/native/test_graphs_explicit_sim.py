@@ -6,6 +6,8 @@ host memory only pinned memory of its region's heap, a kernel node's function it
 parameters laid out as a launch's, every graph, node and dependency handle through its table."""
 
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -36,16 +38,17 @@ def other_process(chan) -> tuple[int, int]:
 
 def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(shm_path):
     """tests/cuda/graphs_explicit.c through the guest library, against the ASan/UBSan forwarder: a
-    memset node and a copy from pinned memory feed a vadd kernel node whose result a copy brings back
-    into pinned memory: right results; the executable graph's kernel node given new parameters: the
-    new results; the executable graph updated from another graph of its shape: its results, and from
-    one of another shape: refused with the driver's reason; a node disabled and its flag read back; node types; a child graph runs.  Refused when
-    added or set: memset and memcpy ranges one byte past an allocation, starting inside it and running
-    past, rows or a second row past it, another process's allocation, pinned memory far past the heap
-    (CUDA_ERROR_INVALID_VALUE); pageable host memory either way (CUDA_ERROR_NOT_SUPPORTED, said once
-    in the guest's log); a forged function, a node or graph not its own (another process's node, a
-    stale generation) as a dependency, a target or a child (CUDA_ERROR_INVALID_HANDLE).  A destroyed
-    graph's nodes name nothing.  The forwarder stays up."""
+        memset node and a copy from pinned memory feed a vadd kernel node whose result a copy brings back
+        into pinned memory: right results; the executable graph's kernel node given new parameters: the
+        new results; the executable graph updated from another graph of its shape: its results, and from
+        one of another shape: refused with the driver's reason; a node disabled and its flag read back; node types; a child graph runs; a launch captured into a graph that exists, after its memset node, runs
+    after it (and a capture after another process's node is refused).  Refused when
+        added or set: memset and memcpy ranges one byte past an allocation, starting inside it and running
+        past, rows or a second row past it, another process's allocation, pinned memory far past the heap
+        (CUDA_ERROR_INVALID_VALUE); pageable host memory either way (CUDA_ERROR_NOT_SUPPORTED, said once
+        in the guest's log); a forged function, a node or graph not its own (another process's node, a
+        stale generation) as a dependency, a target or a child (CUDA_ERROR_INVALID_HANDLE).  A destroyed
+        graph's nodes name nothing.  The forwarder stays up."""
     with forwarder(shm_path, size="128M", asan=True) as fwd:
         region = shm.Region.open(shm_path)
         chan = shm.GuestChannel(region)
@@ -63,6 +66,7 @@ def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(s
                 "enabled flag: 0 0 0",
                 "node types: 1 2 1 0 1 5",  # memset, memcpy, kernel, memcpy, empty
                 "child graph: 0 0",
+                "captured into a graph: 0 1 0 400",
                 "memset nodes: 1 1 1 1 1",
                 "memcpy nodes: 1 1 1 1 801 801 1 801 1",
                 "kernel nodes: 400 400 400 400 400",
@@ -148,3 +152,34 @@ def test_a_hostile_guest_cannot_pass_the_node_checks_on_the_wire(shm_path):
         finally:
             chan.close()
             region.close()
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            'cuGraphAddDependencies_v2 = { op = 170, class = "sync", in_array = { from = "numDependencies", '
+            'to = "numDependencies", edgeData = "numDependencies" } }',
+            "from, to would share the channel's scratch",
+        ),
+        (
+            'cuGraphAddEmptyNode = { op = 151, class = "sync", out = ["phGraphNode"], in_array = '
+            '{ dependencies = "numDependencies" }, nullable = ["dependencies"] }',
+            "nullable must name an in_array of values",
+        ),
+        (
+            'cuGraphAddEmptyNode = { op = 151, class = "sync", out = ["phGraphNode"], in_array = '
+            '{ dependencies = "numDependencies" }, guest = "maybe" }',
+            'guest must be "cached" or "front"',
+        ),
+    ],
+)
+def test_the_generator_refuses_handle_arrays_it_cannot_translate_safely(tmp_path, entry, message):
+    """An in_array of handles is translated into the channel's scratch, so two in one call (or one
+    beside an out_array) would overwrite each other: refused; only an array of values may be
+    nullable (a NULL handle array would skip the translation); a guest half is "cached" or "front"."""
+    spec = tmp_path / "api.toml"
+    spec.write_text(f'[handles]\nCUgraph = "graph"\nCUgraphNode = "graph_node"\n\n[fn]\n{entry}\n')
+    gen = ROOT / "native" / "cuda_api" / "gen.py"
+    r = subprocess.run([sys.executable, str(gen), "--check", "--spec", str(spec)], capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr, r.stderr

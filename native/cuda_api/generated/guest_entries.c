@@ -1836,6 +1836,32 @@ VG_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType
 	return forward_cuGraphNodeGetType(hNode, type, 0);
 }
 
+static CUresult forward_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode * dependencies, const CUgraphEdgeData * dependencyData, size_t numDependencies, CUstreamCaptureMode mode, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuStreamBeginCaptureToGraph, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hStream, sizeof(hStream));
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put_arr(&c, dependencyData, (uint64_t)(numDependencies), sizeof(*dependencyData));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put(&c, &mode, sizeof(mode));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
+{
+	return forward_cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
+{
+	return forward_cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode, VG_F_PTDS);
+}
+
 static CUresult forward_cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int isEnabled, unsigned vg_flags)
 {
 	struct vg_call c;

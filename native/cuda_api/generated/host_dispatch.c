@@ -1408,6 +1408,47 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			vh_put(wr, type, sizeof(*type));
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuStreamBeginCaptureToGraph: {
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		uint64_t dependencyData_n;
+		const CUgraphEdgeData *dependencyData = vh_get_arr(rd, sizeof(CUgraphEdgeData), &dependencyData_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUstreamCaptureMode mode;
+		vh_get(rd, &mode, sizeof(mode));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (dependencyData_n == 0)
+			dependencyData = NULL;
+		else if (dependencyData_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamBeginCaptureToGraph_pt ? B->cuStreamBeginCaptureToGraph_pt(hStream, hGraph, dependencies, dependencyData, numDependencies, mode) : B->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
 	case VG_OP_cuGraphNodeSetEnabled: {
 		CUgraphExec hGraphExec;
 		vh_get(rd, &hGraphExec, sizeof(hGraphExec));

@@ -139,7 +139,8 @@
 #define VG_OP_cuGraphNodeGetType 166
 #define VG_OP_cuGraphNodeSetEnabled 167
 #define VG_OP_cuGraphNodeGetEnabled 168
-#define VG_OP_LIMIT 169
+#define VG_OP_cuStreamBeginCaptureToGraph 169
+#define VG_OP_LIMIT 170
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -278,5 +279,6 @@
 	X(166, cuGraphNodeGetType) \
 	X(167, cuGraphNodeSetEnabled) \
 	X(168, cuGraphNodeGetEnabled) \
+	X(169, cuStreamBeginCaptureToGraph) \
 
 #endif

@@ -60,6 +60,7 @@
 	X(cuGraphExecEventRecordNodeSetEvent) \
 	X(cuGraphExecEventWaitNodeSetEvent) \
 	X(cuGraphNodeGetType) \
+	X(cuStreamBeginCaptureToGraph) \
 	X(cuGraphNodeSetEnabled) \
 	X(cuGraphNodeGetEnabled) \
 	X(cuArrayGetDescriptor_v2) \
@@ -172,6 +173,7 @@
 	P(cuStreamIsCapturing, cuStreamIsCapturing_ptsz) \
 	P(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
 	P(cuStreamEndCapture, cuStreamEndCapture_ptsz) \
+	P(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz) \
 	P(cuMemsetD8Async, cuMemsetD8Async_ptsz) \
 	P(cuMemsetD16Async, cuMemsetD16Async_ptsz) \
 	P(cuMemsetD32Async, cuMemsetD32Async_ptsz) \

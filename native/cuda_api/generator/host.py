@@ -77,7 +77,11 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     b.append("\t\tif (rd->bad)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     b += bounds_checks(s.get("bounds", {}), "\t\t")  # before the counts they give
     for p in fn.params:
-        if p.name in in_arr:
+        if p.name in in_arr and p.name in s.get("nullable", []):  # none given: NULL, whatever the count
+            b.append(
+                f"\t\tif ({p.name}_n == 0)\n\t\t\t{p.name} = NULL;\n\t\telse if ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
+            )
+        elif p.name in in_arr:
             b.append(f"\t\tif ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
             b += handle_array_in(p, handles)
         if p.name in out_arr:
