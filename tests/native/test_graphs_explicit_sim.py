@@ -38,17 +38,18 @@ def other_process(chan) -> tuple[int, int]:
 
 def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(shm_path):
     """tests/cuda/graphs_explicit.c through the guest library, against the ASan/UBSan forwarder: a
-        memset node and a copy from pinned memory feed a vadd kernel node whose result a copy brings back
-        into pinned memory: right results; the executable graph's kernel node given new parameters: the
-        new results; the executable graph updated from another graph of its shape: its results, and from
-        one of another shape: refused with the driver's reason; a node disabled and its flag read back; node types; a child graph runs; a launch captured into a graph that exists, after its memset node, runs
-    after it (and a capture after another process's node is refused).  Refused when
-        added or set: memset and memcpy ranges one byte past an allocation, starting inside it and running
-        past, rows or a second row past it, another process's allocation, pinned memory far past the heap
-        (CUDA_ERROR_INVALID_VALUE); pageable host memory either way (CUDA_ERROR_NOT_SUPPORTED, said once
-        in the guest's log); a forged function, a node or graph not its own (another process's node, a
-        stale generation) as a dependency, a target or a child (CUDA_ERROR_INVALID_HANDLE).  A destroyed
-        graph's nodes name nothing.  The forwarder stays up."""
+    memset node and a copy from pinned memory feed a vadd kernel node whose result a copy brings back
+    into pinned memory: right results; the executable graph's kernel node given new parameters: the
+    new results; the executable graph updated from another graph of its shape: its results, and from
+    one of another shape: refused, its reason the generic one; a node disabled and its flag read back;
+    node types; a child graph runs; a launch captured into a graph that exists, after its memset node,
+    runs after it (and a capture after another process's node is refused).  Refused when added or set:
+    memset and memcpy ranges one byte past an allocation, starting inside it and running past, rows or
+    a second row past it, another process's allocation, pinned memory far past the heap
+    (CUDA_ERROR_INVALID_VALUE); pageable host memory either way (CUDA_ERROR_NOT_SUPPORTED, said once
+    in the guest's log); a forged function, a node or graph not its own (another process's node, a
+    stale generation) as a dependency, a target or a child (CUDA_ERROR_INVALID_HANDLE).  A destroyed
+    graph's nodes name nothing.  The forwarder stays up."""
     with forwarder(shm_path, size="128M", asan=True) as fwd:
         region = shm.Region.open(shm_path)
         chan = shm.GuestChannel(region)
