@@ -25,5 +25,7 @@ uint64_t vg_function_handle(CUfunction f);
 /* A launch configuration into a request (launch.c): api.toml's launch_config. */
 struct vg_call;
 void vg_put_launch_config(struct vg_call *c, const CUlaunchConfig *cfg);
+/* A kernel's parameters (kernelParams or extra's packed buffer) at the host's offsets (launch.c). */
+CUresult vg_put_params(struct vg_call *c, const struct vg_param_layout *fi, void **params, void **extra);
 
 #endif

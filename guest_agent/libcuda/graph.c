@@ -1,6 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for. */
+/* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for;
+ * graphs built node by node: memcpy nodes' host memory as region offsets, kernel nodes'
+ * parameters laid out as a launch's (host half: host_forwarder/native/graph_nodes.c). */
+#include <string.h>
+
 #include "call.h"
+#include "connection.h"
+#include "function.h"
+#include "hostmem.h"
 #include "vg_guest_protos.h"
 
 /* ---- stream capture state ------------------------------------------------------------------- */
@@ -53,4 +60,140 @@ CUresult handwritten_cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus
 				       unsigned f)
 {
 	return capture_info(VG_OP_cuStreamGetCaptureInfo_v3, s, status, id, graph, deps, edges, ndeps, f);
+}
+
+/* ---- graphs built node by node ---------------------------------------------------------------- */
+
+/* One side of a memcpy node as the host takes it: host memory as its offset in the region's heap
+ * (in the host pointer field), which the host can reach whenever the graph runs.  Pageable memory
+ * it cannot: refused, CUDA_ERROR_NOT_SUPPORTED, said once.  A unified address in the heap is host
+ * memory; any other stays a device address, which the host checks. */
+static CUresult copy_side_out(const char *call, CUmemorytype *type, const void **host, CUdeviceptr *dev)
+{
+	static int said;
+	if (*type == CU_MEMORYTYPE_UNIFIED) {
+		uint64_t off = vg_heap_offset((const void *)(uintptr_t)*dev, 1);
+		if (off != UINT64_MAX) {
+			*type = CU_MEMORYTYPE_HOST;
+			*host = (const void *)(uintptr_t)off;
+			*dev = 0;
+		}
+		return CUDA_SUCCESS;
+	}
+	if (*type != CU_MEMORYTYPE_HOST)
+		return CUDA_SUCCESS;
+	uint64_t off = *host ? vg_heap_offset(*host, 1) : UINT64_MAX;
+	if (off == UINT64_MAX) {
+		if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			vg_log("%s: host memory %p is not pinned; a graph's memcpy node takes only memory from "
+			       "cuMemHostAlloc/cuMemAllocHost (the host cannot reach pageable memory when the graph "
+			       "runs): CUDA_ERROR_NOT_SUPPORTED", call, *host);
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	*host = (const void *)(uintptr_t)off;
+	return CUDA_SUCCESS;
+}
+
+static CUresult copy_params_out(const char *call, const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D *out)
+{
+	if (!in)
+		return CUDA_ERROR_INVALID_VALUE;
+	*out = *in;
+	CUresult r = copy_side_out(call, &out->srcMemoryType, &out->srcHost, &out->srcDevice);
+	if (r == CUDA_SUCCESS)
+		r = copy_side_out(call, &out->dstMemoryType, (const void **)&out->dstHost, &out->dstDevice);
+	return r;
+}
+
+CUresult handwritten_cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+					  const CUDA_MEMCPY3D *params, CUcontext ctx, unsigned fl)
+{
+	CUDA_MEMCPY3D p;
+	CUresult r = copy_params_out("cuGraphAddMemcpyNode", params, &p);
+	return r != CUDA_SUCCESS ? r : forward_cuGraphAddMemcpyNode(node, g, deps, ndeps, &p, ctx, fl);
+}
+
+CUresult handwritten_cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_MEMCPY3D *params,
+						    CUcontext ctx, unsigned fl)
+{
+	CUDA_MEMCPY3D p;
+	CUresult r = copy_params_out("cuGraphExecMemcpyNodeSetParams", params, &p);
+	return r != CUDA_SUCCESS ? r : forward_cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx, fl);
+}
+
+/* A failed update's reply carries no values: its reason is the generic one, naming no node. */
+CUresult handwritten_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo *info, unsigned fl)
+{
+	CUresult r = forward_cuGraphExecUpdate_v2(exec, g, info, fl);
+	if (r != CUDA_SUCCESS && info) {
+		memset(info, 0, sizeof *info);
+		info->result = CU_GRAPH_EXEC_UPDATE_ERROR;
+	}
+	return r;
+}
+
+/* A kernel node: its handles (graph and dependencies, or [graph exec and] node), then what a
+ * launch carries: the function, dims and shared memory, the parameters at the host's offsets. */
+struct node_target {
+	uint32_t op;
+	CUgraph graph;
+	const CUgraphNode *deps;
+	size_t ndeps;
+	CUgraphExec exec;
+	CUgraphNode node;
+};
+
+static CUresult kernel_node(const struct node_target *t, const CUDA_KERNEL_NODE_PARAMS *p, CUgraphNode *out, unsigned fl)
+{
+	if (!p || (t->op == VG_OP_cuGraphAddKernelNode_v2 && !out))
+		return CUDA_ERROR_INVALID_VALUE;
+	CUfunction f = p->func ? p->func : (CUfunction)p->kern;
+	if (!f)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_param_layout *fi;
+	CUresult r = vg_param_layout(vg_function_handle(f), &fi);
+	if (r != CUDA_SUCCESS)
+		return r;
+	struct vg_call c;
+	if ((r = vg_begin(&c, t->op, fl)) != CUDA_SUCCESS)
+		return r;
+	if (t->op == VG_OP_cuGraphAddKernelNode_v2) {
+		vg_put_u64(&c, (uint64_t)(uintptr_t)t->graph);
+		vg_put_arr(&c, t->deps, t->ndeps, sizeof *t->deps);
+		vg_put_u64(&c, t->ndeps);
+	} else {
+		if (t->op == VG_OP_cuGraphExecKernelNodeSetParams_v2)
+			vg_put_u64(&c, (uint64_t)(uintptr_t)t->exec);
+		vg_put_u64(&c, (uint64_t)(uintptr_t)t->node);
+	}
+	vg_put_u64(&c, vg_function_handle(f));
+	uint32_t dims[8] = {p->gridDimX,  p->gridDimY,	p->gridDimZ,	     p->blockDimX,
+			    p->blockDimY, p->blockDimZ, p->sharedMemBytes, 0};
+	vg_put(&c, dims, sizeof dims);
+	if ((r = vg_put_params(&c, fi, p->kernelParams, p->extra)) != CUDA_SUCCESS)
+		return vg_end(&c, r);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS && out)
+		*out = (CUgraphNode)(uintptr_t)vg_get_u64(&c);
+	return vg_end(&c, r);
+}
+
+CUresult handwritten_cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+					     const CUDA_KERNEL_NODE_PARAMS *params, unsigned fl)
+{
+	struct node_target t = {.op = VG_OP_cuGraphAddKernelNode_v2, .graph = g, .deps = deps, .ndeps = ndeps};
+	return kernel_node(&t, params, node, fl);
+}
+
+CUresult handwritten_cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *params, unsigned fl)
+{
+	struct node_target t = {.op = VG_OP_cuGraphKernelNodeSetParams_v2, .node = node};
+	return kernel_node(&t, params, NULL, fl);
+}
+
+CUresult handwritten_cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+						       const CUDA_KERNEL_NODE_PARAMS *params, unsigned fl)
+{
+	struct node_target t = {.op = VG_OP_cuGraphExecKernelNodeSetParams_v2, .exec = exec, .node = node};
+	return kernel_node(&t, params, NULL, fl);
 }

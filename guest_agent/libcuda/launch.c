@@ -112,8 +112,9 @@ CUresult handwritten_cuKernelGetParamInfo(CUkernel k, size_t i, size_t *off, siz
 
 /* ---- launches ------------------------------------------------------------------------ */
 
-/* Check a launch's parameters and append them at the host's offsets: u64 size, then the bytes. */
-static CUresult put_params(struct vg_call *c, const struct vg_param_layout *fi, void **params, void **extra)
+/* Check a launch's parameters and append them at the host's offsets: u64 size, then the bytes
+ * (a graph's kernel node's too: graph.c). */
+CUresult vg_put_params(struct vg_call *c, const struct vg_param_layout *fi, void **params, void **extra)
 {
 	const void *packed = NULL;
 	size_t packed_size = 0;
@@ -184,7 +185,7 @@ CUresult handwritten_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
 	uint32_t dims[8] = {gx, gy, gz, bx, by, bz, shmem, 0};
 	vg_put(&c, dims, sizeof dims);
 	vg_put_u64(&c, (uint64_t)(uintptr_t)s);
-	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
+	if ((r = vg_put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
 		return vg_end(&c, r);
 	return vg_send_async(&c);
 }
@@ -199,7 +200,7 @@ CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_launch_config(&c, config);
-	if ((r = put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
+	if ((r = vg_put_params(&c, fi, params, extra)) != CUDA_SUCCESS)
 		return vg_end(&c, r);
 	return vg_send_async(&c);
 }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Graphs: an executable graph's memory nodes charged to the quota when it is instantiated (and
- * uploaded, so that the memory is taken then), a stream's capture state, a graph's nodes as
- * handles.
+ * uploaded, so that the memory is taken then) and never grown by an update, a stream's capture
+ * state, a graph's nodes as handles.  Graphs built node by node: graph_nodes.c.
  */
 #include <stdlib.h>
 
@@ -80,6 +80,26 @@ CUresult guarded_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
 		vh_alloc_release(ch, a);
 	}
 	return CUDA_SUCCESS;
+}
+
+/* An executable graph updated from another graph: its memory was charged when it was made, so a
+ * graph whose memory nodes ask for more is refused (the driver refuses changed memory nodes too);
+ * the result names nodes, which become the guest's handles, never the host's pointers. */
+CUresult guarded_cuGraphExecUpdate_v2(struct vh_chan *ch, CUgraphExec exec, CUgraph g, CUgraphExecUpdateResultInfo *info)
+{
+	struct vh_alloc *a = vh_alloc_find(ch, (CUdeviceptr)(uintptr_t)exec, 1u << VH_GRAPH);
+	uint64_t need = graph_mem(ch, g);
+	if (need > (a ? a->size : 0))
+		return CUDA_ERROR_NOT_SUPPORTED;
+	CUresult r = ch->backend->cuGraphExecUpdate_v2(exec, g, info);
+	if (info) {
+		if (info->errorNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorNode, g))
+			info->errorNode = NULL;
+		/* a node of the graph the executable graph was made from: the guest's handle if it has one */
+		if (info->errorFromNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorFromNode, g))
+			info->errorFromNode = NULL;
+	}
+	return r;
 }
 
 static CUresult capture_info(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int version)

@@ -49,8 +49,8 @@ static uint64_t param_bytes(const struct vh_handle *e)
 	return end;
 }
 
-/* The guest's parameter bytes against the host's own layout; fills args. */
-static CUresult params_in(struct vh_chan *ch, struct vh_handle *e, struct vh_rd *rd, void **args)
+/* The guest's parameter bytes against the host's own layout; fills args (graph kernel nodes too). */
+CUresult vh_launch_params_in(struct vh_chan *ch, struct vh_handle *e, struct vh_rd *rd, void **args)
 {
 	uint64_t nblob;
 	uint8_t *blob = vh_get_arr(rd, 1, &nblob);
@@ -126,7 +126,7 @@ CUresult handwritten_cuLaunchKernel(struct vh_chan *ch, uint32_t flags, struct v
 	if (!e || bad)
 		return rd->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
 	void *args[VG_MAX_PARAMS];
-	CUresult r = params_in(ch, e, rd, args);
+	CUresult r = vh_launch_params_in(ch, e, rd, args);
 	if (r != CUDA_SUCCESS)
 		return r;
 	return ch->backend->cuLaunchKernel(e->ptr, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s,
@@ -155,7 +155,7 @@ CUresult handwritten_cuLaunchKernelEx(struct vh_chan *ch, uint32_t flags, struct
 	struct launch_target t;
 	CUresult r = function_and_config(ch, flags, rd, &t);
 	void *args[VG_MAX_PARAMS];
-	if (r != CUDA_SUCCESS || (r = params_in(ch, t.e, rd, args)) != CUDA_SUCCESS)
+	if (r != CUDA_SUCCESS || (r = vh_launch_params_in(ch, t.e, rd, args)) != CUDA_SUCCESS)
 		return r;
 	return ch->backend->cuLaunchKernelEx(&t.cfg, t.e->ptr, t.e->nparams ? args : NULL, NULL);
 }

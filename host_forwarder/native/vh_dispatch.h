@@ -40,6 +40,10 @@ int vh_op_gpu_work(uint32_t op);
  * up to VG_MAX_LAUNCH_ATTRS attributes into attrs, their events translated, unknown ones refused. */
 CUresult vh_launch_config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, CUlaunchConfig *cfg,
 			     CUlaunchAttribute *attrs);
+/* launch.c: a kernel's parameter bytes from the request, checked against the function's own
+ * layout (the host driver's); args points into the request (a launch, a graph's kernel node). */
+struct vh_handle;
+CUresult vh_launch_params_in(struct vh_chan *ch, struct vh_handle *e, struct vh_rd *rd, void **args);
 
 /* A handwritten_ entry point that is one variant of a shared implementation,
  * impl(ch, flags, rd, wr, variant): a synchronous and an asynchronous copy, a get and a set. */

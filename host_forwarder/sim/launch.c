@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Launches (the one kernel that runs: a "vadd" entry computes c = a + b) and graphs: launches
- * captured on a stream, replayed by cuGraphLaunch.
+ * captured on a stream, replayed by cuGraphLaunch (which runs every kind of node: graphs_explicit.c).
  */
 #include "sim.h"
 
@@ -59,6 +59,11 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
 	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
 	*x = *(struct sim_graph *)g;
 	x->magic = EXEC_MAGIC;
+	if (sim_graph_clone_children(x) != CUDA_SUCCESS) {
+		sim_graph_free_children(x);
+		free(x);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	*e = (CUgraphExec)x;
 	return CUDA_SUCCESS;
 }
@@ -67,18 +72,7 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
 	(void)s;
 	if (!sim_is_obj(e, EXEC_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
-	struct sim_graph *x = (struct sim_graph *)e;
-	for (int i = 0; i < x->n; i++) {
-		struct sim_node *nd = &x->node[i];
-		struct sim_fn *f = sim_fn_of(nd->fn);
-		void *args[MAX_P];
-		for (int k = 0; f && k < f->np; k++)
-			args[k] = nd->params + f->off[k];
-		CUresult r = cuLaunchKernel(nd->fn, nd->dims[0], nd->dims[1], nd->dims[2], nd->dims[3], nd->dims[4],
-					    nd->dims[5], nd->dims[6], NULL, args, NULL);
-		if (r != CUDA_SUCCESS) return r;
-	}
-	return CUDA_SUCCESS;
+	return sim_graph_run((struct sim_graph *)e); /* graphs_explicit.c */
 }
 
 EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s)
@@ -91,6 +85,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
 	if (!sim_is_obj(e, EXEC_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	((struct sim_graph *)e)->magic = 0;
+	sim_graph_free_children((struct sim_graph *)e);
 	free(e);
 	return CUDA_SUCCESS;
 }
@@ -99,6 +94,7 @@ EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
 	if (!sim_is_obj(g, GRAPH_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	((struct sim_graph *)g)->magic = 0;
+	sim_graph_free_children((struct sim_graph *)g);
 	free(g);
 	return CUDA_SUCCESS;
 }

@@ -15,7 +15,7 @@
  * pointer attributes), copies.c (copies and memsets), streams.c (streams, events, stream
  * capture), modules.c (modules from PTX, functions), launch.c (launches and graphs), pools.c
  * (pools and VMM), knobs.c (what tests set through the environment, and the usage NVML would
- * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs).  This header is what the files share; only the CUDA API is exported (EXPORT).
+ * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs).  This header is what the files share; only the CUDA API is exported (EXPORT).
  */
 #ifndef SIM_H
 #define SIM_H
@@ -111,10 +111,27 @@ struct sim_fn *sim_fn_of(const void *h);
 #define GRAPH_MAGIC 0x47525048u
 #define EXEC_MAGIC 0x47455845u
 #define MAX_NODES 64
+/* A graph's node.  A captured launch is a kernel node and nothing more (all else zero); graphs
+ * built by hand have every kind (graphs_explicit.c). */
+enum sim_node_type {
+	SIM_NODE_KERNEL = 0,
+	SIM_NODE_EMPTY,
+	SIM_NODE_MEMCPY,
+	SIM_NODE_MEMSET,
+	SIM_NODE_CHILD,
+	SIM_NODE_EVENT_RECORD,
+	SIM_NODE_EVENT_WAIT,
+};
 struct sim_node {
 	CUfunction fn;
 	unsigned dims[7];
 	uint8_t params[256];
+	int type, disabled;
+	uint64_t id; /* an executable graph's node is found by the id of the node it was made from */
+	CUDA_MEMCPY3D copy;
+	CUDA_MEMSET_NODE_PARAMS set;
+	struct sim_graph *child; /* the node's own copy of its child graph */
+	CUevent event;
 };
 struct sim_graph {
 	uint32_t magic;
@@ -124,5 +141,10 @@ struct sim_graph {
 /* Called by cuLaunchKernel: a launch on a capturing stream is recorded, not run (nonzero, with
  * the launch's result in *r). */
 int sim_capture_launch(CUstream s, CUfunction func, const unsigned dims[7], void **args, CUresult *r);
+/* graphs_explicit.c: run a graph's nodes (cuGraphLaunch); a graph copied by value gets its own
+ * copies of its child graphs, and a graph that goes frees them. */
+CUresult sim_graph_run(struct sim_graph *x);
+CUresult sim_graph_clone_children(struct sim_graph *g);
+void sim_graph_free_children(struct sim_graph *g);
 
 #endif

@@ -27,6 +27,7 @@ SAME_OUTPUT: dict[str, list] = {
     "torch-compile": [sys.executable, HERE / "torch_compile.py"],
     "cupy": [sys.executable, HERE / "cupy_ops.py"],
     "cupy-sparse-solver": [sys.executable, HERE / "cupy_sparse.py"],
+    "jax": [sys.executable, HERE / "jax_ops.py"],
 }
 
 # and every other program a GPU test runs natively

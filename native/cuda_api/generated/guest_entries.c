@@ -1504,6 +1504,406 @@ VG_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, s
 	return forward_cuGraphGetNodes(hGraph, nodes, numNodes, 0);
 }
 
+static CUresult forward_cuGraphCreate(CUgraph * phGraph, unsigned int flags, unsigned vg_flags)
+{
+	if (phGraph == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphCreate, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraph != NULL);
+	vg_put(&c, &flags, sizeof(flags));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraph != NULL)
+			vg_get(&c, phGraph, sizeof(*phGraph));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+	return forward_cuGraphCreate(phGraph, flags, 0);
+}
+
+static CUresult forward_cuGraphAddEmptyNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, unsigned vg_flags)
+{
+	if (phGraphNode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddEmptyNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphNode != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphNode != NULL)
+			vg_get(&c, phGraphNode, sizeof(*phGraphNode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies)
+{
+	return forward_cuGraphAddEmptyNode(phGraphNode, hGraph, dependencies, numDependencies, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+	return handwritten_cuGraphAddKernelNode_v2(phGraphNode, hGraph, dependencies, numDependencies, nodeParams, 0);
+}
+
+CUresult forward_cuGraphAddMemcpyNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags)
+{
+	if (phGraphNode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddMemcpyNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphNode != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put_opt(&c, copyParams, sizeof(*copyParams));
+	vg_put_ctx(&c, ctx);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphNode != NULL)
+			vg_get(&c, phGraphNode, sizeof(*phGraphNode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_MEMCPY3D *copyParams, CUcontext ctx)
+{
+	return handwritten_cuGraphAddMemcpyNode(phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx, 0);
+}
+
+static CUresult forward_cuGraphAddMemsetNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS * memsetParams, CUcontext ctx, unsigned vg_flags)
+{
+	if (phGraphNode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddMemsetNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphNode != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put_opt(&c, memsetParams, sizeof(*memsetParams));
+	vg_put_ctx(&c, ctx);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphNode != NULL)
+			vg_get(&c, phGraphNode, sizeof(*phGraphNode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx)
+{
+	return forward_cuGraphAddMemsetNode(phGraphNode, hGraph, dependencies, numDependencies, memsetParams, ctx, 0);
+}
+
+static CUresult forward_cuGraphAddChildGraphNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, CUgraph childGraph, unsigned vg_flags)
+{
+	if (phGraphNode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddChildGraphNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphNode != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put(&c, &childGraph, sizeof(childGraph));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphNode != NULL)
+			vg_get(&c, phGraphNode, sizeof(*phGraphNode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUgraph childGraph)
+{
+	return forward_cuGraphAddChildGraphNode(phGraphNode, hGraph, dependencies, numDependencies, childGraph, 0);
+}
+
+static CUresult forward_cuGraphAddEventRecordNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, CUevent event, unsigned vg_flags)
+{
+	if (phGraphNode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddEventRecordNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphNode != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put(&c, &event, sizeof(event));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphNode != NULL)
+			vg_get(&c, phGraphNode, sizeof(*phGraphNode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddEventRecordNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUevent event)
+{
+	return forward_cuGraphAddEventRecordNode(phGraphNode, hGraph, dependencies, numDependencies, event, 0);
+}
+
+static CUresult forward_cuGraphAddEventWaitNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, CUevent event, unsigned vg_flags)
+{
+	if (phGraphNode == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddEventWaitNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phGraphNode != NULL);
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put(&c, &event, sizeof(event));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phGraphNode != NULL)
+			vg_get(&c, phGraphNode, sizeof(*phGraphNode));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUevent event)
+{
+	return forward_cuGraphAddEventWaitNode(phGraphNode, hGraph, dependencies, numDependencies, event, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+	return handwritten_cuGraphKernelNodeSetParams_v2(hNode, nodeParams, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
+{
+	return handwritten_cuGraphExecKernelNodeSetParams_v2(hGraphExec, hNode, nodeParams, 0);
+}
+
+CUresult forward_cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecMemcpyNodeSetParams, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put_opt(&c, copyParams, sizeof(*copyParams));
+	vg_put_ctx(&c, ctx);
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D *copyParams, CUcontext ctx)
+{
+	return handwritten_cuGraphExecMemcpyNodeSetParams(hGraphExec, hNode, copyParams, ctx, 0);
+}
+
+static CUresult forward_cuGraphExecMemsetNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS * memsetParams, CUcontext ctx, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecMemsetNodeSetParams, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put_opt(&c, memsetParams, sizeof(*memsetParams));
+	vg_put_ctx(&c, ctx);
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecMemsetNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx)
+{
+	return forward_cuGraphExecMemsetNodeSetParams(hGraphExec, hNode, memsetParams, ctx, 0);
+}
+
+static CUresult forward_cuGraphExecChildGraphNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, CUgraph childGraph, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecChildGraphNodeSetParams, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put(&c, &childGraph, sizeof(childGraph));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, CUgraph childGraph)
+{
+	return forward_cuGraphExecChildGraphNodeSetParams(hGraphExec, hNode, childGraph, 0);
+}
+
+static CUresult forward_cuGraphExecEventRecordNodeSetEvent(CUgraphExec hGraphExec, CUgraphNode hNode, CUevent event, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecEventRecordNodeSetEvent, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put(&c, &event, sizeof(event));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecEventRecordNodeSetEvent(CUgraphExec hGraphExec, CUgraphNode hNode, CUevent event)
+{
+	return forward_cuGraphExecEventRecordNodeSetEvent(hGraphExec, hNode, event, 0);
+}
+
+static CUresult forward_cuGraphExecEventWaitNodeSetEvent(CUgraphExec hGraphExec, CUgraphNode hNode, CUevent event, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecEventWaitNodeSetEvent, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put(&c, &event, sizeof(event));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecEventWaitNodeSetEvent(CUgraphExec hGraphExec, CUgraphNode hNode, CUevent event)
+{
+	return forward_cuGraphExecEventWaitNodeSetEvent(hGraphExec, hNode, event, 0);
+}
+
+CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphExecUpdate_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_u64(&c, resultInfo != NULL);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (resultInfo != NULL)
+			vg_get(&c, resultInfo, sizeof(*resultInfo));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo *resultInfo)
+{
+	return handwritten_cuGraphExecUpdate_v2(hGraphExec, hGraph, resultInfo, 0);
+}
+
+static CUresult forward_cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType * type, unsigned vg_flags)
+{
+	if (type == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphNodeGetType, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put_u64(&c, type != NULL);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (type != NULL)
+			vg_get(&c, type, sizeof(*type));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+	return forward_cuGraphNodeGetType(hNode, type, 0);
+}
+
+static CUresult forward_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode * dependencies, const CUgraphEdgeData * dependencyData, size_t numDependencies, CUstreamCaptureMode mode, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuStreamBeginCaptureToGraph, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hStream, sizeof(hStream));
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, dependencies, (uint64_t)(numDependencies), sizeof(*dependencies));
+	vg_put_arr(&c, dependencyData, (uint64_t)(numDependencies), sizeof(*dependencyData));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	vg_put(&c, &mode, sizeof(mode));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
+{
+	return forward_cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
+{
+	return forward_cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode, VG_F_PTDS);
+}
+
+static CUresult forward_cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int isEnabled, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphNodeSetEnabled, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put(&c, &isEnabled, sizeof(isEnabled));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int isEnabled)
+{
+	return forward_cuGraphNodeSetEnabled(hGraphExec, hNode, isEnabled, 0);
+}
+
+static CUresult forward_cuGraphNodeGetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int * isEnabled, unsigned vg_flags)
+{
+	if (isEnabled == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphNodeGetEnabled, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraphExec, sizeof(hGraphExec));
+	vg_put(&c, &hNode, sizeof(hNode));
+	vg_put_u64(&c, isEnabled != NULL);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (isEnabled != NULL)
+			vg_get(&c, isEnabled, sizeof(*isEnabled));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphNodeGetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int *isEnabled)
+{
+	return forward_cuGraphNodeGetEnabled(hGraphExec, hNode, isEnabled, 0);
+}
+
 static CUresult forward_cuMemAllocPitch_v2(CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes, unsigned vg_flags)
 {
 	struct vg_call c;

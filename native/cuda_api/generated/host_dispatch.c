@@ -949,6 +949,555 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			vh_put(wr, nodes, nodes_got * sizeof(*nodes));
 		return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 	}
+	case VG_OP_cuGraphCreate: {
+		CUgraph phGraph_v;
+		memset(&phGraph_v, 0, sizeof(phGraph_v));
+		CUgraph *phGraph = vh_get_u64(rd) ? &phGraph_v : NULL;
+		unsigned int flags;
+		vh_get(rd, &flags, sizeof(flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (phGraph == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphCreate(phGraph, flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraph != NULL && vh_handle_new(ch, VG_KIND_GRAPH, (void **)phGraph, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraph != NULL)
+			vh_put(wr, phGraph, sizeof(*phGraph));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddEmptyNode: {
+		CUgraphNode phGraphNode_v;
+		memset(&phGraphNode_v, 0, sizeof(phGraphNode_v));
+		CUgraphNode *phGraphNode = vh_get_u64(rd) ? &phGraphNode_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (phGraphNode == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphAddEmptyNode(phGraphNode, hGraph, dependencies, numDependencies);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphNode != NULL)
+			vh_put(wr, phGraphNode, sizeof(*phGraphNode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddKernelNode_v2:
+		return handwritten_cuGraphAddKernelNode_v2(ch, vg_flags, rd, wr);
+	case VG_OP_cuGraphAddMemcpyNode: {
+		CUgraphNode phGraphNode_v;
+		memset(&phGraphNode_v, 0, sizeof(phGraphNode_v));
+		CUgraphNode *phGraphNode = vh_get_u64(rd) ? &phGraphNode_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUDA_MEMCPY3D copyParams_v;
+		const CUDA_MEMCPY3D *copyParams = vh_get_opt(rd, &copyParams_v, sizeof(copyParams_v));
+		CUcontext ctx;
+		vh_get(rd, &ctx, sizeof(ctx));
+		if (vh_context_in(ch, &ctx))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (phGraphNode == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuGraphAddMemcpyNode(ch, phGraphNode, hGraph, dependencies, numDependencies, copyParams, ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphNode != NULL)
+			vh_put(wr, phGraphNode, sizeof(*phGraphNode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddMemsetNode: {
+		CUgraphNode phGraphNode_v;
+		memset(&phGraphNode_v, 0, sizeof(phGraphNode_v));
+		CUgraphNode *phGraphNode = vh_get_u64(rd) ? &phGraphNode_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUDA_MEMSET_NODE_PARAMS memsetParams_v;
+		const CUDA_MEMSET_NODE_PARAMS *memsetParams = vh_get_opt(rd, &memsetParams_v, sizeof(memsetParams_v));
+		CUcontext ctx;
+		vh_get(rd, &ctx, sizeof(ctx));
+		if (vh_context_in(ch, &ctx))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (phGraphNode == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuGraphAddMemsetNode(ch, phGraphNode, hGraph, dependencies, numDependencies, memsetParams, ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphNode != NULL)
+			vh_put(wr, phGraphNode, sizeof(*phGraphNode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddChildGraphNode: {
+		CUgraphNode phGraphNode_v;
+		memset(&phGraphNode_v, 0, sizeof(phGraphNode_v));
+		CUgraphNode *phGraphNode = vh_get_u64(rd) ? &phGraphNode_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUgraph childGraph;
+		vh_get(rd, &childGraph, sizeof(childGraph));
+		if (childGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&childGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (phGraphNode == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphAddChildGraphNode(phGraphNode, hGraph, dependencies, numDependencies, childGraph);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphNode != NULL)
+			vh_put(wr, phGraphNode, sizeof(*phGraphNode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddEventRecordNode: {
+		CUgraphNode phGraphNode_v;
+		memset(&phGraphNode_v, 0, sizeof(phGraphNode_v));
+		CUgraphNode *phGraphNode = vh_get_u64(rd) ? &phGraphNode_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUevent event;
+		vh_get(rd, &event, sizeof(event));
+		if (event == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_EVENT, (void **)&event))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (phGraphNode == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphAddEventRecordNode(phGraphNode, hGraph, dependencies, numDependencies, event);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphNode != NULL)
+			vh_put(wr, phGraphNode, sizeof(*phGraphNode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddEventWaitNode: {
+		CUgraphNode phGraphNode_v;
+		memset(&phGraphNode_v, 0, sizeof(phGraphNode_v));
+		CUgraphNode *phGraphNode = vh_get_u64(rd) ? &phGraphNode_v : NULL;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUevent event;
+		vh_get(rd, &event, sizeof(event));
+		if (event == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_EVENT, (void **)&event))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (phGraphNode == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphAddEventWaitNode(phGraphNode, hGraph, dependencies, numDependencies, event);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phGraphNode != NULL)
+			vh_put(wr, phGraphNode, sizeof(*phGraphNode));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphKernelNodeSetParams_v2:
+		return handwritten_cuGraphKernelNodeSetParams_v2(ch, vg_flags, rd, wr);
+	case VG_OP_cuGraphExecKernelNodeSetParams_v2:
+		return handwritten_cuGraphExecKernelNodeSetParams_v2(ch, vg_flags, rd, wr);
+	case VG_OP_cuGraphExecMemcpyNodeSetParams: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUDA_MEMCPY3D copyParams_v;
+		const CUDA_MEMCPY3D *copyParams = vh_get_opt(rd, &copyParams_v, sizeof(copyParams_v));
+		CUcontext ctx;
+		vh_get(rd, &ctx, sizeof(ctx));
+		if (vh_context_in(ch, &ctx))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuGraphExecMemcpyNodeSetParams(ch, hGraphExec, hNode, copyParams, ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphExecMemsetNodeSetParams: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUDA_MEMSET_NODE_PARAMS memsetParams_v;
+		const CUDA_MEMSET_NODE_PARAMS *memsetParams = vh_get_opt(rd, &memsetParams_v, sizeof(memsetParams_v));
+		CUcontext ctx;
+		vh_get(rd, &ctx, sizeof(ctx));
+		if (vh_context_in(ch, &ctx))
+			return CUDA_ERROR_INVALID_CONTEXT;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuGraphExecMemsetNodeSetParams(ch, hGraphExec, hNode, memsetParams, ctx);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphExecChildGraphNodeSetParams: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraph childGraph;
+		vh_get(rd, &childGraph, sizeof(childGraph));
+		if (childGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&childGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphExecChildGraphNodeSetParams(hGraphExec, hNode, childGraph);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphExecEventRecordNodeSetEvent: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUevent event;
+		vh_get(rd, &event, sizeof(event));
+		if (event == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_EVENT, (void **)&event))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphExecEventRecordNodeSetEvent(hGraphExec, hNode, event);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphExecEventWaitNodeSetEvent: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUevent event;
+		vh_get(rd, &event, sizeof(event));
+		if (event == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_EVENT, (void **)&event))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphExecEventWaitNodeSetEvent(hGraphExec, hNode, event);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphExecUpdate_v2: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphExecUpdateResultInfo resultInfo_v;
+		memset(&resultInfo_v, 0, sizeof(resultInfo_v));
+		CUgraphExecUpdateResultInfo *resultInfo = vh_get_u64(rd) ? &resultInfo_v : NULL;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuGraphExecUpdate_v2(ch, hGraphExec, hGraph, resultInfo);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (resultInfo != NULL)
+			vh_put(wr, resultInfo, sizeof(*resultInfo));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphNodeGetType: {
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNodeType type_v;
+		memset(&type_v, 0, sizeof(type_v));
+		CUgraphNodeType *type = vh_get_u64(rd) ? &type_v : NULL;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (type == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphNodeGetType(hNode, type);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (type != NULL)
+			vh_put(wr, type, sizeof(*type));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuStreamBeginCaptureToGraph: {
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t dependencies_n;
+		const CUgraphNode *dependencies = vh_get_arr(rd, sizeof(CUgraphNode), &dependencies_n);
+		uint64_t dependencyData_n;
+		const CUgraphEdgeData *dependencyData = vh_get_arr(rd, sizeof(CUgraphEdgeData), &dependencyData_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		CUstreamCaptureMode mode;
+		vh_get(rd, &mode, sizeof(mode));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (dependencies_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
+		if (dependencies_n && dependencies_h == NULL)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		for (uint64_t i = 0; i < dependencies_n; i++) {
+			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
+			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		dependencies = dependencies_h;
+		if (dependencyData_n == 0)
+			dependencyData = NULL;
+		else if (dependencyData_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamBeginCaptureToGraph_pt ? B->cuStreamBeginCaptureToGraph_pt(hStream, hGraph, dependencies, dependencyData, numDependencies, mode) : B->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphNodeSetEnabled: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		unsigned int isEnabled;
+		vh_get(rd, &isEnabled, sizeof(isEnabled));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphNodeSetEnabled(hGraphExec, hNode, isEnabled);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphNodeGetEnabled: {
+		CUgraphExec hGraphExec;
+		vh_get(rd, &hGraphExec, sizeof(hGraphExec));
+		if (hGraphExec == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_EXEC, (void **)&hGraphExec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		unsigned int isEnabled_v;
+		memset(&isEnabled_v, 0, sizeof(isEnabled_v));
+		unsigned int *isEnabled = vh_get_u64(rd) ? &isEnabled_v : NULL;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (isEnabled == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphNodeGetEnabled(hGraphExec, hNode, isEnabled);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (isEnabled != NULL)
+			vh_put(wr, isEnabled, sizeof(*isEnabled));
+		return CUDA_SUCCESS;
+	}
 	case VG_OP_cuMemAllocPitch_v2: {
 		CUdeviceptr dptr_v;
 		memset(&dptr_v, 0, sizeof(dptr_v));

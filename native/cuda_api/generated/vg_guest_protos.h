@@ -89,6 +89,15 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr * pdptr, void * p,
 CUresult handwritten_cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttribute(void * data, CUpointer_attribute attribute, CUdeviceptr ptr, unsigned vg_flags);
 CUresult handwritten_cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute * attributes, void ** data, CUdeviceptr ptr, unsigned vg_flags);
+CUresult handwritten_cuGraphAddKernelNode_v2(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS * nodeParams, unsigned vg_flags);
+CUresult handwritten_cuGraphAddMemcpyNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags);
+CUresult forward_cuGraphAddMemcpyNode(CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS * nodeParams, unsigned vg_flags);
+CUresult handwritten_cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS * nodeParams, unsigned vg_flags);
+CUresult handwritten_cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags);
+CUresult forward_cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D * copyParams, CUcontext ctx, unsigned vg_flags);
+CUresult handwritten_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags);
+CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags);
 CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void * userData, unsigned vg_flags);
 CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void * userData, unsigned int flags, unsigned vg_flags);
 

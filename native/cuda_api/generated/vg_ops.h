@@ -120,7 +120,27 @@
 #define VG_OP_cuMemcpyPeerAsync 135
 #define VG_OP_cuLaunchHostFunc 140
 #define VG_OP_cuStreamAddCallback 141
-#define VG_OP_LIMIT 142
+#define VG_OP_cuGraphCreate 150
+#define VG_OP_cuGraphAddEmptyNode 151
+#define VG_OP_cuGraphAddKernelNode_v2 152
+#define VG_OP_cuGraphAddMemcpyNode 153
+#define VG_OP_cuGraphAddMemsetNode 154
+#define VG_OP_cuGraphAddChildGraphNode 155
+#define VG_OP_cuGraphAddEventRecordNode 156
+#define VG_OP_cuGraphAddEventWaitNode 157
+#define VG_OP_cuGraphKernelNodeSetParams_v2 158
+#define VG_OP_cuGraphExecKernelNodeSetParams_v2 159
+#define VG_OP_cuGraphExecMemcpyNodeSetParams 160
+#define VG_OP_cuGraphExecMemsetNodeSetParams 161
+#define VG_OP_cuGraphExecChildGraphNodeSetParams 162
+#define VG_OP_cuGraphExecEventRecordNodeSetEvent 163
+#define VG_OP_cuGraphExecEventWaitNodeSetEvent 164
+#define VG_OP_cuGraphExecUpdate_v2 165
+#define VG_OP_cuGraphNodeGetType 166
+#define VG_OP_cuGraphNodeSetEnabled 167
+#define VG_OP_cuGraphNodeGetEnabled 168
+#define VG_OP_cuStreamBeginCaptureToGraph 169
+#define VG_OP_LIMIT 170
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -240,5 +260,25 @@
 	X(135, cuMemcpyPeerAsync) \
 	X(140, cuLaunchHostFunc) \
 	X(141, cuStreamAddCallback) \
+	X(150, cuGraphCreate) \
+	X(151, cuGraphAddEmptyNode) \
+	X(152, cuGraphAddKernelNode_v2) \
+	X(153, cuGraphAddMemcpyNode) \
+	X(154, cuGraphAddMemsetNode) \
+	X(155, cuGraphAddChildGraphNode) \
+	X(156, cuGraphAddEventRecordNode) \
+	X(157, cuGraphAddEventWaitNode) \
+	X(158, cuGraphKernelNodeSetParams_v2) \
+	X(159, cuGraphExecKernelNodeSetParams_v2) \
+	X(160, cuGraphExecMemcpyNodeSetParams) \
+	X(161, cuGraphExecMemsetNodeSetParams) \
+	X(162, cuGraphExecChildGraphNodeSetParams) \
+	X(163, cuGraphExecEventRecordNodeSetEvent) \
+	X(164, cuGraphExecEventWaitNodeSetEvent) \
+	X(165, cuGraphExecUpdate_v2) \
+	X(166, cuGraphNodeGetType) \
+	X(167, cuGraphNodeSetEnabled) \
+	X(168, cuGraphNodeGetEnabled) \
+	X(169, cuStreamBeginCaptureToGraph) \
 
 #endif

@@ -51,6 +51,18 @@
 	X(cuThreadExchangeStreamCaptureMode) \
 	X(cuGraphDestroy) \
 	X(cuGraphGetNodes) \
+	X(cuGraphCreate) \
+	X(cuGraphAddEmptyNode) \
+	X(cuGraphAddChildGraphNode) \
+	X(cuGraphAddEventRecordNode) \
+	X(cuGraphAddEventWaitNode) \
+	X(cuGraphExecChildGraphNodeSetParams) \
+	X(cuGraphExecEventRecordNodeSetEvent) \
+	X(cuGraphExecEventWaitNodeSetEvent) \
+	X(cuGraphNodeGetType) \
+	X(cuStreamBeginCaptureToGraph) \
+	X(cuGraphNodeSetEnabled) \
+	X(cuGraphNodeGetEnabled) \
 	X(cuArrayGetDescriptor_v2) \
 	X(cuArray3DGetDescriptor_v2) \
 	X(cuDeviceGetDefaultMemPool) \
@@ -86,10 +98,17 @@
 	X(cuFuncGetName) \
 	X(cuFuncGetParamInfo) \
 	X(cuGetErrorName) \
+	X(cuGraphAddKernelNode_v2) \
+	X(cuGraphAddMemcpyNode) \
+	X(cuGraphAddMemsetNode) \
 	X(cuGraphExecDestroy) \
+	X(cuGraphExecKernelNodeSetParams_v2) \
+	X(cuGraphExecMemcpyNodeSetParams) \
+	X(cuGraphExecMemsetNodeSetParams) \
+	X(cuGraphExecUpdate_v2) \
 	X(cuGraphInstantiateWithFlags) \
+	X(cuGraphKernelNodeSetParams_v2) \
 	X(cuGraphMemAllocNodeGetParams) \
-	X(cuGraphNodeGetType) \
 	X(cuInit) \
 	X(cuKernelGetName) \
 	X(cuKernelGetParamInfo) \
@@ -154,6 +173,7 @@
 	P(cuStreamIsCapturing, cuStreamIsCapturing_ptsz) \
 	P(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
 	P(cuStreamEndCapture, cuStreamEndCapture_ptsz) \
+	P(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz) \
 	P(cuMemsetD8Async, cuMemsetD8Async_ptsz) \
 	P(cuMemsetD16Async, cuMemsetD16Async_ptsz) \
 	P(cuMemsetD32Async, cuMemsetD32Async_ptsz) \

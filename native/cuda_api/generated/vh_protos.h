@@ -37,6 +37,14 @@ CUresult handwritten_cuPointerGetAttribute(struct vh_chan *ch, uint32_t flags, s
 CUresult handwritten_cuPointerGetAttributes(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult guarded_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec * phGraphExec, CUgraph hGraph, unsigned long long flags);
 CUresult guarded_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec hGraphExec);
+CUresult handwritten_cuGraphAddKernelNode_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuGraphAddMemcpyNode(struct vh_chan *ch, CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_MEMCPY3D * copyParams, CUcontext ctx);
+CUresult guarded_cuGraphAddMemsetNode(struct vh_chan *ch, CUgraphNode * phGraphNode, CUgraph hGraph, const CUgraphNode * dependencies, size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS * memsetParams, CUcontext ctx);
+CUresult handwritten_cuGraphKernelNodeSetParams_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuGraphExecKernelNodeSetParams_v2(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuGraphExecMemcpyNodeSetParams(struct vh_chan *ch, CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMCPY3D * copyParams, CUcontext ctx);
+CUresult guarded_cuGraphExecMemsetNodeSetParams(struct vh_chan *ch, CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_MEMSET_NODE_PARAMS * memsetParams, CUcontext ctx);
+CUresult guarded_cuGraphExecUpdate_v2(struct vh_chan *ch, CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo);
 CUresult guarded_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes);
 CUresult guarded_cuArrayCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR * pAllocateArray);
 CUresult guarded_cuArray3DCreate_v2(struct vh_chan *ch, CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR * pAllocateArray);

@@ -77,9 +77,9 @@ def emit_guest_protos(funcs: list[Func]) -> str:
         ' * forward_<name> (guest = "cached"), the generated call it makes where it needs the host. */',
     ]
     for fn in funcs:
-        if fn.cls in ("local", "custom") or fn.spec.get("guest") == "cached":
+        if fn.cls in ("local", "custom") or fn.spec.get("guest") in ("cached", "front"):
             lines.append(f"CUresult handwritten_{fn.name}({guest_args(fn)});")
-        if fn.spec.get("guest") == "cached":
+        if fn.spec.get("guest") in ("cached", "front"):
             lines.append(f"CUresult forward_{fn.name}({guest_args(fn)});")
     lines.append("\n#endif")
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ def guest_entry(fn: Func, handles: dict[str, str]) -> list[str]:
     sel_type = {p.name: p.ctype for p in fn.params}
     size_of = lambda n, sel: f"vg_size_{sel_type[sel]}({sel})"  # noqa: E731
     body = [
-        f"{'' if fn.spec.get('guest') == 'cached' else 'static '}CUresult forward_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
+        f"{'' if fn.spec.get('guest') in ('cached', 'front') else 'static '}CUresult forward_{fn.name}({', '.join([f'{p.ctype} {p.name}' for p in fn.params] + ['unsigned vg_flags'])})",
         "{",
     ]
     counted = s.get("counted_out", {})
@@ -108,7 +108,7 @@ def emit_guest(funcs: list[Func], handles: dict[str, str]) -> str:
         if fn.cls in ("sync", "async"):
             lines += guest_entry(fn, handles)
             target = f"forward_{fn.name}"
-            if fn.spec.get("guest") == "cached":
+            if fn.spec.get("guest") in ("cached", "front"):
                 # answered from a hand-written guest cache, which calls forward_<name> on a miss
                 target = f"handwritten_{fn.name}"
         else:

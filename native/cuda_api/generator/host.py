@@ -77,8 +77,13 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
     b.append("\t\tif (rd->bad)\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
     b += bounds_checks(s.get("bounds", {}), "\t\t")  # before the counts they give
     for p in fn.params:
-        if p.name in in_arr:
+        if p.name in in_arr and p.name in s.get("nullable", []):  # none given: NULL, whatever the count
+            b.append(
+                f"\t\tif ({p.name}_n == 0)\n\t\t\t{p.name} = NULL;\n\t\telse if ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
+            )
+        elif p.name in in_arr:
             b.append(f"\t\tif ({p.name}_n != (uint64_t)({in_arr[p.name]}))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;")
+            b += handle_array_in(p, handles)
         if p.name in out_arr:
             b.append(
                 f"\t\tif ({p.name}_n && ({p.name} == NULL || {p.name}_n != (uint64_t)({out_arr[p.name]})))\n\t\t\treturn CUDA_ERROR_INVALID_VALUE;"
@@ -129,6 +134,25 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
             b.append(f"\t\tvh_put(wr, {p.name}, {p.name}_sz);")
     b.append("\t\treturn CUDA_SUCCESS;\n\t}")
     return b
+
+
+def handle_array_in(p, handles: dict[str, str]) -> list[str]:
+    """An in_array of handles (a graph node's dependencies): each element translated through the
+    guest's table into a private copy (the channel's scratch), none NULL; the driver sees only that."""
+    k = kind_of(p.pointee, handles)
+    if not k:
+        return []
+    n = p.name
+    return [
+        f"\t\t{p.pointee} *{n}_h = {n}_n ? vh_scratch(ch, {n}_n, sizeof(*{n}_h)) : NULL;",
+        f"\t\tif ({n}_n && {n}_h == NULL)\n\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;",
+        f"\t\tfor (uint64_t i = 0; i < {n}_n; i++) {{",
+        f"\t\t\tmemcpy(&{n}_h[i], &{n}[i], sizeof(*{n}_h));",
+        f"\t\t\tif ({n}_h[i] == NULL || vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{n}_h[i]))",
+        "\t\t\t\treturn CUDA_ERROR_INVALID_HANDLE;",
+        "\t\t}",
+        f"\t\t{n} = {n}_h;",
+    ]
 
 
 def counted_call(fn: Func, counted: dict[str, str], handles: dict[str, str]) -> list[str]:

@@ -1,0 +1,259 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Graphs built node by node (XLA's command buffers).  A node is work the GPU does later, when
+ * the graph is launched, with no further check then; so everything a node names is checked now,
+ * when it is added or its parameters are set, exactly as for the immediate call:
+ *   - a memcpy node's two sides: device memory inside this process's own objects (addresses.c),
+ *     host memory only as an offset into its region's heap (pinned memory the host can reach
+ *     whenever the graph runs; the guest library turns the program's pointer into it), an array
+ *     the process's own (its handle);
+ *   - a memset node's rows: inside this process's own device memory;
+ *   - a kernel node: the process's own function, its parameter bytes checked against the host's
+ *     layout of it as a launch's are (launch.c, vh_launch_params_in);
+ *   - graph, node, event and dependency handles: through the handle table (the generated halves
+ *     translate the others' dependencies; a node is a child of its graph and goes with it).
+ * Every pointer field the driver would read is rewritten from what was checked; none is taken
+ * from the request as it came.
+ */
+#include <string.h>
+
+#include "addresses.h"
+#include "handles.h"
+#include "host_memory.h"
+#include "vh_dispatch.h"
+#include "vh_protos.h"
+
+/* ---- memcpy nodes ---------------------------------------------------------------------- */
+
+/* What one side of a 3D copy reaches, from its base address: [*first, *first + *len).  Every
+ * byte is at x + xi + (y + yi) * pitch + (z + zi) * pitch * height for xi < w, yi < h, zi < d,
+ * so the lowest is at xi = yi = zi = 0 and the highest at the largest of each.  -1 on overflow. */
+static int copy_extent(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w, uint64_t h,
+		       uint64_t d, uint64_t *first, uint64_t *len)
+{
+	uint64_t slice, lo, hi, t, ylast, zlast;
+	*first = *len = 0;
+	if (w == 0 || h == 0 || d == 0)
+		return 0;
+	if (__builtin_mul_overflow(pitch, height, &slice) || __builtin_add_overflow(y, h - 1, &ylast) ||
+	    __builtin_add_overflow(z, d - 1, &zlast))
+		return -1;
+	if (__builtin_mul_overflow(y, pitch, &lo) || __builtin_mul_overflow(z, slice, &t) ||
+	    __builtin_add_overflow(lo, t, &lo) || __builtin_add_overflow(lo, x, &lo))
+		return -1;
+	if (__builtin_mul_overflow(ylast, pitch, &hi) || __builtin_mul_overflow(zlast, slice, &t) ||
+	    __builtin_add_overflow(hi, t, &hi) || __builtin_add_overflow(hi, x, &hi) || __builtin_add_overflow(hi, w, &hi))
+		return -1;
+	*first = lo;
+	*len = hi - lo;
+	return 0;
+}
+
+/* One side of a memcpy node, rewritten from what was checked.  The guest library sends host
+ * memory as an offset into the region's heap (in the host pointer field); a unified address is
+ * device memory of this process (its own pinned memory there too, vh_addr_ok). */
+static CUresult copy_side(struct vh_chan *ch, const char *side, CUmemorytype *type, const void **host,
+			  CUdeviceptr *dev, CUarray *array, uint64_t first, uint64_t len)
+{
+	switch (*type) {
+	case CU_MEMORYTYPE_DEVICE:
+	case CU_MEMORYTYPE_UNIFIED: {
+		uint64_t start;
+		if (__builtin_add_overflow((uint64_t)*dev, first, &start) || vh_addr_ok(ch, start, len))
+			return CUDA_ERROR_INVALID_VALUE;
+		*type = CU_MEMORYTYPE_DEVICE;
+		*host = NULL;
+		*array = NULL;
+		return CUDA_SUCCESS;
+	}
+	case CU_MEMORYTYPE_HOST: {
+		uint64_t off = (uint64_t)(uintptr_t)*host, reach;
+		void *p = NULL;
+		if (!__builtin_add_overflow(first, len, &reach))
+			p = vh_host_buf(ch, VG_BUF_HEAP, off, reach ? reach : 1);
+		if (!p) {
+			vh_log("channel %u: refused a graph memcpy node: its %s is host memory outside the guest's "
+			       "pinned heap (offset %#llx, %llu bytes)", ch->index, side, (unsigned long long)off,
+			       (unsigned long long)(first + len));
+			return CUDA_ERROR_INVALID_VALUE;
+		}
+		*host = p;
+		*dev = 0;
+		*array = NULL;
+		return CUDA_SUCCESS;
+	}
+	case CU_MEMORYTYPE_ARRAY:
+		/* the driver keeps the copy inside the array; the array must be the process's own */
+		if (!*array || vh_handle_in(ch, VG_KIND_ARRAY, (void **)array))
+			return CUDA_ERROR_INVALID_HANDLE;
+		*host = NULL;
+		*dev = 0;
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
+/* A memcpy node's parameters, checked, into *out. */
+static CUresult copy_params(struct vh_chan *ch, const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D *out)
+{
+	if (!in)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUDA_MEMCPY3D p = *in;
+	p.reserved0 = NULL; /* "must be NULL": never a pointer of the guest's */
+	p.reserved1 = NULL;
+	uint64_t sf, sl, df, dl;
+	if (copy_extent(p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch, p.srcHeight, p.WidthInBytes, p.Height, p.Depth, &sf,
+			&sl) ||
+	    copy_extent(p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch, p.dstHeight, p.WidthInBytes, p.Height, p.Depth, &df,
+			&dl))
+		return CUDA_ERROR_INVALID_VALUE;
+	/* an array side is addressed in elements by the driver, inside the array: no extent here */
+	CUresult r = copy_side(ch, "source", &p.srcMemoryType, &p.srcHost, &p.srcDevice, &p.srcArray, sf, sl);
+	if (r == CUDA_SUCCESS)
+		r = copy_side(ch, "destination", &p.dstMemoryType, (const void **)&p.dstHost, &p.dstDevice, &p.dstArray,
+			      df, dl);
+	if (r == CUDA_SUCCESS)
+		*out = p;
+	return r;
+}
+
+CUresult guarded_cuGraphAddMemcpyNode(struct vh_chan *ch, CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+				      size_t ndeps, const CUDA_MEMCPY3D *params, CUcontext ctx)
+{
+	CUDA_MEMCPY3D p;
+	CUresult r = copy_params(ch, params, &p);
+	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphAddMemcpyNode(node, g, deps, ndeps, &p, ctx);
+}
+
+CUresult guarded_cuGraphExecMemcpyNodeSetParams(struct vh_chan *ch, CUgraphExec exec, CUgraphNode node,
+						const CUDA_MEMCPY3D *params, CUcontext ctx)
+{
+	CUDA_MEMCPY3D p;
+	CUresult r = copy_params(ch, params, &p);
+	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx);
+}
+
+/* ---- memset nodes ---------------------------------------------------------------------- */
+
+/* The rows a memset node writes: height rows of width elements, pitch bytes apart. */
+static CUresult memset_range_ok(struct vh_chan *ch, const CUDA_MEMSET_NODE_PARAMS *p)
+{
+	uint64_t row, span, end;
+	if (!p || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (p->width == 0 || p->height == 0)
+		return vh_addr_ok(ch, p->dst, 0) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	if (__builtin_mul_overflow((uint64_t)p->width, (uint64_t)p->elementSize, &row) ||
+	    __builtin_mul_overflow((uint64_t)p->height - 1, (uint64_t)p->pitch, &span) ||
+	    __builtin_add_overflow(span, row, &end))
+		return CUDA_ERROR_INVALID_VALUE;
+	return vh_addr_ok(ch, p->dst, end) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult guarded_cuGraphAddMemsetNode(struct vh_chan *ch, CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+				      size_t ndeps, const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx)
+{
+	CUresult r = memset_range_ok(ch, params);
+	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphAddMemsetNode(node, g, deps, ndeps, params, ctx);
+}
+
+CUresult guarded_cuGraphExecMemsetNodeSetParams(struct vh_chan *ch, CUgraphExec exec, CUgraphNode node,
+						const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx)
+{
+	CUresult r = memset_range_ok(ch, params);
+	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphExecMemsetNodeSetParams(exec, node, params, ctx);
+}
+
+/* ---- kernel nodes: the request is a launch's, after the node's handles ---------------------- */
+
+enum kernel_node_call { ADD_NODE, SET_NODE, SET_EXEC_NODE };
+
+/* A request's dependencies (u64 count, the guest's node handles, u64 count again), translated
+ * into the channel's scratch. */
+static CUresult deps_in(struct vh_chan *ch, struct vh_rd *rd, CUgraphNode **deps, uint64_t *n)
+{
+	const uint64_t *raw = vh_get_arr(rd, sizeof *raw, n);
+	uint64_t again = vh_get_u64(rd);
+	if (rd->bad || again != *n)
+		return CUDA_ERROR_INVALID_VALUE;
+	*deps = *n ? vh_scratch(ch, *n, sizeof **deps) : NULL;
+	if (*n && !*deps)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	for (uint64_t i = 0; i < *n; i++) {
+		(*deps)[i] = (CUgraphNode)(uintptr_t)raw[i];
+		if (!(*deps)[i] || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&(*deps)[i]))
+			return CUDA_ERROR_INVALID_HANDLE;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* A handle the request names, which may not be NULL. */
+static int handle_in(struct vh_chan *ch, struct vh_rd *rd, int kind, void **out)
+{
+	*out = (void *)(uintptr_t)vh_get_u64(rd);
+	return rd->bad || !*out || vh_handle_in(ch, kind, out);
+}
+
+static CUresult kernel_node(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr,
+			    enum kernel_node_call call)
+{
+	(void)flags;
+	const struct vh_backend *B = ch->backend;
+	void *graph = NULL, *exec = NULL, *node = NULL;
+	CUgraphNode *deps = NULL;
+	uint64_t ndeps = 0;
+	CUresult r = CUDA_SUCCESS;
+	if (call == ADD_NODE) {
+		if (handle_in(ch, rd, VG_KIND_GRAPH, &graph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if ((r = deps_in(ch, rd, &deps, &ndeps)) != CUDA_SUCCESS)
+			return r;
+	} else {
+		if (call == SET_EXEC_NODE && handle_in(ch, rd, VG_KIND_GRAPH_EXEC, &exec))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (handle_in(ch, rd, VG_KIND_GRAPH_NODE, &node))
+			return CUDA_ERROR_INVALID_HANDLE;
+	}
+	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
+	uint32_t dims[8];
+	vh_get(rd, dims, sizeof dims);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE; /* not a function of this process */
+	void *args[VG_MAX_PARAMS];
+	if ((r = vh_launch_params_in(ch, e, rd, args)) != CUDA_SUCCESS)
+		return r;
+	CUDA_KERNEL_NODE_PARAMS p;
+	memset(&p, 0, sizeof p);
+	if (e->kind == VG_KIND_KERNEL)
+		p.kern = e->ptr; /* run in the current context: the guest's own */
+	else
+		p.func = e->ptr;
+	p.gridDimX = dims[0];
+	p.gridDimY = dims[1];
+	p.gridDimZ = dims[2];
+	p.blockDimX = dims[3];
+	p.blockDimY = dims[4];
+	p.blockDimZ = dims[5];
+	p.sharedMemBytes = dims[6];
+	p.kernelParams = e->nparams ? args : NULL; /* the driver copies the bytes now */
+	if (call == SET_NODE)
+		return B->cuGraphKernelNodeSetParams_v2(node, &p);
+	if (call == SET_EXEC_NODE)
+		return B->cuGraphExecKernelNodeSetParams_v2(exec, node, &p);
+	CUgraphNode out = NULL;
+	r = B->cuGraphAddKernelNode_v2(&out, graph, deps, ndeps, &p);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&out, graph))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	uint64_t h = (uint64_t)(uintptr_t)out;
+	vh_put(wr, &h, sizeof h);
+	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+VH_CUSTOM_VARIANT(handwritten_cuGraphAddKernelNode_v2, kernel_node, ADD_NODE)
+VH_CUSTOM_VARIANT(handwritten_cuGraphKernelNodeSetParams_v2, kernel_node, SET_NODE)
+VH_CUSTOM_VARIANT(handwritten_cuGraphExecKernelNodeSetParams_v2, kernel_node, SET_EXEC_NODE)
