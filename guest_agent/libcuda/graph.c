@@ -197,3 +197,62 @@ CUresult handwritten_cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraph
 	struct node_target t = {.op = VG_OP_cuGraphExecKernelNodeSetParams_v2, .exec = exec, .node = node};
 	return kernel_node(&t, params, NULL, fl);
 }
+
+/* ---- cuGraphAddNode: the generic form, by the node's type ------------------------------------ */
+
+/* Each type the typed calls serve goes through its typed call, and so through the same checks;
+ * the rest (host, conditional, memory, semaphore and batch nodes) are not served. */
+static CUresult add_node(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+			 size_t ndeps, CUgraphNodeParams *p, unsigned f)
+{
+	if (!p || p->reserved0[0] || p->reserved0[1] || p->reserved0[2] || p->reserved2)
+		return CUDA_ERROR_INVALID_VALUE;
+	static const CUgraphEdgeData plain;
+	for (size_t i = 0; edges && i < ndeps; i++)
+		if (memcmp(&edges[i], &plain, sizeof plain)) {
+			vg_log("cuGraphAddNode: edges other than full dependencies are not served: CUDA_ERROR_NOT_SUPPORTED");
+			return CUDA_ERROR_NOT_SUPPORTED;
+		}
+	switch (p->type) {
+	case CU_GRAPH_NODE_TYPE_KERNEL:
+		return handwritten_cuGraphAddKernelNode_v2(node, g, deps, ndeps, (const CUDA_KERNEL_NODE_PARAMS *)&p->kernel,
+							   f);
+	case CU_GRAPH_NODE_TYPE_MEMCPY:
+		if (p->memcpy.flags || p->memcpy.reserved)
+			return CUDA_ERROR_INVALID_VALUE;
+		return handwritten_cuGraphAddMemcpyNode(node, g, deps, ndeps, &p->memcpy.copyParams, p->memcpy.copyCtx, f);
+	case CU_GRAPH_NODE_TYPE_MEMSET:
+		/* the v2 parameters are the v1 ones with the context after them */
+		return cuGraphAddMemsetNode(node, g, deps, ndeps, (const CUDA_MEMSET_NODE_PARAMS *)&p->memset, p->memset.ctx);
+	case CU_GRAPH_NODE_TYPE_EMPTY:
+		return cuGraphAddEmptyNode(node, g, deps, ndeps);
+	case CU_GRAPH_NODE_TYPE_GRAPH:
+		if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE)
+			break;
+		return cuGraphAddChildGraphNode(node, g, deps, ndeps, p->graph.graph);
+	case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+		return cuGraphAddEventRecordNode(node, g, deps, ndeps, p->eventRecord.event);
+	case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+		return cuGraphAddEventWaitNode(node, g, deps, ndeps, p->eventWait.event);
+	default:
+		break;
+	}
+	static int logged;
+	if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+		vg_log("cuGraphAddNode: a node of type %d is not served (kernel, memcpy, memset, empty, child graph "
+		       "and event nodes are): CUDA_ERROR_NOT_SUPPORTED",
+		       (int)p->type);
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult handwritten_cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+				    CUgraphNodeParams *p, unsigned f)
+{
+	return add_node(node, g, deps, NULL, ndeps, p, f);
+}
+
+CUresult handwritten_cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+				       const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *p, unsigned f)
+{
+	return add_node(node, g, deps, edges, ndeps, p, f);
+}

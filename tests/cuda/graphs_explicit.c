@@ -285,6 +285,67 @@ int main(int argc, char **argv)
 	       cuGraphAddMemsetNode(&x, g, &foreign, 1, &ms, ctx), cuGraphAddChildGraphNode(&x, g, NULL, 0, forged_graph),
 	       cuGraphAddEmptyNode(&x, forged_graph, NULL, 0), cuGraphNodeGetType(foreign, &t[0]));
 
+	/* the generic cuGraphAddNode: each type through its typed call's checks */
+	{
+		CUgraph g2;
+		CUgraphNode gm, gc0, gk, gc1;
+		CUgraphExec e2;
+		CUgraphNodeParams np;
+		memset(&np, 0, sizeof np);
+		np.type = CU_GRAPH_NODE_TYPE_MEMSET;
+		CUDA_MEMSET_NODE_PARAMS three = memset_of(a, 0x40400000u, N); /* 3.0f */
+		memcpy(&np.memset, &three, sizeof three);
+		np.memset.ctx = ctx;
+		r = cuGraphCreate(&g2, 0);
+		if (!r)
+			r = cuGraphAddNode(&gm, g2, NULL, NULL, 0, &np);
+		memset(&np, 0, sizeof np);
+		np.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+		np.memcpy.copyParams = copy_of(b, NULL, 0, hin, N * 4);
+		np.memcpy.copyCtx = ctx;
+		if (!r)
+			r = cuGraphAddNode(&gc0, g2, NULL, NULL, 0, &np);
+		memset(&np, 0, sizeof np);
+		np.type = CU_GRAPH_NODE_TYPE_KERNEL;
+		memcpy(&np.kernel, &kp, sizeof kp);
+		CUgraphNode kdeps[2] = {gm, gc0};
+		if (!r)
+			r = cuGraphAddNode(&gk, g2, kdeps, NULL, 2, &np);
+		memset(&np, 0, sizeof np);
+		np.type = CU_GRAPH_NODE_TYPE_MEMCPY;
+		np.memcpy.copyParams = out;
+		np.memcpy.copyCtx = ctx;
+		if (!r)
+			r = cuGraphAddNode(&gc1, g2, &gk, NULL, 1, &np);
+		if (!r)
+			r = cuGraphInstantiate(&e2, g2, 0);
+		memset(hout, 0xff, N * 4);
+		if (!r)
+			r = cuGraphLaunch(e2, 0);
+		if (!r)
+			r = cuStreamSynchronize(0);
+		printf("generic nodes: %d %d\n", r, r ? -1 : wrong(hout, 1, 3));
+		/* refused as the typed calls refuse, or not served */
+		memset(&np, 0, sizeof np);
+		np.type = CU_GRAPH_NODE_TYPE_MEMSET;
+		memcpy(&np.memset, &past, sizeof past);
+		CUresult bad_range = cuGraphAddNode(&x, g2, NULL, NULL, 0, &np);
+		np.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+		CUresult conditional = cuGraphAddNode(&x, g2, NULL, NULL, 0, &np);
+		memset(&np, 0, sizeof np);
+		np.type = CU_GRAPH_NODE_TYPE_EMPTY;
+		np.reserved0[1] = 1;
+		CUresult reserved = cuGraphAddNode(&x, g2, NULL, NULL, 0, &np);
+		np.reserved0[1] = 0;
+		CUgraphEdgeData edge;
+		memset(&edge, 0, sizeof edge);
+		edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+		CUresult edged = cuGraphAddNode(&x, g2, &gk, &edge, 1, &np);
+		printf("generic refusals: %d %d %d %d\n", bad_range, conditional, reserved, edged);
+		cuGraphExecDestroy(e2);
+		cuGraphDestroy(g2);
+	}
+
 	/* the graph's nodes go with it */
 	cuGraphExecDestroy(exec);
 	r = cuGraphDestroy(g);

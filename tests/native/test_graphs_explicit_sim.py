@@ -72,6 +72,8 @@ def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(s
                 "memcpy nodes: 1 1 1 1 801 801 1 801 1",
                 "kernel nodes: 400 400 400 400 400",
                 "handles: 400 400 400 400 400",
+                "generic nodes: 0 0",
+                "generic refusals: 1 801 1 801",
                 "destroyed: 0 400",
             ], r.stdout + fwd.log()
             assert r.stderr.count("is not pinned; a graph's memcpy node takes only memory from cuMemHostAlloc") == 1

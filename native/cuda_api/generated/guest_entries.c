@@ -1689,6 +1689,16 @@ VG_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode *phGraphNode, CUg
 	return forward_cuGraphAddEventWaitNode(phGraphNode, hGraph, dependencies, numDependencies, event, 0);
 }
 
+VG_EXPORT CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+	return handwritten_cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+	return handwritten_cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams, 0);
+}
+
 VG_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS *nodeParams)
 {
 	return handwritten_cuGraphKernelNodeSetParams_v2(hNode, nodeParams, 0);
