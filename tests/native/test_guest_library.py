@@ -39,13 +39,13 @@ def test_guest_library_exports_exactly_the_driver_abi():
 
 def test_unserved_function_logs_once_and_strict_mode_aborts():
     code = """
-        r1 = cuda.cuGraphCreate(None, 0)
-        r2 = cuda.cuGraphCreate(None, 0)
+        r1 = cuda.cuGraphicsMapResources(0, None, None)  # graphics interop: never served
+        r2 = cuda.cuGraphicsMapResources(0, None, None)
         print(r1, r2)
     """
     r = _in_guest_process(code)
     assert r.stdout.split() == ["801", "801"]  # CUDA_ERROR_NOT_SUPPORTED
-    assert r.stderr.count("cuGraphCreate is not supported") == 1
+    assert r.stderr.count("cuGraphicsMapResources is not supported") == 1
     strict = _in_guest_process(code, VMGPU_STRICT="1")
     assert strict.returncode == -signal.SIGABRT
     assert "VMGPU_STRICT=1: aborting" in strict.stderr
