@@ -150,4 +150,6 @@ OPS = {
     167: "cuGraphNodeSetEnabled",
     168: "cuGraphNodeGetEnabled",
     169: "cuStreamBeginCaptureToGraph",
+    170: "cuGraphAddDependencies_v2",
+    171: "cuGraphDestroyNode",
 }

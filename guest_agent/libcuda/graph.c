@@ -2,6 +2,7 @@
 /* Stream capture state and a graph's nodes: replies whose shape depends on what was asked for;
  * graphs built node by node: memcpy nodes' host memory as region offsets, kernel nodes'
  * parameters laid out as a launch's (host half: host_forwarder/native/graph_nodes.c). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "call.h"
@@ -208,11 +209,22 @@ static CUresult add_node(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, 
 	if (!p || p->reserved0[0] || p->reserved0[1] || p->reserved0[2] || p->reserved2)
 		return CUDA_ERROR_INVALID_VALUE;
 	static const CUgraphEdgeData plain;
+	int plain_edges = 1;
 	for (size_t i = 0; edges && i < ndeps; i++)
-		if (memcmp(&edges[i], &plain, sizeof plain)) {
-			vg_log("cuGraphAddNode: edges other than full dependencies are not served: CUDA_ERROR_NOT_SUPPORTED");
-			return CUDA_ERROR_NOT_SUPPORTED;
-		}
+		plain_edges &= !memcmp(&edges[i], &plain, sizeof plain);
+	if (!plain_edges) {
+		/* edges with ports or types (programmatic launches): the node first, then its edges */
+		CUgraphNode *to = node && ndeps <= (1u << 20) ? malloc(ndeps * sizeof *to) : NULL;
+		if (!to)
+			return node ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+		CUresult r = add_node(node, g, NULL, NULL, 0, p, f);
+		for (size_t i = 0; r == CUDA_SUCCESS && i < ndeps; i++)
+			to[i] = *node;
+		if (r == CUDA_SUCCESS && (r = cuGraphAddDependencies_v2(g, deps, to, edges, ndeps)) != CUDA_SUCCESS)
+			cuGraphDestroyNode(*node);
+		free(to);
+		return r;
+	}
 	switch (p->type) {
 	case CU_GRAPH_NODE_TYPE_KERNEL:
 		return handwritten_cuGraphAddKernelNode_v2(node, g, deps, ndeps, (const CUDA_KERNEL_NODE_PARAMS *)&p->kernel,

@@ -429,3 +429,27 @@ CUresult sim_graph_run(struct sim_graph *x)
 	}
 	return CUDA_SUCCESS;
 }
+
+/* Edges after the fact: the simulated graph runs its nodes in the order they were added, so an
+ * edge only has to name two nodes of the graph (and a type the driver has). */
+EXPORT CUresult cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode *from, const CUgraphNode *to,
+					  const CUgraphEdgeData *edges, size_t n)
+{
+	struct sim_graph *x = graph_of(g);
+	if (!x) return CUDA_ERROR_INVALID_HANDLE;
+	if (n && (!from || !to)) return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < n; i++) {
+		if (!node_in(x, from[i]) || !node_in(x, to[i]) || from[i] == to[i]) return CUDA_ERROR_INVALID_VALUE;
+		if (edges && edges[i].type > CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC) return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+/* A destroyed node stays in place (its handle names it still) but does nothing. */
+EXPORT CUresult cuGraphDestroyNode(CUgraphNode n)
+{
+	struct sim_node *nd = (struct sim_node *)n;
+	if (!nd) return CUDA_ERROR_INVALID_VALUE;
+	nd->type = SIM_NODE_EMPTY;
+	return CUDA_SUCCESS;
+}

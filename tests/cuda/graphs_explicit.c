@@ -341,7 +341,10 @@ int main(int argc, char **argv)
 		memset(&edge, 0, sizeof edge);
 		edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
 		CUresult edged = cuGraphAddNode(&x, g2, &gk, &edge, 1, &np);
-		printf("generic refusals: %d %d %d %d\n", bad_range, conditional, reserved, edged);
+		printf("generic refusals: %d %d %d\n", bad_range, conditional, reserved);
+		/* edges with a type: the node, then its edges (cuGraphAddDependencies), each end checked */
+		printf("edges: %d %d %d\n", edged, cuGraphAddDependencies(g2, &gk, &foreign, &edge, 1),
+		       cuGraphAddDependencies(g2, &foreign, &gc1, NULL, 1));
 		cuGraphExecDestroy(e2);
 		cuGraphDestroy(g2);
 	}

@@ -1872,6 +1872,42 @@ VG_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CU
 	return forward_cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode, VG_F_PTDS);
 }
 
+static CUresult forward_cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode * from, const CUgraphNode * to, const CUgraphEdgeData * edgeData, size_t numDependencies, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphAddDependencies_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_arr(&c, from, (uint64_t)(numDependencies), sizeof(*from));
+	vg_put_arr(&c, to, (uint64_t)(numDependencies), sizeof(*to));
+	vg_put_arr(&c, edgeData, (uint64_t)(numDependencies), sizeof(*edgeData));
+	vg_put(&c, &numDependencies, sizeof(numDependencies));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode *from, const CUgraphNode *to, const CUgraphEdgeData *edgeData, size_t numDependencies)
+{
+	return forward_cuGraphAddDependencies_v2(hGraph, from, to, edgeData, numDependencies, 0);
+}
+
+static CUresult forward_cuGraphDestroyNode(CUgraphNode hNode, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphDestroyNode, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hNode, sizeof(hNode));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode hNode)
+{
+	return forward_cuGraphDestroyNode(hNode, 0);
+}
+
 static CUresult forward_cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int isEnabled, unsigned vg_flags)
 {
 	struct vg_call c;

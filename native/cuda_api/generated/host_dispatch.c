@@ -986,11 +986,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1032,11 +1029,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1076,11 +1070,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1120,11 +1111,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1164,11 +1152,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1208,11 +1193,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1431,11 +1413,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_VALUE;
 		if (dependencies_n != (uint64_t)(numDependencies))
 			return CUDA_ERROR_INVALID_VALUE;
-		CUgraphNode *dependencies_h = dependencies_n ? vh_scratch(ch, dependencies_n, sizeof(*dependencies_h)) : NULL;
-		if (dependencies_n && dependencies_h == NULL)
-			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUgraphNode *dependencies_h = (CUgraphNode *)(uintptr_t)dependencies;
 		for (uint64_t i = 0; i < dependencies_n; i++) {
-			memcpy(&dependencies_h[i], &dependencies[i], sizeof(*dependencies_h));
 			if (dependencies_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&dependencies_h[i]))
 				return CUDA_ERROR_INVALID_HANDLE;
 		}
@@ -1447,6 +1426,63 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamBeginCaptureToGraph_pt ? B->cuStreamBeginCaptureToGraph_pt(hStream, hGraph, dependencies, dependencyData, numDependencies, mode) : B->cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
 		if (r != CUDA_SUCCESS)
 			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphAddDependencies_v2: {
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (hGraph == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t from_n;
+		const CUgraphNode *from = vh_get_arr(rd, sizeof(CUgraphNode), &from_n);
+		uint64_t to_n;
+		const CUgraphNode *to = vh_get_arr(rd, sizeof(CUgraphNode), &to_n);
+		uint64_t edgeData_n;
+		const CUgraphEdgeData *edgeData = vh_get_arr(rd, sizeof(CUgraphEdgeData), &edgeData_n);
+		size_t numDependencies;
+		vh_get(rd, &numDependencies, sizeof(numDependencies));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (from_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *from_h = (CUgraphNode *)(uintptr_t)from;
+		for (uint64_t i = 0; i < from_n; i++) {
+			if (from_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&from_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		from = from_h;
+		if (to_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *to_h = (CUgraphNode *)(uintptr_t)to;
+		for (uint64_t i = 0; i < to_n; i++) {
+			if (to_h[i] == NULL || vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&to_h[i]))
+				return CUDA_ERROR_INVALID_HANDLE;
+		}
+		to = to_h;
+		if (edgeData_n == 0)
+			edgeData = NULL;
+		else if (edgeData_n != (uint64_t)(numDependencies))
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphAddDependencies_v2(hGraph, from, to, edgeData, numDependencies);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuGraphDestroyNode: {
+		CUgraphNode hNode;
+		vh_get(rd, &hNode, sizeof(hNode));
+		if (hNode == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_GRAPH_NODE, (void **)&hNode))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = B->cuGraphDestroyNode(hNode);
+		if (r != CUDA_SUCCESS)
+			return r;
+		vh_handle_drop(ch, VG_KIND_GRAPH_NODE, hNode);
 		return CUDA_SUCCESS;
 	}
 	case VG_OP_cuGraphNodeSetEnabled: {

@@ -140,7 +140,9 @@
 #define VG_OP_cuGraphNodeSetEnabled 167
 #define VG_OP_cuGraphNodeGetEnabled 168
 #define VG_OP_cuStreamBeginCaptureToGraph 169
-#define VG_OP_LIMIT 170
+#define VG_OP_cuGraphAddDependencies_v2 170
+#define VG_OP_cuGraphDestroyNode 171
+#define VG_OP_LIMIT 172
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -280,5 +282,7 @@
 	X(167, cuGraphNodeSetEnabled) \
 	X(168, cuGraphNodeGetEnabled) \
 	X(169, cuStreamBeginCaptureToGraph) \
+	X(170, cuGraphAddDependencies_v2) \
+	X(171, cuGraphDestroyNode) \
 
 #endif

@@ -61,6 +61,8 @@
 	X(cuGraphExecEventWaitNodeSetEvent) \
 	X(cuGraphNodeGetType) \
 	X(cuStreamBeginCaptureToGraph) \
+	X(cuGraphAddDependencies_v2) \
+	X(cuGraphDestroyNode) \
 	X(cuGraphNodeSetEnabled) \
 	X(cuGraphNodeGetEnabled) \
 	X(cuArrayGetDescriptor_v2) \

@@ -138,16 +138,15 @@ def host_case(fn: Func, handles: dict[str, str]) -> list[str]:
 
 def handle_array_in(p, handles: dict[str, str]) -> list[str]:
     """An in_array of handles (a graph node's dependencies): each element translated through the
-    guest's table into a private copy (the channel's scratch), none NULL; the driver sees only that."""
+    guest's table in place, in the request's own copy (the worker's memory, copied out of the ring:
+    the guest cannot change it after the check), none NULL; the driver sees only that."""
     k = kind_of(p.pointee, handles)
     if not k:
         return []
     n = p.name
     return [
-        f"\t\t{p.pointee} *{n}_h = {n}_n ? vh_scratch(ch, {n}_n, sizeof(*{n}_h)) : NULL;",
-        f"\t\tif ({n}_n && {n}_h == NULL)\n\t\t\treturn CUDA_ERROR_OUT_OF_MEMORY;",
+        f"\t\t{p.pointee} *{n}_h = ({p.pointee} *)(uintptr_t){n};",
         f"\t\tfor (uint64_t i = 0; i < {n}_n; i++) {{",
-        f"\t\t\tmemcpy(&{n}_h[i], &{n}[i], sizeof(*{n}_h));",
         f"\t\t\tif ({n}_h[i] == NULL || vh_handle_in(ch, VG_KIND_{k.upper()}, (void **)&{n}_h[i]))",
         "\t\t\t\treturn CUDA_ERROR_INVALID_HANDLE;",
         "\t\t}",

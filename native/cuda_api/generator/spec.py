@@ -242,10 +242,9 @@ def check_params(fn: Func, handles: dict[str, str], sizes: dict[str, dict[str, i
         if len(counted) > 1 or fn.variants or fn.spec.get("host") == "custom":
             raise SpecError(f"{fn.name}: counted_out: one array, no per-thread variant, a generated host half")
         described |= {n, cnt}
-    # the channel's scratch holds one array a call sets aside: an out_array, a counted_out, or an
-    # in_array of handles translated into it (host.py, handle_array_in)
-    scratch = [n for n in fn.spec.get("in_array", {}) if next(p for p in fn.params if p.name == n).pointee in handles]
-    scratch += [*fn.spec.get("out_array", {}), *counted]
+    # the channel's scratch holds one array a call sets aside: an out_array or a counted_out (an
+    # in_array of handles is translated in place, in the request's copy: host.py, handle_array_in)
+    scratch = [*fn.spec.get("out_array", {}), *counted]
     if len(scratch) > 1:
         raise SpecError(f"{fn.name}: {', '.join(scratch)} would share the channel's scratch; one at most")
     if fn.spec.get("guest") not in (None, "cached", "front"):
