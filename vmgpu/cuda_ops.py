@@ -152,4 +152,5 @@ OPS = {
     169: "cuStreamBeginCaptureToGraph",
     170: "cuGraphAddDependencies_v2",
     171: "cuGraphDestroyNode",
+    172: "cuGraphGetRootNodes",
 }

@@ -453,3 +453,19 @@ EXPORT CUresult cuGraphDestroyNode(CUgraphNode n)
 	nd->type = SIM_NODE_EMPTY;
 	return CUDA_SUCCESS;
 }
+
+/* The simulated graph keeps no edges: its first node is its one root. */
+EXPORT CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
+{
+	struct sim_graph *x = graph_of(g);
+	if (!num) return CUDA_ERROR_INVALID_VALUE;
+	if (!x) return CUDA_ERROR_INVALID_HANDLE;
+	size_t roots = x->n ? 1 : 0;
+	if (nodes) {
+		roots = *num < roots ? *num : roots;
+		if (roots)
+			nodes[0] = (CUgraphNode)&x->node[0];
+	}
+	*num = roots;
+	return CUDA_SUCCESS;
+}

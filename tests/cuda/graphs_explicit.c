@@ -345,6 +345,13 @@ int main(int argc, char **argv)
 		/* edges with a type: the node, then its edges (cuGraphAddDependencies), each end checked */
 		printf("edges: %d %d %d\n", edged, cuGraphAddDependencies(g2, &gk, &foreign, &edge, 1),
 		       cuGraphAddDependencies(g2, &foreign, &gc1, NULL, 1));
+		size_t nroots = 0;
+		CUgraphNode root = NULL;
+		CUresult rc = cuGraphGetRootNodes(g2, NULL, &nroots);
+		size_t one = 1;
+		CUresult rr = rc ? rc : cuGraphGetRootNodes(g2, &root, &one);
+		CUgraphNodeType rt = CU_GRAPH_NODE_TYPE_EMPTY;
+		printf("roots: %d %zu %d %d\n", rc, nroots, rr, rr ? -1 : (int)cuGraphNodeGetType(root, &rt) || rt != CU_GRAPH_NODE_TYPE_MEMSET);
 		cuGraphExecDestroy(e2);
 		cuGraphDestroy(g2);
 	}

@@ -75,6 +75,7 @@ def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(s
                 "generic nodes: 0 0",
                 "generic refusals: 1 801 1",
                 "edges: 0 400 400",
+                "roots: 0 1 0 0",
                 "destroyed: 0 400",
             ], r.stdout + fwd.log()
             assert r.stderr.count("is not pinned; a graph's memcpy node takes only memory from cuMemHostAlloc") == 1

@@ -1908,6 +1908,31 @@ VG_EXPORT CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode hNode)
 	return forward_cuGraphDestroyNode(hNode, 0);
 }
 
+static CUresult forward_cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode * rootNodes, size_t * numRootNodes, unsigned vg_flags)
+{
+	if (numRootNodes == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuGraphGetRootNodes, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &hGraph, sizeof(hGraph));
+	vg_put_u64(&c, rootNodes != NULL ? (uint64_t)*numRootNodes : 0);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		uint64_t rootNodes_total = vg_get_u64(&c), rootNodes_got = vg_get_u64(&c);
+		if (rootNodes != NULL && rootNodes_got <= *numRootNodes)
+			vg_get(&c, rootNodes, rootNodes_got * sizeof(*rootNodes));
+		*numRootNodes = rootNodes != NULL ? rootNodes_got : rootNodes_total;
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode *rootNodes, size_t *numRootNodes)
+{
+	return forward_cuGraphGetRootNodes(hGraph, rootNodes, numRootNodes, 0);
+}
+
 static CUresult forward_cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int isEnabled, unsigned vg_flags)
 {
 	struct vg_call c;

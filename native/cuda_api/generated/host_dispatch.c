@@ -1485,6 +1485,36 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		vh_handle_drop(ch, VG_KIND_GRAPH_NODE, hNode);
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuGraphGetRootNodes: {
+		CUgraph hGraph;
+		vh_get(rd, &hGraph, sizeof(hGraph));
+		if (vh_handle_in(ch, VG_KIND_GRAPH, (void **)&hGraph))
+			return CUDA_ERROR_INVALID_HANDLE;
+		uint64_t rootNodes_cap = vh_get_u64(rd);
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		size_t rootNodes_total = 0;
+		CUresult r = B->cuGraphGetRootNodes(hGraph, NULL, &rootNodes_total);
+		if (r != CUDA_SUCCESS)
+			return r;
+		uint64_t rootNodes_want = rootNodes_cap < rootNodes_total ? rootNodes_cap : rootNodes_total;
+		if (rootNodes_want > (wr->cap - wr->len) / sizeof(CUgraphNode) - 2)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUgraphNode *rootNodes = rootNodes_want ? vh_scratch(ch, rootNodes_want, sizeof(*rootNodes)) : NULL;
+		size_t rootNodes_got = rootNodes_want;
+		if (rootNodes_want && (!rootNodes || (r = B->cuGraphGetRootNodes(hGraph, rootNodes, &rootNodes_got)) != CUDA_SUCCESS))
+			return rootNodes ? r : CUDA_ERROR_OUT_OF_MEMORY;
+		if (rootNodes_got > rootNodes_want)
+			return CUDA_ERROR_UNKNOWN;
+		uint64_t rootNodes_head[2] = {rootNodes_total, rootNodes_got};
+		vh_put(wr, rootNodes_head, sizeof(rootNodes_head));
+		for (size_t i = 0; i < rootNodes_got; i++)
+			if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&rootNodes[i], hGraph))
+				return CUDA_ERROR_OUT_OF_MEMORY;
+		if (rootNodes_got)
+			vh_put(wr, rootNodes, rootNodes_got * sizeof(*rootNodes));
+		return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	}
 	case VG_OP_cuGraphNodeSetEnabled: {
 		CUgraphExec hGraphExec;
 		vh_get(rd, &hGraphExec, sizeof(hGraphExec));

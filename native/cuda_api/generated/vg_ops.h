@@ -142,7 +142,8 @@
 #define VG_OP_cuStreamBeginCaptureToGraph 169
 #define VG_OP_cuGraphAddDependencies_v2 170
 #define VG_OP_cuGraphDestroyNode 171
-#define VG_OP_LIMIT 172
+#define VG_OP_cuGraphGetRootNodes 172
+#define VG_OP_LIMIT 173
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -284,5 +285,6 @@
 	X(169, cuStreamBeginCaptureToGraph) \
 	X(170, cuGraphAddDependencies_v2) \
 	X(171, cuGraphDestroyNode) \
+	X(172, cuGraphGetRootNodes) \
 
 #endif

@@ -63,6 +63,7 @@
 	X(cuStreamBeginCaptureToGraph) \
 	X(cuGraphAddDependencies_v2) \
 	X(cuGraphDestroyNode) \
+	X(cuGraphGetRootNodes) \
 	X(cuGraphNodeSetEnabled) \
 	X(cuGraphNodeGetEnabled) \
 	X(cuArrayGetDescriptor_v2) \
