@@ -16,7 +16,7 @@ struct vh_host_nvml {
 	void *dev[VG_MAX_DEVICES];    /* each guest GPU's nvmlDevice_t, NULL where NVML has none */
 };
 
-/* The host's NVML, or NULL on the simulated backend or where there is no usable NVML. */
+/* The host's NVML (on the simulated backend: its own, sim/nvml.c), or NULL where there is no usable NVML. */
 const struct vh_host_nvml *vh_host_nvml(const struct vh_chan *ch);
 
 #endif

@@ -7,8 +7,11 @@
  * over the last second, from the host NVML's per-process samples of this forwarder's own
  * workers.  Temperature, power, clocks, fan, ECC, compute and persistence mode are read-only
  * facts of the card, read from the host's NVML where it has one (nothing there names another
- * guest).  Without a host NVML (the simulated backend, or a host without it) those values are
- * left out and the guest's NVML answers NVML_ERROR_NOT_SUPPORTED for them.
+ * guest).  Without a host NVML (a host without it; the simulated backend's own NVML has none of
+ * them) those values are left out and the guest's NVML answers NVML_ERROR_NOT_SUPPORTED for them.
+ * The wiring (NvLinks and P2P status, for NCCL's topology) is the host NVML's for the guest's
+ * own GPUs only: a link's far end is named as one of the guest's GPUs or a switch, never by a
+ * host address, and a GPU that is not the guest's is not named at all (link_remote).
  */
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -44,6 +47,12 @@ static struct {
 	int (*persistence)(void *, int *);
 	int (*pci)(void *, void *);
 	int (*driver)(char *, unsigned);
+	int (*p2p)(void *, void *, int, int *);
+	int (*link_state)(void *, unsigned, int *);
+	int (*link_version)(void *, unsigned, unsigned *);
+	int (*link_cap)(void *, unsigned, int, unsigned *);
+	int (*link_remote_pci)(void *, unsigned, void *);
+	int (*link_remote_type)(void *, unsigned, int *);
 } H;
 
 /* The entry points above, from the worker's host NVML (host_nvml.c), once. */
@@ -67,6 +76,12 @@ static void host_nvml_load(const struct vh_host_nvml *n)
 	L(persistence, "nvmlDeviceGetPersistenceMode");
 	L(pci, "nvmlDeviceGetPciInfo_v3");
 	L(driver, "nvmlSystemGetDriverVersion");
+	L(p2p, "nvmlDeviceGetP2PStatus");
+	L(link_state, "nvmlDeviceGetNvLinkState");
+	L(link_version, "nvmlDeviceGetNvLinkVersion");
+	L(link_cap, "nvmlDeviceGetNvLinkCapability");
+	L(link_remote_pci, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+	L(link_remote_type, "nvmlDeviceGetNvLinkRemoteDeviceType");
 #undef L
 }
 
@@ -136,9 +151,16 @@ static int guest_utilization(void *dev, uint32_t *gpu, uint32_t *mem)
 	return 0;
 }
 
+/* nvmlPciInfo_t: char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32] */
+struct host_pci {
+	char legacy[16];
+	unsigned domain, bus, device, device_id, subsystem_id;
+	char bus_id[32];
+};
+
 static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 {
-	const struct vh_host_nvml *n = vh_host_nvml(ch); /* none on the simulated backend */
+	const struct vh_host_nvml *n = vh_host_nvml(ch); /* the simulated backend's has no readings */
 	void *d = n ? n->dev[dev] : NULL;
 	if (!d)
 		return;
@@ -169,17 +191,81 @@ static void host_facts(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 		o->compute_mode = (uint32_t)a, o->flags |= VG_NVML_COMPUTE_MODE;
 	if (H.persistence && H.persistence(d, &a) == 0)
 		o->persistence = (uint32_t)a, o->flags |= VG_NVML_PERSISTENCE;
-	/* nvmlPciInfo_t: char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32] */
-	struct {
-		char legacy[16];
-		unsigned domain, bus, device, device_id, subsystem_id;
-		char bus_id[32];
-	} pci;
+	struct host_pci pci;
 	if (H.pci && H.pci(d, &pci) == 0)
 		o->pci_device_id = pci.device_id, o->pci_subsystem_id = pci.subsystem_id, o->flags |= VG_NVML_PCI_IDS;
 	if (H.driver && H.driver(o->driver_version, sizeof o->driver_version) == 0)
 		o->flags |= VG_NVML_DRIVER;
 	o->driver_version[sizeof o->driver_version - 1] = '\0';
+}
+
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_NVLINK_DEVICE_TYPE_GPU 0
+#define NVML_NVLINK_DEVICE_TYPE_SWITCH 2
+#define NVML_NVLINK_CAP_COUNT 6
+
+/* What is at the far end of link `l` of the guest's GPU `d`, as the guest may know it: one of its
+ * own GPUs (by its index), an NVSwitch, or nothing it may know.  The host's answer names the far
+ * end by its PCI address on the host; that address never leaves here.  A GPU that is not this
+ * guest's is hidden, as is anything else that is not a switch (a CPU): the guest could not reach
+ * it, and its address would tell one guest where another's GPU sits. */
+static void link_remote(struct vh_chan *ch, void *d, unsigned l, struct vg_nvml_link *k)
+{
+	const struct vh_fwd *f = ch->fwd;
+	int type = -1;
+	struct host_pci pci;
+	k->remote = VG_NVML_REMOTE_HIDDEN;
+	k->remote_ret = NVML_ERROR_NOT_SUPPORTED;
+	if (H.link_remote_type && H.link_remote_type(d, l, &type) == 0 && type == NVML_NVLINK_DEVICE_TYPE_SWITCH) {
+		k->remote = VG_NVML_REMOTE_SWITCH, k->remote_ret = 0;
+		return;
+	}
+	if (type != -1 && type != NVML_NVLINK_DEVICE_TYPE_GPU)
+		return;
+	if (!H.link_remote_pci || H.link_remote_pci(d, l, &pci) != 0)
+		return;
+	for (int g = 0; g < f->ndev; g++)
+		if (pci.domain == (unsigned)f->info[g].pci_domain && pci.bus == (unsigned)f->info[g].pci_bus &&
+		    pci.device == (unsigned)f->info[g].pci_device) {
+			k->remote = VG_NVML_REMOTE_GUEST_GPU, k->remote_dev = (uint8_t)g, k->remote_ret = 0;
+			return;
+		}
+}
+
+/* How the guest's GPU `dev` reaches its other GPUs: its NvLinks and the P2P status to each of
+ * the guest's GPUs, by the host's NVML (the simulated backend's own NVML on it). */
+static void host_topology(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
+{
+	const struct vh_host_nvml *n = vh_host_nvml(ch);
+	void *d = n ? n->dev[dev] : NULL;
+	if (!d)
+		return;
+	host_nvml_load(n);
+	const struct vh_fwd *f = ch->fwd;
+	for (int g = 0; g < f->ndev; g++)
+		for (int c = 0; c < VG_NVML_P2P_CAPS; c++) {
+			struct vg_nvml_p2p *p = &o->p2p[g][c];
+			int status = 0, r = NVML_ERROR_NOT_SUPPORTED;
+			if (H.p2p && n->dev[g])
+				r = H.p2p(d, n->dev[g], c, &status);
+			p->ret = (uint16_t)r, p->status = (uint16_t)status;
+		}
+	for (unsigned l = 0; l < VG_NVML_MAX_LINKS; l++) {
+		struct vg_nvml_link *k = &o->links[l];
+		int state = 0;
+		unsigned version = 0, cap = 0;
+		k->state_ret = (uint16_t)(H.link_state ? H.link_state(d, l, &state) : NVML_ERROR_NOT_SUPPORTED);
+		k->state = (uint8_t)state;
+		k->version_ret = (uint16_t)(H.link_version ? H.link_version(d, l, &version) : NVML_ERROR_NOT_SUPPORTED);
+		k->version = (uint8_t)version;
+		for (int c = 0; c < NVML_NVLINK_CAP_COUNT; c++)
+			if (H.link_cap && H.link_cap(d, l, c, &cap) == 0)
+				k->caps_known |= (uint8_t)(1u << c), k->caps |= (uint8_t)(cap ? 1u << c : 0);
+		k->remote_ret = NVML_ERROR_NOT_SUPPORTED;
+		if (k->state_ret == 0 && k->state)
+			link_remote(ch, d, l, k);
+	}
+	o->has_topology = 1;
 }
 
 /* The card's readings (host_facts fills nothing else: no memory, no processes) as this worker
@@ -202,6 +288,27 @@ static const struct vg_nvml_live *readings(struct vh_chan *ch, int dev)
 	return &cache[dev].facts;
 }
 
+/* The topology (host_topology fills nothing else) as this worker last read it, at most
+ * TOPOLOGY_TTL_NS old: it is the wiring of the machine, which a guest asks about at its start
+ * (NCCL: every pair, every link), and reading it costs the host's NVML some hundred calls. */
+#define TOPOLOGY_TTL_NS 10000000000ull
+static void topology(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
+{
+	static struct {
+		uint64_t at;
+		struct vg_nvml_live facts;
+	} cache[VG_MAX_DEVICES];
+	uint64_t now = vmgpu_now_ns();
+	if (!cache[dev].at || now - cache[dev].at > TOPOLOGY_TTL_NS) {
+		memset(&cache[dev].facts, 0, sizeof cache[dev].facts);
+		host_topology(ch, dev, &cache[dev].facts);
+		cache[dev].at = now;
+	}
+	o->has_topology = cache[dev].facts.has_topology;
+	memcpy(o->links, cache[dev].facts.links, sizeof o->links);
+	memcpy(o->p2p, cache[dev].facts.p2p, sizeof o->p2p);
+}
+
 CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
 {
 	struct vh_fwd *f = ch->fwd;
@@ -211,7 +318,8 @@ CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr 
 	struct vg_nvml_live *o = malloc(sizeof *o);
 	if (!o)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	*o = *readings(ch, (int)dev); /* the card's readings; memory and processes are this guest's: */
+	*o = *readings(ch, (int)dev); /* the card's readings and wiring; memory and processes are this guest's: */
+	topology(ch, (int)dev, o);
 	o->quota = f->quota[dev];
 	o->used = atomic_load(&f->used[dev]);
 	/* this guest's processes: every channel of its region that is served and holds memory here */

@@ -106,6 +106,14 @@ struct vg_dev_info {
  * and processes come from the forwarder's books (this guest's processes only); the rest is read
  * from the host's NVML where it can be, each value valid only if its VG_NVML_* bit is set. */
 #define VG_NVML_MAX_PROCS 64
+#define VG_NVML_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS */
+#define VG_NVML_P2P_CAPS 6   /* nvmlGpuP2PCapsIndex_t: read, write, NvLink, atomics, PCI, unknown */
+/* What is at the far end of an NvLink, as the guest may know it. */
+enum vg_nvml_remote {
+	VG_NVML_REMOTE_HIDDEN = 0,    /* not the guest's to know: a GPU outside the guest, a CPU, unknown */
+	VG_NVML_REMOTE_GUEST_GPU = 1, /* one of the guest's own GPUs (remote_dev) */
+	VG_NVML_REMOTE_SWITCH = 2,    /* an NVSwitch */
+};
 struct vg_nvml_proc {
 	uint32_t pid; /* as the guest process gave it (its own pid namespace) */
 	uint32_t pad;
@@ -122,6 +130,22 @@ struct vg_nvml_live {
 	uint32_t pci_device_id, pci_subsystem_id; /* nvmlPciInfo_t's: device << 16 | vendor, subsystem */
 	char driver_version[32];      /* the host driver's version ("580.159.04") */
 	struct vg_nvml_proc procs[VG_NVML_MAX_PROCS];
+	/* How the GPU reaches the guest's other GPUs (valid iff has_topology, from the host's NVML
+	 * or the simulated backend's): each NvLink, and the P2P status to each of the guest's GPUs
+	 * (itself included) by nvmlGpuP2PCapsIndex_t.  A link's far end is named only as one of
+	 * this guest's GPUs or as a switch, never by the host's address; `ret`s are the host NVML's
+	 * nvmlReturn_t (0: the value is valid). */
+	uint32_t has_topology, pad2;
+	struct vg_nvml_link {
+		uint16_t state_ret, version_ret, remote_ret;
+		uint8_t state, version;       /* nvmlEnableState_t; nvmlDeviceGetNvLinkVersion's */
+		uint8_t caps, caps_known;     /* bit c: nvmlNvLinkCapability_t c is set; the host answered it */
+		uint8_t remote, remote_dev;   /* VG_NVML_REMOTE_*; the guest's device index for ..._GUEST_GPU */
+	} links[VG_NVML_MAX_LINKS];
+	struct vg_nvml_p2p {
+		uint16_t ret;
+		uint16_t status;              /* nvmlGpuP2PStatus_t */
+	} p2p[VG_MAX_DEVICES][VG_NVML_P2P_CAPS];
 };
 #define VG_NVML_UTIL 0x1u
 #define VG_NVML_TEMP 0x2u
