@@ -9,18 +9,6 @@
 
 #include "vn_nvml.h"
 
-/* The checks every query starts with, then the host's answer in `l`. */
-#define LIVE(h, d, out, l)                                          \
-	nvmlReturn_t r_ = vn_ready();                               \
-	if (r_ != NVML_SUCCESS)                                     \
-		return r_;                                          \
-	struct nvmlDevice_st *d = vn_device(h);                     \
-	if (!d || !(out))                                           \
-		return NVML_ERROR_INVALID_ARGUMENT;                 \
-	struct vg_nvml_live l;                                      \
-	if ((r_ = vn_live(d, &l)) != NVML_SUCCESS)                  \
-		return r_
-
 /* ---- memory --------------------------------------------------------------------------------- */
 
 nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)

@@ -16,15 +16,7 @@
 /* The checks every query starts with, then the host's answer in `l`; without the wiring from the
  * host (no NVML there), NOT_SUPPORTED. */
 #define TOPOLOGY(h, d, out, l)                                      \
-	nvmlReturn_t r_ = vn_ready();                               \
-	if (r_ != NVML_SUCCESS)                                     \
-		return r_;                                          \
-	struct nvmlDevice_st *d = vn_device(h);                     \
-	if (!d || !(out))                                           \
-		return NVML_ERROR_INVALID_ARGUMENT;                 \
-	struct vg_nvml_live l;                                      \
-	if ((r_ = vn_live(d, &l)) != NVML_SUCCESS)                  \
-		return r_;                                          \
+	LIVE(h, d, out, l);                                         \
 	if (!l.has_topology)                                        \
 		return NVML_ERROR_NOT_SUPPORTED
 

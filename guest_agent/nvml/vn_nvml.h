@@ -37,6 +37,18 @@ nvmlReturn_t vn_ready(void);
 struct nvmlDevice_st *vn_device(nvmlDevice_t h);
 /* Ask the host what the guest's NVML shows of device d now. */
 nvmlReturn_t vn_live(const struct nvmlDevice_st *d, struct vg_nvml_live *out);
+/* The checks every live query starts with (nvmlInit called, `h` one of the guest's GPUs, `out`
+ * given), then the host's answer in `l`; any failure returned from the calling function. */
+#define LIVE(h, d, out, l)                                          \
+	nvmlReturn_t r_ = vn_ready();                               \
+	if (r_ != NVML_SUCCESS)                                     \
+		return r_;                                          \
+	struct nvmlDevice_st *d = vn_device(h);                     \
+	if (!d || !(out))                                           \
+		return NVML_ERROR_INVALID_ARGUMENT;                 \
+	struct vg_nvml_live l;                                      \
+	if ((r_ = vn_live(d, &l)) != NVML_SUCCESS)                  \
+		return r_
 /* A function not served: NVML_ERROR_NOT_SUPPORTED, its name logged once (VMGPU_NVML_LOG=0: silent). */
 nvmlReturn_t vn_unserved(const char *name, int *logged);
 /* Copy a string into a caller's buffer of `length` bytes: NVML_ERROR_INSUFFICIENT_SIZE if it does not fit. */

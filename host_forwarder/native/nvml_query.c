@@ -268,45 +268,42 @@ static void host_topology(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 	o->has_topology = 1;
 }
 
-/* The card's readings (host_facts fills nothing else: no memory, no processes) as this worker
- * last read them, at most READINGS_TTL_NS old: a guest that asks in a loop costs the host's
- * NVML (and the driver's locks its neighbours share) at most a few reads a second per guest
- * process. */
-#define READINGS_TTL_NS 250000000ull
-static const struct vg_nvml_live *readings(struct vh_chan *ch, int dev)
+/* What `fill` read of the guest's GPU `dev` (and nothing else: no memory, no processes), as this
+ * worker last read it, at most `ttl_ns` old. */
+struct nvml_cache {
+	uint64_t at;
+	struct vg_nvml_live facts;
+};
+static const struct vg_nvml_live *cached(struct nvml_cache *cache, uint64_t ttl_ns,
+					 void (*fill)(struct vh_chan *, int, struct vg_nvml_live *), struct vh_chan *ch,
+					 int dev)
 {
-	static struct {
-		uint64_t at;
-		struct vg_nvml_live facts;
-	} cache[VG_MAX_DEVICES];
 	uint64_t now = vmgpu_now_ns();
-	if (!cache[dev].at || now - cache[dev].at > READINGS_TTL_NS) {
+	if (!cache[dev].at || now - cache[dev].at > ttl_ns) {
 		memset(&cache[dev].facts, 0, sizeof cache[dev].facts);
-		host_facts(ch, dev, &cache[dev].facts);
+		fill(ch, dev, &cache[dev].facts);
 		cache[dev].at = now;
 	}
 	return &cache[dev].facts;
 }
 
-/* The topology (host_topology fills nothing else) as this worker last read it, at most
- * TOPOLOGY_TTL_NS old: it is the wiring of the machine, which a guest asks about at its start
- * (NCCL: every pair, every link), and reading it costs the host's NVML some hundred calls. */
-#define TOPOLOGY_TTL_NS 10000000000ull
+/* The card's readings at most 250 ms old: a guest that asks in a loop costs the host's NVML (and
+ * the driver's locks its neighbours share) at most a few reads a second per guest process. */
+static const struct vg_nvml_live *readings(struct vh_chan *ch, int dev)
+{
+	static struct nvml_cache cache[VG_MAX_DEVICES];
+	return cached(cache, 250000000ull, host_facts, ch, dev);
+}
+
+/* The wiring at most 10 s old: it is the machine's, which a guest asks about at its start (NCCL:
+ * every pair, every link), and reading it costs the host's NVML some hundred calls. */
 static void topology(struct vh_chan *ch, int dev, struct vg_nvml_live *o)
 {
-	static struct {
-		uint64_t at;
-		struct vg_nvml_live facts;
-	} cache[VG_MAX_DEVICES];
-	uint64_t now = vmgpu_now_ns();
-	if (!cache[dev].at || now - cache[dev].at > TOPOLOGY_TTL_NS) {
-		memset(&cache[dev].facts, 0, sizeof cache[dev].facts);
-		host_topology(ch, dev, &cache[dev].facts);
-		cache[dev].at = now;
-	}
-	o->has_topology = cache[dev].facts.has_topology;
-	memcpy(o->links, cache[dev].facts.links, sizeof o->links);
-	memcpy(o->p2p, cache[dev].facts.p2p, sizeof o->p2p);
+	static struct nvml_cache cache[VG_MAX_DEVICES];
+	const struct vg_nvml_live *t = cached(cache, 10000000000ull, host_topology, ch, dev);
+	o->has_topology = t->has_topology;
+	memcpy(o->links, t->links, sizeof o->links);
+	memcpy(o->p2p, t->p2p, sizeof o->p2p);
 }
 
 CUresult vh_proto_nvml_query(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr)
