@@ -69,6 +69,10 @@ out["forged"] = [
     ml.nvmlDeviceGetNvLinkCapability(fake, 0, 0, ctypes.byref(st)),
     ml.nvmlDeviceGetFieldValues(fake, 1, fields),
 ]
+# NCCL asks for the unversioned name: the same answer as _v2's
+pci2 = ctypes.create_string_buffer(128)
+out["v1"] = [ml.nvmlDeviceGetNvLinkRemotePciInfo(h0, 0, pci), ml.nvmlDeviceGetNvLinkRemotePciInfo_v2(h0, 0, pci2),
+             pci.raw == pci2.raw]
 # every address near the guest's first GPU's handle, which holds the handles of GPUs it does not
 # have (a guest given one GPU of two: the other's would be the next one)
 near = [ctypes.c_void_p(h0.value + k) for k in range(1, 8192)]
@@ -80,7 +84,7 @@ print(json.dumps(out))
 
 OK, CHIPSET, P2P_NOT_SUPPORTED, P2P_UNKNOWN = 0, 1, 5, 6
 INVALID = 2  # NVML_ERROR_INVALID_ARGUMENT
-FIELD_NOT_SUPPORTED = 3
+NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 
 
 def probe(region: Path) -> tuple[dict, str]:
@@ -115,8 +119,9 @@ def test_a_two_gpu_guest_sees_p2p_and_the_nvlinks_between_its_gpus(shm_path, mon
         assert by_link[18]["state"] == by_link[18]["remote"] == "Invalid Argument"  # NVML_NVLINK_MAX_LINKS
         count, state0, state4, version0, c2c = out["links"][g][-1]["fields"]
         assert count == [0, 4] and state0 == [0, 1] and version0 == [0, 6]
-        assert state4 == [FIELD_NOT_SUPPORTED, None] and c2c == [FIELD_NOT_SUPPORTED, None]
+        assert state4 == [NOT_SUPPORTED, None] and c2c == [NOT_SUPPORTED, None]
     assert out["forged"] == [INVALID] * 7
+    assert out["v1"] == [0, 0, True]
     assert out["near"] == [0, INVALID]  # GPU 1's handle, and nothing else, is one
     assert out["other_index"] == "Invalid Argument"
     assert "nvmlDeviceGetP2PStatus is not supported" not in err
@@ -135,7 +140,7 @@ def test_gpus_without_nvlink_or_a_peer_path_answer_as_pcie_cards_do(shm_path, mo
     for x in out["links"][0][:-1]:
         expected = "Invalid Argument" if x["link"] == 18 else "Not Supported"
         assert x["state"] == x["remote"] == x["remote_type"] == x["p2p_cap"] == expected
-    assert out["links"][0][-1]["fields"][0] == [FIELD_NOT_SUPPORTED, None]
+    assert out["links"][0][-1]["fields"][0] == [NOT_SUPPORTED, None]
 
 
 def test_a_guest_given_one_gpu_of_two_learns_nothing_of_the_other(shm_path, monkeypatch):
@@ -154,6 +159,7 @@ def test_a_guest_given_one_gpu_of_two_learns_nothing_of_the_other(shm_path, monk
     assert link0["remote"] == link0["remote_type"] == "Not Supported"
     assert "42:00" not in json.dumps(out) and ":42" not in json.dumps(out)
     assert out["forged"] == [INVALID] * 7
+    assert out["v1"] == [NOT_SUPPORTED, NOT_SUPPORTED, True]
     assert out["near"] == [INVALID]  # where host GPU 0's handle would be is no handle
     assert out["other_index"] == "Invalid Argument"
 
