@@ -13,19 +13,21 @@ other; that is for the GPU suite."""
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 
 import pytest
 
 from tests.forwarder import ASAN, NATIVE, forwarder, guest_env, wait_for, worker_pids
+from vmgpu import shm
 
 pytestmark = pytest.mark.native
 
 GUEST_LIB = NATIVE / "guest" / "libcuda.so.1"
 
 # CUresult values the tests expect
-SUCCESS, INVALID_VALUE, OUT_OF_MEMORY = 0, 1, 2
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, INVALID_HANDLE = 0, 1, 2, 400
 
 # A guest process (ctypes on the guest's libcuda.so.1) on GPU argv[2] that runs one command per line
 # read from stdin and answers one line: "<CUresult> [value]".  Handles cross as 128 hex digits.
@@ -322,4 +324,48 @@ def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, 
         assert int(b.ok("open_mem", h)) != 0
         assert int(b.ok("alloc", 16 << 20)) != 0
         assert b("alloc", 24 << 20)[0] == OUT_OF_MEMORY
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def raw(chan, op: int, body: bytes, seq: int) -> int:
+    """A raw request on device 0: its CUresult."""
+    chan.send(1, struct.pack("<IHHQ", op, 0, 0, seq) + body)  # VG_REC_REQUEST
+    rtype, rep = chan.recv(timeout_s=10)
+    result, rop, rseq = struct.unpack_from("<iIQ", rep)
+    assert (rtype, rop, rseq) == (2, op, seq)  # VG_REC_REPLY
+    return result
+
+
+def test_ipc_requests_cut_short_or_naming_nothing_are_refused_on_the_wire(shm_path):
+    """Raw requests to the ASan/UBSan forwarder: an open whose handle is cut short (or absent, or
+    whose flags are missing), an export or open with no place for its answer, an event export of
+    a NULL or unknown event, a close of an address never opened, and a whole handle of zeros: each
+    refused with its CUresult, and the forwarder serves on."""
+    if not (ASAN / "vmgpu-forwarder").exists():
+        pytest.fail("build/asan is missing: run `make native-asan`")
+    with forwarder(shm_path, asan=True) as fwd:
+        region = shm.Region.open(shm_path)
+        chan = shm.GuestChannel(region)
+        try:
+            yes = struct.pack("<Q", 1)
+            cases = [
+                (181, yes + b"\0" * 10, INVALID_VALUE),  # handle cut short
+                (181, yes, INVALID_VALUE),  # no handle
+                (181, yes + b"\0" * 64, INVALID_VALUE),  # no flags
+                (181, struct.pack("<Q", 0) + b"\0" * 64 + struct.pack("<I", 1), INVALID_VALUE),  # no answer
+                (181, yes + b"\0" * 64 + struct.pack("<I", 1), INVALID_VALUE),  # zeros: no handle of ours
+                (184, yes + b"\0" * 30, INVALID_VALUE),
+                (184, yes + b"\xff" * 64, INVALID_VALUE),
+                (180, struct.pack("<QQ", 0, 0x7E0000000000), INVALID_VALUE),  # no answer
+                (180, yes + struct.pack("<Q", 0x7E0000000000), INVALID_VALUE),  # none of its memory
+                (183, yes + struct.pack("<Q", 0), INVALID_HANDLE),
+                (183, yes + struct.pack("<Q", 0x1234), INVALID_HANDLE),
+                (182, struct.pack("<Q", 0x7E0000000000), INVALID_VALUE),
+                (182, b"", INVALID_VALUE),
+            ]
+            got = [raw(chan, op, body, seq=i + 1) for i, (op, body, _) in enumerate(cases)]
+            assert got == [want for _, _, want in cases], got
+        finally:
+            chan.close()
+            region.close()
         assert fwd.proc.poll() is None, fwd.log()
