@@ -369,3 +369,31 @@ def test_ipc_requests_cut_short_or_naming_nothing_are_refused_on_the_wire(shm_pa
             chan.close()
             region.close()
         assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_a_driver_api_program_shares_a_block_and_an_event_between_its_two_processes(shm_path, two_gpus):
+    """tests/cuda/ipc_pair.c, the GPU suite's program, through the forwarder with the guest's GPUs 0
+    and 1: the exporter on GPU 0, the opener (a forked process, its own channel) on GPU 1; every
+    step succeeds, the byte checks left out ("nodata": the simulated backend shares no bytes)."""
+    with asan_forwarder(shm_path) as fwd:
+        r = subprocess.run(
+            [str(NATIVE / "ipc_pair"), "0", "1", "nodata"],
+            env=guest_env(shm_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert fwd.proc.poll() is None, fwd.log()
+    steps = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines() if line.startswith(("A ", "B ")))
+    for s in (
+        "A export_mem",
+        "A export_event",
+        "B open_mem",
+        "B open_event",
+        "B record",
+        "B close_mem",
+        "A wait_event",
+    ):
+        assert steps.get(s) == "0", (s, r.stdout)
+    assert r.stdout.rstrip().endswith("ipc_pair ok"), r.stdout
