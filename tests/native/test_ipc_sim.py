@@ -262,8 +262,9 @@ def test_forged_and_foreign_handles_open_nothing(shm_path, two_gpus, guests):
 
 
 def test_a_handle_opens_nothing_new_once_its_block_is_freed_or_its_process_ends(shm_path, two_gpus, guests):
-    """A exports three blocks; B opens the first.  A frees it: a new open of its handle is refused,
-    and B's open mapping stays B's to name (the driver's semantics).  A ends cleanly: its second
+    """A exports two blocks; B opens the first.  A frees it: a new open of its handle is refused,
+    B's open mapping stays B's to name (the driver's semantics), and A's next block of its size is
+    new memory, not the freed block kept for reuse.  A ends cleanly: its second
     block's handle is refused.  A second exporter's worker is killed (the supervisor removes what
     it exported): its handle is refused too, and the forwarder serves on."""
     with asan_forwarder(shm_path) as fwd:
@@ -273,6 +274,12 @@ def test_a_handle_opens_nothing_new_once_its_block_is_freed_or_its_process_ends(
         opened = b.ok("open_mem", handles[0])
         a.ok("free", blocks[0])
         assert b("open_mem", handles[0])[0] == INVALID_VALUE
+        # the freed block is not kept for A's next allocation of its size, as a block never exported
+        # is (alloc.c): B still maps it, and A's new memory must not alias it
+        assert a.ok("alloc", 4096) != blocks[0]
+        plain = a.ok("alloc", 4096)
+        a.ok("free", plain)
+        assert a.ok("alloc", 4096) == plain
         assert b("memset", opened, 4096) == (SUCCESS, "")
         assert b.ok("close_mem", opened) == ""
         a.exit()
