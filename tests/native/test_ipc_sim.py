@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from tests.forwarder import ASAN, NATIVE, forwarder, guest_env, wait_for, worker_pids
+from tests.native.test_generator import raw
 from vmgpu import shm
 
 pytestmark = pytest.mark.native
@@ -334,15 +335,6 @@ def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, 
         assert fwd.proc.poll() is None, fwd.log()
 
 
-def raw(chan, op: int, body: bytes, seq: int) -> int:
-    """A raw request on device 0: its CUresult."""
-    chan.send(1, struct.pack("<IHHQ", op, 0, 0, seq) + body)  # VG_REC_REQUEST
-    rtype, rep = chan.recv(timeout_s=10)
-    result, rop, rseq = struct.unpack_from("<iIQ", rep)
-    assert (rtype, rop, rseq) == (2, op, seq)  # VG_REC_REPLY
-    return result
-
-
 def test_ipc_requests_cut_short_or_naming_nothing_are_refused_on_the_wire(shm_path):
     """Raw requests to the ASan/UBSan forwarder: an open whose handle is cut short (or absent, or
     whose flags are missing), an export or open with no place for its answer, an event export of
@@ -370,7 +362,7 @@ def test_ipc_requests_cut_short_or_naming_nothing_are_refused_on_the_wire(shm_pa
                 (182, struct.pack("<Q", 0x7E0000000000), INVALID_VALUE),
                 (182, b"", INVALID_VALUE),
             ]
-            got = [raw(chan, op, body, seq=i + 1) for i, (op, body, _) in enumerate(cases)]
+            got = [raw(chan, op, body, seq=i + 1)[0] for i, (op, body, _) in enumerate(cases)]
             assert got == [want for _, _, want in cases], got
         finally:
             chan.close()
