@@ -9,7 +9,8 @@ Scenarios (trainer: ResNet-50 training at batch 32 without autotuning; inference
 ResNet-50, one synchronised request at a time):
   weights   two trainers at weights 30/70 (the weighted policy)
   nosched   the same two through vmgpu with --no-sched
-  mps       the same two natively under MPS, 30/70 active-thread percentages
+  mps       the same two natively under MPS, 30/70 active-thread percentages, and through vmgpu
+            with their forwarders' workers clients of the same MPS server (--mps, --mps-threads)
   priority  inference (priority high, weight 50) beside a trainer (normal, weight 50): the
             inference guest's p99 beside the trainer over its p99 alone
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
@@ -156,9 +157,29 @@ def main() -> int:
                         (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
                     ]
                 )
+                # the same two through vmgpu, their forwarders' workers clients of the same MPS server
+                pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
+                v30, v70 = run.together(
+                    [
+                        (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),
+                        (TRAIN, g.env("--mps", pipe, "--mps-threads", "70")),
+                    ]
+                )
+                g.stop()
             finally:
                 mps_stop(mps)
             mps_total = m30["img_per_s"] + m70["img_per_s"]
+            vm_mps_total = v30["img_per_s"] + v70["img_per_s"]
+            rows.append(
+                (
+                    "vmgpu on MPS 30/70: shares",
+                    f"{100 * v30['img_per_s'] / solo:.1f}% / {100 * v70['img_per_s'] / solo:.1f}%",
+                )
+            )
+            summary["mps_share_max_err_pp"] = max(
+                abs(100 * v30["img_per_s"] / solo - 30), abs(100 * v70["img_per_s"] / solo - 70)
+            )
+            summary["aggregate_vmgpu_mps_vs_mps"] = (vm_mps_total / solo) / (mps_total / train_native["img_per_s"])
             native_solo = train_native["img_per_s"]
             rows.append(
                 (
@@ -171,6 +192,8 @@ def main() -> int:
             rows.append(("MPS 30/70 (native)", "unavailable (no nvidia-cuda-mps-control, or it did not start)"))
             summary["aggregate_vs_mps"] = float("nan")
         agg = f"weights {weighted_total / solo:.2f}, no-sched {nosched_total / solo:.2f}"
+        if mps:
+            agg += f", vmgpu on MPS {vm_mps_total / solo:.2f}, MPS (native) {mps_total / train_native['img_per_s']:.2f}"
         rows.append(("aggregate, of one guest alone", agg))
 
         hp, tr = run.together(

@@ -17,7 +17,7 @@ from vmgpu import config, errors, files, gpu, names, sched
 from vmgpu.ledger import GpuUsage, Ledger, Reservation
 from vmgpu.logging import get_logger
 from vmgpu.metrics import Metrics
-from vmgpu.spec import parse
+from vmgpu.spec import PRIORITIES, parse
 from vmgpu.supervisor import HostSettings, Supervisor
 
 
@@ -90,6 +90,8 @@ class Service:
         try:
             share = parse(spec_text)
             self.supervisor.settings.check_guest(share.settings)  # an OOM script it could not run: refused
+            for s in share.slices:
+                self.supervisor.settings.check_priority(s.priority, guest)  # above the host's ceiling: refused
             with self.lock:
                 slices = self.ledger.admit(guest, kind, share, config.label_text(label))
         except errors.VmgpuError as e:
@@ -149,6 +151,8 @@ class Service:
     def priority(self, guest: str, gpu_ref: str, priority: str) -> tuple[str, bool]:
         """Set guest's priority (high, normal, low) on a GPU: (its UUID, whether its page took it now)."""
         names.check_guest(guest)
+        if priority in PRIORITIES:  # (a value that is none of them is the ledger's to refuse)
+            self.supervisor.settings.check_priority(priority, guest)
         with self.lock:
             uuid = self.ledger.set_priority(guest, gpu_ref, priority)
         return uuid, sched.apply(uuid, priorities={guest: priority})

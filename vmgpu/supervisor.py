@@ -164,9 +164,15 @@ class HostSettings:
     oom_script: str = ""
     ctx_reserve: int | None = None  # bytes
     peer_timeout_s: int = 0
+    # the highest compute priority a guest may hold on this host: its share spec comes from the
+    # tenant (a container's VMGPU=, ALIYUN_COM_GPU_HIGH_PRIO, a domain's metadata), so the host
+    # bounds what a tenant can ask for itself
+    max_priority: str = "high"
 
     def check(self) -> HostSettings:
         """Refuse settings out of range, or an OOM script that cannot be run safely."""
+        if self.max_priority not in spec.PRIORITIES:
+            raise InvalidArgument(f"max-priority '{self.max_priority}' is not one of {', '.join(spec.PRIORITIES)}")
         if self.ctx_reserve is not None and not 0 <= self.ctx_reserve <= config.CTX_RESERVE_MAX:
             raise InvalidArgument(f"ctx-reserve {self.ctx_reserve} is outside 0..{config.CTX_RESERVE_MAX} bytes")
         if self.peer_timeout_s:
@@ -174,6 +180,15 @@ class HostSettings:
         if self.oom_script:
             oom_script_path(self.oom_scripts_dir, self.oom_script)
         return self
+
+    def check_priority(self, priority: str, guest: str) -> None:
+        """A guest may hold a priority up to the host's ceiling (vmgpud --max-priority)."""
+        order = spec.PRIORITIES  # high first
+        if order.index(priority) < order.index(self.max_priority):
+            raise InvalidArgument(
+                f"guest {guest}: priority {priority} is above this host's ceiling {self.max_priority} "
+                "(vmgpud --max-priority); ask for it no higher, or have the operator raise the ceiling"
+            )
 
     def check_guest(self, guest: spec.Settings) -> None:
         """A guest's own settings at its admission: its OOM script must be one the host can run."""

@@ -71,6 +71,10 @@ static void usage(FILE *f)
 		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
 		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
+		"  --mps DIR           serve the guest as a client of the MPS control daemon whose pipe\n"
+		"                      directory is DIR (root's, writable by no one else): its kernels run\n"
+		"                      beside other clients' on the GPU; implies --no-sched\n"
+		"  --mps-threads PCT   with --mps: at most PCT %% of the GPU's SMs (1..100, default 100)\n"
 		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
 		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
 		"                      measurement is charged)\n"
@@ -89,7 +93,8 @@ static void usage(FILE *f)
 struct options {
 	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
 	struct sched_share share[VG_MAX_DEVICES];
-	int no_sched, ctx_reserve_set, allow_pageable;
+	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
+	const char *mps_dir;
 	uint64_t create;
 	struct vmgpu_shm_params params;
 	struct vmgpu_wait_opts wopts;
@@ -148,7 +153,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
-		{0, 0, 0, 0},
+		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -217,6 +222,12 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			F.oom_script = optarg;
 			break;
 		case 'P': o->allow_pageable = 1; break;
+		case 'M': o->mps_dir = optarg; break;
+		case 'T':
+			if (vh_parse_size(optarg, &v) || v < 1 || v > 100)
+				return vh_die("--mps-threads: '%s' is not a percentage in 1..100", optarg);
+			o->mps_threads = (int)v;
+			break;
 		case 'h': usage(stdout); *status = 0; return -1;
 		default: usage(stderr); *status = 2; return -1;
 		}
@@ -226,6 +237,35 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		*status = 2;
 		return -1;
 	}
+	return 0;
+}
+
+/* --mps DIR: the workers are clients of the MPS control daemon whose pipes are in DIR, which must
+ * be root's or ours and writable by no one else (whoever could put a pipe there would be served
+ * every call of the guest's as its MPS server); its guest's kernels may run beside other clients'
+ * on the GPU's SMs, each client on at most --mps-threads % of them.  Time slicing is then the
+ * GPU's, not the compute scheduler's, which this forwarder leaves. */
+static int use_mps(struct options *o)
+{
+	if (!o->mps_dir) {
+		if (o->mps_threads)
+			return vh_die("--mps-threads needs --mps DIR");
+		return 0;
+	}
+	if (BK.simulated)
+		return vh_die("--mps needs the cuda backend");
+	struct stat st;
+	if (lstat(o->mps_dir, &st) != 0)
+		return vh_die("--mps: %s: %s", o->mps_dir, strerror(errno));
+	if (!S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != geteuid()) || (st.st_mode & 022))
+		return vh_die("--mps: %s must be a directory (not a link) of root's or ours that no one else can "
+			      "write: a pipe put there by someone else would be served every call of the guest's",
+			      o->mps_dir);
+	char pct[8];
+	snprintf(pct, sizeof pct, "%d", o->mps_threads ? o->mps_threads : 100);
+	setenv("CUDA_MPS_PIPE_DIRECTORY", o->mps_dir, 1);
+	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct, 1);
+	o->no_sched = 1;
 	return 0;
 }
 
@@ -329,7 +369,7 @@ int main(int argc, char **argv)
 		F.ctx_reserve = BK.simulated ? 0 : 544ull << 20;
 	if (strcmp(o.backend, "sim") && strcmp(o.backend, "cuda"))
 		return vh_die("unknown backend '%s' (cuda or sim)", o.backend);
-	if (vh_devices_probe(o.gpus, o.mems, o.allow_pageable) || map_stats(o.stats_path))
+	if (use_mps(&o) || vh_devices_probe(o.gpus, o.mems, o.allow_pageable) || map_stats(o.stats_path))
 		return 1;
 
 	int fd = vh_region_open(o.region, o.create); /* never through a link, never someone else's file */

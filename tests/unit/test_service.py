@@ -196,3 +196,22 @@ def test_a_release_removes_the_recorded_region_if_it_is_vmgpus_own_and_nothing_e
     # the region already gone: the release is not an error
     region.unlink()
     assert service.release("g") is True
+
+
+def test_a_priority_above_the_hosts_ceiling_is_refused_at_admission_and_when_changed():
+    """A tenant writes its own share spec (a container's VMGPU=, ALIYUN_COM_GPU_HIGH_PRIO): with
+    vmgpud --max-priority normal, a share asking for high is refused before the ledger sees it,
+    and so is a live change to high; normal and low pass."""
+    svc, calls = _service()
+    svc.supervisor.settings = HostSettings(max_priority="normal").check()
+    with pytest.raises(errors.InvalidArgument, match="priority high is above this host's ceiling normal"):
+        svc.admit("vm-a", "vm", "gpu=0,mem=1G,priority=high")
+    assert ("admit", "vm-a") not in calls
+    svc.admit("vm-b", "vm", "gpu=0,mem=1G,priority=normal;gpu=1,mem=1G,priority=low")
+    assert ("admit", "vm-b") in calls
+    svc.ledger.set_priority = lambda guest, gpu, priority: calls.append(("set", guest, priority)) or "GPU-0"
+    with pytest.raises(errors.InvalidArgument, match="above this host's ceiling"):
+        svc.priority("vm-b", "0", "high")
+    assert ("set", "vm-b", "high") not in calls
+    with pytest.raises(errors.InvalidArgument, match="max-priority 'urgent'"):
+        HostSettings(max_priority="urgent").check()

@@ -134,14 +134,26 @@ def _peer_timeout(ctx, param, value):
     help=f"Seconds after which a silent guest process is gone ({config.PEER_TIMEOUT_S[0]}..{config.PEER_TIMEOUT_S[1]}; "
     "default the forwarder's: 5; a guest's own peer-timeout= wins).  [env: VMGPU_PEER_TIMEOUT]",
 )
-def daemon(socket_path, db_path, inventory, metrics_port, oom_scripts_dir, oom_script, ctx_reserve, peer_timeout):
+@click.option(
+    "--max-priority",
+    type=click.Choice(["high", "normal", "low"]),
+    envvar="VMGPU_MAX_PRIORITY",
+    default="high",
+    show_default=True,
+    help="The highest compute priority a guest may hold here: a share asking for more (priority=, "
+    "ALIYUN_COM_GPU_HIGH_PRIO, ONLINE) is refused at admission, and so is `vmgpu priority` above it "
+    "(a tenant writes its own share spec).  [env: VMGPU_MAX_PRIORITY]",
+)
+def daemon(
+    socket_path, db_path, inventory, metrics_port, oom_scripts_dir, oom_script, ctx_reserve, peer_timeout, max_priority
+):
     """Run vmgpud in the foreground: the ledger, on a unix socket (JSON logs on stderr)."""
     from vmgpu import daemon as vmgpud
     from vmgpu.logging import configure
     from vmgpu.supervisor import HostSettings
 
     configure(json=True)
-    settings = HostSettings(oom_scripts_dir, oom_script, ctx_reserve, peer_timeout)
+    settings = HostSettings(oom_scripts_dir, oom_script, ctx_reserve, peer_timeout, max_priority)
     vmgpud.run(socket_path, db_path, inventory, None if metrics_port < 0 else metrics_port, settings)
 
 
