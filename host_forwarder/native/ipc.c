@@ -109,10 +109,12 @@ static CUresult publish(struct vh_chan *ch, uint32_t kind, uint64_t base, uint64
 		if (slot == VH_IPC_SLOTS)
 			slot = free_slot;
 		if (slot == VH_IPC_SLOTS) {
+			static int said; /* once per process: a guest that keeps trying must not flood the log */
 			pthread_mutex_unlock(&s->ipc_mu);
-			vh_log("channel %u: the forwarder's IPC table is full (%u handles); an export is refused "
-			       "until the guest frees exported blocks",
-			       ch->index, VH_IPC_SLOTS);
+			if (!said++)
+				vh_log("channel %u: the forwarder's IPC table is full (%u handles); exports are refused "
+				       "until the guest's processes free exported blocks or end",
+				       ch->index, VH_IPC_SLOTS);
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		}
 		struct vh_ipc_entry *e = &s->ipc[slot];

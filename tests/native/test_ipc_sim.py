@@ -65,6 +65,15 @@ for line in sys.stdin:
         h = Handle()
         r = cuda.cuIpcGetMemHandle(ctypes.byref(h), u64(int(args[0])))
         out = bytes(h).hex()
+    elif op == "export_many":  # blocks taken and exported until one is refused: "<that CUresult> <exported> <a block>"
+        p, h, n = u64(), Handle(), 0
+        while True:
+            r = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4096))
+            r = r or cuda.cuIpcGetMemHandle(ctypes.byref(h), p)
+            if r or n == int(args[0]):
+                break
+            n += 1
+        out = f"{n} {p.value}"
     elif op == "open_mem":
         p = u64()
         r = cuda.cuIpcOpenMemHandle_v2(ctypes.byref(p), handle(args[0]), 1)
@@ -396,3 +405,22 @@ def test_a_driver_api_program_shares_a_block_and_an_event_between_its_two_proces
     ):
         assert steps.get(s) == "0", (s, r.stdout)
     assert r.stdout.rstrip().endswith("ipc_pair ok"), r.stdout
+
+
+def test_the_table_of_exported_handles_is_bounded_and_a_full_one_refuses_only_new_exports(shm_path, guests):
+    """One process exports blocks until refused: the 1025th export is CUDA_ERROR_OUT_OF_MEMORY
+    (the forwarder's table holds 1024), logged once; handles already given still open in another
+    process, and once the first process ends its slots are free again for the guest's others."""
+    with forwarder(shm_path, asan=True) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        first = a.ok("export_mem", a.ok("alloc", 4096))
+        r, rest = a("export_many", 5000)
+        exported, _ = rest.split()
+        assert (r, int(exported)) == (OUT_OF_MEMORY, 1023), (r, rest)
+        assert a("export_many", 1)[0] == OUT_OF_MEMORY
+        assert fwd.log().count("IPC table is full") == 1, fwd.log()
+        assert int(b.ok("open_mem", first)) != 0
+        a.exit()
+        assert wait_for(lambda: fwd.log().count("closed after") >= 1), fwd.log()
+        assert b.ok("export_mem", b.ok("alloc", 4096))
+        assert fwd.proc.poll() is None, fwd.log()
