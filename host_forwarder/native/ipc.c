@@ -28,12 +28,13 @@
  *           name it, and cuIpcCloseMemHandle closes only what it opened.
  *   quota   an open charges nothing to the opener: the memory is the exporter's, charged to it
  *           (both are this guest's quota: charging it twice would refuse the guest memory it does
- *           not use), and the driver counts an imported mapping as the exporter's memory, so the
- *           meter's per-process reading of the opener does not include it either.
- *   end     when the exporter frees the block (cuMemFree; a block kept for reuse counts as freed,
- *           allocations.c) or ends, its entries go from the table, so the
- *           stale handle opens nothing new; mappings already open keep the driver's semantics (the
- *           memory stays until they are closed).  A worker that dies without saying so is covered
+ *           not use).  NVML is expected to count the block as the exporter's too, so that the
+ *           meter's per-process reading of the opener leaves it out (to be confirmed on a GPU: the
+ *           books at rest against NVML with a block open in another process).
+ *   end     when the exporter frees the block (cuMemFree) or ends, its entries go from the table,
+ *           so the stale handle opens nothing new; mappings already open keep the driver's
+ *           semantics (the memory stays until they are closed), so an exported block is never kept
+ *           for the exporter's reuse (alloc.c): its next block must not alias one still mapped.  A worker that dies without saying so is covered
  *           by the supervisor, which removes its channel's entries when it reaps it.  An event's
  *           entry lives until its process ends; a new event exported at the same host address
  *           gets a new token.
