@@ -153,4 +153,9 @@ OPS = {
     170: "cuGraphAddDependencies_v2",
     171: "cuGraphDestroyNode",
     172: "cuGraphGetRootNodes",
+    180: "cuIpcGetMemHandle",
+    181: "cuIpcOpenMemHandle_v2",
+    182: "cuIpcCloseMemHandle",
+    183: "cuIpcGetEventHandle",
+    184: "cuIpcOpenEventHandle",
 }

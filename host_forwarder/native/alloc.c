@@ -122,7 +122,9 @@ int vh_kept_give_back(struct vh_chan *ch, int dev)
 static int kept_put(struct vh_chan *ch, struct vh_alloc *a)
 {
 	uint64_t n = a->ref; /* the size cuMemAlloc was asked for; 0 for a pitched block */
-	if (!n || a->size > KEPT_BYTES || atomic_load(&open_captures) || vh_quota_near(ch, a->dev, a->size))
+	/* an exported block may still be mapped by another process (ipc.c): the driver frees it only
+	 * once those close, and no new allocation may alias it */
+	if (!n || a->exported || a->size > KEPT_BYTES || atomic_load(&open_captures) || vh_quota_near(ch, a->dev, a->size))
 		return 0;
 	uint64_t now = vmgpu_now_ns();
 	vh_kept_expire(ch, now);

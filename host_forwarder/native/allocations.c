@@ -4,6 +4,7 @@
 
 #include "allocations.h"
 #include "channel.h"
+#include "ipc.h"
 #include "quota.h"
 
 struct vh_alloc *vh_alloc_track(struct vh_chan *ch, CUdeviceptr base, uint64_t size, int dev, int kind)
@@ -49,6 +50,8 @@ int vh_alloc_in_reserved(struct vh_chan *ch, uint64_t p, uint64_t n)
 
 void vh_alloc_untrack(struct vh_chan *ch, struct vh_alloc *a)
 {
+	if (a->exported) /* freed, kept or undone: the block is no longer this process's to share */
+		vh_ipc_unexport(ch, a->base);
 	*a = ch->allocs[--ch->nallocs];
 }
 

@@ -22,6 +22,8 @@ enum vh_alloc_kind {
 	VH_ARRAY,        /* base is the host CUarray */
 	VH_GRAPH,        /* an executable graph with memory nodes: base is the host CUgraphExec */
 	VH_VA,           /* a virtual address range reserved for VMM mappings: base, size bytes */
+	VH_IPC,          /* another process's block mapped by cuIpcOpenMemHandle (ipc.c): ref opens,
+			  * size 0 (the exporter's charge, not this process's) */
 };
 struct vh_alloc {
 	CUdeviceptr base;
@@ -29,6 +31,7 @@ struct vh_alloc {
 	uint64_t ref;
 	uint64_t guest; /* VH_VMM, VH_VMM_RELEASED: the value the guest knows the handle by */
 	int dev, kind;
+	int exported; /* VH_MEM: its IPC handle is in the forwarder's table (ipc.c) */
 };
 
 /* A new record, or NULL if there is no memory for it. */
@@ -39,7 +42,8 @@ struct vh_alloc *vh_alloc_find(struct vh_chan *ch, uint64_t base, unsigned kinds
 struct vh_alloc *vh_alloc_find_vmm(struct vh_chan *ch, uint64_t guest, unsigned kinds);
 /* Whether [p, p+n) lies inside one virtual address range this process reserved. */
 int vh_alloc_in_reserved(struct vh_chan *ch, uint64_t p, uint64_t n);
-/* Forget a record (a is no longer valid, nor any pointer into the table). */
+/* Forget a record (a is no longer valid, nor any pointer into the table); an exported block's IPC
+ * handle opens nothing from now on. */
 void vh_alloc_untrack(struct vh_chan *ch, struct vh_alloc *a);
 /* The driver took a record's memory back: forget it, and the quota follows. */
 void vh_alloc_release(struct vh_chan *ch, struct vh_alloc *a);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "channel.h"
+#include "ipc.h"
 #include "protocol.h"
 #include "vg_kinds.h"
 
@@ -32,6 +33,7 @@ void vh_chan_release_all(struct vh_chan *ch)
 			B->cuCtxSetCurrent(ch->ctx[d]);
 			break;
 		}
+	vh_ipc_release_all(ch); /* its handles open nothing new; what it opened is closed */
 	/* objects first (a stream or event needs no particular current context), then memory */
 	for (int pass = 0; pass < 3; pass++) {
 		for (uint32_t i = 0; i < ch->nh; i++) {

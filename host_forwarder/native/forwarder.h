@@ -25,10 +25,23 @@ struct vh_clock {
 };
 extern const struct vh_clock vh_real_clock;
 
-/* What the workers of one guest share besides the quota's rows (context.c). */
+/* An IPC handle a guest process exported (ipc.c): the driver's handle behind the guest's token. */
+#define VH_IPC_SLOTS 1024
+struct vh_ipc_entry {
+	uint32_t kind;      /* 0: free; VH_IPC_MEM or VH_IPC_EVENT (ipc.c) */
+	uint32_t chan;      /* the exporting process's channel */
+	uint64_t base;      /* the exporter's block (memory) or its host event */
+	uint64_t size;      /* the bytes the exporter may name at base (memory) */
+	uint8_t token[16];  /* what the guest's handle must carry */
+	uint8_t real[64];   /* the driver's CUipcMemHandle / CUipcEventHandle: never leaves the host */
+};
+
+/* What the workers of one guest share besides the quota's rows (context.c, ipc.c). */
 struct vh_shared {
 	pthread_mutex_t ctx_mu;                  /* contexts are made one at a time (robust) */
 	_Atomic uint64_t ctx_bytes[VG_MAX_DEVICES]; /* the largest context measured on each GPU */
+	pthread_mutex_t ipc_mu;                  /* the IPC table (robust) */
+	struct vh_ipc_entry ipc[VH_IPC_SLOTS];
 };
 
 struct vh_fwd {

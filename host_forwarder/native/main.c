@@ -347,6 +347,7 @@ static int map_shared_rows(uint32_t nchannels)
 	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
 	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
 	pthread_mutex_init(&F.shared->ctx_mu, &ma);
+	pthread_mutex_init(&F.shared->ipc_mu, &ma);
 	return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "images.h"
+#include "ipc.h"
 #include "process.h"
 
 struct slot {
@@ -93,6 +94,7 @@ static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, 
 			vh_sched_worker(&F.sched[d], -1); /* it could not say so itself */
 	}
 	fence[i] = 1;
+	vh_ipc_forget_channel(&F, i); /* its IPC handles open nothing new, however it ended */
 	if (WIFSIGNALED(status))
 		vh_log("channel %u: worker %d died (signal %d); the guest process loses its GPU", i, (int)pid,
 		       WTERMSIG(status));

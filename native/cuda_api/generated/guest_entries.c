@@ -2952,3 +2952,112 @@ VG_EXPORT CUresult CUDAAPI cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCa
 {
 	return handwritten_cuStreamAddCallback(hStream, callback, userData, flags, VG_F_PTDS);
 }
+
+static CUresult forward_cuIpcGetMemHandle(CUipcMemHandle * pHandle, CUdeviceptr dptr, unsigned vg_flags)
+{
+	if (pHandle == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuIpcGetMemHandle, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pHandle != NULL);
+	vg_put(&c, &dptr, sizeof(dptr));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pHandle != NULL)
+			vg_get(&c, pHandle, sizeof(*pHandle));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+	return forward_cuIpcGetMemHandle(pHandle, dptr, 0);
+}
+
+static CUresult forward_cuIpcOpenMemHandle_v2(CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags, unsigned vg_flags)
+{
+	if (pdptr == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuIpcOpenMemHandle_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pdptr != NULL);
+	vg_put(&c, &handle, sizeof(handle));
+	vg_put(&c, &Flags, sizeof(Flags));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pdptr != NULL)
+			vg_get(&c, pdptr, sizeof(*pdptr));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+	return forward_cuIpcOpenMemHandle_v2(pdptr, handle, Flags, 0);
+}
+
+static CUresult forward_cuIpcCloseMemHandle(CUdeviceptr dptr, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuIpcCloseMemHandle, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dptr, sizeof(dptr));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	return forward_cuIpcCloseMemHandle(dptr, 0);
+}
+
+static CUresult forward_cuIpcGetEventHandle(CUipcEventHandle * pHandle, CUevent event, unsigned vg_flags)
+{
+	if (pHandle == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuIpcGetEventHandle, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pHandle != NULL);
+	vg_put(&c, &event, sizeof(event));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pHandle != NULL)
+			vg_get(&c, pHandle, sizeof(*pHandle));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
+{
+	return forward_cuIpcGetEventHandle(pHandle, event, 0);
+}
+
+static CUresult forward_cuIpcOpenEventHandle(CUevent * phEvent, CUipcEventHandle handle, unsigned vg_flags)
+{
+	if (phEvent == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuIpcOpenEventHandle, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, phEvent != NULL);
+	vg_put(&c, &handle, sizeof(handle));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (phEvent != NULL)
+			vg_get(&c, phEvent, sizeof(*phEvent));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
+{
+	return forward_cuIpcOpenEventHandle(phEvent, handle, 0);
+}

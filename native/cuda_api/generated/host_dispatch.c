@@ -2435,6 +2435,92 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		return handwritten_cuLaunchHostFunc(ch, vg_flags, rd, wr);
 	case VG_OP_cuStreamAddCallback:
 		return handwritten_cuStreamAddCallback(ch, vg_flags, rd, wr);
+	case VG_OP_cuIpcGetMemHandle: {
+		CUipcMemHandle pHandle_v;
+		memset(&pHandle_v, 0, sizeof(pHandle_v));
+		CUipcMemHandle *pHandle = vh_get_u64(rd) ? &pHandle_v : NULL;
+		CUdeviceptr dptr;
+		vh_get(rd, &dptr, sizeof(dptr));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pHandle == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuIpcGetMemHandle(ch, pHandle, dptr);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pHandle != NULL)
+			vh_put(wr, pHandle, sizeof(*pHandle));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuIpcOpenMemHandle_v2: {
+		CUdeviceptr pdptr_v;
+		memset(&pdptr_v, 0, sizeof(pdptr_v));
+		CUdeviceptr *pdptr = vh_get_u64(rd) ? &pdptr_v : NULL;
+		CUipcMemHandle handle;
+		vh_get(rd, &handle, sizeof(handle));
+		unsigned int Flags;
+		vh_get(rd, &Flags, sizeof(Flags));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pdptr == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuIpcOpenMemHandle_v2(ch, pdptr, handle, Flags);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pdptr != NULL)
+			vh_put(wr, pdptr, sizeof(*pdptr));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuIpcCloseMemHandle: {
+		CUdeviceptr dptr;
+		vh_get(rd, &dptr, sizeof(dptr));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuIpcCloseMemHandle(ch, dptr);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuIpcGetEventHandle: {
+		CUipcEventHandle pHandle_v;
+		memset(&pHandle_v, 0, sizeof(pHandle_v));
+		CUipcEventHandle *pHandle = vh_get_u64(rd) ? &pHandle_v : NULL;
+		CUevent event;
+		vh_get(rd, &event, sizeof(event));
+		if (event == NULL)
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (vh_handle_in(ch, VG_KIND_EVENT, (void **)&event))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pHandle == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuIpcGetEventHandle(ch, pHandle, event);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pHandle != NULL)
+			vh_put(wr, pHandle, sizeof(*pHandle));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuIpcOpenEventHandle: {
+		CUevent phEvent_v;
+		memset(&phEvent_v, 0, sizeof(phEvent_v));
+		CUevent *phEvent = vh_get_u64(rd) ? &phEvent_v : NULL;
+		CUipcEventHandle handle;
+		vh_get(rd, &handle, sizeof(handle));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (phEvent == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuIpcOpenEventHandle(ch, phEvent, handle);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (phEvent != NULL && vh_handle_new(ch, VG_KIND_EVENT, (void **)phEvent, NULL))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		if (phEvent != NULL)
+			vh_put(wr, phEvent, sizeof(*phEvent));
+		return CUDA_SUCCESS;
+	}
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}

@@ -143,7 +143,12 @@
 #define VG_OP_cuGraphAddDependencies_v2 170
 #define VG_OP_cuGraphDestroyNode 171
 #define VG_OP_cuGraphGetRootNodes 172
-#define VG_OP_LIMIT 173
+#define VG_OP_cuIpcGetMemHandle 180
+#define VG_OP_cuIpcOpenMemHandle_v2 181
+#define VG_OP_cuIpcCloseMemHandle 182
+#define VG_OP_cuIpcGetEventHandle 183
+#define VG_OP_cuIpcOpenEventHandle 184
+#define VG_OP_LIMIT 185
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -286,5 +291,10 @@
 	X(170, cuGraphAddDependencies_v2) \
 	X(171, cuGraphDestroyNode) \
 	X(172, cuGraphGetRootNodes) \
+	X(180, cuIpcGetMemHandle) \
+	X(181, cuIpcOpenMemHandle_v2) \
+	X(182, cuIpcCloseMemHandle) \
+	X(183, cuIpcGetEventHandle) \
+	X(184, cuIpcOpenEventHandle) \
 
 #endif

@@ -113,6 +113,11 @@
 	X(cuGraphKernelNodeSetParams_v2) \
 	X(cuGraphMemAllocNodeGetParams) \
 	X(cuInit) \
+	X(cuIpcCloseMemHandle) \
+	X(cuIpcGetEventHandle) \
+	X(cuIpcGetMemHandle) \
+	X(cuIpcOpenEventHandle) \
+	X(cuIpcOpenMemHandle_v2) \
 	X(cuKernelGetName) \
 	X(cuKernelGetParamInfo) \
 	X(cuLaunchKernel) \

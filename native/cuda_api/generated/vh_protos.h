@@ -72,5 +72,10 @@ CUresult guarded_cuMemcpyPeer(struct vh_chan *ch, CUdeviceptr dstDevice, CUconte
 CUresult guarded_cuMemcpyPeerAsync(struct vh_chan *ch, CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream);
 CUresult handwritten_cuLaunchHostFunc(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult handwritten_cuStreamAddCallback(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuIpcGetMemHandle(struct vh_chan *ch, CUipcMemHandle * pHandle, CUdeviceptr dptr);
+CUresult guarded_cuIpcOpenMemHandle_v2(struct vh_chan *ch, CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult guarded_cuIpcCloseMemHandle(struct vh_chan *ch, CUdeviceptr dptr);
+CUresult guarded_cuIpcGetEventHandle(struct vh_chan *ch, CUipcEventHandle * pHandle, CUevent event);
+CUresult guarded_cuIpcOpenEventHandle(struct vh_chan *ch, CUevent * phEvent, CUipcEventHandle handle);
 
 #endif

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * IPC between the processes of one guest (ipc.c): the forwarder's table of exported handles,
+ * shared by its workers, and what a process's end or a block's free takes out of it.
+ */
+#ifndef VH_IPC_H
+#define VH_IPC_H
+
+#include <stdint.h>
+
+struct vh_chan;
+struct vh_fwd;
+
+/* A block of this process (its base) is no longer its own: its IPC handle opens nothing new. */
+void vh_ipc_unexport(struct vh_chan *ch, uint64_t base);
+/* The process ends: its exported handles go from the table, and the mappings it opened are closed
+ * (before its contexts go). */
+void vh_ipc_release_all(struct vh_chan *ch);
+/* The supervisor's backstop, for a worker that could not say so itself: every handle channel
+ * chan exported goes from the table. */
+void vh_ipc_forget_channel(struct vh_fwd *f, uint32_t chan);
+
+#endif

@@ -1,0 +1,426 @@
+"""IPC between the processes of one guest (host_forwarder/native/ipc.c), on the simulated backend
+and the ASan/UBSan forwarder: cuIpcGetMemHandle, cuIpcOpenMemHandle_v2, cuIpcCloseMemHandle,
+cuIpcGetEventHandle and cuIpcOpenEventHandle between two guest processes of one guest (each its
+own worker), and the boundary: only the base of a process's own cuMemAlloc block is exported, and
+a forged handle, one whose token is wrong, one made by another guest's forwarder, or one whose
+block was freed or whose process ended opens nothing.
+
+The simulated backend cannot share bytes between two workers (each keeps its device memory in its
+own host memory): an open maps a new, zeroed block of the exported block's size at an address of
+the opener's (sim/ipc.c).  These tests check who may open what, and that an opened block is the
+opener's to name in copies and memsets, not that bytes written by one process are read by the
+other; that is for the GPU suite."""
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from tests.forwarder import ASAN, NATIVE, forwarder, guest_env, wait_for, worker_pids
+from tests.native.test_generator import raw
+from vmgpu import shm
+
+pytestmark = pytest.mark.native
+
+GUEST_LIB = NATIVE / "guest" / "libcuda.so.1"
+
+# CUresult values the tests expect
+SUCCESS, INVALID_VALUE, OUT_OF_MEMORY, INVALID_HANDLE = 0, 1, 2, 400
+
+# A guest process (ctypes on the guest's libcuda.so.1) on GPU argv[2] that runs one command per line
+# read from stdin and answers one line: "<CUresult> [value]".  Handles cross as 128 hex digits.
+GUEST = r"""
+import ctypes, sys
+cuda = ctypes.CDLL(sys.argv[1])
+u64, P = ctypes.c_uint64, ctypes.c_void_p
+
+class Handle(ctypes.Structure):  # CUipcMemHandle and CUipcEventHandle: 64 bytes, by value
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+def handle(hexs):
+    h = Handle()
+    ctypes.memmove(ctypes.byref(h), bytes.fromhex(hexs), 64)
+    return h
+
+cuda.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(u64), Handle, ctypes.c_uint]
+cuda.cuIpcOpenEventHandle.argtypes = [ctypes.POINTER(P), Handle]
+ctx = P()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), int(sys.argv[2])) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+print("ready", flush=True)
+for line in sys.stdin:
+    w = line.split()
+    op, args = w[0], w[1:]
+    out = ""
+    if op == "alloc":
+        p = u64()
+        r = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(int(args[0])))
+        out = p.value
+    elif op == "free":
+        r = cuda.cuMemFree_v2(u64(int(args[0])))
+    elif op == "export_mem":
+        h = Handle()
+        r = cuda.cuIpcGetMemHandle(ctypes.byref(h), u64(int(args[0])))
+        out = bytes(h).hex()
+    elif op == "export_many":  # blocks taken and exported until one is refused: "<that CUresult> <exported> <a block>"
+        p, h, n = u64(), Handle(), 0
+        while True:
+            r = cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4096))
+            r = r or cuda.cuIpcGetMemHandle(ctypes.byref(h), p)
+            if r or n == int(args[0]):
+                break
+            n += 1
+        out = f"{n} {p.value}"
+    elif op == "open_mem":
+        p = u64()
+        r = cuda.cuIpcOpenMemHandle_v2(ctypes.byref(p), handle(args[0]), 1)
+        out = p.value
+    elif op == "close_mem":
+        r = cuda.cuIpcCloseMemHandle(u64(int(args[0])))
+    elif op == "memset":  # the address named in a memset: only the process's own memory
+        r = cuda.cuMemsetD8_v2(u64(int(args[0])), ctypes.c_ubyte(7), ctypes.c_size_t(int(args[1])))
+    elif op == "event":  # flags: 6 = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING
+        e = P()
+        r = cuda.cuEventCreate(ctypes.byref(e), int(args[0]))
+        out = e.value or 0
+    elif op == "export_event":
+        h = Handle()
+        r = cuda.cuIpcGetEventHandle(ctypes.byref(h), P(int(args[0])))
+        out = bytes(h).hex()
+    elif op == "open_event":
+        e = P()
+        r = cuda.cuIpcOpenEventHandle(ctypes.byref(e), handle(args[0]))
+        out = e.value or 0
+    elif op == "record":
+        r = cuda.cuEventRecord(P(int(args[0])), None)
+        r = r or cuda.cuCtxSynchronize()
+    elif op == "wait":
+        r = cuda.cuStreamWaitEvent(None, P(int(args[0])), 0)
+        r = r or cuda.cuStreamSynchronize(None)
+    elif op == "query":
+        r = cuda.cuEventQuery(P(int(args[0])))
+    elif op == "destroy_event":
+        r = cuda.cuEventDestroy_v2(P(int(args[0])))
+    else:
+        raise SystemExit("unknown command " + op)
+    print(r, out, flush=True)
+"""
+
+
+class Guest:
+    """One guest process of the region, on one GPU, run command by command."""
+
+    def __init__(self, region, gpu: int = 0):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", GUEST, str(GUEST_LIB), str(gpu)],
+            env=guest_env(region),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        assert line.strip() == "ready", line + self.stderr()
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        return self.proc.stderr.read()
+
+    def __call__(self, *words) -> tuple[int, str]:
+        """Run a command: (CUresult, its value as text)."""
+        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"{words}: the guest process ended: {self.stderr()}"
+        r, _, value = line.strip().partition(" ")
+        return int(r), value
+
+    def ok(self, *words) -> str:
+        r, value = self(*words)
+        assert r == SUCCESS, (words, r)
+        return value
+
+    def exit(self) -> None:
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0, self.proc.stderr.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            f.close()
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+
+
+def asan_forwarder(region, **kw):
+    if not (ASAN / "vmgpu-forwarder").exists():
+        pytest.fail("build/asan is missing: run `make native-asan`")
+    return forwarder(region, extra=["--gpus", "0,1"], asan=True, **kw)
+
+
+@pytest.fixture
+def guests():
+    """Guest processes a test starts, killed at its end whatever happened."""
+    started: list[Guest] = []
+
+    def start(region, gpu: int = 0) -> Guest:
+        g = Guest(region, gpu)
+        started.append(g)
+        return g
+
+    yield start
+    for g in started:
+        g.kill()
+
+
+def tampered(hexs: str, byte: int) -> str:
+    b = bytearray(bytes.fromhex(hexs))
+    b[byte] ^= 0x01
+    return b.hex()
+
+
+def test_a_guest_process_opens_and_closes_memory_another_process_of_its_guest_exported(shm_path, two_gpus, guests):
+    """A (GPU 0) exports the base of a block of its own; B (GPU 1) opens it, and the mapping is B's
+    to name in a memset; opening it again gives the same address, and each close takes one open
+    back (the driver's counting): a third close, or a memset after the last, is refused.  A
+    exporting the same block twice gets the same handle; the handle is not the simulated driver's
+    (the guest never sees the real one)."""
+    with asan_forwarder(shm_path) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 1)
+        block = a.ok("alloc", 1 << 20)
+        h = a.ok("export_mem", block)
+        assert a.ok("export_mem", block) == h
+        assert b"simipc" not in bytes.fromhex(h), "the driver's own handle reached the guest"
+        opened = b.ok("open_mem", h)
+        assert int(opened) != 0
+        assert b("memset", opened, 1 << 20) == (SUCCESS, "")
+        assert b("memset", opened, (1 << 20) + 1)[0] == INVALID_VALUE  # one byte past the block
+        assert b.ok("open_mem", h) == opened
+        assert b("close_mem", opened) == (SUCCESS, "")
+        assert b("memset", opened, 16) == (SUCCESS, "")  # still open once
+        assert b("close_mem", opened) == (SUCCESS, "")
+        assert b("close_mem", opened)[0] == INVALID_VALUE
+        assert b("memset", opened, 16)[0] == INVALID_VALUE
+        assert b("free", opened)[0] == INVALID_VALUE  # never B's to free
+        a.exit()
+        b.exit()
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_only_the_base_of_a_block_of_its_own_is_exported(shm_path, two_gpus, guests):
+    """An address inside A's block (not its base), an address that is none of A's memory, B's
+    memory named by A (the same number in A names nothing), a block B opened by IPC (not B's
+    cuMemAlloc block) and a freed block: each export refused with CUDA_ERROR_INVALID_VALUE."""
+    with asan_forwarder(shm_path) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        block = int(a.ok("alloc", 4096))
+        assert a("export_mem", block + 256)[0] == INVALID_VALUE
+        assert a("export_mem", 0x1234000)[0] == INVALID_VALUE
+        for _ in range(15):  # B's addresses start where A's do: its 16th lies past any of A's
+            b_block = b.ok("alloc", 4096)
+        assert a("export_mem", b_block)[0] == INVALID_VALUE
+        opened = b.ok("open_mem", a.ok("export_mem", block))
+        assert b("export_mem", opened)[0] == INVALID_VALUE
+        freed = a.ok("alloc", 8192)
+        a.ok("free", freed)
+        assert a("export_mem", freed)[0] == INVALID_VALUE
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_forged_and_foreign_handles_open_nothing(shm_path, two_gpus, guests):
+    """Two guests, each with its own forwarder and region.  In guest 2: random bytes, guest 2's own
+    handle with one bit of its token flipped, with its slot moved to another used slot or past the
+    table, a memory handle presented as an event's, and a handle guest 1 made for a block of its
+    own (the same slot as guest 2's, another forwarder's token) are all refused with
+    CUDA_ERROR_INVALID_VALUE; guest 2's true handle opens (the refusals are not a broken open);
+    both forwarders serve on."""
+    other = shm_path.with_name(shm_path.name + "-other")
+    try:
+        with asan_forwarder(shm_path) as fwd1, asan_forwarder(other) as fwd2:
+            g1, a2, b2 = guests(shm_path, 0), guests(other, 0), guests(other, 0)
+            foreign = g1.ok("export_mem", g1.ok("alloc", 4096))
+            own = a2.ok("export_mem", a2.ok("alloc", 4096))
+            second = a2.ok("export_mem", a2.ok("alloc", 4096))
+            assert foreign[:32] == own[:32], "both handles should name slot 0 of their own table"
+            refused = {
+                "random": os.urandom(64).hex(),
+                "token_flipped": tampered(own, 16),
+                "token_last_byte": tampered(own, 31),
+                "other_slot": own[:24] + second[24:32] + own[32:],
+                "slot_past_table": own[:24] + (4096).to_bytes(4, "little").hex() + own[32:],
+                "magic": tampered(own, 0),
+                "foreign": foreign,
+            }
+            for name, h in refused.items():
+                assert b2("open_mem", h)[0] == INVALID_VALUE, name
+            assert b2("open_event", own)[0] == INVALID_VALUE
+            assert int(b2.ok("open_mem", own)) != 0
+            assert g1("open_mem", own)[0] == INVALID_VALUE  # guest 2's handle in guest 1
+            assert fwd1.proc.poll() is None and fwd2.proc.poll() is None, fwd1.log() + fwd2.log()
+    finally:
+        if other.exists():
+            other.unlink()
+
+
+def test_a_handle_opens_nothing_new_once_its_block_is_freed_or_its_process_ends(shm_path, two_gpus, guests):
+    """A exports two blocks; B opens the first.  A frees it: a new open of its handle is refused,
+    B's open mapping stays B's to name (the driver's semantics), and A's next block of its size is
+    new memory, not the freed block kept for reuse.  A ends cleanly: its second
+    block's handle is refused.  A second exporter's worker is killed (the supervisor removes what
+    it exported): its handle is refused too, and the forwarder serves on."""
+    with asan_forwarder(shm_path) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 1)
+        blocks = [a.ok("alloc", 4096) for _ in range(2)]
+        handles = [a.ok("export_mem", p) for p in blocks]
+        opened = b.ok("open_mem", handles[0])
+        a.ok("free", blocks[0])
+        assert b("open_mem", handles[0])[0] == INVALID_VALUE
+        # the freed block is not kept for A's next allocation of its size, as a block never exported
+        # is (alloc.c): B still maps it, and A's new memory must not alias it
+        assert a.ok("alloc", 4096) != blocks[0]
+        plain = a.ok("alloc", 4096)
+        a.ok("free", plain)
+        assert a.ok("alloc", 4096) == plain
+        assert b("memset", opened, 4096) == (SUCCESS, "")
+        assert b.ok("close_mem", opened) == ""
+        a.exit()
+        assert wait_for(lambda: fwd.log().count("closed after") >= 1), fwd.log()
+        assert b("open_mem", handles[1])[0] == INVALID_VALUE
+
+        workers = set(worker_pids(fwd))
+        c = guests(shm_path, 0)
+        h = c.ok("export_mem", c.ok("alloc", 4096))
+        c_worker = set(worker_pids(fwd)) - workers
+        assert len(c_worker) == 1, (workers, c_worker)
+        os.kill(c_worker.pop(), signal.SIGKILL)
+        assert wait_for(lambda: "died (signal 9)" in fwd.log()), fwd.log()
+        assert b("open_mem", h)[0] == INVALID_VALUE
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_an_interprocess_event_is_exported_opened_recorded_and_waited_on(shm_path, two_gpus, guests):
+    """A creates an event with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING and exports it (one
+    with timing is refused, as the driver refuses it); B opens it, records it, waits on it and
+    queries it, as A does with its own; a tampered event handle, or a memory handle presented as an
+    event's, is refused; B destroys its opened event."""
+    with asan_forwarder(shm_path) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 1)
+        timing = a.ok("event", 0)
+        assert a("export_event", timing)[0] == INVALID_VALUE
+        ev = a.ok("event", 6)
+        h = a.ok("export_event", ev)
+        opened = b.ok("open_event", h)
+        assert int(opened) != 0
+        for who, e in ((b, opened), (a, ev)):
+            assert who("record", e) == (SUCCESS, "")
+            assert who("wait", e) == (SUCCESS, "")
+            assert who("query", e) == (SUCCESS, "")
+        assert b("open_event", tampered(h, 20))[0] == INVALID_VALUE
+        assert b("open_mem", h)[0] == INVALID_VALUE
+        assert b("destroy_event", opened) == (SUCCESS, "")
+        assert b("query", opened)[0] != SUCCESS  # a destroyed handle names nothing
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):
+    """A guest with a 64 MiB quota on GPU 0: A takes 40 MiB and exports it; B opens it (were it
+    charged again the guest would be at 80 MiB, over its quota) and can still take 16 MiB, while
+    24 MiB more than that is refused: the quota counts A's block once."""
+    with forwarder(shm_path, mem="64M,64M", extra=["--gpus", "0,1"], asan=True) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        h = a.ok("export_mem", a.ok("alloc", 40 << 20))
+        assert int(b.ok("open_mem", h)) != 0
+        assert int(b.ok("alloc", 16 << 20)) != 0
+        assert b("alloc", 24 << 20)[0] == OUT_OF_MEMORY
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_ipc_requests_cut_short_or_naming_nothing_are_refused_on_the_wire(shm_path):
+    """Raw requests to the ASan/UBSan forwarder: an open whose handle is cut short (or absent, or
+    whose flags are missing), an export or open with no place for its answer, an event export of
+    a NULL or unknown event, a close of an address never opened, and a whole handle of zeros: each
+    refused with its CUresult, and the forwarder serves on."""
+    if not (ASAN / "vmgpu-forwarder").exists():
+        pytest.fail("build/asan is missing: run `make native-asan`")
+    with forwarder(shm_path, asan=True) as fwd:
+        region = shm.Region.open(shm_path)
+        chan = shm.GuestChannel(region)
+        try:
+            yes = struct.pack("<Q", 1)
+            cases = [
+                (181, yes + b"\0" * 10, INVALID_VALUE),  # handle cut short
+                (181, yes, INVALID_VALUE),  # no handle
+                (181, yes + b"\0" * 64, INVALID_VALUE),  # no flags
+                (181, struct.pack("<Q", 0) + b"\0" * 64 + struct.pack("<I", 1), INVALID_VALUE),  # no answer
+                (181, yes + b"\0" * 64 + struct.pack("<I", 1), INVALID_VALUE),  # zeros: no handle of ours
+                (184, yes + b"\0" * 30, INVALID_VALUE),
+                (184, yes + b"\xff" * 64, INVALID_VALUE),
+                (180, struct.pack("<QQ", 0, 0x7E0000000000), INVALID_VALUE),  # no answer
+                (180, yes + struct.pack("<Q", 0x7E0000000000), INVALID_VALUE),  # none of its memory
+                (183, yes + struct.pack("<Q", 0), INVALID_HANDLE),
+                (183, yes + struct.pack("<Q", 0x1234), INVALID_HANDLE),
+                (182, struct.pack("<Q", 0x7E0000000000), INVALID_VALUE),
+                (182, b"", INVALID_VALUE),
+            ]
+            got = [raw(chan, op, body, seq=i + 1)[0] for i, (op, body, _) in enumerate(cases)]
+            assert got == [want for _, _, want in cases], got
+        finally:
+            chan.close()
+            region.close()
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_a_driver_api_program_shares_a_block_and_an_event_between_its_two_processes(shm_path, two_gpus):
+    """tests/cuda/ipc_pair.c, the GPU suite's program, through the forwarder with the guest's GPUs 0
+    and 1: the exporter on GPU 0, the opener (a forked process, its own channel) on GPU 1; every
+    step succeeds, the byte checks left out ("nodata": the simulated backend shares no bytes)."""
+    with asan_forwarder(shm_path) as fwd:
+        r = subprocess.run(
+            [str(NATIVE / "ipc_pair"), "0", "1", "nodata"],
+            env=guest_env(shm_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
+        assert fwd.proc.poll() is None, fwd.log()
+    steps = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines() if line.startswith(("A ", "B ")))
+    for s in (
+        "A export_mem",
+        "A export_event",
+        "B open_mem",
+        "B open_event",
+        "B record",
+        "B close_mem",
+        "A wait_event",
+    ):
+        assert steps.get(s) == "0", (s, r.stdout)
+    assert r.stdout.rstrip().endswith("ipc_pair ok"), r.stdout
+
+
+def test_the_table_of_exported_handles_is_bounded_and_a_full_one_refuses_only_new_exports(shm_path, guests):
+    """One process exports blocks until refused: the 1025th export is CUDA_ERROR_OUT_OF_MEMORY
+    (the forwarder's table holds 1024), logged once; handles already given still open in another
+    process, and once the first process ends its slots are free again for the guest's others."""
+    with forwarder(shm_path, asan=True) as fwd:
+        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        first = a.ok("export_mem", a.ok("alloc", 4096))
+        r, rest = a("export_many", 5000)
+        exported, _ = rest.split()
+        assert (r, int(exported)) == (OUT_OF_MEMORY, 1023), (r, rest)
+        assert a("export_many", 1)[0] == OUT_OF_MEMORY
+        assert fwd.log().count("IPC table is full") == 1, fwd.log()
+        assert int(b.ok("open_mem", first)) != 0
+        a.exit()
+        assert wait_for(lambda: fwd.log().count("closed after") >= 1), fwd.log()
+        assert b.ok("export_mem", b.ok("alloc", 4096))
+        assert fwd.proc.poll() is None, fwd.log()
