@@ -90,12 +90,7 @@ const struct vh_span *vh_addr_span(const struct vh_chan *ch, uint64_t addr)
 
 static int refused(const struct vh_chan *ch, uint64_t addr, uint64_t n, ptrdiff_t i)
 {
-	static int trace = -1;
-	if (trace < 0) {
-		const char *t = getenv("VMGPU_TRACE_ERRORS");
-		trace = t && !strcmp(t, "1");
-	}
-	if (trace) { /* where a program's address was refused, and the object nearest below it */
+	if (vh_tracing_errors()) { /* where a program's address was refused, and the object nearest below it */
 		if (i >= 0)
 			vh_log("channel %u: refused the range [%#llx, +%llu): the nearest object below it is "
 			       "[%#llx, %#llx) (kind %d)", ch->index, (unsigned long long)addr, (unsigned long long)n,

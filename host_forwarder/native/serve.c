@@ -37,7 +37,6 @@ _Atomic int open_captures;
 
 _Static_assert(VG_MAX_DEVICES <= VMGPU_STATS_GPUS, "the statistics page counts every guest GPU");
 
-static int trace_errors; /* VMGPU_TRACE_ERRORS=1: log every call that fails, with its name */
 
 static const char *op_name(uint32_t op)
 {
@@ -58,8 +57,6 @@ static const char *op_name(uint32_t op)
 
 int vh_serve(struct vh_chan *ch)
 {
-	const char *te = getenv("VMGPU_TRACE_ERRORS");
-	trace_errors = te && !strcmp(te, "1");
 	int ended = 0;
 	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
 	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
@@ -145,7 +142,7 @@ int vh_serve(struct vh_chan *ch)
 			atomic_fetch_add_explicit(&st->op[hdr.op].count, 1, memory_order_relaxed);
 			atomic_fetch_add_explicit(&st->op[hdr.op].ns, spent, memory_order_relaxed);
 		}
-		if (r != CUDA_SUCCESS && trace_errors)
+		if (r != CUDA_SUCCESS && vh_tracing_errors())
 			vh_log("channel %u: %s%s -> %s (%d)", ch->index, op_name(hdr.op),
 			       (hdr.flags & VG_F_NOREPLY) ? " (async)" : "", vh_error_name(r), r);
 		if (vh_host_func_timed_out() && ch->latched == CUDA_SUCCESS)

@@ -228,12 +228,7 @@ static CUresult encode_check(struct vh_chan *ch, const struct tmap_geometry *g, 
 	if (ch->cur_dev < 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!geometry_valid(g)) {
-		static int trace = -1;
-		if (trace < 0) {
-			const char *t = getenv("VMGPU_TRACE_ERRORS");
-			trace = t && !strcmp(t, "1");
-		}
-		if (trace) /* what the driver's rules refused, for a program that expected otherwise */
+		if (vh_tracing_errors()) /* what the driver's rules refused, for a program that expected otherwise */
 			vh_log("channel %u: tensor map refused by the driver's rules: type %d rank %u address %#llx "
 			       "dims %llu,%llu,%llu strides %llu,%llu element strides %u,%u box %u,%u interleave %d",
 			       ch->index, (int)g->type, g->rank, (unsigned long long)(uintptr_t)g->address,
