@@ -50,20 +50,23 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 		B->cuMemFree_v2(*dptr);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	if (r == CUDA_SUCCESS && !vh_alloc_track(ch, *dptr, est, dev, VH_MEM)) {
+	struct vh_alloc *a = r == CUDA_SUCCESS ? vh_alloc_track(ch, *dptr, est, dev, VH_MEM) : NULL;
+	if (r == CUDA_SUCCESS && !a) {
 		B->cuMemFree_v2(*dptr);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else if (r == CUDA_SUCCESS && vh_addr_add(ch, *dptr, pitch ? (uint64_t)*pitch * height : n, VH_SPAN_MEM, NULL)) {
-		vh_alloc_untrack(ch, vh_alloc_find(ch, *dptr, 1u << VH_MEM));
+		vh_alloc_untrack(ch, a);
 		B->cuMemFree_v2(*dptr);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	if (vh_quota_bounded_end(ch, dev, est, bound, r)) {
 		B->cuMemFree_v2(*dptr);
-		vh_alloc_untrack(ch, vh_alloc_find(ch, *dptr, 1u << VH_MEM));
+		vh_alloc_untrack(ch, a);
 		vh_addr_remove(ch, *dptr, VH_SPAN_MEM);
 		return vh_quota_take_undo(ch, dev, est, call);
 	}
+	if (r == CUDA_SUCCESS && !pitch)
+		a->ref = n; /* the size asked for: a kept block is handed out again for this size only */
 	return vh_quota_card_full(ch, dev, r, call, est);
 }
 
@@ -74,21 +77,33 @@ static CUresult alloc_common(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pitc
 
 extern _Atomic int open_captures; /* serve.c: a context-wide wait now would break them */
 
-/* Give kept block i back to the driver, and its charge to the quota. */
-static void kept_drop(struct vh_chan *ch, uint32_t i)
+/* Take kept block i out of the table (oldest first stays first). */
+static struct vh_kept kept_remove(struct vh_chan *ch, uint32_t i)
 {
-	const struct vh_backend *B = ch->backend;
 	struct vh_kept k = ch->kept[i];
 	memmove(&ch->kept[i], &ch->kept[i + 1], (ch->nkept - i - 1) * sizeof k);
 	ch->nkept--;
 	ch->kept_bytes -= k.est;
-	int other = k.dev != ch->cur_dev && ch->ctx[k.dev];
+	return k;
+}
+
+/* Give a block out of the table back to the driver (in its GPU's context), and its charge to the quota. */
+static void kept_release(struct vh_chan *ch, const struct vh_kept *k)
+{
+	const struct vh_backend *B = ch->backend;
+	int other = k->dev != ch->cur_dev && ch->ctx[k->dev];
 	if (other)
-		B->cuCtxSetCurrent(ch->ctx[k.dev]);
-	B->cuMemFree_v2(k.p);
+		B->cuCtxSetCurrent(ch->ctx[k->dev]);
+	B->cuMemFree_v2(k->p);
 	if (other)
 		B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
-	vh_quota_bounded_free(ch, k.dev, k.est);
+	vh_quota_bounded_free(ch, k->dev, k->est);
+}
+
+static void kept_drop(struct vh_chan *ch, uint32_t i)
+{
+	struct vh_kept k = kept_remove(ch, i);
+	kept_release(ch, &k);
 }
 
 void vh_kept_expire(struct vh_chan *ch, uint64_t now_ns)
@@ -161,9 +176,7 @@ static int kept_take(struct vh_chan *ch, CUdeviceptr *dptr, uint64_t n, CUresult
 				ch->kept[j].seq = seq; /* none of them is in use now */
 			ch->synced_seq = seq;
 		}
-		memmove(&ch->kept[i], &ch->kept[i + 1], (ch->nkept - i - 1) * sizeof k);
-		ch->nkept--;
-		ch->kept_bytes -= k.est;
+		kept_remove(ch, i);
 		struct vh_alloc *a = vh_alloc_track(ch, k.p, k.est, dev, VH_MEM);
 		if (a && vh_addr_add(ch, k.p, n, VH_SPAN_MEM, NULL) == 0) {
 			a->ref = n;
@@ -173,8 +186,7 @@ static int kept_take(struct vh_chan *ch, CUdeviceptr *dptr, uint64_t n, CUresult
 		}
 		if (a)
 			vh_alloc_untrack(ch, a);
-		ch->backend->cuMemFree_v2(k.p);
-		vh_quota_bounded_free(ch, dev, k.est);
+		kept_release(ch, &k); /* no room to record it: the driver has it back */
 		return 0;
 	}
 	return 0;
@@ -187,11 +199,7 @@ CUresult guarded_cuMemAlloc_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t byt
 		return r;
 	if (ch->nkept && ch->cur_dev >= 0 && vh_quota_near(ch, ch->cur_dev, vh_quota_rounded(bytesize)))
 		vh_kept_give_back(ch, ch->cur_dev); /* the guest needs its memory back */
-	r = alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
-	struct vh_alloc *a = r == CUDA_SUCCESS ? vh_alloc_find(ch, *dptr, 1u << VH_MEM) : NULL;
-	if (a)
-		a->ref = bytesize;
-	return r;
+	return alloc_common(ch, dptr, NULL, bytesize, 1, 0, "cuMemAlloc");
 }
 
 CUresult guarded_cuMemAllocPitch_v2(struct vh_chan *ch, CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
