@@ -42,30 +42,38 @@ static void *callback_thread(void *arg)
 {
 	(void)arg;
 	unsigned idle = 0;
+	static struct slot due[SLOTS];
+	static uint32_t due_at[SLOTS];
 	for (;;) {
+		/* the functions whose streams have reached them, taken in one look at the table */
 		pthread_mutex_lock(&mu);
 		while (!nbusy)
 			pthread_cond_wait(&work, &mu);
+		uint32_t ndue = 0;
+		for (uint32_t k = 0; k < SLOTS; k++)
+			if (slots[k].busy &&
+			    (int32_t)(atomic_load_explicit(&words[2 * k], memory_order_acquire) - slots[k].seq) >= 0) {
+				due[ndue] = slots[k];
+				due_at[ndue++] = k;
+			}
 		pthread_mutex_unlock(&mu);
-		int ran = 0;
-		for (uint32_t k = 0; k < SLOTS; k++) {
-			pthread_mutex_lock(&mu);
-			struct slot s = slots[k];
-			pthread_mutex_unlock(&mu);
-			if (!s.busy || (int32_t)(atomic_load_explicit(&words[2 * k], memory_order_acquire) - s.seq) < 0)
-				continue;
-			if (s.fn)
-				s.fn(s.data);
+		for (uint32_t i = 0; i < ndue; i++) {
+			struct slot *s = &due[i];
+			if (s->fn)
+				s->fn(s->data);
 			else
-				s.cb(s.stream, CUDA_SUCCESS, s.data);
-			atomic_store_explicit(&words[2 * k + 1], s.seq, memory_order_release);
+				s->cb(s->stream, CUDA_SUCCESS, s->data);
+			atomic_store_explicit(&words[2 * due_at[i] + 1], s->seq, memory_order_release);
 			pthread_mutex_lock(&mu);
-			slots[k].busy = 0;
-			nbusy--;
-			pthread_cond_signal(&freed);
+			struct slot *t = &slots[due_at[i]];
+			if (t->busy && t->seq == s->seq) { /* (queue() frees a slot whose call failed itself) */
+				t->busy = 0;
+				nbusy--;
+				pthread_cond_signal(&freed);
+			}
 			pthread_mutex_unlock(&mu);
-			ran = 1;
 		}
+		int ran = ndue > 0;
 		/* waiting on the GPU: spin a little, then look every 20 us */
 		if (ran) {
 			idle = 0;
@@ -114,21 +122,23 @@ static CUresult start(void)
 {
 	if (started)
 		return CUDA_SUCCESS;
-	uint64_t off;
-	vg_lock();
-	int e = vmgpu_guest_heap_alloc(vg_conn.chan, SLOTS * 2 * sizeof(uint32_t), &off);
-	vg_unlock();
-	if (e < 0)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	words = vmgpu_guest_ptr(vg_conn.guest, off);
-	for (uint32_t i = 0; i < 2 * SLOTS; i++)
-		atomic_store(&words[i], 0);
-	words_off = off;
+	if (!words) {
+		uint64_t off;
+		vg_lock();
+		int e = vmgpu_guest_heap_alloc(vg_conn.chan, SLOTS * 2 * sizeof(uint32_t), &off);
+		vg_unlock();
+		if (e < 0)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		words = vmgpu_guest_ptr(vg_conn.guest, off);
+		for (uint32_t i = 0; i < 2 * SLOTS; i++)
+			atomic_store(&words[i], 0);
+		words_off = off;
+	}
 	pthread_t t;
 	pthread_attr_t a;
 	pthread_attr_init(&a);
 	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	e = pthread_create(&t, &a, callback_thread, NULL);
+	int e = pthread_create(&t, &a, callback_thread, NULL);
 	pthread_attr_destroy(&a);
 	if (e)
 		return CUDA_ERROR_OUT_OF_MEMORY; /* the heap words stay for the next try */

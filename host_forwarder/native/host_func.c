@@ -133,7 +133,8 @@ void vh_host_func_release_all(struct vh_chan *ch)
 
 int vh_host_func_timed_out(void)
 {
-	return atomic_exchange(&timed_out, 0);
+	/* asked before every reply: a plain read, the exchange only when one was given up on */
+	return atomic_load_explicit(&timed_out, memory_order_relaxed) && atomic_exchange(&timed_out, 0);
 }
 
 static CUresult queue_wait(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd)
