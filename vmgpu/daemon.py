@@ -240,11 +240,13 @@ def _start(claim: SocketClaim, ledger: Ledger, inventory, db_path: Path, metrics
 
 
 def run(socket_path, db_path, inventory=None, metrics_port=None, settings: HostSettings | None = None) -> None:
-    """Serve until SIGTERM or SIGINT."""
-    server, ledger = serve(socket_path, db_path, inventory, metrics_port, settings)
+    """Serve until SIGTERM or SIGINT.  The handlers are in place before the socket is published: a
+    signal that comes as soon as the socket exists (a supervisor stopping a vmgpud it just started)
+    still ends it cleanly, not by the default action."""
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    server, ledger = serve(socket_path, db_path, inventory, metrics_port, settings)
     while not done.wait(1.0):  # timed: a signal taken by another thread runs its handler here within 1 s
         pass
     server.stop(grace=2).wait()
