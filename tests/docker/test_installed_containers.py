@@ -79,7 +79,9 @@ def test_a_gpu_container_computes_through_the_installed_runtime_vmgpud_and_forwa
     assert r.returncode == 0, r.stdout + r.stderr
     cid = r.stdout.strip()
     # the runtime ran where the checkout is hidden: under dockerd's own containerd, in its namespace
-    kids = Path(f"/proc/{docker.proc.pid}/task/{docker.proc.pid}/children").read_text().split()
+    # (a child of any of dockerd's threads: Go starts it from whichever thread runs the goroutine)
+    tasks = Path(f"/proc/{docker.proc.pid}/task").iterdir()
+    kids = [k for t in tasks for k in (t / "children").read_text().split()]
     containerd = [k for k in kids if Path(f"/proc/{k}/comm").read_text().strip() == "containerd"]
     assert containerd, "dockerd runs no containerd of its own: the runtime may have run outside the namespace"
     assert os.readlink(f"/proc/{containerd[0]}/ns/mnt") == os.readlink(f"/proc/{docker.proc.pid}/ns/mnt")
