@@ -76,6 +76,13 @@ native: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	$(CC) -O1 -g -Wall -o $(NATIVE)/graphs_explicit tests/cuda/graphs_explicit.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/ipc_pair tests/cuda/ipc_pair.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/memprobe bench/memprobe.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda -ldl
+	$(if $(OPENSSL),$(CC) $(NETBRIDGE_CFLAGS) -o $(NATIVE)/vmgpu-netbridge native/net_bridge/netbridge.c \
+		-Inative/shm_transport/include $(NATIVE)/libvmgpushm.a $(OPENSSL) -lpthread,\
+		@echo "vmgpu-netbridge not built: no OpenSSL (apt-get install libssl-dev pkg-config)")
+
+# vmgpu-netbridge (a guest's region over TLS to another host's forwarder) needs OpenSSL 3.
+OPENSSL ?= $(shell pkg-config --libs openssl 2>/dev/null)
+NETBRIDGE_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes
 
 # Unchanged CUDA runtime programs (nvcc, static cudart), for the differential tests.
 # vecadd_ptx carries its kernel as uncompressed PTX, which the simulated backend can run.

@@ -31,6 +31,7 @@ except ImportError:  # setuptools < 70.1
     from wheel.bdist_wheel import bdist_wheel
 
 HERE = Path(__file__).resolve().parent
+OPTIONAL_NATIVE_FILES = ("vmgpu-netbridge",)
 NATIVE_FILES = (
     "vmgpu-forwarder",
     "libvmgpu-simcuda.so",
@@ -96,6 +97,11 @@ class BuildNative(build_py):
             for name in NATIVE_FILES:
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(Path(tmp) / "native" / name, dest / name)
+            # built only where OpenSSL's headers were (libssl-dev): a host without them is a
+            # host that neither serves nor attaches remote guests
+            for name in OPTIONAL_NATIVE_FILES:
+                if (Path(tmp) / "native" / name).exists():
+                    shutil.copy2(Path(tmp) / "native" / name, dest / name)
             self._demo(Path(tmp) / "native", dest / DEMO_DIR)
 
     def _demo(self, native: Path, demo: Path) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "environ",
     "forwarder",
     "guest_env",
+    "hidden_devices",
     "hold",
     "log_text",
     "memquota",
@@ -101,11 +102,27 @@ def log_text(fwd: Forwarder) -> str:
     return fwd.log()
 
 
+# a guest process on a machine with a GPU sees none of the driver's device files: each is
+# covered by /dev/null in a mount namespace of its own, so only vmgpu can reach the GPU
+_HIDE_DEVICES = 'for f in /dev/nvidia*; do mount --bind /dev/null "$f" || exit 97; done; exec "$@"'
+
+
+def hidden_devices(argv: list[str]) -> list[str]:
+    """argv run with /dev/nvidia* hidden where this machine has them (root is needed to hide
+    them, and a test that must hide them and cannot fails: it never runs with them visible)."""
+    if not list(Path("/dev").glob("nvidia*")):
+        return argv
+    if os.geteuid() != 0:
+        raise RuntimeError("hiding /dev/nvidia* from a guest process needs root (a mount namespace)")
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", _HIDE_DEVICES, "sh", *argv]
+
+
 def run_guest(
     args, region: Path, timeout: float = 120, input: str | None = None, **extra
 ) -> subprocess.CompletedProcess:
+    """args through vmgpu (the guest library and this region), /dev/nvidia* hidden."""
     return subprocess.run(
-        [str(a) for a in args],
+        hidden_devices([str(a) for a in args]),
         env=guest_env(region, **extra),
         capture_output=True,
         text=True,

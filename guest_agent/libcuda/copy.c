@@ -126,7 +126,7 @@ static CUresult htod(const struct copy_call *k, CUdeviceptr dst, const void *src
 	for (size_t done = 0; done < n && r == CUDA_SUCCESS;) {
 		uint64_t len = n - done < step ? n - done : step, pos;
 		void *bulk;
-		int e = vmgpu_gchan_bulk_alloc(vg_conn.chan, len, VG_WAIT_FOREVER_NS, &pos, &bulk);
+		int e = vmgpu_gchan_bulk_alloc_dir(vg_conn.chan, len, VMGPU_BULK_TO_HOST, VG_WAIT_FOREVER_NS, &pos, &bulk);
 		if (e < 0) {
 			r = VG_ERROR_LOST;
 			break;
@@ -197,7 +197,7 @@ static CUresult dtoh(const struct copy_call *k, void *dst, CUdeviceptr src, size
 			struct inflight *f = &q[(head + count) % DTOH_DEPTH];
 			uint64_t pos;
 			f->len = n - sent < step ? n - sent : step;
-			if (vmgpu_gchan_bulk_alloc(vg_conn.chan, f->len, VG_WAIT_FOREVER_NS, &pos, &f->bulk) < 0) {
+			if (vmgpu_gchan_bulk_alloc_dir(vg_conn.chan, f->len, VMGPU_BULK_FROM_HOST, VG_WAIT_FOREVER_NS, &pos, &f->bulk) < 0) {
 				r = VG_ERROR_LOST;
 				break;
 			}

@@ -122,6 +122,8 @@ static CUresult start(void)
 {
 	if (started)
 		return CUDA_SUCCESS;
+	if (vmgpu_guest_remote(vg_conn.guest))
+		return CUDA_ERROR_NOT_SUPPORTED; /* the GPU's host cannot see this machine's heap words */
 	if (!words) {
 		uint64_t off;
 		vg_lock();

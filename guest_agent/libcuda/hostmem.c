@@ -4,8 +4,16 @@
  * region's heap, which the host registers with its driver, so copies to and
  * from them are zero-copy DMA.  Allocation and freeing stay in the guest; only
  * the device address of pinned memory asks the host.
+ *
+ * When the GPU is on another machine (a region whose host is a network bridge,
+ * VMGPU_FEAT_REMOTE), no host can see the heap: "pinned" memory is then the
+ * process's own pages, copied like pageable memory through the bulk area, and
+ * it has no device address (cuMemHostGetDevicePointer: not supported).
  */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 
 #include "call.h"
 #include "connection.h"
@@ -23,6 +31,73 @@ uint64_t vg_heap_offset(const void *p, size_t n)
 	return off;
 }
 
+/* pinned memory of a remote guest: its own pages, listed to tell them from other pointers */
+struct local_block {
+	void *p;
+	size_t size;
+	struct local_block *next;
+};
+static struct local_block *local_blocks;
+static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int remote(void)
+{
+	return vg_conn.guest && vmgpu_guest_remote(vg_conn.guest);
+}
+
+static CUresult local_alloc(void **pp, size_t size)
+{
+	size_t n = (size + 4095) & ~(size_t)4095;
+	struct local_block *b = malloc(sizeof *b);
+	void *p = n < size ? MAP_FAILED : mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!b || p == MAP_FAILED) {
+		free(b);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*b = (struct local_block){p, n, NULL};
+	pthread_mutex_lock(&local_lock);
+	b->next = local_blocks;
+	local_blocks = b;
+	pthread_mutex_unlock(&local_lock);
+	*pp = p;
+	return CUDA_SUCCESS;
+}
+
+/* 1: p starts a local block (taken off the list and unmapped when release is set) */
+static int local_block(void *p, int release)
+{
+	pthread_mutex_lock(&local_lock);
+	struct local_block **at = &local_blocks;
+	while (*at && (*at)->p != p)
+		at = &(*at)->next;
+	struct local_block *b = *at;
+	if (b && release)
+		*at = b->next;
+	pthread_mutex_unlock(&local_lock);
+	if (b && release) {
+		munmap(b->p, b->size);
+		free(b);
+	}
+	return b != NULL;
+}
+
+int vg_local_pinned(const void *p, void **base, size_t *size)
+{
+	if (!p || !remote())
+		return 0;
+	uintptr_t a = (uintptr_t)p;
+	pthread_mutex_lock(&local_lock);
+	struct local_block *b = local_blocks;
+	while (b && !(a >= (uintptr_t)b->p && a - (uintptr_t)b->p < b->size))
+		b = b->next;
+	if (b) {
+		*base = b->p;
+		*size = b->size;
+	}
+	pthread_mutex_unlock(&local_lock);
+	return b != NULL;
+}
+
 CUresult handwritten_cuMemHostAlloc(void **pp, size_t size, unsigned int flags, unsigned f)
 {
 	(void)f;
@@ -32,6 +107,8 @@ CUresult handwritten_cuMemHostAlloc(void **pp, size_t size, unsigned int flags, 
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
 		return r;
+	if (remote())
+		return local_alloc(pp, size);
 	uint64_t off;
 	vg_lock();
 	int e = vmgpu_guest_heap_alloc(vg_conn.chan, size, &off);
@@ -66,6 +143,8 @@ CUresult handwritten_cuMemFreeHost(void *p, unsigned f)
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
 		return r;
+	if (p && remote() && local_block(p, 1))
+		return CUDA_SUCCESS;
 	uint64_t off = vg_heap_offset(p, 1);
 	if (off == UINT64_MAX)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -80,6 +159,10 @@ CUresult handwritten_cuMemHostGetFlags(unsigned int *flags, void *p, unsigned f)
 	(void)f;
 	if (!flags)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (p && remote() && local_block(p, 0)) {
+		*flags = CU_MEMHOSTALLOC_PORTABLE;
+		return CUDA_SUCCESS;
+	}
 	if (vg_heap_offset(p, 1) == UINT64_MAX)
 		return CUDA_ERROR_INVALID_VALUE;
 	*flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
@@ -90,6 +173,8 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsi
 {
 	if (!pd)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (remote())
+		return CUDA_ERROR_NOT_SUPPORTED; /* the GPU's host cannot see this machine's memory */
 	uint64_t off = vg_heap_offset(p, 1);
 	if (off == UINT64_MAX)
 		return vg_check_ready() ? vg_check_ready() : CUDA_ERROR_INVALID_VALUE;

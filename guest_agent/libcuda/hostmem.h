@@ -8,5 +8,7 @@
 
 /* The region offset of [p, p+n), or UINT64_MAX if it is not inside the region's heap. */
 uint64_t vg_heap_offset(const void *p, size_t n);
+/* 1 if p is inside pinned memory of a remote guest (its own pages: hostmem.c), with the block. */
+int vg_local_pinned(const void *p, void **base, size_t *size);
 
 #endif

@@ -10,6 +10,7 @@
 #include "connection.h"
 #include "context.h"
 #include "copy.h"
+#include "hostmem.h"
 #include "vg_guest_protos.h"
 
 /* ---- pointer attributes ----------------------------------------------------------------------- */
@@ -57,6 +58,42 @@ static void pointer_attr_put(void *data, size_t size, const struct vg_attr_answe
 		memcpy(data, a->value, size);
 }
 
+/* Pinned memory of a remote guest is its own pages, which the GPU's host never sees: it is
+ * answered here (host memory at its own address; no device address).  1: answered, in *r. */
+static int local_pinned_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr, CUresult *r)
+{
+	void *base;
+	size_t size;
+	if (!vg_local_pinned((const void *)(uintptr_t)ptr, &base, &size))
+		return 0;
+	*r = CUDA_SUCCESS;
+	int dev = vg_current_device();
+	switch (attr) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned *)data = CU_MEMORYTYPE_HOST;
+		break;
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+		*(void **)data = (void *)(uintptr_t)ptr;
+		break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = dev < 0 ? 0 : dev;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(void **)data = base;
+		break;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = size;
+		break;
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+		*(unsigned *)data = 0;
+		break;
+	default:
+		*r = CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return 1;
+}
+
 /* A pointer is a device address or, in the region's heap, pinned host memory; the host
  * answers for both, in its terms, and the answer is put back in the guest's. */
 CUresult handwritten_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr, unsigned fl)
@@ -66,8 +103,11 @@ CUresult handwritten_cuPointerGetAttribute(void *data, CUpointer_attribute attr,
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!size)
 		return CUDA_ERROR_NOT_SUPPORTED;
+	CUresult r;
+	if (local_pinned_attr(data, attr, ptr, &r))
+		return r;
 	struct vg_call c;
-	CUresult r = vg_begin(&c, VG_OP_cuPointerGetAttribute, fl);
+	r = vg_begin(&c, VG_OP_cuPointerGetAttribute, fl);
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, (uint64_t)attr);
@@ -90,8 +130,18 @@ CUresult handwritten_cuPointerGetAttributes(unsigned n, CUpointer_attribute *att
 	for (unsigned i = 0; i < n; i++)
 		if (!data[i] || !pointer_attr_size(attrs[i]))
 			return CUDA_ERROR_INVALID_VALUE;
+	CUresult r;
+	void *base;
+	size_t bsize;
+	if (vg_local_pinned((const void *)(uintptr_t)ptr, &base, &bsize)) {
+		/* what the driver fills for the attributes it has no value for: zeros */
+		for (unsigned i = 0; i < n; i++)
+			if (local_pinned_attr(data[i], attrs[i], ptr, &r) && r != CUDA_SUCCESS)
+				memset(data[i], 0, pointer_attr_size(attrs[i]));
+		return CUDA_SUCCESS;
+	}
 	struct vg_call c;
-	CUresult r = vg_begin(&c, VG_OP_cuPointerGetAttributes, fl);
+	r = vg_begin(&c, VG_OP_cuPointerGetAttributes, fl);
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_u64(&c, n);

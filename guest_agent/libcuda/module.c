@@ -110,7 +110,7 @@ static CUresult load_image(uint32_t op, const void *image, void **out, unsigned 
 	for (uint64_t done = cached ? n : 0; done < n && r == CUDA_SUCCESS;) {
 		uint64_t len = n - done < step ? n - done : step, pos;
 		void *bulk;
-		if (vmgpu_gchan_bulk_alloc(vg_conn.chan, len, VG_WAIT_FOREVER_NS, &pos, &bulk) < 0) {
+		if (vmgpu_gchan_bulk_alloc_dir(vg_conn.chan, len, VMGPU_BULK_TO_HOST, VG_WAIT_FOREVER_NS, &pos, &bulk) < 0) {
 			r = VG_ERROR_LOST;
 			goto out;
 		}

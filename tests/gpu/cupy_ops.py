@@ -1,5 +1,5 @@
 """CuPy on the GPU: elementwise, reduction, a RawKernel compiled by NVRTC, a cuBLAS matmul,
-an FFT.  Prints one line per result; run natively and through vmgpu."""
+an FFT, cuRAND draws from a fixed seed.  Prints one line per result; run natively and through vmgpu."""
 
 import cupy as cp
 
@@ -18,3 +18,9 @@ m = cp.arange(256 * 256, dtype=cp.float32).reshape(256, 256) / 65536
 print("cublas", f"{float((m @ m).sum()):.6e}")
 f = cp.fft.fft(cp.sin(cp.arange(1024, dtype=cp.float32)))
 print("fft", f"{float(cp.abs(f).max()):.6e}")
+r = cp.random.RandomState(seed=1234)  # cuRAND's host API (a XORWOW generator)
+print(
+    "curand",
+    f"{float(r.standard_normal(1 << 16, dtype=cp.float32).sum()):.6e}",
+    f"{float(r.uniform(size=1000).mean()):.6e}",
+)

@@ -28,6 +28,9 @@ SAME_OUTPUT: dict[str, list] = {
     "cupy": [sys.executable, HERE / "cupy_ops.py"],
     "cupy-sparse-solver": [sys.executable, HERE / "cupy_sparse.py"],
     "jax": [sys.executable, HERE / "jax_ops.py"],
+    "triton": [sys.executable, HERE / "triton_ops.py"],
+    "cuda-python-nvrtc": [sys.executable, HERE / "cuda_nvrtc.py"],
+    "hf-transformer": [sys.executable, HERE / "hf_transformer.py"],
 }
 
 # and every other program a GPU test runs natively
@@ -39,6 +42,7 @@ PROGRAMS: dict[str, list] = {
     "torch-train-bf16": [sys.executable, HERE / "torch_train_diff.py", "--bf16"],
     "zero-copy": [sys.executable, HERE / "zero_copy.py", PTX],
     "torch-peer": [sys.executable, HERE / "torch_peer.py"],  # needs two GPUs
+    "nccl-all-reduce": [sys.executable, HERE / "torch_nccl.py"],  # needs two GPUs
 }
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, guest_env, log_text, wait_for
+from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, log_text, wait_for
 from vmgpu import stats
 from vmgpu.forwarder import gpu_present
 
@@ -47,7 +47,7 @@ def test_idle_processes_never_pass_the_quota_by_nvml(shm_path, tmp_path):
         sampler.start()
         procs = [
             subprocess.Popen(
-                [str(NATIVE / "hold"), "1", "stay"],
+                hidden_devices([str(NATIVE / "hold"), "1", "stay"]),
                 env=guest_env(shm_path),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -90,7 +90,7 @@ def test_a_killed_guest_process_gives_its_memory_back_within_a_second(shm_path, 
     page = tmp_path / "stats"
     with forwarder(shm_path, backend="cuda", size="1G", mem="4G", extra=["--stats", str(page)]) as fwd:
         p = subprocess.Popen(
-            [str(NATIVE / program[0]), *program[1:]],
+            hidden_devices([str(NATIVE / program[0]), *program[1:]]),
             env=guest_env(shm_path),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -111,7 +111,9 @@ def test_a_killed_guest_process_gives_its_memory_back_within_a_second(shm_path, 
         p.wait()
         print(f"{program[0]}: memory back {took * 1000:.0f} ms after kill -9")
         assert took <= 1.0
-        r = subprocess.run([str(NATIVE / "hold"), "0"], env=guest_env(shm_path), capture_output=True, text=True)
+        r = subprocess.run(
+            hidden_devices([str(NATIVE / "hold"), "0"]), env=guest_env(shm_path), capture_output=True, text=True
+        )
         words = r.stdout.split()  # free: the quota less the new process's own context
         assert words[0] == "free" and int(words[2]) == 4 << 30 and int(words[1]) > (4 << 30) - (600 << 20), (
             r.stdout,

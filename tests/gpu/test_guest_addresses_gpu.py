@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.forwarder import NATIVE, PTX, forwarder, log_text, run_guest
+from tests.forwarder import NATIVE, PTX, forwarder, hidden_devices, log_text, run_guest
 from tests.gpu.programs import PROGRAMS, run_native
 from vmgpu.forwarder import gpu_present
 
@@ -25,7 +25,10 @@ def test_a_hostile_guest_cannot_reach_host_memory_of_its_worker_on_a_gpu(shm_pat
     assert guest.exists(), "run `make native` first"
     with forwarder(shm_path, backend="cuda", size="1G") as fwd:
         r = subprocess.run(
-            [str(guest), str(shm_path), str(fwd.proc.pid), mode, str(PTX)], capture_output=True, text=True, timeout=300
+            hidden_devices([str(guest), str(shm_path), str(fwd.proc.pid), mode, str(PTX)]),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         alive = fwd.proc.poll() is None
         log = log_text(fwd)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, log_text
+from tests.forwarder import NATIVE, forwarder, hidden_devices, log_text
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
@@ -21,7 +21,7 @@ def test_a_fatbin_claiming_64_mib_in_4_kib_is_refused_and_the_worker_loads_the_n
     assert cubin.exists(), "build/native/vadd.cubin is missing: run `make cuda-programs`"
     with forwarder(shm_path, backend="cuda", size="1G") as fwd:
         r = subprocess.run(
-            [str(NATIVE / "tests" / "image_guest"), str(shm_path), "issue", str(cubin)],
+            hidden_devices([str(NATIVE / "tests" / "image_guest"), str(shm_path), "issue", str(cubin)]),
             capture_output=True,
             text=True,
             timeout=300,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, guest_env, hold, log_text, memquota, run_guest, wait_for
-from tests.gpu.programs import PROGRAMS, SAME_OUTPUT, run_native
+from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, hold, log_text, memquota, run_guest, wait_for
+from tests.gpu.programs import PROGRAMS, SAME_OUTPUT, native_env, run_native
 from vmgpu import gpu, stats
 from vmgpu.errors import GpuError
 from vmgpu.forwarder import gpu_present
@@ -59,6 +59,32 @@ def test_pytorch_tensors_move_between_a_guests_two_gpus_as_natively(shm_path):
         assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
     assert "SIMULATED" not in log_text(fwd)
     assert vm.stdout == native.stdout
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two NVIDIA GPUs (a guest with slices on GPUs 0 and 1)")
+def test_nccl_between_two_processes_of_a_guest_each_on_its_own_gpu_as_natively(shm_path):
+    """torch.distributed over NCCL: two processes of one guest (slices on GPUs 0 and 1), one GPU
+    each: all_reduce, all_gather, broadcast and reduce_scatter give the native, correct results."""
+    program = PROGRAMS["nccl-all-reduce"]
+    native = run_native(program)
+    assert native.returncode == 0, native.stdout + native.stderr
+    with forwarder(shm_path, backend="cuda", size="2G", extra=["--gpus", "0,1"]) as fwd:
+        vm = run_guest(program, shm_path, timeout=300)
+        assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
+    assert "SIMULATED" not in log_text(fwd)
+    assert sorted(vm.stdout.splitlines()) == sorted(native.stdout.splitlines())
+    assert "rank 0 all_reduce correct=True" in vm.stdout and "rank 1 all_reduce correct=True" in vm.stdout
+
+
+def test_a_guest_process_cannot_reach_the_driver_itself():
+    """The differential tests run guests with /dev/nvidia* hidden: the same native program that
+    works outside fails inside (so a guest's success is vmgpu's, not the driver's)."""
+    program = [NATIVE / "devquery"]
+    assert run_native(program).returncode == 0
+    hidden = subprocess.run(
+        hidden_devices([str(a) for a in program]), env=native_env(), capture_output=True, text=True, timeout=60
+    )
+    assert hidden.returncode != 0, hidden.stdout
 
 
 def test_device_query_shows_the_quota_and_nothing_else_changes(shm_path):

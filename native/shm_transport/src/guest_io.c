@@ -39,9 +39,22 @@ VMGPU_EXPORT uint64_t vmgpu_gchan_bulk_size(const struct vmgpu_gchan *c)
 	return c->g->l.bulk_size;
 }
 
+VMGPU_EXPORT uint64_t vmgpu_gchan_bulk_released(const struct vmgpu_gchan *c)
+{
+	return atomic_load_explicit(&c->bulk->released, memory_order_acquire);
+}
+
 VMGPU_EXPORT int vmgpu_gchan_bulk_alloc(struct vmgpu_gchan *c, uint64_t len, uint64_t timeout_ns, uint64_t *pos,
 					void **ptr)
 {
+	return vmgpu_gchan_bulk_alloc_dir(c, len, VMGPU_BULK_BOTH, timeout_ns, pos, ptr);
+}
+
+VMGPU_EXPORT int vmgpu_gchan_bulk_alloc_dir(struct vmgpu_gchan *c, uint64_t len, uint32_t dir, uint64_t timeout_ns,
+					    uint64_t *pos, void **ptr)
+{
+	if (dir < VMGPU_BULK_TO_HOST || dir > VMGPU_BULK_BOTH)
+		return vmgpu_seterr(EINVAL, "bulk direction %u is not one of VMGPU_BULK_*", dir);
 	uint64_t bsz = c->g->l.bulk_size;
 	len = ALIGN_UP(len ? len : 1, (uint64_t)VMGPU_CACHELINE);
 	if (len > bsz)
@@ -81,6 +94,13 @@ VMGPU_EXPORT int vmgpu_gchan_bulk_alloc(struct vmgpu_gchan *c, uint64_t len, uin
 			shm_wait_word(c->g->l.wait_mode, &c->bulk->release_seq, s, slice, &backoff, &c->g->wo, 0);
 		}
 		atomic_store_explicit(&c->bulk->guest_waiting, 0, memory_order_relaxed);
+	}
+	if (c->g->features & VMGPU_FEAT_REMOTE) {
+		/* the bridge learns of the allocation before any request that names it */
+		struct vmgpu_bulk_note note = {.pos = p, .len = len, .dir = dir};
+		int e = vmgpu_gchan_send(c, VMGPU_REC_BULK_NOTE, &note, sizeof note, timeout_ns);
+		if (e < 0)
+			return e;
 	}
 	c->bulk_pos = end;
 	atomic_store_explicit(&c->bulk->allocated, end, memory_order_relaxed);

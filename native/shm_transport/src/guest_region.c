@@ -109,3 +109,8 @@ VMGPU_EXPORT int vmgpu_guest_reap(struct vmgpu_guest *g, int (*alive)(uint32_t p
 	}
 	return n;
 }
+
+VMGPU_EXPORT int vmgpu_guest_remote(const struct vmgpu_guest *g)
+{
+	return (g->features & VMGPU_FEAT_REMOTE) != 0;
+}

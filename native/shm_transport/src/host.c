@@ -164,6 +164,12 @@ VMGPU_EXPORT int vmgpu_host_set_chans_per_owner(struct vmgpu_host *h, uint32_t n
 	return 0;
 }
 
+VMGPU_EXPORT void vmgpu_host_set_remote(struct vmgpu_host *h)
+{
+	h->pub.features |= VMGPU_FEAT_REMOTE;
+	vmgpu_host_republish(h);
+}
+
 VMGPU_EXPORT void vmgpu_host_detach(struct vmgpu_host *h)
 {
 	if (!h)

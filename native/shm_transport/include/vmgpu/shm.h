@@ -104,6 +104,8 @@ int vmgpu_host_republish(struct vmgpu_host *h);
  * the guest wrote: the limit bounds honest processes and careless ones; a
  * process that lies about its pid is bounded only by nchannels. */
 int vmgpu_host_set_chans_per_owner(struct vmgpu_host *h, uint32_t n);
+/* Publish VMGPU_FEAT_REMOTE (a network bridge's region); before any guest attaches. */
+void vmgpu_host_set_remote(struct vmgpu_host *h);
 void vmgpu_host_close(struct vmgpu_host *h);             /* mark the region CLOSED */
 struct vmgpu_hchan *vmgpu_host_chan(struct vmgpu_host *h, uint32_t idx);
 
@@ -204,6 +206,15 @@ uint32_t vmgpu_gchan_max_payload(const struct vmgpu_gchan *c, int ring);
 /* Take len bytes of the bulk area (contiguous); returns its free-running
  * position and a pointer.  Waits for the host to release space. */
 int vmgpu_gchan_bulk_alloc(struct vmgpu_gchan *c, uint64_t len, uint64_t timeout_ns, uint64_t *pos, void **ptr);
+/* The same, saying who writes the bytes (VMGPU_BULK_TO_HOST: the guest, before the request
+ * naming them; FROM_HOST: the host); in a VMGPU_FEAT_REMOTE region the allocation is noted in
+ * the request ring (the plain call notes VMGPU_BULK_BOTH). */
+int vmgpu_gchan_bulk_alloc_dir(struct vmgpu_gchan *c, uint64_t len, uint32_t dir, uint64_t timeout_ns, uint64_t *pos,
+			       void **ptr);
+/* The position up to which the host released this channel's bulk area. */
+uint64_t vmgpu_gchan_bulk_released(const struct vmgpu_gchan *c);
+/* Nonzero when the region's host is a network bridge (VMGPU_FEAT_REMOTE). */
+int vmgpu_guest_remote(const struct vmgpu_guest *g);
 uint64_t vmgpu_gchan_bulk_size(const struct vmgpu_gchan *c);
 
 /* Heap: host-visible buffers by region offset, owned by the channel c. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * vmgpu shared-memory region ABI, version 1.1.
+ * vmgpu shared-memory region ABI, version 1.2.
  *
  * This header is the single written definition of the region shared between a
  * guest (VM through an ivshmem BAR, container through a /dev/shm file) and its
@@ -62,7 +62,7 @@
 
 #define VMGPU_SHM_MAGIC 0x4D48535550474D56ULL /* "VMGPUSHM" in little-endian bytes */
 #define VMGPU_SHM_VERSION_MAJOR 1
-#define VMGPU_SHM_VERSION_MINOR 1
+#define VMGPU_SHM_VERSION_MINOR 2
 
 #define VMGPU_CACHELINE 64u
 #define VMGPU_PAGE 4096u
@@ -70,6 +70,12 @@
 /* Feature bits (header.features), published by the host. */
 #define VMGPU_FEAT_NONE 0ULL
 #define VMGPU_FEAT_OWNER_WORD (1ULL << 0) /* 1.1: the host reads vmgpu_chan_desc.owner_word */
+/* 1.2: the host of this region is a network bridge (vmgpu remote attach), not a forwarder: the
+ * GPU is on another machine.  Its heap is not seen by the GPU's host (pinned memory is the
+ * guest's own, copied like pageable memory), and the guest notes every bulk allocation in the
+ * request ring (a VMGPU_REC_BULK_NOTE record: its position, length and direction) so that the
+ * bridge knows which bytes to carry each way.  Set by the bridge, never by a forwarder. */
+#define VMGPU_FEAT_REMOTE (1ULL << 1)
 #define VMGPU_FEATURES (VMGPU_FEAT_OWNER_WORD)
 
 /* vmgpu_chan_desc.owner_word: the Linux robust futex word (FUTEX_TID_MASK,
@@ -118,6 +124,8 @@ enum vmgpu_chan_host_status {
 
 /* Ring record header.  type 0 is padding; other types belong to the user. */
 #define VMGPU_REC_PAD 0u
+/* Transport records (types 0xff00 and up belong to the transport, never to its users). */
+#define VMGPU_REC_BULK_NOTE 0xff01u /* struct vmgpu_bulk_note, regions with VMGPU_FEAT_REMOTE */
 #define VMGPU_REC_HDR 8u
 #define VMGPU_REC_ALIGN 8u
 
@@ -205,6 +213,19 @@ struct vmgpu_bulk_ctl {
 	VMGPU_ATOMIC(uint64_t) allocated;    /* bytes handed out by the guest, informational */
 	VMGPU_ATOMIC(uint32_t) guest_waiting; /* guest waits for space */
 	uint8_t pad_g[VMGPU_CACHELINE - 12];
+};
+
+/* A bulk allocation as the guest notes it (VMGPU_FEAT_REMOTE): the guest writes the bytes
+ * (VMGPU_BULK_TO_HOST, before the request that names them) or the host does (FROM_HOST,
+ * before it releases them), or both (BOTH). */
+#define VMGPU_BULK_TO_HOST 1u
+#define VMGPU_BULK_FROM_HOST 2u
+#define VMGPU_BULK_BOTH 3u
+struct vmgpu_bulk_note {
+	uint64_t pos; /* free-running position, as vmgpu_gchan_bulk_alloc returned it */
+	uint64_t len; /* bytes taken (rounded up to a cache line) */
+	uint32_t dir; /* VMGPU_BULK_* */
+	uint32_t pad;
 };
 
 /* The control page at the start of each channel block. */

@@ -1,0 +1,243 @@
+"""vmgpu-netbridge on loopback, on the simulated backend: a guest whose region is made by
+`attach` runs unchanged driver-API programs through `serve` and the forwarder beside it, and
+every peer that is not the guest's, or that breaks the protocol, is refused without harm to the
+forwarder or the next guest process.  (tests/pool runs the same across network namespaces.)"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import netbridge as nb
+from tests.forwarder import NATIVE, PTX, forwarder, log_text, run_guest
+
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(not nb.NETBRIDGE.exists(), reason="vmgpu-netbridge not built: needs libssl-dev (make native)"),
+]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Bridge:
+    def __init__(self, tmp: Path, fwd_region: Path):
+        self.tmp = tmp
+        self.fingerprint, self.token_file, self.token_sha = nb.secrets_in(tmp)
+        self.token = self.token_file.read_text().strip()
+        self.port = _port()
+        self.addr = ("127.0.0.1", self.port)
+        self.fwd_region = fwd_region
+        self.region = Path("/dev/shm") / f"{fwd_region.name}-remote"
+        self.serve_log = tmp / "serve.log"
+        self.attach_log = tmp / "attach.log"
+        self.serve = nb.serve(fwd_region, f"127.0.0.1:{self.port}", tmp, self.token_sha, self.serve_log)
+        self.attach = None
+
+    def start_attach(self, **kw) -> subprocess.Popen:
+        self.attach = nb.attach(
+            self.region, f"127.0.0.1:{self.port}", self.fingerprint, self.token_file, self.attach_log, **kw
+        )
+        return self.attach
+
+    def close(self) -> None:
+        if self.attach:
+            nb.stop(self.attach)
+        nb.stop(self.serve)
+        self.region.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def bridge(shm_path, tmp_path):
+    with forwarder(shm_path, backend="sim", mem="256M") as fwd:
+        b = Bridge(tmp_path, shm_path)
+        b.fwd = fwd
+        try:
+            yield b
+        finally:
+            b.close()
+    assert not b.region.exists()
+
+
+def _logged(path: Path, text: str, timeout: float = 10.0) -> bool:
+    """Whether text appears in the log at path within timeout (a readiness wait)."""
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _unexpected(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.rstrip().endswith(("UNEXPECTED", "WRONG"))]
+
+
+def test_unchanged_programs_run_through_a_forwarder_across_the_bridge(bridge):
+    bridge.start_attach()
+    r = run_guest([NATIVE / "drv_api", PTX, 64], bridge.region, timeout=120)
+    # everything but a device address for pinned memory, which no GPU host can give a guest
+    # whose memory it does not see (pinned memory is the guest's own pages here)
+    assert _unexpected(r.stdout) == ["cuMemHostGetDevicePointer    CUDA_ERROR_NOT_SUPPORTED           UNEXPECTED"], (
+        r.stdout + r.stderr + log_text(bridge.fwd)
+    )
+    assert "pinned async round trip      -                                  ok" in r.stdout
+    assert "large round trip             -                                  ok" in r.stdout
+    # a vector add of 2^22 floats: its copies are many chunks of the bulk area each way
+    r = run_guest([NATIVE / "vecadd_ptx", 1 << 22], bridge.region, timeout=120)
+    assert r.returncode == 0 and "vecadd ok n=4194304" in r.stdout, r.stdout + r.stderr
+    # each process's link ended in order when it closed its channel
+    deadline = time.monotonic() + 10
+    while bridge.serve_log.read_text().count("ended: the other side closed the link") < 2:
+        assert time.monotonic() < deadline, bridge.serve_log.read_text()
+        time.sleep(0.05)
+    assert bridge.serve_log.read_text().count("serving as channel") == 2
+    assert "SIMULATED" in log_text(bridge.fwd)
+
+
+def test_the_forwarders_quota_holds_across_the_bridge(bridge):
+    bridge.start_attach()
+    r = run_guest([NATIVE / "hold", "300"], bridge.region, input="\n")
+    assert r.stdout.strip() == "alloc failed", r.stdout + r.stderr  # 300 MiB of a 256 MiB quota
+
+
+def test_a_guest_with_a_token_that_is_not_its_own_is_refused(bridge, tmp_path):
+    wrong = tmp_path / "wrong"
+    wrong.write_text("ab" * 32 + "\n")
+    wrong.chmod(0o600)
+    p = nb.attach(bridge.region, f"127.0.0.1:{bridge.port}", bridge.fingerprint, wrong, bridge.attach_log, wait=False)
+    assert p.wait(timeout=20) == 2
+    assert "refused: this token is not the guest's" in bridge.attach_log.read_text()
+    assert _logged(bridge.serve_log, "a wrong token")
+    assert not bridge.region.exists()
+    # serve goes on: the guest with its token gets its GPU
+    bridge.start_attach()
+    assert run_guest([NATIVE / "vecadd_ptx", 4096], bridge.region).returncode == 0
+
+
+def test_attach_refuses_a_host_whose_certificate_it_did_not_pin(bridge):
+    other = "0" * 64
+    p = nb.attach(bridge.region, f"127.0.0.1:{bridge.port}", other, bridge.token_file, bridge.attach_log, wait=False)
+    assert p.wait(timeout=20) == 2
+    assert "certificate is not the pinned one" in bridge.attach_log.read_text()
+    assert not bridge.region.exists()
+
+
+def test_a_token_file_others_can_read_is_refused(bridge):
+    bridge.token_file.chmod(0o644)
+    p = nb.attach(
+        bridge.region, f"127.0.0.1:{bridge.port}", bridge.fingerprint, bridge.token_file, bridge.attach_log, wait=False
+    )
+    assert p.wait(timeout=20) == 2
+    assert "that only you can read" in bridge.attach_log.read_text()
+
+
+def test_a_peer_that_speaks_no_tls_is_refused_and_serve_goes_on(bridge):
+    with socket.create_connection(bridge.addr, timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"\x00" * 4096)
+        s.settimeout(10)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+    assert _logged(bridge.serve_log, "no TLS handshake"), bridge.serve_log.read_text()
+    bridge.start_attach()
+    assert run_guest([NATIVE / "vecadd_ptx", 4096], bridge.region).returncode == 0
+
+
+def _note(pos: int, length: int, direction: int) -> bytes:
+    return nb.NOTE.pack(pos, length, direction, 0)
+
+
+# What a hostile guest with the right token sends on its channel's link, and what serve says.
+HOSTILE = {
+    "bulk-bytes-not-noted": ([(nb.F_BULK, 0, b"\x01" * 64)], "bulk bytes the guest did not note"),
+    "request-before-its-bytes": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(0, 64, nb.TO_HOST)), (nb.F_REC, 1, b"\x00" * 16)],
+        "a request before the bulk bytes it may name",
+    ),
+    "note-past-the-bulk-area": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(4 << 20, 8 << 20, nb.TO_HOST))],
+        "a bulk note outside the bulk area",
+    ),
+    "note-at-a-position-not-given": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(4096, 64, nb.FROM_HOST))],
+        "a bulk note at a position the bulk area does not give",
+    ),
+    "bytes-longer-than-noted": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(0, 64, nb.TO_HOST)), (nb.F_BULK, 0, b"\x02" * 128)],
+        "bulk bytes the guest did not note",
+    ),
+    "a-release-from-the-guest": ([(nb.F_RELEASE, 1 << 40, b"")], "a frame the guest may not send"),
+    "a-transport-record": ([(nb.F_REC, 0xFF07, b"\x00" * 8)], "a frame the guest may not send"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_guest_breaking_the_link_protocol_loses_its_link_and_nothing_else(bridge, case):
+    frames, why = HOSTILE[case]
+    bridge.start_attach()
+    peer = nb.RawPeer(bridge.addr, bridge.token)
+    assert peer.kind == nb.F_WELCOME and peer.payload.startswith(b"channel "), peer.payload
+    for kind, aux, payload in frames:
+        peer.send(kind, aux, payload)
+    assert peer.closed_by_peer()
+    peer.close()
+    assert _logged(bridge.serve_log, why), bridge.serve_log.read_text()
+    assert bridge.fwd.proc.poll() is None
+    r = run_guest([NATIVE / "vecadd_ptx", 1 << 20], bridge.region)
+    assert r.returncode == 0, r.stdout + r.stderr + bridge.serve_log.read_text()
+
+
+def test_a_frame_longer_than_the_protocol_allows_is_refused_before_it_is_read(bridge):
+    peer = nb.RawPeer(bridge.addr, bridge.token)
+    peer.send(nb.F_REC, 1, b"", length=0xFFFFFFF0)  # a header claiming 4 GiB, no bytes
+    assert peer.closed_by_peer()
+    assert _logged(bridge.serve_log, "a frame longer than any the protocol sends"), bridge.serve_log.read_text()
+
+
+def test_a_hello_without_the_right_token_gets_nothing(bridge):
+    peer = nb.RawPeer(bridge.addr, "cd" * 32)
+    assert peer.kind == nb.F_REFUSED and b"not the guest's" in peer.payload
+    assert peer.closed_by_peer()
+    peer = nb.RawPeer(bridge.addr, bridge.token, purpose="shell")
+    assert peer.kind == nb.F_REFUSED
+
+
+def test_a_lost_link_is_a_sticky_error_for_the_guest_process_not_a_hang(bridge):
+    bridge.start_attach()
+    p = subprocess.Popen(
+        [str(NATIVE / "hold"), "8"],
+        env=__import__("tests.forwarder", fromlist=["guest_env"]).guest_env(bridge.region),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout.readline().startswith("held "), p.stderr.read()
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "alloc 0"
+        nb.stop(bridge.serve, signal.SIGKILL)  # the GPU host's bridge and its links die at once
+        answers = []
+        for _ in range(2):
+            p.stdin.write("\n")
+            p.stdin.flush()
+            answers.append(p.stdout.readline().strip())
+        assert answers == ["alloc 46", "alloc 46"]  # CUDA_ERROR_DEVICE_UNAVAILABLE, and it stays
+    finally:
+        p.kill()
+        p.wait()
+    assert _logged(bridge.attach_log, "link closed")
+    # the forwarder saw its channel's owner (serve's child) end, and serves the next one
+    assert bridge.fwd.proc.poll() is None
