@@ -49,21 +49,17 @@ def _wait_line(p: subprocess.Popen, want: str, log: Path, timeout: float = 20.0)
     raise RuntimeError(f"{want!r} not within {timeout} s\n{log.read_text()}")
 
 
-def serve(region: Path, listen: str, cert_dir: Path, token_sha256: str, log: Path, preexec=None) -> subprocess.Popen:
+def serve_guest(guests: Path, guest: str, region: Path, token_sha256: str) -> None:
+    """What `vmgpu pool join` writes for a guest it serves: DIR/GUEST = "REGION SHA256"."""
+    guests.mkdir(mode=0o700, exist_ok=True)
+    (guests / guest).write_text(f"{region} {token_sha256}\n")
+    (guests / guest).chmod(0o600)
+
+
+def serve(guests: Path, listen: str, cert_dir: Path, log: Path, preexec=None) -> subprocess.Popen:
     out = open(log, "ab")
     p = subprocess.Popen(
-        [
-            str(NETBRIDGE),
-            "serve",
-            "--listen",
-            listen,
-            "--region",
-            str(region),
-            "--cert",
-            str(cert_dir),
-            "--token-sha256",
-            token_sha256,
-        ],
+        [str(NETBRIDGE), "serve", "--listen", listen, "--guests", str(guests), "--cert", str(cert_dir)],
         stdout=subprocess.DEVNULL,
         stderr=out,
         preexec_fn=preexec,
@@ -75,28 +71,20 @@ def serve(region: Path, listen: str, cert_dir: Path, token_sha256: str, log: Pat
 
 
 def attach(
-    region: Path, connect: str, fingerprint: str, token: Path, log: Path, size: str = "128M", preexec=None, wait=True
+    region: Path,
+    connect: str,
+    guest: str,
+    fingerprint: str,
+    token: Path,
+    log: Path,
+    size: str = "128M",
+    preexec=None,
+    wait=True,
 ) -> subprocess.Popen:
     out = open(log, "ab")
-    p = subprocess.Popen(
-        [
-            str(NETBRIDGE),
-            "attach",
-            "--connect",
-            connect,
-            "--region",
-            str(region),
-            "--size",
-            size,
-            "--fingerprint",
-            fingerprint,
-            "--token-file",
-            str(token),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=out,
-        preexec_fn=preexec,
-    )
+    argv = [str(NETBRIDGE), "attach", "--connect", connect, "--guest", guest, "--region", str(region)]
+    argv += ["--size", size, "--fingerprint", fingerprint, "--token-file", str(token)]
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=out, preexec_fn=preexec)
     out.close()
     if wait:
         _wait_line(p, "the GPU is at", log)
@@ -121,13 +109,13 @@ class RawPeer:
     """A guest's side of one link written by hand: TLS (the certificate not checked), the hello
     with a token, then whatever frames a test sends."""
 
-    def __init__(self, addr: tuple[str, int], token: str, purpose: str = "channel"):
+    def __init__(self, addr: tuple[str, int], guest: str, token: str, purpose: str = "channel"):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         raw = socket.create_connection(addr, timeout=10)
         self.s = ctx.wrap_socket(raw)
-        self.send(F_HELLO, 0, f"vmgpu-net 1 {purpose} {token}".encode())
+        self.send(F_HELLO, 0, f"vmgpu-net 1 {purpose} {guest} {token}".encode())
         self.kind, self.aux, self.payload = self.recv()
 
     def send(self, kind: int, aux: int, payload: bytes = b"", length: int | None = None) -> None:

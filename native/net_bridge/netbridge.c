@@ -24,8 +24,12 @@
  * its forwarder dies.
  *
  *   vmgpu-netbridge cert DIR
- *   vmgpu-netbridge serve --listen ADDR:PORT --region F --cert DIR --token-sha256 HEX
- *   vmgpu-netbridge attach --connect ADDR:PORT --region R --size SIZE --fingerprint HEX --token-file FILE
+ *   vmgpu-netbridge serve --listen ADDR:PORT --guests DIR --cert DIR
+ *   vmgpu-netbridge attach --connect ADDR:PORT --guest NAME --region R --size SIZE --fingerprint HEX
+ *                          --token-file FILE
+ *
+ * serve serves every guest of its host on one port: DIR/NAME holds "REGION TOKEN-SHA256" for each
+ * (vmgpu pool join writes them); the hello names the guest.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -521,19 +525,55 @@ static void *serve_down(void *arg)
 }
 
 struct serve_opts {
-	const char *listen, *region, *certdir, *token_sha256;
+	const char *listen, *guests, *certdir;
 };
 
+/* A guest name as vmgpu allows it: 1-64 of [A-Za-z0-9._-], not starting with a dot or dash. */
+static bool guest_name_ok(const char *g)
+{
+	size_t n = strlen(g);
+	return n >= 1 && n <= 64 && strspn(g, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n &&
+	       g[0] != '.' && g[0] != '-';
+}
+
+/* DIR/GUEST: "REGION TOKEN-SHA256" written by `vmgpu pool join` for each guest it serves, a
+ * regular file of ours that no one else can write, never through a link. */
+static int guest_entry(const char *dir, const char *guest, char *region, size_t rlen, char sha[65])
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", dir, guest);
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	char buf[4200];
+	ssize_t n = -1;
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 022))
+		n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	char fmt[32];
+	snprintf(fmt, sizeof fmt, "%%%zus %%64s", rlen - 1);
+	if (sscanf(buf, fmt, region, sha) != 2 || strlen(sha) != 64 || strspn(sha, "0123456789abcdef") != 64 ||
+	    region[0] != '/')
+		return -1;
+	return 0;
+}
+
+/* The guest's region, as its forwarder made it (ours, a regular file, never through a link). */
 static void *map_region(const char *path, uint64_t *size)
 {
 	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode))
-		die("--region %s: %s", path, fd < 0 ? strerror(errno) : "not a regular file");
-	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
+	void *base = MAP_FAILED;
+	if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_size >= 4096)
+		base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fd >= 0)
+		close(fd);
 	if (base == MAP_FAILED)
-		die("--region %s: %s", path, strerror(errno));
+		return NULL;
 	*size = (uint64_t)st.st_size;
 	return base;
 }
@@ -560,34 +600,39 @@ static int serve_one(SSL_CTX *ctx, int fd, const struct serve_opts *o, const cha
 		logf_("refused %s: no hello", peer);
 		return 1;
 	}
-	char purpose[16] = "", token[TOKEN_HEX + 2] = "";
+	char purpose[16] = "", guest[72] = "", token[TOKEN_HEX + 2] = "";
 	int version = 0;
-	char want[65], got[65];
-	if (sscanf(hello, "vmgpu-net %d %15s %65s", &version, purpose, token) != 3 || version != PROTO_VERSION ||
-	    strlen(token) != TOKEN_HEX) {
+	char want[65], got[65], region[4096];
+	if (sscanf(hello, "vmgpu-net %d %15s %71s %65s", &version, purpose, guest, token) != 4 ||
+	    version != PROTO_VERSION || strlen(token) != TOKEN_HEX || !guest_name_ok(guest)) {
 		const char *why = "not a vmgpu-net 1 hello";
 		send_frame(&s.l, F_REFUSED, 0, why, (uint32_t)strlen(why), NULL, 0);
 		logf_("refused %s: %s", peer, why);
 		return 1;
 	}
-	snprintf(want, sizeof want, "%s", o->token_sha256);
+	/* a guest this host does not serve and a wrong token get the same answer */
+	bool known = guest_entry(o->guests, guest, region, sizeof region, want) == 0;
+	if (!known)
+		memset(want, 'x', 64);
+	want[64] = 0;
 	sha256_hex(token, TOKEN_HEX, got);
 	OPENSSL_cleanse(token, sizeof token);
-	if (CRYPTO_memcmp(want, got, 64) != 0) {
+	if (CRYPTO_memcmp(want, got, 64) != 0 || !known) {
 		const char *why = "this token is not the guest's";
 		send_frame(&s.l, F_REFUSED, 0, why, (uint32_t)strlen(why), NULL, 0);
-		logf_("refused %s: a wrong token", peer);
+		logf_("refused %s: %s for guest %s", peer, known ? "a wrong token" : "a guest this host does not serve",
+		      guest);
 		return 1;
 	}
 	uint64_t size;
-	void *base = map_region(o->region, &size);
+	void *base = map_region(region, &size);
 	struct vmgpu_wait_opts wo;
 	vmgpu_wait_opts_default(&wo);
 	struct vmgpu_guest *g;
-	if (vmgpu_guest_attach(base, size, &wo, &g) < 0) {
+	if (!base || vmgpu_guest_attach(base, size, &wo, &g) < 0) {
 		const char *why = "the forwarder's region is not ready";
 		send_frame(&s.l, F_REFUSED, 0, why, (uint32_t)strlen(why), NULL, 0);
-		logf_("%s: %s", why, vmgpu_shm_errmsg());
+		logf_("guest %s: %s (%s)", guest, why, base ? vmgpu_shm_errmsg() : region);
 		return 1;
 	}
 	const struct vmgpu_layout *L = vmgpu_guest_layout(g);
@@ -617,7 +662,7 @@ static int serve_one(SSL_CTX *ctx, int fd, const struct serve_opts *o, const cha
 	int wl = snprintf(welcome, sizeof welcome, "channel %u", vmgpu_gchan_index(s.ch));
 	if (send_frame(&s.l, F_WELCOME, 0, welcome, (uint32_t)wl, NULL, 0) < 0)
 		return 1;
-	logf_("%s: serving as channel %u of %s", peer, vmgpu_gchan_index(s.ch), o->region);
+	logf_("%s: guest %s served as channel %u of %s", peer, guest, vmgpu_gchan_index(s.ch), region);
 	tv = (struct timeval){0, 0};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	set_nonblocking(fd);
@@ -642,10 +687,11 @@ static void on_stop(int sig)
 
 static int cmd_serve(const struct serve_opts *o)
 {
-	if (!o->listen || !o->region || !o->certdir || !o->token_sha256)
-		die("serve needs --listen, --region, --cert and --token-sha256");
-	if (strlen(o->token_sha256) != 64 || strspn(o->token_sha256, "0123456789abcdef") != 64)
-		die("--token-sha256 must be 64 lowercase hexadecimal characters");
+	if (!o->listen || !o->guests || !o->certdir)
+		die("serve needs --listen, --guests and --cert");
+	struct stat st;
+	if (lstat(o->guests, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+		die("--guests %s must be a directory of yours that no one else can write", o->guests);
 	struct sockaddr_storage sa;
 	socklen_t salen;
 	if (parse_hostport(o->listen, &sa, &salen))
@@ -667,7 +713,7 @@ static int cmd_serve(const struct serve_opts *o)
 	sigaction(SIGTERM, &act, NULL);
 	sigaction(SIGINT, &act, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	logf_("listening on %s for region %s", o->listen, o->region);
+	logf_("listening on %s for the guests in %s", o->listen, o->guests);
 	printf("listening\n");
 	fflush(stdout);
 	while (!stopping) {
@@ -709,7 +755,7 @@ static int cmd_serve(const struct serve_opts *o)
 /* ===================================== attach ============================================= */
 
 struct attach_opts {
-	const char *connect, *region, *fingerprint, *token_file;
+	const char *connect, *region, *fingerprint, *token_file, *guest;
 	uint64_t size;
 	char token[TOKEN_HEX + 1];
 	struct sockaddr_storage sa;
@@ -753,8 +799,8 @@ static SSL *dial(struct attach_opts *o, const char *purpose, int *fdp, void *out
 	}
 	struct link l = {.ssl = ssl, .fd = fd};
 	pthread_mutex_init(&l.mu, NULL);
-	char hello[160];
-	int hl = snprintf(hello, sizeof hello, "vmgpu-net %d %s %s", PROTO_VERSION, purpose, o->token);
+	char hello[256];
+	int hl = snprintf(hello, sizeof hello, "vmgpu-net %d %s %s %s", PROTO_VERSION, purpose, o->guest, o->token);
 	struct frame f;
 	uint8_t reply[256];
 	if (send_frame(&l, F_HELLO, 0, hello, (uint32_t)hl, NULL, 0) < 0 || recv_header(&l, &f, sizeof reply - 1) < 0 ||
@@ -948,8 +994,10 @@ static void relay_stop(struct relay *r)
 
 static int cmd_attach(struct attach_opts *o)
 {
-	if (!o->connect || !o->region || !o->fingerprint || !o->token_file || !o->size)
-		die("attach needs --connect, --region, --size, --fingerprint and --token-file");
+	if (!o->connect || !o->region || !o->fingerprint || !o->token_file || !o->size || !o->guest)
+		die("attach needs --connect, --guest, --region, --size, --fingerprint and --token-file");
+	if (!guest_name_ok(o->guest))
+		die("--guest %s is not a guest name (1-64 of A-Z a-z 0-9 . _ -)", o->guest);
 	if (strlen(o->fingerprint) != 64 || strspn(o->fingerprint, "0123456789abcdef") != 64)
 		die("--fingerprint must be the 64 lowercase hexadecimal characters `%s cert` printed", prog);
 	if (parse_hostport(o->connect, &o->sa, &o->salen))
@@ -1055,14 +1103,16 @@ static void usage(FILE *to)
 {
 	fprintf(to,
 		"usage: %s cert DIR\n"
-		"       %s serve --listen ADDR:PORT --region FILE --cert DIR --token-sha256 HEX\n"
-		"       %s attach --connect ADDR:PORT --region FILE --size SIZE --fingerprint HEX --token-file FILE\n"
+		"       %s serve --listen ADDR:PORT --guests DIR --cert DIR\n"
+		"       %s attach --connect ADDR:PORT --guest NAME --region FILE --size SIZE --fingerprint HEX\n"
+		"              --token-file FILE\n"
 		"\n"
 		"A guest's region carried over TLS to a forwarder on another host.\n"
 		"  cert     make DIR/key.pem and DIR/cert.pem (self-signed, P-256) for serve; prints the\n"
 		"           certificate's SHA-256 fingerprint, which attach pins\n"
-		"  serve    on the GPU host, beside the guest's forwarder (FILE: its region): each guest\n"
-		"           process that proves the guest's token gets a channel of that region\n"
+		"  serve    on the GPU host: DIR/NAME says, for each guest served here, \"REGION SHA256\" (its\n"
+		"           forwarder's region and its token's SHA-256); each guest process that proves\n"
+		"           its guest's token gets a channel of that region\n"
 		"  attach   on the guest's machine: make the region FILE (SIZE bytes) the guest maps, and\n"
 		"           carry each of its channels to serve at ADDR:PORT\n",
 		prog, prog, prog);
@@ -1084,10 +1134,10 @@ int main(int argc, char **argv)
 			die("cert takes one directory");
 		return cmd_cert(argv[2]);
 	}
-	static struct option opts[] = {{"listen", 1, 0, 'l'},	    {"region", 1, 0, 'r'},     {"cert", 1, 0, 'c'},
-				       {"token-sha256", 1, 0, 't'}, {"connect", 1, 0, 'C'},    {"size", 1, 0, 's'},
-				       {"fingerprint", 1, 0, 'f'},  {"token-file", 1, 0, 'T'}, {"help", 0, 0, 'h'},
-				       {0, 0, 0, 0}};
+	static struct option opts[] = {{"listen", 1, 0, 'l'},	   {"region", 1, 0, 'r'},     {"cert", 1, 0, 'c'},
+				       {"guests", 1, 0, 'g'},	   {"connect", 1, 0, 'C'},    {"size", 1, 0, 's'},
+				       {"fingerprint", 1, 0, 'f'}, {"token-file", 1, 0, 'T'}, {"guest", 1, 0, 'G'},
+				       {"help", 0, 0, 'h'},	   {0, 0, 0, 0}};
 	struct serve_opts so = {0};
 	static struct attach_opts ao;
 	int c;
@@ -1098,13 +1148,16 @@ int main(int argc, char **argv)
 			so.listen = optarg;
 			break;
 		case 'r':
-			so.region = ao.region = optarg;
+			ao.region = optarg;
+			break;
+		case 'g':
+			so.guests = optarg;
+			break;
+		case 'G':
+			ao.guest = optarg;
 			break;
 		case 'c':
 			so.certdir = optarg;
-			break;
-		case 't':
-			so.token_sha256 = optarg;
 			break;
 		case 'C':
 			ao.connect = optarg;

@@ -22,6 +22,9 @@ pytestmark = [
 ]
 
 
+GUEST = "remote-guest"
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,14 +42,19 @@ class Bridge:
         self.region = Path("/dev/shm") / f"{fwd_region.name}-remote"
         self.serve_log = tmp / "serve.log"
         self.attach_log = tmp / "attach.log"
-        self.serve = nb.serve(fwd_region, f"127.0.0.1:{self.port}", tmp, self.token_sha, self.serve_log)
+        self.guests = tmp / "guests"
+        nb.serve_guest(self.guests, GUEST, fwd_region, self.token_sha)
+        self.serve = nb.serve(self.guests, f"127.0.0.1:{self.port}", tmp, self.serve_log)
         self.attach = None
 
     def start_attach(self, **kw) -> subprocess.Popen:
         self.attach = nb.attach(
-            self.region, f"127.0.0.1:{self.port}", self.fingerprint, self.token_file, self.attach_log, **kw
+            self.region, f"127.0.0.1:{self.port}", GUEST, self.fingerprint, self.token_file, self.attach_log, **kw
         )
         return self.attach
+
+    def try_attach(self, fingerprint: str, token: Path) -> subprocess.Popen:
+        return nb.attach(self.region, f"127.0.0.1:{self.port}", GUEST, fingerprint, token, self.attach_log, wait=False)
 
     def close(self) -> None:
         if self.attach:
@@ -99,7 +107,7 @@ def test_unchanged_programs_run_through_a_forwarder_across_the_bridge(bridge):
     while bridge.serve_log.read_text().count("ended: the other side closed the link") < 2:
         assert time.monotonic() < deadline, bridge.serve_log.read_text()
         time.sleep(0.05)
-    assert bridge.serve_log.read_text().count("serving as channel") == 2
+    assert bridge.serve_log.read_text().count(f"guest {GUEST} served as channel") == 2
     assert "SIMULATED" in log_text(bridge.fwd)
 
 
@@ -113,10 +121,10 @@ def test_a_guest_with_a_token_that_is_not_its_own_is_refused(bridge, tmp_path):
     wrong = tmp_path / "wrong"
     wrong.write_text("ab" * 32 + "\n")
     wrong.chmod(0o600)
-    p = nb.attach(bridge.region, f"127.0.0.1:{bridge.port}", bridge.fingerprint, wrong, bridge.attach_log, wait=False)
+    p = bridge.try_attach(bridge.fingerprint, wrong)
     assert p.wait(timeout=20) == 2
     assert "refused: this token is not the guest's" in bridge.attach_log.read_text()
-    assert _logged(bridge.serve_log, "a wrong token")
+    assert _logged(bridge.serve_log, "a wrong token for guest remote-guest")
     assert not bridge.region.exists()
     # serve goes on: the guest with its token gets its GPU
     bridge.start_attach()
@@ -125,7 +133,7 @@ def test_a_guest_with_a_token_that_is_not_its_own_is_refused(bridge, tmp_path):
 
 def test_attach_refuses_a_host_whose_certificate_it_did_not_pin(bridge):
     other = "0" * 64
-    p = nb.attach(bridge.region, f"127.0.0.1:{bridge.port}", other, bridge.token_file, bridge.attach_log, wait=False)
+    p = bridge.try_attach(other, bridge.token_file)
     assert p.wait(timeout=20) == 2
     assert "certificate is not the pinned one" in bridge.attach_log.read_text()
     assert not bridge.region.exists()
@@ -133,9 +141,7 @@ def test_attach_refuses_a_host_whose_certificate_it_did_not_pin(bridge):
 
 def test_a_token_file_others_can_read_is_refused(bridge):
     bridge.token_file.chmod(0o644)
-    p = nb.attach(
-        bridge.region, f"127.0.0.1:{bridge.port}", bridge.fingerprint, bridge.token_file, bridge.attach_log, wait=False
-    )
+    p = bridge.try_attach(bridge.fingerprint, bridge.token_file)
     assert p.wait(timeout=20) == 2
     assert "that only you can read" in bridge.attach_log.read_text()
 
@@ -186,7 +192,7 @@ HOSTILE = {
 def test_a_guest_breaking_the_link_protocol_loses_its_link_and_nothing_else(bridge, case):
     frames, why = HOSTILE[case]
     bridge.start_attach()
-    peer = nb.RawPeer(bridge.addr, bridge.token)
+    peer = nb.RawPeer(bridge.addr, GUEST, bridge.token)
     assert peer.kind == nb.F_WELCOME and peer.payload.startswith(b"channel "), peer.payload
     for kind, aux, payload in frames:
         peer.send(kind, aux, payload)
@@ -199,18 +205,35 @@ def test_a_guest_breaking_the_link_protocol_loses_its_link_and_nothing_else(brid
 
 
 def test_a_frame_longer_than_the_protocol_allows_is_refused_before_it_is_read(bridge):
-    peer = nb.RawPeer(bridge.addr, bridge.token)
+    peer = nb.RawPeer(bridge.addr, GUEST, bridge.token)
     peer.send(nb.F_REC, 1, b"", length=0xFFFFFFF0)  # a header claiming 4 GiB, no bytes
     assert peer.closed_by_peer()
     assert _logged(bridge.serve_log, "a frame longer than any the protocol sends"), bridge.serve_log.read_text()
 
 
-def test_a_hello_without_the_right_token_gets_nothing(bridge):
-    peer = nb.RawPeer(bridge.addr, "cd" * 32)
+def test_a_hello_without_the_right_token_gets_nothing(bridge, tmp_path):
+    peer = nb.RawPeer(bridge.addr, GUEST, "cd" * 32)
     assert peer.kind == nb.F_REFUSED and b"not the guest's" in peer.payload
     assert peer.closed_by_peer()
-    peer = nb.RawPeer(bridge.addr, bridge.token, purpose="shell")
+    # another guest's name with this token, a name that climbs out of the directory, a name
+    # this host does not serve: the same answer, and nothing read outside the directory
+    (tmp_path / "outside").write_text(f"{bridge.fwd_region} {bridge.token_sha}\n")
+    for name in ("other-guest", "../outside", "nobody"):
+        peer = nb.RawPeer(bridge.addr, name, bridge.token)
+        assert peer.kind == nb.F_REFUSED, name
+    assert _logged(bridge.serve_log, "a guest this host does not serve for guest other-guest")
+    peer = nb.RawPeer(bridge.addr, GUEST, bridge.token, purpose="shell")
     assert peer.kind == nb.F_REFUSED
+
+
+def test_a_guest_entry_someone_else_could_write_is_not_trusted(bridge):
+    entry = bridge.guests / GUEST
+    entry.chmod(0o622)
+    peer = nb.RawPeer(bridge.addr, GUEST, bridge.token)
+    assert peer.kind == nb.F_REFUSED
+    entry.chmod(0o600)
+    peer = nb.RawPeer(bridge.addr, GUEST, bridge.token)
+    assert peer.kind == nb.F_WELCOME
 
 
 def test_a_lost_link_is_a_sticky_error_for_the_guest_process_not_a_hang(bridge):
