@@ -61,6 +61,7 @@ class Forwarder:
     guest: str | None = None
     extra: tuple = ()
     log_path: Path | None = None  # keep the log in this file (default: a temporary one)
+    preexec_fn: object = field(default=None, repr=False)  # run in the child before it execs
     proc: subprocess.Popen | None = field(default=None, repr=False)
     _log: object = field(default=None, repr=False)
     _final: str | None = field(default=None, repr=False)
@@ -93,7 +94,7 @@ class Forwarder:
         # description, and so its offset, is shared with it)
         self._log = self._open_log() if self.log_path else tempfile.TemporaryFile("a+")
         self._log_start = self._log.tell()
-        self.proc = subprocess.Popen(cmd, stderr=self._log, text=True)
+        self.proc = subprocess.Popen(cmd, stderr=self._log, text=True, preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout
         while "serving" not in self.log():
             if self.proc.poll() is not None or time.monotonic() > deadline:

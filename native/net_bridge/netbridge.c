@@ -713,6 +713,8 @@ static int cmd_serve(const struct serve_opts *o)
 	sigaction(SIGTERM, &act, NULL);
 	sigaction(SIGINT, &act, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	/* a process group of its own: the children serving links end with it, and nothing else does */
+	setpgid(0, 0);
 	logf_("listening on %s for the guests in %s", o->listen, o->guests);
 	printf("listening\n");
 	fflush(stdout);

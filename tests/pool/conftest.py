@@ -186,13 +186,32 @@ class Lab:
                 str(TTL_S),
                 "--inventory",
                 str(inv),
+                # its data plane: a forwarder per guest served (the simulated backend) and the bridge
+                "--serve",
+                str(self.tmp / f"plane-{host}"),
+                "--backend",
+                "sim",
                 *extra,
             ],
         )
 
+    def stop(self, key: str) -> None:
+        """An orderly stop (SIGTERM): an agent stops its guests' forwarders, attach removes its region."""
+        p = self.procs.pop(key)
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
     def close(self) -> None:
         for key in list(self.procs):
-            self.kill(key)
+            self.stop(key)
+        # what hosts killed on purpose left: their guests' regions (their forwarders ended with them)
+        for host in HOSTS:
+            for region in Path("/dev/shm").glob(f"vmgpu-pool-{host}-*"):
+                region.unlink(missing_ok=True)
         for name in reversed(self.namespaces):
             try:
                 self.netns.remove(name)

@@ -6,11 +6,13 @@ what it took."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.forwarder import NATIVE, PTX, guest_env
 from tests.pool.conftest import GUEST_NS, TTL_S, VMGPU, inventory
 
 pytestmark = pytest.mark.pool
@@ -149,6 +151,90 @@ def _rejoin_hb(lab, ttl_s: int) -> None:
     assert lab.run(GUEST_NS, "pool", "leave", "hb", "--pool", lab.url).returncode == 0
     lab.join("hb", "--address", lab.address("hb"), "--ttl", str(ttl_s))
     lab.wait_for("hb back", lambda: {h["host"]: h["ttl_s"] for h in lab.status()["hosts"]}.get("hb") == ttl_s)
+
+
+def _logged(log: Path, event: str, **fields) -> bool:
+    """Whether an agent's JSON log has a line of this event with these fields."""
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == event and all(rec.get(k) == v for k, v in fields.items()):
+            return True
+    return False
+
+
+def _unexpected(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.rstrip().endswith(("UNEXPECTED", "WRONG"))]
+
+
+def test_a_guest_on_a_machine_without_a_gpu_runs_a_program_on_a_pool_hosts_gpu(lab):
+    r = _admit(lab, "far", "--slices", "1", "--mem", "2G", "--compute", "10")
+    assert r.returncode == 0, r.stderr
+    grant = json.loads(r.stdout)
+    host = grant["slices"][0]["host"]
+    assert len(grant["slices"][0]["fingerprint"]) == 64  # the host's data plane, pinned by the guest
+    token = lab.tmp / "far.token"
+    token.write_text(grant["token"] + "\n")
+    token.chmod(0o600)
+    region = Path("/dev/shm") / f"{lab.tag}-far"
+    try:
+        # the host serves the guest from its next renewal on: a forwarder of its own on its GPU
+        agent_log = lab.tmp / f"agent-{host}.log"
+        lab.wait_for("far served", lambda: _logged(agent_log, "pool guest served", guest="far"))
+        # the guest's machine (its own namespace, no GPU) makes the region its processes map
+        lab.spawn(
+            "attach-far",
+            GUEST_NS,
+            [*VMGPU, "pool", "attach", "far", "--pool", lab.url, "--token-file", str(token), "--region", str(region)],
+        )
+        lab.wait_for("far attached", lambda: "the GPU is at" in (lab.tmp / "attach-far.log").read_text())
+        run = subprocess.run(
+            [str(NATIVE / "drv_api"), str(PTX), "64"],
+            preexec_fn=lab._enter(GUEST_NS),
+            env=guest_env(region),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        # all but a device address for pinned memory (the host cannot see the guest's memory)
+        assert [ln.split()[0] for ln in _unexpected(run.stdout)] == ["cuMemHostGetDevicePointer"], (
+            run.stdout + run.stderr + (lab.tmp / "attach-far.log").read_text()
+        )
+        assert "large round trip" in run.stdout
+        # the forwarder that served it is the host's, on the simulated backend, with the slice's quota
+        plane_log = (lab.tmp / f"plane-{host}" / "netbridge.log").read_text()
+        assert "guest far served as channel" in plane_log
+        # a peer on the network with the guest's name and another token gets nothing
+        wrong = lab.tmp / "far.wrong"
+        wrong.write_text("0" * 64 + "\n")
+        wrong.chmod(0o600)
+        r = lab.run(
+            GUEST_NS,
+            "pool",
+            "attach",
+            "far",
+            "--pool",
+            lab.url,
+            "--token-file",
+            str(wrong),
+            "--region",
+            str(region) + "-x",
+        )
+        assert r.returncode == 2 and "refused: this token is not the guest's" in r.stderr, r.stderr
+        assert not Path(str(region) + "-x").exists()
+    finally:
+        if "attach-far" in lab.procs:
+            lab.stop("attach-far")
+        _release(lab, "far")
+    assert not region.exists()
+    # released: the host stops its forwarder and removes its region
+    lab.wait_for(
+        "far no longer served",
+        lambda: _logged(agent_log, "pool guest no longer served", guest="far"),
+    )
+    assert not Path(f"/dev/shm/vmgpu-pool-{host}-far").exists()
 
 
 def test_a_restarted_host_agent_keeps_its_lease_and_the_slices_on_its_gpus(lab):

@@ -42,8 +42,10 @@ def _store(pool_url: str, json_logs: bool = False):
 def pool() -> None:
     """The GPU pool across hosts: hosts join it with their GPUs, guests anywhere get slices of them.
 
-    The pool lives in etcd (opt-in; a single host keeps its own ledger).  The guest's data path
-    over the network is not built yet: a grant names the host's address and a token for it."""
+    The pool lives in etcd (opt-in; a single host keeps its own ledger).  A host that joins with
+    --serve runs a forwarder for each guest holding slices on it and takes their processes'
+    calls over TLS (vmgpu-netbridge); on the guest's machine `vmgpu pool attach` makes the region
+    the guest maps and carries it there."""
 
 
 @pool.command("join")
@@ -69,11 +71,27 @@ def pool() -> None:
     help="Seconds without renewal after which the host leaves the pool with its GPUs and their slices.",
 )
 @inventory("A declared inventory (TOML) instead of NVML.  [env: VMGPU_INVENTORY]")
-def join(pool_url, host_name, ifname, address, port, ttl_s, inventory):
+@click.option(
+    "--serve",
+    "serve_dir",
+    type=click.Path(file_okay=False),
+    help="Serve guests on other machines from here: the data plane's state directory (its TLS "
+    "key and certificate, made once; the guests served).  Without it the host only lends GPUs "
+    "to the ledger.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "sim"]),
+    default="cuda",
+    show_default=True,
+    help="The guests' forwarders' backend (sim: the simulated one, for tests).",
+)
+def join(pool_url, host_name, ifname, address, port, ttl_s, inventory, serve_dir, backend):
     """Register this host's GPUs in the pool and keep them there while it runs (in the foreground).
 
     Stopping it (or the host dying) takes the host out after --ttl seconds, with the slices guests
-    held on its GPUs; restarted within them, it keeps everything.  Logs are JSON lines on stderr."""
+    held on its GPUs; restarted within them, it keeps the slices (guests served with --serve get
+    fresh forwarders: their processes start again).  Logs are JSON lines on stderr."""
     from vmgpu import gpu
     from vmgpu.errors import InvalidArgument
     from vmgpu.pool import net
@@ -84,12 +102,68 @@ def join(pool_url, host_name, ifname, address, port, ttl_s, inventory):
         raise InvalidArgument("give one of --bind-net IFNAME and --address ADDR (where guests reach this host)")
     if ifname:
         address = net.interface_address(ifname)
+    plane = None
+    if serve_dir:
+        from pathlib import Path
+
+        from vmgpu.pool.dataplane import DataPlane
+
+        listen = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        plane = DataPlane(host_name, Path(serve_dir), listen, backend)
     agent = Agent(
-        _store(pool_url, json_logs=True), Membership(host_name, address, port, ttl_s), gpu.inventory(inventory)
+        _store(pool_url, json_logs=True),
+        Membership(host_name, address, port, ttl_s),
+        gpu.inventory(inventory),
+        dataplane=plane,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop.set())
     agent.run()
+
+
+@pool.command("attach")
+@click.argument("guest", callback=guest_name)
+@POOL
+@click.option(
+    "--token-file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The guest's token (as `vmgpu pool admit` printed it), in a file only you can read.",
+)
+@click.option("--region", required=True, help="The region to make for the guest: a /dev/shm name or path.")
+@click.option("--size", default="256M", show_default=True, help="The region's size.")
+@click.option("--host", "host_name", help="Which of the guest's hosts, where its slices are on several.")
+def attach(guest, pool_url, token_file, region, size, host_name):
+    """On the guest's machine: make the region GUEST maps (a container's /dev/shm file, a VM's
+    ivshmem backing) and carry its processes' calls over TLS to the host serving its slices.
+
+    Runs in the foreground until stopped; the region goes with it.  The host's certificate is
+    checked against the fingerprint it published in the pool."""
+    from vmgpu.errors import InvalidArgument, NotFound
+    from vmgpu.pool.admission import describe
+    from vmgpu.pool.dataplane import netbridge
+    from vmgpu.shm import Region
+
+    slices = describe(_store(pool_url), guest)["slices"]
+    if not slices:
+        raise NotFound(f"guest {guest} holds no slices in the pool (admit it first: vmgpu pool admit)")
+    hosts = sorted({s.host for s in slices})
+    if host_name is None and len(hosts) > 1:
+        raise InvalidArgument(
+            f"guest {guest} has slices on {', '.join(hosts)}: one region reaches one host; give --host "
+            "(and one region per host)"
+        )
+    chosen = [s for s in slices if s.host == (host_name or hosts[0])]
+    if not chosen:
+        raise NotFound(f"guest {guest} holds no slice on host {host_name}")
+    s = chosen[0]
+    if not s.fingerprint or not s.address:
+        raise InvalidArgument(f"host {s.host} serves no remote guests (it joined the pool without --serve)")
+    where = f"[{s.address}]:{s.port}" if ":" in s.address else f"{s.address}:{s.port}"
+    argv = [str(netbridge()), "attach", "--connect", where, "--guest", guest, "--region", str(Region.resolve(region))]
+    argv += ["--size", size, "--fingerprint", s.fingerprint, "--token-file", token_file]
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
 
 
 @pool.command("leave")

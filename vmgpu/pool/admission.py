@@ -76,13 +76,14 @@ def request_from_env(env: dict[str, str]) -> Request:
 @dataclass
 class GrantedSlice:
     host: str
-    address: str  # where the host's forwarder will listen (the data plane, not built yet)
+    address: str  # where the host's data plane (vmgpu-netbridge) listens
     port: int
     uuid: str
     index: int
     name: str
     mem_mib: int
     compute_pct: int
+    fingerprint: str = ""  # the host's data-plane certificate ("": the host serves no remote guest)
 
 
 @dataclass
@@ -118,6 +119,7 @@ def _grant_slices(guest: str, slices: list[SliceRecord], gpus: dict[str, GpuReco
                 g.name if g else "",
                 s.mem_mib,
                 s.compute_pct,
+                h.fingerprint if h else "",
             )
         )
     return out

@@ -33,8 +33,10 @@ class Membership:
 
 
 class Agent:
-    def __init__(self, store: Store, membership: Membership, inventory: list[gpus_of_host.Gpu]):
+    def __init__(self, store: Store, membership: Membership, inventory: list[gpus_of_host.Gpu], dataplane=None):
         names.check_guest(membership.host, "host name")
+        self.dataplane = dataplane  # vmgpu.pool.dataplane.DataPlane: serve remote guests (None: not)
+        self.fingerprint = ""
         self.store = store
         self.me = membership
         self.gpus = inventory
@@ -44,7 +46,13 @@ class Agent:
 
     def _record(self) -> HostRecord:
         rec = HostRecord(
-            self.me.host, self.me.address, self.me.port, self.lease, self.me.ttl_s, [g.uuid for g in self.gpus]
+            self.me.host,
+            self.me.address,
+            self.me.port,
+            self.lease,
+            self.me.ttl_s,
+            [g.uuid for g in self.gpus],
+            self.fingerprint,
         )
         rec.check()
         return rec
@@ -98,16 +106,28 @@ class Agent:
     def run(self) -> None:
         """Register, then renew the lease until stop is set; a lease found expired (the host was
         cut off longer than its TTL: its GPUs and slices are gone) is replaced by a fresh
-        registration; an etcd that does not answer is asked again."""
-        self.register()
-        period = max(self.me.ttl_s / 3, 0.2)
-        while not self.stop.wait(period):
-            try:
-                if self.store.keep_alive(self.lease) <= 0:
-                    self.log.error("pool lease expired: this host's GPUs and slices were dropped; joining again")
-                    self.register()
-            except LedgerError as e:
-                self.log.warning("pool lease not renewed", reason=e.message)
+        registration; an etcd that does not answer is asked again.  With a data plane, each
+        renewal also serves exactly the guests that hold slices here (a forwarder each), and
+        stopping stops them."""
+        if self.dataplane is not None:
+            self.fingerprint = self.dataplane.start()
+        try:
+            self.register()
+            period = max(self.me.ttl_s / 3, 0.2)
+            while True:
+                if self.dataplane is not None:
+                    self.dataplane.reconcile(self.store)
+                if self.stop.wait(period):
+                    break
+                try:
+                    if self.store.keep_alive(self.lease) <= 0:
+                        self.log.error("pool lease expired: this host's GPUs and slices were dropped; joining again")
+                        self.register()
+                except LedgerError as e:
+                    self.log.warning("pool lease not renewed", reason=e.message)
+        finally:
+            if self.dataplane is not None:
+                self.dataplane.stop()
 
     def leave(self) -> None:
         """Out of the pool now: the lease revoked, the host's GPUs and the slices on them gone."""

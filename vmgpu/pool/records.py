@@ -6,7 +6,7 @@ a whole with RecordError, and the reader leaves it out and says so, never trusts
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from vmgpu import names
 
@@ -48,10 +48,11 @@ def _load(cls, doc: object):
     if not isinstance(doc, dict):
         raise RecordError(f"a {cls.__name__} record is not a JSON object")
     want = {f.name for f in fields(cls)}
-    missing = want - set(doc)
+    # a field added later has a default: a record an older vmgpu wrote lacks it and is still whole
+    missing = {f.name for f in fields(cls) if f.default is MISSING} - set(doc)
     if missing:
         raise RecordError(f"a {cls.__name__} record lacks {', '.join(sorted(missing))}")
-    out = cls(**{k: doc[k] for k in want})
+    out = cls(**{k: doc[k] for k in want if k in doc})
     out.check()
     return out
 
@@ -74,8 +75,11 @@ class HostRecord(_Record):
     lease: int
     ttl_s: int
     gpus: list[str]
+    fingerprint: str = ""  # SHA-256 of its data plane's certificate ("": it serves no remote guest)
 
     def check(self) -> None:
+        if not isinstance(self.fingerprint, str) or (self.fingerprint and not _HEX64.match(self.fingerprint)):
+            raise RecordError("fingerprint is not 64 hex digits")
         _name(self.host, "host name")
         _text(self.address, "address", 64)
         _number(self.port, "port", 1, 65535)
