@@ -121,6 +121,9 @@ native-asan:
 	$(MAKE) -C host_forwarder O=$(abspath $(BUILD)/asan) CUDA_INCLUDE=$(CUDA_INCLUDE) \
 		EXTRA_CFLAGS="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
 		EXTRA_LDFLAGS="-fsanitize=address,undefined"
+	$(if $(OPENSSL),$(CC) $(NETBRIDGE_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address$(comma)undefined \
+		-fno-sanitize-recover=all -o $(BUILD)/asan/vmgpu-netbridge native/net_bridge/netbridge.c \
+		-Inative/shm_transport/include $(BUILD)/asan/libvmgpushm.a $(OPENSSL) -lpthread)
 
 native-tsan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/tsan) SAN=tsan

@@ -16,9 +16,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.forwarder import NATIVE
+from tests.forwarder import ASAN, NATIVE
 
 NETBRIDGE = NATIVE / "vmgpu-netbridge"
+NETBRIDGE_ASAN = ASAN / "vmgpu-netbridge"  # make native-asan: the hostile tests' serve
 FRAME = struct.Struct("<IIQ")
 F_HELLO, F_WELCOME, F_REFUSED, F_REC, F_BULK, F_RELEASE = 1, 2, 3, 4, 5, 6
 REC_BULK_NOTE = 0xFF01
@@ -56,10 +57,14 @@ def serve_guest(guests: Path, guest: str, region: Path, token_sha256: str) -> No
     (guests / guest).chmod(0o600)
 
 
-def serve(guests: Path, listen: str, cert_dir: Path, log: Path, preexec=None) -> subprocess.Popen:
+def serve(guests: Path, listen: str, cert_dir: Path, log: Path, preexec=None, asan=False) -> subprocess.Popen:
+    """serve (asan: the ASan/UBSan build, whose log must stay free of reports: sanitizer_reports)."""
+    exe = NETBRIDGE_ASAN if asan else NETBRIDGE
+    if asan and not exe.exists():
+        raise RuntimeError(f"{exe} is missing: run `make native-asan`")
     out = open(log, "ab")
     p = subprocess.Popen(
-        [str(NETBRIDGE), "serve", "--listen", listen, "--guests", str(guests), "--cert", str(cert_dir)],
+        [str(exe), "serve", "--listen", listen, "--guests", str(guests), "--cert", str(cert_dir)],
         stdout=subprocess.DEVNULL,
         stderr=out,
         preexec_fn=preexec,
@@ -89,6 +94,10 @@ def attach(
     if wait:
         _wait_line(p, "the GPU is at", log)
     return p
+
+
+def sanitizer_reports(log: Path) -> list[str]:
+    return [ln for ln in log.read_text().splitlines() if "Sanitizer" in ln or "runtime error" in ln]
 
 
 def stop(p: subprocess.Popen, sig: int = signal.SIGTERM) -> int:

@@ -750,6 +750,8 @@ static int cmd_serve(const struct serve_opts *o)
 	kill(0, SIGTERM);
 	while (wait(NULL) > 0)
 		;
+	close(ls);
+	SSL_CTX_free(ctx);
 	logf_("stopped");
 	return 0;
 }

@@ -32,6 +32,8 @@ def _port() -> int:
 
 
 class Bridge:
+    """serve is the ASan/UBSan build: every test's hostile or honest peer runs against it."""
+
     def __init__(self, tmp: Path, fwd_region: Path):
         self.tmp = tmp
         self.fingerprint, self.token_file, self.token_sha = nb.secrets_in(tmp)
@@ -44,7 +46,7 @@ class Bridge:
         self.attach_log = tmp / "attach.log"
         self.guests = tmp / "guests"
         nb.serve_guest(self.guests, GUEST, fwd_region, self.token_sha)
-        self.serve = nb.serve(self.guests, f"127.0.0.1:{self.port}", tmp, self.serve_log)
+        self.serve = nb.serve(self.guests, f"127.0.0.1:{self.port}", tmp, self.serve_log, asan=True)
         self.attach = None
 
     def start_attach(self, **kw) -> subprocess.Popen:
@@ -73,6 +75,7 @@ def bridge(shm_path, tmp_path):
         finally:
             b.close()
     assert not b.region.exists()
+    assert nb.sanitizer_reports(b.serve_log) == []
 
 
 def _logged(path: Path, text: str, timeout: float = 10.0) -> bool:
