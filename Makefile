@@ -24,7 +24,7 @@ VENV_EXTRAS ?= test$(if $(findstring $(PIP_CUDA),$(CUDA_INCLUDE) $(NVCC) $(PTXAS
 	yes,$(LIBVIRT))$(if $(filter auto,$(LIBVIRT)),$(shell pkg-config --exists libvirt 2>/dev/null && echo y)),$(comma)libvirt)
 comma := ,
 
-.PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-isolation bench-sharing selftest lint clean \
+.PHONY: all demo native wheel native-asan native-tsan venv test fuzz bench bench-transport bench-remoting bench-pytorch bench-remote bench-isolation bench-sharing selftest lint clean \
 	gen gen-check cuda-programs proto census
 
 all: native
@@ -152,6 +152,12 @@ bench-pytorch: cuda-programs
 	@mkdir -p $(BUILD)/bench
 	python3 bench/run_torch.py --stats $(BUILD)/bench | tee $(BUILD)/bench/pytorch.txt
 
+# a guest whose GPU is on "another host": this one over loopback TCP through vmgpu-netbridge (TLS)
+# against native; a host built without OpenSSL reports remote=missing in the summary
+bench-remote: cuda-programs
+	@mkdir -p $(BUILD)/bench
+	-python3 bench/run_remote.py | tee $(BUILD)/bench/remote.txt
+
 # compute isolation: N guests under the weighted and fixed policies, caps, convergence, overhead
 bench-isolation: cuda-programs
 	@mkdir -p $(BUILD)/bench
@@ -168,8 +174,8 @@ CENSUS_DIR ?= ../shared/tools/census
 census: cuda-programs
 	python3 bench/census.py --census-dir '$(CENSUS_DIR)' $(CENSUS_ARGS)
 
-# the last line joins the summaries: remoting overheads and the PyTorch ratios
-bench: bench-transport bench-remoting bench-pytorch
+# the last line joins the summaries: remoting overheads, the PyTorch ratios, the remote rows
+bench: bench-transport bench-remoting bench-pytorch bench-remote
 	@python3 bench/summary.py $(BUILD)/bench
 
 lint: venv

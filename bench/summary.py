@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The last line of `make bench`: the summary lines of the remoting and PyTorch benches, joined.
+"""The last line of `make bench`: the summary lines of the remoting, PyTorch and remote benches,
+joined (the remote bench's keys prefixed remote_).
 
 python3 bench/summary.py build/bench
 """
@@ -17,4 +18,5 @@ def last(path: Path, prefix: str) -> str:
 
 if __name__ == "__main__":
     d = Path(sys.argv[1] if len(sys.argv) > 1 else "build/bench")
-    print("bench", last(d / "remoting.txt", "remoting"), last(d / "pytorch.txt", "pytorch"))
+    remote = " ".join(f"remote_{kv}" for kv in last(d / "remote.txt", "remote").split())
+    print("bench", last(d / "remoting.txt", "remoting"), last(d / "pytorch.txt", "pytorch"), remote)
