@@ -108,7 +108,8 @@ def remoting(region: Path | None, scale: float) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "VMGPU_REGION")}
     if region:
         env = guest_env(region, env)
-    p = subprocess.run([str(NATIVE / "bench_remoting"), str(scale)], env=env, capture_output=True, text=True, timeout=900)
+    cmd = [str(NATIVE / "bench_remoting"), str(scale)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         sys.exit(f"bench_remoting ({'remote' if region else 'native'}) failed: {p.stdout}{p.stderr}")
     return {k: float(v) for k, v in (ln.split("=") for ln in p.stdout.split())}
