@@ -18,5 +18,6 @@ def last(path: Path, prefix: str) -> str:
 
 if __name__ == "__main__":
     d = Path(sys.argv[1] if len(sys.argv) > 1 else "build/bench")
-    remote = " ".join(kv if kv.startswith("remote") else f"remote_{kv}" for kv in last(d / "remote.txt", "remote").split())
+    rows = last(d / "remote.txt", "remote").split()
+    remote = " ".join(kv if kv.startswith("remote") else f"remote_{kv}" for kv in rows)
     print("bench", last(d / "remoting.txt", "remoting"), last(d / "pytorch.txt", "pytorch"), remote)
