@@ -30,6 +30,8 @@ def pytest_collection_modifyitems(config, items):
         why = "needs root: the pool's tests make network namespaces and veth pairs"
     elif shutil.which("etcd") is None:
         why = "no etcd binary: apt-get install etcd-server (CI's .ci/run installs it)"
+    elif not (Path(__file__).resolve().parents[2] / "build" / "native" / "vmgpu-netbridge").exists():
+        why = "vmgpu-netbridge is not built (the hosts' data plane): apt-get install libssl-dev, make native"
     else:
         try:
             import pyroute2  # noqa: F401
