@@ -46,34 +46,36 @@ def _gpu_count() -> int:
         return 0
 
 
-@pytest.mark.skipif(_gpu_count() < 2, reason="needs two NVIDIA GPUs (a guest with slices on GPUs 0 and 1)")
-def test_pytorch_tensors_move_between_a_guests_two_gpus_as_natively(shm_path):
-    """A guest with slices on GPUs 0 and 1: tensors copied from cuda:0 to cuda:1 and back (peer
-    access and peer copies where the GPUs have a path, staged through the host where not), computed
-    on there: the same output natively and through vmgpu."""
-    program = PROGRAMS["torch-peer"]
-    native = run_native(program)
-    assert native.returncode == 0, native.stdout + native.stderr
-    with forwarder(shm_path, backend="cuda", size="1G", extra=["--gpus", "0,1"]) as fwd:
-        vm = run_guest(program, shm_path, timeout=300)
-        assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
-    assert "SIMULATED" not in log_text(fwd)
-    assert vm.stdout == native.stdout
+TWO_GPUS = pytest.mark.skipif(_gpu_count() < 2, reason="needs two NVIDIA GPUs (a guest with slices on GPUs 0 and 1)")
 
 
-@pytest.mark.skipif(_gpu_count() < 2, reason="needs two NVIDIA GPUs (a guest with slices on GPUs 0 and 1)")
-def test_nccl_between_two_processes_of_a_guest_each_on_its_own_gpu_as_natively(shm_path):
-    """torch.distributed over NCCL: two processes of one guest (slices on GPUs 0 and 1), one GPU
-    each: all_reduce, all_gather, broadcast and reduce_scatter give the native, correct results."""
-    program = PROGRAMS["nccl-all-reduce"]
+def _both_on_two_gpus(shm_path, program) -> tuple[str, str]:
+    """program natively, then through a forwarder whose guest has slices on GPUs 0 and 1."""
     native = run_native(program)
     assert native.returncode == 0, native.stdout + native.stderr
     with forwarder(shm_path, backend="cuda", size="2G", extra=["--gpus", "0,1"]) as fwd:
         vm = run_guest(program, shm_path, timeout=300)
         assert vm.returncode == 0, vm.stdout + vm.stderr + log_text(fwd)
     assert "SIMULATED" not in log_text(fwd)
-    assert sorted(vm.stdout.splitlines()) == sorted(native.stdout.splitlines())
-    assert "rank 0 all_reduce correct=True" in vm.stdout and "rank 1 all_reduce correct=True" in vm.stdout
+    return native.stdout, vm.stdout
+
+
+@TWO_GPUS
+def test_pytorch_tensors_move_between_a_guests_two_gpus_as_natively(shm_path):
+    """A guest with slices on GPUs 0 and 1: tensors copied from cuda:0 to cuda:1 and back (peer
+    access and peer copies where the GPUs have a path, staged through the host where not), computed
+    on there: the same output natively and through vmgpu."""
+    native, vm = _both_on_two_gpus(shm_path, PROGRAMS["torch-peer"])
+    assert vm == native
+
+
+@TWO_GPUS
+def test_nccl_between_two_processes_of_a_guest_each_on_its_own_gpu_as_natively(shm_path):
+    """torch.distributed over NCCL: two processes of one guest (slices on GPUs 0 and 1), one GPU
+    each: all_reduce, all_gather, broadcast and reduce_scatter give the native, correct results."""
+    native, vm = _both_on_two_gpus(shm_path, PROGRAMS["nccl-all-reduce"])
+    assert sorted(vm.splitlines()) == sorted(native.splitlines())
+    assert "rank 0 all_reduce correct=True" in vm and "rank 1 all_reduce correct=True" in vm
 
 
 def test_a_guest_process_cannot_reach_the_driver_itself():
