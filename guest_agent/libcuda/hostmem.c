@@ -52,6 +52,8 @@ static CUresult local_alloc(void **pp, size_t size)
 	void *p = n < size ? MAP_FAILED : mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (!b || p == MAP_FAILED) {
 		free(b);
+		if (p != MAP_FAILED)
+			munmap(p, n);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	*b = (struct local_block){p, n, NULL};
@@ -140,11 +142,11 @@ CUresult handwritten_cuMemAllocHost(void **pp, unsigned int size, unsigned f)
 CUresult handwritten_cuMemFreeHost(void *p, unsigned f)
 {
 	(void)f;
+	if (p && remote() && local_block(p, 1))
+		return CUDA_SUCCESS; /* its own pages: freed even after the link was lost */
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (p && remote() && local_block(p, 1))
-		return CUDA_SUCCESS;
 	uint64_t off = vg_heap_offset(p, 1);
 	if (off == UINT64_MAX)
 		return CUDA_ERROR_INVALID_VALUE;

@@ -8,6 +8,7 @@
  * one of the guest's GPUs is NVML_ERROR_INVALID_ARGUMENT, as the real library answers a bad
  * handle; a host without NVML makes all of these NVML_ERROR_NOT_SUPPORTED.
  */
+#include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
 
@@ -124,9 +125,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, un
 	if (k->remote == VG_NVML_REMOTE_GUEST_GPU)
 		return nvmlDeviceGetPciInfo_v3(&vn_dev[k->remote_dev], pci); /* as the guest knows that GPU */
 	/* A switch: the host's switches are not devices of the guest, and their addresses are the
-	 * host's; a zeroed address is what a VM is shown of an NVSwitch it cannot see, and NCCL takes
-	 * it for one. */
+	 * host's.  The guest is given the address NCCL's topology takes for an NVSwitch it cannot
+	 * see (as in a VM): with an empty one NCCL looked the switch up in the guest's sysfs, found
+	 * no class there, and gave up ("Attribute tclass of node nvlink not found"). */
 	memset(pci, 0, sizeof *pci);
+	snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", VN_UNSEEN_SWITCH);
+	snprintf(pci->busId, sizeof pci->busId, "%s", VN_UNSEEN_SWITCH);
 	return NVML_SUCCESS;
 }
 

@@ -17,6 +17,10 @@
 
 #include "vg_wire.h"
 
+/* The PCI address NCCL's topology takes for an NVSwitch it cannot see: what a guest is told of
+ * the far end of a link to one of the host's switches (nvml_topology.c). */
+#define VN_UNSEEN_SWITCH "fffffff:ffff:ff"
+
 /* A GPU as the guest sees it: the CUDA device with the same ordinal. */
 struct nvmlDevice_st {
 	int index;

@@ -68,6 +68,11 @@ static int open_devices(const char *gpus, const char *mems)
 		for (int a = 1; a < d->nattrs; a++)
 			if (B->cuDeviceGetAttribute(&d->attrs[a], a, F.dev[i]) != CUDA_SUCCESS)
 				d->attrs[a] = 0;
+		/* what vmgpu does not serve, guests are told as a GPU without it tells: no multicast
+		 * objects (cuMulticast* are refused), no fabric handles; frameworks take their fallback
+		 * (NCCL's NVLS, XLA's multicast all-reduce) */
+		d->attrs[CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED] = 0;
+		d->attrs[CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED] = 0;
 		d->pci_domain = d->attrs[CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID];
 		d->pci_bus = d->attrs[CU_DEVICE_ATTRIBUTE_PCI_BUS_ID];
 		d->pci_device = d->attrs[CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID];

@@ -59,6 +59,9 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x42 + d; break;
 	/* VMGPU_SIM_PAGEABLE_ACCESS=1: a GPU whose kernels reach pageable host memory (HMM/ATS) */
 	case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: *pi = sim_pageable_access(); break;
+	/* VMGPU_SIM_NVSWITCH: as on an HGX board, multicast objects and fabric handles */
+	case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+		*pi = sim_hgx(); break;
 	default: *pi = 0; break;
 	}
 	return CUDA_SUCCESS;

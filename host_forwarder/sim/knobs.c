@@ -52,6 +52,12 @@ uint64_t sim_total_mem(void)
 	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 16384) << 20;
 }
 
+int sim_hgx(void)
+{
+	const char *e = getenv("VMGPU_SIM_NVSWITCH");
+	return e && atoi(e) > 0;
+}
+
 int sim_pageable_access(void)
 {
 	return getenv("VMGPU_SIM_PAGEABLE_ACCESS") != NULL;

@@ -65,6 +65,9 @@ int sim_devices(void);
 uint64_t sim_total_mem(void);
 /* VMGPU_SIM_CTX_MIB: what a context holds (default 0). */
 uint64_t sim_ctx_bytes(void);
+/* VMGPU_SIM_NVSWITCH set: an HGX board's GPU, whose driver offers multicast objects and fabric
+ * handles. */
+int sim_hgx(void);
 /* VMGPU_SIM_PAGEABLE_ACCESS: whether kernels reach pageable host memory (HMM/ATS). */
 int sim_pageable_access(void);
 /* VMGPU_SIM_EXIT_AT_MEMSET=N: the process's Nth cuMemsetD8 exits with status 3. */

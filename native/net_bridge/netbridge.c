@@ -71,6 +71,8 @@
 #define TOKEN_HEX 64
 #define RECV_SLICE_NS 20000000ull /* a relay thread looks at its stop flag this often */
 #define MAX_RANGES 64             /* bulk ranges in flight per channel (the guest's copies keep 4) */
+#define MAX_LINKS 256             /* links serve holds at once (each a guest process, or one saying hello) */
+#define MAX_BULK (1ull << 30)     /* the largest bulk area the bridge carries (frames' lengths are 32-bit) */
 
 enum frame_kind {
 	F_HELLO = 1,   /* guest -> host, first: "vmgpu-net 1 PURPOSE TOKEN" */
@@ -128,6 +130,7 @@ struct link {
 	int fd;
 	pthread_mutex_t mu;
 	atomic_int dead;
+	uint64_t deadline_ns; /* nonzero: every read and write must be done by then (the hello) */
 	char why[160];
 };
 
@@ -147,8 +150,13 @@ static int link_io(struct link *l, void *buf, size_t n, bool writing)
 	while (n > 0) {
 		if (atomic_load(&l->dead))
 			return -1;
+		if (l->deadline_ns && vmgpu_now_ns() > l->deadline_ns) {
+			link_fail(l, "the other side did not finish its hello in time");
+			return -1;
+		}
 		pthread_mutex_lock(&l->mu);
 		size_t done = 0;
+		ERR_clear_error(); /* SSL_get_error reads this thread's queue: nothing stale in it */
 		int r = writing ? SSL_write_ex(l->ssl, p, n, &done) : SSL_read_ex(l->ssl, p, n, &done);
 		int e = r ? SSL_ERROR_NONE : SSL_get_error(l->ssl, r);
 		pthread_mutex_unlock(&l->mu);
@@ -205,6 +213,20 @@ static int set_nonblocking(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
 	return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* A peer that vanishes without closing (a machine gone, a cable cut) is noticed in about 30 s,
+ * not after TCP's 15 minutes: its channel and what it holds are given back. */
+static void tcp_liveness(int fd)
+{
+	int on = 1, idle = 10, intvl = 5, cnt = 3;
+	unsigned timeout_ms = 30000;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms);
 }
 
 static void tls_errors(char *out, size_t n)
@@ -434,8 +456,11 @@ static void *serve_up(void *arg)
 			}
 			uint64_t pos;
 			void *ptr;
-			if (vmgpu_gchan_bulk_alloc_dir(s->ch, n.len, n.dir, UINT64_MAX, &pos, &ptr) < 0) {
-				link_fail(&s->l, "the forwarder's channel broke");
+			/* never a wait: the guest allocated after attach saw this much released here */
+			int e = vmgpu_gchan_bulk_alloc_dir(s->ch, n.len, n.dir, 0, &pos, &ptr);
+			if (e < 0) {
+				link_fail(&s->l, e == -EAGAIN ? "a bulk note past what the forwarder released"
+							      : "the forwarder's channel broke");
 				break;
 			}
 			if (pos != n.pos) {
@@ -464,7 +489,11 @@ static void *serve_up(void *arg)
 				link_fail(&s->l, "a request before the bulk bytes it may name");
 				break;
 			}
-			if (vmgpu_gchan_send(s->ch, (uint16_t)f.aux, buf, f.len, UINT64_MAX) < 0) {
+			int e;
+			while ((e = vmgpu_gchan_send(s->ch, (uint16_t)f.aux, buf, f.len, RECV_SLICE_NS)) == -EAGAIN &&
+			       !atomic_load(&s->l.dead))
+				; /* the forwarder is behind: wait for it, in slices, while the link lives */
+			if (e < 0) {
 				link_fail(&s->l, "the forwarder's channel broke");
 				break;
 			}
@@ -586,6 +615,9 @@ static int serve_one(SSL_CTX *ctx, int fd, const struct serve_opts *o, const cha
 	pthread_mutex_init(&s.mu, NULL);
 	struct timeval tv = {10, 0}; /* the handshake and the hello: 10 s, then the relay's own waits */
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	alarm(15); /* and whatever the peer does, this process is gone 15 s on unless it is welcomed */
+	s.l.deadline_ns = vmgpu_now_ns() + 10000000000ull;
 	s.l.ssl = SSL_new(ctx);
 	SSL_set_fd(s.l.ssl, fd);
 	if (SSL_accept(s.l.ssl) != 1) {
@@ -655,6 +687,12 @@ static int serve_one(SSL_CTX *ctx, int fd, const struct serve_opts *o, const cha
 		logf_("refused %s: %s", peer, why);
 		return 1;
 	}
+	if (L->bulk_size > MAX_BULK) {
+		const char *why = "the forwarder's bulk area is larger than this bridge carries";
+		send_frame(&s.l, F_REFUSED, 0, why, (uint32_t)strlen(why), NULL, 0);
+		logf_("guest %s: %s", guest, why);
+		return 1;
+	}
 	s.bulk_size = L->bulk_size;
 	s.max_req = vmgpu_gchan_max_payload(s.ch, 0);
 	s.max_cpl = vmgpu_gchan_max_payload(s.ch, 1);
@@ -663,8 +701,11 @@ static int serve_one(SSL_CTX *ctx, int fd, const struct serve_opts *o, const cha
 	if (send_frame(&s.l, F_WELCOME, 0, welcome, (uint32_t)wl, NULL, 0) < 0)
 		return 1;
 	logf_("%s: guest %s served as channel %u of %s", peer, guest, vmgpu_gchan_index(s.ch), region);
+	alarm(0);
+	s.l.deadline_ns = 0;
 	tv = (struct timeval){0, 0};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 	set_nonblocking(fd);
 	pthread_t up, down;
 	pthread_create(&up, NULL, serve_up, &s);
@@ -718,9 +759,10 @@ static int cmd_serve(const struct serve_opts *o)
 	logf_("listening on %s for the guests in %s", o->listen, o->guests);
 	printf("listening\n");
 	fflush(stdout);
+	unsigned children = 0;
 	while (!stopping) {
 		while (waitpid(-1, NULL, WNOHANG) > 0)
-			;
+			children--;
 		struct pollfd pf = {ls, POLLIN, 0};
 		if (poll(&pf, 1, 200) <= 0)
 			continue;
@@ -734,7 +776,14 @@ static int cmd_serve(const struct serve_opts *o)
 			    NI_NUMERICHOST | NI_NUMERICSERV);
 		char who[100];
 		snprintf(who, sizeof who, "%s:%s", name, port);
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		if (children >= MAX_LINKS) {
+			/* a bound on what peers can make this host hold (a peer that never says hello is
+			 * gone after 15 s); guests' processes past it are refused and try again */
+			logf_("refused %s: %u links already (the most this bridge serves)", who, children);
+			close(fd);
+			continue;
+		}
+		tcp_liveness(fd);
 		pid_t pid = fork();
 		if (pid == 0) {
 			close(ls);
@@ -744,6 +793,8 @@ static int cmd_serve(const struct serve_opts *o)
 		}
 		if (pid < 0)
 			logf_("refused %s: cannot fork: %s", who, strerror(errno));
+		else
+			children++;
 		close(fd);
 	}
 	/* the children's links end with us: each closes its channel, the forwarder reclaims it */
@@ -776,8 +827,8 @@ static SSL *dial(struct attach_opts *o, const char *purpose, int *fdp, void *out
 	struct timeval tv = {10, 0};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	if (fd >= 0)
+		tcp_liveness(fd);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&o->sa, o->salen)) {
 		snprintf(why, whylen, "cannot connect to %s: %s", o->connect, strerror(errno));
 		if (fd >= 0)
@@ -801,7 +852,7 @@ static SSL *dial(struct attach_opts *o, const char *purpose, int *fdp, void *out
 		snprintf(why, whylen, "%s's certificate is not the pinned one (fingerprint %s)", o->connect, fp);
 		goto fail;
 	}
-	struct link l = {.ssl = ssl, .fd = fd};
+	struct link l = {.ssl = ssl, .fd = fd, .deadline_ns = vmgpu_now_ns() + 15000000000ull};
 	pthread_mutex_init(&l.mu, NULL);
 	char hello[256];
 	int hl = snprintf(hello, sizeof hello, "vmgpu-net %d %s %s %s", PROTO_VERSION, purpose, o->guest, o->token);
@@ -843,7 +894,22 @@ struct relay {
 	pthread_t up, down;
 	atomic_int stop, done;
 	bool running;
+	bool fence; /* its link ended and its channel is still to be reclaimed */
 };
+
+/* The region's heartbeat, from a thread of its own: a slow dial or hello never stops it (guests
+ * take a silent host for a dead one). */
+static void *beat_thread(void *arg)
+{
+	struct vmgpu_host *h = arg;
+	while (!stopping) {
+		vmgpu_host_beat(h);
+		vmgpu_host_republish(h);
+		struct timespec ts = {0, 100000000};
+		nanosleep(&ts, NULL);
+	}
+	return NULL;
+}
 
 /* The guest process's records to serve. */
 static void *relay_up(void *arg)
@@ -923,7 +989,13 @@ static void *relay_down(void *arg)
 		if (recv_header(&r->l, &f, cap) < 0 || link_io(&r->l, buf, f.len, false) < 0)
 			break;
 		if (f.kind == F_REC && f.len <= r->max_cpl && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) {
-			if (vmgpu_hchan_send(r->hc, (uint16_t)f.aux, buf, f.len, UINT64_MAX) < 0)
+			/* never a waiting send: a wait checks the owner's liveness, which relay_up alone
+			 * may touch (one thread per channel and side); a full ring is retried instead */
+			int e;
+			while ((e = vmgpu_hchan_send(r->hc, (uint16_t)f.aux, buf, f.len, 0)) == -EAGAIN &&
+			       !atomic_load(&r->stop) && !atomic_load(&r->l.dead))
+				usleep(50);
+			if (e < 0)
 				break;
 		} else if (f.kind == F_BULK) {
 			pthread_mutex_lock(&r->omu);
@@ -1022,7 +1094,8 @@ static int cmd_attach(struct attach_opts *o)
 		die("%s", why);
 	SSL_free(ssl);
 	close(fd);
-	if (gl != sizeof geo || geo.version != PROTO_VERSION || geo.nchannels == 0 || geo.nchannels > 4096)
+	if (gl != sizeof geo || geo.version != PROTO_VERSION || geo.nchannels == 0 || geo.nchannels > 4096 ||
+	    geo.bulk_size > MAX_BULK)
 		die("%s sent a geometry this bridge does not understand", o->connect);
 	struct vmgpu_shm_params p = {geo.nchannels, geo.req_ring_size, geo.cpl_ring_size, VMGPU_WAIT_FUTEX,
 				     geo.bulk_size, geo.heap_block_size};
@@ -1063,14 +1136,11 @@ static int cmd_attach(struct attach_opts *o)
 	      (unsigned long long)L->bulk_size);
 	printf("ready\n");
 	fflush(stdout);
-	uint64_t last_beat = 0;
+	vmgpu_host_beat(h);
+	pthread_t beater;
+	pthread_create(&beater, NULL, beat_thread, h);
 	while (!stopping) {
 		uint64_t now = vmgpu_now_ns();
-		if (now - last_beat > 100000000ull) {
-			vmgpu_host_beat(h);
-			vmgpu_host_republish(h);
-			last_beat = now;
-		}
 		for (uint32_t i = 0; i < L->nchannels; i++) {
 			struct relay *r = &relays[i];
 			if (r->running) {
@@ -1078,23 +1148,31 @@ static int cmd_attach(struct attach_opts *o)
 				 * channel is reclaimed (a guest process that lost its link gets a sticky error) */
 				if (atomic_load(&r->done)) {
 					relay_stop(r);
-					vmgpu_hchan_reclaim(r->hc);
+					r->fence = true;
 				}
+				else
+					continue;
+			}
+			if (r->fence) {
+				/* reclaimed for sure before the channel is looked at again (a reclaim that lost
+				 * a race with the owner's write is tried again) */
+				if (vmgpu_hchan_reclaim(r->hc) == 0 || vmgpu_hchan_poll(r->hc, now) == VMGPU_HC_IDLE)
+					r->fence = false;
 				continue;
 			}
 			int ev = vmgpu_hchan_poll(r->hc, now);
 			if (ev == VMGPU_HC_OPENED) {
 				relay_start(r);
 				if (!r->running)
-					vmgpu_hchan_reclaim(r->hc);
+					r->fence = true;
 			} else if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST) {
-				relay_stop(r);
-				vmgpu_hchan_reclaim(r->hc);
+				r->fence = true;
 			}
 		}
 		struct timespec ts = {0, 1000000};
 		nanosleep(&ts, NULL);
 	}
+	pthread_join(beater, NULL);
 	for (uint32_t i = 0; i < L->nchannels; i++)
 		relay_stop(&relays[i]);
 	vmgpu_host_close(h);

@@ -166,15 +166,34 @@ def test_a_guest_given_one_gpu_of_two_learns_nothing_of_the_other(shm_path, monk
 
 def test_links_to_an_nvswitch_are_shown_as_a_switch_without_its_host_address(shm_path, monkeypatch):
     """On an HGX-like board every link leads to an NVSwitch: the guest is told a switch is there
-    (NCCL then routes its GPUs over NvLink) and given a zeroed address, never the host's."""
+    (NCCL then routes its GPUs over NvLink) and given the address NCCL takes for a switch it
+    cannot see, never the host's (an empty one made NCCL look it up in the guest's sysfs)."""
     monkeypatch.setenv("VMGPU_SIM_DEVICES", "3")
     monkeypatch.setenv("VMGPU_SIM_NVSWITCH", "18")
     with forwarder(shm_path, mem="1G,1G", extra=["--gpus", "0,2"]):
         out, _ = probe(shm_path)
+        attrs = run_guest([sys.executable, "-c", ATTRS], shm_path)
     assert out["p2p"]["0,1"][2] == OK  # NvLink between its GPUs, through the switch
     by_link = {x["link"]: x for x in out["links"][1][:-1]}
     for link in (0, 17):
         assert by_link[link]["state"] == 1
-        assert by_link[link]["remote"] == {"bus_id": "", "bus": 0}
+        assert by_link[link]["remote"] == {"bus_id": "fffffff:ffff:ff", "bus": 0}
         assert by_link[link]["remote_type"] == 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
     assert out["links"][1][-1]["fields"][0] == [0, 18]
+    # the board offers multicast and fabric handles; vmgpu serves neither, so the guest is told
+    # what a GPU without them says, and NCCL and XLA take their fallbacks
+    assert attrs.returncode == 0, attrs.stdout + attrs.stderr
+    assert json.loads(attrs.stdout) == {"multicast": 0, "fabric": 0}
+
+
+ATTRS = """
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+v = ctypes.c_int(-1)
+out = {}
+for name, attr in (("multicast", 132), ("fabric", 128)):
+    assert cu.cuDeviceGetAttribute(ctypes.byref(v), attr, 0) == 0
+    out[name] = v.value
+print(json.dumps(out))
+"""

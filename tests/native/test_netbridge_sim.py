@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import netbridge as nb
-from tests.forwarder import NATIVE, PTX, forwarder, log_text, run_guest
+from tests.forwarder import NATIVE, PTX, forwarder, guest_env, log_text, run_guest
 
 pytestmark = [
     pytest.mark.native,
@@ -187,6 +188,35 @@ HOSTILE = {
         "bulk bytes the guest did not note",
     ),
     "a-release-from-the-guest": ([(nb.F_RELEASE, 1 << 40, b"")], "a frame the guest may not send"),
+    # the whole bulk area noted for the forwarder to fill, then more: past anything released
+    "notes-past-what-was-released": (
+        [
+            (nb.F_REC, nb.REC_BULK_NOTE, _note(0, 4 << 20, nb.FROM_HOST)),
+            (nb.F_REC, nb.REC_BULK_NOTE, _note(4 << 20, 64, nb.FROM_HOST)),
+        ],
+        "a bulk note past what the forwarder released",
+    ),
+    "more-ranges-than-allowed": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(64 * i, 64, nb.FROM_HOST)) for i in range(65)],
+        "more bulk ranges in flight than the protocol allows",
+    ),
+    "note-without-a-direction": ([(nb.F_REC, nb.REC_BULK_NOTE, _note(0, 64, 0))], "a bulk note outside the bulk area"),
+    "note-with-an-unknown-direction": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(0, 64, 4))],
+        "a bulk note outside the bulk area",
+    ),
+    "note-of-no-bytes": ([(nb.F_REC, nb.REC_BULK_NOTE, _note(0, 0, nb.TO_HOST))], "a bulk note outside the bulk area"),
+    "note-not-in-cache-lines": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, _note(0, 100, nb.TO_HOST))],
+        "a bulk note outside the bulk area",
+    ),
+    "note-with-padding-set": (
+        [(nb.F_REC, nb.REC_BULK_NOTE, nb.NOTE.pack(0, 64, nb.TO_HOST, 7))],
+        "a bulk note outside the bulk area",
+    ),
+    "a-short-note": ([(nb.F_REC, nb.REC_BULK_NOTE, b"\x00" * 12)], "a malformed bulk note"),
+    "a-padding-record": ([(nb.F_REC, 0, b"\x00" * 8)], "a frame the guest may not send"),
+    "a-second-hello": ([(nb.F_HELLO, 0, b"vmgpu-net 1 channel x y")], "a frame the guest may not send"),
     "a-transport-record": ([(nb.F_REC, 0xFF07, b"\x00" * 8)], "a frame the guest may not send"),
 }
 
@@ -243,7 +273,7 @@ def test_a_lost_link_is_a_sticky_error_for_the_guest_process_not_a_hang(bridge):
     bridge.start_attach()
     p = subprocess.Popen(
         [str(NATIVE / "hold"), "8"],
-        env=__import__("tests.forwarder", fromlist=["guest_env"]).guest_env(bridge.region),
+        env=guest_env(bridge.region),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -267,3 +297,51 @@ def test_a_lost_link_is_a_sticky_error_for_the_guest_process_not_a_hang(bridge):
     assert _logged(bridge.attach_log, "link closed")
     # the forwarder saw its channel's owner (serve's child) end, and serves the next one
     assert bridge.fwd.proc.poll() is None
+
+
+def test_a_peer_that_stops_after_the_handshake_is_dropped_and_holds_nothing(bridge):
+    """TLS done, then silence (or half a frame header): its process is gone within the hello's
+    bound, and serve serves the next peer."""
+    peers = []
+    for partial in (b"", nb.FRAME.pack(nb.F_HELLO, 40, 0)[:7]):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        s = ctx.wrap_socket(socket.create_connection(bridge.addr, timeout=30))
+        s.sendall(partial)
+        peers.append(s)
+    for s in peers:
+        s.settimeout(30)
+        try:
+            assert s.recv(1) == b""  # closed by serve
+        except OSError:
+            pass
+        s.close()
+    assert _logged(bridge.serve_log, "no hello", timeout=30)
+    bridge.start_attach()
+    assert run_guest([NATIVE / "vecadd_ptx", 4096], bridge.region).returncode == 0
+
+
+def test_serve_holds_a_bounded_number_of_links_and_recovers(bridge):
+    idle = [socket.create_connection(bridge.addr, timeout=10) for _ in range(260)]
+    try:
+        assert _logged(bridge.serve_log, "links already (the most this bridge serves)", timeout=30)
+    finally:
+        for c in idle:
+            c.close()
+    # the idle ones gone, a guest is served again
+    deadline = time.monotonic() + 30
+    while True:
+        bridge.attach_log.write_text("")
+        p = bridge.try_attach(bridge.fingerprint, bridge.token_file)
+        try:
+            ok = _logged(bridge.attach_log, "the GPU is at", timeout=15)
+        finally:
+            if not ok:
+                nb.stop(p)
+                bridge.region.unlink(missing_ok=True)
+        if ok:
+            bridge.attach = p
+            break
+        assert time.monotonic() < deadline, bridge.serve_log.read_text()[-2000:]
+    assert run_guest([NATIVE / "vecadd_ptx", 4096], bridge.region).returncode == 0
