@@ -895,6 +895,7 @@ struct relay {
 	atomic_int stop, done;
 	bool running;
 	bool fence; /* its link ended and its channel is still to be reclaimed */
+	uint64_t records, writes; /* relay_up's: records sent, writes they took (batching) */
 };
 
 /* The region's heartbeat, from a thread of its own: a slow dial or hello never stops it (guests
@@ -911,16 +912,56 @@ static void *beat_thread(void *arg)
 	return NULL;
 }
 
+/* Frames to serve gathered into one write (a TLS record, a TCP segment or a few) while the
+ * guest keeps its ring busy: a run of launches crosses together.  Sent as soon as the ring is
+ * empty, so a call that waits for its answer is never held back. */
+#define BATCH_BYTES (64u << 10)
+
+struct batch {
+	uint8_t *buf;
+	size_t len, cap;
+};
+
+static int batch_flush(struct relay *r, struct batch *b)
+{
+	if (!b->len)
+		return 0;
+	int e = link_io(&r->l, b->buf, b->len, true);
+	b->len = 0;
+	r->writes++;
+	return e;
+}
+
+static int batch_frame(struct relay *r, struct batch *b, uint32_t kind, uint64_t aux, const void *p, uint32_t n)
+{
+	if (b->len + sizeof(struct frame) + n > b->cap && batch_flush(r, b) < 0)
+		return -1;
+	struct frame f = {kind, n, aux};
+	memcpy(b->buf + b->len, &f, sizeof f);
+	memcpy(b->buf + b->len + sizeof f, p, n);
+	b->len += sizeof f + n;
+	r->records++;
+	return b->len >= BATCH_BYTES ? batch_flush(r, b) : 0;
+}
+
 /* The guest process's records to serve. */
 static void *relay_up(void *arg)
 {
 	struct relay *r = arg;
 	uint8_t *buf = malloc(r->max_req);
+	struct batch b = {malloc(BATCH_BYTES + sizeof(struct frame) + r->max_req), 0,
+			  BATCH_BYTES + sizeof(struct frame) + r->max_req};
 	const char *why = "the guest process's channel ended";
-	while (buf && !atomic_load(&r->stop) && !atomic_load(&r->l.dead)) {
+	while (buf && b.buf && !atomic_load(&r->stop) && !atomic_load(&r->l.dead)) {
 		uint16_t type;
-		int n = vmgpu_hchan_recv(r->hc, buf, r->max_req, &type, RECV_SLICE_NS);
+		/* more records at once while some are gathered; a wait only with nothing gathered */
+		int n = vmgpu_hchan_recv(r->hc, buf, r->max_req, &type, b.len ? 0 : RECV_SLICE_NS);
 		if (n == -ETIMEDOUT || n == -EAGAIN) {
+			if (b.len) {
+				if (batch_flush(r, &b) < 0)
+					break;
+				continue;
+			}
 			/* this thread alone looks at the channel's owner while it is relayed */
 			int ev = vmgpu_hchan_poll(r->hc, vmgpu_now_ns());
 			if (ev == VMGPU_HC_SERVING)
@@ -948,8 +989,11 @@ static void *relay_up(void *arg)
 				why = "the guest process has more bulk ranges in flight than the protocol allows";
 				break;
 			}
-		} else {
-			/* the bytes the guest wrote go first: the request may name them */
+		} else if (ranges_front(&r->in)) {
+			/* the bytes the guest wrote go first: the request may name them (after what is
+			 * gathered, which came before them) */
+			if (batch_flush(r, &b) < 0)
+				break;
 			struct range *g;
 			while ((g = ranges_front(&r->in))) {
 				void *p = vmgpu_hchan_bulk(r->hc, g->pos, g->len);
@@ -962,17 +1006,18 @@ static void *relay_up(void *arg)
 				ranges_pop(&r->in);
 			}
 		}
-		if (send_frame(&r->l, F_REC, type, buf, (uint32_t)n, NULL, 0) < 0)
+		if (batch_frame(r, &b, F_REC, type, buf, (uint32_t)n) < 0)
 			break;
 	}
 out:
 	free(buf);
-	if (atomic_load(&r->stop) == 0 && strstr(why, "closed its channel")) {
-		/* an orderly end: serve sees the link closed, not broken */
-		pthread_mutex_lock(&r->l.mu);
-		SSL_shutdown(r->l.ssl);
-		pthread_mutex_unlock(&r->l.mu);
-	}
+	free(b.buf);
+	pthread_mutex_lock(&r->l.mu);
+	if (!r->l.why[0]) /* the reason, before the other side can answer with one of its own */
+		snprintf(r->l.why, sizeof r->l.why, "%s", why);
+	if (atomic_load(&r->stop) == 0 && strstr(why, "closed its channel"))
+		SSL_shutdown(r->l.ssl); /* an orderly end: serve sees the link closed, not broken */
+	pthread_mutex_unlock(&r->l.mu);
 	link_fail(&r->l, why);
 	atomic_store(&r->done, 1);
 	return NULL;
@@ -1032,6 +1077,7 @@ static void relay_start(struct relay *r)
 	pthread_mutex_init(&r->l.mu, NULL);
 	r->in = (struct ranges){0};
 	r->out = (struct ranges){0};
+	r->records = r->writes = 0;
 	atomic_store(&r->stop, 0);
 	atomic_store(&r->done, 0);
 	if (!ssl) {
@@ -1062,7 +1108,8 @@ static void relay_stop(struct relay *r)
 	pthread_join(r->up, NULL);
 	pthread_join(r->down, NULL);
 	if (r->l.why[0])
-		logf_("channel %u: link closed (%s)", r->idx, r->l.why);
+		logf_("channel %u: link closed (%s); %llu records in %llu writes", r->idx, r->l.why,
+		      (unsigned long long)r->records, (unsigned long long)r->writes);
 	SSL_free(r->l.ssl);
 	close(r->l.fd);
 	r->running = false;

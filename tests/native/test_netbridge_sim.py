@@ -5,6 +5,7 @@ forwarder or the next guest process.  (tests/pool runs the same across network n
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import ssl
@@ -112,6 +113,11 @@ def test_unchanged_programs_run_through_a_forwarder_across_the_bridge(bridge):
         assert time.monotonic() < deadline, bridge.serve_log.read_text()
         time.sleep(0.05)
     assert bridge.serve_log.read_text().count(f"guest {GUEST} served as channel") == 2
+    # records the guest sent back to back (its async calls) crossed several to a write
+    counts = [
+        (int(m[0]), int(m[1])) for m in re.findall(r"(\d+) records in (\d+) writes", bridge.attach_log.read_text())
+    ]
+    assert len(counts) == 2 and counts[0][1] < counts[0][0], counts
     assert "SIMULATED" in log_text(bridge.fwd)
 
 
