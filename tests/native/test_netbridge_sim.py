@@ -9,7 +9,9 @@ import re
 import signal
 import socket
 import ssl
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -351,3 +353,122 @@ def test_serve_holds_a_bounded_number_of_links_and_recovers(bridge):
             break
         assert time.monotonic() < deadline, bridge.serve_log.read_text()[-2000:]
     assert run_guest([NATIVE / "vecadd_ptx", 4096], bridge.region).returncode == 0
+
+
+# ---- a hostile serve: what attach, on the guest's machine, does with frames it must not take ----
+
+GEOMETRY = struct.Struct("<IIIIIIQQ")
+
+
+class FakeServe:
+    """A TLS server with serve's certificate that welcomes attach and then sends what a test
+    gives it on each channel link."""
+
+    def __init__(self, tmp: Path, geometry: bytes, on_channel):
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(tmp / "cert.pem", tmp / "key.pem")
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.geometry, self.on_channel = geometry, on_channel
+        self.links = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw) -> None:
+        try:
+            s = self.ctx.wrap_socket(raw, server_side=True)
+            head = _read(s, nb.FRAME.size)
+            kind, n, _ = nb.FRAME.unpack(head)
+            purpose = _read(s, n).split()[2]
+            if purpose == b"geometry":
+                s.sendall(nb.FRAME.pack(nb.F_WELCOME, len(self.geometry), 0) + self.geometry)
+                s.close()
+                return
+            s.sendall(nb.FRAME.pack(nb.F_WELCOME, 9, 0) + b"channel 0")
+            self.links += 1
+            self.on_channel(s)
+        except (OSError, ssl.SSLError, ConnectionError):
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _read(s, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+def _honest_geometry(bulk: int = 4 << 20) -> bytes:
+    return GEOMETRY.pack(1, 16, 256 << 10, 64 << 10, 1, 0, bulk, 64 << 10)
+
+
+@pytest.fixture
+def secrets_dir(tmp_path):
+    fp, token, _ = nb.secrets_in(tmp_path)
+    return tmp_path, fp, token
+
+
+def test_attach_refuses_a_geometry_it_cannot_carry(secrets_dir, shm_path):
+    tmp, fp, token = secrets_dir
+    for geometry, why in (
+        (_honest_geometry(bulk=4 << 30), "sent a geometry this bridge does not understand"),
+        (GEOMETRY.pack(1, 0, 256 << 10, 64 << 10, 1, 0, 4 << 20, 64 << 10), "does not understand"),
+        (b"\x01" * 7, "does not understand"),
+    ):
+        fake = FakeServe(tmp, geometry, lambda s: None)
+        log = tmp / "attach.log"
+        log.write_text("")
+        p = nb.attach(shm_path, f"127.0.0.1:{fake.port}", GUEST, fp, token, log, wait=False)
+        assert p.wait(timeout=20) == 2 and why in log.read_text(), log.read_text()
+        assert not shm_path.exists()
+        fake.close()
+
+
+# what a hostile serve sends on a link, and what attach says
+HOSTILE_SERVE = {
+    "bytes-for-no-range": (nb.F_BULK, 0, b"\x07" * 64, "bulk bytes for a range the guest did not ask to be filled"),
+    "a-transport-record": (nb.F_REC, nb.REC_BULK_NOTE, b"\x00" * 24, "a frame serve may not send"),
+    "a-hello": (nb.F_HELLO, 0, b"x", "a frame serve may not send"),
+    "a-release-with-bytes": (nb.F_RELEASE, 64, b"\x00" * 8, "a frame serve may not send"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_SERVE))
+def test_a_hostile_serve_loses_the_guest_process_its_link_and_nothing_else(secrets_dir, shm_path, case):
+    kind, aux, payload, why = HOSTILE_SERVE[case]
+    tmp, fp, token = secrets_dir
+
+    def on_channel(s):
+        s.sendall(nb.FRAME.pack(kind, len(payload), aux) + payload)
+        time.sleep(5)
+
+    fake = FakeServe(tmp, _honest_geometry(), on_channel)
+    log = tmp / "attach.log"
+    attach = nb.attach(shm_path, f"127.0.0.1:{fake.port}", GUEST, fp, token, log)
+    try:
+        # a guest process's first call crosses; the answer is the hostile frame
+        r = run_guest([NATIVE / "hold", "0"], shm_path, timeout=60)
+        assert r.returncode != 0 and "free" not in r.stdout, r.stdout + r.stderr
+        assert _logged(log, why), log.read_text()
+        # attach and its region are whole: the next process gets a link of its own
+        assert attach.poll() is None and shm_path.exists()
+        before = fake.links
+        run_guest([NATIVE / "hold", "0"], shm_path, timeout=60)
+        assert fake.links == before + 1
+    finally:
+        nb.stop(attach)
+        fake.close()
+    assert not shm_path.exists()
