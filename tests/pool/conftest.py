@@ -21,6 +21,7 @@ ETCD = {"e1": 11, "e2": 12, "e3": 13}
 HOSTS = {"ha": 21, "hb": 22}
 GUEST_NS = "g"
 TTL_S = 2
+TLS_ENV = ("VMGPU_POOL_CA", "VMGPU_POOL_CERT", "VMGPU_POOL_KEY")
 VMGPU = [sys.executable, "-m", "vmgpu.cli.main"]
 
 
@@ -28,6 +29,8 @@ def pytest_collection_modifyitems(config, items):
     why = None
     if os.geteuid() != 0:
         why = "needs root: the pool's tests make network namespaces and veth pairs"
+    elif shutil.which("openssl") is None:
+        why = "no openssl command (the lab's TLS certificates): apt-get install openssl"
     elif shutil.which("etcd") is None:
         why = "no etcd binary: apt-get install etcd-server (CI's .ci/run installs it)"
     elif not (Path(__file__).resolve().parents[2] / "build" / "native" / "vmgpu-netbridge").exists():
@@ -62,13 +65,60 @@ class Lab:
         self.tag = f"vp{os.getpid() % 100000}"
         self.namespaces: list[str] = []
         self.procs: dict[str, subprocess.Popen] = {}
-        self.url = "etcd://" + ",".join(f"{SUBNET}.{n}:2379" for n in ETCD.values())
+        # the members speak TLS and ask every client for its certificate (etcds://)
+        self.url = "etcds://" + ",".join(f"{SUBNET}.{n}:2379" for n in ETCD.values())
+        self.saved_env = {k: os.environ.get(k) for k in TLS_ENV}
 
     def ns(self, name: str) -> str:
         return f"{self.tag}-{name}"
 
     def address(self, name: str) -> str:
         return f"{SUBNET}.{({**ETCD, **HOSTS, GUEST_NS: 30})[name]}"
+
+    # ---- TLS: a CA, the members' certificate, the clients' ---------------------------------
+    def certificates(self) -> None:
+        d = self.tmp / "tls"
+        d.mkdir(mode=0o700)
+
+        def ossl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+        ossl(
+            "req", "-x509", *ec, "-days", "2", "-subj", "/CN=vmgpu-pool-test-ca", "-keyout", "ca.key", "-out", "ca.pem"
+        )
+        sans = ",".join(f"IP:{self.address(n)}" for n in ETCD)
+        for name, ext in (
+            (
+                "server",
+                f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n",
+            ),  # its gateway is a client too
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ):
+            ossl("req", *ec, "-subj", f"/CN=vmgpu-pool-{name}", "-keyout", f"{name}.key", "-out", f"{name}.csr")
+            (d / f"{name}.ext").write_text(ext)
+            ossl(
+                "x509",
+                "-req",
+                "-in",
+                f"{name}.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                f"{name}.ext",
+                "-out",
+                f"{name}.pem",
+            )
+            (d / f"{name}.key").chmod(0o600)
+        self.tls = d
+        os.environ.update(
+            VMGPU_POOL_CA=str(d / "ca.pem"), VMGPU_POOL_CERT=str(d / "client.pem"), VMGPU_POOL_KEY=str(d / "client.key")
+        )
 
     # ---- the network ------------------------------------------------------------------------
     def build(self) -> None:
@@ -161,8 +211,12 @@ class Lab:
                 f"--data-dir={self.tmp / name}",
                 f"--listen-peer-urls=http://{a}:2380",
                 f"--initial-advertise-peer-urls=http://{a}:2380",
-                f"--listen-client-urls=http://{a}:2379",
-                f"--advertise-client-urls=http://{a}:2379",
+                f"--listen-client-urls=https://{a}:2379",
+                f"--advertise-client-urls=https://{a}:2379",
+                f"--cert-file={self.tls / 'server.pem'}",
+                f"--key-file={self.tls / 'server.key'}",
+                f"--trusted-ca-file={self.tls / 'ca.pem'}",
+                "--client-cert-auth",
                 f"--initial-cluster={cluster}",
                 f"--initial-cluster-state={state}",
                 "--initial-cluster-token=vmgpu-pool-test",
@@ -210,6 +264,11 @@ class Lab:
     def close(self) -> None:
         for key in list(self.procs):
             self.stop(key)
+        for k, v in self.saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         # what hosts killed on purpose left: their guests' regions (their forwarders ended with them)
         for host in HOSTS:
             for region in Path("/dev/shm").glob(f"vmgpu-pool-{host}-*"):
@@ -227,6 +286,7 @@ def lab(tmp_path_factory):
     in its own namespace, and a guest namespace; the hosts' GPUs: 2 x 16 GiB each."""
     lab = Lab(tmp_path_factory.mktemp("pool"))
     try:
+        lab.certificates()
         lab.build()
         for name in ETCD:
             lab.start_etcd(name)

@@ -334,3 +334,23 @@ def test_an_etcd_member_dying_does_not_stop_admission(lab):
     lab.wait_for("a renewal through e2/e3", lambda: all(h["lease_left_s"] > 0 for h in lab.status()["hosts"]))
     assert sorted(h["host"] for h in lab.status()["hosts"]) == ["ha", "hb"]
     _release(lab, "survivor")
+
+
+def test_the_pool_speaks_tls_and_a_client_without_its_certificate_gets_nothing(lab):
+    """The members ask every client for a certificate signed by the pool's CA (etcds://,
+    VMGPU_POOL_CA/CERT/KEY); a client without one, one that speaks plain HTTP to them, one that
+    trusts another CA, and one whose key others can read get nothing."""
+    assert lab.run(GUEST_NS, "pool", "status", "--pool", lab.url).returncode == 0
+    no_cert = lab.run(GUEST_NS, "pool", "status", "--pool", lab.url, env={"VMGPU_POOL_CERT": "", "VMGPU_POOL_KEY": ""})
+    assert no_cert.returncode == 14 and "no etcd member answers" in no_cert.stderr, no_cert.stderr
+    plain = lab.run(GUEST_NS, "pool", "status", "--pool", lab.url.replace("etcds://", "etcd://"))
+    assert plain.returncode == 14, plain.stderr
+    other_ca = lab.run(
+        GUEST_NS, "pool", "status", "--pool", lab.url, env={"VMGPU_POOL_CA": str(lab.tls / "client.pem")}
+    )
+    assert other_ca.returncode == 14 and "CERTIFICATE_VERIFY_FAILED" in other_ca.stderr, other_ca.stderr
+    open_key = lab.tmp / "open.key"
+    open_key.write_bytes((lab.tls / "client.key").read_bytes())
+    open_key.chmod(0o644)
+    r = lab.run(GUEST_NS, "pool", "status", "--pool", lab.url, env={"VMGPU_POOL_KEY": str(open_key)})
+    assert r.returncode != 0 and "only it can read" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -12,7 +12,7 @@ import pytest
 from vmgpu.errors import InvalidArgument, LedgerError, SpecError
 from vmgpu.pool import admission
 from vmgpu.pool.records import GpuRecord, GuestRecord, HostRecord, RecordError, SliceRecord, load_all
-from vmgpu.pool.store import Entry, Store, parse_url
+from vmgpu.pool.store import Entry, Store, parse_url, tls_settings
 
 GPU = {
     "uuid": "GPU-1",
@@ -41,6 +41,24 @@ def test_a_pool_is_named_by_its_etcd_members():
     ):
         with pytest.raises(InvalidArgument):
             parse_url(bad)
+    assert parse_url("etcds://10.0.0.1:2379") == [("10.0.0.1", 2379)]  # TLS
+
+
+def test_an_etcds_pools_tls_comes_from_the_environment_and_a_readable_key_is_refused(tmp_path):
+    cert, key, ca = tmp_path / "c.pem", tmp_path / "c.key", tmp_path / "ca.pem"
+    for f in (cert, key, ca):
+        f.write_text("x")
+    key.chmod(0o600)
+    full = {"VMGPU_POOL_CA": str(ca), "VMGPU_POOL_CERT": str(cert), "VMGPU_POOL_KEY": str(key)}
+    assert tls_settings(full) == {"ca_cert": str(ca), "cert_cert": str(cert), "cert_key": str(key)}
+    assert tls_settings({}) == {"ca_cert": None, "cert_cert": None, "cert_key": None}
+    with pytest.raises(InvalidArgument, match="both VMGPU_POOL_CERT and VMGPU_POOL_KEY"):
+        tls_settings({"VMGPU_POOL_CERT": str(cert)})
+    key.chmod(0o640)
+    with pytest.raises(InvalidArgument, match="only it can read"):
+        tls_settings(full)
+    with pytest.raises(InvalidArgument, match="no such file"):
+        tls_settings({"VMGPU_POOL_CA": str(tmp_path / "missing.pem")})
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ POOL = click.option(
     "pool_url",
     envvar="VMGPU_POOL",
     required=True,
-    help="The pool's etcd members: etcd://HOST:PORT[,HOST:PORT...].  [env: VMGPU_POOL]",
+    help="The pool's etcd members: etcd://HOST:PORT[,HOST:PORT...] (etcds:// for TLS: VMGPU_POOL_CA, "
+    "VMGPU_POOL_CERT, VMGPU_POOL_KEY).  [env: VMGPU_POOL]",
 )
 
 

@@ -1,5 +1,6 @@
 """The pool's etcd: the one module that talks to it (through etcd3gw, etcd's v3 JSON gateway
-client).  A pool is named by its members, `etcd://host:port[,host:port...]`; a request goes to the
+client).  A pool is named by its members, `etcd://host:port[,host:port...]` (or `etcds://...`:
+TLS, see tls_settings); a request goes to the
 member that answered last and, where it cannot be reached or has no quorum, to the next, so one
 member down does not stop the pool while a quorum of them is up.
 
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 
 import etcd3gw
+import requests
 from etcd3gw import exceptions as etcd_errors
 
 from vmgpu.errors import InvalidArgument, LedgerError
@@ -31,6 +35,7 @@ GPUS = PREFIX + "gpus/"
 SLICES = PREFIX + "slices/"
 GUESTS = PREFIX + "guests/"
 SCHEME = "etcd://"
+TLS_SCHEME = "etcds://"
 _ENDPOINT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})$", re.ASCII)
 # failures after which the next member is asked: it is unreachable, too slow, or has no quorum
 _NEXT_MEMBER = (
@@ -38,6 +43,15 @@ _NEXT_MEMBER = (
     etcd_errors.ConnectionTimeoutError,
     etcd_errors.InternalServerError,
 )
+
+
+def _tls_reason(e: Exception) -> str:
+    """What TLS said, where it refused (a certificate not trusted, none given)."""
+    text = str(getattr(e, "detail_text", "") or e)
+    for said in ("CERTIFICATE_VERIFY_FAILED", "certificate required", "bad certificate", "wrong version number"):
+        if said.lower() in text.lower():
+            return f" (TLS: {said})"
+    return ""
 
 
 def _b64(text: str | bytes) -> str:
@@ -49,11 +63,12 @@ def _unb64(text: str) -> bytes:
 
 
 def parse_url(url: str) -> list[tuple[str, int]]:
-    """The members of `etcd://host:port[,host:port...]`; InvalidArgument naming what is wrong."""
-    if not url.startswith(SCHEME):
-        raise InvalidArgument(f"pool {url[:80]!r} is not etcd://HOST:PORT[,HOST:PORT...]")
+    """The members of `etcd[s]://host:port[,host:port...]`; InvalidArgument naming what is wrong."""
+    scheme = next((x for x in (SCHEME, TLS_SCHEME) if url.startswith(x)), None)
+    if scheme is None:
+        raise InvalidArgument(f"pool {url[:80]!r} is not etcd://HOST:PORT[,HOST:PORT...] (etcds:// for TLS)")
     members = []
-    for item in url[len(SCHEME) :].split(","):
+    for item in url[len(scheme) :].split(","):
         m = _ENDPOINT.match(item.strip())
         if not m or not 0 < int(m["port"]) < 65536:
             raise InvalidArgument(f"pool {url[:80]!r}: {item[:60]!r} is not HOST:PORT")
@@ -74,14 +89,57 @@ class Entry:
         return json.loads(self.value)
 
 
+def _private_file(path: str, what: str) -> str:
+    """path, a regular file of this user's that no one else can read (a key)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InvalidArgument(f"{what} {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise InvalidArgument(f"{what} {path} must be a regular file of this user's that only it can read (chmod 600)")
+    return path
+
+
+def tls_settings(env: dict | None = None) -> dict:
+    """An etcds:// pool's TLS, from the environment (so a service sets it once, as VMGPU_POOL):
+    VMGPU_POOL_CA, the certificate authority that signed the members' certificates (else the
+    system's); VMGPU_POOL_CERT and VMGPU_POOL_KEY, this machine's client certificate and key,
+    for members that ask for one (etcd --client-cert-auth)."""
+    env = os.environ if env is None else env
+    ca, cert, key = (env.get(f"VMGPU_POOL_{k}") or None for k in ("CA", "CERT", "KEY"))
+    if bool(cert) != bool(key):
+        raise InvalidArgument(
+            "give both VMGPU_POOL_CERT and VMGPU_POOL_KEY (a client certificate and its key), or neither"
+        )
+    if ca and not os.path.isfile(ca):
+        raise InvalidArgument(f"VMGPU_POOL_CA {ca}: no such file")
+    if cert and not os.path.isfile(cert):
+        raise InvalidArgument(f"VMGPU_POOL_CERT {cert}: no such file")
+    return {"ca_cert": ca, "cert_cert": cert, "cert_key": _private_file(key, "VMGPU_POOL_KEY") if key else None}
+
+
+def _tls_session(tls: dict) -> requests.Session:
+    """A session that trusts the pool's CA and presents this machine's certificate.  With a CA
+    given, the environment's (REQUESTS_CA_BUNDLE, proxies) is not consulted: requests lets it
+    override a session's own CA, which would trust the system's authorities instead."""
+    session = requests.Session()
+    if tls["ca_cert"]:
+        session.trust_env = False
+        session.verify = tls["ca_cert"]
+    if tls["cert_cert"]:
+        session.cert = (tls["cert_cert"], tls["cert_key"])
+    return session
+
+
 class Store:
     """The pool's etcd members, one request at a time (one client per thread)."""
 
     def __init__(self, url: str, timeout_s: float = 2.0):
         self.url = url
         self.members = parse_url(url)
+        tls = {"protocol": "https", "session": _tls_session(tls_settings())} if url.startswith(TLS_SCHEME) else {}
         # etcd >= 3.4 (Debian 12 ships 3.4.23) serves the gateway at /v3/: no discovery round trip
-        self._clients = [etcd3gw.Etcd3Client(h, p, timeout=timeout_s, api_path="/v3/") for h, p in self.members]
+        self._clients = [etcd3gw.Etcd3Client(h, p, timeout=timeout_s, api_path="/v3/", **tls) for h, p in self.members]
         self._current = 0
 
     def _post(self, path: str, body: dict) -> dict:
@@ -93,7 +151,7 @@ class Store:
             try:
                 answer = client.post(client.get_url(path), json=body)
             except _NEXT_MEMBER as e:
-                failures.append(f"{client.host}:{client.port}: {type(e).__name__}")
+                failures.append(f"{client.host}:{client.port}: {type(e).__name__}{_tls_reason(e)}")
                 continue
             except etcd_errors.Etcd3Exception as e:
                 raise LedgerError(f"pool {self.url}: {path} refused: {str(e.detail_text)[:200]}") from None
@@ -173,5 +231,5 @@ class Store:
                 st = c.status()
                 out.append((f"{c.host}:{c.port}", f"etcd {st.get('version', '?')}, leader {st.get('leader', '?')}"))
             except etcd_errors.Etcd3Exception as e:
-                out.append((f"{c.host}:{c.port}", f"down: {type(e).__name__}"))
+                out.append((f"{c.host}:{c.port}", f"down: {type(e).__name__}{_tls_reason(e)}"))
         return out
