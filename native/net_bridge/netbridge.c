@@ -296,11 +296,38 @@ static int parse_size(const char *s, uint64_t *out)
 	return 0;
 }
 
-static int hex_of(const unsigned char *md, unsigned n, char *out)
+static void hex_of(const unsigned char *md, unsigned n, char *out)
 {
 	for (unsigned i = 0; i < n; i++)
 		sprintf(out + 2 * i, "%02x", md[i]);
-	return (int)(2 * n);
+}
+
+/* A token, a token's SHA-256 or a certificate's fingerprint: 64 lowercase hexadecimal digits. */
+static bool is_hex64(const char *s)
+{
+	return strlen(s) == 64 && strspn(s, "0123456789abcdef") == 64;
+}
+
+/* path opened never through a link, only if it is a regular file of ours with none of the
+ * `others` mode bits; -1 otherwise (with *st filled where it is one). */
+static int open_ours(const char *path, int flags, mode_t others, struct stat *st)
+{
+	int fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, st) || !S_ISREG(st->st_mode) || st->st_uid != geteuid() || (st->st_mode & others)) {
+		close(fd);
+		errno = EPERM;
+		return -1;
+	}
+	return fd;
+}
+
+/* A directory of ours that no one else can write (not a link). */
+static bool dir_ours(const char *dir)
+{
+	struct stat st;
+	return !lstat(dir, &st) && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 022);
 }
 
 static void sha256_hex(const void *data, size_t n, char out[65])
@@ -314,18 +341,19 @@ static void sha256_hex(const void *data, size_t n, char out[65])
 /* A token file: 64 hexadecimal characters (and a newline), owned by us, not readable by others. */
 static void read_token(const char *path, char token[TOKEN_HEX + 1])
 {
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	int fd = open_ours(path, O_RDONLY, 077, &st);
+	if (fd < 0 && errno == EPERM)
+		die("--token-file %s must be a regular file of yours that only you can read (chmod 600)", path);
 	if (fd < 0)
 		die("--token-file %s: %s", path, strerror(errno));
-	struct stat st;
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
-		die("--token-file %s must be a regular file of yours that only you can read (chmod 600)", path);
-	char buf[TOKEN_HEX + 2];
-	ssize_t n = read(fd, buf, sizeof buf);
+	char buf[TOKEN_HEX + 3];
+	ssize_t n = read(fd, buf, TOKEN_HEX + 2);
 	close(fd);
 	if (n == TOKEN_HEX + 1 && buf[TOKEN_HEX] == '\n')
 		n = TOKEN_HEX;
-	if (n != TOKEN_HEX || strspn(buf, "0123456789abcdef") < TOKEN_HEX)
+	buf[n < 0 ? 0 : n] = 0; /* what is checked ends where what was read ends */
+	if (!is_hex64(buf))
 		die("--token-file %s does not hold a token (64 lowercase hexadecimal characters)", path);
 	memcpy(token, buf, TOKEN_HEX);
 	token[TOKEN_HEX] = 0;
@@ -353,8 +381,7 @@ static void cert_fingerprint(X509 *x, char out[65])
 
 static int cmd_cert(const char *dir)
 {
-	struct stat st;
-	if (lstat(dir, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+	if (!dir_ours(dir))
 		die("cert: %s must be a directory of yours that no one else can write", dir);
 	EVP_PKEY *key = EVP_EC_gen("P-256");
 	X509 *x = X509_new();
@@ -430,7 +457,6 @@ struct served {
 	struct ranges out;   /* the forwarder writes these; sent back once it released them */
 	struct ranges in;    /* the guest's bytes owed before its next request */
 	uint64_t released;   /* last release sent */
-	uint64_t next_pos;   /* the guest's next allocation must be here or at the next wrap */
 };
 
 /* The guest's frames into the forwarder's region. */
@@ -571,22 +597,19 @@ static int guest_entry(const char *dir, const char *guest, char *region, size_t 
 {
 	char path[4096];
 	snprintf(path, sizeof path, "%s/%s", dir, guest);
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	int fd = open_ours(path, O_RDONLY, 022, &st);
 	if (fd < 0)
 		return -1;
-	struct stat st;
 	char buf[4200];
-	ssize_t n = -1;
-	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 022))
-		n = read(fd, buf, sizeof buf - 1);
+	ssize_t n = read(fd, buf, sizeof buf - 1);
 	close(fd);
 	if (n <= 0)
 		return -1;
 	buf[n] = 0;
 	char fmt[32];
 	snprintf(fmt, sizeof fmt, "%%%zus %%64s", rlen - 1);
-	if (sscanf(buf, fmt, region, sha) != 2 || strlen(sha) != 64 || strspn(sha, "0123456789abcdef") != 64 ||
-	    region[0] != '/')
+	if (sscanf(buf, fmt, region, sha) != 2 || !is_hex64(sha) || region[0] != '/')
 		return -1;
 	return 0;
 }
@@ -594,10 +617,10 @@ static int guest_entry(const char *dir, const char *guest, char *region, size_t 
 /* The guest's region, as its forwarder made it (ours, a regular file, never through a link). */
 static void *map_region(const char *path, uint64_t *size)
 {
-	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	struct stat st;
+	int fd = open_ours(path, O_RDWR, 0, &st);
 	void *base = MAP_FAILED;
-	if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_size >= 4096)
+	if (fd >= 0 && st.st_size >= 4096)
 		base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (fd >= 0)
 		close(fd);
@@ -730,8 +753,7 @@ static int cmd_serve(const struct serve_opts *o)
 {
 	if (!o->listen || !o->guests || !o->certdir)
 		die("serve needs --listen, --guests and --cert");
-	struct stat st;
-	if (lstat(o->guests, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+	if (!dir_ours(o->guests))
 		die("--guests %s must be a directory of yours that no one else can write", o->guests);
 	struct sockaddr_storage sa;
 	socklen_t salen;
@@ -1121,7 +1143,7 @@ static int cmd_attach(struct attach_opts *o)
 		die("attach needs --connect, --guest, --region, --size, --fingerprint and --token-file");
 	if (!guest_name_ok(o->guest))
 		die("--guest %s is not a guest name (1-64 of A-Z a-z 0-9 . _ -)", o->guest);
-	if (strlen(o->fingerprint) != 64 || strspn(o->fingerprint, "0123456789abcdef") != 64)
+	if (!is_hex64(o->fingerprint))
 		die("--fingerprint must be the 64 lowercase hexadecimal characters `%s cert` printed", prog);
 	if (parse_hostport(o->connect, &o->sa, &o->salen))
 		die("--connect %s is not ADDRESS:PORT (a numeric address)", o->connect);

@@ -158,6 +158,16 @@ def test_a_token_file_others_can_read_is_refused(bridge):
     assert "that only you can read" in bridge.attach_log.read_text()
 
 
+def test_a_token_file_is_its_64_digits_with_or_without_a_newline_and_nothing_else(bridge):
+    for text in (bridge.token[:-1] + "\n", bridge.token + "0", bridge.token + "\nx", bridge.token.upper()):
+        bridge.token_file.write_text(text)
+        p = bridge.try_attach(bridge.fingerprint, bridge.token_file)
+        assert p.wait(timeout=20) == 2 and "does not hold a token" in bridge.attach_log.read_text(), text
+    bridge.token_file.write_text(bridge.token)  # no newline
+    bridge.start_attach()
+    assert run_guest([NATIVE / "vecadd_ptx", 4096], bridge.region).returncode == 0
+
+
 def test_a_peer_that_speaks_no_tls_is_refused_and_serve_goes_on(bridge):
     with socket.create_connection(bridge.addr, timeout=10) as s:
         s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"\x00" * 4096)

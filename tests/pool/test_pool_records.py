@@ -5,7 +5,9 @@ one-line error when no etcd member answers."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +146,35 @@ def test_no_etcd_member_answering_is_one_error_naming_each_member():
         store.get("/vmgpu/pool/hosts/ha")
     assert "no etcd member answers" in e.value.message
     assert all(f"127.0.0.1:{p}" in e.value.message for p in ports)
+
+
+@pytest.mark.skipif(
+    not (Path(__file__).resolve().parents[2] / "build" / "native" / "vmgpu-netbridge").exists(),
+    reason="vmgpu-netbridge not built: needs libssl-dev (make native)",
+)
+def test_a_hosts_data_plane_restarts_its_bridge_and_keeps_serving_its_guests(tmp_path, monkeypatch):
+    """The bridge ending is not the guests ending: it is started again, and the guests' entries
+    (what it serves them by) and forwarders stay."""
+    from vmgpu.pool.dataplane import DataPlane
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plane = DataPlane(f"t{os.getpid()}", tmp_path / "plane", f"127.0.0.1:{port}", backend="sim")
+    sha = "ab" * 32
+    monkeypatch.setattr(plane, "_wanted", lambda store: {"g1": (sha, (0,), 64)})
+    plane.start()
+    try:
+        plane.reconcile(None)
+        entry = plane.guests_dir / "g1"
+        assert entry.read_text() == f"{plane.region('g1')} {sha}\n"
+        first = plane.bridge
+        first.kill()
+        first.wait()
+        plane.reconcile(None)
+        assert plane.bridge is not first and plane.bridge.poll() is None
+        assert entry.read_text() == f"{plane.region('g1')} {sha}\n" and "g1" in plane.served
+        assert plane.served["g1"].forwarder.proc.poll() is None
+    finally:
+        plane.stop()
+    assert not plane.region("g1").exists() and not entry.exists()

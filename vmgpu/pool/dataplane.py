@@ -14,13 +14,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmgpu import files, names
-from vmgpu.errors import ForwarderError, InvalidArgument, VmgpuError
+from vmgpu.errors import ForwarderError, VmgpuError
 from vmgpu.forwarder import Forwarder, native_dir
 from vmgpu.logging import get_logger
 from vmgpu.pool.records import GpuRecord, GuestRecord, RecordError, SliceRecord, load_all
@@ -43,18 +42,6 @@ def netbridge() -> Path:
 def _die_with_parent() -> None:
     """In a child: end when the agent ends, however it ends (no forwarder serves on unsupervised)."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _private_dir(path: Path) -> Path:
-    """path as a directory of ours that no one else can write (made so if it is not there)."""
-    try:
-        path.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError as e:
-        raise InvalidArgument(f"--serve {path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise InvalidArgument(f"{path} must be a directory of this user's that no one else can write")
-    return path
 
 
 def fingerprint_of(cert_dir: Path) -> str:
@@ -88,15 +75,20 @@ class DataPlane:
 
     def __post_init__(self) -> None:
         self.log = get_logger(host=self.host)
-        self.state_dir = _private_dir(self.state_dir)
-        self.cert_dir = _private_dir(self.state_dir / "cert")
-        self.guests_dir = _private_dir(self.state_dir / "guests")
+        self.state_dir = files.private_dir(self.state_dir)
+        self.cert_dir = files.private_dir(self.state_dir / "cert")
+        self.guests_dir = files.private_dir(self.state_dir / "guests")
 
     def start(self) -> str:
         """The bridge listening; the certificate's fingerprint (for the host's pool record)."""
         fp = fingerprint_of(self.cert_dir)
         for stale in self.guests_dir.iterdir():  # a previous agent's guests: their forwarders ended with it
             stale.unlink()
+        self._start_bridge()
+        self.log.info("pool data plane listening", listen=self.listen, fingerprint=fp)
+        return fp
+
+    def _start_bridge(self) -> None:
         log = open(self.state_dir / "netbridge.log", "ab")
         self.bridge = subprocess.Popen(
             [str(netbridge()), "serve", "--listen", self.listen, "--guests", str(self.guests_dir)]
@@ -106,8 +98,6 @@ class DataPlane:
             preexec_fn=_die_with_parent,
         )
         log.close()
-        self.log.info("pool data plane listening", listen=self.listen, fingerprint=fp)
-        return fp
 
     def region(self, guest: str) -> Path:
         return Path("/dev/shm") / f"vmgpu-pool-{self.host}-{guest}"
@@ -141,8 +131,9 @@ class DataPlane:
             if w != (s.token_sha256, s.gpus, s.mem_mib) or not alive:
                 self._stop(guest, "released" if w is None else "changed" if alive else "its forwarder ended")
         if self.bridge is not None and self.bridge.poll() is not None:
+            # the guests it served are still served: their entries and forwarders stay
             self.log.error("pool data plane bridge ended; starting it again", status=self.bridge.returncode)
-            self.start()
+            self._start_bridge()
         for guest, (sha, gpus, mem) in want.items():
             if guest not in self.served:
                 self._serve(guest, sha, gpus, mem)

@@ -20,14 +20,14 @@ import base64
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 
 import etcd3gw
 import requests
 from etcd3gw import exceptions as etcd_errors
 
-from vmgpu.errors import InvalidArgument, LedgerError
+from vmgpu import files
+from vmgpu.errors import InvalidArgument, LedgerError, UnsafePath
 
 PREFIX = "/vmgpu/pool/"
 HOSTS = PREFIX + "hosts/"
@@ -90,13 +90,15 @@ class Entry:
 
 
 def _private_file(path: str, what: str) -> str:
-    """path, a regular file of this user's that no one else can read (a key)."""
+    """path, a regular file of this user's that only it can read (a key): files.open_ours's check."""
     try:
-        st = os.stat(path)
+        os.close(files.open_ours(path, os.O_RDONLY))
+    except UnsafePath:
+        raise InvalidArgument(
+            f"{what} {path} must be a regular file of this user's that only it can read (chmod 600)"
+        ) from None
     except OSError as e:
         raise InvalidArgument(f"{what} {path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise InvalidArgument(f"{what} {path} must be a regular file of this user's that only it can read (chmod 600)")
     return path
 
 
