@@ -22,6 +22,17 @@ static void scribble(void *base, uint64_t *seed)
 		__atomic_store_n(&w[i], xorshift(seed), __ATOMIC_RELAXED);
 }
 
+/* The first n bytes of the shared header equal want (read 8 at a time, atomically). */
+static int words_equal(void *base, const uint8_t *want, size_t n)
+{
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t v = __atomic_load_n((uint64_t *)((uint8_t *)base + i), __ATOMIC_RELAXED);
+		if (memcmp(&v, want + i, 8) != 0)
+			return 0;
+	}
+	return 1;
+}
+
 int main(void)
 {
 	watchdog(60);
@@ -55,13 +66,20 @@ int main(void)
 			CHECK(vmgpu_now_ns() - t0 < 5 * SEC);
 			usleep(1000);
 		}
-		const struct vmgpu_region_header *h = r.base;
-		CHECK_EQ(h->magic, VMGPU_SHM_MAGIC);
-		CHECK_EQ(h->version_minor, VMGPU_SHM_VERSION_MINOR);
-		CHECK_EQ(h->features, VMGPU_FEATURES);
-		CHECK_EQ(h->chans_per_owner, VMGPU_CHANS_PER_OWNER_DEFAULT);
-		CHECK_EQ(atomic_load(&((struct vmgpu_region_header *)r.base)->region_state), VMGPU_REGION_READY);
-		CHECK(memcmp(h->name, intact + offsetof(struct vmgpu_region_header, name), sizeof h->name) == 0);
+		/* the attach may have come while the host was still rewriting later
+		 * words: wait (bounded) until its whole part reads back intact */
+		const size_t owned = offsetof(struct vmgpu_region_header, host_heartbeat);
+		t0 = vmgpu_now_ns();
+		while (!words_equal(r.base, intact, owned)) {
+			CHECK(vmgpu_now_ns() - t0 < 5 * SEC);
+			usleep(1000);
+		}
+		struct vmgpu_region_header *h = r.base;
+		CHECK_EQ(__atomic_load_n(&h->magic, __ATOMIC_RELAXED), VMGPU_SHM_MAGIC);
+		CHECK_EQ(__atomic_load_n(&h->version_minor, __ATOMIC_RELAXED), VMGPU_SHM_VERSION_MINOR);
+		CHECK_EQ(__atomic_load_n(&h->features, __ATOMIC_RELAXED), VMGPU_FEATURES);
+		CHECK_EQ(__atomic_load_n(&h->chans_per_owner, __ATOMIC_RELAXED), VMGPU_CHANS_PER_OWNER_DEFAULT);
+		CHECK_EQ(atomic_load(&h->region_state), VMGPU_REGION_READY);
 		struct vmgpu_gchan *b;
 		test_claim(g, &b);
 		roundtrip(b);
