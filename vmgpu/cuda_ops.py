@@ -158,4 +158,8 @@ OPS = {
     182: "cuIpcCloseMemHandle",
     183: "cuIpcGetEventHandle",
     184: "cuIpcOpenEventHandle",
+    185: "cuMemExportToShareableHandle",
+    186: "cuMemImportFromShareableHandle",
+    187: "cuMemRetainAllocationHandle",
+    188: "cuMemGetAllocationPropertiesFromHandle",
 }

@@ -31,7 +31,10 @@ struct vh_alloc {
 	uint64_t ref;
 	uint64_t guest; /* VH_VMM, VH_VMM_RELEASED: the value the guest knows the handle by */
 	int dev, kind;
-	int exported; /* VH_MEM: its IPC handle is in the forwarder's table (ipc.c) */
+	int exported; /* VH_MEM, VH_VMM: its IPC handle is in the forwarder's table (ipc.c) */
+	uint32_t holds; /* VH_VMM: the guest's holds of the handle (cuMemCreate or an import, and
+			 * each cuMemRetainAllocationHandle), each given back by a cuMemRelease */
+	int shareable;  /* VH_VMM: may be exported as a file descriptor */
 };
 
 /* A new record, or NULL if there is no memory for it. */
@@ -47,5 +50,12 @@ int vh_alloc_in_reserved(struct vh_chan *ch, uint64_t p, uint64_t n);
 void vh_alloc_untrack(struct vh_chan *ch, struct vh_alloc *a);
 /* The driver took a record's memory back: forget it, and the quota follows. */
 void vh_alloc_release(struct vh_chan *ch, struct vh_alloc *a);
+
+/* vmm.c: a VMM handle the driver gave this process (made or imported), recorded under a new number
+ * of the guest's; or, if this process holds it already (*again set), held once more.  NULL if
+ * there is no memory for the record. */
+struct vh_alloc *vh_vmm_hold(struct vh_chan *ch, uint64_t real, uint64_t size, int dev, int shareable, int *again);
+/* Undo a handle just recorded by vh_vmm_hold: the driver's handle released, the record gone. */
+void vh_vmm_drop(struct vh_chan *ch, struct vh_alloc *a);
 
 #endif

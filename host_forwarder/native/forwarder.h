@@ -28,10 +28,12 @@ extern const struct vh_clock vh_real_clock;
 /* An IPC handle a guest process exported (ipc.c): the driver's handle behind the guest's token. */
 #define VH_IPC_SLOTS 1024
 struct vh_ipc_entry {
-	uint32_t kind;      /* 0: free; VH_IPC_MEM or VH_IPC_EVENT (ipc.c) */
+	uint32_t kind;      /* 0: free; VH_IPC_MEM, VH_IPC_EVENT, VH_IPC_VMM or VH_IPC_VMM_PENDING (ipc.c) */
 	uint32_t chan;      /* the exporting process's channel */
-	uint64_t base;      /* the exporter's block (memory) or its host event */
-	uint64_t size;      /* the bytes the exporter may name at base (memory) */
+	uint64_t base;      /* the exporter's block (memory), its host event or its driver VMM handle */
+	uint64_t size;      /* the bytes the exporter may name at base (memory), or the handle's size */
+	int32_t dev;        /* VMM: the guest's GPU the handle's memory is on */
+	uint32_t pad;
 	uint8_t token[16];  /* what the guest's handle must carry */
 	uint8_t real[64];   /* the driver's CUipcMemHandle / CUipcEventHandle: never leaves the host */
 };
@@ -62,6 +64,8 @@ struct vh_fwd {
 	 * worker leaving, or the supervisor reaping it) counts it out, once */
 	_Atomic uint32_t (*sched_joined)[VG_MAX_DEVICES];
 	struct vh_shared *shared;
+	int broker;                      /* a worker's socket to its supervisor, which holds exported
+					  * VMM handles' descriptors (ipc.c, supervisor.c); -1 elsewhere */
 	const struct vh_clock *clock;    /* how the quota waits (vh_real_clock but in unit tests) */
 	uint64_t ctx_reserve;            /* a context's charge where the driver cannot be measured */
 	const char *oom_script;          /* run with the guest's identity when it is refused memory */

@@ -47,14 +47,18 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include <unistd.h>
+
 #include "allocations.h"
 #include "channel.h"
+#include "fd_broker.h"
 #include "ipc.h"
+#include "quota.h"
 #include "log.h"
 #include "vh_dispatch.h"
 #include "vh_protos.h"
 
-enum { VH_IPC_FREE, VH_IPC_MEM, VH_IPC_EVENT };
+enum { VH_IPC_FREE, VH_IPC_MEM, VH_IPC_EVENT, VH_IPC_VMM, VH_IPC_VMM_PEND };
 
 /* What the guest holds: CUipcMemHandle / CUipcEventHandle's 64 bytes. */
 struct guest_handle {
@@ -255,6 +259,188 @@ CUresult guarded_cuIpcOpenEventHandle(struct vh_chan *ch, CUevent *phEvent, CUip
 	return ch->backend->cuIpcOpenEventHandle(phEvent, real);
 }
 
+/* ---- VMM handles as file descriptors ---------------------------------------------------
+ *
+ * cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR) gives the exporting worker a descriptor
+ * for the handle's memory.  It never goes to the guest: the worker gives it to its supervisor
+ * (fd_broker.c), which holds it under the entry's slot, and answers the guest an opaque handle
+ * as for IPC (magic, kind, slot, random token), which the guest library puts in a file of its own.
+ * An import presents that handle: another worker of this forwarder checks the entry and its
+ * token, gets a copy of the descriptor from the supervisor, and only then calls the driver.
+ *
+ *   export  only a handle this process holds (cuMemCreate with requestedHandleTypes =
+ *           POSIX_FILE_DESCRIPTOR, or one it imported), once: a second export of the same handle
+ *           answers the same token.  The entry is pending while the supervisor takes the
+ *           descriptor (an import cannot find a pending entry), exported after.
+ *   import  charged to the importer like a cuMemCreate of the handle's size: an imported handle
+ *           keeps the memory alive on its own, after the exporter lets go of it (the driver's
+ *           semantics), so a block both hold counts twice, never less than it is.  Where the
+ *           driver is measured (a GPU with NVML), the charge is the measurement.
+ *   end     when the exporter releases its last hold of the handle, or ends, the entry goes and
+ *           the supervisor closes its descriptor: the handle imports nothing new (stricter than
+ *           the driver, whose descriptor outlives the handle; NCCL exports and imports while
+ *           both hold it).  Imported handles already held keep their memory until released.
+ */
+
+int vh_ipc_vmm_state(struct vh_fwd *f, uint32_t slot, const uint8_t token[16], uint32_t *chan)
+{
+	if (slot >= VH_IPC_SLOTS)
+		return VH_IPC_VMM_NONE;
+	struct vh_shared *s = f->shared;
+	table_lock(s);
+	struct vh_ipc_entry e = s->ipc[slot];
+	pthread_mutex_unlock(&s->ipc_mu);
+	if (!token_equal(e.token, token))
+		return VH_IPC_VMM_NONE;
+	*chan = e.chan;
+	return e.kind == VH_IPC_VMM ? VH_IPC_VMM_READY : e.kind == VH_IPC_VMM_PEND ? VH_IPC_VMM_PENDING : VH_IPC_VMM_NONE;
+}
+
+/* The handle types asked for: a descriptor, or the driver's answer on a GPU without the type. */
+static CUresult share_type(uint64_t type)
+{
+	if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		return CUDA_SUCCESS;
+	return type == CU_MEM_HANDLE_TYPE_FABRIC ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+}
+
+static void slot_free(struct vh_shared *s, uint32_t slot, const uint8_t *token)
+{
+	table_lock(s);
+	if (token_equal(s->ipc[slot].token, token))
+		memset(&s->ipc[slot], 0, sizeof s->ipc[slot]);
+	pthread_mutex_unlock(&s->ipc_mu);
+}
+
+/* Export a's handle: the guest's handle in out. */
+static CUresult vmm_publish(struct vh_chan *ch, struct vh_alloc *a, char *out)
+{
+	struct vh_shared *s = ch->fwd->shared;
+	struct guest_handle g = {.kind = VH_IPC_VMM};
+	memcpy(g.magic, MAGIC, sizeof g.magic);
+	uint32_t slot = VH_IPC_SLOTS;
+	table_lock(s);
+	for (uint32_t i = 0; i < VH_IPC_SLOTS && slot == VH_IPC_SLOTS; i++) {
+		const struct vh_ipc_entry *e = &s->ipc[i];
+		if (e->kind == VH_IPC_VMM && e->chan == ch->index && e->base == a->base) {
+			slot = i; /* exported before: the same handle again */
+			memcpy(g.token, e->token, sizeof g.token);
+		}
+	}
+	if (slot == VH_IPC_SLOTS) {
+		if (getrandom(g.token, sizeof g.token, 0) != (ssize_t)sizeof g.token) {
+			pthread_mutex_unlock(&s->ipc_mu);
+			return CUDA_ERROR_OPERATING_SYSTEM;
+		}
+		for (uint32_t i = 0; i < VH_IPC_SLOTS && slot == VH_IPC_SLOTS; i++)
+			if (s->ipc[i].kind == VH_IPC_FREE)
+				slot = i;
+		if (slot == VH_IPC_SLOTS) {
+			pthread_mutex_unlock(&s->ipc_mu);
+			vh_log("channel %u: the forwarder's IPC table is full (%u handles); a VMM handle's export "
+			       "is refused", ch->index, VH_IPC_SLOTS);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+		struct vh_ipc_entry *e = &s->ipc[slot];
+		*e = (struct vh_ipc_entry){.chan = ch->index, .base = a->base, .size = a->size, .dev = a->dev};
+		memcpy(e->token, g.token, sizeof e->token);
+		__atomic_store_n(&e->kind, VH_IPC_VMM_PEND, __ATOMIC_RELEASE); /* not importable yet */
+		pthread_mutex_unlock(&s->ipc_mu);
+		int fd = -1;
+		CUresult r = ch->backend->cuMemExportToShareableHandle(&fd, a->base, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+		if (r != CUDA_SUCCESS || fd < 0) {
+			slot_free(s, slot, g.token);
+			return r != CUDA_SUCCESS ? r : CUDA_ERROR_OPERATING_SYSTEM;
+		}
+		int put = vh_broker_put(ch->fwd->broker, slot, g.token, fd);
+		close(fd); /* the supervisor has its own copy now, or none */
+		if (put != 0) {
+			slot_free(s, slot, g.token);
+			vh_log("channel %u: the supervisor did not take an exported VMM handle's descriptor", ch->index);
+			return CUDA_ERROR_OPERATING_SYSTEM;
+		}
+		table_lock(s);
+		if (s->ipc[slot].kind == VH_IPC_VMM_PEND && token_equal(s->ipc[slot].token, g.token))
+			__atomic_store_n(&s->ipc[slot].kind, VH_IPC_VMM, __ATOMIC_RELEASE);
+		pthread_mutex_unlock(&s->ipc_mu);
+		a->exported = 1; /* its entry goes when the handle does (allocations.c, vmm.c) */
+	} else {
+		pthread_mutex_unlock(&s->ipc_mu);
+	}
+	g.slot = slot;
+	memcpy(out, &g, sizeof g);
+	return CUDA_SUCCESS;
+}
+
+/* (u64 guest handle, u64 handle type, u64 flags) -> the guest's 64-byte handle */
+CUresult handwritten_cuMemExportToShareableHandle(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	uint64_t guest = vh_get_u64(rd), type = vh_get_u64(rd), fl = vh_get_u64(rd);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = share_type(type);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (fl)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vh_alloc *a = vh_alloc_find_vmm(ch, guest, 1u << VH_VMM);
+	if (!a || !a->shareable)
+		return CUDA_ERROR_INVALID_VALUE; /* none of its handles, or one made not to be shared */
+	char out[sizeof(struct guest_handle)];
+	if ((r = vmm_publish(ch, a, out)) != CUDA_SUCCESS)
+		return r;
+	vh_put(wr, out, sizeof out);
+	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* (u64 handle type, the guest's 64-byte handle) -> u64 the new handle's number */
+CUresult handwritten_cuMemImportFromShareableHandle(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr)
+{
+	(void)flags;
+	uint64_t type = vh_get_u64(rd);
+	char h[sizeof(struct guest_handle)];
+	vh_get(rd, h, sizeof h);
+	if (rd->bad)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = share_type(type);
+	if (r != CUDA_SUCCESS)
+		return r;
+	struct vh_ipc_entry e;
+	if (lookup(ch, VH_IPC_VMM, h, &e) || e.dev < 0 || e.dev >= ch->fwd->ndev || e.size == 0)
+		return CUDA_ERROR_INVALID_VALUE; /* not a handle of this guest's */
+	uint32_t slot;
+	memcpy(&slot, h + offsetof(struct guest_handle, slot), sizeof slot);
+	int fd = vh_broker_get(ch->fwd->broker, slot, e.token);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_VALUE; /* it went meanwhile */
+	const struct vh_backend *B = ch->backend;
+	if (vh_quota_take_begin(ch, e.dev, e.size, "cuMemImportFromShareableHandle")) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	CUmemGenericAllocationHandle real = 0;
+	r = B->cuMemImportFromShareableHandle(&real, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	close(fd);
+	int again = 0;
+	struct vh_alloc *a = NULL;
+	if (r == CUDA_SUCCESS && !(a = vh_vmm_hold(ch, real, e.size, e.dev, 1, &again))) {
+		B->cuMemRelease(real);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (again) /* a handle it holds already: held once more, charged once */
+		(void)vh_quota_take_end(ch, e.dev, e.size, CUDA_ERROR_ALREADY_MAPPED);
+	else if (vh_quota_take_end(ch, e.dev, e.size, r)) {
+		vh_vmm_drop(ch, a);
+		return vh_quota_take_undo(ch, e.dev, e.size, "cuMemImportFromShareableHandle");
+	}
+	if (r != CUDA_SUCCESS)
+		return vh_quota_card_full(ch, e.dev, r, "cuMemImportFromShareableHandle", e.size);
+	uint64_t v = a->guest;
+	vh_put(wr, &v, sizeof v);
+	return wr->bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
 /* ---- what goes from the table ----------------------------------------------------------- */
 
 static void forget(struct vh_shared *s, uint32_t chan, uint32_t kind, uint64_t base, int all)
@@ -271,6 +457,7 @@ static void forget(struct vh_shared *s, uint32_t chan, uint32_t kind, uint64_t b
 void vh_ipc_unexport(struct vh_chan *ch, uint64_t base)
 {
 	forget(ch->fwd->shared, ch->index, VH_IPC_MEM, base, 0);
+	forget(ch->fwd->shared, ch->index, VH_IPC_VMM, base, 0);
 }
 
 void vh_ipc_forget_channel(struct vh_fwd *f, uint32_t chan)

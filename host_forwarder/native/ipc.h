@@ -11,7 +11,8 @@
 struct vh_chan;
 struct vh_fwd;
 
-/* A block of this process (its base) is no longer its own: its IPC handle opens nothing new. */
+/* A block (its base) or a VMM handle (the driver's) of this process is no longer its own: what it
+ * exported opens nothing new. */
 void vh_ipc_unexport(struct vh_chan *ch, uint64_t base);
 /* The process ends: its exported handles go from the table, and the mappings it opened are closed
  * (before its contexts go). */
@@ -19,5 +20,10 @@ void vh_ipc_release_all(struct vh_chan *ch);
 /* The supervisor's backstop, for a worker that could not say so itself: every handle channel
  * chan exported goes from the table. */
 void vh_ipc_forget_channel(struct vh_fwd *f, uint32_t chan);
+
+/* What slot of the table holds for token: no VMM handle's entry, one being exported (by channel
+ * *chan), or an exported one. */
+enum { VH_IPC_VMM_NONE, VH_IPC_VMM_PENDING, VH_IPC_VMM_READY };
+int vh_ipc_vmm_state(struct vh_fwd *f, uint32_t slot, const uint8_t token[16], uint32_t *chan);
 
 #endif

@@ -339,6 +339,7 @@ static int map_shared_rows(uint32_t nchannels)
 	size_t rows = nchannels * sizeof *F.charged, joined = nchannels * sizeof *F.sched_joined;
 	F.charged = mmap(NULL, rows, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	F.sched_joined = mmap(NULL, joined, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	F.broker = -1;
 	F.shared = mmap(NULL, sizeof *F.shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (F.charged == MAP_FAILED || F.sched_joined == MAP_FAILED || F.shared == MAP_FAILED)
 		return vh_die("cannot map the memory quota's rows: %s", strerror(errno));

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +19,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fd_broker.h"
 #include "images.h"
 #include "ipc.h"
 #include "process.h"
 
 struct slot {
 	pid_t worker; /* serving this channel, 0 if none */
+	int sock;     /* the supervisor's end of its descriptor socket (fd_broker.c), or -1 */
 };
 
 /* ---- the region file: the host survives whatever the guest does to it ------------- */
@@ -88,6 +91,9 @@ static int region_restore(int fd)
 static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, uint8_t *fence)
 {
 	slots[i].worker = 0;
+	if (slots[i].sock >= 0)
+		close(slots[i].sock);
+	slots[i].sock = -1;
 	for (int d = 0; d < F.ndev; d++) {
 		atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[i][d], 0));
 		if (atomic_exchange(&F.sched_joined[i][d], 0))
@@ -135,19 +141,34 @@ static void signal_workers(const struct slot *slots, uint32_t n, int sig)
 
 /* A worker for the guest process that opened channel i.  It is counted into its GPUs'
  * scheduler slots here, before it exists, so that no way it can end leaves a count behind. */
-static void start_worker(struct slot *slots, uint32_t i)
+static void start_worker(struct slot *slots, uint32_t n, uint32_t i)
 {
 	for (int d = 0; d < F.ndev; d++) {
 		vh_sched_worker(&F.sched[d], 1);
 		atomic_store(&F.sched_joined[i][d], 1);
 	}
+	int worker_end;
+	slots[i].sock = vh_broker_pair(&worker_end);
 	pid_t self = getpid(), pid = fork();
-	if (pid == 0)
+	if (pid == 0) {
+		/* the worker keeps its own end only: no other worker's socket, no descriptor the
+		 * supervisor holds */
+		int ends[n];
+		for (uint32_t k = 0; k < n; k++)
+			ends[k] = slots[k].sock;
+		vh_broker_child(ends, n);
+		F.broker = worker_end;
 		_exit(vh_worker(i, self));
+	}
+	if (worker_end >= 0)
+		close(worker_end);
 	if (pid > 0) {
 		slots[i].worker = pid;
 		return;
 	}
+	if (slots[i].sock >= 0)
+		close(slots[i].sock);
+	slots[i].sock = -1;
 	vh_log("channel %u: cannot start a worker: %s", i, strerror(errno));
 	for (int d = 0; d < F.ndev; d++)
 		if (atomic_exchange(&F.sched_joined[i][d], 0))
@@ -175,7 +196,7 @@ static void watch_channels(struct slot *slots, uint32_t n, uint8_t *fence)
 		if (ev == VMGPU_HC_CLOSED || ev == VMGPU_HC_LOST) {
 			vmgpu_hchan_reclaim(hc);
 		} else if (ev == VMGPU_HC_OPENED || ev == VMGPU_HC_SERVING) {
-			start_worker(slots, i);
+			start_worker(slots, n, i);
 		}
 	}
 }
@@ -199,6 +220,10 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 	const struct vmgpu_layout *L = vmgpu_host_layout(F.host);
 	struct slot *slots = calloc(L->nchannels, sizeof *slots);
 	uint8_t *fence = calloc(L->nchannels, 1);
+	struct pollfd *pfd = calloc(L->nchannels, sizeof *pfd);
+	uint32_t *pchan = calloc(L->nchannels, sizeof *pchan);
+	for (uint32_t i = 0; i < L->nchannels; i++)
+		slots[i].sock = -1;
 	while (!stopping) {
 		vmgpu_host_beat(F.host);
 		vmgpu_host_republish(F.host); /* what the host owns in the header, put back if scribbled */
@@ -221,14 +246,34 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_unheld(&F.sched[d]);
 		watch_channels(slots, L->nchannels, fence);
-		struct timespec ts = {0, 2 * 1000000};
-		nanosleep(&ts, NULL);
+		vh_broker_sweep(&F);
+		/* wait 2 ms, answering workers' descriptor requests (fd_broker.c) meanwhile */
+		nfds_t np = 0;
+		for (uint32_t i = 0; i < L->nchannels; i++)
+			if (slots[i].worker && slots[i].sock >= 0) {
+				pfd[np] = (struct pollfd){.fd = slots[i].sock, .events = POLLIN};
+				pchan[np++] = i;
+			}
+		uint64_t until = vmgpu_now_ns() + 2000000ull;
+		for (uint64_t now = vmgpu_now_ns(); now < until && !stopping; now = vmgpu_now_ns()) {
+			int k = poll(pfd, np, (int)((until - now + 999999) / 1000000));
+			for (nfds_t j = 0; k > 0 && j < np; j++) {
+				if (pfd[j].revents & POLLIN)
+					vh_broker_serve(&F, pfd[j].fd, pchan[j]);
+				else if (pfd[j].revents)
+					pfd[j].fd = -1; /* its worker is gone: reaped at the next turn */
+			}
+			if (k <= 0)
+				break;
+		}
 	}
 	vh_log("stopping");
 	stop_workers(slots, L->nchannels, fence);
 	close(fd);
 	free(slots);
 	free(fence);
+	free(pfd);
+	free(pchan);
 	for (int d = 0; d < F.ndev; d++)
 		vh_sched_leave(&F.sched[d]);
 	vmgpu_host_close(F.host);

@@ -3061,3 +3061,59 @@ VG_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHand
 {
 	return forward_cuIpcOpenEventHandle(phEvent, handle, 0);
 }
+
+VG_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags)
+{
+	return handwritten_cuMemExportToShareableHandle(shareableHandle, handle, handleType, flags, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType)
+{
+	return handwritten_cuMemImportFromShareableHandle(handle, osHandle, shHandleType, 0);
+}
+
+static CUresult forward_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle * handle, void * addr, unsigned vg_flags)
+{
+	if (handle == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemRetainAllocationHandle, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, handle != NULL);
+	vg_put_u64(&c, (uint64_t)(uintptr_t)addr);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (handle != NULL)
+			vg_get(&c, handle, sizeof(*handle));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+	return forward_cuMemRetainAllocationHandle(handle, addr, 0);
+}
+
+static CUresult forward_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle, unsigned vg_flags)
+{
+	if (prop == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemGetAllocationPropertiesFromHandle, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, prop != NULL);
+	vg_put(&c, &handle, sizeof(handle));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (prop != NULL)
+			vg_get(&c, prop, sizeof(*prop));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+	return forward_cuMemGetAllocationPropertiesFromHandle(prop, handle, 0);
+}

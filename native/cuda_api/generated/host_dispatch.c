@@ -2521,6 +2521,43 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			vh_put(wr, phEvent, sizeof(*phEvent));
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuMemExportToShareableHandle:
+		return handwritten_cuMemExportToShareableHandle(ch, vg_flags, rd, wr);
+	case VG_OP_cuMemImportFromShareableHandle:
+		return handwritten_cuMemImportFromShareableHandle(ch, vg_flags, rd, wr);
+	case VG_OP_cuMemRetainAllocationHandle: {
+		CUmemGenericAllocationHandle handle_v;
+		memset(&handle_v, 0, sizeof(handle_v));
+		CUmemGenericAllocationHandle *handle = vh_get_u64(rd) ? &handle_v : NULL;
+		void *addr = (void *)(uintptr_t)vh_get_u64(rd);
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (handle == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemRetainAllocationHandle(ch, handle, addr);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (handle != NULL)
+			vh_put(wr, handle, sizeof(*handle));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemGetAllocationPropertiesFromHandle: {
+		CUmemAllocationProp prop_v;
+		memset(&prop_v, 0, sizeof(prop_v));
+		CUmemAllocationProp *prop = vh_get_u64(rd) ? &prop_v : NULL;
+		CUmemGenericAllocationHandle handle;
+		vh_get(rd, &handle, sizeof(handle));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (prop == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemGetAllocationPropertiesFromHandle(ch, prop, handle);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (prop != NULL)
+			vh_put(wr, prop, sizeof(*prop));
+		return CUDA_SUCCESS;
+	}
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}

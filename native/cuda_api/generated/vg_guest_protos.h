@@ -102,5 +102,7 @@ CUresult handwritten_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph
 CUresult forward_cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphExecUpdateResultInfo * resultInfo, unsigned vg_flags);
 CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void * userData, unsigned vg_flags);
 CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void * userData, unsigned int flags, unsigned vg_flags);
+CUresult handwritten_cuMemExportToShareableHandle(void * shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags, unsigned vg_flags);
+CUresult handwritten_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle * handle, void * osHandle, CUmemAllocationHandleType shHandleType, unsigned vg_flags);
 
 #endif

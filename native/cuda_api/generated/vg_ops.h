@@ -148,7 +148,11 @@
 #define VG_OP_cuIpcCloseMemHandle 182
 #define VG_OP_cuIpcGetEventHandle 183
 #define VG_OP_cuIpcOpenEventHandle 184
-#define VG_OP_LIMIT 185
+#define VG_OP_cuMemExportToShareableHandle 185
+#define VG_OP_cuMemImportFromShareableHandle 186
+#define VG_OP_cuMemRetainAllocationHandle 187
+#define VG_OP_cuMemGetAllocationPropertiesFromHandle 188
+#define VG_OP_LIMIT 189
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -296,5 +300,9 @@
 	X(182, cuIpcCloseMemHandle) \
 	X(183, cuIpcGetEventHandle) \
 	X(184, cuIpcOpenEventHandle) \
+	X(185, cuMemExportToShareableHandle) \
+	X(186, cuMemImportFromShareableHandle) \
+	X(187, cuMemRetainAllocationHandle) \
+	X(188, cuMemGetAllocationPropertiesFromHandle) \
 
 #endif

@@ -131,19 +131,23 @@
 	X(cuMemAllocPitch_v2) \
 	X(cuMemAlloc_v2) \
 	X(cuMemCreate) \
+	X(cuMemExportToShareableHandle) \
 	X(cuMemFreeAsync) \
 	X(cuMemFree_v2) \
 	X(cuMemGetAllocationGranularity) \
+	X(cuMemGetAllocationPropertiesFromHandle) \
 	X(cuMemGetInfo_v2) \
 	X(cuMemHostGetDevicePointer_v2) \
 	X(cuMemHostRegister_v2) \
 	X(cuMemHostUnregister) \
+	X(cuMemImportFromShareableHandle) \
 	X(cuMemMap) \
 	X(cuMemPoolCreate) \
 	X(cuMemPoolDestroy) \
 	X(cuMemPoolSetAttribute) \
 	X(cuMemPoolTrimTo) \
 	X(cuMemRelease) \
+	X(cuMemRetainAllocationHandle) \
 	X(cuMemSetAccess) \
 	X(cuMemUnmap) \
 	X(cuMemcpy) \

@@ -77,5 +77,9 @@ CUresult guarded_cuIpcOpenMemHandle_v2(struct vh_chan *ch, CUdeviceptr * pdptr, 
 CUresult guarded_cuIpcCloseMemHandle(struct vh_chan *ch, CUdeviceptr dptr);
 CUresult guarded_cuIpcGetEventHandle(struct vh_chan *ch, CUipcEventHandle * pHandle, CUevent event);
 CUresult guarded_cuIpcOpenEventHandle(struct vh_chan *ch, CUevent * phEvent, CUipcEventHandle handle);
+CUresult handwritten_cuMemExportToShareableHandle(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult handwritten_cuMemImportFromShareableHandle(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
+CUresult guarded_cuMemRetainAllocationHandle(struct vh_chan *ch, CUmemGenericAllocationHandle * handle, void * addr);
+CUresult guarded_cuMemGetAllocationPropertiesFromHandle(struct vh_chan *ch, CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle);
 
 #endif
