@@ -83,7 +83,7 @@ static int send_msg(int sock, const struct broker_msg *m, int fd)
 	return n == (ssize_t)sizeof *m ? 0 : -1;
 }
 
-/* Receive one record: its size, or -1 (EAGAIN: none waiting).  *fd is the one descriptor it
+/* Receive one record: its size (1 for one cut short), or -1 (none waiting, or the peer gone).  *fd is the one descriptor it
  * carried, or -1; any other descriptor that came with it is closed (a record carries at most one). */
 static ssize_t recv_msg(int sock, struct broker_msg *m, int *fd, int flags)
 {
@@ -98,8 +98,8 @@ static ssize_t recv_msg(int sock, struct broker_msg *m, int *fd, int flags)
 	do
 		n = recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return -1;
+	if (n <= 0)
+		return -1; /* nothing waiting, or the peer is gone (a record is never empty) */
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 			continue;
@@ -117,7 +117,7 @@ static ssize_t recv_msg(int sock, struct broker_msg *m, int *fd, int flags)
 		if (*fd >= 0)
 			close(*fd);
 		*fd = -1;
-		return 0; /* not a whole record: answered as a bad one */
+		return 1; /* not a whole record: answered as a bad one */
 	}
 	return n;
 }
@@ -162,7 +162,7 @@ void vh_broker_child(const int *supervisor_ends, uint32_t n)
 
 void vh_broker_serve(struct vh_fwd *f, int sock, uint32_t chan)
 {
-	for (;;) {
+	for (int k = 0; k < 64; k++) { /* (a worker waits for each answer: one record at a time) */
 		struct broker_msg m;
 		int fd;
 		ssize_t n = recv_msg(sock, &m, &fd, MSG_DONTWAIT);

@@ -113,9 +113,9 @@ for line in sys.stdin:
 class Guest:
     """One guest process of the region, on one GPU, run command by command."""
 
-    def __init__(self, region, gpu: int = 0):
+    def __init__(self, region, gpu: int = 0, script: str = GUEST):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", GUEST, str(GUEST_LIB), str(gpu)],
+            [sys.executable, "-c", script, str(GUEST_LIB), str(gpu)],
             env=guest_env(region),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -172,8 +172,8 @@ def guests():
     """Guest processes a test starts, killed at its end whatever happened."""
     started: list[Guest] = []
 
-    def start(region, gpu: int = 0) -> Guest:
-        g = Guest(region, gpu)
+    def start(region, gpu: int = 0, script: str = GUEST) -> Guest:
+        g = Guest(region, gpu, script)
         started.append(g)
         return g
 
