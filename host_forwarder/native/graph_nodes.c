@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "addresses.h"
+#include "copy.h"
 #include "handles.h"
 #include "host_memory.h"
 #include "vh_dispatch.h"
@@ -25,104 +26,11 @@
 
 /* ---- memcpy nodes ---------------------------------------------------------------------- */
 
-/* What one side of a 3D copy reaches, from its base address: [*first, *first + *len).  Every
- * byte is at x + xi + (y + yi) * pitch + (z + zi) * pitch * height for xi < w, yi < h, zi < d,
- * so the lowest is at xi = yi = zi = 0 and the highest at the largest of each.  -1 on overflow. */
-static int copy_extent(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_t height, uint64_t w, uint64_t h,
-		       uint64_t d, uint64_t *first, uint64_t *len)
-{
-	uint64_t slice, lo, hi, t, ylast, zlast;
-	*first = *len = 0;
-	if (w == 0 || h == 0 || d == 0)
-		return 0;
-	if (__builtin_mul_overflow(pitch, height, &slice) || __builtin_add_overflow(y, h - 1, &ylast) ||
-	    __builtin_add_overflow(z, d - 1, &zlast))
-		return -1;
-	if (__builtin_mul_overflow(y, pitch, &lo) || __builtin_mul_overflow(z, slice, &t) ||
-	    __builtin_add_overflow(lo, t, &lo) || __builtin_add_overflow(lo, x, &lo))
-		return -1;
-	if (__builtin_mul_overflow(ylast, pitch, &hi) || __builtin_mul_overflow(zlast, slice, &t) ||
-	    __builtin_add_overflow(hi, t, &hi) || __builtin_add_overflow(hi, x, &hi) || __builtin_add_overflow(hi, w, &hi))
-		return -1;
-	*first = lo;
-	*len = hi - lo;
-	return 0;
-}
-
-/* One side of a memcpy node, rewritten from what was checked.  The guest library sends host
- * memory as an offset into the region's heap (in the host pointer field); a unified address is
- * device memory of this process (its own pinned memory there too, vh_addr_ok). */
-static CUresult copy_side(struct vh_chan *ch, const char *side, CUmemorytype *type, const void **host,
-			  CUdeviceptr *dev, CUarray *array, uint64_t first, uint64_t len)
-{
-	switch (*type) {
-	case CU_MEMORYTYPE_DEVICE:
-	case CU_MEMORYTYPE_UNIFIED: {
-		uint64_t start;
-		if (__builtin_add_overflow((uint64_t)*dev, first, &start) || vh_addr_ok(ch, start, len))
-			return CUDA_ERROR_INVALID_VALUE;
-		*type = CU_MEMORYTYPE_DEVICE;
-		*host = NULL;
-		*array = NULL;
-		return CUDA_SUCCESS;
-	}
-	case CU_MEMORYTYPE_HOST: {
-		uint64_t off = (uint64_t)(uintptr_t)*host, reach;
-		void *p = NULL;
-		if (!__builtin_add_overflow(first, len, &reach))
-			p = vh_host_buf(ch, VG_BUF_HEAP, off, reach ? reach : 1);
-		if (!p) {
-			vh_log("channel %u: refused a graph memcpy node: its %s is host memory outside the guest's "
-			       "pinned heap (offset %#llx, %llu bytes)", ch->index, side, (unsigned long long)off,
-			       (unsigned long long)(first + len));
-			return CUDA_ERROR_INVALID_VALUE;
-		}
-		*host = p;
-		*dev = 0;
-		*array = NULL;
-		return CUDA_SUCCESS;
-	}
-	case CU_MEMORYTYPE_ARRAY:
-		/* the driver keeps the copy inside the array; the array must be the process's own */
-		if (!*array || vh_handle_in(ch, VG_KIND_ARRAY, (void **)array))
-			return CUDA_ERROR_INVALID_HANDLE;
-		*host = NULL;
-		*dev = 0;
-		return CUDA_SUCCESS;
-	default:
-		return CUDA_ERROR_INVALID_VALUE;
-	}
-}
-
-/* A memcpy node's parameters, checked, into *out. */
-static CUresult copy_params(struct vh_chan *ch, const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D *out)
-{
-	if (!in)
-		return CUDA_ERROR_INVALID_VALUE;
-	CUDA_MEMCPY3D p = *in;
-	p.reserved0 = NULL; /* "must be NULL": never a pointer of the guest's */
-	p.reserved1 = NULL;
-	uint64_t sf, sl, df, dl;
-	if (copy_extent(p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch, p.srcHeight, p.WidthInBytes, p.Height, p.Depth, &sf,
-			&sl) ||
-	    copy_extent(p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch, p.dstHeight, p.WidthInBytes, p.Height, p.Depth, &df,
-			&dl))
-		return CUDA_ERROR_INVALID_VALUE;
-	/* an array side is addressed in elements by the driver, inside the array: no extent here */
-	CUresult r = copy_side(ch, "source", &p.srcMemoryType, &p.srcHost, &p.srcDevice, &p.srcArray, sf, sl);
-	if (r == CUDA_SUCCESS)
-		r = copy_side(ch, "destination", &p.dstMemoryType, (const void **)&p.dstHost, &p.dstDevice, &p.dstArray,
-			      df, dl);
-	if (r == CUDA_SUCCESS)
-		*out = p;
-	return r;
-}
-
 CUresult guarded_cuGraphAddMemcpyNode(struct vh_chan *ch, CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
 				      size_t ndeps, const CUDA_MEMCPY3D *params, CUcontext ctx)
 {
 	CUDA_MEMCPY3D p;
-	CUresult r = copy_params(ch, params, &p);
+	CUresult r = vh_copy3d_in(ch, params, &p);
 	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphAddMemcpyNode(node, g, deps, ndeps, &p, ctx);
 }
 
@@ -130,7 +38,7 @@ CUresult guarded_cuGraphExecMemcpyNodeSetParams(struct vh_chan *ch, CUgraphExec 
 						const CUDA_MEMCPY3D *params, CUcontext ctx)
 {
 	CUDA_MEMCPY3D p;
-	CUresult r = copy_params(ch, params, &p);
+	CUresult r = vh_copy3d_in(ch, params, &p);
 	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx);
 }
 
@@ -139,16 +47,9 @@ CUresult guarded_cuGraphExecMemcpyNodeSetParams(struct vh_chan *ch, CUgraphExec 
 /* The rows a memset node writes: height rows of width elements, pitch bytes apart. */
 static CUresult memset_range_ok(struct vh_chan *ch, const CUDA_MEMSET_NODE_PARAMS *p)
 {
-	uint64_t row, span, end;
 	if (!p || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4))
 		return CUDA_ERROR_INVALID_VALUE;
-	if (p->width == 0 || p->height == 0)
-		return vh_addr_ok(ch, p->dst, 0) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-	if (__builtin_mul_overflow((uint64_t)p->width, (uint64_t)p->elementSize, &row) ||
-	    __builtin_mul_overflow((uint64_t)p->height - 1, (uint64_t)p->pitch, &span) ||
-	    __builtin_add_overflow(span, row, &end))
-		return CUDA_ERROR_INVALID_VALUE;
-	return vh_addr_ok(ch, p->dst, end) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	return vh_rows_ok(ch, p->dst, p->pitch, p->width, p->height, p->elementSize);
 }
 
 CUresult guarded_cuGraphAddMemsetNode(struct vh_chan *ch, CUgraphNode *node, CUgraph g, const CUgraphNode *deps,

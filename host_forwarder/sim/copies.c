@@ -58,3 +58,43 @@ EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)s; return fill(d, &v, 1, n); }
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { (void)s; return fill(d, &v, 2, n); }
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { (void)s; return fill(d, &v, 4, n); }
+
+/* 2D and 3D copies and 2D memsets, row by row (graphs_explicit.c); arrays are not simulated. */
+static CUresult copy2d(const CUDA_MEMCPY2D *p)
+{
+	if (!p) return CUDA_ERROR_INVALID_VALUE;
+	if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY) return CUDA_ERROR_NOT_SUPPORTED;
+	if ((p->Height > 1 && (p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes))) return CUDA_ERROR_INVALID_VALUE;
+	CUDA_MEMCPY3D q = {.srcXInBytes = p->srcXInBytes, .srcY = p->srcY, .srcMemoryType = p->srcMemoryType,
+			   .srcHost = p->srcHost, .srcDevice = p->srcDevice, .srcPitch = p->srcPitch,
+			   .dstXInBytes = p->dstXInBytes, .dstY = p->dstY, .dstMemoryType = p->dstMemoryType,
+			   .dstHost = p->dstHost, .dstDevice = p->dstDevice, .dstPitch = p->dstPitch,
+			   .WidthInBytes = p->WidthInBytes, .Height = p->Height, .Depth = 1};
+	CUresult r = sim_copy3d(&q);
+	return r == CUDA_ERROR_ILLEGAL_ADDRESS ? CUDA_ERROR_INVALID_VALUE : r;
+}
+static CUresult copy3d(const CUDA_MEMCPY3D *p)
+{
+	if (!p) return CUDA_ERROR_INVALID_VALUE;
+	if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY) return CUDA_ERROR_NOT_SUPPORTED;
+	CUresult r = sim_copy3d(p);
+	return r == CUDA_ERROR_ILLEGAL_ADDRESS ? CUDA_ERROR_INVALID_VALUE : r;
+}
+EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *p) { return copy2d(p); }
+EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *p) { return copy2d(p); }
+EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, CUstream s) { (void)s; return copy2d(p); }
+EXPORT CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *p) { return copy3d(p); }
+EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *p, CUstream s) { (void)s; return copy3d(p); }
+static CUresult set2d(CUdeviceptr d, size_t pitch, unsigned v, unsigned elsz, size_t w, size_t h)
+{
+	if (h > 1 && pitch < w * elsz) return CUDA_ERROR_INVALID_VALUE;
+	CUDA_MEMSET_NODE_PARAMS p = {.dst = d, .pitch = pitch, .value = v, .elementSize = elsz, .width = w, .height = h};
+	CUresult r = sim_memset2d(&p);
+	return r == CUDA_ERROR_ILLEGAL_ADDRESS ? CUDA_ERROR_INVALID_VALUE : r;
+}
+EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h) { return set2d(d, pitch, v, 1, w, h); }
+EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h) { return set2d(d, pitch, v, 2, w, h); }
+EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h) { return set2d(d, pitch, v, 4, w, h); }
+EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s) { (void)s; return set2d(d, pitch, v, 1, w, h); }
+EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s) { (void)s; return set2d(d, pitch, v, 2, w, h); }
+EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s) { (void)s; return set2d(d, pitch, v, 4, w, h); }

@@ -382,7 +382,7 @@ static uint8_t *copy_row(CUmemorytype type, const void *host, CUdeviceptr dev, u
 	return NULL; /* arrays are not simulated in graphs */
 }
 
-static CUresult run_copy(const CUDA_MEMCPY3D *p)
+CUresult sim_copy3d(const CUDA_MEMCPY3D *p)
 {
 	for (size_t z = 0; z < p->Depth; z++)
 		for (size_t y = 0; y < p->Height; y++) {
@@ -396,7 +396,7 @@ static CUresult run_copy(const CUDA_MEMCPY3D *p)
 	return CUDA_SUCCESS;
 }
 
-static CUresult run_memset(const CUDA_MEMSET_NODE_PARAMS *p)
+CUresult sim_memset2d(const CUDA_MEMSET_NODE_PARAMS *p)
 {
 	for (size_t y = 0; y < p->height; y++) {
 		uint8_t *row = sim_resolve(p->dst + y * p->pitch, p->width * p->elementSize);
@@ -419,9 +419,9 @@ CUresult sim_graph_run(struct sim_graph *x)
 			r = cuLaunchKernel(nd->fn, nd->dims[0], nd->dims[1], nd->dims[2], nd->dims[3], nd->dims[4],
 					   nd->dims[5], nd->dims[6], NULL, args, NULL);
 		} else if (nd->type == SIM_NODE_MEMCPY) {
-			r = run_copy(&nd->copy);
+			r = sim_copy3d(&nd->copy);
 		} else if (nd->type == SIM_NODE_MEMSET) {
-			r = run_memset(&nd->set);
+			r = sim_memset2d(&nd->set);
 		} else if (nd->type == SIM_NODE_CHILD) {
 			r = sim_graph_run(nd->child);
 		}

@@ -147,6 +147,9 @@ int sim_capture_launch(CUstream s, CUfunction func, const unsigned dims[7], void
 /* graphs_explicit.c: run a graph's nodes (cuGraphLaunch); a graph copied by value gets its own
  * copies of its child graphs, and a graph that goes frees them. */
 CUresult sim_graph_run(struct sim_graph *x);
+/* A 3D copy (host and device sides; arrays are not simulated) and a 2D memset, row by row. */
+CUresult sim_copy3d(const CUDA_MEMCPY3D *p);
+CUresult sim_memset2d(const CUDA_MEMSET_NODE_PARAMS *p);
 CUresult sim_graph_clone_children(struct sim_graph *g);
 void sim_graph_free_children(struct sim_graph *g);
 

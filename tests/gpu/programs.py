@@ -22,6 +22,7 @@ SAME_OUTPUT: dict[str, list] = {
     "devquery": [NATIVE / "devquery"],
     "freed-block-reused-after-its-work": [NATIVE / "free_reuse"],
     "host-functions": [NATIVE / "hostfn"],
+    "copy2d-3d-memset2d-arrays": [NATIVE / "copy2d"],
     "pytorch": [sys.executable, HERE / "torch_ops.py"],
     "pytorch-cuda-graphs": [sys.executable, HERE / "torch_graphs.py"],
     "torch-compile": [sys.executable, HERE / "torch_compile.py"],
@@ -43,6 +44,8 @@ PROGRAMS: dict[str, list] = {
     "zero-copy": [sys.executable, HERE / "zero_copy.py", PTX],
     "torch-peer": [sys.executable, HERE / "torch_peer.py"],  # needs two GPUs
     "nccl-all-reduce": [sys.executable, HERE / "torch_nccl.py"],  # needs two GPUs
+    "ipc-pair": [NATIVE / "ipc_pair", 0, 1],  # needs two GPUs
+    "vmm-fd-pair": [NATIVE / "vmm_fd_pair", 0, 1],  # needs two GPUs
 }
 
 

@@ -70,6 +70,18 @@ def test_pytorch_tensors_move_between_a_guests_two_gpus_as_natively(shm_path):
 
 
 @TWO_GPUS
+@pytest.mark.parametrize("name", ["ipc-pair", "vmm-fd-pair"])
+def test_two_processes_of_a_guest_share_memory_on_two_gpus_as_natively(shm_path, name):
+    """NCCL's two ways of sharing memory between processes, by a guest with slices on GPUs 0 and 1:
+    CUDA IPC handles (tests/cuda/ipc_pair.c) and VMM handles passed as file descriptors over a Unix
+    socket (tests/cuda/vmm_fd_pair.c); each process reads the other's bytes, every step succeeds
+    natively and through vmgpu with the same output."""
+    native, vm = _both_on_two_gpus(shm_path, PROGRAMS[name])
+    assert sorted(vm.splitlines()) == sorted(native.splitlines())  # (the two processes' lines interleave)
+    assert vm.rstrip().endswith(" ok")
+
+
+@TWO_GPUS
 def test_nccl_between_two_processes_of_a_guest_each_on_its_own_gpu_as_natively(shm_path):
     """torch.distributed over NCCL: two processes of one guest (slices on GPUs 0 and 1), one GPU
     each: all_reduce, all_gather, broadcast and reduce_scatter give the native, correct results."""

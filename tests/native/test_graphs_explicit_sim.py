@@ -79,7 +79,7 @@ def test_a_graph_built_by_hand_runs_and_every_node_is_checked_when_it_is_added(s
                 "destroyed: 0 400",
             ], r.stdout + fwd.log()
             assert r.stderr.count("is not pinned; a graph's memcpy node takes only memory from cuMemHostAlloc") == 1
-            assert "refused a graph memcpy node: its source is host memory outside the guest's pinned heap" in fwd.log()
+            assert "refused a copy: its source is host memory outside the guest's pinned heap" in fwd.log()
             assert fwd.proc.poll() is None, fwd.log()
         finally:
             chan.close()

@@ -3117,3 +3117,258 @@ VG_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocatio
 {
 	return forward_cuMemGetAllocationPropertiesFromHandle(prop, handle, 0);
 }
+
+static CUresult forward_cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemsetD2D8_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put(&c, &dstPitch, sizeof(dstPitch));
+	vg_put(&c, &uc, sizeof(uc));
+	vg_put(&c, &Width, sizeof(Width));
+	vg_put(&c, &Height, sizeof(Height));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
+{
+	return forward_cuMemsetD2D8_v2(dstDevice, dstPitch, uc, Width, Height, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
+{
+	return forward_cuMemsetD2D8_v2(dstDevice, dstPitch, uc, Width, Height, VG_F_PTDS);
+}
+
+static CUresult forward_cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemsetD2D16_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put(&c, &dstPitch, sizeof(dstPitch));
+	vg_put(&c, &us, sizeof(us));
+	vg_put(&c, &Width, sizeof(Width));
+	vg_put(&c, &Height, sizeof(Height));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
+{
+	return forward_cuMemsetD2D16_v2(dstDevice, dstPitch, us, Width, Height, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
+{
+	return forward_cuMemsetD2D16_v2(dstDevice, dstPitch, us, Width, Height, VG_F_PTDS);
+}
+
+static CUresult forward_cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemsetD2D32_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put(&c, &dstPitch, sizeof(dstPitch));
+	vg_put(&c, &ui, sizeof(ui));
+	vg_put(&c, &Width, sizeof(Width));
+	vg_put(&c, &Height, sizeof(Height));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
+{
+	return forward_cuMemsetD2D32_v2(dstDevice, dstPitch, ui, Width, Height, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
+{
+	return forward_cuMemsetD2D32_v2(dstDevice, dstPitch, ui, Width, Height, VG_F_PTDS);
+}
+
+static CUresult forward_cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemsetD2D8Async, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put(&c, &dstPitch, sizeof(dstPitch));
+	vg_put(&c, &uc, sizeof(uc));
+	vg_put(&c, &Width, sizeof(Width));
+	vg_put(&c, &Height, sizeof(Height));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
+{
+	return forward_cuMemsetD2D8Async(dstDevice, dstPitch, uc, Width, Height, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
+{
+	return forward_cuMemsetD2D8Async(dstDevice, dstPitch, uc, Width, Height, hStream, VG_F_PTDS);
+}
+
+static CUresult forward_cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemsetD2D16Async, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put(&c, &dstPitch, sizeof(dstPitch));
+	vg_put(&c, &us, sizeof(us));
+	vg_put(&c, &Width, sizeof(Width));
+	vg_put(&c, &Height, sizeof(Height));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
+{
+	return forward_cuMemsetD2D16Async(dstDevice, dstPitch, us, Width, Height, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
+{
+	return forward_cuMemsetD2D16Async(dstDevice, dstPitch, us, Width, Height, hStream, VG_F_PTDS);
+}
+
+static CUresult forward_cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemsetD2D32Async, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &dstDevice, sizeof(dstDevice));
+	vg_put(&c, &dstPitch, sizeof(dstPitch));
+	vg_put(&c, &ui, sizeof(ui));
+	vg_put(&c, &Width, sizeof(Width));
+	vg_put(&c, &Height, sizeof(Height));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
+{
+	return forward_cuMemsetD2D32Async(dstDevice, dstPitch, ui, Width, Height, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
+{
+	return forward_cuMemsetD2D32Async(dstDevice, dstPitch, ui, Width, Height, hStream, VG_F_PTDS);
+}
+
+CUresult forward_cuMemcpy2D_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpy2D_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, pCopy, sizeof(*pCopy));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)
+{
+	return handwritten_cuMemcpy2D_v2(pCopy, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+	return handwritten_cuMemcpy2D_v2(pCopy, VG_F_PTDS);
+}
+
+CUresult forward_cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpy2DUnaligned_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, pCopy, sizeof(*pCopy));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy)
+{
+	return handwritten_cuMemcpy2DUnaligned_v2(pCopy, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+	return handwritten_cuMemcpy2DUnaligned_v2(pCopy, VG_F_PTDS);
+}
+
+CUresult forward_cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D * pCopy, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpy2DAsync_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, pCopy, sizeof(*pCopy));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+	return handwritten_cuMemcpy2DAsync_v2(pCopy, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+	return handwritten_cuMemcpy2DAsync_v2(pCopy, hStream, VG_F_PTDS);
+}
+
+CUresult forward_cuMemcpy3D_v2(const CUDA_MEMCPY3D * pCopy, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpy3D_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, pCopy, sizeof(*pCopy));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D *pCopy)
+{
+	return handwritten_cuMemcpy3D_v2(pCopy, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D *pCopy)
+{
+	return handwritten_cuMemcpy3D_v2(pCopy, VG_F_PTDS);
+}
+
+CUresult forward_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D * pCopy, CUstream hStream, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuMemcpy3DAsync_v2, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_opt(&c, pCopy, sizeof(*pCopy));
+	vg_put(&c, &hStream, sizeof(hStream));
+	return vg_send_async(&c);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+	return handwritten_cuMemcpy3DAsync_v2(pCopy, hStream, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+	return handwritten_cuMemcpy3DAsync_v2(pCopy, hStream, VG_F_PTDS);
+}

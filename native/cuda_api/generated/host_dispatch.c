@@ -2558,6 +2558,184 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			vh_put(wr, prop, sizeof(*prop));
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuMemsetD2D8_v2: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		size_t dstPitch;
+		vh_get(rd, &dstPitch, sizeof(dstPitch));
+		unsigned char uc;
+		vh_get(rd, &uc, sizeof(uc));
+		size_t Width;
+		vh_get(rd, &Width, sizeof(Width));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemsetD2D8_v2(ch, dstDevice, dstPitch, uc, Width, Height);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemsetD2D16_v2: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		size_t dstPitch;
+		vh_get(rd, &dstPitch, sizeof(dstPitch));
+		unsigned short us;
+		vh_get(rd, &us, sizeof(us));
+		size_t Width;
+		vh_get(rd, &Width, sizeof(Width));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemsetD2D16_v2(ch, dstDevice, dstPitch, us, Width, Height);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemsetD2D32_v2: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		size_t dstPitch;
+		vh_get(rd, &dstPitch, sizeof(dstPitch));
+		unsigned int ui;
+		vh_get(rd, &ui, sizeof(ui));
+		size_t Width;
+		vh_get(rd, &Width, sizeof(Width));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemsetD2D32_v2(ch, dstDevice, dstPitch, ui, Width, Height);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemsetD2D8Async: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		size_t dstPitch;
+		vh_get(rd, &dstPitch, sizeof(dstPitch));
+		unsigned char uc;
+		vh_get(rd, &uc, sizeof(uc));
+		size_t Width;
+		vh_get(rd, &Width, sizeof(Width));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemsetD2D8Async(ch, dstDevice, dstPitch, uc, Width, Height, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemsetD2D16Async: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		size_t dstPitch;
+		vh_get(rd, &dstPitch, sizeof(dstPitch));
+		unsigned short us;
+		vh_get(rd, &us, sizeof(us));
+		size_t Width;
+		vh_get(rd, &Width, sizeof(Width));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemsetD2D16Async(ch, dstDevice, dstPitch, us, Width, Height, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemsetD2D32Async: {
+		CUdeviceptr dstDevice;
+		vh_get(rd, &dstDevice, sizeof(dstDevice));
+		size_t dstPitch;
+		vh_get(rd, &dstPitch, sizeof(dstPitch));
+		unsigned int ui;
+		vh_get(rd, &ui, sizeof(ui));
+		size_t Width;
+		vh_get(rd, &Width, sizeof(Width));
+		size_t Height;
+		vh_get(rd, &Height, sizeof(Height));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemsetD2D32Async(ch, dstDevice, dstPitch, ui, Width, Height, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpy2D_v2: {
+		CUDA_MEMCPY2D pCopy_v;
+		const CUDA_MEMCPY2D *pCopy = vh_get_opt(rd, &pCopy_v, sizeof(pCopy_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpy2D_v2(ch, pCopy);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpy2DUnaligned_v2: {
+		CUDA_MEMCPY2D pCopy_v;
+		const CUDA_MEMCPY2D *pCopy = vh_get_opt(rd, &pCopy_v, sizeof(pCopy_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpy2DUnaligned_v2(ch, pCopy);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpy2DAsync_v2: {
+		CUDA_MEMCPY2D pCopy_v;
+		const CUDA_MEMCPY2D *pCopy = vh_get_opt(rd, &pCopy_v, sizeof(pCopy_v));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpy2DAsync_v2(ch, pCopy, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpy3D_v2: {
+		CUDA_MEMCPY3D pCopy_v;
+		const CUDA_MEMCPY3D *pCopy = vh_get_opt(rd, &pCopy_v, sizeof(pCopy_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpy3D_v2(ch, pCopy);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuMemcpy3DAsync_v2: {
+		CUDA_MEMCPY3D pCopy_v;
+		const CUDA_MEMCPY3D *pCopy = vh_get_opt(rd, &pCopy_v, sizeof(pCopy_v));
+		CUstream hStream;
+		vh_get(rd, &hStream, sizeof(hStream));
+		if (vh_handle_in(ch, VG_KIND_STREAM, (void **)&hStream))
+			return CUDA_ERROR_INVALID_HANDLE;
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuMemcpy3DAsync_v2(ch, pCopy, hStream);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}
@@ -2581,6 +2759,12 @@ int vh_op_reports_async(uint32_t op)
 	case VG_OP_cuMemcpyDtoHAsync_v2:
 	case VG_OP_cuMemcpy:
 	case VG_OP_cuMemcpyPeer:
+	case VG_OP_cuMemsetD2D8_v2:
+	case VG_OP_cuMemsetD2D16_v2:
+	case VG_OP_cuMemsetD2D32_v2:
+	case VG_OP_cuMemcpy2D_v2:
+	case VG_OP_cuMemcpy2DUnaligned_v2:
+	case VG_OP_cuMemcpy3D_v2:
 		return 1;
 	default:
 		return 0;
@@ -2612,6 +2796,17 @@ int vh_op_gpu_work(uint32_t op)
 	case VG_OP_cuMemcpyPeerAsync:
 	case VG_OP_cuLaunchHostFunc:
 	case VG_OP_cuStreamAddCallback:
+	case VG_OP_cuMemsetD2D8_v2:
+	case VG_OP_cuMemsetD2D16_v2:
+	case VG_OP_cuMemsetD2D32_v2:
+	case VG_OP_cuMemsetD2D8Async:
+	case VG_OP_cuMemsetD2D16Async:
+	case VG_OP_cuMemsetD2D32Async:
+	case VG_OP_cuMemcpy2D_v2:
+	case VG_OP_cuMemcpy2DUnaligned_v2:
+	case VG_OP_cuMemcpy2DAsync_v2:
+	case VG_OP_cuMemcpy3D_v2:
+	case VG_OP_cuMemcpy3DAsync_v2:
 		return 1;
 	default:
 		return 0;

@@ -104,5 +104,15 @@ CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void * user
 CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void * userData, unsigned int flags, unsigned vg_flags);
 CUresult handwritten_cuMemExportToShareableHandle(void * shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags, unsigned vg_flags);
 CUresult handwritten_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle * handle, void * osHandle, CUmemAllocationHandleType shHandleType, unsigned vg_flags);
+CUresult handwritten_cuMemcpy2D_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
+CUresult forward_cuMemcpy2D_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
+CUresult handwritten_cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
+CUresult forward_cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
+CUresult handwritten_cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D * pCopy, CUstream hStream, unsigned vg_flags);
+CUresult forward_cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D * pCopy, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuMemcpy3D_v2(const CUDA_MEMCPY3D * pCopy, unsigned vg_flags);
+CUresult forward_cuMemcpy3D_v2(const CUDA_MEMCPY3D * pCopy, unsigned vg_flags);
+CUresult handwritten_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D * pCopy, CUstream hStream, unsigned vg_flags);
+CUresult forward_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D * pCopy, CUstream hStream, unsigned vg_flags);
 
 #endif

@@ -152,7 +152,18 @@
 #define VG_OP_cuMemImportFromShareableHandle 186
 #define VG_OP_cuMemRetainAllocationHandle 187
 #define VG_OP_cuMemGetAllocationPropertiesFromHandle 188
-#define VG_OP_LIMIT 189
+#define VG_OP_cuMemsetD2D8_v2 189
+#define VG_OP_cuMemsetD2D16_v2 190
+#define VG_OP_cuMemsetD2D32_v2 191
+#define VG_OP_cuMemsetD2D8Async 192
+#define VG_OP_cuMemsetD2D16Async 193
+#define VG_OP_cuMemsetD2D32Async 194
+#define VG_OP_cuMemcpy2D_v2 195
+#define VG_OP_cuMemcpy2DUnaligned_v2 196
+#define VG_OP_cuMemcpy2DAsync_v2 197
+#define VG_OP_cuMemcpy3D_v2 198
+#define VG_OP_cuMemcpy3DAsync_v2 199
+#define VG_OP_LIMIT 200
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -304,5 +315,16 @@
 	X(186, cuMemImportFromShareableHandle) \
 	X(187, cuMemRetainAllocationHandle) \
 	X(188, cuMemGetAllocationPropertiesFromHandle) \
+	X(189, cuMemsetD2D8_v2) \
+	X(190, cuMemsetD2D16_v2) \
+	X(191, cuMemsetD2D32_v2) \
+	X(192, cuMemsetD2D8Async) \
+	X(193, cuMemsetD2D16Async) \
+	X(194, cuMemsetD2D32Async) \
+	X(195, cuMemcpy2D_v2) \
+	X(196, cuMemcpy2DUnaligned_v2) \
+	X(197, cuMemcpy2DAsync_v2) \
+	X(198, cuMemcpy3D_v2) \
+	X(199, cuMemcpy3DAsync_v2) \
 
 #endif

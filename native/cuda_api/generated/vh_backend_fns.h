@@ -151,6 +151,11 @@
 	X(cuMemSetAccess) \
 	X(cuMemUnmap) \
 	X(cuMemcpy) \
+	X(cuMemcpy2DAsync_v2) \
+	X(cuMemcpy2DUnaligned_v2) \
+	X(cuMemcpy2D_v2) \
+	X(cuMemcpy3DAsync_v2) \
+	X(cuMemcpy3D_v2) \
 	X(cuMemcpyAsync) \
 	X(cuMemcpyDtoHAsync_v2) \
 	X(cuMemcpyDtoH_v2) \
@@ -158,6 +163,12 @@
 	X(cuMemcpyHtoD_v2) \
 	X(cuMemcpyPeer) \
 	X(cuMemcpyPeerAsync) \
+	X(cuMemsetD2D16Async) \
+	X(cuMemsetD2D16_v2) \
+	X(cuMemsetD2D32Async) \
+	X(cuMemsetD2D32_v2) \
+	X(cuMemsetD2D8Async) \
+	X(cuMemsetD2D8_v2) \
 	X(cuModuleEnumerateFunctions) \
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleGetGlobal_v2) \

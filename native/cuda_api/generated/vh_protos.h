@@ -81,5 +81,16 @@ CUresult handwritten_cuMemExportToShareableHandle(struct vh_chan *ch, uint32_t f
 CUresult handwritten_cuMemImportFromShareableHandle(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 CUresult guarded_cuMemRetainAllocationHandle(struct vh_chan *ch, CUmemGenericAllocationHandle * handle, void * addr);
 CUresult guarded_cuMemGetAllocationPropertiesFromHandle(struct vh_chan *ch, CUmemAllocationProp * prop, CUmemGenericAllocationHandle handle);
+CUresult guarded_cuMemsetD2D8_v2(struct vh_chan *ch, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height);
+CUresult guarded_cuMemsetD2D16_v2(struct vh_chan *ch, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height);
+CUresult guarded_cuMemsetD2D32_v2(struct vh_chan *ch, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height);
+CUresult guarded_cuMemsetD2D8Async(struct vh_chan *ch, CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream);
+CUresult guarded_cuMemsetD2D16Async(struct vh_chan *ch, CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream);
+CUresult guarded_cuMemsetD2D32Async(struct vh_chan *ch, CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream);
+CUresult guarded_cuMemcpy2D_v2(struct vh_chan *ch, const CUDA_MEMCPY2D * pCopy);
+CUresult guarded_cuMemcpy2DUnaligned_v2(struct vh_chan *ch, const CUDA_MEMCPY2D * pCopy);
+CUresult guarded_cuMemcpy2DAsync_v2(struct vh_chan *ch, const CUDA_MEMCPY2D * pCopy, CUstream hStream);
+CUresult guarded_cuMemcpy3D_v2(struct vh_chan *ch, const CUDA_MEMCPY3D * pCopy);
+CUresult guarded_cuMemcpy3DAsync_v2(struct vh_chan *ch, const CUDA_MEMCPY3D * pCopy, CUstream hStream);
 
 #endif
