@@ -9,6 +9,13 @@
  * VMGPU_FEAT_REMOTE), no host can see the heap: "pinned" memory is then the
  * process's own pages, copied like pageable memory through the bulk area, and
  * it has no device address (cuMemHostGetDevicePointer: not supported).
+ *
+ * cuMemHostRegister: the host cannot pin or reach memory the program allocated itself (it lies
+ * outside the region), so registration is kept here, honestly: a registered range is listed
+ * (overlaps refused as the driver refuses them), its copies are correct but move as pageable
+ * memory does (through the bulk area, not by DMA), its pointer attributes say host memory with
+ * no device mapping, and cuMemHostGetDevicePointer refuses it (CUDA_ERROR_NOT_SUPPORTED, said
+ * once): a kernel cannot be given it.  IO memory is refused.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -36,8 +43,11 @@ struct local_block {
 	void *p;
 	size_t size;
 	struct local_block *next;
+	unsigned flags; /* a registered range's cuMemHostRegister flags */
 };
 static struct local_block *local_blocks;
+/* ranges registered with cuMemHostRegister */
+static struct local_block *registered;
 static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int remote(void)
@@ -56,7 +66,7 @@ static CUresult local_alloc(void **pp, size_t size)
 			munmap(p, n);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	*b = (struct local_block){p, n, NULL};
+	*b = (struct local_block){.p = p, .size = n};
 	pthread_mutex_lock(&local_lock);
 	b->next = local_blocks;
 	local_blocks = b;
@@ -83,15 +93,22 @@ static int local_block(void *p, int release)
 	return b != NULL;
 }
 
+/* The block of list holding p (under local_lock), or NULL. */
+static struct local_block *block_at(struct local_block *list, uintptr_t a)
+{
+	while (list && !(a >= (uintptr_t)list->p && a - (uintptr_t)list->p < list->size))
+		list = list->next;
+	return list;
+}
+
 int vg_local_pinned(const void *p, void **base, size_t *size)
 {
-	if (!p || !remote())
+	if (!p)
 		return 0;
-	uintptr_t a = (uintptr_t)p;
 	pthread_mutex_lock(&local_lock);
-	struct local_block *b = local_blocks;
-	while (b && !(a >= (uintptr_t)b->p && a - (uintptr_t)b->p < b->size))
-		b = b->next;
+	struct local_block *b = block_at(registered, (uintptr_t)p);
+	if (!b && remote())
+		b = block_at(local_blocks, (uintptr_t)p);
 	if (b) {
 		*base = b->p;
 		*size = b->size;
@@ -156,11 +173,25 @@ CUresult handwritten_cuMemFreeHost(void *p, unsigned f)
 	return e < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* The flags p was registered with (under local_lock); -1 if it is not registered memory. */
+static long registered_flags(const void *p)
+{
+	struct local_block *b = p ? block_at(registered, (uintptr_t)p) : NULL;
+	return b ? (long)b->flags : -1;
+}
+
 CUresult handwritten_cuMemHostGetFlags(unsigned int *flags, void *p, unsigned f)
 {
 	(void)f;
 	if (!flags)
 		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&local_lock);
+	long rf = registered_flags(p);
+	pthread_mutex_unlock(&local_lock);
+	if (rf >= 0) {
+		*flags = (unsigned)rf;
+		return CUDA_SUCCESS;
+	}
 	if (p && remote() && local_block(p, 0)) {
 		*flags = CU_MEMHOSTALLOC_PORTABLE;
 		return CUDA_SUCCESS;
@@ -175,6 +206,17 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsi
 {
 	if (!pd)
 		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&local_lock);
+	long rf = registered_flags(p);
+	pthread_mutex_unlock(&local_lock);
+	if (rf >= 0) {
+		static int said;
+		if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			vg_log("cuMemHostGetDevicePointer: memory registered with cuMemHostRegister has no device "
+			       "address in a guest (the GPU's host cannot reach it): CUDA_ERROR_NOT_SUPPORTED; "
+			       "cuMemHostAlloc gives memory a kernel can use");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
 	if (remote())
 		return CUDA_ERROR_NOT_SUPPORTED; /* the GPU's host cannot see this machine's memory */
 	uint64_t off = vg_heap_offset(p, 1);
@@ -199,4 +241,76 @@ CUresult handwritten_cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsi
 						 : (CUdeviceptr)a.value;
 	}
 	return vg_end(&c, r);
+}
+
+/* ---- cuMemHostRegister: listed here (see the top of this file) --------------------------- */
+
+#define REGISTER_FLAGS                                                                               \
+	(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |   \
+	 CU_MEMHOSTREGISTER_READ_ONLY)
+
+static CUresult host_register(void *p, size_t size, unsigned flags)
+{
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (!p || size == 0 || (flags & ~(unsigned)REGISTER_FLAGS) || (uintptr_t)p + size < (uintptr_t)p)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (flags & CU_MEMHOSTREGISTER_IOMEMORY)
+		return CUDA_ERROR_NOT_SUPPORTED; /* a device's I/O memory: nothing a guest can hand over */
+	/* pinned memory already, as the driver says of memory cuMemHostAlloc gave */
+	if (vg_heap_offset(p, 1) != UINT64_MAX || vg_heap_offset((const uint8_t *)p + size - 1, 1) != UINT64_MAX)
+		return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	struct local_block *n = malloc(sizeof *n);
+	if (!n)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*n = (struct local_block){.p = p, .size = size, .flags = flags};
+	uintptr_t lo = (uintptr_t)p, hi = lo + size;
+	pthread_mutex_lock(&local_lock);
+	for (struct local_block *b = registered; b; b = b->next)
+		if (lo < (uintptr_t)b->p + b->size && (uintptr_t)b->p < hi) {
+			pthread_mutex_unlock(&local_lock);
+			free(n);
+			return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+		}
+	n->next = registered;
+	registered = n;
+	pthread_mutex_unlock(&local_lock);
+	static int said;
+	if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+		vg_log("cuMemHostRegister: registered memory is copied as pageable memory is in a guest (correct, "
+		       "not zero-copy) and a kernel cannot reach it; cuMemHostAlloc gives pinned memory");
+	return CUDA_SUCCESS;
+}
+
+CUresult handwritten_cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags, unsigned f)
+{
+	(void)f;
+	return host_register(p, bytesize, Flags);
+}
+
+CUresult handwritten_cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags, unsigned f)
+{
+	(void)f;
+	return host_register(p, bytesize, Flags);
+}
+
+CUresult handwritten_cuMemHostUnregister(void *p, unsigned f)
+{
+	(void)f;
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	pthread_mutex_lock(&local_lock);
+	struct local_block **at = &registered;
+	while (*at && (*at)->p != p)
+		at = &(*at)->next;
+	struct local_block *b = *at;
+	if (b)
+		*at = b->next;
+	pthread_mutex_unlock(&local_lock);
+	if (!b)
+		return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED; /* only the base of a registered range */
+	free(b);
+	return CUDA_SUCCESS;
 }

@@ -224,6 +224,21 @@ VG_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int *pFlags, void *p)
 	return handwritten_cuMemHostGetFlags(pFlags, p, 0);
 }
 
+VG_EXPORT CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
+{
+	return handwritten_cuMemHostRegister(p, bytesize, Flags, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+	return handwritten_cuMemHostRegister_v2(p, bytesize, Flags, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMemHostUnregister(void *p)
+{
+	return handwritten_cuMemHostUnregister(p, 0);
+}
+
 VG_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset, size_t *paramSize)
 {
 	return handwritten_cuFuncGetParamInfo(func, paramIndex, paramOffset, paramSize, 0);

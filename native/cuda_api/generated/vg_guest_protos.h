@@ -52,6 +52,9 @@ CUresult handwritten_cuMemAllocHost_v2(void ** pp, size_t bytesize, unsigned vg_
 CUresult handwritten_cuMemHostAlloc(void ** pp, size_t bytesize, unsigned int Flags, unsigned vg_flags);
 CUresult handwritten_cuMemFreeHost(void * p, unsigned vg_flags);
 CUresult handwritten_cuMemHostGetFlags(unsigned int * pFlags, void * p, unsigned vg_flags);
+CUresult handwritten_cuMemHostRegister(void * p, size_t bytesize, unsigned int Flags, unsigned vg_flags);
+CUresult handwritten_cuMemHostRegister_v2(void * p, size_t bytesize, unsigned int Flags, unsigned vg_flags);
+CUresult handwritten_cuMemHostUnregister(void * p, unsigned vg_flags);
 CUresult handwritten_cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize, unsigned vg_flags);
 CUresult handwritten_cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t * paramOffset, size_t * paramSize, unsigned vg_flags);
 CUresult handwritten_cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus * captureStatus_out, cuuint64_t * id_out, unsigned vg_flags);
