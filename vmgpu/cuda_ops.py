@@ -173,4 +173,12 @@ OPS = {
     197: "cuMemcpy2DAsync_v2",
     198: "cuMemcpy3D_v2",
     199: "cuMemcpy3DAsync_v2",
+    200: "cuTexObjectCreate",
+    201: "cuTexObjectDestroy",
+    202: "cuTexObjectGetResourceDesc",
+    203: "cuTexObjectGetTextureDesc",
+    204: "cuTexObjectGetResourceViewDesc",
+    205: "cuSurfObjectCreate",
+    206: "cuSurfObjectDestroy",
+    207: "cuSurfObjectGetResourceDesc",
 }

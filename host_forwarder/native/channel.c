@@ -59,6 +59,9 @@ void vh_chan_release_all(struct vh_chan *ch)
 	B->cuCtxSetCurrent(NULL);
 	ch->cur_dev = -1;
 	free(ch->allocs);
+	free(ch->texobjs); /* (the objects went with the contexts) */
+	ch->texobjs = NULL;
+	ch->ntexobjs = ch->captexobjs = 0;
 	free(ch->spans);
 	free(ch->fn_tags);
 	ch->spans = NULL;

@@ -73,6 +73,8 @@ struct vh_chan {
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
 	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */
+	struct vh_texobj *texobjs;    /* texture and surface objects this process made (texture.c) */
+	uint32_t ntexobjs, captexobjs;
 };
 
 /* A buffer of n elements of elsz bytes for one call (at most 64 MiB), or NULL. */

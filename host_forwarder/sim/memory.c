@@ -194,6 +194,86 @@ EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray h)
 	return r;
 }
 
+/* ---- texture and surface objects: their descriptions, kept; a resource must exist ---- */
+
+#define TEX_MAGIC 0x54455854u
+struct sim_tex { uint32_t magic; int surface; CUDA_RESOURCE_DESC res; CUDA_TEXTURE_DESC tex; CUDA_RESOURCE_VIEW_DESC view; };
+
+static CUresult tex_new(unsigned long long *out, const CUDA_RESOURCE_DESC *r, const CUDA_TEXTURE_DESC *t,
+			const CUDA_RESOURCE_VIEW_DESC *v, int surface)
+{
+	if (!out || !r || (!surface && !t)) return CUDA_ERROR_INVALID_VALUE;
+	if (r->resType == CU_RESOURCE_TYPE_ARRAY) {
+		if (!sim_is_obj((void *)r->res.array.hArray, ARRAY_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	} else if (surface) {
+		return CUDA_ERROR_INVALID_VALUE;
+	} else if (r->resType == CU_RESOURCE_TYPE_LINEAR) {
+		if (!r->res.linear.sizeInBytes || !sim_resolve(r->res.linear.devPtr, r->res.linear.sizeInBytes))
+			return CUDA_ERROR_INVALID_VALUE;
+	} else if (r->resType == CU_RESOURCE_TYPE_PITCH2D) {
+		if (!r->res.pitch2D.height || !sim_resolve(r->res.pitch2D.devPtr, r->res.pitch2D.pitchInBytes * r->res.pitch2D.height))
+			return CUDA_ERROR_INVALID_VALUE;
+	} else {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	struct sim_tex *x = calloc(1, sizeof *x);
+	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+	*x = (struct sim_tex){TEX_MAGIC, surface, *r};
+	if (t) x->tex = *t;
+	if (v) x->view = *v;
+	*out = (uint64_t)(uintptr_t)x;
+	return CUDA_SUCCESS;
+}
+static struct sim_tex *tex_of(uint64_t v, int surface)
+{
+	struct sim_tex *x = (struct sim_tex *)(uintptr_t)v;
+	return sim_is_obj(x, TEX_MAGIC) && x->surface == surface ? x : NULL;
+}
+static CUresult tex_del(uint64_t v, int surface)
+{
+	struct sim_tex *x = tex_of(v, surface);
+	if (!x) return CUDA_ERROR_INVALID_VALUE;
+	x->magic = 0;
+	free(x);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuTexObjectCreate(CUtexObject *o, const CUDA_RESOURCE_DESC *r, const CUDA_TEXTURE_DESC *t,
+				  const CUDA_RESOURCE_VIEW_DESC *v)
+{
+	return tex_new(o, r, t, v, 0);
+}
+EXPORT CUresult cuSurfObjectCreate(CUsurfObject *o, const CUDA_RESOURCE_DESC *r) { return tex_new(o, r, NULL, NULL, 1); }
+EXPORT CUresult cuTexObjectDestroy(CUtexObject o) { return tex_del(o, 0); }
+EXPORT CUresult cuSurfObjectDestroy(CUsurfObject o) { return tex_del(o, 1); }
+EXPORT CUresult cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC *d, CUtexObject o)
+{
+	struct sim_tex *x = tex_of(o, 0);
+	if (!d || !x) return CUDA_ERROR_INVALID_VALUE;
+	*d = x->res;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC *d, CUsurfObject o)
+{
+	struct sim_tex *x = tex_of(o, 1);
+	if (!d || !x) return CUDA_ERROR_INVALID_VALUE;
+	*d = x->res;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC *d, CUtexObject o)
+{
+	struct sim_tex *x = tex_of(o, 0);
+	if (!d || !x) return CUDA_ERROR_INVALID_VALUE;
+	*d = x->tex;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC *d, CUtexObject o)
+{
+	struct sim_tex *x = tex_of(o, 0);
+	if (!d || !x) return CUDA_ERROR_INVALID_VALUE;
+	*d = x->view;
+	return CUDA_SUCCESS;
+}
+
 /* ---- pointer attributes ---- */
 
 EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)

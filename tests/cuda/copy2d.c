@@ -3,7 +3,8 @@
  * CPU:  copy2d [noarray]
  * Pageable and pinned host memory, pitched device memory, a sub-rectangle at an offset, the async
  * variants on a stream, a 3D copy of a few slices, and (unless "noarray": the simulated backend
- * has no arrays) a 2D array written from pageable memory and read back into pinned memory.
+ * has no arrays) a 2D array written from pageable memory and read back into pinned memory; texture
+ * objects over the pitched memory and the array, their resources answered as given.
  * Prints one line per step, "<step> <CUresult>", and exits 0 only if every step succeeded.
  */
 #include <cuda.h>
@@ -117,6 +118,23 @@ int main(int argc, char **argv)
 	step("sync3", cuStreamSynchronize(st));
 	same("result_3d", back, h3, (size_t)X3 * Y3 * Z3);
 
+	/* a texture over the pitched rectangle (its resource checked, its description answered) */
+	CUDA_RESOURCE_DESC rd = {.resType = CU_RESOURCE_TYPE_PITCH2D};
+	rd.res.pitch2D.devPtr = a;
+	rd.res.pitch2D.format = CU_AD_FORMAT_UNSIGNED_INT8;
+	rd.res.pitch2D.numChannels = 1;
+	rd.res.pitch2D.width = W;
+	rd.res.pitch2D.height = H;
+	rd.res.pitch2D.pitchInBytes = pa;
+	CUDA_TEXTURE_DESC td = {.addressMode = {CU_TR_ADDRESS_MODE_CLAMP, CU_TR_ADDRESS_MODE_CLAMP}};
+	CUtexObject tex;
+	if (!step("texture_pitch2d", cuTexObjectCreate(&tex, &rd, &td, NULL))) {
+		CUDA_RESOURCE_DESC back_rd;
+		step("texture_resource", cuTexObjectGetResourceDesc(&back_rd, tex));
+		step("texture_resource_same", back_rd.resType == CU_RESOURCE_TYPE_PITCH2D && back_rd.res.pitch2D.devPtr == a
+						  ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
+		step("texture_destroy", cuTexObjectDestroy(tex));
+	}
 	if (arrays) {
 		CUarray arr;
 		CUDA_ARRAY_DESCRIPTOR ad = {.Width = 256, .Height = 64, .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
@@ -132,6 +150,15 @@ int main(int argc, char **argv)
 			for (int y = 0; y < 64; y++)
 				ok &= memcmp(pinned + y * 256, src + (size_t)y * HP, 256) == 0;
 			step("result_array", ok ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
+			CUDA_RESOURCE_DESC ar = {.resType = CU_RESOURCE_TYPE_ARRAY};
+			ar.res.array.hArray = arr;
+			CUtexObject at;
+			CUDA_RESOURCE_DESC aback;
+			if (!step("texture_array", cuTexObjectCreate(&at, &ar, &td, NULL))) {
+				step("texture_array_resource", cuTexObjectGetResourceDesc(&aback, at));
+				step("texture_array_same", aback.res.array.hArray == arr ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN);
+				step("texture_array_destroy", cuTexObjectDestroy(at));
+			}
 			step("array_destroy", cuArrayDestroy(arr));
 		}
 	}

@@ -12,7 +12,6 @@ import subprocess
 import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env
-from tests.native.test_ipc_sim import guests  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.native
 
@@ -101,7 +100,14 @@ def test_the_gpu_suites_program_copies_and_sets_rectangles_as_the_cpu_does(shm_p
         )
         assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
         assert fwd.proc.poll() is None, fwd.log()
-    for s in ("result_2d", "result_pageable", "result_3d", "memset2d32_async", "dtoh_pinned_async"):
+    for s in (
+        "result_2d",
+        "result_pageable",
+        "result_3d",
+        "memset2d32_async",
+        "dtoh_pinned_async",
+        "texture_resource_same",
+    ):
         assert f"\n{s} 0\n" in "\n" + r.stdout, (s, r.stdout)
     assert r.stdout.rstrip().endswith("copy2d ok")
 
@@ -122,8 +128,16 @@ def test_a_pitched_side_is_refused_unless_every_byte_it_reaches_is_the_processs_
         src = int(a.ok("alloc", MiB))
         for _ in range(3):  # B's third allocation lies past A's two (both start at the same place)
             other = int(b.ok("alloc", MiB))
-        base = dict(srcMemoryType=DEVICE, srcDevice=src, srcPitch=1024, dstMemoryType=DEVICE, dstDevice=dev,
-                    dstPitch=1024, WidthInBytes=1024, Height=1024)
+        base = dict(
+            srcMemoryType=DEVICE,
+            srcDevice=src,
+            srcPitch=1024,
+            dstMemoryType=DEVICE,
+            dstDevice=dev,
+            dstPitch=1024,
+            WidthInBytes=1024,
+            Height=1024,
+        )
         assert a("copy2d", *fields(**base)) == (SUCCESS, "")
         assert a("copy2d_async", *fields(**base)) == (SUCCESS, "")
         refused = {
@@ -142,8 +156,19 @@ def test_a_pitched_side_is_refused_unless_every_byte_it_reaches_is_the_processs_
         assert a("copy2d", *fields(**dict(base, srcMemoryType=ARRAY, srcArray=0x1234)))[0] == INVALID_HANDLE
         assert a("copy2d", *fields(**dict(base, srcMemoryType=9)))[0] == INVALID_VALUE
         assert a("null2d")[0] == INVALID_VALUE
-        slab = dict(srcMemoryType=DEVICE, srcDevice=src, srcPitch=512, srcHeight=512, dstMemoryType=DEVICE,
-                    dstDevice=dev, dstPitch=512, dstHeight=512, WidthInBytes=512, Height=512, Depth=4)
+        slab = dict(
+            srcMemoryType=DEVICE,
+            srcDevice=src,
+            srcPitch=512,
+            srcHeight=512,
+            dstMemoryType=DEVICE,
+            dstDevice=dev,
+            dstPitch=512,
+            dstHeight=512,
+            WidthInBytes=512,
+            Height=512,
+            Depth=4,
+        )
         assert a("copy3d", *fields(**slab)) == (SUCCESS, "")
         assert a("copy3d", *fields(**dict(slab, dstZ=1)))[0] == INVALID_VALUE  # the 5th slice
         assert a("copy3d", *fields(**dict(slab, Depth=5)))[0] == INVALID_VALUE
@@ -161,8 +186,16 @@ def test_host_memory_is_its_own_pinned_memory_or_moved_by_the_guest_library(shm_
         dev = int(a.ok("alloc", MiB))
         pinned = int(a.ok("pinned", 4096))
         pageable = int(a.ok("pageable", 64 * 1024))
-        ok = dict(srcMemoryType=HOST, srcHost=pinned, srcPitch=64, dstMemoryType=DEVICE, dstDevice=dev, dstPitch=64,
-                  WidthInBytes=64, Height=64)
+        ok = dict(
+            srcMemoryType=HOST,
+            srcHost=pinned,
+            srcPitch=64,
+            dstMemoryType=DEVICE,
+            dstDevice=dev,
+            dstPitch=64,
+            WidthInBytes=64,
+            Height=64,
+        )
         assert a("copy2d", *fields(**ok)) == (SUCCESS, "")
         assert a("copy2d", *fields(**dict(ok, srcPitch=1 << 40, Height=2)))[0] == INVALID_VALUE
         assert a("copy2d_async", *fields(**dict(ok, srcPitch=1 << 40, Height=2)))[0] == INVALID_VALUE

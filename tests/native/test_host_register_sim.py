@@ -8,7 +8,6 @@ refuses them.  On the simulated backend and the ASan/UBSan forwarder."""
 import pytest
 
 from tests.forwarder import forwarder
-from tests.native.test_ipc_sim import guests  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.native
 

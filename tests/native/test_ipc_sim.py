@@ -15,7 +15,6 @@ import os
 import signal
 import struct
 import subprocess
-import sys
 
 import pytest
 
@@ -110,76 +109,10 @@ for line in sys.stdin:
 """
 
 
-class Guest:
-    """One guest process of the region, on one GPU, run command by command."""
-
-    def __init__(self, region, gpu: int = 0, script: str = GUEST):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(GUEST_LIB), str(gpu)],
-            env=guest_env(region),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        assert line.strip() == "ready", line + self.stderr()
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            return ""
-        return self.proc.stderr.read()
-
-    def __call__(self, *words) -> tuple[int, str]:
-        """Run a command: (CUresult, its value as text)."""
-        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"{words}: the guest process ended: {self.stderr()}"
-        r, _, value = line.strip().partition(" ")
-        return int(r), value
-
-    def ok(self, *words) -> str:
-        r, value = self(*words)
-        assert r == SUCCESS, (words, r)
-        return value
-
-    def exit(self) -> None:
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=30) == 0, self.proc.stderr.read()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            f.close()
-
-
-@pytest.fixture
-def two_gpus(monkeypatch):
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-
-
 def asan_forwarder(region, **kw):
     if not (ASAN / "vmgpu-forwarder").exists():
         pytest.fail("build/asan is missing: run `make native-asan`")
     return forwarder(region, extra=["--gpus", "0,1"], asan=True, **kw)
-
-
-@pytest.fixture
-def guests():
-    """Guest processes a test starts, killed at its end whatever happened."""
-    started: list[Guest] = []
-
-    def start(region, gpu: int = 0, script: str = GUEST) -> Guest:
-        g = Guest(region, gpu, script)
-        started.append(g)
-        return g
-
-    yield start
-    for g in started:
-        g.kill()
 
 
 def tampered(hexs: str, byte: int) -> str:
@@ -195,7 +128,7 @@ def test_a_guest_process_opens_and_closes_memory_another_process_of_its_guest_ex
     exporting the same block twice gets the same handle; the handle is not the simulated driver's
     (the guest never sees the real one)."""
     with asan_forwarder(shm_path) as fwd:
-        a, b = guests(shm_path, 0), guests(shm_path, 1)
+        a, b = guests(shm_path, 0, GUEST), guests(shm_path, 1, GUEST)
         block = a.ok("alloc", 1 << 20)
         h = a.ok("export_mem", block)
         assert a.ok("export_mem", block) == h
@@ -221,7 +154,7 @@ def test_only_the_base_of_a_block_of_its_own_is_exported(shm_path, two_gpus, gue
     memory named by A (the same number in A names nothing), a block B opened by IPC (not B's
     cuMemAlloc block) and a freed block: each export refused with CUDA_ERROR_INVALID_VALUE."""
     with asan_forwarder(shm_path) as fwd:
-        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        a, b = guests(shm_path, 0, GUEST), guests(shm_path, 0, GUEST)
         block = int(a.ok("alloc", 4096))
         assert a("export_mem", block + 256)[0] == INVALID_VALUE
         assert a("export_mem", 0x1234000)[0] == INVALID_VALUE
@@ -246,7 +179,7 @@ def test_forged_and_foreign_handles_open_nothing(shm_path, two_gpus, guests):
     other = shm_path.with_name(shm_path.name + "-other")
     try:
         with asan_forwarder(shm_path) as fwd1, asan_forwarder(other) as fwd2:
-            g1, a2, b2 = guests(shm_path, 0), guests(other, 0), guests(other, 0)
+            g1, a2, b2 = guests(shm_path, 0, GUEST), guests(other, 0, GUEST), guests(other, 0, GUEST)
             foreign = g1.ok("export_mem", g1.ok("alloc", 4096))
             own = a2.ok("export_mem", a2.ok("alloc", 4096))
             second = a2.ok("export_mem", a2.ok("alloc", 4096))
@@ -278,7 +211,7 @@ def test_a_handle_opens_nothing_new_once_its_block_is_freed_or_its_process_ends(
     block's handle is refused.  A second exporter's worker is killed (the supervisor removes what
     it exported): its handle is refused too, and the forwarder serves on."""
     with asan_forwarder(shm_path) as fwd:
-        a, b = guests(shm_path, 0), guests(shm_path, 1)
+        a, b = guests(shm_path, 0, GUEST), guests(shm_path, 1, GUEST)
         blocks = [a.ok("alloc", 4096) for _ in range(2)]
         handles = [a.ok("export_mem", p) for p in blocks]
         opened = b.ok("open_mem", handles[0])
@@ -297,7 +230,7 @@ def test_a_handle_opens_nothing_new_once_its_block_is_freed_or_its_process_ends(
         assert b("open_mem", handles[1])[0] == INVALID_VALUE
 
         workers = set(worker_pids(fwd))
-        c = guests(shm_path, 0)
+        c = guests(shm_path, 0, GUEST)
         h = c.ok("export_mem", c.ok("alloc", 4096))
         c_worker = set(worker_pids(fwd)) - workers
         assert len(c_worker) == 1, (workers, c_worker)
@@ -313,7 +246,7 @@ def test_an_interprocess_event_is_exported_opened_recorded_and_waited_on(shm_pat
     queries it, as A does with its own; a tampered event handle, or a memory handle presented as an
     event's, is refused; B destroys its opened event."""
     with asan_forwarder(shm_path) as fwd:
-        a, b = guests(shm_path, 0), guests(shm_path, 1)
+        a, b = guests(shm_path, 0, GUEST), guests(shm_path, 1, GUEST)
         timing = a.ok("event", 0)
         assert a("export_event", timing)[0] == INVALID_VALUE
         ev = a.ok("event", 6)
@@ -336,7 +269,7 @@ def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, 
     charged again the guest would be at 80 MiB, over its quota) and can still take 16 MiB, while
     24 MiB more than that is refused: the quota counts A's block once."""
     with forwarder(shm_path, mem="64M,64M", extra=["--gpus", "0,1"], asan=True) as fwd:
-        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        a, b = guests(shm_path, 0, GUEST), guests(shm_path, 0, GUEST)
         h = a.ok("export_mem", a.ok("alloc", 40 << 20))
         assert int(b.ok("open_mem", h)) != 0
         assert int(b.ok("alloc", 16 << 20)) != 0
@@ -412,7 +345,7 @@ def test_the_table_of_exported_handles_is_bounded_and_a_full_one_refuses_only_ne
     (the forwarder's table holds 1024), logged once; handles already given still open in another
     process, and once the first process ends its slots are free again for the guest's others."""
     with forwarder(shm_path, asan=True) as fwd:
-        a, b = guests(shm_path, 0), guests(shm_path, 0)
+        a, b = guests(shm_path, 0, GUEST), guests(shm_path, 0, GUEST)
         first = a.ok("export_mem", a.ok("alloc", 4096))
         r, rest = a("export_many", 5000)
         exported, _ = rest.split()

@@ -22,7 +22,7 @@ import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env, wait_for, worker_pids
 from tests.native.test_generator import raw
-from tests.native.test_ipc_sim import asan_forwarder, guests, tampered, two_gpus  # noqa: F401 (fixtures)
+from tests.native.test_ipc_sim import asan_forwarder, tampered
 from vmgpu import shm
 
 pytestmark = pytest.mark.native

@@ -3387,3 +3387,175 @@ VG_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, C
 {
 	return handwritten_cuMemcpy3DAsync_v2(pCopy, hStream, VG_F_PTDS);
 }
+
+static CUresult forward_cuTexObjectCreate(CUtexObject * pTexObject, const CUDA_RESOURCE_DESC * pResDesc, const CUDA_TEXTURE_DESC * pTexDesc, const CUDA_RESOURCE_VIEW_DESC * pResViewDesc, unsigned vg_flags)
+{
+	if (pTexObject == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTexObjectCreate, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pTexObject != NULL);
+	vg_put_opt(&c, pResDesc, sizeof(*pResDesc));
+	vg_put_opt(&c, pTexDesc, sizeof(*pTexDesc));
+	vg_put_opt(&c, pResViewDesc, sizeof(*pResViewDesc));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pTexObject != NULL)
+			vg_get(&c, pTexObject, sizeof(*pTexObject));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTexObjectCreate(CUtexObject *pTexObject, const CUDA_RESOURCE_DESC *pResDesc, const CUDA_TEXTURE_DESC *pTexDesc, const CUDA_RESOURCE_VIEW_DESC *pResViewDesc)
+{
+	return forward_cuTexObjectCreate(pTexObject, pResDesc, pTexDesc, pResViewDesc, 0);
+}
+
+static CUresult forward_cuTexObjectDestroy(CUtexObject texObject, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTexObjectDestroy, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &texObject, sizeof(texObject));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTexObjectDestroy(CUtexObject texObject)
+{
+	return forward_cuTexObjectDestroy(texObject, 0);
+}
+
+static CUresult forward_cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC * pResDesc, CUtexObject texObject, unsigned vg_flags)
+{
+	if (pResDesc == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTexObjectGetResourceDesc, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pResDesc != NULL);
+	vg_put(&c, &texObject, sizeof(texObject));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pResDesc != NULL)
+			vg_get(&c, pResDesc, sizeof(*pResDesc));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC *pResDesc, CUtexObject texObject)
+{
+	return forward_cuTexObjectGetResourceDesc(pResDesc, texObject, 0);
+}
+
+static CUresult forward_cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC * pTexDesc, CUtexObject texObject, unsigned vg_flags)
+{
+	if (pTexDesc == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTexObjectGetTextureDesc, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pTexDesc != NULL);
+	vg_put(&c, &texObject, sizeof(texObject));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pTexDesc != NULL)
+			vg_get(&c, pTexDesc, sizeof(*pTexDesc));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTexObjectGetTextureDesc(CUDA_TEXTURE_DESC *pTexDesc, CUtexObject texObject)
+{
+	return forward_cuTexObjectGetTextureDesc(pTexDesc, texObject, 0);
+}
+
+static CUresult forward_cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC * pResViewDesc, CUtexObject texObject, unsigned vg_flags)
+{
+	if (pResViewDesc == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuTexObjectGetResourceViewDesc, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pResViewDesc != NULL);
+	vg_put(&c, &texObject, sizeof(texObject));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pResViewDesc != NULL)
+			vg_get(&c, pResViewDesc, sizeof(*pResViewDesc));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC *pResViewDesc, CUtexObject texObject)
+{
+	return forward_cuTexObjectGetResourceViewDesc(pResViewDesc, texObject, 0);
+}
+
+static CUresult forward_cuSurfObjectCreate(CUsurfObject * pSurfObject, const CUDA_RESOURCE_DESC * pResDesc, unsigned vg_flags)
+{
+	if (pSurfObject == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuSurfObjectCreate, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pSurfObject != NULL);
+	vg_put_opt(&c, pResDesc, sizeof(*pResDesc));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pSurfObject != NULL)
+			vg_get(&c, pSurfObject, sizeof(*pSurfObject));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuSurfObjectCreate(CUsurfObject *pSurfObject, const CUDA_RESOURCE_DESC *pResDesc)
+{
+	return forward_cuSurfObjectCreate(pSurfObject, pResDesc, 0);
+}
+
+static CUresult forward_cuSurfObjectDestroy(CUsurfObject surfObject, unsigned vg_flags)
+{
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuSurfObjectDestroy, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put(&c, &surfObject, sizeof(surfObject));
+	r = vg_call_sync(&c);
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuSurfObjectDestroy(CUsurfObject surfObject)
+{
+	return forward_cuSurfObjectDestroy(surfObject, 0);
+}
+
+static CUresult forward_cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC * pResDesc, CUsurfObject surfObject, unsigned vg_flags)
+{
+	if (pResDesc == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_cuSurfObjectGetResourceDesc, vg_flags);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, pResDesc != NULL);
+	vg_put(&c, &surfObject, sizeof(surfObject));
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS) {
+		if (pResDesc != NULL)
+			vg_get(&c, pResDesc, sizeof(*pResDesc));
+	}
+	return vg_end(&c, r);
+}
+
+VG_EXPORT CUresult CUDAAPI cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC *pResDesc, CUsurfObject surfObject)
+{
+	return forward_cuSurfObjectGetResourceDesc(pResDesc, surfObject, 0);
+}

@@ -2736,6 +2736,132 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return r;
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuTexObjectCreate: {
+		CUtexObject pTexObject_v;
+		memset(&pTexObject_v, 0, sizeof(pTexObject_v));
+		CUtexObject *pTexObject = vh_get_u64(rd) ? &pTexObject_v : NULL;
+		CUDA_RESOURCE_DESC pResDesc_v;
+		const CUDA_RESOURCE_DESC *pResDesc = vh_get_opt(rd, &pResDesc_v, sizeof(pResDesc_v));
+		CUDA_TEXTURE_DESC pTexDesc_v;
+		const CUDA_TEXTURE_DESC *pTexDesc = vh_get_opt(rd, &pTexDesc_v, sizeof(pTexDesc_v));
+		CUDA_RESOURCE_VIEW_DESC pResViewDesc_v;
+		const CUDA_RESOURCE_VIEW_DESC *pResViewDesc = vh_get_opt(rd, &pResViewDesc_v, sizeof(pResViewDesc_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pTexObject == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTexObjectCreate(ch, pTexObject, pResDesc, pTexDesc, pResViewDesc);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pTexObject != NULL)
+			vh_put(wr, pTexObject, sizeof(*pTexObject));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTexObjectDestroy: {
+		CUtexObject texObject;
+		vh_get(rd, &texObject, sizeof(texObject));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTexObjectDestroy(ch, texObject);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTexObjectGetResourceDesc: {
+		CUDA_RESOURCE_DESC pResDesc_v;
+		memset(&pResDesc_v, 0, sizeof(pResDesc_v));
+		CUDA_RESOURCE_DESC *pResDesc = vh_get_u64(rd) ? &pResDesc_v : NULL;
+		CUtexObject texObject;
+		vh_get(rd, &texObject, sizeof(texObject));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pResDesc == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTexObjectGetResourceDesc(ch, pResDesc, texObject);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pResDesc != NULL)
+			vh_put(wr, pResDesc, sizeof(*pResDesc));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTexObjectGetTextureDesc: {
+		CUDA_TEXTURE_DESC pTexDesc_v;
+		memset(&pTexDesc_v, 0, sizeof(pTexDesc_v));
+		CUDA_TEXTURE_DESC *pTexDesc = vh_get_u64(rd) ? &pTexDesc_v : NULL;
+		CUtexObject texObject;
+		vh_get(rd, &texObject, sizeof(texObject));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pTexDesc == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTexObjectGetTextureDesc(ch, pTexDesc, texObject);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pTexDesc != NULL)
+			vh_put(wr, pTexDesc, sizeof(*pTexDesc));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuTexObjectGetResourceViewDesc: {
+		CUDA_RESOURCE_VIEW_DESC pResViewDesc_v;
+		memset(&pResViewDesc_v, 0, sizeof(pResViewDesc_v));
+		CUDA_RESOURCE_VIEW_DESC *pResViewDesc = vh_get_u64(rd) ? &pResViewDesc_v : NULL;
+		CUtexObject texObject;
+		vh_get(rd, &texObject, sizeof(texObject));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pResViewDesc == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuTexObjectGetResourceViewDesc(ch, pResViewDesc, texObject);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pResViewDesc != NULL)
+			vh_put(wr, pResViewDesc, sizeof(*pResViewDesc));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuSurfObjectCreate: {
+		CUsurfObject pSurfObject_v;
+		memset(&pSurfObject_v, 0, sizeof(pSurfObject_v));
+		CUsurfObject *pSurfObject = vh_get_u64(rd) ? &pSurfObject_v : NULL;
+		CUDA_RESOURCE_DESC pResDesc_v;
+		const CUDA_RESOURCE_DESC *pResDesc = vh_get_opt(rd, &pResDesc_v, sizeof(pResDesc_v));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pSurfObject == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuSurfObjectCreate(ch, pSurfObject, pResDesc);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pSurfObject != NULL)
+			vh_put(wr, pSurfObject, sizeof(*pSurfObject));
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuSurfObjectDestroy: {
+		CUsurfObject surfObject;
+		vh_get(rd, &surfObject, sizeof(surfObject));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuSurfObjectDestroy(ch, surfObject);
+		if (r != CUDA_SUCCESS)
+			return r;
+		return CUDA_SUCCESS;
+	}
+	case VG_OP_cuSurfObjectGetResourceDesc: {
+		CUDA_RESOURCE_DESC pResDesc_v;
+		memset(&pResDesc_v, 0, sizeof(pResDesc_v));
+		CUDA_RESOURCE_DESC *pResDesc = vh_get_u64(rd) ? &pResDesc_v : NULL;
+		CUsurfObject surfObject;
+		vh_get(rd, &surfObject, sizeof(surfObject));
+		if (rd->bad)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (pResDesc == NULL)
+			return CUDA_ERROR_INVALID_VALUE;
+		CUresult r = guarded_cuSurfObjectGetResourceDesc(ch, pResDesc, surfObject);
+		if (r != CUDA_SUCCESS)
+			return r;
+		if (pResDesc != NULL)
+			vh_put(wr, pResDesc, sizeof(*pResDesc));
+		return CUDA_SUCCESS;
+	}
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}

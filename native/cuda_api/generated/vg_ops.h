@@ -163,7 +163,15 @@
 #define VG_OP_cuMemcpy2DAsync_v2 197
 #define VG_OP_cuMemcpy3D_v2 198
 #define VG_OP_cuMemcpy3DAsync_v2 199
-#define VG_OP_LIMIT 200
+#define VG_OP_cuTexObjectCreate 200
+#define VG_OP_cuTexObjectDestroy 201
+#define VG_OP_cuTexObjectGetResourceDesc 202
+#define VG_OP_cuTexObjectGetTextureDesc 203
+#define VG_OP_cuTexObjectGetResourceViewDesc 204
+#define VG_OP_cuSurfObjectCreate 205
+#define VG_OP_cuSurfObjectDestroy 206
+#define VG_OP_cuSurfObjectGetResourceDesc 207
+#define VG_OP_LIMIT 208
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -326,5 +334,13 @@
 	X(197, cuMemcpy2DAsync_v2) \
 	X(198, cuMemcpy3D_v2) \
 	X(199, cuMemcpy3DAsync_v2) \
+	X(200, cuTexObjectCreate) \
+	X(201, cuTexObjectDestroy) \
+	X(202, cuTexObjectGetResourceDesc) \
+	X(203, cuTexObjectGetTextureDesc) \
+	X(204, cuTexObjectGetResourceViewDesc) \
+	X(205, cuSurfObjectCreate) \
+	X(206, cuSurfObjectDestroy) \
+	X(207, cuSurfObjectGetResourceDesc) \
 
 #endif

@@ -179,10 +179,18 @@
 	X(cuStreamGetCaptureInfo_v3_ptsz) \
 	X(cuStreamWaitValue32_v2) \
 	X(cuStreamWriteValue32_v2) \
+	X(cuSurfObjectCreate) \
+	X(cuSurfObjectDestroy) \
+	X(cuSurfObjectGetResourceDesc) \
 	X(cuTensorMapEncodeIm2col) \
 	X(cuTensorMapEncodeIm2colWide) \
 	X(cuTensorMapEncodeTiled) \
 	X(cuTensorMapReplaceAddress) \
+	X(cuTexObjectCreate) \
+	X(cuTexObjectDestroy) \
+	X(cuTexObjectGetResourceDesc) \
+	X(cuTexObjectGetResourceViewDesc) \
+	X(cuTexObjectGetTextureDesc) \
 
 #define VH_BACKEND_PT_FNS(P) \
 	P(cuMemsetD8_v2, cuMemsetD8_v2_ptds) \

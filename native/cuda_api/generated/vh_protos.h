@@ -92,5 +92,13 @@ CUresult guarded_cuMemcpy2DUnaligned_v2(struct vh_chan *ch, const CUDA_MEMCPY2D 
 CUresult guarded_cuMemcpy2DAsync_v2(struct vh_chan *ch, const CUDA_MEMCPY2D * pCopy, CUstream hStream);
 CUresult guarded_cuMemcpy3D_v2(struct vh_chan *ch, const CUDA_MEMCPY3D * pCopy);
 CUresult guarded_cuMemcpy3DAsync_v2(struct vh_chan *ch, const CUDA_MEMCPY3D * pCopy, CUstream hStream);
+CUresult guarded_cuTexObjectCreate(struct vh_chan *ch, CUtexObject * pTexObject, const CUDA_RESOURCE_DESC * pResDesc, const CUDA_TEXTURE_DESC * pTexDesc, const CUDA_RESOURCE_VIEW_DESC * pResViewDesc);
+CUresult guarded_cuTexObjectDestroy(struct vh_chan *ch, CUtexObject texObject);
+CUresult guarded_cuTexObjectGetResourceDesc(struct vh_chan *ch, CUDA_RESOURCE_DESC * pResDesc, CUtexObject texObject);
+CUresult guarded_cuTexObjectGetTextureDesc(struct vh_chan *ch, CUDA_TEXTURE_DESC * pTexDesc, CUtexObject texObject);
+CUresult guarded_cuTexObjectGetResourceViewDesc(struct vh_chan *ch, CUDA_RESOURCE_VIEW_DESC * pResViewDesc, CUtexObject texObject);
+CUresult guarded_cuSurfObjectCreate(struct vh_chan *ch, CUsurfObject * pSurfObject, const CUDA_RESOURCE_DESC * pResDesc);
+CUresult guarded_cuSurfObjectDestroy(struct vh_chan *ch, CUsurfObject surfObject);
+CUresult guarded_cuSurfObjectGetResourceDesc(struct vh_chan *ch, CUDA_RESOURCE_DESC * pResDesc, CUsurfObject surfObject);
 
 #endif
