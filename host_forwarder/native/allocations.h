@@ -32,7 +32,7 @@ struct vh_alloc {
 	uint64_t guest; /* VH_VMM, VH_VMM_RELEASED: the value the guest knows the handle by */
 	int dev, kind;
 	int exported; /* VH_MEM, VH_VMM: its IPC handle is in the forwarder's table (ipc.c) */
-	uint32_t holds; /* VH_VMM: the guest's holds of the handle (cuMemCreate or an import, and
+	uint64_t holds; /* VH_VMM: the guest's holds of the handle (cuMemCreate or an import, and
 			 * each cuMemRetainAllocationHandle), each given back by a cuMemRelease */
 	int shareable;  /* VH_VMM: may be exported as a file descriptor */
 };

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -36,7 +37,7 @@ static struct held {
 	int fd;
 	uint8_t token[16];
 } held[VH_IPC_SLOTS];
-static uint32_t nheld;
+static uint32_t nheld, held_cap = VH_IPC_SLOTS;
 static int held_ready;
 
 static void held_init(void)
@@ -83,7 +84,8 @@ static int send_msg(int sock, const struct broker_msg *m, int fd)
 	return n == (ssize_t)sizeof *m ? 0 : -1;
 }
 
-/* Receive one record: its size (1 for one cut short), or -1 (none waiting, or the peer gone).  *fd is the one descriptor it
+/* Receive one record: its size (1 for one cut short); 0 if the peer is gone; -1 if none is waiting
+ * (or, blocking, none came in time).  *fd is the one descriptor it
  * carried, or -1; any other descriptor that came with it is closed (a record carries at most one). */
 static ssize_t recv_msg(int sock, struct broker_msg *m, int *fd, int flags)
 {
@@ -98,8 +100,10 @@ static ssize_t recv_msg(int sock, struct broker_msg *m, int *fd, int flags)
 	do
 		n = recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
-	if (n <= 0)
-		return -1; /* nothing waiting, or the peer is gone (a record is never empty) */
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK ? -1 : 0; /* none waiting, or the peer gone */
+	if (n == 0)
+		return 0; /* the peer is gone (a record is never empty) */
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 			continue;
@@ -123,6 +127,28 @@ static ssize_t recv_msg(int sock, struct broker_msg *m, int *fd, int flags)
 }
 
 /* ---- the supervisor ------------------------------------------------------------------ */
+
+void vh_broker_init(uint32_t nchannels)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t was = rl.rlim_cur;
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			rl.rlim_cur = was;
+	}
+	/* the workers' sockets, the region, logs, the image cache and the rest: a margin */
+	rlim_t reserve = 2 * (rlim_t)nchannels + 64;
+	rlim_t room = rl.rlim_cur > reserve ? rl.rlim_cur - reserve : 0;
+	if (room < VH_IPC_SLOTS) {
+		held_cap = (uint32_t)room;
+		vh_log("open files are limited to %llu: at most %u VMM handles can be shared between this guest's "
+		       "processes at once (raise RLIMIT_NOFILE for %u)",
+		       (unsigned long long)rl.rlim_cur, held_cap, VH_IPC_SLOTS);
+	}
+}
 
 int vh_broker_pair(int *worker_end)
 {
@@ -160,20 +186,25 @@ void vh_broker_child(const int *supervisor_ends, uint32_t n)
 	held_ready = 0;
 }
 
-void vh_broker_serve(struct vh_fwd *f, int sock, uint32_t chan)
+int vh_broker_serve(struct vh_fwd *f, int sock, uint32_t chan)
 {
 	for (int k = 0; k < 64; k++) { /* (a worker waits for each answer: one record at a time) */
-		struct broker_msg m;
+		struct broker_msg m = {0};
 		int fd;
 		ssize_t n = recv_msg(sock, &m, &fd, MSG_DONTWAIT);
+		if (n == 0)
+			return -1; /* the worker is gone (reaped elsewhere) */
 		if (n < 0)
-			return; /* nothing more, or the worker is gone (reaped elsewhere) */
+			return 0; /* nothing more */
 		struct broker_msg rep = {.op = m.op, .slot = m.slot, .status = -1, .seq = m.seq};
 		uint32_t owner = 0;
 		int state = n == (ssize_t)sizeof m && m.slot < VH_IPC_SLOTS ? vh_ipc_vmm_state(f, m.slot, m.token, &owner)
 									       : VH_IPC_VMM_NONE;
 		int give = -1;
-		if (m.op == BROKER_PUT && fd >= 0 && state == VH_IPC_VMM_PENDING && owner == chan) {
+		if (m.op == BROKER_PUT && fd >= 0 && state == VH_IPC_VMM_PENDING && owner == chan &&
+		    held[m.slot].fd < 0 && nheld >= held_cap) {
+			rep.status = VH_BROKER_FULL; /* the descriptors it may hold are all held */
+		} else if (m.op == BROKER_PUT && fd >= 0 && state == VH_IPC_VMM_PENDING && owner == chan) {
 			/* the worker of chan is exporting into this slot: keep the descriptor */
 			held_drop(m.slot);
 			held[m.slot].fd = fd;
@@ -191,6 +222,7 @@ void vh_broker_serve(struct vh_fwd *f, int sock, uint32_t chan)
 		if (send_msg(sock, &rep, give) != 0 && rep.status == 0 && m.op == BROKER_PUT)
 			held_drop(m.slot); /* the worker will not mark it exported: do not keep it */
 	}
+	return 0;
 }
 
 void vh_broker_sweep(struct vh_fwd *f)
@@ -204,7 +236,8 @@ void vh_broker_sweep(struct vh_fwd *f)
 
 /* ---- a worker ------------------------------------------------------------------------ */
 
-/* One request and its answer: the answer's status, with *fd its descriptor (or -1). */
+/* One request and its answer: the answer's status (0, or negative), with *fd_in its descriptor
+ * (or -1); -1 if no answer came. */
 static int ask(int sock, uint32_t op, uint32_t slot, const uint8_t token[16], int fd_out, int *fd_in)
 {
 	static uint32_t seq;
@@ -214,22 +247,22 @@ static int ask(int sock, uint32_t op, uint32_t slot, const uint8_t token[16], in
 	if (sock < 0 || send_msg(sock, &m, fd_out) != 0)
 		return -1;
 	for (;;) { /* each wait bounded by the socket's receive timeout */
-		struct broker_msg rep;
+		struct broker_msg rep = {0};
 		int fd;
 		ssize_t n = recv_msg(sock, &rep, &fd, 0);
-		if (n < 0)
+		if (n <= 0)
 			return -1;
 		if (n == (ssize_t)sizeof rep && rep.seq == m.seq && rep.op == op && rep.slot == slot) {
 			if (rep.status == 0) {
 				*fd_in = fd;
 				return 0;
 			}
-			n = -1;
+			if (fd >= 0)
+				close(fd);
+			return rep.status < 0 ? rep.status : -1;
 		}
 		if (fd >= 0)
-			close(fd);
-		if (n == -1)
-			return -1;
+			close(fd); /* a late answer to an earlier request */
 	}
 }
 

@@ -319,6 +319,9 @@ static CUresult vmm_publish(struct vh_chan *ch, struct vh_alloc *a, char *out)
 	struct guest_handle g = {.kind = VH_IPC_VMM};
 	memcpy(g.magic, MAGIC, sizeof g.magic);
 	uint32_t slot = VH_IPC_SLOTS;
+	uint8_t fresh[16];
+	if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh)
+		return CUDA_ERROR_OPERATING_SYSTEM;
 	table_lock(s);
 	for (uint32_t i = 0; i < VH_IPC_SLOTS && slot == VH_IPC_SLOTS; i++) {
 		const struct vh_ipc_entry *e = &s->ipc[i];
@@ -328,10 +331,7 @@ static CUresult vmm_publish(struct vh_chan *ch, struct vh_alloc *a, char *out)
 		}
 	}
 	if (slot == VH_IPC_SLOTS) {
-		if (getrandom(g.token, sizeof g.token, 0) != (ssize_t)sizeof g.token) {
-			pthread_mutex_unlock(&s->ipc_mu);
-			return CUDA_ERROR_OPERATING_SYSTEM;
-		}
+		memcpy(g.token, fresh, sizeof g.token);
 		for (uint32_t i = 0; i < VH_IPC_SLOTS && slot == VH_IPC_SLOTS; i++)
 			if (s->ipc[i].kind == VH_IPC_FREE)
 				slot = i;
@@ -356,6 +356,8 @@ static CUresult vmm_publish(struct vh_chan *ch, struct vh_alloc *a, char *out)
 		close(fd); /* the supervisor has its own copy now, or none */
 		if (put != 0) {
 			slot_free(s, slot, g.token);
+			if (put == VH_BROKER_FULL) /* as a full table: the supervisor's open files are spent */
+				return CUDA_ERROR_OUT_OF_MEMORY;
 			vh_log("channel %u: the supervisor did not take an exported VMM handle's descriptor", ch->index);
 			return CUDA_ERROR_OPERATING_SYSTEM;
 		}

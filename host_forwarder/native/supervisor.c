@@ -224,6 +224,8 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 	uint32_t *pchan = calloc(L->nchannels, sizeof *pchan);
 	for (uint32_t i = 0; i < L->nchannels; i++)
 		slots[i].sock = -1;
+	vh_broker_init(L->nchannels);
+	uint32_t turns = 0;
 	while (!stopping) {
 		vmgpu_host_beat(F.host);
 		vmgpu_host_republish(F.host); /* what the host owns in the header, put back if scribbled */
@@ -246,7 +248,8 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_unheld(&F.sched[d]);
 		watch_channels(slots, L->nchannels, fence);
-		vh_broker_sweep(&F);
+		if (++turns % 8 == 0)
+			vh_broker_sweep(&F); /* every 16 ms: a released handle's descriptor is closed soon after */
 		/* wait 2 ms, answering workers' descriptor requests (fd_broker.c) meanwhile */
 		nfds_t np = 0;
 		for (uint32_t i = 0; i < L->nchannels; i++)
@@ -258,9 +261,9 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 		for (uint64_t now = vmgpu_now_ns(); now < until && !stopping; now = vmgpu_now_ns()) {
 			int k = poll(pfd, np, (int)((until - now + 999999) / 1000000));
 			for (nfds_t j = 0; k > 0 && j < np; j++) {
-				if (pfd[j].revents & POLLIN)
-					vh_broker_serve(&F, pfd[j].fd, pchan[j]);
-				else if (pfd[j].revents)
+				if ((pfd[j].revents & POLLIN) && vh_broker_serve(&F, pfd[j].fd, pchan[j]) == 0)
+					continue;
+				if (pfd[j].revents)
 					pfd[j].fd = -1; /* its worker is gone: reaped at the next turn */
 			}
 			if (k <= 0)

@@ -398,7 +398,7 @@ def test_a_driver_api_program_shares_vmm_memory_between_its_two_processes(shm_pa
         )
         assert r.returncode == 0, r.stdout + r.stderr + fwd.log()
         assert fwd.proc.poll() is None, fwd.log()
-        assert sim_fds(fwd.proc.pid) == 0
+        assert wait_for(lambda: sim_fds(fwd.proc.pid) == 0), sim_fds(fwd.proc.pid)
     steps = dict(line.rsplit(" ", 1) for line in r.stdout.splitlines() if line.startswith(("A ", "B ")))
     for s in ("A create", "A export", "B import", "B properties", "B map", "B overwrite", "B retain", "A release"):
         assert steps.get(s) == "0", (s, r.stdout)
