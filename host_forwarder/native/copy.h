@@ -18,6 +18,10 @@ struct vh_chan;
  * CUDA_ERROR_INVALID_VALUE (or INVALID_HANDLE for an array) otherwise. */
 CUresult vh_copy3d_in(struct vh_chan *ch, const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D *out);
 
+/* *a, a guest's array handle, becomes the host's array if it is a live array the process holds
+ * (texture.c); -1 otherwise. */
+int vh_array_in(struct vh_chan *ch, CUarray *a);
+
 /* A 2D memset's rows: height rows of width elements of elsz bytes, pitch bytes apart, from dst,
  * wholly inside one object of this process's own (nothing reached: dst its own or 0).
  * CUDA_ERROR_INVALID_VALUE otherwise, an extent that overflows included. */

@@ -83,7 +83,7 @@ static CUresult copy_side(struct vh_chan *ch, const char *side, CUmemorytype *ty
 	}
 	case CU_MEMORYTYPE_ARRAY:
 		/* the driver keeps the copy inside the array; the array must be the process's own */
-		if (!*array || vh_handle_in(ch, VG_KIND_ARRAY, (void **)array))
+		if (vh_array_in(ch, array))
 			return CUDA_ERROR_INVALID_HANDLE;
 		*host = NULL;
 		*dev = 0;
@@ -100,6 +100,17 @@ CUresult vh_copy3d_in(struct vh_chan *ch, const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D
 	CUDA_MEMCPY3D p = *in;
 	p.reserved0 = NULL; /* "must be NULL": never a pointer of the guest's */
 	p.reserved1 = NULL;
+	if (p.srcLOD || p.dstLOD)
+		return CUDA_ERROR_INVALID_VALUE; /* "must be set to 0" */
+	/* rows that do not overlap and slices that hold their rows, as the driver documents them
+	 * (the extents below are right whatever the driver does with other values) */
+	if ((p.Height > 1 || p.Depth > 1) &&
+	    ((p.srcMemoryType != CU_MEMORYTYPE_ARRAY && (p.srcPitch < p.WidthInBytes || p.srcPitch - p.WidthInBytes < p.srcXInBytes)) ||
+	     (p.dstMemoryType != CU_MEMORYTYPE_ARRAY && (p.dstPitch < p.WidthInBytes || p.dstPitch - p.WidthInBytes < p.dstXInBytes))))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (p.Depth > 1 && ((p.srcMemoryType != CU_MEMORYTYPE_ARRAY && (p.srcHeight < p.Height || p.srcHeight - p.Height < p.srcY)) ||
+			    (p.dstMemoryType != CU_MEMORYTYPE_ARRAY && (p.dstHeight < p.Height || p.dstHeight - p.Height < p.dstY))))
+		return CUDA_ERROR_INVALID_VALUE;
 	uint64_t sf, sl, df, dl;
 	if (copy_extent(p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch, p.srcHeight, p.WidthInBytes, p.Height, p.Depth, &sf,
 			&sl) ||

@@ -50,6 +50,18 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	return 0;
 }
 
+int vh_handle_find(struct vh_chan *ch, int kind, void **v)
+{
+	for (uint32_t i = 0; *v && i < ch->nh; i++) {
+		struct vh_handle *e = &ch->h[i];
+		if (e->ptr == *v && e->kind == kind) {
+			*v = (void *)(uintptr_t)encode(i, e);
+			return 0;
+		}
+	}
+	return -1;
+}
+
 int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 {
 	void *ptr = *v;

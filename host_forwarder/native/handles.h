@@ -31,6 +31,9 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v);
 /* *v, a host object, becomes the guest value of its entry (the same entry for the same object);
  * -1 if the table is full. */
 int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent);
+/* *v, a host object, becomes the guest value of its live entry; -1 (and *v untouched) if it has
+ * none: an object the driver names that this process no longer holds gets no entry anew. */
+int vh_handle_find(struct vh_chan *ch, int kind, void **v);
 /* The object is gone: its entry and those of what was derived from it (a module's functions). */
 void vh_handle_drop(struct vh_chan *ch, int kind, void *host_ptr);
 /* Forget every entry (the process ended). */

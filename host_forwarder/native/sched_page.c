@@ -38,8 +38,17 @@ static pthread_mutex_t *mu(struct vmgpu_sched_page *pg)
 
 static void lock(struct vmgpu_sched_page *pg)
 {
-	if (pthread_mutex_lock(mu(pg)) == EOWNERDEAD) /* a forwarder died holding it: state is whole */
+	if (pthread_mutex_lock(mu(pg)) == EOWNERDEAD) {
+		/* a forwarder (or a worker) died holding it.  Every change made under the lock leaves
+		 * the page whole but one: a turn being ended (draining 3 exists only under the lock).
+		 * Its hand-over either happened or not; the turn is not being ended any more, so a
+		 * live worker or the supervisor ends it again (vh_sched_tick, vh_sched_unheld). */
+		for (uint32_t i = 0; i < VMGPU_SCHED_SLOTS; i++) {
+			uint32_t ending = 3;
+			atomic_compare_exchange_strong(&pg->slot[i].draining, &ending, 0u);
+		}
 		pthread_mutex_consistent(mu(pg));
+	}
 }
 
 static void unlock(struct vmgpu_sched_page *pg)
@@ -174,20 +183,22 @@ void vh_sched_worker(struct vh_sched *s, int start)
 	}
 }
 
-/* The guest's turn ends: charged, and the GPU handed to whoever should have it.  Called by
- * the one that moved draining from `from` to 3 (completing); draining is 0 again after. */
+/* The guest's turn ends: charged, and the GPU handed to whoever should have it, by whoever moves
+ * draining from `from` (1: a hand-over whose workers all drained; 0: none under way) to 3; it is
+ * 0 again after.  All of it under the page's lock, so that a process that dies in the middle
+ * leaves nothing half done that the lock's next holder cannot see (lock()). */
 static void end_turn(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint32_t from)
 {
-	if (!atomic_compare_exchange_strong(&g->draining, &from, 3u))
-		return;
 	lock(pg);
-	if (atomic_load(&pg->owner) == (int32_t)(g - pg->slot)) {
-		uint64_t end = now_ns();
-		sched_charge(pg, g, end);
-		hand_over(pg, end);
+	if (atomic_compare_exchange_strong(&g->draining, &from, 3u)) {
+		if (atomic_load(&pg->owner) == (int32_t)(g - pg->slot)) {
+			uint64_t end = now_ns();
+			sched_charge(pg, g, end);
+			hand_over(pg, end);
+		}
+		atomic_store(&g->draining, 0);
 	}
 	unlock(pg);
-	atomic_store(&g->draining, 0);
 }
 
 /* Complete the hand-over under way (draining 1) once every worker has drained; whoever gets
@@ -324,10 +335,14 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		}
 		return;
 	}
-	uint32_t zero = 0;
-	if (!atomic_compare_exchange_strong(&g->draining, &zero, 2u)) /* 2: starting */
-		return;
-	atomic_store(&g->drained, 0);
-	atomic_fetch_add(&g->drain_gen, 1);
-	atomic_store(&g->draining, 1);
+	/* start the hand-over (one worker of the guest does): under the lock, so that a worker that
+	 * dies here leaves either none begun or one begun whole, which the others or the supervisor
+	 * complete once every live worker has drained */
+	lock(pg);
+	if (atomic_load(&pg->owner) == s->me && atomic_load(&g->draining) == 0) {
+		atomic_store(&g->drained, 0);
+		atomic_fetch_add(&g->drain_gen, 1);
+		atomic_store(&g->draining, 1);
+	}
+	unlock(pg);
 }

@@ -7,18 +7,21 @@
  *   - linear device memory: [devPtr, devPtr + sizeInBytes) wholly inside one object of the
  *     process's own (addresses.c);
  *   - pitched 2D device memory: from devPtr to the end of its last row, the row at least its
- *     pitch and at least width elements of the format (16 bytes an element for a format this
- *     file does not know), wholly inside one object of the process's own;
+ *     pitch and at least width elements of the format (1, 2 or 4 channels of a format this file
+ *     knows the size of; any other refused), wholly inside one object of the process's own;
  *   - mipmapped arrays are not served (nor made: cuMipmappedArrayCreate is not served).
  * The texture unit keeps reads inside the resource.  A surface takes an array only, as the driver
  * requires.  The object's value is the driver's own (a kernel receives it as an argument; it names
  * nothing outside this process's context), and only values this process made go back to the
  * driver (destroy, queries), so a guess cannot reach the driver's tables.  What a query answers
- * is put back in the guest's terms (its array handle).
+ * is put back in the guest's terms: its live handle of the array, or none once it has destroyed
+ * the array (never a new handle to a freed one).
  */
 #include <stdlib.h>
 
 #include "addresses.h"
+#include "allocations.h"
+#include "copy.h"
 #include "handles.h"
 #include "vh_dispatch.h"
 #include "vh_protos.h"
@@ -50,6 +53,16 @@ static unsigned format_bytes(CUarray_format f)
 	}
 }
 
+/* *a, a guest's array handle, becomes the host's array: a live handle of the process's own, of an
+ * array it still holds (its record).  -1 otherwise. */
+int vh_array_in(struct vh_chan *ch, CUarray *a)
+{
+	return !*a || vh_handle_in(ch, VG_KIND_ARRAY, (void **)a) ||
+			       !vh_alloc_find(ch, (uint64_t)(uintptr_t)*a, 1u << VH_ARRAY)
+		       ? -1
+		       : 0;
+}
+
 /* A resource checked, into *out (the array handle the host's). */
 static CUresult resource_in(struct vh_chan *ch, const CUDA_RESOURCE_DESC *in, CUDA_RESOURCE_DESC *out, int surface)
 {
@@ -58,9 +71,7 @@ static CUresult resource_in(struct vh_chan *ch, const CUDA_RESOURCE_DESC *in, CU
 	*out = *in;
 	switch (out->resType) {
 	case CU_RESOURCE_TYPE_ARRAY:
-		if (!out->res.array.hArray || vh_handle_in(ch, VG_KIND_ARRAY, (void **)&out->res.array.hArray))
-			return CUDA_ERROR_INVALID_HANDLE;
-		return CUDA_SUCCESS;
+		return vh_array_in(ch, &out->res.array.hArray) ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
 	case CU_RESOURCE_TYPE_LINEAR:
 		if (surface)
 			return CUDA_ERROR_INVALID_VALUE;
@@ -69,8 +80,12 @@ static CUresult resource_in(struct vh_chan *ch, const CUDA_RESOURCE_DESC *in, CU
 	case CU_RESOURCE_TYPE_PITCH2D: {
 		if (surface)
 			return CUDA_ERROR_INVALID_VALUE;
-		unsigned b = format_bytes(out->res.pitch2D.format);
-		uint64_t el = b ? (uint64_t)b * out->res.pitch2D.numChannels : 16, row, last, n;
+		unsigned b = format_bytes(out->res.pitch2D.format), nc = out->res.pitch2D.numChannels;
+		if (!b)
+			return CUDA_ERROR_NOT_SUPPORTED; /* a format whose rows this file cannot measure */
+		if (nc != 1 && nc != 2 && nc != 4)
+			return CUDA_ERROR_INVALID_VALUE;
+		uint64_t el = (uint64_t)b * nc, row, last, n;
 		uint64_t pitch = out->res.pitch2D.pitchInBytes, h = out->res.pitch2D.height;
 		if (h == 0 || __builtin_mul_overflow((uint64_t)out->res.pitch2D.width, el, &row))
 			return CUDA_ERROR_INVALID_VALUE;
@@ -92,10 +107,10 @@ static CUresult resource_in(struct vh_chan *ch, const CUDA_RESOURCE_DESC *in, CU
 static CUresult resource_out(struct vh_chan *ch, CUDA_RESOURCE_DESC *d)
 {
 	if (d->resType == CU_RESOURCE_TYPE_ARRAY) {
+		/* the process's live handle of the array; none for one it has destroyed since (a new
+		 * entry would hand the driver a freed array at its next use) */
 		void *a = d->res.array.hArray;
-		if (vh_handle_new(ch, VG_KIND_ARRAY, &a, NULL))
-			return CUDA_ERROR_OUT_OF_MEMORY;
-		d->res.array.hArray = a;
+		d->res.array.hArray = vh_handle_find(ch, VG_KIND_ARRAY, &a) ? NULL : a;
 	} else if (d->resType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
 		d->res.mipmap.hMipmappedArray = NULL; /* (never made here) */
 	}

@@ -16,3 +16,14 @@ def test_the_scheduler_gives_turns_as_its_policies_say_on_a_fake_clock(build):
     res = run_program(build, "t_sched_policy", [])
     assert res.returncode == 0, res.stdout + res.stderr
     assert "FAIL" not in res.stdout and res.stdout.strip().endswith("t_sched_policy: ok"), res.stdout
+
+
+@pytest.mark.parametrize("build", ["native", pytest.param("asan", marks=pytest.mark.sanitizer)])
+def test_a_worker_dying_while_it_ends_its_guests_turn_does_not_leave_the_gpu_held(build):
+    """host_forwarder/tests/t_sched_dead.c: a worker killed holding the page's lock in the middle of
+    ending its guest's turn; the supervisor, its guest's last worker gone, gives the GPU up and
+    the lock is whole again (before, the turn stayed half ended and every other guest waited: a
+    CI run saw another guest's program time out after its neighbour's worker was killed)."""
+    res = run_program(build, "t_sched_dead", [])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("t_sched_dead: ok"), res.stdout
