@@ -20,6 +20,7 @@
 #include "call.h"
 #include "connection.h"
 #include "hostmem.h"
+#include "vg_copy2d.h"
 #include "vg_guest_protos.h"
 
 #define STAGE_MAX (8u << 20)
@@ -201,18 +202,6 @@ static int sides_out(const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D *q, enum side *s, en
 	return *s == PAGEABLE_SIDE || *d == PAGEABLE_SIDE;
 }
 
-static void to_3d(const CUDA_MEMCPY2D *p, CUDA_MEMCPY3D *q)
-{
-	*q = (CUDA_MEMCPY3D){
-		.srcXInBytes = p->srcXInBytes, .srcY = p->srcY, .srcMemoryType = p->srcMemoryType,
-		.srcHost = p->srcHost, .srcDevice = p->srcDevice, .srcArray = p->srcArray, .srcPitch = p->srcPitch,
-		.srcHeight = p->Height, .dstXInBytes = p->dstXInBytes, .dstY = p->dstY,
-		.dstMemoryType = p->dstMemoryType, .dstHost = p->dstHost, .dstDevice = p->dstDevice,
-		.dstArray = p->dstArray, .dstPitch = p->dstPitch, .dstHeight = p->Height,
-		.WidthInBytes = p->WidthInBytes, .Height = p->Height, .Depth = 1,
-	};
-}
-
 static void from_3d(const CUDA_MEMCPY3D *q, CUDA_MEMCPY2D *p)
 {
 	p->srcMemoryType = q->srcMemoryType;
@@ -232,7 +221,7 @@ static CUresult copy2d(const CUDA_MEMCPY2D *in, enum copy2d_kind kind, CUstream 
 	CUDA_MEMCPY3D p3, q;
 	enum side s, d;
 	const void *os, *od;
-	to_3d(in, &p3);
+	vg_copy2d_as_3d(in, &p3);
 	if (sides_out(&p3, &q, &s, &d, &os, &od))
 		return pageable(&q, s, d, os, od, kind == ASYNC, st, fl);
 	CUDA_MEMCPY2D p = *in;

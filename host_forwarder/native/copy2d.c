@@ -18,6 +18,7 @@
 
 #include "addresses.h"
 #include "copy.h"
+#include "vg_copy2d.h"
 #include "handles.h"
 #include "host_memory.h"
 #include "log.h"
@@ -130,26 +131,13 @@ CUresult vh_copy3d_in(struct vh_chan *ch, const CUDA_MEMCPY3D *in, CUDA_MEMCPY3D
 
 /* ---- 2D and 3D copies ------------------------------------------------------------------ */
 
-/* A 2D copy as the 3D copy it is (one slice), for the checks. */
-static void as_3d(const CUDA_MEMCPY2D *p, CUDA_MEMCPY3D *q)
-{
-	*q = (CUDA_MEMCPY3D){
-		.srcXInBytes = p->srcXInBytes, .srcY = p->srcY, .srcMemoryType = p->srcMemoryType,
-		.srcHost = p->srcHost, .srcDevice = p->srcDevice, .srcArray = p->srcArray, .srcPitch = p->srcPitch,
-		.srcHeight = p->Height, .dstXInBytes = p->dstXInBytes, .dstY = p->dstY,
-		.dstMemoryType = p->dstMemoryType, .dstHost = p->dstHost, .dstDevice = p->dstDevice,
-		.dstArray = p->dstArray, .dstPitch = p->dstPitch, .dstHeight = p->Height,
-		.WidthInBytes = p->WidthInBytes, .Height = p->Height, .Depth = 1,
-	};
-}
-
 /* A 2D copy's parameters checked, into *out. */
 static CUresult copy2d_in(struct vh_chan *ch, const CUDA_MEMCPY2D *in, CUDA_MEMCPY2D *out)
 {
 	if (!in)
 		return CUDA_ERROR_INVALID_VALUE;
 	CUDA_MEMCPY3D q, c;
-	as_3d(in, &q);
+	vg_copy2d_as_3d(in, &q);
 	CUresult r = vh_copy3d_in(ch, &q, &c);
 	if (r != CUDA_SUCCESS)
 		return r;

@@ -15,17 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "pair_steps.h"
+
 #define N (1u << 20)
-
-static int failed;
-
-static CUresult step(const char *who, const char *what, CUresult r)
-{
-	printf("%s %s %d\n", who, what, (int)r);
-	fflush(stdout);
-	failed |= r != CUDA_SUCCESS;
-	return r;
-}
 
 static int all(const unsigned char *b, unsigned char v)
 {
@@ -43,16 +35,6 @@ static int io(int fd, void *buf, size_t n, int out)
 			return -1;
 		done += (size_t)k;
 	}
-	return 0;
-}
-
-static int context(int gpu, const char *who)
-{
-	CUdevice dev;
-	CUcontext ctx;
-	if (step(who, "init", cuInit(0)) || step(who, "device", cuDeviceGet(&dev, gpu)) ||
-	    step(who, "context", cuDevicePrimaryCtxRetain(&ctx, dev)) || step(who, "current", cuCtxSetCurrent(ctx)))
-		return -1;
 	return 0;
 }
 

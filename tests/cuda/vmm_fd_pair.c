@@ -19,17 +19,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "pair_steps.h"
+
 #define N (2u << 20)
-
-static int failed;
-
-static CUresult step(const char *who, const char *what, CUresult r)
-{
-	printf("%s %s %d\n", who, what, (int)r);
-	fflush(stdout);
-	failed |= r != CUDA_SUCCESS;
-	return r;
-}
 
 static int send_fd(int sock, int fd)
 {
@@ -71,16 +63,6 @@ static int sync_byte(int sock, int out)
 {
 	char b = 's';
 	return (out ? write(sock, &b, 1) : read(sock, &b, 1)) == 1 ? 0 : -1;
-}
-
-static int context(int gpu, const char *who)
-{
-	CUdevice dev;
-	CUcontext ctx;
-	if (step(who, "init", cuInit(0)) || step(who, "device", cuDeviceGet(&dev, gpu)) ||
-	    step(who, "context", cuDevicePrimaryCtxRetain(&ctx, dev)) || step(who, "current", cuCtxSetCurrent(ctx)))
-		return -1;
-	return 0;
 }
 
 /* Reserve, map and give gpu read-write access to handle h's N bytes. */

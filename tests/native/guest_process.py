@@ -9,6 +9,17 @@ from tests.forwarder import NATIVE, guest_env
 
 GUEST_LIB = NATIVE / "guest" / "libcuda.so.1"
 
+# How every script starts: the guest library (argv[1]), its common types, and a current context on
+# the GPU argv[2].  A script is PRELUDE + its own commands.
+PRELUDE = r"""
+import ctypes, struct, sys
+cuda = ctypes.CDLL(sys.argv[1])
+u64, P, sz = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
+ctx = P()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), int(sys.argv[2])) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+"""
+
 
 class Guest:
     """One guest process of the region, on one GPU, run command by command."""

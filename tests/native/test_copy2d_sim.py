@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env
+from tests.native.guest_process import PRELUDE
 
 pytestmark = pytest.mark.native
 
@@ -19,10 +20,9 @@ SUCCESS, INVALID_VALUE, INVALID_HANDLE, NOT_SUPPORTED = 0, 1, 400, 801
 HOST, DEVICE, ARRAY, UNIFIED = 1, 2, 3, 4
 
 # A guest process (ctypes on the guest's libcuda.so.1): one command per line, "<CUresult> [value]".
-GUEST = r"""
-import ctypes, sys
-cuda = ctypes.CDLL(sys.argv[1])
-u64, P, sz = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
+GUEST = (
+    PRELUDE
+    + r"""
 
 class C2(ctypes.Structure):  # CUDA_MEMCPY2D
     _fields_ = [("srcXInBytes", sz), ("srcY", sz), ("srcMemoryType", ctypes.c_int), ("srcHost", P),
@@ -38,9 +38,6 @@ class C3(ctypes.Structure):  # CUDA_MEMCPY3D
                 ("reserved1", P), ("dstPitch", sz), ("dstHeight", sz), ("WidthInBytes", sz), ("Height", sz),
                 ("Depth", sz)]
 
-ctx = P()
-assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
 keep = []
 print("ready", flush=True)
 for line in sys.stdin:
@@ -86,6 +83,7 @@ for line in sys.stdin:
         raise SystemExit("unknown command " + op)
     print(r, out, flush=True)
 """
+)
 
 MiB = 1 << 20
 

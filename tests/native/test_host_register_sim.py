@@ -8,6 +8,7 @@ refuses them.  On the simulated backend and the ASan/UBSan forwarder."""
 import pytest
 
 from tests.forwarder import forwarder
+from tests.native.guest_process import PRELUDE
 
 pytestmark = pytest.mark.native
 
@@ -16,13 +17,9 @@ ALREADY_REGISTERED, NOT_REGISTERED = 712, 713
 PORTABLE, DEVICEMAP, IOMEMORY, READ_ONLY = 1, 2, 4, 8
 MEMORY_TYPE, RANGE_START, RANGE_SIZE, HOST_TYPE = 2, 11, 12, 1
 
-GUEST = r"""
-import ctypes, sys
-cuda = ctypes.CDLL(sys.argv[1])
-u64, P, sz = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
-ctx = P()
-assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+GUEST = (
+    PRELUDE
+    + r"""
 bufs = {}
 print("ready", flush=True)
 for line in sys.stdin:
@@ -63,6 +60,7 @@ for line in sys.stdin:
         raise SystemExit("unknown command " + op)
     print(r, out, flush=True)
 """
+)
 
 
 def test_registered_memory_copies_correctly_and_is_answered_as_host_memory(shm_path, guests):

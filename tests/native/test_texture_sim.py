@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from tests.forwarder import forwarder
+from tests.native.guest_process import PRELUDE
 
 pytestmark = pytest.mark.native
 
@@ -20,13 +21,9 @@ MiB = 1 << 20
 # A guest process: one command per line, "<CUresult> [value]".  Resource descriptions are built
 # here from words: "array H", "linear PTR FORMAT CHANNELS SIZE", "pitch PTR FORMAT CHANNELS W H PITCH",
 # "mipmap H".
-GUEST = r"""
-import ctypes, struct, sys
-cuda = ctypes.CDLL(sys.argv[1])
-u64, P, sz = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
-ctx = P()
-assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
+GUEST = (
+    PRELUDE
+    + r"""
 
 def resource(kind, a):
     b = bytearray(144)
@@ -80,6 +77,7 @@ for line in sys.stdin:
         raise SystemExit("unknown command " + op)
     print(r, out, flush=True)
 """
+)
 
 
 def test_a_texture_or_surface_is_made_only_over_the_processs_own_resource(shm_path, guests):
