@@ -363,7 +363,11 @@ def test_a_table_full_of_vmm_exports_under_the_usual_descriptor_limit_leaves_lat
         h = b.ok("create", 2 * MiB, POSIX_FD)
         exported = b("export", h, POSIX_FD)
         imported = c("import_path", path_of(b, exported[1]))[0] if exported[0] == SUCCESS else None
-        assert (filled, exported[0], imported) == ((1024, OUT_OF_MEMORY), SUCCESS, SUCCESS), fwd.log()[-2000:]
+        # every slot, unless the hard limit itself leaves less (then what it leaves after the
+        # 16 workers' sockets and a margin of 64, said in the log): never a failure of the supervisor
+        room = min(1024, hard - (2 * 16 + 64))
+        assert (filled, exported[0], imported) == ((room, OUT_OF_MEMORY), SUCCESS, SUCCESS), fwd.log()[-2000:]
+        assert (room < 1024) == ("VMM handles can be shared" in fwd.log()), fwd.log()[-2000:]
         assert fwd.proc.poll() is None, fwd.log()
 
 
