@@ -80,9 +80,11 @@ class Installed:
             assert str(self.python) in text and str(REPO) not in text, (f, text)
         return r.stdout
 
-    def start_daemon(self, root: Path, db: Path, inventory: Path, log: Path) -> subprocess.Popen:
+    def start_daemon(self, root: Path, db: Path, inventory: Path, log: Path, sched: Path) -> subprocess.Popen:
         """vmgpud as the unit `vmgpu setup` wrote starts it (its ExecStart), with a test ledger and
-        inventory, where the checkout is out of reach; answering once its socket exists."""
+        inventory, where the checkout is out of reach; answering once its socket exists.  Its
+        forwarders' scheduler pages go in sched (VMGPU_SCHED_DIR), not the host's /dev/shm/vmgpu,
+        so that the test leaves nothing in /dev/shm."""
         (line,) = [ln for ln in (root / UNIT).read_text().splitlines() if ln.startswith("ExecStart=")]
         cmd = shlex.split(line.removeprefix("ExecStart="))
         sock = Path(cmd[cmd.index("--socket") + 1])
@@ -91,7 +93,7 @@ class Installed:
             p = subprocess.Popen(
                 hidden([*cmd, "--db", str(db), "--inventory", str(inventory), "--metrics-port", "0"]),
                 cwd="/",
-                env=CLEAN_ENV,
+                env={**CLEAN_ENV, "VMGPU_SCHED_DIR": str(sched)},
                 stdout=out,
                 stderr=out,
             )
@@ -108,7 +110,9 @@ class Installed:
         inv.write_text(inventory)
         root = tmp / "root"
         self.setup(root, tmp / "run" / "vmgpud.sock")
-        return root, self.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log")
+        sched = tmp / "sched"
+        sched.mkdir(mode=0o700)
+        return root, self.start_daemon(root, tmp / "ledger.db", inv, tmp / "vmgpud.log", sched)
 
 
 def need_namespace() -> None:
