@@ -216,6 +216,9 @@ def test_a_handle_opens_nothing_new_once_its_block_is_freed_or_its_process_ends(
         handles = [a.ok("export_mem", p) for p in blocks]
         opened = b.ok("open_mem", handles[0])
         a.ok("free", blocks[0])
+        # (the guest library sends a free without waiting for it: a call that waits for its answer
+        # makes sure A's worker has done the free before B tries again)
+        a.ok("event", 0)
         assert b("open_mem", handles[0])[0] == INVALID_VALUE
         # the freed block is not kept for A's next allocation of its size, as a block never exported
         # is (alloc.c): B still maps it, and A's new memory must not alias it
