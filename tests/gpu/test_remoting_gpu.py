@@ -81,6 +81,16 @@ def test_two_processes_of_a_guest_share_memory_on_two_gpus_as_natively(shm_path,
     assert vm.rstrip().endswith(" ok")
 
 
+@pytest.mark.parametrize("name", ["ipc-pair", "vmm-fd-pair"])
+def test_two_processes_of_a_guest_share_memory_on_one_gpu_as_natively(shm_path, name):
+    """The same two programs with both processes on GPU 0 (a guest with one slice): each reads the
+    other's bytes, every step succeeds natively and through vmgpu with the same output."""
+    program = [PROGRAMS[name][0], 0, 0]
+    native, vm = _both(shm_path, program)
+    assert sorted(vm.splitlines()) == sorted(native.splitlines())
+    assert vm.rstrip().endswith(" ok")
+
+
 @TWO_GPUS
 def test_nccl_between_two_processes_of_a_guest_each_on_its_own_gpu_as_natively(shm_path):
     """torch.distributed over NCCL: two processes of one guest (slices on GPUs 0 and 1), one GPU
