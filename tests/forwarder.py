@@ -102,9 +102,14 @@ def log_text(fwd: Forwarder) -> str:
     return fwd.log()
 
 
-# a guest process on a machine with a GPU sees none of the driver's device files: each is
-# covered by /dev/null in a mount namespace of its own, so only vmgpu can reach the GPU
-_HIDE_DEVICES = 'for f in /dev/nvidia*; do mount --bind /dev/null "$f" || exit 97; done; exec "$@"'
+# a guest process on a machine with a GPU sees none of the driver's device files: in a mount
+# namespace of its own each is covered by /dev/null, and each directory of them (/dev/nvidia-caps,
+# the MIG capabilities) by an empty read-only tmpfs, so only vmgpu can reach the GPU
+HIDE_DEVICES = (
+    "for f in /dev/nvidia*; do "
+    'if [ -d "$f" ]; then mount -t tmpfs -o ro,mode=0 none "$f"; else mount --bind /dev/null "$f"; fi || exit 97; '
+    'done; exec "$@"'
+)
 
 
 def hidden_devices(argv: list[str]) -> list[str]:
@@ -114,7 +119,7 @@ def hidden_devices(argv: list[str]) -> list[str]:
         return argv
     if os.geteuid() != 0:
         raise RuntimeError("hiding /dev/nvidia* from a guest process needs root (a mount namespace)")
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", _HIDE_DEVICES, "sh", *argv]
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", HIDE_DEVICES, "sh", *argv]
 
 
 def run_guest(

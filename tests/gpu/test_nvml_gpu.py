@@ -19,17 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, guest_env, log_text
+from tests.forwarder import HIDE_DEVICES, NATIVE, forwarder, guest_env, log_text
 from vmgpu.forwarder import gpu_present
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU and driver here")]
 MIB = 1 << 20
 
 # the guest's view: the driver's device files bound over with /dev/null in a private mount namespace
-HIDDEN = [
-    "unshare", "-m", "--propagation", "private", "sh", "-c",
-    'for f in /dev/nvidia*; do [ -c "$f" ] && mount --bind /dev/null "$f"; done; exec "$@"', "sh",
-]  # fmt: skip
+HIDDEN = ["unshare", "-m", "--propagation", "private", "sh", "-c", HIDE_DEVICES, "sh"]
 
 HOLD = (
     "import sys, torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"

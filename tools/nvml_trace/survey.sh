@@ -54,5 +54,5 @@ print(pynvml.nvmlDeviceGetMemoryInfo(hs[0]).total)
 pynvml.nvmlShutdown()'
 kill $holder 2>/dev/null; wait $holder 2>/dev/null
 # without the real library (every call but init refused) and without /dev/nvidia*: does nvidia-smi get to NVML?
-unshare -m --propagation private sh -c 'for f in /dev/nvidia*; do mount --bind /dev/null "$f"; done; LD_LIBRARY_PATH='$tb' nvidia-smi; echo rc=$?; LD_LIBRARY_PATH='$tb' nvidia-smi -L; echo rc=$?; LD_LIBRARY_PATH='$tb' nvidia-smi --query-gpu=name,memory.total --format=csv; echo rc=$?' >"$out/fake-smi.txt" 2>&1
+unshare -m --propagation private sh -c 'for f in /dev/nvidia*; do if [ -d "$f" ]; then mount -t tmpfs -o ro,mode=0 none "$f"; else mount --bind /dev/null "$f"; fi; done; LD_LIBRARY_PATH='$tb' nvidia-smi; echo rc=$?; LD_LIBRARY_PATH='$tb' nvidia-smi -L; echo rc=$?; LD_LIBRARY_PATH='$tb' nvidia-smi --query-gpu=name,memory.total --format=csv; echo rc=$?' >"$out/fake-smi.txt" 2>&1
 LD_DEBUG=libs nvidia-smi -L 2>&1 | grep -i "nvidia-ml" | head -5 >"$out/ld-debug.txt"
