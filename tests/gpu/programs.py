@@ -42,11 +42,21 @@ PROGRAMS: dict[str, list] = {
     "torch-train-fp32": [sys.executable, HERE / "torch_train_diff.py"],
     "torch-train-bf16": [sys.executable, HERE / "torch_train_diff.py", "--bf16"],
     "zero-copy": [sys.executable, HERE / "zero_copy.py", PTX],
-    "torch-peer": [sys.executable, HERE / "torch_peer.py"],  # needs two GPUs
-    "nccl-all-reduce": [sys.executable, HERE / "torch_nccl.py"],  # needs two GPUs
-    "ipc-pair": [NATIVE / "ipc_pair", 0, 1],  # needs two GPUs
-    "vmm-fd-pair": [NATIVE / "vmm_fd_pair", 0, 1],  # needs two GPUs
+    "ipc-pair-one-gpu": [NATIVE / "ipc_pair", 0, 0],
+    "vmm-fd-pair-one-gpu": [NATIVE / "vmm_fd_pair", 0, 0],
+    "torch-peer": [sys.executable, HERE / "torch_peer.py"],
+    "nccl-all-reduce": [sys.executable, HERE / "torch_nccl.py"],
+    "ipc-pair": [NATIVE / "ipc_pair", 0, 1],
+    "vmm-fd-pair": [NATIVE / "vmm_fd_pair", 0, 1],
 }
+
+# the programs that need two GPUs (on a host with one they fail, or wait on a peer that failed)
+TWO_GPUS = frozenset({"torch-peer", "nccl-all-reduce", "ipc-pair", "vmm-fd-pair"})
+
+
+def gpu_count() -> int:
+    """The GPUs this host's driver exposes (its /dev/nvidiaN files): 0 without a driver."""
+    return sum(1 for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit())
 
 
 def native_env(**extra: str) -> dict[str, str]:

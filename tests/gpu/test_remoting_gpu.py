@@ -85,8 +85,7 @@ def test_two_processes_of_a_guest_share_memory_on_two_gpus_as_natively(shm_path,
 def test_two_processes_of_a_guest_share_memory_on_one_gpu_as_natively(shm_path, name):
     """The same two programs with both processes on GPU 0 (a guest with one slice): each reads the
     other's bytes, every step succeeds natively and through vmgpu with the same output."""
-    program = [PROGRAMS[name][0], 0, 0]
-    native, vm = _both(shm_path, program)
+    native, vm = _both(shm_path, PROGRAMS[f"{name}-one-gpu"])
     assert sorted(vm.splitlines()) == sorted(native.splitlines())
     assert vm.rstrip().endswith(" ok")
 

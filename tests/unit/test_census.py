@@ -4,6 +4,7 @@ line with a stand-in census library (no GPU, no census tool)."""
 
 import importlib.util
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -268,3 +269,22 @@ def test_the_census_covers_every_program_the_differential_tests_run_and_each_exi
     for name, args in PROGRAMS.items():
         scripts = [a for a in args if isinstance(a, Path) and a.suffix == ".py"]
         assert all(s.is_file() for s in scripts), name
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_a_program_that_needs_two_gpus_is_not_run_on_a_host_with_one_and_the_report_says_so(
+    fake_census, tmp_path, capsys, monkeypatch, gpus
+):
+    monkeypatch.setattr(census, "PROGRAMS", {"solo": shlex.split(py("print(1)")), "pair": shlex.split(py("print(2)"))})
+    monkeypatch.setattr(census, "TWO_GPUS", frozenset({"pair"}))
+    monkeypatch.setattr(census, "gpu_count", lambda: gpus)
+    out_dir = tmp_path / "out"
+    status, out, _ = run_cli(capsys, "--census-dir", fake_census, "--out", out_dir)
+    assert status == 0
+    ran = sorted(p.stem for p in out_dir.glob("*.exit"))
+    if gpus == 1:
+        assert ran == ["solo"]
+        assert "pair: not run (it needs two GPUs; this host has 1)" in out.splitlines()
+        assert out.splitlines()[-1].startswith("census programs=1 ")
+    else:
+        assert ran == ["pair", "solo"] and "not run" not in out
