@@ -127,6 +127,12 @@ def resnet(region: Path | None, steps: int) -> float | str:
     return float(next(w.split("=", 1)[1] for w in p.stdout.split() if w.startswith("img_per_s=")))
 
 
+def progress(what: str, native: dict, remote: dict) -> None:
+    """Each repetition's numbers on stderr as they come, so a run cut short still tells something."""
+    row = " ".join(f"{k}={native[k]}/{remote[k]}" for k in native)
+    print(f"{what} (native/remote): {row}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -138,12 +144,14 @@ def main() -> int:
     remote = Remote(tmp, a.backend)
     try:
         native, far, rn_native, rn_far = [], [], [], []
-        for _ in range(a.reps):
+        for i in range(a.reps):
             native.append(remoting(None, a.scale))
             far.append(remoting(remote.region, a.scale))
-        for _ in range(a.reps):
+            progress(f"rep {i + 1}/{a.reps} bench_remoting", native[-1], far[-1])
+        for i in range(a.reps):
             rn_native.append(resnet(None, a.steps))
             rn_far.append(resnet(remote.region, a.steps))
+            progress(f"rep {i + 1}/{a.reps} resnet50_fp32", {"img_per_s": rn_native[-1]}, {"img_per_s": rn_far[-1]})
     finally:
         remote.close()
         shutil.rmtree(tmp, ignore_errors=True)
