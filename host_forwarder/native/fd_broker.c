@@ -227,11 +227,14 @@ int vh_broker_serve(struct vh_fwd *f, int sock, uint32_t chan)
 
 void vh_broker_sweep(struct vh_fwd *f)
 {
-	for (uint32_t i = 0; nheld && i < VH_IPC_SLOTS; i++) {
-		uint32_t owner;
-		if (held[i].fd >= 0 && vh_ipc_vmm_state(f, i, held[i].token, &owner) == VH_IPC_VMM_NONE)
+	static struct vh_ipc_vmm_view view[VH_IPC_SLOTS];
+	if (!nheld)
+		return;
+	vh_ipc_vmm_view(f, view);
+	for (uint32_t i = 0; nheld && i < VH_IPC_SLOTS; i++)
+		if (held[i].fd >= 0 &&
+		    (view[i].state == VH_IPC_VMM_NONE || memcmp(view[i].token, held[i].token, sizeof view[i].token) != 0))
 			held_drop(i);
-	}
 }
 
 /* ---- a worker ------------------------------------------------------------------------ */

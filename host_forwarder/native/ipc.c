@@ -86,6 +86,36 @@ static int token_equal(const uint8_t *a, const uint8_t *b)
 	return d == 0;
 }
 
+/* Under the table's lock: the slot of this process's entry of kind for base, with *found set, or
+ * else the first free slot; VH_IPC_SLOTS when there is neither. */
+static uint32_t find_slot(const struct vh_shared *s, uint32_t kind, uint32_t chan, uint64_t base, int *found)
+{
+	uint32_t free_slot = VH_IPC_SLOTS;
+	*found = 0;
+	for (uint32_t i = 0; i < VH_IPC_SLOTS; i++) {
+		const struct vh_ipc_entry *e = &s->ipc[i];
+		if (e->kind == kind && e->chan == chan && e->base == base) {
+			*found = 1;
+			return i;
+		}
+		if (e->kind == VH_IPC_FREE && free_slot == VH_IPC_SLOTS)
+			free_slot = i;
+	}
+	return free_slot;
+}
+
+/* An export refused because the table is full (said once per worker: a guest that keeps trying
+ * must not flood the log). */
+static CUresult table_full(struct vh_chan *ch)
+{
+	static int said;
+	if (!said++)
+		vh_log("channel %u: the forwarder's IPC table is full (%u handles); exports are refused until the "
+		       "guest's processes free exported memory or end",
+		       ch->index, VH_IPC_SLOTS);
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 /* Put the driver's handle real for (kind, this process, base) in the table and write the guest's
  * handle to out: the same entry (and token) for the same object and real handle, a fresh token
  * otherwise. */
@@ -98,29 +128,14 @@ static CUresult publish(struct vh_chan *ch, uint32_t kind, uint64_t base, uint64
 	if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token)
 		return CUDA_ERROR_OPERATING_SYSTEM;
 	table_lock(s);
-	uint32_t slot = VH_IPC_SLOTS, free_slot = VH_IPC_SLOTS;
-	for (uint32_t i = 0; i < VH_IPC_SLOTS; i++) {
-		struct vh_ipc_entry *e = &s->ipc[i];
-		if (e->kind == kind && e->chan == ch->index && e->base == base) {
-			slot = i;
-			break;
-		}
-		if (e->kind == VH_IPC_FREE && free_slot == VH_IPC_SLOTS)
-			free_slot = i;
-	}
-	if (slot < VH_IPC_SLOTS && memcmp(s->ipc[slot].real, real, sizeof s->ipc[slot].real) == 0) {
+	int found;
+	uint32_t slot = find_slot(s, kind, ch->index, base, &found);
+	if (found && memcmp(s->ipc[slot].real, real, sizeof s->ipc[slot].real) == 0) {
 		memcpy(g.token, s->ipc[slot].token, sizeof g.token); /* the same handle again, as the driver's */
 	} else {
-		if (slot == VH_IPC_SLOTS)
-			slot = free_slot;
 		if (slot == VH_IPC_SLOTS) {
-			static int said; /* once per process: a guest that keeps trying must not flood the log */
 			pthread_mutex_unlock(&s->ipc_mu);
-			if (!said++)
-				vh_log("channel %u: the forwarder's IPC table is full (%u handles); exports are refused "
-				       "until the guest's processes free exported blocks or end",
-				       ch->index, VH_IPC_SLOTS);
-			return CUDA_ERROR_OUT_OF_MEMORY;
+			return table_full(ch);
 		}
 		struct vh_ipc_entry *e = &s->ipc[slot];
 		e->kind = VH_IPC_FREE; /* marked used only once whole */
@@ -282,6 +297,11 @@ CUresult guarded_cuIpcOpenEventHandle(struct vh_chan *ch, CUevent *phEvent, CUip
  *           both hold it).  Imported handles already held keep their memory until released.
  */
 
+static uint32_t vmm_state(uint32_t kind)
+{
+	return kind == VH_IPC_VMM ? VH_IPC_VMM_READY : kind == VH_IPC_VMM_PEND ? VH_IPC_VMM_PENDING : VH_IPC_VMM_NONE;
+}
+
 int vh_ipc_vmm_state(struct vh_fwd *f, uint32_t slot, const uint8_t token[16], uint32_t *chan)
 {
 	if (slot >= VH_IPC_SLOTS)
@@ -293,7 +313,18 @@ int vh_ipc_vmm_state(struct vh_fwd *f, uint32_t slot, const uint8_t token[16], u
 	if (!token_equal(e.token, token))
 		return VH_IPC_VMM_NONE;
 	*chan = e.chan;
-	return e.kind == VH_IPC_VMM ? VH_IPC_VMM_READY : e.kind == VH_IPC_VMM_PEND ? VH_IPC_VMM_PENDING : VH_IPC_VMM_NONE;
+	return vmm_state(e.kind);
+}
+
+void vh_ipc_vmm_view(struct vh_fwd *f, struct vh_ipc_vmm_view *view)
+{
+	struct vh_shared *s = f->shared;
+	table_lock(s);
+	for (uint32_t i = 0; i < VH_IPC_SLOTS; i++) {
+		view[i].state = vmm_state(s->ipc[i].kind);
+		memcpy(view[i].token, s->ipc[i].token, sizeof view[i].token);
+	}
+	pthread_mutex_unlock(&s->ipc_mu);
 }
 
 /* The handle types asked for: a descriptor, or the driver's answer on a GPU without the type. */
@@ -318,28 +349,20 @@ static CUresult vmm_publish(struct vh_chan *ch, struct vh_alloc *a, char *out)
 	struct vh_shared *s = ch->fwd->shared;
 	struct guest_handle g = {.kind = VH_IPC_VMM};
 	memcpy(g.magic, MAGIC, sizeof g.magic);
-	uint32_t slot = VH_IPC_SLOTS;
 	uint8_t fresh[16];
 	if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh)
 		return CUDA_ERROR_OPERATING_SYSTEM;
 	table_lock(s);
-	for (uint32_t i = 0; i < VH_IPC_SLOTS && slot == VH_IPC_SLOTS; i++) {
-		const struct vh_ipc_entry *e = &s->ipc[i];
-		if (e->kind == VH_IPC_VMM && e->chan == ch->index && e->base == a->base) {
-			slot = i; /* exported before: the same handle again */
-			memcpy(g.token, e->token, sizeof g.token);
-		}
-	}
-	if (slot == VH_IPC_SLOTS) {
+	int found;
+	uint32_t slot = find_slot(s, VH_IPC_VMM, ch->index, a->base, &found);
+	if (found) {
+		memcpy(g.token, s->ipc[slot].token, sizeof g.token); /* exported before: the same handle again */
+		pthread_mutex_unlock(&s->ipc_mu);
+	} else {
 		memcpy(g.token, fresh, sizeof g.token);
-		for (uint32_t i = 0; i < VH_IPC_SLOTS && slot == VH_IPC_SLOTS; i++)
-			if (s->ipc[i].kind == VH_IPC_FREE)
-				slot = i;
 		if (slot == VH_IPC_SLOTS) {
 			pthread_mutex_unlock(&s->ipc_mu);
-			vh_log("channel %u: the forwarder's IPC table is full (%u handles); a VMM handle's export "
-			       "is refused", ch->index, VH_IPC_SLOTS);
-			return CUDA_ERROR_OUT_OF_MEMORY;
+			return table_full(ch);
 		}
 		struct vh_ipc_entry *e = &s->ipc[slot];
 		*e = (struct vh_ipc_entry){.chan = ch->index, .base = a->base, .size = a->size, .dev = a->dev};
@@ -366,8 +389,6 @@ static CUresult vmm_publish(struct vh_chan *ch, struct vh_alloc *a, char *out)
 			__atomic_store_n(&s->ipc[slot].kind, VH_IPC_VMM, __ATOMIC_RELEASE);
 		pthread_mutex_unlock(&s->ipc_mu);
 		a->exported = 1; /* its entry goes when the handle does (allocations.c, vmm.c) */
-	} else {
-		pthread_mutex_unlock(&s->ipc_mu);
 	}
 	g.slot = slot;
 	memcpy(out, &g, sizeof g);

@@ -25,5 +25,12 @@ void vh_ipc_forget_channel(struct vh_fwd *f, uint32_t chan);
  * *chan), or an exported one. */
 enum { VH_IPC_VMM_NONE, VH_IPC_VMM_PENDING, VH_IPC_VMM_READY };
 int vh_ipc_vmm_state(struct vh_fwd *f, uint32_t slot, const uint8_t token[16], uint32_t *chan);
+/* Every slot's VMM state and token at one moment (one pass under the table's lock): view has
+ * VH_IPC_SLOTS entries. */
+struct vh_ipc_vmm_view {
+	uint32_t state;
+	uint8_t token[16];
+};
+void vh_ipc_vmm_view(struct vh_fwd *f, struct vh_ipc_vmm_view *view);
 
 #endif

@@ -357,6 +357,9 @@ def test_a_table_full_of_vmm_exports_under_the_usual_descriptor_limit_leaves_lat
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         a, _ = start(guests, fwd, shm_path, 0)
         filled = tuple(map(int, a.ok("export_n", 1025, 2 * MiB).split()))
+        # a guest that keeps trying past a full table gets refused each time, and logged once
+        assert tuple(map(int, a.ok("export_n", 1, 2 * MiB).split())) == (0, OUT_OF_MEMORY)
+        assert a("export_n", 1, 2 * MiB)[0] == SUCCESS
         b, _ = start(guests, fwd, shm_path, 0)
         c, _ = start(guests, fwd, shm_path, 1)
         assert a("release_made", 16) == (SUCCESS, "")
@@ -368,6 +371,7 @@ def test_a_table_full_of_vmm_exports_under_the_usual_descriptor_limit_leaves_lat
         room = min(1024, hard - (2 * 16 + 64))
         assert (filled, exported[0], imported) == ((room, OUT_OF_MEMORY), SUCCESS, SUCCESS), fwd.log()[-2000:]
         assert (room < 1024) == ("VMM handles can be shared" in fwd.log()), fwd.log()[-2000:]
+        assert fwd.log().count("IPC table is full") == (room == 1024), fwd.log()[-2000:]
         assert fwd.proc.poll() is None, fwd.log()
 
 
