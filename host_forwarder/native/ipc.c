@@ -290,7 +290,11 @@ CUresult guarded_cuIpcOpenEventHandle(struct vh_chan *ch, CUevent *phEvent, CUip
  *   import  charged to the importer like a cuMemCreate of the handle's size: an imported handle
  *           keeps the memory alive on its own, after the exporter lets go of it (the driver's
  *           semantics), so a block both hold counts twice, never less than it is.  Where the
- *           driver is measured (a GPU with NVML), the charge is the measurement.
+ *           driver is measured (a GPU with NVML), the charge is the measurement.  Measured on an
+ *           H100 (driver 580): NVML counts the block to its creator while the creator holds it,
+ *           and to the importer once the creator has released it or ended; each import (of the
+ *           same descriptor again, or of the process's own export) gives a new driver handle, so
+ *           vh_vmm_hold's "a handle it holds already" serves only a backend that answers otherwise.
  *   end     when the exporter releases its last hold of the handle, or ends, the entry goes and
  *           the supervisor closes its descriptor: the handle imports nothing new (stricter than
  *           the driver, whose descriptor outlives the handle; NCCL exports and imports while
