@@ -10,8 +10,18 @@ import pytest
 
 from tests.forwarder import HIDE_DEVICES
 
+
+def _private_mounts() -> bool:
+    """Whether a private mount namespace can be made here (root, unshare, and a root that is a
+    mount point: inside a chroot it is not, and unshare refuses to make its mounts private)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = ["unshare", "-m", "--propagation", "private", "true"]
+    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+
+
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (a mount namespace)"
+    not _private_mounts(), reason="needs root and a private mount namespace (not in a chroot): unshare -m"
 )
 
 FAKE_DEV = """set -e
