@@ -213,7 +213,16 @@ static void complete(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
 void vh_sched_unheld(struct vh_sched *s)
 {
 	struct vmgpu_sched_page *pg = s->pg;
-	if (!pg || atomic_load(&pg->owner) != s->me)
+	if (!pg)
+		return;
+	uint64_t now = now_ns();
+	if (now - s->swept_at >= 1000000000ull) {
+		s->swept_at = now;
+		lock(pg);
+		(void)sched_vtime_floor(pg); /* members that are gone let go of their slots */
+		unlock(pg);
+	}
+	if (atomic_load(&pg->owner) != s->me)
 		return;
 	struct vmgpu_sched_slot *g = &pg->slot[s->me];
 	if (atomic_load(&g->draining) == 1)

@@ -45,6 +45,7 @@ struct vh_sched {
 	uint64_t published;        /* how many of them the scheduler thread has added to the page */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
+	uint64_t swept_at;         /* the supervisor's last look for members that are gone */
 };
 
 /* Join the scheduler of the GPU with this UUID (a page in dir) with the guest's share there.  0 on success. */
@@ -58,7 +59,9 @@ void vh_sched_leave(struct vh_sched *s);
 void vh_sched_worker(struct vh_sched *s, int start);
 /* Completes a hand-over that workers which are gone left under way, and gives up the GPU if the
  * guest holds it with no worker left to use it: the supervisor every turn of its loop, and a
- * worker as it leaves (so the GPU is free at once when the guest's last process ends). */
+ * worker as it leaves (so the GPU is free at once when the guest's last process ends).  Once a
+ * second it also lets go the slots of members whose forwarder is gone (a hand-over would, but a
+ * guest holding the GPU alone makes none). */
 void vh_sched_unheld(struct vh_sched *s);
 /* Around a call that puts work on the GPU. */
 uint64_t vh_sched_enter(struct vh_sched *s); /* the nanoseconds it waited for the turn (0: none) */

@@ -110,6 +110,20 @@ def test_a_dead_holder_does_not_stop_the_others(sched_dir, tmp_path):
             assert [m.guest for m in pg.members()] == ["b"]
 
 
+def test_a_dead_member_leaves_the_page_while_another_holds_the_gpu_alone(sched_dir, tmp_path):
+    """A forwarder killed while another guest holds the GPU with nobody waiting (no hand-over to
+    notice it): the live forwarder's supervisor lets its slot go within a few seconds."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--compute", "50")) as fa, forwarder(b, extra=("--compute", "50")):
+        with _page(sched_dir) as pg:
+            pb = _spin(b, 6)
+            assert wait_for(lambda: sorted(m.guest for m in pg.members()) == ["a", "b"])
+            assert wait_for(lambda: pg.owner == next(m.slot for m in pg.members() if m.guest == "b"), timeout=10)
+            os.kill(fa.proc.pid, signal.SIGKILL)
+            assert wait_for(lambda: [m.guest for m in pg.members()] == ["b"], timeout=4)
+            assert _ops(pb) > 0
+
+
 @contextlib.contextmanager
 def _vmgpud(tmp_path: Path):
     """A vmgpud on the test inventory; its client."""
