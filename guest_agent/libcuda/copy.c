@@ -4,10 +4,13 @@
  * copy.c): pinned heap memory is zero-copy (the host DMAs straight into the
  * region), small pageable buffers travel inline in the request, large ones are
  * pipelined through the channel's bulk area in chunks.  Unified copies say for
- * each address whether it is heap memory or a device address.
+ * each address whether it is heap memory or a device address; one naming the process's own
+ * pageable memory is done as the copy of that direction (or by the CPU, host to host).
  */
 #include <emmintrin.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "call.h"
 #include "connection.h"
@@ -243,7 +246,7 @@ CUresult handwritten_cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, 
 	return dtoh(&(struct copy_call){VG_OP_cuMemcpyDtoHAsync_v2, fl, 1, s}, dst, src, n);
 }
 
-/* ---- unified addresses: device memory or pinned heap memory ---------------------------- */
+/* ---- unified addresses: device memory, pinned heap memory or the process's own memory -------- */
 
 void vg_put_unified_address(struct vg_call *c, CUdeviceptr p, size_t n)
 {
@@ -252,10 +255,69 @@ void vg_put_unified_address(struct vg_call *c, CUdeviceptr p, size_t n)
 	vg_put_u64(c, off != UINT64_MAX ? off : p);
 }
 
+CUresult vg_stream_wait(int async, CUstream s, unsigned fl)
+{
+	if (!async)
+		return CUDA_SUCCESS;
+	return cuStreamSynchronize((fl & VG_F_PTDS) && !s ? CU_STREAM_PER_THREAD : s);
+}
+
+/* Whether the pages of [p, p + n) that hold its first and last bytes are mapped in this process
+ * (msync on an unmapped page fails with ENOMEM, and touches nothing). */
+static int mapped_here(uint64_t p, size_t n)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), last = p + n - 1;
+	if (last < p)
+		return 0;
+	return msync((void *)(uintptr_t)(p & ~(page - 1)), page, MS_ASYNC) == 0 &&
+	       msync((void *)(uintptr_t)(last & ~(page - 1)), page, MS_ASYNC) == 0;
+}
+
+/* Where one side of a unified copy lies: the region's heap, device memory, or host memory this
+ * process reads itself (its pageable memory; with unified addressing a program may name it, as
+ * NCCL does with a variable on its stack).  A device address comes from the host, so it may by
+ * chance also be mapped here: an address mapped here is the process's own only when the host does
+ * not know it as device memory of this process's.  -1 with *r: the question could not be asked. */
+enum side { SIDE_HEAP, SIDE_DEVICE, SIDE_HOST };
+
+static int side_of(CUdeviceptr p, size_t n, CUresult *r)
+{
+	if (vg_heap_offset((const void *)(uintptr_t)p, n) != UINT64_MAX)
+		return SIDE_HEAP;
+	if (!mapped_here(p, n))
+		return SIDE_DEVICE;
+	unsigned type = 0;
+	*r = handwritten_cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p, 0);
+	if (*r == CUDA_SUCCESS)
+		return type == CU_MEMORYTYPE_HOST ? SIDE_HOST : SIDE_DEVICE;
+	if (*r != CUDA_ERROR_INVALID_VALUE)
+		return -1; /* the channel lost, or not ready: that error, not a guess */
+	*r = CUDA_SUCCESS;
+	return SIDE_HOST;
+}
+
 static CUresult unified(uint32_t op, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, int async, unsigned fl)
 {
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	int to = SIDE_DEVICE, from = SIDE_DEVICE;
+	if (n && ((to = side_of(dst, n, &r)) < 0 || (from = side_of(src, n, &r)) < 0))
+		return r;
+	if ((to == SIDE_HOST && from != SIDE_DEVICE) || (from == SIDE_HOST && to != SIDE_DEVICE)) {
+		/* host memory on both sides: the CPU copies, once the stream's earlier work is done */
+		if ((r = vg_stream_wait(async, s, fl)) == CUDA_SUCCESS)
+			memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+		return r;
+	}
+	if (from == SIDE_HOST)
+		return async ? handwritten_cuMemcpyHtoDAsync_v2(dst, (const void *)(uintptr_t)src, n, s, fl)
+			     : handwritten_cuMemcpyHtoD_v2(dst, (const void *)(uintptr_t)src, n, fl);
+	if (to == SIDE_HOST)
+		return async ? handwritten_cuMemcpyDtoHAsync_v2((void *)(uintptr_t)dst, src, n, s, fl)
+			     : handwritten_cuMemcpyDtoH_v2((void *)(uintptr_t)dst, src, n, fl);
 	struct vg_call c;
-	CUresult r = vg_begin(&c, op, fl);
+	r = vg_begin(&c, op, fl);
 	if (r != CUDA_SUCCESS)
 		return r;
 	vg_put_unified_address(&c, dst, n);

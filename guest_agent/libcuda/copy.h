@@ -14,4 +14,8 @@ uint64_t vg_bulk_chunk_size(void);
 /* A unified address: pinned heap memory as its region offset, anything else as a device address. */
 void vg_put_unified_address(struct vg_call *c, CUdeviceptr p, size_t n);
 
+/* The stream's earlier work done, where the copy is asynchronous (a pageable copy is done when it
+ * returns, as the driver's is). */
+CUresult vg_stream_wait(int async, CUstream s, unsigned fl);
+
 #endif

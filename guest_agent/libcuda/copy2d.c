@@ -19,6 +19,7 @@
 
 #include "call.h"
 #include "connection.h"
+#include "copy.h"
 #include "hostmem.h"
 #include "vg_copy2d.h"
 #include "vg_guest_protos.h"
@@ -72,14 +73,6 @@ static int side_fits(uint64_t x, uint64_t y, uint64_t z, uint64_t pitch, uint64_
 	       !__builtin_mul_overflow(t, u, &t) && !__builtin_add_overflow(y, p->Height, &u) &&
 	       !__builtin_mul_overflow(pitch, u, &u) && !__builtin_add_overflow(t, u, &t) &&
 	       !__builtin_add_overflow(t, x + p->WidthInBytes, &t) && x <= UINT64_MAX - p->WidthInBytes;
-}
-
-/* The stream's earlier work done (a pageable copy is done when it returns). */
-static CUresult stream_wait(int async, CUstream s, unsigned fl)
-{
-	if (!async)
-		return CUDA_SUCCESS;
-	return cuStreamSynchronize((fl & VG_F_PTDS) && !s ? CU_STREAM_PER_THREAD : s);
 }
 
 /* Pageable host memory against device memory: row by row. */
@@ -182,7 +175,7 @@ static CUresult pageable(const CUDA_MEMCPY3D *q, enum side s, enum side d, const
 		return CUDA_ERROR_INVALID_VALUE;
 	if (p.WidthInBytes == 0 || p.Height == 0 || p.Depth == 0)
 		return vg_check_ready();
-	CUresult r = stream_wait(async, st, fl);
+	CUresult r = vg_stream_wait(async, st, fl);
 	if (r != CUDA_SUCCESS)
 		return r;
 	if (s_host && d_host)

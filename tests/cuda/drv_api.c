@@ -109,6 +109,23 @@ int main(int argc, char **argv)
 	step("cuMemcpyDtoH large", cuMemcpyDtoH(h2, d3, big), CUDA_SUCCESS, NULL);
 	check("large round trip", !memcmp(h1, h2, big));
 
+	/* unified copies naming the program's own pageable memory (a variable on its stack, malloc'd
+	 * memory), as NCCL's cudaMemcpyAsync(..., cudaMemcpyDefault) does; and host to host */
+	{
+		uint64_t word = 0x1122334455667788ull, got = 0;
+		step("cuMemcpyAsync stack to dev", cuMemcpyAsync(d1, (CUdeviceptr)(uintptr_t)&word, 8, 0), CUDA_SUCCESS, NULL);
+		step("cuMemcpyAsync dev to stack", cuMemcpyAsync((CUdeviceptr)(uintptr_t)&got, d1, 8, 0), CUDA_SUCCESS, NULL);
+		check("stack round trip", got == word);
+		memset(h2, 0, big);
+		step("cuMemcpy large malloc to dev", cuMemcpy(d3, (CUdeviceptr)(uintptr_t)h1, big), CUDA_SUCCESS, NULL);
+		step("cuMemcpy large dev to malloc", cuMemcpy((CUdeviceptr)(uintptr_t)h2, d3, big), CUDA_SUCCESS, NULL);
+		check("unified large round trip", !memcmp(h1, h2, big));
+		memset(h2, 0, big);
+		step("cuMemcpy host to host", cuMemcpy((CUdeviceptr)(uintptr_t)h2, (CUdeviceptr)(uintptr_t)h1, 4096),
+		     CUDA_SUCCESS, NULL);
+		check("host to host", !memcmp(h1, h2, 4096));
+	}
+
 	/* pinned memory, async copies on a stream, events */
 	void *pin = NULL;
 	CUstream s;
