@@ -127,8 +127,12 @@ CUresult vg_put_params(struct vg_call *c, const struct vg_param_layout *fi, void
 			else
 				return CUDA_ERROR_INVALID_VALUE;
 		}
-		if (!packed || packed_size < fi->bytes)
+		/* a buffer shorter than the parameters is taken, the rest zero: NCCL's kernels take a
+		 * 4 KiB struct and it passes only the part it filled, as the driver allows */
+		if (!packed)
 			return CUDA_ERROR_INVALID_VALUE;
+		if (packed_size > fi->bytes)
+			packed_size = fi->bytes;
 	} else if (!params && fi->nparams) {
 		return CUDA_ERROR_INVALID_VALUE;
 	}
@@ -142,7 +146,7 @@ CUresult vg_put_params(struct vg_call *c, const struct vg_param_layout *fi, void
 	uint8_t *blob = c->buf + c->len;
 	memset(blob, 0, padded);
 	if (packed)
-		memcpy(blob, packed, fi->bytes);
+		memcpy(blob, packed, packed_size);
 	else
 		for (uint32_t i = 0; i < fi->nparams; i++)
 			memcpy(blob + fi->params[i].offset, params[i], fi->params[i].size);

@@ -235,6 +235,11 @@ int main(int argc, char **argv)
 	cuCtxSynchronize();
 	cuMemcpyDtoH(fc, dc, 4 * 16);
 	check("vadd (extra) result", fc[10] == 15.0f);
+	/* a packed buffer shorter than the parameters (NCCL passes only the part of its 4 KiB argument
+	 * struct it filled): taken by the driver.  One thread, so whatever n it sees, at most c[0]. */
+	psize = 24;
+	step("cuLaunchKernel (short extra)", cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra), CUDA_SUCCESS, NULL);
+	step("cuCtxSynchronize (short extra)", cuCtxSynchronize(), CUDA_SUCCESS, NULL);
 
 	/* the same kernel from a cubin, when one is given */
 	if (argc > 3) {
