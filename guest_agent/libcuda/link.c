@@ -313,10 +313,10 @@ static CUresult link_call(struct link *l, unsigned fl, uint64_t heap_off, uint64
 		for (int s = 0; s < 2 && r == CUDA_SUCCESS; s++) {
 			uint64_t n = vg_get_u64(&c);
 			const char *text = vg_get_ref(&c, n);
-			if (n && text && l->log[s] && l->log_size[s]) {
+			if (text && l->log[s] && l->log_size[s]) { /* an empty log is an empty string */
 				size_t take = n < l->log_size[s] ? n : l->log_size[s];
 				memcpy(l->log[s], text, take);
-				l->log[s][take - 1] = '\0';
+				l->log[s][take ? take - 1 : 0] = '\0';
 			}
 		}
 		if (c.bad)

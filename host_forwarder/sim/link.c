@@ -5,7 +5,7 @@
  * inputs is CUDA_ERROR_NOT_SUPPORTED at cuLinkComplete, and PTX without a ".version" directive is
  * CUDA_ERROR_INVALID_PTX at its cuLinkAddData, as a driver's compiler refuses text that is not
  * PTX; each says why in the error log.  The logs say SIMULATED; the sizes written back are what
- * was filled, NUL included; the wall time is 0.  The forwarder checked every input first.
+ * was filled, NUL included (0 for an empty log); the wall time is 0.  The forwarder checked every input first.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +19,7 @@ struct sim_link {
 	unsigned n;                          /* the options the link was made with */
 	CUjit_option opt[CU_JIT_NUM_OPTIONS * 2];
 	void **values;                       /* the caller's slots: sizes and the wall time go there */
+	size_t log_cap[2];                   /* the info and error log buffers' sizes */
 	int ninputs;
 	uint8_t *bytes;                      /* the first input */
 	size_t size;
@@ -45,10 +46,8 @@ static void say(struct sim_link *l, int error, const char *fmt, ...)
 {
 	int b = slot(l, error ? CU_JIT_ERROR_LOG_BUFFER : CU_JIT_INFO_LOG_BUFFER);
 	int z = slot(l, error ? CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES : CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES);
-	if (b < 0 || z < 0 || !l->values[b])
-		return;
-	size_t cap = (uint32_t)(uintptr_t)l->values[z];
-	if (!cap)
+	size_t cap = l->log_cap[error];
+	if (b < 0 || z < 0 || !l->values[b] || !cap)
 		return;
 	va_list ap;
 	va_start(ap, fmt);
@@ -67,6 +66,17 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *o, void **v, CUlin
 	l->n = n;
 	if (n) memcpy(l->opt, o, n * sizeof *o);
 	l->values = v;
+	/* the logs start empty: nothing filled */
+	for (int e = 0; e < 2; e++) {
+		int b = slot(l, e ? CU_JIT_ERROR_LOG_BUFFER : CU_JIT_INFO_LOG_BUFFER);
+		int z = slot(l, e ? CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES : CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES);
+		if (b < 0 || z < 0 || !v[b])
+			continue;
+		l->log_cap[e] = (uint32_t)(uintptr_t)v[z];
+		if (l->log_cap[e])
+			*(char *)v[b] = '\0';
+		v[z] = NULL;
+	}
 	int w = slot(l, CU_JIT_WALL_TIME);
 	if (w >= 0) {
 		float zero = 0;
