@@ -332,7 +332,8 @@ class GuestChannel:
         (their position, the guest's address of them)."""
         pos, ptr = ctypes.c_uint64(), ctypes.c_void_p()
         direction = 1 if to_host else 2  # VMGPU_BULK_TO_HOST, VMGPU_BULK_FROM_HOST
-        rc = lib().vmgpu_gchan_bulk_alloc_dir(self.c, size, direction, int(timeout_s * 1e9), ctypes.byref(pos), ctypes.byref(ptr))
+        timeout = int(timeout_s * 1e9)
+        rc = lib().vmgpu_gchan_bulk_alloc_dir(self.c, size, direction, timeout, ctypes.byref(pos), ctypes.byref(ptr))
         if rc:
             raise_error(rc, "bulk alloc")
         return pos.value, ptr.value
