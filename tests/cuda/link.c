@@ -13,42 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "transcript.h"
+
 #define N 1000
 #define LOG 8192
-
-static int failures;
-
-static void step(const char *what, CUresult r, CUresult want)
-{
-	const char *name = NULL;
-	cuGetErrorName(r, &name);
-	printf("%-46s %-30s %s\n", what, name ? name : "?", r == want ? "ok" : "UNEXPECTED");
-	if (r != want)
-		failures++;
-}
-
-static void check(const char *what, int cond)
-{
-	printf("%-46s %-30s %s\n", what, "-", cond ? "ok" : "WRONG");
-	if (!cond)
-		failures++;
-}
-
-static char *read_text(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *buf = malloc((size_t)n + 1);
-	if (fread(buf, 1, (size_t)n, f) != (size_t)n)
-		n = 0;
-	buf[n] = 0;
-	fclose(f);
-	return buf;
-}
 
 /* Load the linked cubin, run vadd on N elements and check c = a + b. */
 static void run_vadd(const char *label, const void *cubin)
@@ -58,11 +26,11 @@ static void run_vadd(const char *label, const void *cubin)
 	CUfunction fn;
 	snprintf(what, sizeof what, "%s: cuModuleLoadData", label);
 	CUresult r = cuModuleLoadData(&mod, cubin);
-	step(what, r, CUDA_SUCCESS);
+	step(what, r, CUDA_SUCCESS, NULL);
 	if (r != CUDA_SUCCESS)
 		return;
 	snprintf(what, sizeof what, "%s: cuModuleGetFunction vadd", label);
-	step(what, r = cuModuleGetFunction(&fn, mod, "vadd"), CUDA_SUCCESS);
+	step(what, r = cuModuleGetFunction(&fn, mod, "vadd"), CUDA_SUCCESS, NULL);
 	float a[N], b[N], c[N];
 	for (int i = 0; i < N; i++) {
 		a[i] = (float)i;
@@ -79,7 +47,7 @@ static void run_vadd(const char *label, const void *cubin)
 	void *args[] = {&da, &db, &dc, &n};
 	if (r == CUDA_SUCCESS) {
 		snprintf(what, sizeof what, "%s: cuLaunchKernel", label);
-		step(what, cuLaunchKernel(fn, (N + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL), CUDA_SUCCESS);
+		step(what, cuLaunchKernel(fn, (N + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, args, NULL), CUDA_SUCCESS, NULL);
 	}
 	cuMemcpyDtoH(c, dc, sizeof c);
 	int good = 0;
@@ -107,21 +75,21 @@ static void link_one(const char *label, const char *text, CUjitInputType type, c
 	CUlinkState link;
 	snprintf(what, sizeof what, "%s: cuLinkCreate", label);
 	CUresult r = cuLinkCreate(nopt, nopt ? opt : NULL, nopt ? val : NULL, &link);
-	step(what, r, CUDA_SUCCESS);
+	step(what, r, CUDA_SUCCESS, NULL);
 	if (r != CUDA_SUCCESS)
 		return;
 	if (text) {
 		snprintf(what, sizeof what, "%s: cuLinkAddData", label);
 		step(what, cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)text, strlen(text) + 1, "vadd.ptx", 0, NULL, NULL),
-		     CUDA_SUCCESS);
+		     CUDA_SUCCESS, NULL);
 	} else {
 		snprintf(what, sizeof what, "%s: cuLinkAddFile", label);
-		step(what, cuLinkAddFile(link, type, path, 0, NULL, NULL), CUDA_SUCCESS);
+		step(what, cuLinkAddFile(link, type, path, 0, NULL, NULL), CUDA_SUCCESS, NULL);
 	}
 	void *cubin = NULL;
 	size_t size = 0;
 	snprintf(what, sizeof what, "%s: cuLinkComplete", label);
-	step(what, r = cuLinkComplete(link, &cubin, &size), CUDA_SUCCESS);
+	step(what, r = cuLinkComplete(link, &cubin, &size), CUDA_SUCCESS, NULL);
 	snprintf(what, sizeof what, "%s: a cubin", label);
 	check(what, cubin && size > 0);
 	if (text) {
@@ -135,7 +103,7 @@ static void link_one(const char *label, const char *text, CUjitInputType type, c
 	if (r == CUDA_SUCCESS && cubin)
 		run_vadd(label, cubin); /* loaded before the link is destroyed, as the driver asks */
 	snprintf(what, sizeof what, "%s: cuLinkDestroy", label);
-	step(what, cuLinkDestroy(link), CUDA_SUCCESS);
+	step(what, cuLinkDestroy(link), CUDA_SUCCESS, NULL);
 }
 
 int main(int argc, char **argv)
@@ -146,11 +114,11 @@ int main(int argc, char **argv)
 	}
 	CUdevice dev;
 	CUcontext ctx;
-	step("cuInit", cuInit(0), CUDA_SUCCESS);
+	step("cuInit", cuInit(0), CUDA_SUCCESS, NULL);
 	cuDeviceGet(&dev, 0);
-	step("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+	step("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS, NULL);
 	cuCtxSetCurrent(ctx);
-	char *ptx = read_text(argv[1]);
+	char *ptx = read_file(argv[1]);
 	check("PTX file read", ptx != NULL);
 	if (!ptx)
 		return 1;
@@ -166,7 +134,7 @@ int main(int argc, char **argv)
 	CUjit_option opt[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
 	void *val[] = {error, (void *)(uintptr_t)LOG};
 	CUlinkState link;
-	step("bad ptx: cuLinkCreate", cuLinkCreate(2, opt, val, &link), CUDA_SUCCESS);
+	step("bad ptx: cuLinkCreate", cuLinkCreate(2, opt, val, &link), CUDA_SUCCESS, NULL);
 	static char junk[] = "this is not PTX at all\n";
 	CUresult r = cuLinkAddData(link, CU_JIT_INPUT_PTX, junk, sizeof junk, "junk.ptx", 0, NULL, NULL);
 	void *cubin = NULL;
@@ -175,12 +143,12 @@ int main(int argc, char **argv)
 		r = cuLinkComplete(link, &cubin, &size);
 	check("bad ptx: refused", r != CUDA_SUCCESS);
 	check("bad ptx: error log written", error[0] != '\0' && strlen(error) < LOG);
-	step("bad ptx: cuLinkDestroy", cuLinkDestroy(link), CUDA_SUCCESS);
+	step("bad ptx: cuLinkDestroy", cuLinkDestroy(link), CUDA_SUCCESS, NULL);
 
-	step("missing file: cuLinkCreate", cuLinkCreate(0, NULL, NULL, &link), CUDA_SUCCESS);
+	step("missing file: cuLinkCreate", cuLinkCreate(0, NULL, NULL, &link), CUDA_SUCCESS, NULL);
 	step("missing file: cuLinkAddFile", cuLinkAddFile(link, CU_JIT_INPUT_PTX, "/nonexistent/vadd.ptx", 0, NULL, NULL),
-	     CUDA_ERROR_FILE_NOT_FOUND);
-	step("missing file: cuLinkDestroy", cuLinkDestroy(link), CUDA_SUCCESS);
+	     CUDA_ERROR_FILE_NOT_FOUND, NULL);
+	step("missing file: cuLinkDestroy", cuLinkDestroy(link), CUDA_SUCCESS, NULL);
 
 	free(ptx);
 	printf("%s\n", failures ? "link FAILED" : "link ok");

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests.forwarder import NATIVE, PTX, forwarder, guest_env
-from tests.native.guest_process import PRELUDE
+from tests.native.guest_process import LOOP, PRELUDE
 
 pytestmark = pytest.mark.native
 
@@ -43,11 +43,9 @@ def options(spec):  # "opt=value,..." where a value "log:N" is a buffer of N byt
     return len(spec), opts, vals, bufs
 
 keep = []
-print("ready", flush=True)
-for line in sys.stdin:
-    w = line.split()
-    op, a = w[0], w[1:]
-    out = ""
+"""
+    + LOOP
+    + r"""
     if op == "create":  # options
         n, opts, vals, bufs = options(a[0] if a else "-")
         keep.append((opts, vals, bufs))
