@@ -125,7 +125,7 @@ static CUresult link_create(unsigned n, CUjit_option *o, void **v, CUlinkState *
 		int s = log_slot(l->opt[i].option);
 		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_LOG_BUFFER) {
 			l->log[s] = v[l->caller_index[i]];
-			have_buffer[s] = 1;
+			have_buffer[s] = l->log[s] != NULL;
 		} else if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_OUT_LOG_SIZE) {
 			l->log_size[s] = (uint32_t)(uintptr_t)v[l->caller_index[i]];
 		}
