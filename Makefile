@@ -77,6 +77,7 @@ native: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	$(CC) -O1 -g -Wall -o $(NATIVE)/ipc_pair tests/cuda/ipc_pair.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/vmm_fd_pair tests/cuda/vmm_fd_pair.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/copy2d tests/cuda/copy2d.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/link tests/cuda/link.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/memprobe bench/memprobe.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda -ldl
 	$(if $(OPENSSL),$(CC) $(NETBRIDGE_CFLAGS) -o $(NATIVE)/vmgpu-netbridge native/net_bridge/netbridge.c \
 		-Inative/shm_transport/include $(NATIVE)/libvmgpushm.a $(OPENSSL) -lpthread,\
@@ -96,6 +97,7 @@ cuda-programs: native
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/oob tests/cuda/oob.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/free_reuse tests/cuda/free_reuse.cu
 	$(PTXAS) -arch=sm_90 -o $(NATIVE)/vadd.cubin tests/cuda/vadd.ptx
+	$(PTXAS) -c -arch=sm_90 -o $(NATIVE)/vadd_rdc.cubin tests/cuda/vadd.ptx
 	$(NVCC) -cubin -arch=sm_90 -o $(NATIVE)/bigglobal.cubin tests/cuda/bigglobal.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/isolation bench/isolation.cu

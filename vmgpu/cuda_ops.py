@@ -181,4 +181,5 @@ OPS = {
     205: "cuSurfObjectCreate",
     206: "cuSurfObjectDestroy",
     207: "cuSurfObjectGetResourceDesc",
+    208: "cuLinkComplete",
 }

@@ -327,6 +327,17 @@ class GuestChannel:
             raise_error(n, "receive")
         return t.value, buf.raw[:n]
 
+    def bulk_alloc(self, size: int, to_host: bool, timeout_s: float = 5.0) -> tuple[int, int]:
+        """size bytes of the channel's bulk area, written by the guest (to_host) or by the host:
+        (their position, the guest's address of them)."""
+        pos, ptr = ctypes.c_uint64(), ctypes.c_void_p()
+        direction = 1 if to_host else 2  # VMGPU_BULK_TO_HOST, VMGPU_BULK_FROM_HOST
+        timeout = int(timeout_s * 1e9)
+        rc = lib().vmgpu_gchan_bulk_alloc_dir(self.c, size, direction, timeout, ctypes.byref(pos), ctypes.byref(ptr))
+        if rc:
+            raise_error(rc, "bulk alloc")
+        return pos.value, ptr.value
+
     def heap_alloc(self, size: int) -> int:
         off = ctypes.c_uint64()
         rc = lib().vmgpu_guest_heap_alloc(self.c, size, ctypes.byref(off))

@@ -76,6 +76,7 @@ def lib() -> ctypes.CDLL:
         "vmgpu_gchan_generation": (u32, [vp]),
         "vmgpu_gchan_send": (i, [vp, ctypes.c_uint16, vp, u32, u64]),
         "vmgpu_gchan_recv": (i, [vp, vp, u32, ctypes.POINTER(ctypes.c_uint16), u64]),
+        "vmgpu_gchan_bulk_alloc_dir": (i, [vp, u64, u32, u64, ctypes.POINTER(u64), ctypes.POINTER(vp)]),
         "vmgpu_guest_heap_alloc": (i, [vp, u64, ctypes.POINTER(u64)]),
         "vmgpu_guest_heap_free": (i, [vp, u64]),
     }

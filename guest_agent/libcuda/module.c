@@ -13,6 +13,7 @@
 #include "call.h"
 #include "connection.h"
 #include "copy.h"
+#include "module.h"
 #include "vg_hash.h"
 #include "vg_guest_protos.h"
 
@@ -84,6 +85,41 @@ static uint64_t image_size(const void **image)
 	return strlen((const char *)p) + 1;
 }
 
+/* Send n bytes to the host's staging blob (under vg_lock): announced by their hash first, so that
+ * bytes the host already holds (this or another process loaded them) do not cross again. */
+CUresult vg_blob_send(const void *bytes, uint64_t n)
+{
+	uint64_t hash[2], cached = 0;
+	vg_hash128(bytes, n, hash);
+	struct vg_call c;
+	CUresult r = vg_begin(&c, VG_OP_BLOB_BEGIN, 0);
+	if (r != CUDA_SUCCESS)
+		return r;
+	vg_put_u64(&c, n);
+	vg_put(&c, hash, sizeof hash);
+	r = vg_call_sync(&c);
+	if (r == CUDA_SUCCESS)
+		cached = vg_get_u64(&c);
+	if ((r = vg_end(&c, r)) != CUDA_SUCCESS)
+		return r;
+	uint64_t step = vg_bulk_chunk_size();
+	for (uint64_t done = cached ? n : 0; done < n && r == CUDA_SUCCESS;) {
+		uint64_t len = n - done < step ? n - done : step, pos;
+		void *bulk;
+		if (vmgpu_gchan_bulk_alloc_dir(vg_conn.chan, len, VMGPU_BULK_TO_HOST, VG_WAIT_FOREVER_NS, &pos, &bulk) < 0)
+			return VG_ERROR_LOST;
+		memcpy(bulk, (const uint8_t *)bytes + done, len);
+		if ((r = vg_begin(&c, VG_OP_BLOB_PUT, 0)) != CUDA_SUCCESS)
+			return r;
+		vg_put_u64(&c, done);
+		vg_put_u64(&c, pos);
+		vg_put_u64(&c, len);
+		r = vg_send_async(&c);
+		done += len;
+	}
+	return r;
+}
+
 /* Send an image to the host's staging blob, then make the load call `op`. */
 static CUresult load_image(uint32_t op, const void *image, void **out, unsigned fl)
 {
@@ -92,44 +128,15 @@ static CUresult load_image(uint32_t op, const void *image, void **out, unsigned 
 	CUresult r = vg_check_ready();
 	if (r != CUDA_SUCCESS)
 		return r;
-	uint64_t n = image_size(&image), hash[2], cached = 0;
-	vg_hash128(image, n, hash);
+	uint64_t n = image_size(&image);
 	struct vg_call c;
 	vg_lock();
-	if ((r = vg_begin(&c, VG_OP_BLOB_BEGIN, 0)) != CUDA_SUCCESS)
-		goto out;
-	vg_put_u64(&c, n);
-	vg_put(&c, hash, sizeof hash);
-	r = vg_call_sync(&c);
-	if (r == CUDA_SUCCESS)
-		cached = vg_get_u64(&c);
-	if ((r = vg_end(&c, r)) != CUDA_SUCCESS)
-		goto out;
-	/* an image the host already holds (this or another process loaded it) does not cross again */
-	uint64_t step = vg_bulk_chunk_size();
-	for (uint64_t done = cached ? n : 0; done < n && r == CUDA_SUCCESS;) {
-		uint64_t len = n - done < step ? n - done : step, pos;
-		void *bulk;
-		if (vmgpu_gchan_bulk_alloc_dir(vg_conn.chan, len, VMGPU_BULK_TO_HOST, VG_WAIT_FOREVER_NS, &pos, &bulk) < 0) {
-			r = VG_ERROR_LOST;
-			goto out;
-		}
-		memcpy(bulk, (const uint8_t *)image + done, len);
-		if ((r = vg_begin(&c, VG_OP_BLOB_PUT, 0)) != CUDA_SUCCESS)
-			goto out;
-		vg_put_u64(&c, done);
-		vg_put_u64(&c, pos);
-		vg_put_u64(&c, len);
-		r = vg_send_async(&c);
-		done += len;
+	if ((r = vg_blob_send(image, n)) == CUDA_SUCCESS && (r = vg_begin(&c, op, fl)) == CUDA_SUCCESS) {
+		r = vg_call_sync(&c);
+		if (r == CUDA_SUCCESS)
+			vg_get(&c, out, sizeof *out);
+		r = vg_end(&c, r);
 	}
-	if (r != CUDA_SUCCESS || (r = vg_begin(&c, op, fl)) != CUDA_SUCCESS)
-		goto out;
-	r = vg_call_sync(&c);
-	if (r == CUDA_SUCCESS)
-		vg_get(&c, out, sizeof *out);
-	r = vg_end(&c, r);
-out:
 	vg_unlock();
 	return r;
 }
@@ -153,8 +160,7 @@ CUresult handwritten_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned
 
 #define FILE_IMAGE_MAX (1ull << 30)
 
-/* The whole file, NUL-terminated (a PTX file is text), or NULL with *r set as the driver would. */
-static void *read_image(const char *fname, CUresult *r)
+void *vg_read_file(const char *fname, size_t *size, CUresult *r)
 {
 	if (!fname) {
 		*r = CUDA_ERROR_INVALID_VALUE;
@@ -189,13 +195,15 @@ static void *read_image(const char *fname, CUresult *r)
 		return NULL;
 	}
 	buf[n] = 0;
+	*size = n;
 	return buf;
 }
 
 CUresult handwritten_cuModuleLoad(CUmodule *m, const char *fname, unsigned fl)
 {
 	CUresult r = CUDA_SUCCESS;
-	void *image = read_image(fname, &r);
+	size_t n;
+	void *image = vg_read_file(fname, &n, &r);
 	if (!image)
 		return r;
 	r = load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl);
@@ -207,7 +215,8 @@ CUresult handwritten_cuLibraryLoadFromFile(CUlibrary *lib, const char *fname, CU
 					   unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
 {
 	CUresult r = CUDA_SUCCESS;
-	void *image = read_image(fname, &r);
+	size_t n;
+	void *image = vg_read_file(fname, &n, &r);
 	if (!image)
 		return r;
 	r = handwritten_cuLibraryLoadData(lib, image, jo, jv, nj, lo, lv, nl, fl);

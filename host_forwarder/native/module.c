@@ -13,16 +13,24 @@
 #include "vh_dispatch.h"
 #include "vh_protos.h"
 
+const uint8_t *vh_module_blob(struct vh_chan *ch, uint64_t *size)
+{
+	*size = ch->blob_size;
+	if (ch->image)
+		return vh_image_bytes(ch->image);
+	return ch->blob && ch->blob_filled == ch->blob_size ? ch->blob : NULL;
+}
+
 /* The image to give the driver: the bytes received (or the cache's copy of the same bytes),
  * checked against their own headers (image_check.c), with a zeroed guard after them. */
 static CUresult blob_take(struct vh_chan *ch, const void **image)
 {
 	static unsigned logged; /* a guest sending bad images does not flood the log */
 	char why[200];
-	if (!ch->image && (!ch->blob || ch->blob_filled != ch->blob_size))
+	uint64_t size;
+	const uint8_t *bytes = vh_module_blob(ch, &size);
+	if (!bytes)
 		return CUDA_ERROR_INVALID_IMAGE;
-	const uint8_t *bytes = ch->image ? vh_image_bytes(ch->image) : ch->blob;
-	uint64_t size = ch->blob_size;
 	if (vh_image_check(bytes, size, why, sizeof why)) {
 		if (logged < 16) {
 			logged++;

@@ -8,6 +8,7 @@
 
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
+#include <stdint.h>
 
 struct vh_chan;
 struct vh_rd;
@@ -18,6 +19,9 @@ struct vh_wr;
 CUresult vh_proto_image_begin(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr);
 CUresult vh_proto_image_chunk(struct vh_chan *ch, struct vh_rd *rd);
 CUresult vh_proto_module_functions(struct vh_chan *ch, struct vh_rd *rd, struct vh_wr *wr);
+/* The bytes received whole (or the cache's copy of them), with zeros of VH_IMAGE_GUARD after
+ * them, and their number; NULL if nothing was received whole.  A module load or a link takes them. */
+const uint8_t *vh_module_blob(struct vh_chan *ch, uint64_t *size);
 /* Forget the image being received or used. */
 void vh_module_image_forget(struct vh_chan *ch);
 /* nvml_query.c: what the guest's NVML shows of one of its GPUs (VG_OP_NVML_QUERY). */

@@ -15,7 +15,7 @@
  * pointer attributes), copies.c (copies and memsets), streams.c (streams, events, stream
  * capture), modules.c (modules from PTX, functions), launch.c (launches and graphs), pools.c
  * (pools and VMM), knobs.c (what tests set through the environment, and the usage NVML would
- * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs), ipc.c (IPC handles between processes: who may open what, no shared bytes).  This header is what the files share; only the CUDA API is exported (EXPORT).
+ * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs), ipc.c (IPC handles between processes: who may open what, no shared bytes), link.c (the linker: one input linked is that input).  This header is what the files share; only the CUDA API is exported (EXPORT).
  */
 #ifndef SIM_H
 #define SIM_H

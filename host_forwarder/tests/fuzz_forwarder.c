@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "raw_guest.h"
+#include "vg_link.h"
 #include "vg_ops.h"
 #include "vg_wire.h"
 
@@ -153,6 +154,57 @@ static int many(const char *region, long iters, uint64_t seed, int procs, int sc
 }
 
 
+/* A link package (vg_link.h) of the PTX, with both logs, then changed at random: bytes and words
+ * of its headers, its length cut or grown.  The forwarder must refuse or link it, and go on. */
+static int fuzz_link(const char *ptx, size_t ptx_size, long rounds)
+{
+	uint8_t pkg[1024];
+	for (long i = 0; i < rounds; i++) {
+		size_t n = 0;
+		struct vg_link_header h = {VG_LINK_MAGIC, 2, 1, 0};
+		struct vg_jit_opt o[2] = {{CU_JIT_INFO_LOG_BUFFER, 0, 0}, {CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, 0, 64}};
+		struct vg_link_input in = {CU_JIT_INPUT_PTX, 0, 2, ptx_size};
+		memset(pkg, 0, sizeof pkg);
+		memcpy(pkg, &h, sizeof h);
+		memcpy(pkg + (n += sizeof h), o, sizeof o);
+		memcpy(pkg + (n += sizeof o), &in, sizeof in);
+		memcpy(pkg + (n += sizeof in), "x", 2);
+		memcpy(pkg + (n += 8), ptx, ptx_size);
+		n += (ptx_size + 7) & ~(size_t)7;
+		for (int k = (int)(rnd() % 4); k >= 0; k--) {
+			switch (rnd() % 4) {
+			case 0: pkg[rnd() % n] = (uint8_t)rnd(); break;
+			case 1: {
+				static const uint32_t odd[] = {0, 1, 0xFFFFFFFFu, 0x80000000u, 4097, 16385, 65};
+				uint32_t v = rnd() % 2 ? odd[rnd() % 7] : (uint32_t)rnd();
+				memcpy(pkg + (rnd() % 24) * 4, &v, 4); /* the headers and options */
+				break;
+			}
+			case 2: n -= rnd() % n; break;
+			default: n += rnd() % (sizeof pkg - n + 1); break;
+			}
+		}
+		if (!n)
+			continue;
+		uint64_t begin[3] = {n, rnd(), rnd()}, pos, out_pos;
+		void *bulk, *out;
+		if (raw_call(&G, VG_OP_BLOB_BEGIN, 0, 0, begin, sizeof begin) != 0 ||
+		    vmgpu_gchan_bulk_alloc(G.ch, n, 5000000000ull, &pos, &bulk) < 0)
+			return 1;
+		memcpy(bulk, pkg, n);
+		uint64_t put[3] = {0, pos, n};
+		raw_call(&G, VG_OP_BLOB_PUT, 0, VG_F_NOREPLY, put, sizeof put);
+		if (vmgpu_gchan_bulk_alloc(G.ch, 4096, 5000000000ull, &out_pos, &out) < 0)
+			return 1;
+		uint64_t req[3] = {VG_BUF_BULK, out_pos, 4096};
+		if (raw_call(&G, VG_OP_cuLinkComplete, 0, 0, req, sizeof req) < 0) {
+			fprintf(stderr, "forwarder stopped answering after link package %ld\n", i);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 4 && !strcmp(argv[2], "scribble")) {
@@ -209,6 +261,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+
+	if (fuzz_link(ptx, sizeof ptx, iters / 20 < 500 ? iters / 20 : 500))
+		return 1;
 
 	long replies = 0, errors = 0;
 	for (long i = 0; i < iters; i++) {

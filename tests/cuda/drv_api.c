@@ -10,44 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-static void step(const char *what, CUresult r, CUresult want, const char *extra)
-{
-	const char *name = NULL;
-	cuGetErrorName(r, &name);
-	printf("%-28s %-34s %s%s\n", what, name ? name : "?", r == want ? "ok" : "UNEXPECTED", extra ? extra : "");
-	if (r != want)
-		failures++;
-}
-
-static void check(const char *what, int cond)
-{
-	printf("%-28s %-34s %s\n", what, "-", cond ? "ok" : "WRONG");
-	if (!cond)
-		failures++;
-}
+#include "transcript.h"
 
 static void on_function(void *data, void *node, uint64_t tag)
 {
 	(void)tag;
 	*(void **)data = node;
-}
-
-static char *read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *buf = malloc((size_t)n + 1);
-	if (fread(buf, 1, (size_t)n, f) != (size_t)n)
-		n = 0;
-	buf[n] = 0;
-	fclose(f);
-	return buf;
 }
 
 int main(int argc, char **argv)

@@ -15,26 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define N 256
+#include "read_file.h"
 
-static char *read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *s = malloc((size_t)n + 1);
-	if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-		free(s);
-		s = NULL;
-	}
-	if (s)
-		s[n] = 0;
-	fclose(f);
-	return s;
-}
+#define N 256
 
 static CUDA_MEMSET_NODE_PARAMS memset_of(CUdeviceptr dst, unsigned value, size_t width)
 {

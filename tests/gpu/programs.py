@@ -23,6 +23,7 @@ SAME_OUTPUT: dict[str, list] = {
     "freed-block-reused-after-its-work": [NATIVE / "free_reuse"],
     "host-functions": [NATIVE / "hostfn"],
     "copy2d-3d-memset2d-arrays": [NATIVE / "copy2d"],
+    "link-ptx-file-and-cubin": [NATIVE / "link", PTX, NATIVE / "vadd_rdc.cubin"],
     "pytorch": [sys.executable, HERE / "torch_ops.py"],
     "pytorch-cuda-graphs": [sys.executable, HERE / "torch_graphs.py"],
     "torch-compile": [sys.executable, HERE / "torch_compile.py"],

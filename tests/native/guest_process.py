@@ -21,6 +21,17 @@ assert cuda.cuCtxSetCurrent(ctx) == 0
 """
 
 
+# The command loop a script's commands follow: each line's words as op and its arguments a; the
+# commands set r (the CUresult) and out (the value), and the script prints them.
+LOOP = r"""
+print("ready", flush=True)
+for line in sys.stdin:
+    w = line.split()
+    op, a = w[0], w[1:]
+    out = ""
+"""
+
+
 class Guest:
     """One guest process of the region, on one GPU, run command by command."""
 

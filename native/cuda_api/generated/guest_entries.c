@@ -3559,3 +3559,43 @@ VG_EXPORT CUresult CUDAAPI cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC *pResD
 {
 	return forward_cuSurfObjectGetResourceDesc(pResDesc, surfObject, 0);
 }
+
+VG_EXPORT CUresult CUDAAPI cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut)
+{
+	return handwritten_cuLinkCreate(numOptions, options, optionValues, stateOut, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options, void **optionValues, CUlinkState *stateOut)
+{
+	return handwritten_cuLinkCreate_v2(numOptions, options, optionValues, stateOut, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int numOptions, CUjit_option *options, void **optionValues)
+{
+	return handwritten_cuLinkAddData(state, type, data, size, name, numOptions, options, optionValues, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int numOptions, CUjit_option *options, void **optionValues)
+{
+	return handwritten_cuLinkAddData_v2(state, type, data, size, name, numOptions, options, optionValues, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions, CUjit_option *options, void **optionValues)
+{
+	return handwritten_cuLinkAddFile(state, type, path, numOptions, options, optionValues, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int numOptions, CUjit_option *options, void **optionValues)
+{
+	return handwritten_cuLinkAddFile_v2(state, type, path, numOptions, options, optionValues, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut)
+{
+	return handwritten_cuLinkComplete(state, cubinOut, sizeOut, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuLinkDestroy(CUlinkState state)
+{
+	return handwritten_cuLinkDestroy(state, 0);
+}

@@ -2862,6 +2862,8 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			vh_put(wr, pResDesc, sizeof(*pResDesc));
 		return CUDA_SUCCESS;
 	}
+	case VG_OP_cuLinkComplete:
+		return handwritten_cuLinkComplete(ch, vg_flags, rd, wr);
 	default:
 		return vh_dispatch_proto(ch, op, vg_flags, rd, wr);
 	}

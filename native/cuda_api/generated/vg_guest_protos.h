@@ -117,5 +117,13 @@ CUresult handwritten_cuMemcpy3D_v2(const CUDA_MEMCPY3D * pCopy, unsigned vg_flag
 CUresult forward_cuMemcpy3D_v2(const CUDA_MEMCPY3D * pCopy, unsigned vg_flags);
 CUresult handwritten_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D * pCopy, CUstream hStream, unsigned vg_flags);
 CUresult forward_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D * pCopy, CUstream hStream, unsigned vg_flags);
+CUresult handwritten_cuLinkCreate(unsigned int numOptions, CUjit_option * options, void ** optionValues, CUlinkState * stateOut, unsigned vg_flags);
+CUresult handwritten_cuLinkCreate_v2(unsigned int numOptions, CUjit_option * options, void ** optionValues, CUlinkState * stateOut, unsigned vg_flags);
+CUresult handwritten_cuLinkAddData(CUlinkState state, CUjitInputType type, void * data, size_t size, const char * name, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
+CUresult handwritten_cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void * data, size_t size, const char * name, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
+CUresult handwritten_cuLinkAddFile(CUlinkState state, CUjitInputType type, const char * path, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
+CUresult handwritten_cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char * path, unsigned int numOptions, CUjit_option * options, void ** optionValues, unsigned vg_flags);
+CUresult handwritten_cuLinkComplete(CUlinkState state, void ** cubinOut, size_t * sizeOut, unsigned vg_flags);
+CUresult handwritten_cuLinkDestroy(CUlinkState state, unsigned vg_flags);
 
 #endif

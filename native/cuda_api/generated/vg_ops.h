@@ -171,7 +171,8 @@
 #define VG_OP_cuSurfObjectCreate 205
 #define VG_OP_cuSurfObjectDestroy 206
 #define VG_OP_cuSurfObjectGetResourceDesc 207
-#define VG_OP_LIMIT 208
+#define VG_OP_cuLinkComplete 208
+#define VG_OP_LIMIT 209
 
 #define VG_OP_NAMES(X) \
 	X(16, cuCtxSynchronize) \
@@ -342,5 +343,6 @@
 	X(205, cuSurfObjectCreate) \
 	X(206, cuSurfObjectDestroy) \
 	X(207, cuSurfObjectGetResourceDesc) \
+	X(208, cuLinkComplete) \
 
 #endif

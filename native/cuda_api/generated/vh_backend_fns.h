@@ -124,6 +124,10 @@
 	X(cuLaunchKernelEx) \
 	X(cuLibraryGetGlobal) \
 	X(cuLibraryLoadData) \
+	X(cuLinkAddData_v2) \
+	X(cuLinkComplete) \
+	X(cuLinkCreate_v2) \
+	X(cuLinkDestroy) \
 	X(cuMemAddressFree) \
 	X(cuMemAddressReserve) \
 	X(cuMemAllocAsync) \

@@ -100,5 +100,6 @@ CUresult guarded_cuTexObjectGetResourceViewDesc(struct vh_chan *ch, CUDA_RESOURC
 CUresult guarded_cuSurfObjectCreate(struct vh_chan *ch, CUsurfObject * pSurfObject, const CUDA_RESOURCE_DESC * pResDesc);
 CUresult guarded_cuSurfObjectDestroy(struct vh_chan *ch, CUsurfObject surfObject);
 CUresult guarded_cuSurfObjectGetResourceDesc(struct vh_chan *ch, CUDA_RESOURCE_DESC * pResDesc, CUsurfObject surfObject);
+CUresult handwritten_cuLinkComplete(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr);
 
 #endif
