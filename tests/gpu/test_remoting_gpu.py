@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_present(), reason="no 
 
 
 def _both(shm_path, program, mem=None):
-    native = run_native(program)
+    # natively on the one GPU the guest's slice is on (GPU 0): on a host with more, a program that
+    # counts its devices sees as many as the guest does
+    native = run_native(program, CUDA_VISIBLE_DEVICES="0")
     assert native.returncode == 0, native.stdout + native.stderr
     with forwarder(shm_path, backend="cuda", size="1G", mem=mem) as fwd:
         vm = run_guest(program, shm_path, timeout=300)
