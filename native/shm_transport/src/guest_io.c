@@ -44,6 +44,25 @@ VMGPU_EXPORT uint64_t vmgpu_gchan_bulk_released(const struct vmgpu_gchan *c)
 	return atomic_load_explicit(&c->bulk->released, memory_order_acquire);
 }
 
+VMGPU_EXPORT uint64_t vmgpu_gchan_bulk_wait_release(struct vmgpu_gchan *c, uint64_t seen, uint64_t timeout_ns)
+{
+	uint64_t rel = atomic_load_explicit(&c->bulk->released, memory_order_acquire);
+	if (rel != seen || timeout_ns == 0)
+		return rel;
+	/* as an allocation waits: say so, then look once more, so a release between the two is seen */
+	uint32_t s = atomic_load_explicit(&c->bulk->release_seq, memory_order_acquire);
+	atomic_store_explicit(&c->bulk->guest_waiting, 1, memory_order_seq_cst);
+	atomic_thread_fence(memory_order_seq_cst);
+	rel = atomic_load_explicit(&c->bulk->released, memory_order_acquire);
+	if (rel == seen) {
+		uint64_t backoff = 0;
+		shm_wait_word(c->g->l.wait_mode, &c->bulk->release_seq, s, timeout_ns, &backoff, &c->g->wo, 0);
+		rel = atomic_load_explicit(&c->bulk->released, memory_order_acquire);
+	}
+	atomic_store_explicit(&c->bulk->guest_waiting, 0, memory_order_relaxed);
+	return rel;
+}
+
 VMGPU_EXPORT int vmgpu_gchan_bulk_alloc(struct vmgpu_gchan *c, uint64_t len, uint64_t timeout_ns, uint64_t *pos,
 					void **ptr)
 {

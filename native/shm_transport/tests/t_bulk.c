@@ -29,6 +29,20 @@ static void *bulk_host(void *arg)
 	return NULL;
 }
 
+struct release_later {
+	struct vmgpu_hchan *hc;
+	uint64_t end;
+};
+
+/* The host releases up to end once the guest is likely waiting. */
+static void *release_later(void *arg)
+{
+	struct release_later *r = arg;
+	usleep(20000);
+	vmgpu_hchan_bulk_release(r->hc, r->end);
+	return NULL;
+}
+
 static void *acc_main(void *x)
 {
 	while (vmgpu_hchan_poll(x, vmgpu_now_ns()) != VMGPU_HC_OPENED)
@@ -94,12 +108,24 @@ int main(void)
 	stop = 1;
 	pthread_join(t, NULL);
 	/* with no host releasing, the area fills and a bounded wait gives up */
-	uint64_t total = 0;
-	while (vmgpu_gchan_bulk_alloc(c, 64 << 10, 0, &pos, &ptr) == 0)
+	uint64_t total = 0, first = UINT64_MAX;
+	while (vmgpu_gchan_bulk_alloc(c, 64 << 10, 0, &pos, &ptr) == 0) {
 		total += 64 << 10;
+		if (first == UINT64_MAX)
+			first = pos;
+	}
 	CHECK(total <= bsz);
 	vmgpu_host_beat(H);
 	CHECK_EQ(vmgpu_gchan_bulk_alloc(c, 64 << 10, 10 * MS, &pos, &ptr), -EAGAIN);
+	/* a waiter for releases (a bridge passing them on): none comes, the position it saw is
+	 * answered at the timeout; one comes from another thread, and wakes it with the new one */
+	uint64_t seen = vmgpu_gchan_bulk_released(c);
+	CHECK_EQ(vmgpu_gchan_bulk_wait_release(c, seen, 10 * MS), seen);
+	CHECK_EQ(vmgpu_gchan_bulk_wait_release(c, seen - 1, 0), seen);
+	pthread_create(&t, NULL, release_later, &(struct release_later){hc, first + (64 << 10)});
+	CHECK_EQ(vmgpu_gchan_bulk_wait_release(c, seen, 5 * SEC), first + (64 << 10));
+	pthread_join(t, NULL);
+	CHECK_EQ(vmgpu_gchan_bulk_alloc(c, 64 << 10, 0, &pos, &ptr), 0); /* the released space is free again */
 	vmgpu_gchan_close(c);
 	vmgpu_guest_detach(g);
 	vmgpu_host_detach(H);

@@ -213,6 +213,11 @@ int vmgpu_gchan_bulk_alloc_dir(struct vmgpu_gchan *c, uint64_t len, uint32_t dir
 			       void **ptr);
 /* The position up to which the host released this channel's bulk area. */
 uint64_t vmgpu_gchan_bulk_released(const struct vmgpu_gchan *c);
+/* That position once it is no longer `seen`, waiting at most timeout_ns for the host to release
+ * more (the host wakes a waiter as it releases); the position as it is, at the timeout.  One
+ * waiter per channel: a bridge's thread that passes releases on (an allocation of the same
+ * channel must not wait meanwhile: give it timeout 0). */
+uint64_t vmgpu_gchan_bulk_wait_release(struct vmgpu_gchan *c, uint64_t seen, uint64_t timeout_ns);
 /* Nonzero when the region's host is a network bridge (VMGPU_FEAT_REMOTE). */
 int vmgpu_guest_remote(const struct vmgpu_guest *g);
 uint64_t vmgpu_gchan_bulk_size(const struct vmgpu_gchan *c);
