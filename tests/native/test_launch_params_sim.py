@@ -2,7 +2,8 @@
 host_forwarder/native/launch.c) on the simulated backend and the ASan/UBSan forwarder, whose
 simulated driver reads every parameter at launch, as the driver does: a kernel with more parameters
 than the host lays out (VG_MAX_PARAMS) is refused, never launched with an argument array shorter
-than the kernel's parameters."""
+than the kernel's parameters; a packed buffer (CU_LAUNCH_PARAM_BUFFER_POINTER) without its size is
+refused, one shorter than the parameters is taken."""
 
 import json
 import subprocess
@@ -91,4 +92,16 @@ def test_a_kernel_with_more_parameters_than_the_host_lays_out_is_refused(shm_pat
     with forwarder(shm_path, asan=True) as fwd:
         got = run(shm_path, tmp_path, nparams, fwd)
         assert got["wide"] == (SUCCESS if nparams <= VG_MAX_PARAMS else NOT_SUPPORTED), (got, fwd.log()[-3000:])
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_a_packed_buffer_needs_its_size_and_may_be_shorter_than_the_parameters(shm_path, tmp_path):
+    """CU_LAUNCH_PARAM_BUFFER_POINTER with its size launches, also shorter than the parameters (as
+    NCCL passes it); without CU_LAUNCH_PARAM_BUFFER_SIZE the pointer has no effect (cuda.h) and a
+    kernel with parameters gets none: CUDA_ERROR_INVALID_VALUE, as a size without a pointer is (on
+    the old code it launched with every parameter zero)."""
+    with forwarder(shm_path, asan=True) as fwd:
+        got = run(shm_path, tmp_path, 1)
+        assert got == {"wide": SUCCESS, "packed": SUCCESS, "short": SUCCESS, "no size": INVALID_VALUE,
+                       "no pointer": INVALID_VALUE}, got  # fmt: skip
         assert fwd.proc.poll() is None, fwd.log()
