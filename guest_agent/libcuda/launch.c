@@ -117,20 +117,23 @@ CUresult handwritten_cuKernelGetParamInfo(CUkernel k, size_t i, size_t *off, siz
 CUresult vg_put_params(struct vg_call *c, const struct vg_param_layout *fi, void **params, void **extra)
 {
 	const void *packed = NULL;
+	const size_t *packed_size_at = NULL;
 	size_t packed_size = 0;
 	if (!params && extra) {
 		for (void **e = extra; *e != CU_LAUNCH_PARAM_END; e += 2) {
 			if (e[0] == CU_LAUNCH_PARAM_BUFFER_POINTER)
 				packed = e[1];
 			else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE)
-				packed_size = *(size_t *)e[1];
+				packed_size_at = e[1];
 			else
 				return CUDA_ERROR_INVALID_VALUE;
 		}
-		/* a buffer shorter than the parameters is taken, the rest zero: NCCL's kernels take a
-		 * 4 KiB struct and it passes only the part it filled, as the driver allows */
-		if (!packed)
+		/* the pointer and its size each have no effect without the other (cuda.h): parameters
+		 * not given.  A buffer shorter than the parameters is taken, the rest zero: NCCL's
+		 * kernels take a 4 KiB struct and it passes only the part it filled, as the driver allows */
+		if (!packed || !packed_size_at)
 			return CUDA_ERROR_INVALID_VALUE;
+		packed_size = *packed_size_at;
 		if (packed_size > fi->bytes)
 			packed_size = fi->bytes;
 	} else if (!params && fi->nparams) {

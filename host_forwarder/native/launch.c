@@ -11,6 +11,13 @@
 #include "vh_dispatch.h"
 #include "vh_protos.h"
 
+/* Parameter i of a function or kernel as the driver has it. */
+static CUresult param_info(const struct vh_backend *B, const struct vh_handle *e, uint32_t i, size_t *off, size_t *sz)
+{
+	return e->kind == VG_KIND_KERNEL ? B->cuKernelGetParamInfo(e->ptr, i, off, sz)
+					 : B->cuFuncGetParamInfo(e->ptr, i, off, sz);
+}
+
 static CUresult param_layout(struct vh_chan *ch, struct vh_handle *e)
 {
 	if (e->params_known)
@@ -18,10 +25,9 @@ static CUresult param_layout(struct vh_chan *ch, struct vh_handle *e)
 	const struct vh_backend *B = ch->backend;
 	struct vg_param_info tmp[VG_MAX_PARAMS];
 	uint32_t n = 0;
+	size_t off = 0, sz = 0;
 	for (; n < VG_MAX_PARAMS; n++) {
-		size_t off = 0, sz = 0;
-		CUresult r = e->kind == VG_KIND_KERNEL ? B->cuKernelGetParamInfo(e->ptr, n, &off, &sz)
-						       : B->cuFuncGetParamInfo(e->ptr, n, &off, &sz);
+		CUresult r = param_info(B, e, n, &off, &sz);
 		if (r == CUDA_ERROR_INVALID_VALUE)
 			break;
 		if (r != CUDA_SUCCESS)
@@ -29,6 +35,18 @@ static CUresult param_layout(struct vh_chan *ch, struct vh_handle *e)
 		if (off > UINT32_MAX || sz > 4096)
 			return CUDA_ERROR_INVALID_IMAGE;
 		tmp[n] = (struct vg_param_info){(uint32_t)off, (uint32_t)sz};
+	}
+	/* a kernel of more parameters than a launch's argument array holds: the driver would read
+	 * pointers past its end */
+	if (n == VG_MAX_PARAMS) {
+		static unsigned logged; /* a guest launching it again does not flood the log */
+		CUresult r = param_info(B, e, n, &off, &sz);
+		if (r != CUDA_ERROR_INVALID_VALUE) {
+			if (logged < 16 && ++logged)
+				vh_log("channel %u: a kernel of more than %u parameters is not served", ch->index,
+				       VG_MAX_PARAMS);
+			return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_SUPPORTED : r;
+		}
 	}
 	e->params = n ? malloc(n * sizeof *tmp) : NULL;
 	if (n && !e->params)

@@ -100,14 +100,14 @@ struct sim_obj *sim_stream_obj(CUstream s);
 /* ---- functions (modules.c) and graphs (launch.c) ------------------------------------- */
 
 #define MAX_FN 64
-#define MAX_P 32
+#define MAX_P 2048 /* more than vmgpu lays out (VG_MAX_PARAMS): the driver has no such bound */
 #define MAX_PARAM_BYTES 32764 /* the most a launch can pass */
 struct sim_fn {
 	uint32_t magic;
 	char name[128];
 	int max_dynamic_smem;
 	int np;
-	size_t off[MAX_P], size[MAX_P];
+	uint32_t off[MAX_P], size[MAX_P]; /* each within MAX_PARAM_BYTES */
 };
 struct sim_fn *sim_fn_of(const void *h);
 
