@@ -67,7 +67,10 @@ class Lab:
         self.procs: dict[str, subprocess.Popen] = {}
         # the members speak TLS and ask every client for its certificate (etcds://)
         self.url = "etcds://" + ",".join(f"{SUBNET}.{n}:2379" for n in ETCD.values())
-        self.saved_env = {k: os.environ.get(k) for k in TLS_ENV}
+        self.saved_env = {k: os.environ.get(k) for k in (*TLS_ENV, "VMGPU_SCHED_DIR")}
+        # the hosts' forwarders keep their GPUs' scheduler pages here, not in the host's /dev/shm/vmgpu
+        self.sched = tmp / "sched"
+        os.environ["VMGPU_SCHED_DIR"] = str(self.sched)
 
     def ns(self, name: str) -> str:
         return f"{self.tag}-{name}"

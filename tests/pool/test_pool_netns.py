@@ -14,6 +14,7 @@ import pytest
 
 from tests.forwarder import NATIVE, PTX, guest_env
 from tests.pool.conftest import GUEST_NS, TTL_S, VMGPU, inventory
+from vmgpu import sched
 
 pytestmark = pytest.mark.pool
 HERE = Path(__file__).parent
@@ -169,6 +170,11 @@ def _unexpected(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.rstrip().endswith(("UNEXPECTED", "WRONG"))]
 
 
+def _member(page: Path, guest: str) -> sched.Member | None:
+    with sched.Page(page) as p:
+        return next((m for m in p.members() if m.guest == guest), None)
+
+
 def test_a_guest_on_a_machine_without_a_gpu_runs_a_program_on_a_pool_hosts_gpu(lab):
     r = _admit(lab, "far", "--slices", "1", "--mem", "2G", "--compute", "10")
     assert r.returncode == 0, r.stderr
@@ -183,6 +189,12 @@ def test_a_guest_on_a_machine_without_a_gpu_runs_a_program_on_a_pool_hosts_gpu(l
         # the host serves the guest from its next renewal on: a forwarder of its own on its GPU
         agent_log = lab.tmp / f"agent-{host}.log"
         lab.wait_for("far served", lambda: _logged(agent_log, "pool guest served", guest="far"))
+        # its forwarder takes part in its GPU's compute scheduling, beside any other guest there: the
+        # page named by the GPU's UUID, with the 10% the pool reserved as its guarantee
+        page = sched.page_path(grant["slices"][0]["uuid"], lab.sched)
+        lab.wait_for("far on its GPU's page", lambda: page.exists() and _member(page, "far") is not None)
+        m = _member(page, "far")
+        assert (m.guarantee, m.weight) == (10, 10), m
         # the guest's machine (its own namespace, no GPU) makes the region its processes map
         lab.spawn(
             "attach-far",

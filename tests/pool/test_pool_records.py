@@ -162,7 +162,8 @@ def test_a_hosts_data_plane_restarts_its_bridge_and_keeps_serving_its_guests(tmp
         port = s.getsockname()[1]
     plane = DataPlane(f"t{os.getpid()}", tmp_path / "plane", f"127.0.0.1:{port}", backend="sim")
     sha = "ab" * 32
-    monkeypatch.setattr(plane, "_wanted", lambda store: {"g1": (sha, (0,), 64)})
+    monkeypatch.setenv("VMGPU_SCHED_DIR", str(tmp_path / "sched"))  # its forwarder's scheduler page
+    monkeypatch.setattr(plane, "_wanted", lambda store: {"g1": (sha, (0,), 64, (("GPU-t-0000", 25),))})
     plane.start()
     try:
         plane.reconcile(None)

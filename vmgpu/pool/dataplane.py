@@ -61,6 +61,7 @@ class Served:
     token_sha256: str
     gpus: tuple[int, ...]
     mem_mib: int
+    shares: tuple[tuple[str, int], ...]  # per GPU, in the order of gpus: (its UUID, the compute % reserved)
     forwarder: Forwarder
 
 
@@ -102,8 +103,9 @@ class DataPlane:
     def region(self, guest: str) -> Path:
         return Path("/dev/shm") / f"vmgpu-pool-{self.host}-{guest}"
 
-    def _wanted(self, store: Store) -> dict[str, tuple[str, tuple[int, ...], int]]:
-        """guest -> (token hash, this host's GPU indices of its slices, memory per slice)."""
+    def _wanted(self, store: Store) -> dict[str, tuple]:
+        """guest -> (token hash, this host's GPU indices of its slices, memory per slice, and per
+        slice in the same order its GPU's UUID and the compute % reserved for it)."""
         log = self.log
         guests = {g.guest: g for _, g in load_all(store.range(GUESTS)[0], GuestRecord.load, log)}
         gpus = {g.uuid: g for _, g in load_all(store.range(GPUS)[0], GpuRecord.load, log) if g.host == self.host}
@@ -113,8 +115,10 @@ class DataPlane:
                 want.setdefault(s.guest, []).append(s)
         out = {}
         for guest, slices in want.items():
-            idx = tuple(sorted(gpus[s.uuid].index for s in slices))
-            out[guest] = (guests[guest].token_sha256, idx, max(s.mem_mib for s in slices))
+            slices.sort(key=lambda s: gpus[s.uuid].index)
+            idx = tuple(gpus[s.uuid].index for s in slices)
+            shares = tuple((s.uuid, s.compute_pct) for s in slices)
+            out[guest] = (guests[guest].token_sha256, idx, max(s.mem_mib for s in slices), shares)
         return out
 
     def reconcile(self, store: Store) -> None:
@@ -128,18 +132,24 @@ class DataPlane:
             w = want.get(guest)
             s = self.served[guest]
             alive = s.forwarder.proc is not None and s.forwarder.proc.poll() is None
-            if w != (s.token_sha256, s.gpus, s.mem_mib) or not alive:
+            if w != (s.token_sha256, s.gpus, s.mem_mib, s.shares) or not alive:
                 self._stop(guest, "released" if w is None else "changed" if alive else "its forwarder ended")
         if self.bridge is not None and self.bridge.poll() is not None:
             # the guests it served are still served: their entries and forwarders stay
             self.log.error("pool data plane bridge ended; starting it again", status=self.bridge.returncode)
             self._start_bridge()
-        for guest, (sha, gpus, mem) in want.items():
+        for guest, (sha, gpus, mem, shares) in want.items():
             if guest not in self.served:
-                self._serve(guest, sha, gpus, mem)
+                self._serve(guest, sha, gpus, mem, shares)
 
-    def _serve(self, guest: str, sha: str, gpus: tuple[int, ...], mem_mib: int) -> None:
+    def _serve(
+        self, guest: str, sha: str, gpus: tuple[int, ...], mem_mib: int, shares: tuple[tuple[str, int], ...]
+    ) -> None:
         names.check_guest(guest)
+        # each GPU's compute scheduler, shared with every forwarder on it (the page named by the
+        # GPU's UUID): the share the pool reserved is the guest's guarantee, and its weight for what
+        # is left over (1 where none was reserved)
+        pct = [c for _, c in shares]
         fwd = Forwarder(
             self.region(guest),
             backend=self.backend,
@@ -147,7 +157,14 @@ class DataPlane:
             mem=f"{mem_mib}M",
             size=REGION_SIZE,
             guest=guest,
-            extra=("--no-sched",),  # compute shares across the pool are not enforced yet (README)
+            extra=(
+                "--guarantee",
+                ",".join(str(c) for c in pct),
+                "--weight",
+                ",".join(str(max(c, 1)) for c in pct),
+                "--sched-id",
+                ",".join(u for u, _ in shares),
+            ),
             preexec_fn=_die_with_parent,
         )
         try:
@@ -160,8 +177,8 @@ class DataPlane:
         os.write(fd, f"{self.region(guest)} {sha}\n".encode())
         os.close(fd)
         os.replace(tmp, entry)
-        self.served[guest] = Served(guest, sha, gpus, mem_mib, fwd)
-        self.log.info("pool guest served", guest=guest, gpus=list(gpus), mem_mib=mem_mib)
+        self.served[guest] = Served(guest, sha, gpus, mem_mib, shares, fwd)
+        self.log.info("pool guest served", guest=guest, gpus=list(gpus), mem_mib=mem_mib, compute_pct=pct)
 
     def _stop(self, guest: str, why: str) -> None:
         s = self.served.pop(guest)
