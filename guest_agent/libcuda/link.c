@@ -48,11 +48,6 @@ static struct link *link_find(CUlinkState state)
 	return NULL;
 }
 
-static int log_slot(uint32_t option)
-{
-	return option == CU_JIT_ERROR_LOG_BUFFER || option == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
-}
-
 /* The program's JIT options as the package carries them (values as numbers, never pointers): what
  * vmgpu does not serve is CUDA_ERROR_NOT_SUPPORTED, logged once; an input's own options may only
  * be values the driver reads (a log buffer belongs to the link). */
@@ -122,7 +117,7 @@ static CUresult link_create(unsigned n, CUjit_option *o, void **v, CUlinkState *
 	/* the program's log buffers, paired with their sizes: a buffer without one is written nothing */
 	unsigned have_buffer[2] = {0, 0};
 	for (unsigned i = 0; i < l->nopt; i++) {
-		int s = log_slot(l->opt[i].option);
+		int s = vg_jit_log_slot(l->opt[i].option);
 		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_LOG_BUFFER) {
 			l->log[s] = v[l->caller_index[i]];
 			have_buffer[s] = l->log[s] != NULL;
@@ -132,7 +127,7 @@ static CUresult link_create(unsigned n, CUjit_option *o, void **v, CUlinkState *
 	}
 	unsigned kept = 0;
 	for (unsigned i = 0; i < l->nopt; i++) {
-		int s = log_slot(l->opt[i].option);
+		int s = vg_jit_log_slot(l->opt[i].option);
 		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_LOG_BUFFER && (!l->log[s] || !l->log_size[s]))
 			continue; /* nowhere to write: the host is not asked for it */
 		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_OUT_LOG_SIZE && !have_buffer[s])

@@ -321,16 +321,25 @@ static int fatbin_check(const uint8_t *p, uint64_t n, char *why, size_t whylen)
 	return 0;
 }
 
+enum vh_image_kind vh_image_kind(const uint8_t *p, uint64_t n)
+{
+	if (n >= 4 && rd(p, 4) == FATBIN_MAGIC)
+		return VH_IMAGE_FATBIN;
+	if (n >= SELFMAG && !memcmp(p, ELFMAG, SELFMAG))
+		return VH_IMAGE_ELF;
+	return VH_IMAGE_OTHER;
+}
+
 int vh_image_check(const uint8_t *p, uint64_t n, char *why, size_t whylen)
 {
 	if (!n)
 		return refuse(why, whylen, "an empty image");
-	uint32_t magic = n >= 4 ? (uint32_t)rd(p, 4) : 0;
-	if (magic == FATBIN_WRAPPER_MAGIC)
+	if (n >= 4 && rd(p, 4) == FATBIN_WRAPPER_MAGIC)
 		return refuse(why, whylen, "a fatbin wrapper (it holds a pointer; send the fatbin it points to)");
-	if (magic == FATBIN_MAGIC)
+	enum vh_image_kind kind = vh_image_kind(p, n);
+	if (kind == VH_IMAGE_FATBIN)
 		return fatbin_check(p, n, why, whylen);
-	if (n >= SELFMAG && !memcmp(p, ELFMAG, SELFMAG))
+	if (kind == VH_IMAGE_ELF)
 		return elf_check(p, n, why, whylen);
 	/* anything else the driver reads as PTX text, up to its NUL */
 	if (!memchr(p, 0, n))

@@ -25,6 +25,10 @@ struct vh_fwd;
  * the bytes).  0 if the image may be given to the driver; -1 with a sentence in why
  * (the caller answers CUDA_ERROR_INVALID_IMAGE). */
 int vh_image_check(const uint8_t *p, uint64_t n, char *why, size_t whylen);
+/* What an image's first bytes say it is: a fatbin container, an ELF (cubin), or anything else
+ * (which the driver reads as PTX text). */
+enum vh_image_kind { VH_IMAGE_OTHER, VH_IMAGE_FATBIN, VH_IMAGE_ELF };
+enum vh_image_kind vh_image_kind(const uint8_t *p, uint64_t n);
 
 /* The cache directory: made (0700, private, under /dev/shm) by the supervisor before it
  * forks workers, after removing the directories dead forwarders left behind; workers

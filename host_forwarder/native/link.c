@@ -19,9 +19,6 @@
 #include "vh_dispatch.h"
 #include "vh_protos.h"
 
-#define FATBIN_MAGIC "\x50\xed\x55\xba"
-#define ELF_MAGIC "\x7f" "ELF"
-
 struct link_input {
 	uint32_t type, noptions;
 	const struct vg_jit_opt *opt;
@@ -60,11 +57,6 @@ static const uint8_t *take(struct vh_rd *rd, uint64_t n)
 	return p;
 }
 
-static int log_slot(uint32_t option)
-{
-	return option == CU_JIT_ERROR_LOG_BUFFER || option == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
-}
-
 /* A list of options: each known and served, its value a number of its kind (a log buffer's and
  * the wall time's carry none: the worker lends its own buffers), each log buffer with its size
  * (at most VG_LINK_LOG_MAX), none twice; an input's own only values the driver reads. */
@@ -75,7 +67,7 @@ static CUresult options_ok(struct vh_chan *ch, const struct vg_jit_opt *o, uint3
 	for (uint32_t i = 0; i < n; i++) {
 		enum vg_jit_kind k = vg_jit_option_kind(o[i].option);
 		CUresult r = CUDA_SUCCESS;
-		int s = log_slot(o[i].option);
+		int s = vg_jit_log_slot(o[i].option);
 		if (o[i].option >= CU_JIT_NUM_OPTIONS || o[i].pad)
 			r = CUDA_ERROR_INVALID_VALUE;
 		else if (k == VG_JIT_REFUSED || (per_input && k != VG_JIT_VALUE && k != VG_JIT_NO_VALUE))
@@ -112,7 +104,7 @@ static CUresult input_ok(struct vh_chan *ch, const struct link_input *in, uint32
 	if (in->type == CU_JIT_INPUT_PTX)
 		ok = memchr(in->data, 0, in->size) != NULL;
 	else
-		ok = in->size >= 4 && !memcmp(in->data, in->type == CU_JIT_INPUT_CUBIN ? ELF_MAGIC : FATBIN_MAGIC, 4) &&
+		ok = vh_image_kind(in->data, in->size) == (in->type == CU_JIT_INPUT_CUBIN ? VH_IMAGE_ELF : VH_IMAGE_FATBIN) &&
 		     !vh_image_check(in->data, in->size, why, sizeof why);
 	if (!ok)
 		refused(ch, CUDA_ERROR_INVALID_IMAGE, "the bytes do not check as their type says, input", i);
@@ -182,7 +174,7 @@ static void options_out(const struct vg_jit_opt *o, uint32_t n, char *logs[2], C
 {
 	for (uint32_t i = 0; i < n; i++) {
 		opt[i] = (CUjit_option)o[i].option;
-		val[i] = vg_jit_option_kind(o[i].option) == VG_JIT_LOG_BUFFER ? logs[log_slot(o[i].option)]
+		val[i] = vg_jit_option_kind(o[i].option) == VG_JIT_LOG_BUFFER ? logs[vg_jit_log_slot(o[i].option)]
 									   : (void *)(uintptr_t)o[i].value;
 	}
 }

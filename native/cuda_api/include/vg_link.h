@@ -117,6 +117,12 @@ static inline enum vg_jit_kind vg_jit_option_kind(uint32_t o)
 	}
 }
 
+/* Which of a link's two logs a log option is about: 0 the info log, 1 the error log. */
+static inline int vg_jit_log_slot(uint32_t o)
+{
+	return o == CU_JIT_ERROR_LOG_BUFFER || o == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
+}
+
 /* The input types vmgpu links: cubin and fatbin (checked as module images are) and PTX (its NUL
  * within its bytes).  Host objects, archives and NVVM IR are not served: their containers are not
  * checked on the host. */
