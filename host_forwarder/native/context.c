@@ -21,6 +21,7 @@
 #include "context.h"
 #include "log.h"
 #include "meter.h"
+#include "process.h"
 #include "quota.h"
 
 static void ctx_lock(struct vh_fwd *f)
@@ -77,6 +78,7 @@ static void context_drop(struct vh_chan *ch, int dev)
 		region_unregister(ch);
 	B->cuCtxSetCurrent(NULL);
 	B->cuDevicePrimaryCtxRelease_v2(f->dev[dev]);
+	vh_depth_forget(dev);
 	ch->ctx[dev] = NULL;
 	if (ch->cur_dev == dev)
 		ch->cur_dev = -1;

@@ -38,15 +38,22 @@ struct vh_handle *vh_handle_entry(struct vh_chan *ch, uint64_t v, int kind)
 int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 {
 	uint64_t raw = (uint64_t)(uintptr_t)*v;
-	if (raw == 0)
+	if (kind == VG_KIND_STREAM && (raw == 0 || raw == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
+				       raw == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)) {
+		ch->work_stream = *v; /* a default stream (sched_depth.c) */
+		ch->work_stream_set = 1;
 		return 0;
-	if (kind == VG_KIND_STREAM && (raw == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
-				       raw == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD))
+	}
+	if (raw == 0)
 		return 0;
 	struct vh_handle *e = vh_handle_entry(ch, raw, kind);
 	if (!e)
 		return -1;
 	*v = e->ptr;
+	if (kind == VG_KIND_STREAM) {
+		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
+		ch->work_stream_set = 1;
+	}
 	return 0;
 }
 

@@ -71,6 +71,10 @@ static void usage(FILE *f)
 		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
 		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
+		"  --sched-depth N     while another guest shares a GPU, at most N of a guest process's calls\n"
+		"                      that put work on it may be unfinished there (1..64, default 8; 0: no\n"
+		"                      limit): a higher-priority guest, or the next turn, waits behind no more\n"
+		"                      of its work than that; alone on the GPU it is not held back\n"
 		"  --mps DIR           serve the guest as a client of the MPS control daemon whose pipe\n"
 		"                      directory is DIR (root's, writable by no one else): its kernels run\n"
 		"                      beside other clients' on the GPU; implies --no-sched\n"
@@ -153,7 +157,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
-		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {0, 0, 0, 0},
+		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"sched-depth", 1, 0, 'Q'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -227,6 +231,11 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			if (vh_parse_size(optarg, &v) || v < 1 || v > 100)
 				return vh_die("--mps-threads: '%s' is not a percentage in 1..100", optarg);
 			o->mps_threads = (int)v;
+			break;
+		case 'Q':
+			if (vh_parse_size(optarg, &v) || v > VH_DEPTH_MAX)
+				return vh_die("--sched-depth: '%s' is not a number in 0..%d", optarg, VH_DEPTH_MAX);
+			F.sched_depth = (int)v;
 			break;
 		case 'h': usage(stdout); *status = 0; return -1;
 		default: usage(stderr); *status = 2; return -1;
@@ -361,6 +370,7 @@ int main(int argc, char **argv)
 	vmgpu_wait_opts_default(&o.wopts);
 	F.guest = "guest";
 	F.clock = &vh_real_clock;
+	F.sched_depth = 8;
 	int status = 0, r = parse_options(argc, argv, &o, &status);
 	if (r)
 		return r < 0 ? status : r;

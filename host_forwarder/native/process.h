@@ -46,4 +46,12 @@ int vh_worker(uint32_t idx, pid_t supervisor);
 #define VH_EXIT_PROTOCOL 4
 int vh_serve(struct vh_chan *ch);
 
+/* sched_depth.c: while another guest shares the GPU, at most --sched-depth of a process's calls
+ * that put work on it may be on the GPU unfinished.  Before such a call: wait until one more may
+ * go (the nanoseconds waited); after it: its marker on the stream it used. */
+#define VH_DEPTH_MAX 64
+uint64_t vh_depth_wait(struct vh_chan *ch);
+void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r);
+void vh_depth_forget(int dev); /* the process's context on dev is gone, its markers with it */
+
 #endif

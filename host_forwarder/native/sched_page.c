@@ -255,6 +255,11 @@ uint64_t vh_sched_enter(struct vh_sched *s)
 			waiting = 1;
 			began = now_ns();
 			sched_wait_begin(pg, s->me, began);
+			/* the holder's scheduler threads sleep on the page's word: one of a lower priority
+			 * is told at once that its turn is over, not at its next look */
+			int32_t holder = atomic_load(&pg->owner);
+			if (holder >= 0 && holder < VMGPU_SCHED_SLOTS && sched_rank(&pg->slot[holder]) < sched_rank(g))
+				wake(pg);
 		}
 		if (atomic_load(&pg->owner) < 0) {
 			lock(pg);
@@ -281,6 +286,32 @@ void vh_sched_exit(struct vh_sched *s)
 	}
 }
 
+/* A hand-over is under way: finish this worker's part, then (its last) complete it. */
+static void drain_part(struct vh_sched *s, struct vmgpu_sched_slot *g, void (*drain)(void *ctx, int dev), void *ctx)
+{
+	uint32_t gen = atomic_load(&g->drain_gen);
+	if (s->synced_gen != gen) {
+		while (atomic_load(&s->inflight))
+			sched_yield();
+		drain(ctx, s->dev);
+		s->synced_gen = gen;
+		atomic_fetch_add(&g->drained, 1);
+	}
+	/* every worker counts itself drained only with nothing of its own past the gate */
+	complete(s->pg, g);
+}
+
+void vh_sched_nap(struct vh_sched *s, uint64_t ns)
+{
+	struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+	if (!s->pg) {
+		nanosleep(&t, NULL);
+		return;
+	}
+	uint32_t gen = atomic_load(&s->pg->gen);
+	syscall(SYS_futex, &s->pg->gen, FUTEX_WAIT, gen, &t, NULL, 0);
+}
+
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx)
 {
 	struct vmgpu_sched_page *pg = s->pg;
@@ -295,6 +326,12 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		atomic_fetch_add_explicit(&g->work_calls, mine - s->published, memory_order_relaxed);
 		s->published = mine;
 	}
+	/* another guest on this GPU: this worker's work waits in its ring, not on the GPU (sched_depth.c) */
+	int others = 0;
+	if (atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE)
+		for (int i = 0; i < VMGPU_SCHED_SLOTS && !others; i++)
+			others = i != s->me && atomic_load(&pg->slot[i].pid) != 0;
+	atomic_store(&s->bounded, others);
 	if (owner != s->me) {
 		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */
 		if (owner >= VMGPU_SCHED_SLOTS || (owner >= 0 && !sched_alive(atomic_load(&pg->slot[owner].pid)))) {
@@ -314,17 +351,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		return;
 	}
 	if (atomic_load(&g->draining)) {
-		/* a hand-over is under way: finish this worker's part, then (its starter) complete it */
-		uint32_t gen = atomic_load(&g->drain_gen);
-		if (s->synced_gen != gen) {
-			while (atomic_load(&s->inflight))
-				sched_yield();
-			drain(ctx, s->dev);
-			s->synced_gen = gen;
-			atomic_fetch_add(&g->drained, 1);
-		}
-		/* every worker counts itself drained only with nothing of its own past the gate */
-		complete(pg, g);
+		drain_part(s, g, drain, ctx);
 		return;
 	}
 	uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
@@ -334,7 +361,8 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	}
 	/* idle: no worker of the guest has passed the gate for a while (a call that another worker
 	 * still has in flight is waited for by the drain) */
-	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) && now - s->seen_at > SCHED_IDLE_NS;
+	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) &&
+		   now - s->seen_at > (sched_only_lower_wait(pg, s->me, now) ? SCHED_IDLE_LOWER_NS : SCHED_IDLE_NS);
 	if (!sched_turn_over(pg, s->me, now, idle)) {
 		if (idle && now - pg->hold_start > SCHED_IDLE_NS) { /* alone and idle: its time is nobody's */
 			lock(pg);
@@ -348,10 +376,15 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * dies here leaves either none begun or one begun whole, which the others or the supervisor
 	 * complete once every live worker has drained */
 	lock(pg);
+	int began = 0;
 	if (atomic_load(&pg->owner) == s->me && atomic_load(&g->draining) == 0) {
 		atomic_store(&g->drained, 0);
 		atomic_fetch_add(&g->drain_gen, 1);
 		atomic_store(&g->draining, 1);
+		began = 1;
+		wake(pg); /* the guest's other workers' scheduler threads: drain now */
 	}
 	unlock(pg);
+	if (began)
+		drain_part(s, g, drain, ctx); /* this worker's part at once: the next guest waits for it */
 }

@@ -33,8 +33,7 @@ static int capped(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
 	return capped_policy(policy) || (policy != VMGPU_SCHED_NATIVE && atomic_load(&g->cap));
 }
 
-/* Priority as an order: low < normal < high (an unknown value is normal). */
-static int rank(struct vmgpu_sched_slot *g)
+int sched_rank(struct vmgpu_sched_slot *g)
 {
 	uint32_t p = atomic_load(&g->priority);
 	return p == VMGPU_SCHED_PRIO_HIGH ? 2 : p == VMGPU_SCHED_PRIO_LOW ? 0 : 1;
@@ -201,9 +200,9 @@ static int pick(struct vmgpu_sched_page *pg, uint64_t now, int prev)
 				g->vtime = floor;
 			continue;
 		}
-		if (best < 0 || rank(g) > rank(&pg->slot[best]))
+		if (best < 0 || sched_rank(g) > sched_rank(&pg->slot[best]))
 			best = i;
-		else if (rank(g) == rank(&pg->slot[best]) &&
+		else if (sched_rank(g) == sched_rank(&pg->slot[best]) &&
 			 (g->vtime < pg->slot[best].vtime || (g->vtime == pg->slot[best].vtime && best == prev)))
 			best = i;
 	}
@@ -245,19 +244,33 @@ int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_
 		struct vmgpu_sched_slot *g = &pg->slot[i];
 		if (i == me || !atomic_load(&g->pid) || !atomic_load(&g->waiters) || spent_for_period(pg, g, now))
 			continue;
-		if (mine == UINT64_MAX || rank(g) > rank(&pg->slot[me]))
+		if (mine == UINT64_MAX || sched_rank(g) > sched_rank(&pg->slot[me]))
 			return 1;
-		if (rank(g) == rank(&pg->slot[me]) && (atomic_load(&g->rejoin) || g->vtime < mine))
+		if (sched_rank(g) == sched_rank(&pg->slot[me]) && (atomic_load(&g->rejoin) || g->vtime < mine))
 			return 1;
 	}
 	return 0;
+}
+
+int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now)
+{
+	int lower = 0;
+	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
+		struct vmgpu_sched_slot *g = &pg->slot[i];
+		if (i == me || !atomic_load(&g->pid) || !atomic_load(&g->waiters) || spent_for_period(pg, g, now))
+			continue;
+		if (sched_rank(g) >= sched_rank(&pg->slot[me]))
+			return 0;
+		lower = 1;
+	}
+	return lower;
 }
 
 int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now)
 {
 	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
 		struct vmgpu_sched_slot *g = &pg->slot[i];
-		if (i != me && atomic_load(&g->pid) && atomic_load(&g->waiters) && rank(g) > rank(&pg->slot[me]) &&
+		if (i != me && atomic_load(&g->pid) && atomic_load(&g->waiters) && sched_rank(g) > sched_rank(&pg->slot[me]) &&
 		    !spent_for_period(pg, g, now))
 			return 1;
 	}

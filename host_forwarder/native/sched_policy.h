@@ -14,6 +14,7 @@
 #include "vh_sched.h"
 
 #define SCHED_IDLE_NS 2000000ull     /* a holder with no work for this long gives the GPU up */
+#define SCHED_IDLE_LOWER_NS 500000ull /* ... when only guests of a lower priority wait for it */
 #define SCHED_RECENT_NS 50000000ull  /* a guest with no turn and no wish for one this long was idle */
 #define SCHED_DEFAULT_SLICE_US 10000u
 #define SCHED_DEFAULT_PERIOD_US 100000u
@@ -56,6 +57,12 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
 /* Does a member other than `me` wait for the GPU that may have it now and is behind virtual
  * time `mine` (UINT64_MAX: any)? */
 int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_t mine);
+
+/* g's priority as an order: low 0 < normal 1 < high 2 (an unknown value is normal). */
+int sched_rank(struct vmgpu_sched_slot *g);
+
+/* Do members other than `me` wait for the GPU that may have it now, all of a lower priority? */
+int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now);
 
 /* Does a member of a higher priority than `me` wait for the GPU that may have it now? */
 int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now);

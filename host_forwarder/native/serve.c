@@ -116,11 +116,14 @@ int vh_serve(struct vh_chan *ch)
 			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
 			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
-			uint64_t waited = vh_sched_enter(sc); /* wait for this guest's turn on the GPU */
+			/* no deeper into the GPU's queue than the others on it allow; then this guest's turn */
+			uint64_t waited = vh_depth_wait(ch) + vh_sched_enter(sc);
 			if (waited)
 				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[ch->cur_dev], waited,
 							  memory_order_relaxed);
+			ch->work_stream_set = 0;
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			vh_depth_mark(ch, hdr.flags, r);
 			vh_sched_exit(sc);
 		} else {
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);

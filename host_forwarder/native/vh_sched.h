@@ -41,6 +41,7 @@ struct vh_sched {
 	int dev;                   /* the forwarder's device index */
 	/* per worker process: */
 	_Atomic int inflight;      /* this worker's work calls past the gate */
+	_Atomic int bounded;       /* another guest is on this GPU's page: its queue depth is held (sched_depth.c) */
 	_Atomic uint64_t calls;    /* this worker's work calls (one writer, its serving thread) */
 	uint64_t published;        /* how many of them the scheduler thread has added to the page */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */
@@ -69,5 +70,8 @@ void vh_sched_exit(struct vh_sched *s);
 /* Each worker's scheduler thread, every few hundred microseconds: hands the GPU over when it
  * must.  drain(ctx, dev) waits for the worker's queued work on that device. */
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx);
+/* The scheduler thread's sleep between ticks: ns, or less if the page is woken (a guest of a
+ * higher priority begins to wait, a hand-over begins or ends). */
+void vh_sched_nap(struct vh_sched *s, uint64_t ns);
 
 #endif

@@ -58,8 +58,29 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int f) { (void)f; return cuEventRecord(e, s); }
-EXPORT CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
-EXPORT CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+/* An event is reached VMGPU_SIM_EVENT_LAG_US (default 0) after its record: as if its stream had
+ * that much work still ahead of it (tests of how far ahead of the GPU a guest may run). */
+static uint64_t event_due(struct sim_obj *o)
+{
+	const char *e = getenv("VMGPU_SIM_EVENT_LAG_US");
+	return o->t_ns + (e ? strtoull(e, NULL, 10) : 0) * 1000;
+}
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+	struct sim_obj *o = (struct sim_obj *)e;
+	if (!sim_is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	for (uint64_t due = event_due(o); sim_now_ns() < due;) {
+		struct timespec t = {0, 50000};
+		nanosleep(&t, NULL);
+	}
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventQuery(CUevent e)
+{
+	struct sim_obj *o = (struct sim_obj *)e;
+	if (!sim_is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	return sim_now_ns() < event_due(o) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
 EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 {
 	struct sim_obj *x = (struct sim_obj *)a, *y = (struct sim_obj *)b;

@@ -1,10 +1,12 @@
 /* A guest that keeps the GPU busy: cuMemsetD8 over a buffer, again and again, for SECONDS,
- * then prints "ops N" (how many it finished).  Works on the simulated backend, where a
- * memset is CPU time inside the forwarder: what the compute scheduler shares out.
- *   spin SECONDS [MIB]   */
+ * then prints "ops N secs S" (how many it finished, and in how long).  Works on the simulated backend, where a
+ * memset is CPU time inside the forwarder: what the compute scheduler shares out.  With
+ * "async", cuMemsetD8Async on a stream of its own (synchronised at the end).
+ *   spin SECONDS [MIB] [async]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void)
@@ -21,20 +23,27 @@ int main(int argc, char **argv)
 	CUdevice dev;
 	CUcontext ctx;
 	CUdeviceptr p;
+	CUstream s = NULL;
+	int async = argc > 3 && !strcmp(argv[3], "async");
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
-	    cuMemAlloc(&p, bytes)) {
+	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) {
 		fprintf(stderr, "spin: CUDA setup failed\n");
 		return 1;
 	}
 	unsigned long long ops = 0;
-	double end = now() + secs;
+	double start = now(), end = start + secs;
 	while (now() < end) {
-		if (cuMemsetD8(p, (unsigned char)ops, bytes) != CUDA_SUCCESS) {
+		if ((async ? cuMemsetD8Async(p, (unsigned char)ops, bytes, s) : cuMemsetD8(p, (unsigned char)ops, bytes)) !=
+		    CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuMemsetD8 failed\n");
 			return 1;
 		}
 		ops++;
 	}
-	printf("ops %llu\n", ops);
+	if (async && cuStreamSynchronize(s) != CUDA_SUCCESS) {
+		fprintf(stderr, "spin: cuStreamSynchronize failed\n");
+		return 1;
+	}
+	printf("ops %llu secs %.3f\n", ops, now() - start); /* secs: until the last op is done */
 	return 0;
 }

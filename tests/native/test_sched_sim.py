@@ -224,3 +224,43 @@ def test_an_owner_no_slot_has_on_the_page_is_let_go_and_the_guest_goes_on(sched_
             pg.page.owner = 1000  # one aligned 4-byte store, as vmgpu/sched.py writes the policy
             assert _ops(p) > 0
             assert wait_for(lambda: pg.owner < 16, timeout=5)
+
+
+def _rate(region: Path, secs: float) -> float:
+    """spin with async memsets on a stream: its ops per second, until the last one was done."""
+    p = subprocess.Popen(
+        [str(NATIVE / "spin"), str(secs), "1", "async"], env=guest_env(region), stdout=subprocess.PIPE, text=True
+    )
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    words = out.split()
+    return int(words[1]) / float(words[3])
+
+
+def test_beside_another_guest_no_more_than_the_depth_of_its_work_is_ahead_of_the_gpu(sched_dir, tmp_path):
+    """While another guest is on the GPU's page, a guest process's calls that put work on the GPU
+    pass only while fewer than --sched-depth of them are unfinished there (the rest wait in its
+    ring, where a higher-priority guest can go before them).  The simulated GPU reaches each event
+    VMGPU_SIM_EVENT_LAG_US after its record, so a depth of 4 and 20 ms allow at most 200 memsets a
+    second.  Alone on the GPU, or with --sched-depth 0, the guest is not held back."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")):
+        alone = _rate(a, 1)
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b):
+        beside = _rate(a, 1)
+    with forwarder(a, env=lag, extra=("--sched-depth", "0")), forwarder(b):
+        unlimited = _rate(a, 1)
+    assert beside <= 260, (alone, beside, unlimited)
+    assert alone > 4 * beside and unlimited > 4 * beside, (alone, beside, unlimited)
+
+
+def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
+    for bad in ("65", "-1", "deep"):
+        p = subprocess.run(
+            [str(NATIVE / "vmgpu-forwarder"), "--region", str(tmp_path / "r"), "--backend", "sim", "--sched-depth", bad],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert p.returncode != 0 and f"--sched-depth: '{bad}' is not a number in 0..64" in p.stderr, p.stderr

@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * How far ahead of the GPU a guest's work may run while other guests share the GPU.
+ *
+ * A guest's calls are queued on the GPU as fast as it makes them: a trainer may have a whole
+ * step (tens of milliseconds of kernels) in its streams.  A hand-over waits for that to finish
+ * (vh_sched_tick's drain), so a guest of a higher priority that wants the GPU would wait behind
+ * all of it, and a turn's end would leave the GPU running one guest's queue alone.  While
+ * another guest is on the GPU's page (vh_sched.h: bounded), each call that puts work on the GPU
+ * is followed by a marker (an event recorded on the call's stream), and a call passes only
+ * while fewer than --sched-depth of the markers are still to come: the rest of the guest's
+ * work waits in its ring, where the forwarder, not the GPU, decides whose goes next.  Alone on
+ * its GPU a guest is not held back at all.
+ */
+#include <time.h>
+
+#include "process.h"
+
+/* The markers of one worker on one guest GPU: a ring of events, oldest at head. */
+struct depth {
+	CUevent ev[VH_DEPTH_MAX];
+	uint32_t head, n;
+	int made; /* 1: ev[] created in the process's context; -1: could not be */
+};
+static struct depth depth[VG_MAX_DEVICES];
+
+static int on(struct vh_chan *ch)
+{
+	int d = ch->cur_dev;
+	return d >= 0 && ch->fwd->sched_depth > 0 && atomic_load(&ch->fwd->sched[d].bounded) &&
+	       !atomic_load(&open_captures);
+}
+
+/* Forget markers that have passed (or whose stream failed: the guest sees that error itself). */
+static void retire(struct vh_chan *ch, struct depth *q)
+{
+	while (q->n && ch->backend->cuEventQuery(q->ev[q->head]) != CUDA_ERROR_NOT_READY) {
+		q->head = (q->head + 1) % VH_DEPTH_MAX;
+		q->n--;
+	}
+}
+
+uint64_t vh_depth_wait(struct vh_chan *ch)
+{
+	if (!on(ch))
+		return 0;
+	struct depth *q = &depth[ch->cur_dev];
+	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
+	retire(ch, q);
+	if (q->n < limit)
+		return 0;
+	uint64_t t0 = vmgpu_now_ns(), spins = 0;
+	while (q->n >= limit) {
+		/* a stream held up for a second (a host function, a wait on a value) is the guest's
+		 * own business: its markers are let go rather than its other streams held back */
+		if (vmgpu_now_ns() - t0 > 1000000000ull) {
+			q->n = 0;
+			break;
+		}
+		if (++spins > 64) {
+			struct timespec t = {0, 10000};
+			nanosleep(&t, NULL);
+		}
+		retire(ch, q);
+	}
+	return vmgpu_now_ns() - t0;
+}
+
+void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
+{
+	if (r != CUDA_SUCCESS || !ch->work_stream_set || !on(ch))
+		return;
+	struct depth *q = &depth[ch->cur_dev];
+	const struct vh_backend *B = ch->backend;
+	if (!q->made) {
+		q->made = 1;
+		for (int i = 0; i < VH_DEPTH_MAX && q->made > 0; i++)
+			if (B->cuEventCreate(&q->ev[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+				q->made = -1; /* not held back; the events made stay with the context */
+	}
+	if (q->made < 0 || q->n == VH_DEPTH_MAX)
+		return;
+	CUstream s = ch->work_stream;
+	if (!s && (flags & VG_F_PTDS))
+		s = CU_STREAM_PER_THREAD;
+	if (B->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
+		q->n++;
+}
+
+void vh_depth_forget(int dev)
+{
+	/* the process's contexts go, and their events with them */
+	if (dev >= 0 && dev < VG_MAX_DEVICES)
+		depth[dev] = (struct depth){0};
+}
