@@ -1,25 +1,35 @@
 #!/usr/bin/env python3
 """Sharing as tenants see it, on this host's GPU: unchanged PyTorch guests, each through its own
-forwarder, started together; each guest's throughput share is its rate beside the others divided
-by its rate alone (through vmgpu), and the aggregate is compared with two references measured in
-the same run: the same guests through vmgpu with --no-sched, and natively under MPS with the same
-shares as active-thread percentages (what users would pick instead).
+forwarder, started together.
+
+A guest's throughput share is its rate beside the others divided by its rate alone (through
+vmgpu).  Weighted guests share what the GPU gives them all, which may be more or less than one
+guest alone gets (overlap gains, hand-overs cost), so their shares are compared with their
+weights as parts of the whole: share_i / sum(share_j) against w_i / sum(w_j) ("normalised");
+the shares themselves are printed too.  A cap is an absolute share of one guest alone.  The
+aggregate (the sum of the shares) is compared with references measured in the same run: two
+native trainers side by side with no control, the same guests through vmgpu with --no-sched,
+and natively under MPS with the same shares as active-thread percentages (what users would
+pick instead).
 
 Scenarios (trainer: ResNet-50 training at batch 32 without autotuning; inference: batch-1
-ResNet-50, one synchronised request at a time):
-  weights   two trainers at weights 30/70 (the weighted policy)
-  nosched   the same two through vmgpu with --no-sched
+ResNet-50, requests arriving --rate times a second, latency from arrival):
+  weights   two trainers at weights 30/70 (the weighted policy), and four at 10/20/30/40
+  nosched   the same two through vmgpu with --no-sched; natively with no control
   mps       the same two natively under MPS, 30/70 active-thread percentages, and through vmgpu
             with their forwarders' workers clients of the same MPS server (--mps, --mps-threads)
-  priority  inference (priority high, weight 50) beside a trainer (normal, weight 50): the
-            inference guest's p99 beside the trainer over its p99 alone
+  priority  inference (priority high) beside a trainer (normal): the inference guest's p99
+            beside the trainer over its p99 alone, and the trainer's share against 80% of what
+            the inference guest left (1 - its busy share alone)
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
+  converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
+            the scheduler's page stay within 2 pp of the new weights (500 ms windows)
+  reclaim   a trainer beside one that stops: how long from the other's last GPU time until the
+            first holds the GPU (the page, sampled every millisecond)
 
-Not measured here (yet): convergence after a weight change and an idle guest's reclaim time.
-
-    python3 bench/run_sharing.py [--seconds 10]
-Last line: `sharing share_max_err_pp=… aggregate_vs_nosched=… aggregate_vs_mps=… hp_p99_ratio=…
-hp_trainer_share=… cap_err_pp=…`.
+    python3 bench/run_sharing.py [--seconds 10] [--rate 40] [--depth N]
+Last line: `sharing share_max_err_pp=… aggregate_vs_native=… aggregate_vs_nosched=…
+aggregate_vs_mps=… hp_p99_ratio=… hp_trainer_vs_target=… cap_err_pp=… converge_s=… reclaim_ms=…`.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,23 +48,25 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from vmgpu.forwarder import Forwarder, guest_env  # noqa: E402
+from vmgpu.sched import Page  # noqa: E402
 
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 INFER = ["torch_infer.py"]
 
 
 class Run:
-    """Guests started together: each warms up, says ready, and runs `seconds` from the go file."""
+    """Guests started together: each warms up, says ready, and runs `seconds` (or its own
+    --seconds) from the go file; `during(t0)` runs in this process while they do."""
 
     def __init__(self, tmp: Path, seconds: float):
         self.tmp, self.seconds, self.n = tmp, seconds, 0
 
-    def together(self, guests: list[tuple[list[str], dict]]) -> list[dict]:
+    def together(self, guests: list[tuple[list[str], dict]], during=None) -> list[dict]:
         self.n += 1
         go = self.tmp / f"go-{self.n}"
         procs = []
         for args, env in guests:
-            cmd = [sys.executable, str(HERE / args[0]), *args[1:], "--seconds", str(self.seconds), "--go", str(go)]
+            cmd = [sys.executable, str(HERE / args[0]), "--seconds", str(self.seconds), "--go", str(go), *args[1:]]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         for p in procs:
             line = p.stdout.readline()
@@ -62,6 +75,8 @@ class Run:
                     q.kill()
                 sys.exit(f"a guest did not start: {line}{p.stderr.read()[-2000:]}")
         go.touch()
+        if during:
+            during(time.monotonic())
         out = []
         for p in procs:
             stdout, stderr = p.communicate(timeout=self.seconds + 120)
@@ -78,23 +93,34 @@ def native_env(extra: dict | None = None) -> dict:
 
 
 class Guests:
-    """Forwarders, one per guest, made as asked and stopped at the end."""
+    """Forwarders, one per guest, made as asked and stopped at the end; their scheduler pages in
+    a directory of this run's own."""
 
-    def __init__(self, tmp: Path):
-        self.tmp, self.fwds, self.n = tmp, [], 0
+    def __init__(self, tmp: Path, depth: int | None):
+        self.tmp, self.fwds, self.n, self.depth = tmp, [], 0, depth
+        self.sched = tmp / "sched"
+        self.names: list[str] = []
 
     def env(self, *flags: str) -> dict:
         self.n += 1
         region = Path(f"/dev/shm/vmgpu-bench-share-{os.getpid()}-{self.n}")
-        fwd = Forwarder(region, backend="cuda", size="1G", guest=f"share-{self.n}", extra=flags).start()
+        name = f"share-{self.n}"
+        extra = ("--sched-dir", str(self.sched), *flags)
+        if self.depth is not None:
+            extra += ("--sched-depth", str(self.depth))
+        fwd = Forwarder(region, backend="cuda", size="1G", guest=name, extra=extra).start()
         self.fwds.append((fwd, region))
+        self.names.append(name)
         return guest_env(region, native_env())
+
+    def page(self) -> Page:
+        return Page(next(self.sched.glob("vmgpu-sched-*")))
 
     def stop(self) -> None:
         for fwd, region in self.fwds:
             fwd.stop()
             region.unlink(missing_ok=True)
-        self.fwds = []
+        self.fwds, self.names = [], []
 
 
 def mps_start(tmp: Path) -> dict | None:
@@ -115,40 +141,144 @@ def mps_stop(env: dict) -> None:
     time.sleep(1)
 
 
+def normalised_err(rates: list[float], solo: float, weights: list[int]) -> tuple[float, list[float]]:
+    """The largest gap, in pp, between a guest's part of the shares and its part of the weights."""
+    shares = [r / solo for r in rates]
+    parts = [100 * s / sum(shares) for s in shares]
+    return max(abs(p - 100 * w / sum(weights)) for p, w in zip(parts, weights, strict=True)), parts
+
+
+class Sampler:
+    """The scheduler page's GPU time per guest, every `every` seconds, on a thread."""
+
+    def __init__(self, g: Guests, every: float):
+        self.g, self.every, self.samples, self.stop = g, every, [], threading.Event()
+
+    def start(self, _t0: float, at=None) -> None:
+        def loop():
+            with self.g.page() as pg:
+                while not self.stop.is_set():
+                    now, used = pg.gpu_time()
+                    self.samples.append((now / 1e9, used))
+                    if at and at[0] is not None and now / 1e9 >= at[0]:
+                        at[1](pg)
+                        at[0] = None
+                    time.sleep(self.every)
+
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+
+    def done(self) -> list:
+        self.stop.set()
+        self.thread.join()
+        return self.samples
+
+
+def converge_s(samples: list, change_at: float, guest: str, target: float, window: float = 0.5) -> float:
+    """From the change, the end of the first window after which every window's GPU-time share of
+    `guest` is within 2 pp of target; inf if none."""
+    ok_from = None
+    t = change_at
+    while True:
+        a = [s for s in samples if s[0] >= t]
+        b = [s for s in samples if s[0] >= t + window]
+        if not a or not b:
+            break
+        u0, u1 = a[0][1], b[0][1]
+        spent = {k: u1.get(k, 0) - u0.get(k, 0) for k in u1}
+        tot = sum(spent.values())
+        share = 100 * spent.get(guest, 0) / tot if tot else 0.0
+        if abs(share - target) <= 2:
+            ok_from = t + window if ok_from is None else ok_from
+        else:
+            ok_from = None
+        t += window / 5
+    return (ok_from - change_at) if ok_from is not None else float("inf")
+
+
+def reclaim_ms(samples: list, stayer: str, leaver: str) -> float:
+    """From the leaver's last GPU time to the first sample after it where the stayer's GPU time
+    grows as fast as the clock (90%)."""
+    last = None
+    for i in range(1, len(samples)):
+        if samples[i][1].get(leaver, 0) > samples[i - 1][1].get(leaver, 0):
+            last = samples[i][0]
+    if last is None:
+        return float("nan")
+    for i in range(1, len(samples)):
+        (t0, u0), (t1, u1) = samples[i - 1], samples[i]
+        if t0 >= last and t1 > t0 and (u1.get(stayer, 0) - u0.get(stayer, 0)) / 1e9 >= 0.9 * (t1 - t0):
+            return 1000 * (t0 - last)
+    return float("inf")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rate", type=float, default=40.0, help="inference requests per second (default 40)")
+    ap.add_argument("--depth", type=int, help="the forwarders' --sched-depth (default: theirs)")
+    ap.add_argument("--skip", default="", help="comma-separated scenarios to leave out (mps, four, converge, reclaim)")
     a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
-    run, g = Run(tmp, a.seconds), Guests(tmp)
+    run, g = Run(tmp, a.seconds), Guests(tmp, a.depth)
+    infer = INFER + ["--rate", str(a.rate)]
     rows, summary = [], {}
     try:
         # alone: the denominators
         (train_alone,) = run.together([(TRAIN, g.env())])
         g.stop()
-        (infer_alone,) = run.together([(INFER, g.env())])
+        (infer_alone,) = run.together([(infer, g.env())])
         g.stop()
         (train_native,) = run.together([(TRAIN, native_env())])
-        solo = train_alone["img_per_s"]
-        rows.append(("trainer alone (vmgpu / native)", f"{solo:.1f} / {train_native['img_per_s']:.1f} img/s"))
-        rows.append(("inference alone p50 / p99", f"{infer_alone['p50_ms']:.2f} / {infer_alone['p99_ms']:.2f} ms"))
+        solo, native_solo = train_alone["img_per_s"], train_native["img_per_s"]
+        rows.append(("trainer alone (vmgpu / native)", f"{solo:.1f} / {native_solo:.1f} img/s"))
+        rows.append(
+            (
+                f"inference alone at {a.rate:g}/s p50 / p99, busy",
+                f"{infer_alone['p50_ms']:.2f} / {infer_alone['p99_ms']:.2f} ms, {100 * infer_alone['busy']:.1f}%",
+            )
+        )
 
         # two trainers at 30/70
         w30, w70 = run.together([(TRAIN, g.env("--weight", "30")), (TRAIN, g.env("--weight", "70"))])
         g.stop()
-        shares = [w30["img_per_s"] / solo, w70["img_per_s"] / solo]
-        weighted_total = w30["img_per_s"] + w70["img_per_s"]
-        rows.append(("weights 30/70: shares", f"{100 * shares[0]:.1f}% / {100 * shares[1]:.1f}%"))
-        summary["share_max_err_pp"] = max(abs(100 * shares[0] - 30), abs(100 * shares[1] - 70))
+        rates = [w30["img_per_s"], w70["img_per_s"]]
+        err, parts = normalised_err(rates, solo, [30, 70])
+        weighted_total = sum(rates)
+        rows.append(
+            (
+                "weights 30/70: shares (normalised)",
+                f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})",
+            )
+        )
+        errs = [err]
+
+        if "four" not in skip:
+            ws = [10, 20, 30, 40]
+            four = run.together([(TRAIN, g.env("--weight", str(w))) for w in ws])
+            g.stop()
+            err4, parts4 = normalised_err([f["img_per_s"] for f in four], solo, ws)
+            errs.append(err4)
+            rows.append(
+                (
+                    "weights 10/20/30/40: normalised shares",
+                    " / ".join(f"{p:.1f}" for p in parts4)
+                    + f" (together {sum(f['img_per_s'] for f in four) / solo:.2f})",
+                )
+            )
+        summary["share_max_err_pp"] = max(errs)
 
         n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
         g.stop()
         nosched_total = n1["img_per_s"] + n2["img_per_s"]
-        ns = [100 * n1["img_per_s"] / solo, 100 * n2["img_per_s"] / solo]
-        rows.append(("--no-sched: shares", f"{ns[0]:.1f}% / {ns[1]:.1f}%"))
         summary["aggregate_vs_nosched"] = weighted_total / nosched_total
+        x1, x2 = run.together([(TRAIN, native_env()), (TRAIN, native_env())])
+        native_pair = (x1["img_per_s"] + x2["img_per_s"]) / native_solo
+        summary["aggregate_vs_native"] = (weighted_total / solo) / native_pair
+        agg = f"weights {weighted_total / solo:.2f}, no-sched {nosched_total / solo:.2f}, native {native_pair:.2f}"
 
-        mps = mps_start(tmp)
+        mps = mps_start(tmp) if "mps" not in skip else None
         if mps:
             try:
                 m30, m70 = run.together(
@@ -157,7 +287,6 @@ def main() -> int:
                         (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
                     ]
                 )
-                # the same two through vmgpu, their forwarders' workers clients of the same MPS server
                 pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
                 v30, v70 = run.together(
                     [
@@ -168,50 +297,76 @@ def main() -> int:
                 g.stop()
             finally:
                 mps_stop(mps)
-            mps_total = m30["img_per_s"] + m70["img_per_s"]
-            vm_mps_total = v30["img_per_s"] + v70["img_per_s"]
+            mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
+            vm_mps_total = (v30["img_per_s"] + v70["img_per_s"]) / solo
+            e_vm, p_vm = normalised_err([v30["img_per_s"], v70["img_per_s"]], solo, [30, 70])
+            e_n, p_n = normalised_err([m30["img_per_s"], m70["img_per_s"]], native_solo, [30, 70])
             rows.append(
                 (
-                    "vmgpu on MPS 30/70: shares",
-                    f"{100 * v30['img_per_s'] / solo:.1f}% / {100 * v70['img_per_s'] / solo:.1f}%",
+                    "vmgpu on MPS 30/70: shares (normalised)",
+                    f"{100 * v30['img_per_s'] / solo:.1f}% / {100 * v70['img_per_s'] / solo:.1f}% "
+                    f"({p_vm[0]:.1f} / {p_vm[1]:.1f})",
                 )
             )
-            summary["mps_share_max_err_pp"] = max(
-                abs(100 * v30["img_per_s"] / solo - 30), abs(100 * v70["img_per_s"] / solo - 70)
-            )
-            summary["aggregate_vmgpu_mps_vs_mps"] = (vm_mps_total / solo) / (mps_total / train_native["img_per_s"])
-            native_solo = train_native["img_per_s"]
             rows.append(
                 (
-                    "MPS 30/70 (native): shares",
-                    f"{100 * m30['img_per_s'] / native_solo:.1f}% / {100 * m70['img_per_s'] / native_solo:.1f}%",
+                    "MPS 30/70 (native): shares (normalised)",
+                    f"{100 * m30['img_per_s'] / native_solo:.1f}% / {100 * m70['img_per_s'] / native_solo:.1f}% "
+                    f"({p_n[0]:.1f} / {p_n[1]:.1f})",
                 )
             )
-            summary["aggregate_vs_mps"] = (weighted_total / solo) / (mps_total / native_solo)
+            summary["mps_share_err_pp"] = e_vm
+            summary["aggregate_vs_mps"] = (weighted_total / solo) / mps_total
+            summary["aggregate_vmgpu_mps_vs_mps"] = vm_mps_total / mps_total
+            agg += f", vmgpu on MPS {vm_mps_total:.2f}, MPS (native) {mps_total:.2f}"
         else:
-            rows.append(("MPS 30/70 (native)", "unavailable (no nvidia-cuda-mps-control, or it did not start)"))
             summary["aggregate_vs_mps"] = float("nan")
-        agg = f"weights {weighted_total / solo:.2f}, no-sched {nosched_total / solo:.2f}"
-        if mps:
-            agg += f", vmgpu on MPS {vm_mps_total / solo:.2f}, MPS (native) {mps_total / train_native['img_per_s']:.2f}"
+            agg += ", MPS unavailable or skipped"
         rows.append(("aggregate, of one guest alone", agg))
 
-        hp, tr = run.together(
-            [(INFER, g.env("--weight", "50", "--priority", "high")), (TRAIN, g.env("--weight", "50"))]
-        )
+        hp, tr = run.together([(infer, g.env("--priority", "high")), (TRAIN, g.env())])
         g.stop()
         summary["hp_p99_ratio"] = hp["p99_ms"] / infer_alone["p99_ms"]
-        summary["hp_trainer_share"] = tr["img_per_s"] / solo
+        target = 0.8 * (1 - infer_alone["busy"])
+        summary["hp_trainer_vs_target"] = (tr["img_per_s"] / solo) / target
         rows.append(("priority: inference p50 / p99 beside", f"{hp['p50_ms']:.2f} / {hp['p99_ms']:.2f} ms"))
-        rows.append(("priority: the trainer's share", f"{100 * tr['img_per_s'] / solo:.1f}%"))
+        rows.append(
+            ("priority: the trainer's share (target)", f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)")
+        )
 
-        errs = []
+        cap_errs = []
         for cap in (10, 50):
             (c,) = run.together([(TRAIN, g.env("--cap", str(cap)))])
             g.stop()
-            errs.append(abs(100 * c["img_per_s"] / solo - cap))
+            cap_errs.append(abs(100 * c["img_per_s"] / solo - cap))
             rows.append((f"cap {cap}% alone: share", f"{100 * c['img_per_s'] / solo:.1f}%"))
-        summary["cap_err_pp"] = max(errs)
+        summary["cap_err_pp"] = max(cap_errs)
+
+        if "converge" not in skip:
+            envs = [(TRAIN, g.env("--weight", "50")), (TRAIN, g.env("--weight", "50"))]
+            first, second = g.names
+            s = Sampler(g, 0.01)
+            change = [None, lambda pg: (pg.set_weight(first, 20), pg.set_weight(second, 80))]
+            marks = {}
+
+            def during(t0, s=s, change=change, marks=marks):
+                change[0] = t0 + a.seconds / 2
+                marks["at"] = change[0]
+                s.start(t0, change)
+
+            run.together(envs, during)
+            g.stop()
+            summary["converge_s"] = converge_s(s.done(), marks["at"], first, 20)
+            rows.append(("weights 50/50 -> 20/80 live: converged", f"{summary['converge_s']:.2f} s"))
+
+        if "reclaim" not in skip:
+            envs = [(TRAIN, g.env()), (TRAIN + ["--seconds", str(a.seconds / 2)], g.env())]
+            stayer, leaver = g.names
+            s = Sampler(g, 0.001)
+            run.together(envs, lambda t0, s=s: s.start(t0))
+            g.stop()
+            summary["reclaim_ms"] = reclaim_ms(s.done(), stayer, leaver)
+            rows.append(("a guest stops: the other holds the GPU after", f"{summary['reclaim_ms']:.1f} ms"))
     finally:
         g.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,10 +1,13 @@
 """Batch-1 ResNet-50 inference latency (eval, no autotuning), for native vs vmgpu comparisons.
 
 Each request is one image, answered when its result is back on the host (synchronised), as an
-inference service answers one.
+inference service answers one.  By default requests come back to back (a closed loop); with
+--rate R they arrive every 1/R seconds whether or not the last is answered (an open loop, as a
+service's clients send them), and a request's latency counts from its arrival, so time it waits
+behind the one before counts too.
 
-    python3 bench/torch_infer.py [--steps 400] [--warmup 50]
-Prints `p50_ms=X p99_ms=Y req_per_s=Z`.
+    python3 bench/torch_infer.py [--steps 400] [--warmup 50] [--rate R]
+Prints `p50_ms=X p99_ms=Y req_per_s=Z busy=B` (B: the share of the time a request was being served).
 """
 
 import argparse
@@ -22,6 +25,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--seconds", type=float, help="run this long instead of --steps (bench/run_sharing.py)")
     ap.add_argument("--go", help="after warm-up, print 'ready' and wait for this file to exist")
+    ap.add_argument("--rate", type=float, help="requests per second arriving on a fixed schedule (open loop)")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = False
     model = torchvision.models.resnet50().cuda().eval()
@@ -35,12 +39,22 @@ def main() -> None:
             while not os.path.exists(a.go):
                 time.sleep(0.005)
         start = time.perf_counter()
+        served = 0.0
         while (time.perf_counter() - start < a.seconds) if a.seconds else len(times) < a.steps:
+            arrival = start + len(times) / a.rate if a.rate else time.perf_counter()
+            while time.perf_counter() < arrival:
+                time.sleep(min(0.0005, max(0.0, arrival - time.perf_counter())))
             t0 = time.perf_counter()
             model(x).argmax(1).item()  # the answer, on the host
-            times.append(time.perf_counter() - t0)
+            done = time.perf_counter()
+            served += done - t0
+            times.append(done - arrival)
+        elapsed = time.perf_counter() - start
     q = statistics.quantiles(times, n=100)
-    print(f"p50_ms={q[49] * 1e3:.3f} p99_ms={q[98] * 1e3:.3f} req_per_s={len(times) / sum(times):.1f}")
+    print(
+        f"p50_ms={q[49] * 1e3:.3f} p99_ms={q[98] * 1e3:.3f} req_per_s={len(times) / elapsed:.1f} "
+        f"busy={served / elapsed:.4f}"
+    )
 
 
 if __name__ == "__main__":
