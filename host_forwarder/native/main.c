@@ -72,9 +72,9 @@ static void usage(FILE *f)
 		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
 		"  --sched-depth N     while another guest shares a GPU, at most N of a guest process's calls\n"
-		"                      that put work on it may be unfinished there (1..64, default 8; 0: no\n"
+		"                      that put work on it may be unfinished there (1..64, default 32; 0: no\n"
 		"                      limit): a higher-priority guest, or the next turn, waits behind no more\n"
-		"                      of its work than that; alone on the GPU it is not held back\n"
+		"                      of its work than that; alone on the GPU and uncapped it is not held back\n"
 		"  --mps DIR           serve the guest as a client of the MPS control daemon whose pipe\n"
 		"                      directory is DIR (root's, writable by no one else): its kernels run\n"
 		"                      beside other clients' on the GPU; implies --no-sched\n"
@@ -370,7 +370,7 @@ int main(int argc, char **argv)
 	vmgpu_wait_opts_default(&o.wopts);
 	F.guest = "guest";
 	F.clock = &vh_real_clock;
-	F.sched_depth = 8;
+	F.sched_depth = 32;
 	int status = 0, r = parse_options(argc, argv, &o, &status);
 	if (r)
 		return r < 0 ? status : r;

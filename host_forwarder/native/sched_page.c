@@ -326,11 +326,14 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		atomic_fetch_add_explicit(&g->work_calls, mine - s->published, memory_order_relaxed);
 		s->published = mine;
 	}
-	/* another guest on this GPU: this worker's work waits in its ring, not on the GPU (sched_depth.c) */
+	/* another guest on this GPU, or a cap whose turns end often: this worker's work waits in its
+	 * ring, not on the GPU, so that a turn ends when it is over (sched_depth.c) */
 	int others = 0;
-	if (atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE)
+	if (atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE) {
+		others = atomic_load(&pg->policy) == VMGPU_SCHED_FIXED || atomic_load(&g->cap) != 0;
 		for (int i = 0; i < VMGPU_SCHED_SLOTS && !others; i++)
 			others = i != s->me && atomic_load(&pg->slot[i].pid) != 0;
+	}
 	atomic_store(&s->bounded, others);
 	if (owner != s->me) {
 		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */

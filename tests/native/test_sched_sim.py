@@ -242,7 +242,7 @@ def test_beside_another_guest_no_more_than_the_depth_of_its_work_is_ahead_of_the
     pass only while fewer than --sched-depth of them are unfinished there (the rest wait in its
     ring, where a higher-priority guest can go before them).  The simulated GPU reaches each event
     VMGPU_SIM_EVENT_LAG_US after its record, so a depth of 4 and 20 ms allow at most 200 memsets a
-    second.  Alone on the GPU, or with --sched-depth 0, the guest is not held back."""
+    second.  Alone on the GPU and uncapped, or with --sched-depth 0, the guest is not held back."""
     a, b = tmp_path / "a", tmp_path / "b"
     lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
     with forwarder(a, env=lag, extra=("--sched-depth", "4")):
@@ -251,14 +251,25 @@ def test_beside_another_guest_no_more_than_the_depth_of_its_work_is_ahead_of_the
         beside = _rate(a, 1)
     with forwarder(a, env=lag, extra=("--sched-depth", "0")), forwarder(b):
         unlimited = _rate(a, 1)
-    assert beside <= 260, (alone, beside, unlimited)
+    # a capped guest is held to its depth alone too: its turns end, and what it queued runs past them
+    with forwarder(a, env=lag, extra=("--sched-depth", "4", "--cap", "100")):
+        capped = _rate(a, 1)
+    assert beside <= 260 and capped <= 260, (alone, beside, unlimited, capped)
     assert alone > 4 * beside and unlimited > 4 * beside, (alone, beside, unlimited)
 
 
 def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
     for bad in ("65", "-1", "deep"):
         p = subprocess.run(
-            [str(NATIVE / "vmgpu-forwarder"), "--region", str(tmp_path / "r"), "--backend", "sim", "--sched-depth", bad],
+            [
+                str(NATIVE / "vmgpu-forwarder"),
+                "--region",
+                str(tmp_path / "r"),
+                "--backend",
+                "sim",
+                "--sched-depth",
+                bad,
+            ],
             capture_output=True,
             text=True,
             timeout=30,
