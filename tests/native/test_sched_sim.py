@@ -237,25 +237,30 @@ def _rate(region: Path, secs: float) -> float:
     return int(words[1]) / float(words[3])
 
 
-def test_beside_another_guest_no_more_than_the_depth_of_its_work_is_ahead_of_the_gpu(sched_dir, tmp_path):
-    """While another guest is on the GPU's page, a guest process's calls that put work on the GPU
-    pass only while fewer than --sched-depth of them are unfinished there (the rest wait in its
-    ring, where a higher-priority guest can go before them).  The simulated GPU reaches each event
-    VMGPU_SIM_EVENT_LAG_US after its record, so a depth of 4 and 20 ms allow at most 200 memsets a
-    second.  Alone on the GPU and uncapped, or with --sched-depth 0, the guest is not held back."""
+def test_beside_a_higher_priority_guest_no_more_than_the_depth_of_its_work_is_ahead_of_the_gpu(sched_dir, tmp_path):
+    """While a guest of a higher priority is on the GPU's page, or it has a cap, a guest process's
+    calls that put work on the GPU pass only while fewer than --sched-depth of them are unfinished
+    there (the rest wait in its ring, where the higher guest's work goes before them).  The
+    simulated GPU reaches each event VMGPU_SIM_EVENT_LAG_US after its record, so a depth of 4 and
+    20 ms allow at most 200 memsets a second.  Alone, beside a guest of its own priority, or with
+    --sched-depth 0, the guest is not held back."""
     a, b = tmp_path / "a", tmp_path / "b"
     lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
-    with forwarder(a, env=lag, extra=("--sched-depth", "4")):
+    depth4 = ("--sched-depth", "4")
+    with forwarder(a, env=lag, extra=depth4):
         alone = _rate(a, 1)
-    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b):
-        beside = _rate(a, 1)
-    with forwarder(a, env=lag, extra=("--sched-depth", "0")), forwarder(b):
+    with forwarder(a, env=lag, extra=depth4), forwarder(b, extra=("--priority", "high")):
+        below = _rate(a, 1)
+    with forwarder(a, env=lag, extra=depth4), forwarder(b):
+        level = _rate(a, 1)
+    with forwarder(a, env=lag, extra=("--sched-depth", "0")), forwarder(b, extra=("--priority", "high")):
         unlimited = _rate(a, 1)
-    # a capped guest is held to its depth alone too: its turns end, and what it queued runs past them
-    with forwarder(a, env=lag, extra=("--sched-depth", "4", "--cap", "100")):
+    # a capped guest is held to its depth alone too: its turns end, and what it queued ran past them
+    with forwarder(a, env=lag, extra=(*depth4, "--cap", "100")):
         capped = _rate(a, 1)
-    assert beside <= 260 and capped <= 260, (alone, beside, unlimited, capped)
-    assert alone > 4 * beside and unlimited > 4 * beside, (alone, beside, unlimited)
+    rates = (alone, below, level, unlimited, capped)
+    assert below <= 260 and capped <= 260, rates
+    assert min(alone, level, unlimited) > 4 * max(below, capped), rates
 
 
 def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
