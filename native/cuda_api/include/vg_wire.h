@@ -20,8 +20,7 @@
 
 #include <stdint.h>
 
-/* 2: module and library loads carry their JIT options and answer with the logs (ops 67, 69) */
-#define VG_PROTO_VERSION 2
+#define VG_PROTO_VERSION 1
 
 enum vg_rec_type {
 	VG_REC_REQUEST = 1,
