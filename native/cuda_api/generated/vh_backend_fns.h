@@ -177,7 +177,6 @@
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleGetGlobal_v2) \
 	X(cuModuleLoadData) \
-	X(cuModuleLoadDataEx) \
 	X(cuPointerGetAttribute) \
 	X(cuPointerGetAttributes) \
 	X(cuStreamGetCaptureInfo_v3) \
