@@ -5,12 +5,11 @@
  * A guest's calls are queued on the GPU as fast as it makes them: a trainer may have a whole
  * step (tens of milliseconds of kernels) in its streams.  A hand-over waits for that to finish
  * (vh_sched_tick's drain), so a guest of a higher priority that wants the GPU would wait behind
- * all of it, and a capped guest's turn would run on past its end.  While a guest of a higher
- * priority is on the GPU's page, or the guest has a cap (vh_sched.h: bounded), each call that
- * puts work on the GPU is followed by a marker (an event recorded on the call's stream), and a
- * call passes only while fewer than --sched-depth of the markers are still to come: the rest of
- * the guest's work waits in its ring, where the forwarder, not the GPU, decides whose goes
- * next.  Otherwise a guest is not held back at all.
+ * all of it.  While a guest of a higher priority is on the GPU's page (vh_sched.h: bounded),
+ * each call that puts work on the GPU is followed by a marker (an event recorded on the call's
+ * stream), and a call passes only while fewer than --sched-depth of the markers are still to
+ * come: the rest of the guest's work waits in its ring, where the forwarder, not the GPU, decides
+ * whose goes next.  Otherwise a guest is not held back at all.
  */
 #include <time.h>
 

@@ -326,17 +326,14 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		atomic_fetch_add_explicit(&g->work_calls, mine - s->published, memory_order_relaxed);
 		s->published = mine;
 	}
-	/* a guest of a higher priority on this GPU, or turns that end often (a cap): this worker's
-	 * work waits in its ring, not on the GPU, so that the higher guest waits behind little of it
-	 * and a turn ends when it is over (sched_depth.c).  Beside guests of its own priority it is
-	 * not held: a deep queue costs them nothing but a longer drain, which is charged to it, and
-	 * holding it cost two trainers 13 pp of throughput (make bench-sharing, H100). */
+	/* a guest of a higher priority on this GPU: this worker's work waits in its ring, not on the
+	 * GPU, so that the higher guest waits behind little of it (sched_depth.c).  Beside guests of
+	 * its own priority it is not held: a deep queue costs them nothing but a longer drain, which is
+	 * charged to it, and holding it cost two trainers 13 pp of throughput; nor under a cap, where
+	 * it cost a trainer capped at 50% 5 pp (make bench-sharing, H100). */
 	int held = 0;
-	if (atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE) {
-		held = atomic_load(&pg->policy) == VMGPU_SCHED_FIXED || atomic_load(&g->cap) != 0;
-		for (int i = 0; i < VMGPU_SCHED_SLOTS && !held; i++)
-			held = i != s->me && atomic_load(&pg->slot[i].pid) != 0 && sched_rank(&pg->slot[i]) > sched_rank(g);
-	}
+	for (int i = 0; atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE && i < VMGPU_SCHED_SLOTS && !held; i++)
+		held = i != s->me && atomic_load(&pg->slot[i].pid) != 0 && sched_rank(&pg->slot[i]) > sched_rank(g);
 	atomic_store(&s->bounded, held);
 	if (owner != s->me) {
 		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */
