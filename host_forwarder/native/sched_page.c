@@ -329,8 +329,8 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	/* a guest of a higher priority on this GPU: this worker's work waits in its ring, not on the
 	 * GPU, so that the higher guest waits behind little of it (sched_depth.c).  Beside guests of
 	 * its own priority it is not held: a deep queue costs them nothing but a longer drain, which is
-	 * charged to it, and holding it cost two trainers 13 pp of throughput; nor under a cap, where
-	 * it cost a trainer capped at 50% 5 pp (make bench-sharing, H100). */
+	 * charged to it, and held they did worse together; nor under a cap, where a capped trainer
+	 * did worse held (make bench-sharing on H100s: README, Compute shares). */
 	int held = 0;
 	for (int i = 0; atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE && i < VMGPU_SCHED_SLOTS && !held; i++)
 		held = i != s->me && atomic_load(&pg->slot[i].pid) != 0 && sched_rank(&pg->slot[i]) > sched_rank(g);
