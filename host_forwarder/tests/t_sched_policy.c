@@ -358,6 +358,29 @@ static void a_waiting_higher_priority_guest_takes_the_gpu_at_once(void)
 	sched_wait_end(&s.pg.slot[hi]);
 }
 
+/* A holder that only lower guests wait for gives the GPU up sooner when idle (sched_page.c). */
+static void a_holder_knows_when_only_lower_guests_wait(void)
+{
+	struct sim s;
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int lo = sim_join_share(&s, "low", (struct sched_share){.weight = 50, .priority = VMGPU_SCHED_PRIO_LOW}, 0);
+	int nm = sim_join_share(&s, "normal", (struct sched_share){.weight = 50}, 0);
+	int nm2 = sim_join_share(&s, "normal2", (struct sched_share){.weight = 50}, 0);
+	int hi = sim_join_share(&s, "high", (struct sched_share){.weight = 50, .priority = VMGPU_SCHED_PRIO_HIGH}, 0);
+	check(!sched_only_lower_wait(&s.pg, nm, s.now), "nobody waits: not 'only lower'");
+	sched_wait_begin(&s.pg, lo, s.now);
+	check(sched_only_lower_wait(&s.pg, nm, s.now) && !sched_only_lower_wait(&s.pg, lo, s.now),
+	      "a low guest waits: only lower for the normal holder, not for itself");
+	sched_wait_begin(&s.pg, nm2, s.now);
+	check(!sched_only_lower_wait(&s.pg, nm, s.now), "a guest of the holder's own priority waits too: not only lower");
+	sched_wait_end(&s.pg.slot[nm2]);
+	sched_wait_begin(&s.pg, hi, s.now);
+	check(!sched_only_lower_wait(&s.pg, nm, s.now) && sched_only_lower_wait(&s.pg, hi, s.now),
+	      "a high guest waits: not only lower for the normal holder; for a high holder the low one is");
+	sched_wait_end(&s.pg.slot[hi]);
+	sched_wait_end(&s.pg.slot[lo]);
+}
+
 static void equal_priorities_stay_weighted(void)
 {
 	struct sim s;
@@ -422,6 +445,7 @@ int main(void)
 	an_idle_holder_alone_keeps_its_turn_and_is_not_charged_for_it();
 	ties_go_to_the_other_and_the_dead_are_let_go();
 	a_waiting_higher_priority_guest_takes_the_gpu_at_once();
+	a_holder_knows_when_only_lower_guests_wait();
 	equal_priorities_stay_weighted();
 	a_cap_holds_one_guest_while_the_others_stay_weighted();
 	a_guarantee_is_given_first_and_the_rest_by_weight();
