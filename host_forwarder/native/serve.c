@@ -130,7 +130,8 @@ int vh_serve(struct vh_chan *ch)
 		}
 		if (may_take_memory)
 			pthread_mutex_unlock(&ch->quota_mu);
-		if (hdr.op == VG_OP_cuStreamBeginCapture_v2 && r == CUDA_SUCCESS)
+		if ((hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) &&
+		    r == CUDA_SUCCESS)
 			atomic_fetch_add(&open_captures, 1);
 		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
 			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
