@@ -62,11 +62,15 @@ static void wake(struct vmgpu_sched_page *pg)
 	syscall(SYS_futex, &pg->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
-/* Under the lock: give the GPU to whoever should have it now, and wake the waiters. */
+/* Under the lock: give the GPU to whoever should have it now, and wake the waiters.  Nobody is
+ * woken when it stays with nobody (every waiter held back by its cap): each waiter that looks
+ * again would hand it over to nobody again and wake the others, and they it, for as long as the
+ * caps hold them, and every scheduler thread on the GPU with them (they sleep on the same word). */
 static void hand_over(struct vmgpu_sched_page *pg, uint64_t now)
 {
-	sched_give_turn(pg, now);
-	wake(pg);
+	int32_t before = atomic_load(&pg->owner);
+	if (sched_give_turn(pg, now) >= 0 || before >= 0)
+		wake(pg);
 }
 
 static struct vmgpu_sched_page *map_page(const char *dir, const char *uuid)

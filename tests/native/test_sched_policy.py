@@ -27,3 +27,16 @@ def test_a_worker_dying_while_it_ends_its_guests_turn_does_not_leave_the_gpu_hel
     res = run_program(build, "t_sched_dead", [])
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip().endswith("t_sched_dead: ok"), res.stdout
+
+
+@pytest.mark.parametrize("build", ["native", pytest.param("asan", marks=pytest.mark.sanitizer)])
+def test_the_page_wakes_whom_it_must_at_once_and_nobody_else(build):
+    """host_forwarder/tests/t_sched_wake.c: a higher-priority guest that begins to wait wakes the
+    lower holder's sleeping scheduler thread, whose next tick ends the turn, drains and hands the
+    GPU over in that one tick; a lower guest that begins to wait wakes nobody; and waiters all held
+    back by their caps, with nobody holding the GPU, do not wake one another (before, each handed
+    the GPU to nobody and woke the others, thousands of times a second, and every scheduler thread
+    on the GPU with them)."""
+    res = run_program(build, "t_sched_wake", [])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith("t_sched_wake: ok"), res.stdout
