@@ -10,6 +10,12 @@
  * stream), and a call passes only while fewer than --sched-depth of the markers are still to
  * come: the rest of the guest's work waits in its ring, where the forwarder, not the GPU, decides
  * whose goes next.  Otherwise a guest is not held back at all.
+ *
+ * A stream capture the guest has open (serve.c: open_captures) does not lift the depth (it would
+ * be a way round it for as long as the guest liked), and is neither joined nor broken by it: no
+ * marker goes on a stream being captured (a record there would join the capture, and a query of
+ * it would end it), and the markers are recorded and queried in the relaxed capture mode (a
+ * query is one of the calls a global-mode capture forbids), the guest's own mode set back after.
  */
 #include <time.h>
 
@@ -26,8 +32,27 @@ static struct depth depth[VG_MAX_DEVICES];
 static int on(struct vh_chan *ch)
 {
 	int d = ch->cur_dev;
-	return d >= 0 && ch->fwd->sched_depth > 0 && atomic_load(&ch->fwd->sched[d].bounded) &&
-	       !atomic_load(&open_captures);
+	return d >= 0 && ch->fwd->sched_depth > 0 && atomic_load(&ch->fwd->sched[d].bounded);
+}
+
+/* While the guest has a capture open: this thread's capture mode relaxed (the guest's, to give
+ * back with relent), and whether stream s is being captured (or cannot be told). */
+static CUstreamCaptureMode relax(const struct vh_backend *B)
+{
+	CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+	B->cuThreadExchangeStreamCaptureMode(&m);
+	return m;
+}
+
+static void relent(const struct vh_backend *B, CUstreamCaptureMode m)
+{
+	B->cuThreadExchangeStreamCaptureMode(&m);
+}
+
+static int captured(const struct vh_backend *B, CUstream s)
+{
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	return B->cuStreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Forget markers that have passed (or whose stream failed: the guest sees that error itself). */
@@ -45,10 +70,12 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 		return 0;
 	struct depth *q = &depth[ch->cur_dev];
 	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
-	retire(ch, q);
 	if (q->n < limit)
 		return 0;
-	uint64_t t0 = vmgpu_now_ns(), spins = 0;
+	int capturing = atomic_load(&open_captures) > 0;
+	CUstreamCaptureMode mode = capturing ? relax(ch->backend) : CU_STREAM_CAPTURE_MODE_RELAXED;
+	retire(ch, q);
+	uint64_t t0 = q->n < limit ? 0 : vmgpu_now_ns(), spins = 0;
 	while (q->n >= limit) {
 		/* a stream held up for a second (a host function, a wait on a value) is the guest's
 		 * own business: its markers are let go rather than its other streams held back */
@@ -62,7 +89,9 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 		}
 		retire(ch, q);
 	}
-	return vmgpu_now_ns() - t0;
+	if (capturing)
+		relent(ch->backend, mode);
+	return t0 ? vmgpu_now_ns() - t0 : 0;
 }
 
 void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
@@ -71,19 +100,23 @@ void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 		return;
 	struct depth *q = &depth[ch->cur_dev];
 	const struct vh_backend *B = ch->backend;
+	CUstream s = ch->work_stream;
+	if (!s && (flags & VG_F_PTDS))
+		s = CU_STREAM_PER_THREAD;
+	int capturing = atomic_load(&open_captures) > 0;
+	if (q->n == VH_DEPTH_MAX || q->made < 0 || (capturing && captured(B, s)))
+		return; /* (a captured call put nothing on the GPU) */
+	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (!q->made) {
 		q->made = 1;
 		for (int i = 0; i < VH_DEPTH_MAX && q->made > 0; i++)
 			if (B->cuEventCreate(&q->ev[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
 				q->made = -1; /* not held back; the events made stay with the context */
 	}
-	if (q->made < 0 || q->n == VH_DEPTH_MAX)
-		return;
-	CUstream s = ch->work_stream;
-	if (!s && (flags & VG_F_PTDS))
-		s = CU_STREAM_PER_THREAD;
-	if (B->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
+	if (q->made > 0 && B->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
 		q->n++;
+	if (capturing)
+		relent(B, mode);
 }
 
 void vh_depth_forget(int dev)

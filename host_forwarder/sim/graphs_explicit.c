@@ -230,7 +230,6 @@ EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraph
 					    size_t ndeps, CUstreamCaptureMode mode)
 {
 	(void)data;
-	(void)mode;
 	struct sim_obj *o = sim_stream_obj(s);
 	struct sim_graph *x = graph_of(g);
 	if (!o) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -239,7 +238,7 @@ EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraph
 	if (ndeps && !deps) return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < ndeps; i++)
 		if (!node_in(x, deps[i])) return CUDA_ERROR_INVALID_VALUE;
-	o->capturing = x;
+	sim_capture_begin(o, x, mode);
 	return CUDA_SUCCESS;
 }
 

@@ -85,6 +85,12 @@ struct sim_obj {
 	int flags;
 	uint64_t t_ns;
 	struct sim_graph *capturing; /* streams: the graph being captured */
+	/* streams: the capture's mode, whether its graph was made for it, and sim_unsafe_calls
+	 * when it began (a global-mode capture ends invalidated if an unsafe call came since);
+	 * events: recorded in a capture */
+	int capture_mode, capture_made;
+	uint64_t capture_unsafe;
+	int captured;
 };
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u
@@ -96,6 +102,8 @@ CUresult sim_new_obj(void **out, uint32_t magic, int flags);
 int sim_is_obj(const void *p, uint32_t magic);
 CUresult sim_del_obj(void *p, uint32_t magic);
 struct sim_obj *sim_stream_obj(CUstream s);
+/* A capture begins on stream o into graph g (cuStreamBeginCapture_v2, cuStreamBeginCaptureToGraph). */
+void sim_capture_begin(struct sim_obj *o, struct sim_graph *g, CUstreamCaptureMode mode);
 
 /* ---- functions (modules.c) and graphs (launch.c) ------------------------------------- */
 

@@ -3,6 +3,7 @@
  * Streams and events: objects that complete at once (an event keeps the time it was recorded).
  * A stream being captured collects its launches into a graph (launch.c).
  */
+#include <stdatomic.h>
 #include <time.h>
 
 #include "sim.h"
@@ -42,19 +43,44 @@ CUresult sim_del_obj(void *p, uint32_t magic)
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int f) { return sim_new_obj((void **)s, STREAM_MAGIC, (int)f); }
 EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int f, int p) { (void)p; return sim_new_obj((void **)s, STREAM_MAGIC, (int)f); }
-EXPORT CUresult cuStreamDestroy_v2(CUstream s) { return sim_del_obj(s, STREAM_MAGIC); }
+static _Atomic int global_captures;
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+	struct sim_obj *o = sim_stream_obj(s);
+	if (o && o->capturing && o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+		atomic_fetch_sub(&global_captures, 1); /* its capture goes with it */
+	return sim_del_obj(s, STREAM_MAGIC);
+}
 EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return CUDA_SUCCESS; }
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f) { return sim_new_obj((void **)e, EVENT_MAGIC, (int)f); }
 EXPORT CUresult cuEventDestroy_v2(CUevent e) { return sim_del_obj(e, EVENT_MAGIC); }
+/* Stream capture as the driver checks it, in part: while a capture begun in the global mode is
+ * open (global_captures), a query or synchronisation of an event by a thread whose capture mode is not relaxed is
+ * "potentially unsafe" and invalidates it (its cuStreamEndCapture says so), and an event recorded
+ * in a capture cannot be queried at all. */
+static _Atomic uint64_t sim_unsafe_calls;
+static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+static CUresult unsafe_event_call(struct sim_obj *o)
+{
+	if (capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && atomic_load(&global_captures))
+		atomic_fetch_add(&sim_unsafe_calls, 1);
+	if (o->captured) {
+		atomic_fetch_add(&sim_unsafe_calls, 1);
+		return CUDA_ERROR_CAPTURED_EVENT;
+	}
+	return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 {
-	(void)s;
-	struct sim_obj *o = (struct sim_obj *)e;
+	struct sim_obj *o = (struct sim_obj *)e, *so = sim_stream_obj(s);
 	if (!sim_is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	o->t_ns = sim_now_ns();
+	o->captured = so && so->capturing;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int f) { (void)f; return cuEventRecord(e, s); }
@@ -69,6 +95,8 @@ EXPORT CUresult cuEventSynchronize(CUevent e)
 {
 	struct sim_obj *o = (struct sim_obj *)e;
 	if (!sim_is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	CUresult r = unsafe_event_call(o);
+	if (r != CUDA_SUCCESS) return r;
 	for (uint64_t due = event_due(o); sim_now_ns() < due;) {
 		struct timespec t = {0, 50000};
 		nanosleep(&t, NULL);
@@ -79,6 +107,8 @@ EXPORT CUresult cuEventQuery(CUevent e)
 {
 	struct sim_obj *o = (struct sim_obj *)e;
 	if (!sim_is_obj(o, EVENT_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
+	CUresult r = unsafe_event_call(o);
+	if (r != CUDA_SUCCESS) return r;
 	return sim_now_ns() < event_due(o) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
@@ -92,22 +122,31 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 
 /* ---- stream capture ---- */
 
-static __thread CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-
 struct sim_obj *sim_stream_obj(CUstream s)
 {
 	return sim_is_obj(s, STREAM_MAGIC) ? (struct sim_obj *)s : NULL;
 }
 
+void sim_capture_begin(struct sim_obj *o, struct sim_graph *g, CUstreamCaptureMode mode)
+{
+	o->capturing = g;
+	o->capture_mode = (int)mode;
+	o->capture_made = 0;
+	o->capture_unsafe = atomic_load(&sim_unsafe_calls);
+	if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+		atomic_fetch_add(&global_captures, 1);
+}
+
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
 {
-	(void)mode;
 	struct sim_obj *o = sim_stream_obj(s);
 	if (!o) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	if (o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
-	o->capturing = calloc(1, sizeof *o->capturing);
-	if (!o->capturing) return CUDA_ERROR_OUT_OF_MEMORY;
-	o->capturing->magic = GRAPH_MAGIC;
+	struct sim_graph *g = calloc(1, sizeof *g);
+	if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+	g->magic = GRAPH_MAGIC;
+	sim_capture_begin(o, g, mode);
+	o->capture_made = 1;
 	return CUDA_SUCCESS;
 }
 
@@ -116,8 +155,18 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
 	struct sim_obj *o = sim_stream_obj(s);
 	if (!g) return CUDA_ERROR_INVALID_VALUE;
 	if (!o || !o->capturing) return CUDA_ERROR_ILLEGAL_STATE;
-	*g = (CUgraph)o->capturing;
+	int global = o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+	if (global)
+		atomic_fetch_sub(&global_captures, 1);
+	struct sim_graph *x = o->capturing;
 	o->capturing = NULL;
+	if (global && atomic_load(&sim_unsafe_calls) != o->capture_unsafe) {
+		*g = NULL; /* no graph of an invalidated capture (one it was made into stays the caller's) */
+		if (o->capture_made)
+			cuGraphDestroy((CUgraph)x);
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	}
+	*g = (CUgraph)x;
 	return CUDA_SUCCESS;
 }
 

@@ -1,8 +1,10 @@
 /* A guest that keeps the GPU busy: cuMemsetD8 over a buffer, again and again, for SECONDS,
  * then prints "ops N secs S" (how many it finished, and in how long).  Works on the simulated backend, where a
  * memset is CPU time inside the forwarder: what the compute scheduler shares out.  With
- * "async", cuMemsetD8Async on a stream of its own (synchronised at the end).
- *   spin SECONDS [MIB] [async]   */
+ * "async", cuMemsetD8Async on a stream of its own (synchronised at the end); with "capture", the
+ * same while a stream capture of one memset is open on a second stream (ended at the end: then
+ * "capture ok" if it ended whole, "capture broken" if not).
+ *   spin SECONDS [MIB] [async|capture]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,10 +25,12 @@ int main(int argc, char **argv)
 	CUdevice dev;
 	CUcontext ctx;
 	CUdeviceptr p;
-	CUstream s = NULL;
-	int async = argc > 3 && !strcmp(argv[3], "async");
+	CUstream s = NULL, c = NULL;
+	int capture = argc > 3 && !strcmp(argv[3], "capture"), async = capture || (argc > 3 && !strcmp(argv[3], "async"));
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
-	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) {
+	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) ||
+	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
+			 cuMemsetD8Async(p, 0, bytes, c)))) {
 		fprintf(stderr, "spin: CUDA setup failed\n");
 		return 1;
 	}
@@ -45,5 +49,12 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("ops %llu secs %.3f\n", ops, now() - start); /* secs: until the last op is done */
+	if (capture) {
+		CUgraph g = NULL;
+		CUresult r = cuStreamEndCapture(c, &g);
+		printf("capture %s\n", r == CUDA_SUCCESS ? "ok" : "broken");
+		if (g)
+			cuGraphDestroy(g);
+	}
 	return 0;
 }

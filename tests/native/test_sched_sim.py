@@ -226,14 +226,16 @@ def test_an_owner_no_slot_has_on_the_page_is_let_go_and_the_guest_goes_on(sched_
             assert wait_for(lambda: pg.owner < 16, timeout=5)
 
 
-def _rate(region: Path, secs: float) -> float:
-    """spin with async memsets on a stream: its ops per second, until the last one was done."""
+def _rate(region: Path, secs: float, mode: str = "async") -> float:
+    """spin with async memsets on a stream (mode "capture": while a capture is open on another,
+    which must end whole): its ops per second, until the last one was done."""
     p = subprocess.Popen(
-        [str(NATIVE / "spin"), str(secs), "1", "async"], env=guest_env(region), stdout=subprocess.PIPE, text=True
+        [str(NATIVE / "spin"), str(secs), "1", mode], env=guest_env(region), stdout=subprocess.PIPE, text=True
     )
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 0, out
     words = out.split()
+    assert mode != "capture" or "capture ok" in out, out
     return int(words[1]) / float(words[3])
 
 
@@ -258,6 +260,22 @@ def test_beside_a_higher_priority_guest_no_more_than_the_depth_of_its_work_is_ah
     rates = (alone, below, level, unlimited)
     assert below <= 260, rates
     assert min(alone, level, unlimited) > 4 * below, rates
+
+
+def test_a_stream_capture_left_open_does_not_lift_the_depth_and_is_not_broken_by_it(sched_dir, tmp_path):
+    """A guest of a lower priority that opens a capture on a stream of its own and leaves it open is
+    held to its depth on its other streams all the same (before, any open capture turned the depth
+    off: an open capture was a way round it for as long as the guest liked).  No marker goes on the
+    capturing stream (the memset spin puts there), and the markers' queries, which a global-mode
+    capture forbids, are made in the relaxed mode: the capture ends whole (the simulated driver
+    invalidates it otherwise, as the driver does)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b, extra=("--priority", "high")):
+        below = _rate(a, 1, "capture")
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b):
+        level = _rate(a, 1, "capture")
+    assert below <= 260 and level > 4 * below, (below, level)
 
 
 def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
