@@ -70,8 +70,7 @@ struct vh_chan {
 	uint64_t images_sent, images_cached;
 	void *scratch;
 	size_t scratch_cap;
-	CUstream work_stream;         /* the stream the call being served named last (sched_depth.c) */
-	int work_stream_set;
+	CUstream work_stream; /* the stream the call being served named last, NULL if none (sched_depth.c) */
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
 	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */

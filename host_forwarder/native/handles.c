@@ -41,7 +41,6 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	if (kind == VG_KIND_STREAM && (raw == 0 || raw == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
 				       raw == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)) {
 		ch->work_stream = *v; /* a default stream (sched_depth.c) */
-		ch->work_stream_set = 1;
 		return 0;
 	}
 	if (raw == 0)
@@ -50,10 +49,8 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	if (!e)
 		return -1;
 	*v = e->ptr;
-	if (kind == VG_KIND_STREAM) {
+	if (kind == VG_KIND_STREAM)
 		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
-		ch->work_stream_set = 1;
-	}
 	return 0;
 }
 

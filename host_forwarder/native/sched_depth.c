@@ -7,9 +7,11 @@
  * (vh_sched_tick's drain), so a guest of a higher priority that wants the GPU would wait behind
  * all of it.  While a guest of a higher priority is on the GPU's page (vh_sched.h: bounded),
  * each call that puts work on the GPU is followed by a marker (an event recorded on the call's
- * stream), and a call passes only while fewer than --sched-depth of the markers are still to
- * come: the rest of the guest's work waits in its ring, where the forwarder, not the GPU, decides
- * whose goes next.  Otherwise a guest is not held back at all.
+ * stream, or on the default stream for a call that names none: cuMemsetD8 and cuMemcpyDtoD,
+ * too, return before their work is done), and a call passes only while fewer than
+ * --sched-depth of the markers are still to come: the rest of the guest's work waits in its
+ * ring, where the forwarder, not the GPU, decides whose goes next.  Otherwise a guest is not
+ * held back at all.
  *
  * A stream capture the guest has open (serve.c: open_captures) does not lift the depth (it would
  * be a way round it for as long as the guest liked), and is neither joined nor broken by it: no
@@ -96,7 +98,7 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 
 void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 {
-	if (r != CUDA_SUCCESS || !ch->work_stream_set || !on(ch))
+	if (r != CUDA_SUCCESS || !on(ch))
 		return;
 	struct depth *q = &depth[ch->cur_dev];
 	const struct vh_backend *B = ch->backend;

@@ -121,7 +121,7 @@ int vh_serve(struct vh_chan *ch)
 			if (waited)
 				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[ch->cur_dev], waited,
 							  memory_order_relaxed);
-			ch->work_stream_set = 0;
+			ch->work_stream = NULL; /* a call that names no stream works on the default one */
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 			vh_depth_mark(ch, hdr.flags, r);
 			vh_sched_exit(sc);

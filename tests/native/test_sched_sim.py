@@ -228,7 +228,8 @@ def test_an_owner_no_slot_has_on_the_page_is_let_go_and_the_guest_goes_on(sched_
 
 def _rate(region: Path, secs: float, mode: str = "async") -> float:
     """spin with async memsets on a stream (mode "capture": while a capture is open on another,
-    which must end whole): its ops per second, until the last one was done."""
+    which must end whole; "sync": cuMemsetD8, which names no stream): its ops per second, until
+    the last one was done."""
     p = subprocess.Popen(
         [str(NATIVE / "spin"), str(secs), "1", mode], env=guest_env(region), stdout=subprocess.PIPE, text=True
     )
@@ -260,6 +261,21 @@ def test_beside_a_higher_priority_guest_no_more_than_the_depth_of_its_work_is_ah
     rates = (alone, below, level, unlimited)
     assert below <= 260, rates
     assert min(alone, level, unlimited) > 4 * below, rates
+
+
+def test_calls_that_name_no_stream_are_held_to_the_depth_too(sched_dir, tmp_path):
+    """cuMemsetD8 and cuMemcpyDtoD name no stream, but (as the driver documents) return before
+    their work is done, as an async call does: their work goes on the default stream, and so does
+    their marker, and they are held to the depth beside a guest of a higher priority like the rest
+    (before, a call that named no stream had no marker: a guest that made only such calls ran as
+    far ahead of the GPU as it liked)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b, extra=("--priority", "high")):
+        below = _rate(a, 1, "sync")
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b):
+        level = _rate(a, 1, "sync")
+    assert below <= 260 and level > 4 * below, (below, level)
 
 
 def test_a_stream_capture_left_open_does_not_lift_the_depth_and_is_not_broken_by_it(sched_dir, tmp_path):
