@@ -305,15 +305,18 @@ static void drain_part(struct vh_sched *s, struct vmgpu_sched_slot *g, void (*dr
 	complete(s->pg, g);
 }
 
-void vh_sched_nap(struct vh_sched *s, uint64_t ns)
+uint32_t vh_sched_look(struct vh_sched *s)
+{
+	return s->pg ? atomic_load(&s->pg->gen) : 0;
+}
+
+void vh_sched_nap(struct vh_sched *s, uint32_t looked, uint64_t ns)
 {
 	struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-	if (!s->pg) {
+	if (!s->pg)
 		nanosleep(&t, NULL);
-		return;
-	}
-	uint32_t gen = atomic_load(&s->pg->gen);
-	syscall(SYS_futex, &s->pg->gen, FUTEX_WAIT, gen, &t, NULL, 0);
+	else /* (at once if the page was woken since the look) */
+		syscall(SYS_futex, &s->pg->gen, FUTEX_WAIT, looked, &t, NULL, 0);
 }
 
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx)

@@ -71,7 +71,9 @@ void vh_sched_exit(struct vh_sched *s);
  * must.  drain(ctx, dev) waits for the worker's queued work on that device. */
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx);
 /* The scheduler thread's sleep between ticks: ns, or less if the page is woken (a guest of a
- * higher priority begins to wait, a hand-over begins or ends). */
-void vh_sched_nap(struct vh_sched *s, uint64_t ns);
+ * higher priority begins to wait, a hand-over begins or ends) after vh_sched_look, which the
+ * thread calls before its ticks: a wake while it ticks is not missed. */
+uint32_t vh_sched_look(struct vh_sched *s);
+void vh_sched_nap(struct vh_sched *s, uint32_t looked, uint64_t ns);
 
 #endif

@@ -41,6 +41,7 @@ static void *sched_thread(void *arg)
 	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
 	uint64_t last_calls = 0, quiet_since = vmgpu_now_ns(), refreshed = quiet_since;
 	while (!atomic_load(&sched_stop)) {
+		uint32_t looked = vh_sched_look(&F.sched[0]); /* before the ticks: no wake is missed */
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_tick(&F.sched[d], sched_drain, NULL);
 		uint64_t now = vmgpu_now_ns(), calls = atomic_load_explicit(&ch->ncalls, memory_order_relaxed);
@@ -55,7 +56,7 @@ static void *sched_thread(void *arg)
 		/* every 250 us while the guest process works; a process quiet for 20 ms is looked after
 		 * every 1 ms, so that an idle guest costs the host little CPU; woken sooner by the first
 		 * GPU's page (a higher-priority guest waits, a hand-over begins) */
-		vh_sched_nap(&F.sched[0], now - quiet_since > 20000000ull ? 1000 * 1000 : 250 * 1000);
+		vh_sched_nap(&F.sched[0], looked, now - quiet_since > 20000000ull ? 1000 * 1000 : 250 * 1000);
 	}
 	return NULL;
 }

@@ -3,10 +3,12 @@
  * The compute scheduler's page (native/sched_page.c) wakes whom it must, at once, and nobody
  * else: a guest of a higher priority that begins to wait wakes the holder's scheduler threads
  * (vh_sched_nap), whose next tick ends the holder's turn, drains it and hands the GPU over in
- * that one tick; a guest of a lower priority that begins to wait wakes nobody; and waiters that
- * their caps all hold back, with nobody holding the GPU, do not wake one another (and every
- * scheduler thread on the GPU) for as long as their caps hold them.  Real threads and clocks on
- * a page in a private directory of its own.  Exit 0 and "t_sched_wake: ok" when every check holds.
+ * that one tick; a wake that comes while a scheduler thread ticks is not missed; a guest of a
+ * lower priority that begins to wait wakes nobody, and a holder that only such guests wait for
+ * gives the GPU up after 0.5 ms idle; and waiters that their caps all hold back,
+ * with nobody holding the GPU, do not wake one another (and every scheduler thread on the GPU)
+ * for as long as their caps hold them.  Real threads and clocks on a page in a private
+ * directory of its own.  Exit 0 and "t_sched_wake: ok" when every check holds.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -95,7 +97,7 @@ static void *nap(void *arg)
 {
 	struct napper *n = arg;
 	uint64_t t0 = now_ns();
-	vh_sched_nap(n->s, 2000000000ull);
+	vh_sched_nap(n->s, vh_sched_look(n->s), 2000000000ull);
 	n->slept = now_ns() - t0;
 	return NULL;
 }
@@ -132,6 +134,13 @@ static void a_higher_guest_that_begins_to_wait_wakes_the_holder_which_hands_over
 	CHECK_EQ(atomic_load(&pg->slot[low->me].draining), 0);
 	pthread_join(hi.t, NULL);
 	CHECK(atomic_load(&hi.passed));
+	/* a wake that came while the scheduler thread ticked, between its look and its sleep, is
+	 * not missed: it does not sleep */
+	uint32_t looked = vh_sched_look(low);
+	atomic_fetch_add(&pg->gen, 1); /* (as a wake does) */
+	uint64_t t0 = now_ns();
+	vh_sched_nap(low, looked, 2000000000ull);
+	CHECK(now_ns() - t0 < 1000000000ull);
 	/* a tick after it: no second hand-over, no second drain */
 	vh_sched_tick(low, drain, NULL);
 	CHECK_EQ(drains, 1);
@@ -155,6 +164,26 @@ static void a_lower_guest_that_begins_to_wait_wakes_nobody(struct vmgpu_sched_pa
 	lock(pg);
 	atomic_store(&pg->owner, -1);
 	unlock(pg);
+	pthread_join(lo.t, NULL);
+	CHECK(atomic_load(&lo.passed));
+}
+
+static void a_holder_that_only_lower_guests_wait_for_gives_the_gpu_up_after_half_a_millisecond_idle(
+	struct vmgpu_sched_page *pg, struct vh_sched *low, struct vh_sched *high)
+{
+	lock(pg);
+	atomic_store(&pg->owner, high->me);
+	pg->hold_start = now_ns();
+	unlock(pg);
+	struct caller lo;
+	start(&lo, low);
+	wait_waiting(pg, low);
+	vh_sched_tick(high, drain, NULL); /* its calls so far seen: not idle yet */
+	CHECK_EQ(atomic_load(&pg->owner), high->me);
+	high->seen_at = now_ns() - 1000000; /* its last work 1 ms ago (a guest of its own priority
+					       * waiting would wait for 2) */
+	vh_sched_tick(high, drain, NULL);
+	CHECK_EQ(atomic_load(&pg->owner), low->me);
 	pthread_join(lo.t, NULL);
 	CHECK(atomic_load(&lo.passed));
 }
@@ -217,6 +246,7 @@ int main(void)
 
 	a_higher_guest_that_begins_to_wait_wakes_the_holder_which_hands_over_in_one_tick(pg, &low, &high);
 	a_lower_guest_that_begins_to_wait_wakes_nobody(pg, &low, &high);
+	a_holder_that_only_lower_guests_wait_for_gives_the_gpu_up_after_half_a_millisecond_idle(pg, &low, &high);
 	atomic_store(&high.pg->slot[high.me].priority, VMGPU_SCHED_PRIO_LOW); /* two of one priority */
 	waiters_their_caps_hold_back_do_not_wake_one_another(pg, &low, &high);
 
