@@ -18,18 +18,10 @@
 #include <stdarg.h>
 
 #include "check.h"
+#include "log_stub.h"
 #include "sched_policy.h"
 #include "vh_sched.h"
 
-/* region_file.c's log lines (the forwarder's log.c needs the whole forwarder) */
-void vh_log(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
 
 int main(void)
 {

@@ -20,18 +20,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "log_stub.h"
 #include "sched_policy.h"
 #include "vh_sched.h"
 
-/* region_file.c's log lines (the forwarder's log.c needs the whole forwarder) */
-void vh_log(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
 
 static uint64_t now_ns(void)
 {

@@ -263,34 +263,26 @@ def test_beside_a_higher_priority_guest_no_more_than_the_depth_of_its_work_is_ah
     assert min(alone, level, unlimited) > 4 * below, rates
 
 
-def test_calls_that_name_no_stream_are_held_to_the_depth_too(sched_dir, tmp_path):
-    """cuMemsetD8 and cuMemcpyDtoD name no stream, but (as the driver documents) return before
-    their work is done, as an async call does: their work goes on the default stream, and so does
-    their marker, and they are held to the depth beside a guest of a higher priority like the rest
-    (before, a call that named no stream had no marker: a guest that made only such calls ran as
-    far ahead of the GPU as it liked)."""
+@pytest.mark.parametrize("mode", ["sync", "capture"])
+def test_calls_without_a_stream_and_a_capture_left_open_are_held_to_the_depth(sched_dir, tmp_path, mode):
+    """sync: cuMemsetD8 and cuMemcpyDtoD name no stream, but (as the driver documents) return
+    before their work is done, as an async call does: their work goes on the default stream, and so
+    does their marker, and they are held to the depth beside a guest of a higher priority like the
+    rest (before, a call that named no stream had no marker: a guest that made only such calls ran
+    as far ahead of the GPU as it liked).
+
+    capture: a guest of a lower priority that opens a capture on a stream of its own and leaves it
+    open is held to its depth on its other streams all the same (before, any open capture turned the
+    depth off: an open capture was a way round it for as long as the guest liked).  No marker goes
+    on the capturing stream (the memset spin puts there), and the markers' queries, which a
+    global-mode capture forbids, are made in the relaxed mode: the capture ends whole (the simulated
+    driver invalidates it otherwise, as the driver does)."""
     a, b = tmp_path / "a", tmp_path / "b"
     lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
     with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b, extra=("--priority", "high")):
-        below = _rate(a, 1, "sync")
+        below = _rate(a, 1, mode)
     with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b):
-        level = _rate(a, 1, "sync")
-    assert below <= 260 and level > 4 * below, (below, level)
-
-
-def test_a_stream_capture_left_open_does_not_lift_the_depth_and_is_not_broken_by_it(sched_dir, tmp_path):
-    """A guest of a lower priority that opens a capture on a stream of its own and leaves it open is
-    held to its depth on its other streams all the same (before, any open capture turned the depth
-    off: an open capture was a way round it for as long as the guest liked).  No marker goes on the
-    capturing stream (the memset spin puts there), and the markers' queries, which a global-mode
-    capture forbids, are made in the relaxed mode: the capture ends whole (the simulated driver
-    invalidates it otherwise, as the driver does)."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
-    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b, extra=("--priority", "high")):
-        below = _rate(a, 1, "capture")
-    with forwarder(a, env=lag, extra=("--sched-depth", "4")), forwarder(b):
-        level = _rate(a, 1, "capture")
+        level = _rate(a, 1, mode)
     assert below <= 260 and level > 4 * below, (below, level)
 
 
