@@ -338,10 +338,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * its own priority it is not held: a deep queue costs them nothing but a longer drain, which is
 	 * charged to it, and held they did worse together; nor under a cap, where a capped trainer
 	 * did worse held (make bench-sharing on H100s: README, Compute shares). */
-	int held = 0;
-	for (int i = 0; atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE && i < VMGPU_SCHED_SLOTS && !held; i++)
-		held = i != s->me && atomic_load(&pg->slot[i].pid) != 0 && sched_rank(&pg->slot[i]) > sched_rank(g);
-	atomic_store(&s->bounded, held);
+	atomic_store(&s->bounded, sched_higher_member(pg, s->me));
 	if (owner != s->me) {
 		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */
 		if (owner >= VMGPU_SCHED_SLOTS || (owner >= 0 && !sched_alive(atomic_load(&pg->slot[owner].pid)))) {

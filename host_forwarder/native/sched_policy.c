@@ -266,6 +266,16 @@ int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now)
 	return lower;
 }
 
+int sched_higher_member(struct vmgpu_sched_page *pg, int me)
+{
+	if (atomic_load(&pg->policy) == VMGPU_SCHED_NATIVE)
+		return 0;
+	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++)
+		if (i != me && atomic_load(&pg->slot[i].pid) && sched_rank(&pg->slot[i]) > sched_rank(&pg->slot[me]))
+			return 1;
+	return 0;
+}
+
 int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now)
 {
 	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {

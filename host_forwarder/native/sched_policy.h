@@ -64,6 +64,10 @@ int sched_rank(struct vmgpu_sched_slot *g);
 /* Do members other than `me` wait for the GPU that may have it now, all of a lower priority? */
 int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now);
 
+/* Is a member of a higher priority than `me` on the page (waiting or not)?  Never under the native
+ * policy.  Its work then goes only so far ahead of the GPU (sched_depth.c). */
+int sched_higher_member(struct vmgpu_sched_page *pg, int me);
+
 /* Does a member of a higher priority than `me` wait for the GPU that may have it now? */
 int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now);
 

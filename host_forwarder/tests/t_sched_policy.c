@@ -368,6 +368,8 @@ static void a_holder_knows_when_only_lower_guests_wait(void)
 	int nm2 = sim_join_share(&s, "normal2", (struct sched_share){.weight = 50}, 0);
 	int hi = sim_join_share(&s, "high", (struct sched_share){.weight = 50, .priority = VMGPU_SCHED_PRIO_HIGH}, 0);
 	check(!sched_only_lower_wait(&s.pg, nm, s.now), "nobody waits: not 'only lower'");
+	check(sched_higher_member(&s.pg, lo) && sched_higher_member(&s.pg, nm) && !sched_higher_member(&s.pg, hi),
+	      "a higher member, waiting or not, is there for low and normal, not for high");
 	sched_wait_begin(&s.pg, lo, s.now);
 	check(sched_only_lower_wait(&s.pg, nm, s.now) && !sched_only_lower_wait(&s.pg, lo, s.now),
 	      "a low guest waits: only lower for the normal holder, not for itself");
