@@ -58,6 +58,12 @@ int sim_hgx(void)
 	return e && atoi(e) > 0;
 }
 
+uint64_t sim_event_lag_ns(void)
+{
+	const char *e = getenv("VMGPU_SIM_EVENT_LAG_US");
+	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+}
+
 int sim_pageable_access(void)
 {
 	return getenv("VMGPU_SIM_PAGEABLE_ACCESS") != NULL;

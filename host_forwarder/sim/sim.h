@@ -70,6 +70,9 @@ uint64_t sim_ctx_bytes(void);
 int sim_hgx(void);
 /* VMGPU_SIM_PAGEABLE_ACCESS: whether kernels reach pageable host memory (HMM/ATS). */
 int sim_pageable_access(void);
+/* VMGPU_SIM_EVENT_LAG_US: an event is reached that long after its record, as if its stream had
+ * that much work still ahead of it (default 0: at once). */
+uint64_t sim_event_lag_ns(void);
 /* VMGPU_SIM_EXIT_AT_MEMSET=N: the process's Nth cuMemsetD8 exits with status 3. */
 void sim_memset_knob(void);
 /* What the process holds, as NVML would say, changed by delta (and written to

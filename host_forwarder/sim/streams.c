@@ -84,12 +84,11 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int f) { (void)f; return cuEventRecord(e, s); }
-/* An event is reached VMGPU_SIM_EVENT_LAG_US (default 0) after its record: as if its stream had
- * that much work still ahead of it (tests of how far ahead of the GPU a guest may run). */
+/* An event is reached sim_event_lag_ns() after its record (tests of how far ahead of the GPU a
+ * guest may run). */
 static uint64_t event_due(struct sim_obj *o)
 {
-	const char *e = getenv("VMGPU_SIM_EVENT_LAG_US");
-	return o->t_ns + (e ? strtoull(e, NULL, 10) : 0) * 1000;
+	return o->t_ns + sim_event_lag_ns();
 }
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {
