@@ -15,10 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <stdarg.h>
-
 #include "check.h"
-#include "log_stub.h"
+#include "page_test.h"
 #include "sched_policy.h"
 #include "vh_sched.h"
 
@@ -29,8 +27,8 @@ int main(void)
 	CHECK(mkdtemp(dir) != NULL);
 	struct sched_share share = {.weight = 100, .priority = VMGPU_SCHED_PRIO_NORMAL};
 	struct vh_sched a, b;
-	CHECK_EQ(vh_sched_join(&a, dir, "GPU-test", "a", &share, 0), 0);
-	CHECK_EQ(vh_sched_join(&b, dir, "GPU-test", "b", &share, 0), 0);
+	CHECK_EQ(vh_sched_join(&a, dir, PAGE_TEST_UUID, "a", &share, 0), 0);
+	CHECK_EQ(vh_sched_join(&b, dir, PAGE_TEST_UUID, "b", &share, 0), 0);
 	struct vmgpu_sched_page *pg = a.pg;
 	pthread_mutex_t *mu = (pthread_mutex_t *)(void *)pg->mu_space;
 
@@ -61,10 +59,7 @@ int main(void)
 
 	vh_sched_leave(&b);
 	vh_sched_leave(&a);
-	char page[256];
-	snprintf(page, sizeof page, "%s/vmgpu-sched-GPU-test", dir);
-	unlink(page);
-	rmdir(dir);
+	page_test_remove(dir);
 	puts("t_sched_dead: ok");
 	return 0;
 }

@@ -12,7 +12,6 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +19,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "log_stub.h"
+#include "page_test.h"
 #include "sched_policy.h"
 #include "vh_sched.h"
 
@@ -230,8 +229,8 @@ int main(void)
 	struct sched_share lo_share = {.weight = 50, .priority = VMGPU_SCHED_PRIO_LOW};
 	struct sched_share hi_share = {.weight = 50, .priority = VMGPU_SCHED_PRIO_HIGH};
 	struct vh_sched low, high;
-	CHECK_EQ(vh_sched_join(&low, dir, "GPU-test", "low", &lo_share, 0), 0);
-	CHECK_EQ(vh_sched_join(&high, dir, "GPU-test", "high", &hi_share, 0), 0);
+	CHECK_EQ(vh_sched_join(&low, dir, PAGE_TEST_UUID, "low", &lo_share, 0), 0);
+	CHECK_EQ(vh_sched_join(&high, dir, PAGE_TEST_UUID, "high", &hi_share, 0), 0);
 	vh_sched_worker(&low, 1);
 	vh_sched_worker(&high, 1);
 	struct vmgpu_sched_page *pg = low.pg;
@@ -246,10 +245,7 @@ int main(void)
 	vh_sched_worker(&low, 0);
 	vh_sched_leave(&high);
 	vh_sched_leave(&low);
-	char page[256];
-	snprintf(page, sizeof page, "%s/vmgpu-sched-GPU-test", dir);
-	unlink(page);
-	rmdir(dir);
+	page_test_remove(dir);
 	puts("t_sched_wake: ok");
 	return 0;
 }
