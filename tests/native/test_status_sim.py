@@ -43,12 +43,25 @@ def test_a_busy_guest_alone_shows_its_gpu_time_and_memory_and_its_release_leaves
         with Page(next(sched_dir.glob("vmgpu-sched-*"))) as pg:
             slot = next(m.slot for m in pg.members() if m.guest == "g")
             assert wait_for(lambda: pg.owner == slot, timeout=10)  # busy, alone: it keeps its turn
-            st = _cli("status", "--socket", str(sock), "--json")
-            (g,) = st["guests"]
-            assert g["compute_achieved_pct"] > 90, st
-            frame = _cli("top", "--once", "--interval", "0.5", "--socket", str(sock), "--json")
+            # Each look samples 0.3-0.5 s.  On a loaded machine the spinning guest itself can be
+            # off its CPU for longer than the scheduler's idle hand-back (2 ms), and that time is
+            # rightly not its GPU time; so take a few looks, and need one to show the held turn
+            # (were the turn held not counted, a guest alone, never handing over, would show 0%).
+            looks: list[dict] = []
+            assert wait_for(
+                lambda: looks.append(_cli("status", "--socket", str(sock), "--json"))
+                or looks[-1]["guests"][0]["compute_achieved_pct"] > 90,
+                timeout=10,
+            ), looks
+            frames: list[dict] = []
+            assert wait_for(
+                lambda: frames.append(_cli("top", "--once", "--interval", "0.5", "--socket", str(sock), "--json"))
+                or frames[-1]["guests"][0]["compute_achieved_pct"] > 90,
+                timeout=10,
+            ), frames
+            frame = frames[-1]
             (g,) = frame["guests"]
-            assert g["compute_achieved_pct"] > 90 and g["mem_mib"] == 1024, frame
+            assert g["mem_mib"] == 1024, frame
             (f,) = frame["forwarders"]
             assert f["mem_used_mib"][0] >= 100, frame  # what hold took, from the statistics page
             assert frame["interval_s"] == 0.5
