@@ -53,5 +53,12 @@ int vh_serve(struct vh_chan *ch);
 uint64_t vh_depth_wait(struct vh_chan *ch);
 void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r);
 void vh_depth_forget(int dev); /* the process's context on dev is gone, its markers with it */
+/* sched_depth.c, while the process has a stream capture open (serve.c: open_captures): after a
+ * call that put work on the GPU, its drain mark; a hand-over's drain waits for the marks instead
+ * of the whole context (whether there were any); before a first capture opens, the work queued
+ * so far is waited for (the marks cover only what comes after). */
+void vh_capture_mark(struct vh_chan *ch, uint32_t flags, CUresult r);
+int vh_capture_drain(const struct vh_backend *B, int dev);
+void vh_capture_opening(struct vh_chan *ch);
 
 #endif

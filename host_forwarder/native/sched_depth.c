@@ -121,9 +121,87 @@ void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 		relent(B, mode);
 }
 
+/* ---- the drain marks of a process with a capture open ---------------------------------- */
+
+/* One mark per stream that was given work since the last drain, on each guest GPU.  Written by
+ * the serving thread (inside the scheduler's gate, and when the context goes), read by the
+ * scheduler thread's drain (the gate closed): the lock keeps a mark's event alive while waited for. */
+#define CAPTURE_MARKS 64
+struct capture_marks {
+	pthread_mutex_t mu;
+	struct {
+		CUstream s;
+		CUevent ev;
+	} m[CAPTURE_MARKS];
+	uint32_t n, made, next; /* marks in use; events created; the one a full table gives up next */
+};
+static struct capture_marks cmarks[VG_MAX_DEVICES] = {[0 ... VG_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+
+void vh_capture_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
+{
+	int d = ch->cur_dev;
+	if (r != CUDA_SUCCESS || d < 0 || atomic_load(&open_captures) <= 0)
+		return;
+	const struct vh_backend *B = ch->backend;
+	CUstream s = ch->work_stream;
+	if (!s && (flags & VG_F_PTDS))
+		s = CU_STREAM_PER_THREAD;
+	CUstreamCaptureMode mode = relax(B);
+	if (!captured(B, s)) { /* (captured work is not on the GPU) */
+		struct capture_marks *c = &cmarks[d];
+		pthread_mutex_lock(&c->mu);
+		uint32_t i = 0;
+		while (i < c->n && c->m[i].s != s)
+			i++;
+		if (i == c->n && c->n == CAPTURE_MARKS) {
+			/* more streams with work than marks: this process waits for one of them itself */
+			i = c->next;
+			c->next = (c->next + 1) % CAPTURE_MARKS;
+			B->cuEventSynchronize(c->m[i].ev);
+		} else if (i == c->n && c->n == c->made) {
+			if (B->cuEventCreate(&c->m[i].ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+				c->made++, c->n++;
+			else
+				i = CAPTURE_MARKS; /* no event: this call's work goes unmarked */
+		} else if (i == c->n) {
+			c->n++;
+		}
+		if (i < CAPTURE_MARKS) {
+			c->m[i].s = s;
+			if (B->cuEventRecord(c->m[i].ev, s) != CUDA_SUCCESS)
+				c->m[i].s = (CUstream)(uintptr_t)-1; /* stays, reached: names no stream */
+		}
+		pthread_mutex_unlock(&c->mu);
+	}
+	relent(B, mode);
+}
+
+int vh_capture_drain(const struct vh_backend *B, int dev)
+{
+	struct capture_marks *c = &cmarks[dev];
+	pthread_mutex_lock(&c->mu);
+	for (uint32_t i = 0; i < c->n; i++)
+		B->cuEventSynchronize(c->m[i].ev); /* (its stream's fault is the guest's to see) */
+	int marked = c->n > 0;
+	c->n = 0;
+	pthread_mutex_unlock(&c->mu);
+	return marked;
+}
+
+void vh_capture_opening(struct vh_chan *ch)
+{
+	int d = ch->cur_dev;
+	if (atomic_load(&open_captures) == 0 && d >= 0 && ch->ctx[d])
+		ch->backend->cuCtxSynchronize_v2(ch->ctx[d]); /* (an error stays for the guest's next call) */
+}
+
 void vh_depth_forget(int dev)
 {
 	/* the process's contexts go, and their events with them */
-	if (dev >= 0 && dev < VG_MAX_DEVICES)
-		depth[dev] = (struct depth){0};
+	if (dev < 0 || dev >= VG_MAX_DEVICES)
+		return;
+	depth[dev] = (struct depth){0};
+	pthread_mutex_lock(&cmarks[dev].mu);
+	cmarks[dev].n = cmarks[dev].made = cmarks[dev].next = 0;
+	pthread_mutex_unlock(&cmarks[dev].mu);
 }

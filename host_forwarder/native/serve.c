@@ -124,8 +124,11 @@ int vh_serve(struct vh_chan *ch)
 			ch->work_stream = NULL; /* a call that names no stream works on the default one */
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 			vh_depth_mark(ch, hdr.flags, r);
+			vh_capture_mark(ch, hdr.flags, r);
 			vh_sched_exit(sc);
 		} else {
+			if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph)
+				vh_capture_opening(ch);
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
 		if (may_take_memory)
@@ -133,8 +136,13 @@ int vh_serve(struct vh_chan *ch)
 		if ((hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) &&
 		    r == CUDA_SUCCESS)
 			atomic_fetch_add(&open_captures, 1);
-		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0)
-			atomic_fetch_sub(&open_captures, 1); /* a capture ends here, with or without a graph */
+		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0 &&
+			 (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+			  r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED))
+			/* a capture ends here, with or without a graph; one refused (a stream not being
+			 * captured, another thread's) goes on.  A capture whose stream is destroyed keeps the
+			 * count up: the drain marks then cost a little, and the drains stay whole. */
+			atomic_fetch_sub(&open_captures, 1);
 		uint64_t spent = vmgpu_now_ns() - t0;
 		atomic_store_explicit(&ch->ncalls, atomic_load_explicit(&ch->ncalls, memory_order_relaxed) + 1,
 				      memory_order_relaxed);

@@ -24,8 +24,11 @@ static CUcontext *_Atomic sched_ctx; /* the served channel's contexts (ch.ctx) *
 static void sched_drain(void *arg, int dev)
 {
 	(void)arg;
-	if (atomic_load(&open_captures))
-		return; /* the turn ends without waiting for other streams: rare and short */
+	if (atomic_load(&open_captures) > 0) {
+		/* a context-wide wait would break the capture: the streams' drain marks instead */
+		vh_capture_drain(&BK, dev);
+		return;
+	}
 	CUcontext *ctx = atomic_load(&sched_ctx);
 	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
 	if (c)

@@ -134,8 +134,16 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c)
 	sim_current = c;
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
-EXPORT CUresult cuCtxSynchronize_v2(CUcontext c) { return cuCtxSetCurrent(c); }
+EXPORT CUresult cuCtxSynchronize(void)
+{
+	sim_ctx_synchronized();
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
+{
+	sim_ctx_synchronized();
+	return cuCtxSetCurrent(c);
+}
 
 EXPORT CUresult cuGetErrorName(CUresult r, const char **s)
 {

@@ -73,6 +73,8 @@ int sim_pageable_access(void);
 /* VMGPU_SIM_EVENT_LAG_US: an event is reached that long after its record, as if its stream had
  * that much work still ahead of it (default 0: at once). */
 uint64_t sim_event_lag_ns(void);
+/* streams.c: a context was synchronised (it invalidates every capture open now). */
+void sim_ctx_synchronized(void);
 /* VMGPU_SIM_EXIT_AT_MEMSET=N: the process's Nth cuMemsetD8 exits with status 3. */
 void sim_memset_knob(void);
 /* What the process holds, as NVML would say, changed by delta (and written to
@@ -93,6 +95,7 @@ struct sim_obj {
 	 * events: recorded in a capture */
 	int capture_mode, capture_made;
 	uint64_t capture_unsafe;
+	uint64_t capture_ctx_syncs; /* streams.c: sim_ctx_synchronized's count when the capture began */
 	int captured;
 };
 #define STREAM_MAGIC 0x5354524du

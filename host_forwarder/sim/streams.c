@@ -43,13 +43,26 @@ CUresult sim_del_obj(void *p, uint32_t magic)
 
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int f) { return sim_new_obj((void **)s, STREAM_MAGIC, (int)f); }
 EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int f, int p) { (void)p; return sim_new_obj((void **)s, STREAM_MAGIC, (int)f); }
-static _Atomic int global_captures;
+static _Atomic int global_captures, any_captures;
+/* Synchronisations of a whole context while a capture of any mode was open: each invalidates
+ * every capture open then (the programming guide: a context or device handle that encompasses
+ * an active capture may not be synchronised). */
+static _Atomic uint64_t ctx_syncs_in_capture;
 EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 {
 	struct sim_obj *o = sim_stream_obj(s);
-	if (o && o->capturing && o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
-		atomic_fetch_sub(&global_captures, 1); /* its capture goes with it */
+	if (o && o->capturing) {
+		atomic_fetch_sub(&any_captures, 1); /* its capture goes with it */
+		if (o->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+			atomic_fetch_sub(&global_captures, 1);
+	}
 	return sim_del_obj(s, STREAM_MAGIC);
+}
+
+void sim_ctx_synchronized(void)
+{
+	if (atomic_load(&any_captures))
+		atomic_fetch_add(&ctx_syncs_in_capture, 1);
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return CUDA_SUCCESS; }
@@ -132,6 +145,8 @@ void sim_capture_begin(struct sim_obj *o, struct sim_graph *g, CUstreamCaptureMo
 	o->capture_mode = (int)mode;
 	o->capture_made = 0;
 	o->capture_unsafe = atomic_load(&sim_unsafe_calls);
+	o->capture_ctx_syncs = atomic_load(&ctx_syncs_in_capture);
+	atomic_fetch_add(&any_captures, 1);
 	if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
 		atomic_fetch_add(&global_captures, 1);
 }
@@ -159,7 +174,9 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
 		atomic_fetch_sub(&global_captures, 1);
 	struct sim_graph *x = o->capturing;
 	o->capturing = NULL;
-	if (global && atomic_load(&sim_unsafe_calls) != o->capture_unsafe) {
+	atomic_fetch_sub(&any_captures, 1);
+	if ((global && atomic_load(&sim_unsafe_calls) != o->capture_unsafe) ||
+	    atomic_load(&ctx_syncs_in_capture) != o->capture_ctx_syncs) {
 		*g = NULL; /* no graph of an invalidated capture (one it was made into stays the caller's) */
 		if (o->capture_made)
 			cuGraphDestroy((CUgraph)x);

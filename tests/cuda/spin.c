@@ -3,8 +3,9 @@
  * memset is CPU time inside the forwarder: what the compute scheduler shares out.  With
  * "async", cuMemsetD8Async on a stream of its own (synchronised at the end); with "capture", the
  * same while a stream capture of one memset is open on a second stream (ended at the end: then
- * "capture ok" if it ended whole, "capture broken" if not).
- *   spin SECONDS [MIB] [async|capture]   */
+ * "capture ok" if it ended whole, "capture broken" if not); with "capture-stray", the same after
+ * a cuStreamEndCapture of the first stream, which is not being captured (refused).
+ *   spin SECONDS [MIB] [async|capture|capture-stray]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,12 +27,19 @@ int main(int argc, char **argv)
 	CUcontext ctx;
 	CUdeviceptr p;
 	CUstream s = NULL, c = NULL;
-	int capture = argc > 3 && !strcmp(argv[3], "capture"), async = capture || (argc > 3 && !strcmp(argv[3], "async"));
+	int stray = argc > 3 && !strcmp(argv[3], "capture-stray");
+	int capture = stray || (argc > 3 && !strcmp(argv[3], "capture"));
+	int async = capture || (argc > 3 && !strcmp(argv[3], "async"));
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
 	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) ||
 	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
 			 cuMemsetD8Async(p, 0, bytes, c)))) {
 		fprintf(stderr, "spin: CUDA setup failed\n");
+		return 1;
+	}
+	CUgraph none = NULL;
+	if (stray && cuStreamEndCapture(s, &none) == CUDA_SUCCESS) {
+		fprintf(stderr, "spin: a stream not being captured ended a capture\n");
 		return 1;
 	}
 	unsigned long long ops = 0;

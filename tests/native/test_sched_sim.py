@@ -286,6 +286,63 @@ def test_calls_without_a_stream_and_a_capture_left_open_are_held_to_the_depth(sc
     assert below <= 260 and level > 4 * below, (below, level)
 
 
+def _turn_wait(region: Path) -> float:
+    """Seconds a guest that makes one memset takes, from its start to its end (its wait for the turn)."""
+    t0 = time.monotonic()
+    p = subprocess.run([str(NATIVE / "spin"), "0.001"], env=guest_env(region), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("mode", ["async", "capture"])
+def test_a_hand_over_waits_for_the_holders_queued_work_though_it_has_a_capture_open(sched_dir, tmp_path, mode):
+    """A hand-over waits for the work the holder queued on the GPU, so that its work does not run on
+    into the next guest's turn.  The wait is a context-wide synchronisation, which would break a
+    capture the holder has open; with one open the drain was skipped, so a guest that opened a
+    capture on a spare stream and left it open had its queued work run on in every other guest's
+    turn.  Now, while a capture is open, each call's work leaves a mark on its stream and the drain
+    waits for the marks.  Here the simulated GPU reaches a mark 1 s after its record (the holder
+    has a second of work queued): a guest that wants the GPU waits for it, with or without the
+    holder's capture open (async: the context-wide wait, which the simulated backend does not
+    delay, so the guest waits only for the holder's turn), and the capture ends whole."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "1000000"}
+    with forwarder(a, env=lag), forwarder(b):
+        holder = subprocess.Popen(
+            [str(NATIVE / "spin"), "4", "1", mode], env=guest_env(a), stdout=subprocess.PIPE, text=True
+        )
+        try:
+            with _page(sched_dir) as pg:
+                assert wait_for(lambda: any(m.guest == "a" and m.turns > 0 for m in pg.members()), timeout=10)
+            waited = _turn_wait(b)
+            out, _ = holder.communicate(timeout=60)
+        finally:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0, out
+    if mode == "capture":
+        assert "capture ok" in out, out
+        assert waited > 0.9, waited
+    else:
+        assert waited < 0.9, waited
+
+
+def test_a_refused_end_of_capture_does_not_end_the_count_of_open_captures(sched_dir, tmp_path):
+    """cuStreamEndCapture of a stream not being captured is refused, and no capture ends: the
+    forwarder's count of open captures stays up (before, any cuStreamEndCapture counted one down,
+    so the next hand-overs' context-wide waits broke the capture the guest still had open; the
+    simulated driver invalidates a capture open across a context's synchronisation, as the driver
+    does)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a), forwarder(b):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [str(NATIVE / "spin"), "1.5", "1", "capture-stray"], env=guest_env(a), capture_output=True, text=True, timeout=60
+        )
+        assert _ops(other) > 0
+    assert p.returncode == 0 and "capture ok" in p.stdout, p.stdout + p.stderr
+
+
 def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
     for bad in ("65", "-1", "deep"):
         p = subprocess.run(
