@@ -289,7 +289,9 @@ def test_calls_without_a_stream_and_a_capture_left_open_are_held_to_the_depth(sc
 def _turn_wait(region: Path) -> float:
     """Seconds a guest that makes one memset takes, from its start to its end (its wait for the turn)."""
     t0 = time.monotonic()
-    p = subprocess.run([str(NATIVE / "spin"), "0.001"], env=guest_env(region), capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [str(NATIVE / "spin"), "0.001"], env=guest_env(region), capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     return time.monotonic() - t0
 
@@ -337,7 +339,11 @@ def test_a_refused_end_of_capture_does_not_end_the_count_of_open_captures(sched_
     with forwarder(a), forwarder(b):
         other = _spin(b, 3)
         p = subprocess.run(
-            [str(NATIVE / "spin"), "1.5", "1", "capture-stray"], env=guest_env(a), capture_output=True, text=True, timeout=60
+            [str(NATIVE / "spin"), "1.5", "1", "capture-stray"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert _ops(other) > 0
     assert p.returncode == 0 and "capture ok" in p.stdout, p.stdout + p.stderr
