@@ -263,6 +263,22 @@ CUresult handwritten_cuCtxGetFlags(unsigned int *flags, unsigned f)
 	return CUDA_SUCCESS;
 }
 
+/* No stream of a guest is in a green context: vmgpu makes none for it (cuGreenCtxCreate and
+ * cuCtxFromGreenCtx are not served), so the answer is NULL, here, without a round trip (cuBLAS
+ * asks at cublasCreate and may ask per call).  The driver leaves an invalid stream undefined; a
+ * thread with no current context is CUDA_ERROR_INVALID_CONTEXT. */
+CUresult handwritten_cuStreamGetGreenCtx(CUstream s, CUgreenCtx *out, unsigned f)
+{
+	(void)s;
+	(void)f;
+	if (!out)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (depth == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*out = NULL;
+	return CUDA_SUCCESS;
+}
+
 CUresult handwritten_cuCtxGetId(CUcontext ctx, unsigned long long *id, unsigned f)
 {
 	(void)f;

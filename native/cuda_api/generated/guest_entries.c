@@ -194,6 +194,11 @@ VG_EXPORT CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
 	return handwritten_cuCtxGetId(ctx, ctxId, 0);
 }
 
+VG_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx)
+{
+	return handwritten_cuStreamGetGreenCtx(hStream, phCtx, 0);
+}
+
 VG_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
 {
 	return handwritten_cuModuleGetLoadingMode(mode, 0);

@@ -46,6 +46,7 @@ CUresult handwritten_cuCtxGetDevice_v2(CUdevice * device, CUcontext ctx, unsigne
 CUresult handwritten_cuCtxGetApiVersion(CUcontext ctx, unsigned int * version, unsigned vg_flags);
 CUresult handwritten_cuCtxGetFlags(unsigned int * flags, unsigned vg_flags);
 CUresult handwritten_cuCtxGetId(CUcontext ctx, unsigned long long * ctxId, unsigned vg_flags);
+CUresult handwritten_cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx * phCtx, unsigned vg_flags);
 CUresult handwritten_cuModuleGetLoadingMode(CUmoduleLoadingMode * mode, unsigned vg_flags);
 CUresult handwritten_cuMemAllocHost(void ** pp, unsigned int bytesize, unsigned vg_flags);
 CUresult handwritten_cuMemAllocHost_v2(void ** pp, size_t bytesize, unsigned vg_flags);
