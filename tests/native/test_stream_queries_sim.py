@@ -1,4 +1,4 @@
-"""What a guest is told of its streams without a round trip: cuStreamGetGreenCtx (cuBLAS 13 asks it
+"""What a guest is told of its streams without a round trip: cuStreamGetGreenCtx (cuBLAS 13.10 asks it
 at cublasCreate; before, it was unserved, and cublasCreate failed with CUBLAS_STATUS_INTERNAL_ERROR
 through vmgpu).  vmgpu puts no guest stream in a green context (cuGreenCtxCreate and
 cuCtxFromGreenCtx are not served), so every stream's is NULL, as the driver answers for a stream of
