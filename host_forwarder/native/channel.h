@@ -71,6 +71,10 @@ struct vh_chan {
 	void *scratch;
 	size_t scratch_cap;
 	CUstream work_stream; /* the stream the call being served named last, NULL if none (sched_depth.c) */
+	/* the guest GPU whose compute scheduler let the call being served through (-1: none), and
+	 * the move of that gate to another GPU, when the call names a stream made there (serve.c) */
+	int gate_dev;
+	void (*stream_gate)(struct vh_chan *ch, int dev);
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
 	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */

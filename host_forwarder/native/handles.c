@@ -49,8 +49,13 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	if (!e)
 		return -1;
 	*v = e->ptr;
-	if (kind == VG_KIND_STREAM)
+	if (kind == VG_KIND_STREAM) {
 		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
+		/* a stream of another of the guest's GPUs: the work goes to that GPU (a copy may be
+		 * issued there), so that GPU's scheduler lets it through (serve.c) */
+		if (ch->stream_gate && e->dev >= 0 && e->dev != ch->gate_dev)
+			ch->stream_gate(ch, e->dev);
+	}
 	return 0;
 }
 
@@ -100,6 +105,7 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 	e->ptr = ptr;
 	e->parent = parent;
 	e->kind = (uint8_t)kind;
+	e->dev = (int8_t)ch->cur_dev;
 	e->gen = gen ? gen : 1;
 	*v = (void *)(uintptr_t)encode(free_idx, e);
 	return 0;

@@ -33,7 +33,7 @@ static struct depth depth[VG_MAX_DEVICES];
 
 static int on(struct vh_chan *ch)
 {
-	int d = ch->cur_dev;
+	int d = ch->gate_dev;
 	return d >= 0 && ch->fwd->sched_depth > 0 && atomic_load(&ch->fwd->sched[d].bounded);
 }
 
@@ -57,6 +57,22 @@ static int captured(const struct vh_backend *B, CUstream s)
 	return B->cuStreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* An event of the process's context on guest GPU d (not necessarily the current one: a call may
+ * name a stream of another of its GPUs). */
+static int make_event(struct vh_chan *ch, int d, CUevent *ev)
+{
+	const struct vh_backend *B = ch->backend;
+	int other = d != ch->cur_dev;
+	if (!ch->ctx[d] || (other && B->cuCtxPushCurrent_v2(ch->ctx[d]) != CUDA_SUCCESS))
+		return -1;
+	CUresult r = B->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+	if (other) {
+		CUcontext was;
+		B->cuCtxPopCurrent_v2(&was);
+	}
+	return r == CUDA_SUCCESS ? 0 : -1;
+}
+
 /* Forget markers that have passed (or whose stream failed: the guest sees that error itself). */
 static void retire(struct vh_chan *ch, struct depth *q)
 {
@@ -70,7 +86,7 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 {
 	if (!on(ch))
 		return 0;
-	struct depth *q = &depth[ch->cur_dev];
+	struct depth *q = &depth[ch->gate_dev];
 	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
 	if (q->n < limit)
 		return 0;
@@ -100,7 +116,7 @@ void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 {
 	if (r != CUDA_SUCCESS || !on(ch))
 		return;
-	struct depth *q = &depth[ch->cur_dev];
+	struct depth *q = &depth[ch->gate_dev];
 	const struct vh_backend *B = ch->backend;
 	CUstream s = ch->work_stream;
 	if (!s && (flags & VG_F_PTDS))
@@ -112,7 +128,7 @@ void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 	if (!q->made) {
 		q->made = 1;
 		for (int i = 0; i < VH_DEPTH_MAX && q->made > 0; i++)
-			if (B->cuEventCreate(&q->ev[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+			if (make_event(ch, ch->gate_dev, &q->ev[i]))
 				q->made = -1; /* not held back; the events made stay with the context */
 	}
 	if (q->made > 0 && B->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
@@ -139,7 +155,7 @@ static struct capture_marks cmarks[VG_MAX_DEVICES] = {[0 ... VG_MAX_DEVICES - 1]
 
 void vh_capture_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 {
-	int d = ch->cur_dev;
+	int d = ch->gate_dev;
 	if (r != CUDA_SUCCESS || d < 0 || atomic_load(&open_captures) <= 0)
 		return;
 	const struct vh_backend *B = ch->backend;
@@ -159,7 +175,7 @@ void vh_capture_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
 			c->next = (c->next + 1) % CAPTURE_MARKS;
 			B->cuEventSynchronize(c->m[i].ev);
 		} else if (i == c->n && c->n == c->made) {
-			if (B->cuEventCreate(&c->m[i].ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+			if (!make_event(ch, d, &c->m[i].ev))
 				c->made++, c->n++;
 			else
 				i = CAPTURE_MARKS; /* no event: this call's work goes unmarked */
@@ -190,9 +206,9 @@ int vh_capture_drain(const struct vh_backend *B, int dev)
 
 void vh_capture_opening(struct vh_chan *ch)
 {
-	int d = ch->cur_dev;
-	if (atomic_load(&open_captures) == 0 && d >= 0 && ch->ctx[d])
-		ch->backend->cuCtxSynchronize_v2(ch->ctx[d]); /* (an error stays for the guest's next call) */
+	for (int d = 0; atomic_load(&open_captures) == 0 && d < ch->fwd->ndev; d++)
+		if (ch->ctx[d])
+			ch->backend->cuCtxSynchronize_v2(ch->ctx[d]); /* (an error stays for the guest's next call) */
 }
 
 void vh_depth_forget(int dev)

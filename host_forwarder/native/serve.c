@@ -38,6 +38,27 @@ _Atomic int open_captures;
 _Static_assert(VG_MAX_DEVICES <= VMGPU_STATS_GPUS, "the statistics page counts every guest GPU");
 
 
+/* Pass the compute gate of guest GPU dev for the call being served: no deeper into the GPU's
+ * queue than the others on it allow, then this guest's turn.  The time waited is counted as
+ * throttled on that GPU. */
+static void gate_enter(struct vh_chan *ch, int dev)
+{
+	ch->gate_dev = dev;
+	uint64_t waited = vh_depth_wait(ch) + vh_sched_enter(&ch->fwd->sched[dev]);
+	if (waited)
+		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
+}
+
+/* The call names a stream made on another of the guest's GPUs (a copy may be issued to one):
+ * its work goes there, so it passes that GPU's gate instead of the current one's (handles.c). */
+static void gate_move(struct vh_chan *ch, int dev)
+{
+	if (ch->gate_dev < 0 || dev >= ch->fwd->ndev)
+		return;
+	vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
+	gate_enter(ch, dev);
+}
+
 static const char *op_name(uint32_t op)
 {
 	switch (op) {
@@ -58,6 +79,8 @@ static const char *op_name(uint32_t op)
 int vh_serve(struct vh_chan *ch)
 {
 	int ended = 0;
+	ch->gate_dev = -1;
+	ch->stream_gate = gate_move;
 	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
 	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
 	uint64_t *rbuf = malloc(rcap), *wbuf = malloc(wcap);
@@ -115,17 +138,13 @@ int vh_serve(struct vh_chan *ch)
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
 		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
-			struct vh_sched *sc = &ch->fwd->sched[ch->cur_dev];
-			/* no deeper into the GPU's queue than the others on it allow; then this guest's turn */
-			uint64_t waited = vh_depth_wait(ch) + vh_sched_enter(sc);
-			if (waited)
-				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[ch->cur_dev], waited,
-							  memory_order_relaxed);
+			gate_enter(ch, ch->cur_dev);
 			ch->work_stream = NULL; /* a call that names no stream works on the default one */
-			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr); /* (its stream may move the gate) */
 			vh_depth_mark(ch, hdr.flags, r);
 			vh_capture_mark(ch, hdr.flags, r);
-			vh_sched_exit(sc);
+			vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
+			ch->gate_dev = -1;
 		} else {
 			if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph)
 				vh_capture_opening(ch);

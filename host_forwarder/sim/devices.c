@@ -134,6 +134,24 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c)
 	sim_current = c;
 	return CUDA_SUCCESS;
 }
+/* Push: the context becomes current, the one before it kept (a few deep); pop: back to it. */
+static __thread CUcontext pushed[8];
+static __thread int npushed;
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c)
+{
+	CUcontext was = sim_current;
+	if (npushed == 8) return CUDA_ERROR_NOT_SUPPORTED; /* (the simulated stack's depth) */
+	CUresult r = cuCtxSetCurrent(c);
+	if (r == CUDA_SUCCESS) pushed[npushed++] = was;
+	return r;
+}
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *out)
+{
+	if (!npushed) return CUDA_ERROR_INVALID_CONTEXT;
+	if (out) *out = sim_current;
+	sim_current = pushed[--npushed];
+	return CUDA_SUCCESS;
+}
 EXPORT CUresult cuCtxSynchronize(void)
 {
 	sim_ctx_synchronized();

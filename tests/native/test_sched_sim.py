@@ -9,6 +9,7 @@ The GPU numbers come from `make bench-isolation`."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import os
 import signal
 import subprocess
@@ -366,3 +367,54 @@ def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
             timeout=30,
         )
         assert p.returncode != 0 and f"--sched-depth: '{bad}' is not a number in 0..64" in p.stderr, p.stderr
+
+
+ACROSS = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P = ctypes.c_void_p
+c0, c1, buf, s1 = P(), P(), ctypes.c_uint64(), P()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0  # GPU 1: its memory and a stream of its own
+assert cuda.cuMemAlloc_v2(ctypes.byref(buf), ctypes.c_size_t(1 << 20)) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s1), 1) == 0
+assert cuda.cuCtxSetCurrent(c0) == 0  # GPU 0 current, the work on GPU 1's stream
+ops, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuMemsetD8Async(buf, 7, ctypes.c_size_t(1 << 20), s1) == 0
+    ops += 1
+assert cuda.cuStreamSynchronize(s1) == 0
+print("ops", ops, flush=True)
+"""
+
+
+def test_work_on_a_stream_of_another_of_the_guests_gpus_passes_that_gpus_scheduler(sched_dir, tmp_path, monkeypatch):
+    """A guest with slices on GPUs 0 and 1, GPU 0 current, puts work on a stream it made on GPU 1
+    (the driver lets a copy go to a stream of another device).  The work goes to GPU 1, so GPU 1's
+    scheduler lets it through and charges it there, beside a guest that has only GPU 1.  Before,
+    the call passed GPU 0's scheduler, where nobody else was: the guest used GPU 1 without a turn
+    there (its GPU-1 time on the page stayed 0)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", ACROSS, str(GUEST_LIB), "2"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert _ops(other) > 0
+        pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
+        try:
+            (gpu1,) = [pg for pg in pages if any(m.guest == "b" for m in pg.members())]
+            used = _used(gpu1)
+        finally:
+            for pg in pages:
+                pg.close()
+    assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b

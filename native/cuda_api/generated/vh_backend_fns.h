@@ -87,6 +87,8 @@
 	X(cuArray3DCreate_v2) \
 	X(cuArrayCreate_v2) \
 	X(cuArrayDestroy) \
+	X(cuCtxPopCurrent_v2) \
+	X(cuCtxPushCurrent_v2) \
 	X(cuCtxSetCurrent) \
 	X(cuDeviceGet) \
 	X(cuDeviceGetAttribute) \
