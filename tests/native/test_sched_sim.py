@@ -9,10 +9,10 @@ The GPU numbers come from `make bench-isolation`."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -375,7 +375,8 @@ cuda = ctypes.CDLL(sys.argv[1])
 P = ctypes.c_void_p
 c0, c1, buf, s1 = P(), P(), ctypes.c_uint64(), P()
 assert cuda.cuInit(0) == 0
-assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
 assert cuda.cuCtxSetCurrent(c1) == 0  # GPU 1: its memory and a stream of its own
 assert cuda.cuMemAlloc_v2(ctypes.byref(buf), ctypes.c_size_t(1 << 20)) == 0
 assert cuda.cuStreamCreate(ctypes.byref(s1), 1) == 0
