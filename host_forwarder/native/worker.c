@@ -35,31 +35,39 @@ static void sched_drain(void *arg, int dev)
 		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
 }
 
+/* One scheduler thread per guest GPU, each asleep on its own GPU's page, so that a wake there (a
+ * higher-priority guest waits, a hand-over begins) reaches it at once on every GPU; the first
+ * also refreshes the quota's charges. */
+struct sched_arg {
+	struct vh_chan *ch;
+	int dev;
+};
+
 static void *sched_thread(void *arg)
 {
-	struct vh_chan *ch = arg;
+	struct sched_arg *a = arg;
+	struct vh_chan *ch = a->ch;
+	struct vh_sched *s = &F.sched[a->dev];
 	/* this thread's drains must not break a stream capture the guest has open in the serving
 	 * thread (a global-mode capture forbids other threads' synchronisation unless relaxed) */
 	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
 	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
 	uint64_t last_calls = 0, quiet_since = vmgpu_now_ns(), refreshed = quiet_since;
 	while (!atomic_load(&sched_stop)) {
-		uint32_t looked = vh_sched_look(&F.sched[0]); /* before the ticks: no wake is missed */
-		for (int d = 0; d < F.ndev; d++)
-			vh_sched_tick(&F.sched[d], sched_drain, NULL);
+		uint32_t looked = vh_sched_look(s); /* before the tick: no wake is missed */
+		vh_sched_tick(s, sched_drain, NULL);
 		uint64_t now = vmgpu_now_ns(), calls = atomic_load_explicit(&ch->ncalls, memory_order_relaxed);
 		if (calls != last_calls) {
 			last_calls = calls;
 			quiet_since = now;
 		}
-		if (now - refreshed >= 50000000ull) { /* every 50 ms */
+		if (a->dev == 0 && now - refreshed >= 50000000ull) { /* every 50 ms */
 			vh_quota_refresh(ch);
 			refreshed = now;
 		}
 		/* every 250 us while the guest process works; a process quiet for 20 ms is looked after
-		 * every 1 ms, so that an idle guest costs the host little CPU; woken sooner by the first
-		 * GPU's page (a higher-priority guest waits, a hand-over begins) */
-		vh_sched_nap(&F.sched[0], looked, now - quiet_since > 20000000ull ? 1000 * 1000 : 250 * 1000);
+		 * every 1 ms, so that an idle guest costs the host little CPU; woken sooner by its page */
+		vh_sched_nap(s, looked, now - quiet_since > 20000000ull ? 1000 * 1000 : 250 * 1000);
 	}
 	return NULL;
 }
@@ -93,13 +101,22 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	vh_log("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	       vmgpu_hchan_generation(ch.hc), (int)getpid());
 	atomic_store(&sched_ctx, ch.ctx);
-	pthread_t st; /* (the supervisor counted this worker into the GPUs' scheduler slots) */
-	int sched_on = pthread_create(&st, NULL, sched_thread, &ch) == 0;
-	int ended = vh_serve(&ch);
-	if (sched_on) {
-		atomic_store(&sched_stop, 1);
-		pthread_join(st, NULL);
+	/* (the supervisor counted this worker into the GPUs' scheduler slots) */
+	pthread_t st[VG_MAX_DEVICES];
+	struct sched_arg sa[VG_MAX_DEVICES];
+	int nthreads = 0;
+	for (int d = 0; d < F.ndev; d++) {
+		sa[d] = (struct sched_arg){&ch, d};
+		if (pthread_create(&st[nthreads], NULL, sched_thread, &sa[d]) == 0)
+			nthreads++;
+		else
+			vh_log("channel %u: no scheduler thread for guest GPU %d: its hand-overs wait for this "
+			       "worker's next call", idx, d);
 	}
+	int ended = vh_serve(&ch);
+	atomic_store(&sched_stop, 1);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(st[i], NULL);
 	/* stop counting in hand-overs: one under way completes without this worker (whoever is
 	 * left, or the supervisor, completes it) */
 	for (int d = 0; d < F.ndev; d++) {
