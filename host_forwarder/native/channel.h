@@ -71,10 +71,11 @@ struct vh_chan {
 	void *scratch;
 	size_t scratch_cap;
 	CUstream work_stream; /* the stream the call being served named last, NULL if none (sched_depth.c) */
-	/* the guest GPU whose compute scheduler let the call being served through (-1: none), and
-	 * the move of that gate to another GPU, when the call names a stream made there (serve.c) */
+	/* the guest GPU whose compute scheduler let the call being served through (-1: none; -2: the
+	 * GPU of the stream it names, at the stream's decode), and that decode's gate: dev the GPU
+	 * the stream was made on, -1 for a default stream; nonzero refuses the stream (serve.c) */
 	int gate_dev;
-	void (*stream_gate)(struct vh_chan *ch, int dev);
+	int (*stream_gate)(struct vh_chan *ch, int dev);
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
 	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */

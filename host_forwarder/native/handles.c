@@ -40,8 +40,8 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	uint64_t raw = (uint64_t)(uintptr_t)*v;
 	if (kind == VG_KIND_STREAM && (raw == 0 || raw == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
 				       raw == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)) {
-		ch->work_stream = *v; /* a default stream (sched_depth.c) */
-		return 0;
+		ch->work_stream = *v; /* a default stream (sched_depth.c): the current GPU's gate (serve.c) */
+		return ch->stream_gate ? ch->stream_gate(ch, -1) : 0;
 	}
 	if (raw == 0)
 		return 0;
@@ -51,10 +51,10 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	*v = e->ptr;
 	if (kind == VG_KIND_STREAM) {
 		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
-		/* a stream of another of the guest's GPUs: the work goes to that GPU (a copy may be
-		 * issued there), so that GPU's scheduler lets it through (serve.c) */
-		if (ch->stream_gate && e->dev >= 0 && e->dev != ch->gate_dev)
-			ch->stream_gate(ch, e->dev);
+		/* the work goes to the GPU the stream was made on (a copy may be issued to a stream of
+		 * another device), so that GPU's scheduler lets it through (serve.c) */
+		if (ch->stream_gate && ch->stream_gate(ch, e->dev))
+			return -1;
 	}
 	return 0;
 }

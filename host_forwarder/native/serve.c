@@ -49,14 +49,27 @@ static void gate_enter(struct vh_chan *ch, int dev)
 		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
 }
 
-/* The call names a stream made on another of the guest's GPUs (a copy may be issued to one):
- * its work goes there, so it passes that GPU's gate instead of the current one's (handles.c). */
-static void gate_move(struct vh_chan *ch, int dev)
+/* A work call that names a stream (vh_op_gpu_stream) passes the gate of that stream's GPU, entered
+ * as its stream is decoded (handles.c calls this through ch->stream_gate): the work goes there
+ * (the driver lets a copy go to a stream of another device), and the current GPU, which the call
+ * may not touch at all, is neither waited for nor held.  dev: the GPU the stream was made on, or
+ * -1 for a default stream (the current GPU's).  -1 refuses the stream: a default one with no
+ * context current names no GPU. */
+#define GATE_AT_STREAM (-2)
+static int gate_stream(struct vh_chan *ch, int dev)
 {
-	if (ch->gate_dev < 0 || dev >= ch->fwd->ndev)
-		return;
-	vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
-	gate_enter(ch, dev);
+	if (dev < 0 || dev >= ch->fwd->ndev)
+		dev = ch->cur_dev;
+	if (ch->gate_dev == GATE_AT_STREAM) {
+		if (dev < 0)
+			return -1;
+		gate_enter(ch, dev);
+	} else if (ch->gate_dev >= 0 && dev >= 0 && dev != ch->gate_dev) {
+		/* (a second stream, of another GPU, in one call: none of the calls served has two) */
+		vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
+		gate_enter(ch, dev);
+	}
+	return 0;
 }
 
 static const char *op_name(uint32_t op)
@@ -80,7 +93,7 @@ int vh_serve(struct vh_chan *ch)
 {
 	int ended = 0;
 	ch->gate_dev = -1;
-	ch->stream_gate = gate_move;
+	ch->stream_gate = gate_stream;
 	const struct vmgpu_layout *L = vmgpu_host_layout(ch->fwd->host);
 	uint32_t rcap = L->req_ring_size, wcap = L->cpl_ring_size;
 	uint64_t *rbuf = malloc(rcap), *wbuf = malloc(wcap);
@@ -137,13 +150,25 @@ int vh_serve(struct vh_chan *ch)
 		}
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
-		} else if (ch->cur_dev >= 0 && vh_op_gpu_work(hdr.op)) {
-			gate_enter(ch, ch->cur_dev);
+		} else if (vh_op_gpu_work(hdr.op) && ch->cur_dev < 0 && !vh_op_gpu_stream(hdr.op)) {
+			r = CUDA_ERROR_INVALID_CONTEXT; /* work for no GPU: no context is current */
+		} else if (vh_op_gpu_work(hdr.op)) {
+			/* the gate of the GPU the work goes to: the current one, or, for a call that names
+			 * a stream, that stream's (entered as it is decoded: gate_stream) */
+			if (vh_op_gpu_stream(hdr.op))
+				ch->gate_dev = GATE_AT_STREAM;
+			else
+				gate_enter(ch, ch->cur_dev);
 			ch->work_stream = NULL; /* a call that names no stream works on the default one */
-			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr); /* (its stream may move the gate) */
-			vh_depth_mark(ch, hdr.flags, r);
-			vh_capture_mark(ch, hdr.flags, r);
-			vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			if (ch->gate_dev >= 0) {
+				vh_depth_mark(ch, hdr.flags, r);
+				vh_capture_mark(ch, hdr.flags, r);
+				vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
+			} else if (r == CUDA_SUCCESS) {
+				vh_log("channel %u: %s passed no scheduler (its stream was not decoded)", ch->index,
+				       op_name(hdr.op));
+			}
 			ch->gate_dev = -1;
 		} else {
 			if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph)

@@ -35,6 +35,7 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 /* Generated: whether a call reports an earlier async call's error; whether it puts work on the GPU. */
 int vh_op_reports_async(uint32_t op);
 int vh_op_gpu_work(uint32_t op);
+int vh_op_gpu_stream(uint32_t op); /* a work call that names its stream */
 
 /* launch.c: a launch configuration from the request (api.toml's launch_config): dims, the stream,
  * up to VG_MAX_LAUNCH_ATTRS attributes into attrs, their events translated, unknown ones refused. */

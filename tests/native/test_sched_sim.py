@@ -380,7 +380,8 @@ assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
 assert cuda.cuCtxSetCurrent(c1) == 0  # GPU 1: its memory and a stream of its own
 assert cuda.cuMemAlloc_v2(ctypes.byref(buf), ctypes.c_size_t(1 << 20)) == 0
 assert cuda.cuStreamCreate(ctypes.byref(s1), 1) == 0
-assert cuda.cuCtxSetCurrent(c0) == 0  # GPU 0 current, the work on GPU 1's stream
+# GPU 0 current (or, "none", no context current at all), the work on GPU 1's stream
+assert cuda.cuCtxSetCurrent(None if sys.argv[3] == "none" else c0) == 0
 ops, end = 0, time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end:
     assert cuda.cuMemsetD8Async(buf, 7, ctypes.c_size_t(1 << 20), s1) == 0
@@ -403,7 +404,7 @@ def test_work_on_a_stream_of_another_of_the_guests_gpus_passes_that_gpus_schedul
     with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
         other = _spin(b, 3)
         p = subprocess.run(
-            [sys.executable, "-c", ACROSS, str(GUEST_LIB), "2"],
+            [sys.executable, "-c", ACROSS, str(GUEST_LIB), "2", "gpu0"],
             env=guest_env(a),
             capture_output=True,
             text=True,
@@ -444,3 +445,64 @@ def test_a_worker_has_a_scheduler_thread_on_each_of_its_gpus_pages(sched_dir, tm
     monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
     one, two = _sched_threads(tmp_path / "a", "1"), _sched_threads(tmp_path / "b", "0,1")
     assert two == one + 1, (one, two)
+
+
+def _across(region: Path, current: str) -> None:
+    """The ACROSS guest for 2 s: work on a stream of GPU 1, with GPU 0 current or none."""
+    from tests.native.guest_process import GUEST_LIB
+
+    p = subprocess.run(
+        [sys.executable, "-c", ACROSS, str(GUEST_LIB), "2", current],
+        env=guest_env(region),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
+
+
+def _used_where(sched_dir: Path, guest: str) -> dict[str, int]:
+    """Each guest's time on the page of the GPU that this guest (alone there) is on."""
+    pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
+    try:
+        (pg,) = [pg for pg in pages if any(m.guest == guest for m in pg.members())]
+        return _used(pg)
+    finally:
+        for pg in pages:
+            pg.close()
+
+
+def test_work_with_no_context_current_passes_the_scheduler_of_its_streams_gpu(sched_dir, tmp_path, monkeypatch):
+    """The guest process makes no context current (cuCtxSetCurrent(NULL): its calls name no
+    device) and puts work on a stream it made on GPU 1.  The work goes to GPU 1, so GPU 1's
+    scheduler lets it through and charges it there.  Before, a work call that named no device
+    passed no scheduler at all: the guest used GPU 1 beside b without a turn (its time on GPU 1's
+    page stayed 0)."""
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        _across(a, "none")
+        assert _ops(other) > 0
+        used = _used_where(sched_dir, "b")
+    assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
+
+
+def test_work_on_a_stream_of_another_gpu_takes_no_turns_on_the_current_one(sched_dir, tmp_path, monkeypatch):
+    """Work the guest puts on a stream of GPU 1 while GPU 0 is current is GPU 1's only: the guest
+    takes no turns on GPU 0 for it, so a guest alone on GPU 0 keeps GPU 0.  Before, each call
+    waited for a turn on GPU 0 first, and held it as if busy there: c lost about half of GPU 0
+    to a guest that put nothing on it."""
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    with (
+        forwarder(a, extra=("--gpus", "0,1")),
+        forwarder(b, extra=("--gpus", "1")),
+        forwarder(c, extra=("--gpus", "0")),
+    ):
+        others = _spin(b, 3), _spin(c, 3)
+        _across(a, "gpu0")
+        assert all(_ops(p) > 0 for p in others)
+        on_gpu0, on_gpu1 = _used_where(sched_dir, "c"), _used_where(sched_dir, "b")
+    assert on_gpu1["a"] > 0.3e9, on_gpu1
+    assert on_gpu0.get("a", 0) < 0.1e9, on_gpu0  # (a turn or so: none of its work is there)

@@ -2940,3 +2940,32 @@ int vh_op_gpu_work(uint32_t op)
 		return 0;
 	}
 }
+
+/* Of those, the calls that name the stream their work goes to (a CUstream, or a launch
+ * configuration's): the GPU of that stream, not the current one, gates them (serve.c). */
+int vh_op_gpu_stream(uint32_t op)
+{
+	switch (op) {
+	case VG_OP_cuMemcpyHtoDAsync_v2:
+	case VG_OP_cuMemcpyDtoHAsync_v2:
+	case VG_OP_cuMemcpyAsync:
+	case VG_OP_cuLaunchKernel:
+	case VG_OP_cuLaunchKernelEx:
+	case VG_OP_cuMemsetD8Async:
+	case VG_OP_cuMemsetD16Async:
+	case VG_OP_cuMemsetD32Async:
+	case VG_OP_cuMemcpyDtoDAsync_v2:
+	case VG_OP_cuGraphLaunch:
+	case VG_OP_cuMemcpyPeerAsync:
+	case VG_OP_cuLaunchHostFunc:
+	case VG_OP_cuStreamAddCallback:
+	case VG_OP_cuMemsetD2D8Async:
+	case VG_OP_cuMemsetD2D16Async:
+	case VG_OP_cuMemsetD2D32Async:
+	case VG_OP_cuMemcpy2DAsync_v2:
+	case VG_OP_cuMemcpy3DAsync_v2:
+		return 1;
+	default:
+		return 0;
+	}
+}

@@ -207,7 +207,18 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
     lines.append("int vh_op_gpu_work(uint32_t op)\n{\n\tswitch (op) {")
     lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work")]
     lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
+    lines.append(
+        "\n/* Of those, the calls that name the stream their work goes to (a CUstream, or a launch"
+        "\n * configuration's): the GPU of that stream, not the current one, gates them (serve.c). */"
+    )
+    lines.append("int vh_op_gpu_stream(uint32_t op)\n{\n\tswitch (op) {")
+    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work") and names_stream(f)]
+    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
     return "\n".join(lines) + "\n"
+
+
+def names_stream(fn: Func) -> bool:
+    return any(p.base == "CUstream" or p.base == "CUlaunchConfig *" for p in fn.params)
 
 
 def emit_backend(funcs: list[Func], extra: list[str]) -> str:
