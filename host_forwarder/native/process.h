@@ -19,6 +19,10 @@ extern const char *backend_name;
 extern volatile sig_atomic_t stopping;      /* SIGTERM/SIGINT: finish the call under way, stop */
 extern volatile sig_atomic_t region_broken; /* the guest truncated its region file (SIGBUS) */
 extern _Atomic int open_captures;           /* stream captures the guest process has open (serve.c) */
+/* serve.c and worker.c: a capture is beginning (the serving thread), a context-wide drain is under
+ * way (a scheduler thread).  Each sets its own and then looks at the other's, so a capture never
+ * begins while a drain synchronises a context, which would invalidate it. */
+extern _Atomic int capture_beginning, ctx_draining;
 
 void on_signal(int sig);
 /* The driver's name of a CUresult (log.c). */

@@ -7,6 +7,7 @@
  * next synchronising call, as CUDA does.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include "context.h"
@@ -33,7 +34,7 @@ static CUresult set_device(struct vh_chan *ch, uint16_t dev)
 
 /* Stream captures the guest process has open: a context-wide synchronisation then would end
  * them with an error, and their launches put nothing on the GPU anyway. */
-_Atomic int open_captures;
+_Atomic int open_captures, capture_beginning, ctx_draining;
 
 _Static_assert(VG_MAX_DEVICES <= VMGPU_STATS_GPUS, "the statistics page counts every guest GPU");
 
@@ -170,17 +171,23 @@ int vh_serve(struct vh_chan *ch)
 				       op_name(hdr.op));
 			}
 			ch->gate_dev = -1;
+		} else if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) {
+			/* no context-wide drain may overlap the begin (it would invalidate the capture): the
+			 * drains from here on wait by marks, and one under way is waited for */
+			atomic_store(&capture_beginning, 1);
+			while (atomic_load(&ctx_draining))
+				sched_yield();
+			vh_capture_opening(ch);
+			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			if (r == CUDA_SUCCESS)
+				atomic_fetch_add(&open_captures, 1);
+			atomic_store(&capture_beginning, 0);
 		} else {
-			if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph)
-				vh_capture_opening(ch);
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
 		if (may_take_memory)
 			pthread_mutex_unlock(&ch->quota_mu);
-		if ((hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) &&
-		    r == CUDA_SUCCESS)
-			atomic_fetch_add(&open_captures, 1);
-		else if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0 &&
+		if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0 &&
 			 (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
 			  r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED))
 			/* a capture ends here, with or without a graph; one refused (a stream not being

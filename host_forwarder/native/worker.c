@@ -24,8 +24,10 @@ static CUcontext *_Atomic sched_ctx; /* the served channel's contexts (ch.ctx) *
 static void sched_drain(void *arg, int dev)
 {
 	(void)arg;
-	if (atomic_load(&open_captures) > 0) {
+	atomic_fetch_add(&ctx_draining, 1);
+	if (atomic_load(&open_captures) > 0 || atomic_load(&capture_beginning)) {
 		/* a context-wide wait would break the capture: the streams' drain marks instead */
+		atomic_fetch_sub(&ctx_draining, 1);
 		vh_capture_drain(&BK, dev);
 		return;
 	}
@@ -33,6 +35,7 @@ static void sched_drain(void *arg, int dev)
 	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
 	if (c)
 		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
+	atomic_fetch_sub(&ctx_draining, 1);
 }
 
 /* One scheduler thread per guest GPU, each asleep on its own GPU's page, so that a wake there (a

@@ -64,6 +64,12 @@ uint64_t sim_event_lag_ns(void)
 	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
 }
 
+uint64_t sim_ctx_sync_ns(void)
+{
+	const char *e = getenv("VMGPU_SIM_CTX_SYNC_US");
+	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+}
+
 int sim_pageable_access(void)
 {
 	return getenv("VMGPU_SIM_PAGEABLE_ACCESS") != NULL;

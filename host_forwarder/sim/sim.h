@@ -73,7 +73,11 @@ int sim_pageable_access(void);
 /* VMGPU_SIM_EVENT_LAG_US: an event is reached that long after its record, as if its stream had
  * that much work still ahead of it (default 0: at once). */
 uint64_t sim_event_lag_ns(void);
-/* streams.c: a context was synchronised (it invalidates every capture open now). */
+/* VMGPU_SIM_CTX_SYNC_US: how long a context's synchronisation takes (default 0: none), as if it
+ * had that much work queued. */
+uint64_t sim_ctx_sync_ns(void);
+/* streams.c: a context is synchronised: it invalidates every capture open while it waits, and
+ * any begun then (the driver forbids synchronising a context with a capture open). */
 void sim_ctx_synchronized(void);
 /* VMGPU_SIM_EXIT_AT_MEMSET=N: the process's Nth cuMemsetD8 exits with status 3. */
 void sim_memset_knob(void);

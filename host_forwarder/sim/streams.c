@@ -59,10 +59,20 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 	return sim_del_obj(s, STREAM_MAGIC);
 }
 
+static _Atomic int ctx_syncing;
 void sim_ctx_synchronized(void)
 {
+	atomic_fetch_add(&ctx_syncing, 1);
 	if (atomic_load(&any_captures))
 		atomic_fetch_add(&ctx_syncs_in_capture, 1);
+	uint64_t ns = sim_ctx_sync_ns();
+	if (ns) {
+		struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+		nanosleep(&t, NULL);
+	}
+	if (atomic_load(&any_captures)) /* (one begun while it waited) */
+		atomic_fetch_add(&ctx_syncs_in_capture, 1);
+	atomic_fetch_sub(&ctx_syncing, 1);
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return CUDA_SUCCESS; }
@@ -145,7 +155,8 @@ void sim_capture_begin(struct sim_obj *o, struct sim_graph *g, CUstreamCaptureMo
 	o->capture_mode = (int)mode;
 	o->capture_made = 0;
 	o->capture_unsafe = atomic_load(&sim_unsafe_calls);
-	o->capture_ctx_syncs = atomic_load(&ctx_syncs_in_capture);
+	/* begun while a context's synchronisation waits: invalidated (its end says so) */
+	o->capture_ctx_syncs = atomic_load(&ctx_syncs_in_capture) - (atomic_load(&ctx_syncing) ? 1 : 0);
 	atomic_fetch_add(&any_captures, 1);
 	if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
 		atomic_fetch_add(&global_captures, 1);

@@ -506,3 +506,55 @@ def test_work_on_a_stream_of_another_gpu_takes_no_turns_on_the_current_one(sched
         on_gpu0, on_gpu1 = _used_where(sched_dir, "c"), _used_where(sched_dir, "b")
     assert on_gpu1["a"] > 0.3e9, on_gpu1
     assert on_gpu0.get("a", 0) < 0.1e9, on_gpu0  # (a turn or so: none of its work is there)
+
+
+CAPTURES = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P, sz = ctypes.c_void_p, ctypes.c_size_t
+c, buf, s = P(), ctypes.c_uint64(), P()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c), 0) == 0
+assert cuda.cuCtxSetCurrent(c) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(buf), sz(4096)) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s), 1) == 0
+made = broken = 0
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuMemsetD8_v2(buf, 1, sz(4096)) == 0  # work: it takes turns beside the other
+    assert cuda.cuStreamBeginCapture_v2(s, 0) == 0  # global mode
+    assert cuda.cuMemsetD8Async(buf, 2, sz(4096), s) == 0
+    g = P()
+    r = cuda.cuStreamEndCapture(s, ctypes.byref(g))
+    made += 1
+    broken += r != 0
+    if g.value:
+        cuda.cuGraphDestroy(g)
+print("captures", made, "broken", broken, flush=True)
+"""
+
+
+def test_a_capture_begun_while_the_gpu_is_handed_over_is_not_broken_by_the_drain(sched_dir, tmp_path):
+    """A hand-over's drain synchronises the holder's context unless a capture is open, which that
+    would invalidate.  A capture that begins while such a drain still waits (here each takes 5 ms:
+    VMGPU_SIM_CTX_SYNC_US) was invalidated: the count of open captures was looked at only as the
+    drain began.  Now a capture's begin waits for a context-wide drain under way, and the drains
+    from then on wait by marks.  A guest begins and ends captures between memsets beside another
+    guest, handing the GPU over again and again: none of its captures is broken."""
+    from tests.native.guest_process import GUEST_LIB
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    slow = {"VMGPU_SIM_CTX_SYNC_US": "5000"}
+    with forwarder(a, env=slow), forwarder(b, env=slow):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", CAPTURES, str(GUEST_LIB), "2"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert _ops(other) > 0
+    assert p.returncode == 0, p.stdout + p.stderr
+    words = p.stdout.split()
+    made, broken = int(words[1]), int(words[3])
+    assert made > 20 and broken == 0, p.stdout
