@@ -75,6 +75,9 @@ struct vh_chan {
 	 * GPU of the stream it names, at the stream's decode), and that decode's gate: dev the GPU
 	 * the stream was made on, -1 for a default stream; nonzero refuses the stream (serve.c) */
 	int gate_dev;
+	uint32_t gates_more; /* the other GPUs whose gates the call holds (a graph's launch: graph_devs.h) */
+	void *work_exec;     /* the executable graph the call being served named last, NULL if none */
+	uint32_t cur_op;     /* the operation being served */
 	int (*stream_gate)(struct vh_chan *ch, int dev);
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
 	uint64_t nasync;

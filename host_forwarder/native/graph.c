@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "channel.h"
+#include "graph_devs.h"
 #include "quota.h"
 #include "vh_dispatch.h"
 #include "vh_protos.h"
@@ -33,7 +34,20 @@ static uint64_t graph_mem(struct vh_chan *ch, CUgraph g)
 	return total;
 }
 
+static CUresult instantiate(struct vh_chan *ch, CUgraphExec *exec, CUgraph g, unsigned long long flags);
+
+/* An executable graph reaches the GPUs its graph does (graph_devs.h). */
 CUresult guarded_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec *exec, CUgraph g, unsigned long long flags)
+{
+	CUresult r = instantiate(ch, exec, g, flags);
+	if (r == CUDA_SUCCESS) {
+		vh_graph_devs_forget(*exec); /* (a host object made anew: none of an old one's) */
+		vh_graph_devs_add(*exec, vh_graph_devs(g));
+	}
+	return r;
+}
+
+static CUresult instantiate(struct vh_chan *ch, CUgraphExec *exec, CUgraph g, unsigned long long flags)
 {
 	const struct vh_backend *B = ch->backend;
 	int dev = ch->cur_dev;
@@ -74,6 +88,7 @@ CUresult guarded_cuGraphExecDestroy(struct vh_chan *ch, CUgraphExec exec)
 	CUresult r = B->cuGraphExecDestroy(exec);
 	if (r != CUDA_SUCCESS)
 		return r;
+	vh_graph_devs_forget(exec);
 	struct vh_alloc *a = vh_alloc_find(ch, (CUdeviceptr)(uintptr_t)exec, 1u << VH_GRAPH);
 	if (a) {
 		B->cuDeviceGraphMemTrim(ch->fwd->dev[a->dev]); /* the graph pool keeps memory until trimmed */
@@ -92,6 +107,8 @@ CUresult guarded_cuGraphExecUpdate_v2(struct vh_chan *ch, CUgraphExec exec, CUgr
 	if (need > (a ? a->size : 0))
 		return CUDA_ERROR_NOT_SUPPORTED;
 	CUresult r = ch->backend->cuGraphExecUpdate_v2(exec, g, info);
+	if (r == CUDA_SUCCESS)
+		vh_graph_devs_add(exec, vh_graph_devs(g));
 	if (info) {
 		if (info->errorNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorNode, g))
 			info->errorNode = NULL;
@@ -99,6 +116,42 @@ CUresult guarded_cuGraphExecUpdate_v2(struct vh_chan *ch, CUgraphExec exec, CUgr
 		if (info->errorFromNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorFromNode, g))
 			info->errorFromNode = NULL;
 	}
+	return r;
+}
+
+CUresult guarded_cuGraphDestroy(struct vh_chan *ch, CUgraph g)
+{
+	CUresult r = ch->backend->cuGraphDestroy(g);
+	if (r == CUDA_SUCCESS)
+		vh_graph_devs_forget(g);
+	return r;
+}
+
+/* A capture's graph reaches the GPUs that work was put on while captures were open (serve.c:
+ * vh_capture_devs; with captures on two GPUs at once, each graph gets both). */
+CUresult guarded_cuStreamEndCapture(struct vh_chan *ch, CUstream s, CUgraph *g)
+{
+	CUresult r = ch->backend->cuStreamEndCapture(s, g);
+	if (r == CUDA_SUCCESS && g && *g)
+		vh_graph_devs_add(*g, vh_capture_devs);
+	return r;
+}
+
+/* A child graph node holds a copy of its graph: the parent reaches what the child does. */
+CUresult guarded_cuGraphAddChildGraphNode(struct vh_chan *ch, CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+					  size_t ndeps, CUgraph child)
+{
+	CUresult r = ch->backend->cuGraphAddChildGraphNode(node, g, deps, ndeps, child);
+	if (r == CUDA_SUCCESS)
+		vh_graph_devs_add(g, vh_graph_devs(child));
+	return r;
+}
+
+CUresult guarded_cuGraphExecChildGraphNodeSetParams(struct vh_chan *ch, CUgraphExec exec, CUgraphNode node, CUgraph child)
+{
+	CUresult r = ch->backend->cuGraphExecChildGraphNodeSetParams(exec, node, child);
+	if (r == CUDA_SUCCESS)
+		vh_graph_devs_add(exec, vh_graph_devs(child));
 	return r;
 }
 

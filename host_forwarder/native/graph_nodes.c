@@ -19,10 +19,19 @@
 
 #include "addresses.h"
 #include "copy.h"
+#include "graph_devs.h"
 #include "handles.h"
 #include "host_memory.h"
 #include "vh_dispatch.h"
 #include "vh_protos.h"
+
+/* A node made or set for context ctx (NULL: the current one): its graph reaches that GPU. */
+static void node_dev(struct vh_chan *ch, const void *graph, CUcontext ctx)
+{
+	int d = vh_ctx_dev(ch, ctx);
+	if (d >= 0)
+		vh_graph_devs_add(graph, (vh_devs)1 << d);
+}
 
 /* ---- memcpy nodes ---------------------------------------------------------------------- */
 
@@ -31,7 +40,9 @@ CUresult guarded_cuGraphAddMemcpyNode(struct vh_chan *ch, CUgraphNode *node, CUg
 {
 	CUDA_MEMCPY3D p;
 	CUresult r = vh_copy3d_in(ch, params, &p);
-	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphAddMemcpyNode(node, g, deps, ndeps, &p, ctx);
+	if (r == CUDA_SUCCESS && (r = ch->backend->cuGraphAddMemcpyNode(node, g, deps, ndeps, &p, ctx)) == CUDA_SUCCESS)
+		node_dev(ch, g, ctx);
+	return r;
 }
 
 CUresult guarded_cuGraphExecMemcpyNodeSetParams(struct vh_chan *ch, CUgraphExec exec, CUgraphNode node,
@@ -39,7 +50,9 @@ CUresult guarded_cuGraphExecMemcpyNodeSetParams(struct vh_chan *ch, CUgraphExec 
 {
 	CUDA_MEMCPY3D p;
 	CUresult r = vh_copy3d_in(ch, params, &p);
-	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx);
+	if (r == CUDA_SUCCESS && (r = ch->backend->cuGraphExecMemcpyNodeSetParams(exec, node, &p, ctx)) == CUDA_SUCCESS)
+		node_dev(ch, exec, ctx);
+	return r;
 }
 
 /* ---- memset nodes ---------------------------------------------------------------------- */
@@ -56,14 +69,18 @@ CUresult guarded_cuGraphAddMemsetNode(struct vh_chan *ch, CUgraphNode *node, CUg
 				      size_t ndeps, const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx)
 {
 	CUresult r = memset_range_ok(ch, params);
-	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphAddMemsetNode(node, g, deps, ndeps, params, ctx);
+	if (r == CUDA_SUCCESS && (r = ch->backend->cuGraphAddMemsetNode(node, g, deps, ndeps, params, ctx)) == CUDA_SUCCESS)
+		node_dev(ch, g, ctx);
+	return r;
 }
 
 CUresult guarded_cuGraphExecMemsetNodeSetParams(struct vh_chan *ch, CUgraphExec exec, CUgraphNode node,
 						const CUDA_MEMSET_NODE_PARAMS *params, CUcontext ctx)
 {
 	CUresult r = memset_range_ok(ch, params);
-	return r != CUDA_SUCCESS ? r : ch->backend->cuGraphExecMemsetNodeSetParams(exec, node, params, ctx);
+	if (r == CUDA_SUCCESS && (r = ch->backend->cuGraphExecMemsetNodeSetParams(exec, node, params, ctx)) == CUDA_SUCCESS)
+		node_dev(ch, exec, ctx);
+	return r;
 }
 
 /* ---- kernel nodes: the request is a launch's, after the node's handles ---------------------- */
@@ -113,8 +130,13 @@ static CUresult kernel_node(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd
 	} else {
 		if (call == SET_EXEC_NODE && handle_in(ch, rd, VG_KIND_GRAPH_EXEC, &exec))
 			return CUDA_ERROR_INVALID_HANDLE;
-		if (handle_in(ch, rd, VG_KIND_GRAPH_NODE, &node))
+		uint64_t raw = vh_get_u64(rd);
+		struct vh_handle *ne = vh_handle_entry(ch, raw, VG_KIND_GRAPH_NODE);
+		if (rd->bad || !ne)
 			return CUDA_ERROR_INVALID_HANDLE;
+		node = ne->ptr;
+		if (call == SET_NODE)
+			graph = ne->parent; /* the graph the node is in */
 	}
 	struct vh_handle *e = vh_handle_entry(ch, vh_get_u64(rd), VG_KIND_FUNCTION);
 	uint32_t dims[8];
@@ -140,14 +162,18 @@ static CUresult kernel_node(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd
 	p.blockDimZ = dims[5];
 	p.sharedMemBytes = dims[6];
 	p.kernelParams = e->nparams ? args : NULL; /* the driver copies the bytes now */
-	if (call == SET_NODE)
-		return B->cuGraphKernelNodeSetParams_v2(node, &p);
-	if (call == SET_EXEC_NODE)
-		return B->cuGraphExecKernelNodeSetParams_v2(exec, node, &p);
+	/* a kernel node runs in the current context (its function's, or the kernel's there) */
+	if (call == SET_NODE && (r = B->cuGraphKernelNodeSetParams_v2(node, &p)) == CUDA_SUCCESS)
+		node_dev(ch, graph, NULL);
+	if (call == SET_EXEC_NODE && (r = B->cuGraphExecKernelNodeSetParams_v2(exec, node, &p)) == CUDA_SUCCESS)
+		node_dev(ch, exec, NULL);
+	if (call != ADD_NODE)
+		return r;
 	CUgraphNode out = NULL;
 	r = B->cuGraphAddKernelNode_v2(&out, graph, deps, ndeps, &p);
 	if (r != CUDA_SUCCESS)
 		return r;
+	node_dev(ch, graph, NULL);
 	if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&out, graph))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	uint64_t h = (uint64_t)(uintptr_t)out;

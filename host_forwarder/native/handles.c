@@ -49,6 +49,8 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	if (!e)
 		return -1;
 	*v = e->ptr;
+	if (kind == VG_KIND_GRAPH_EXEC)
+		ch->work_exec = e->ptr; /* a launch passes the gates of the GPUs it reaches (serve.c) */
 	if (kind == VG_KIND_STREAM) {
 		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
 		/* the work goes to the GPU the stream was made on (a copy may be issued to a stream of

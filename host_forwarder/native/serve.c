@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "context.h"
+#include "graph_devs.h"
 #include "process.h"
 
 /* Make the guest device a call names current, with the process's context on it (made, and
@@ -64,7 +65,19 @@ static int gate_stream(struct vh_chan *ch, int dev)
 	if (ch->gate_dev == GATE_AT_STREAM) {
 		if (dev < 0)
 			return -1;
-		gate_enter(ch, dev);
+		/* a graph's nodes run each on its own GPU: their gates too, all in the order of the
+		 * GPUs (no two guests wait for each other's) */
+		vh_devs more = ch->cur_op == VG_OP_cuGraphLaunch ? vh_graph_devs(ch->work_exec) & ~((vh_devs)1 << dev) : 0;
+		for (int d = 0; d < ch->fwd->ndev; d++) {
+			if (d == dev) {
+				gate_enter(ch, d);
+			} else if (more & ((vh_devs)1 << d)) {
+				uint64_t waited = vh_sched_enter(&ch->fwd->sched[d]);
+				if (waited)
+					atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[d], waited, memory_order_relaxed);
+				ch->gates_more |= (vh_devs)1 << d;
+			}
+		}
 	} else if (ch->gate_dev >= 0 && dev >= 0 && dev != ch->gate_dev) {
 		/* (a second stream, of another GPU, in one call: none of the calls served has two) */
 		vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
@@ -161,8 +174,17 @@ int vh_serve(struct vh_chan *ch)
 			else
 				gate_enter(ch, ch->cur_dev);
 			ch->work_stream = NULL; /* a call that names no stream works on the default one */
+			ch->work_exec = NULL;
+			ch->cur_op = hdr.op;
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			for (int d = 0; ch->gates_more; d++)
+				if (ch->gates_more & ((vh_devs)1 << d)) {
+					vh_sched_exit(&ch->fwd->sched[d]);
+					ch->gates_more &= ~((vh_devs)1 << d);
+				}
 			if (ch->gate_dev >= 0) {
+				if (atomic_load(&open_captures) > 0) /* (the GPU a capture's graph will reach) */
+					vh_capture_devs |= (vh_devs)1 << ch->gate_dev;
 				vh_depth_mark(ch, hdr.flags, r);
 				vh_capture_mark(ch, hdr.flags, r);
 				vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
@@ -193,7 +215,8 @@ int vh_serve(struct vh_chan *ch)
 			/* a capture ends here, with or without a graph; one refused (a stream not being
 			 * captured, another thread's) goes on.  A capture whose stream is destroyed keeps the
 			 * count up: the drain marks then cost a little, and the drains stay whole. */
-			atomic_fetch_sub(&open_captures, 1);
+			if (atomic_fetch_sub(&open_captures, 1) == 1)
+				vh_capture_devs = 0;
 		uint64_t spent = vmgpu_now_ns() - t0;
 		atomic_store_explicit(&ch->ncalls, atomic_load_explicit(&ch->ncalls, memory_order_relaxed) + 1,
 				      memory_order_relaxed);

@@ -558,3 +558,64 @@ def test_a_capture_begun_while_the_gpu_is_handed_over_is_not_broken_by_the_drain
     words = p.stdout.split()
     made, broken = int(words[1]), int(words[3])
     assert made > 20 and broken == 0, p.stdout
+
+
+GRAPH_ACROSS = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P, sz = ctypes.c_void_p, ctypes.c_size_t
+
+
+class MemsetParams(ctypes.Structure):
+    _fields_ = [("dst", ctypes.c_uint64), ("pitch", sz), ("value", ctypes.c_uint), ("elementSize", ctypes.c_uint),
+                ("width", sz), ("height", sz)]
+
+
+c0, c1, buf, s0, g, node, exe = P(), P(), ctypes.c_uint64(), P(), P(), P(), P()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0  # GPU 1's memory
+assert cuda.cuMemAlloc_v2(ctypes.byref(buf), sz(1 << 20)) == 0
+assert cuda.cuCtxSetCurrent(c0) == 0  # GPU 0 current: its stream, the graph made and launched here
+assert cuda.cuStreamCreate(ctypes.byref(s0), 1) == 0
+assert cuda.cuGraphCreate(ctypes.byref(g), 0) == 0
+p = MemsetParams(buf.value, 0, 7, 1, 1 << 20, 1)
+assert cuda.cuGraphAddMemsetNode(ctypes.byref(node), g, None, sz(0), ctypes.byref(p), c1) == 0  # runs on GPU 1
+assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), g, ctypes.c_ulonglong(0)) == 0
+for _ in range(int(sys.argv[2])):  # (the simulated backend takes a few ms over each)
+    assert cuda.cuGraphLaunch(exe, s0) == 0
+assert cuda.cuStreamSynchronize(s0) == 0
+print("ops", sys.argv[2], flush=True)
+"""
+
+
+def test_a_graph_launch_passes_the_scheduler_of_every_gpu_its_nodes_run_on(sched_dir, tmp_path, monkeypatch):
+    """A graph is bound to no context; each node runs on the GPU it was made for, wherever the
+    graph is launched.  A guest on GPUs 0 and 1 builds a graph whose memset node is GPU 1's, and
+    launches it again and again on a stream of GPU 0 with GPU 0 current, beside a guest that has
+    only GPU 1: each launch passes GPU 1's scheduler too, and is charged there.  Before, only the
+    stream's GPU's: the graph used GPU 1 without a turn there (its GPU-1 time on the page, 0)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", GRAPH_ACROSS, str(GUEST_LIB), "200"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert _ops(other) > 0
+        pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
+        try:
+            (gpu1,) = [pg for pg in pages if any(m.guest == "b" for m in pg.members())]
+            used = _used(gpu1)
+        finally:
+            for pg in pages:
+                pg.close()
+    assert used["a"] > 0.1e9, used  # its launches' time there

@@ -851,7 +851,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		CUgraph *phGraph = vh_get_u64(rd) ? &phGraph_v : NULL;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = (vg_flags & VG_F_PTDS) && B->cuStreamEndCapture_pt ? B->cuStreamEndCapture_pt(hStream, phGraph) : B->cuStreamEndCapture(hStream, phGraph);
+		CUresult r = guarded_cuStreamEndCapture(ch, hStream, phGraph);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (phGraph != NULL && vh_handle_new(ch, VG_KIND_GRAPH, (void **)phGraph, NULL))
@@ -913,7 +913,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuGraphDestroy(hGraph);
+		CUresult r = guarded_cuGraphDestroy(ch, hGraph);
 		if (r != CUDA_SUCCESS)
 			return r;
 		vh_handle_drop(ch, VG_KIND_GRAPH, hGraph);
@@ -1119,7 +1119,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 		dependencies = dependencies_h;
 		if (phGraphNode == NULL)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuGraphAddChildGraphNode(phGraphNode, hGraph, dependencies, numDependencies, childGraph);
+		CUresult r = guarded_cuGraphAddChildGraphNode(ch, phGraphNode, hGraph, dependencies, numDependencies, childGraph);
 		if (r != CUDA_SUCCESS)
 			return r;
 		if (phGraphNode != NULL && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)phGraphNode, hGraph))
@@ -1287,7 +1287,7 @@ CUresult vh_dispatch(struct vh_chan *ch, uint32_t op, uint32_t vg_flags, struct 
 			return CUDA_ERROR_INVALID_HANDLE;
 		if (rd->bad)
 			return CUDA_ERROR_INVALID_VALUE;
-		CUresult r = B->cuGraphExecChildGraphNodeSetParams(hGraphExec, hNode, childGraph);
+		CUresult r = guarded_cuGraphExecChildGraphNodeSetParams(ch, hGraphExec, hNode, childGraph);
 		if (r != CUDA_SUCCESS)
 			return r;
 		return CUDA_SUCCESS;

@@ -47,16 +47,12 @@
 	X(cuOccupancyMaxActiveClusters) \
 	X(cuOccupancyMaxPotentialClusterSize) \
 	X(cuStreamBeginCapture_v2) \
-	X(cuStreamEndCapture) \
 	X(cuThreadExchangeStreamCaptureMode) \
-	X(cuGraphDestroy) \
 	X(cuGraphGetNodes) \
 	X(cuGraphCreate) \
 	X(cuGraphAddEmptyNode) \
-	X(cuGraphAddChildGraphNode) \
 	X(cuGraphAddEventRecordNode) \
 	X(cuGraphAddEventWaitNode) \
-	X(cuGraphExecChildGraphNodeSetParams) \
 	X(cuGraphExecEventRecordNodeSetEvent) \
 	X(cuGraphExecEventWaitNodeSetEvent) \
 	X(cuGraphNodeGetType) \
@@ -103,9 +99,12 @@
 	X(cuFuncGetName) \
 	X(cuFuncGetParamInfo) \
 	X(cuGetErrorName) \
+	X(cuGraphAddChildGraphNode) \
 	X(cuGraphAddKernelNode_v2) \
 	X(cuGraphAddMemcpyNode) \
 	X(cuGraphAddMemsetNode) \
+	X(cuGraphDestroy) \
+	X(cuGraphExecChildGraphNodeSetParams) \
 	X(cuGraphExecDestroy) \
 	X(cuGraphExecKernelNodeSetParams_v2) \
 	X(cuGraphExecMemcpyNodeSetParams) \
@@ -181,6 +180,7 @@
 	X(cuModuleLoadData) \
 	X(cuPointerGetAttribute) \
 	X(cuPointerGetAttributes) \
+	X(cuStreamEndCapture) \
 	X(cuStreamGetCaptureInfo_v3) \
 	X(cuStreamGetCaptureInfo_v3_ptsz) \
 	X(cuStreamWaitValue32_v2) \
@@ -209,7 +209,6 @@
 	P(cuStreamGetFlags, cuStreamGetFlags_ptsz) \
 	P(cuStreamIsCapturing, cuStreamIsCapturing_ptsz) \
 	P(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
-	P(cuStreamEndCapture, cuStreamEndCapture_ptsz) \
 	P(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz) \
 	P(cuMemsetD8Async, cuMemsetD8Async_ptsz) \
 	P(cuMemsetD16Async, cuMemsetD16Async_ptsz) \

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The guest GPUs a graph's work goes to (graph_devs.c).  A graph is bound to no context: its
+ * nodes are, each to the GPU it was made for, and a launch on one GPU's stream runs every node on
+ * its own GPU.  So an executable graph's launch passes the scheduler of each GPU its nodes reach
+ * (serve.c), which these sets record as the graph is built, captured, instantiated and updated.
+ */
+#ifndef VH_GRAPH_DEVS_H
+#define VH_GRAPH_DEVS_H
+
+#include <stdint.h>
+
+struct vh_chan;
+
+/* A set of guest GPUs: bit d for GPU d. */
+typedef uint32_t vh_devs;
+
+/* The set recorded for a graph or an executable graph (host object), 0 if none. */
+vh_devs vh_graph_devs(const void *graph);
+/* Add to it (a node made for a GPU, a child graph's set, a capture's). */
+void vh_graph_devs_add(const void *graph, vh_devs devs);
+/* The object is gone. */
+void vh_graph_devs_forget(const void *graph);
+/* The guest GPU a node's context is (NULL: the current one's); -1 if none. */
+int vh_ctx_dev(struct vh_chan *ch, CUcontext c);
+/* The GPUs work was put on while a capture was open (serve.c adds them; a capture's end takes
+ * them for its graph, and clears them once no capture is open). */
+extern vh_devs vh_capture_devs;
+
+#endif
