@@ -194,12 +194,15 @@ int vh_serve(struct vh_chan *ch)
 			}
 			ch->gate_dev = -1;
 		} else if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) {
-			/* no context-wide drain may overlap the begin (it would invalidate the capture): the
-			 * drains from here on wait by marks, and one under way is waited for */
+			/* the work queued so far is waited for first (the marks cover only what comes after,
+			 * and a drain while the capture begins waits by marks: a deep queue must not run on
+			 * into another guest's turn under cover of a begin); then no context-wide drain may
+			 * overlap the begin (it would invalidate the capture): the drains from here on wait
+			 * by marks, and one under way is waited for */
+			vh_capture_opening(ch);
 			atomic_store(&capture_beginning, 1);
 			while (atomic_load(&ctx_draining))
 				sched_yield();
-			vh_capture_opening(ch);
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 			if (r == CUDA_SUCCESS)
 				atomic_fetch_add(&open_captures, 1);
