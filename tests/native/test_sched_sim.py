@@ -619,3 +619,65 @@ def test_a_graph_launch_passes_the_scheduler_of_every_gpu_its_nodes_run_on(sched
             for pg in pages:
                 pg.close()
     assert used["a"] > 0.1e9, used  # its launches' time there
+
+
+KERNEL_NODE_ACROSS = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P, U = ctypes.c_void_p, ctypes.c_uint
+
+
+class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [("func", P), ("gx", U), ("gy", U), ("gz", U), ("bx", U), ("by", U), ("bz", U), ("shmem", U),
+                ("kernelParams", P), ("extra", P), ("kern", P), ("ctx", P)]
+
+
+PTX = b".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry nop(\n)\n{\nret;\n}\n\0"
+c0, c1, mod, fn, s0, g, node, exe = P(), P(), P(), P(), P(), P(), P(), P()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0  # the module, and so its function, of GPU 1's context
+assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(PTX)) == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"nop") == 0
+assert cuda.cuCtxSetCurrent(c0) == 0  # GPU 0 current: its stream, the graph made and launched here
+assert cuda.cuStreamCreate(ctypes.byref(s0), 1) == 0
+assert cuda.cuGraphCreate(ctypes.byref(g), 0) == 0
+p = KernelNodeParams(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None, None)
+assert cuda.cuGraphAddKernelNode_v2(ctypes.byref(node), g, None, ctypes.c_size_t(0), ctypes.byref(p)) == 0
+assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), g, ctypes.c_ulonglong(0)) == 0
+ops, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuGraphLaunch(exe, s0) == 0
+    ops += 1
+assert cuda.cuStreamSynchronize(s0) == 0
+print("ops", ops, flush=True)
+"""
+
+
+def test_a_kernel_node_runs_where_its_function_is_and_its_launch_passes_that_gpus_scheduler(
+    sched_dir, tmp_path, monkeypatch
+):
+    """A kernel node's function runs in its own context (its module's: the driver ignores the
+    node's context then), whichever was current when the node was made.  A guest on GPUs 0 and 1
+    loads a module on GPU 1, makes a kernel node of its function with GPU 0 current, and launches
+    the graph for 2 s on a stream of GPU 0, beside a guest that has only GPU 1: the launches pass
+    GPU 1's scheduler and are charged there.  Before, the node was taken for the current GPU's:
+    the graph ran on GPU 1 without a turn there (its GPU-1 time on the page, 0)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", KERNEL_NODE_ACROSS, str(GUEST_LIB), "2"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
+        assert _ops(other) > 0
+        used = _used_where(sched_dir, "b")
+    assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
