@@ -681,3 +681,55 @@ def test_a_kernel_node_runs_where_its_function_is_and_its_launch_passes_that_gpu
         assert _ops(other) > 0
         used = _used_where(sched_dir, "b")
     assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
+
+
+def test_a_graph_launch_waiting_for_one_gpus_turn_holds_up_no_hand_over_on_another(sched_dir, tmp_path, monkeypatch):
+    """A graph launch passes the gate of each GPU its nodes run on.  Waiting for one GPU's turn, it
+    held the gates it had entered on the others, and a hand-over there waits for what is in flight
+    through its gate: every guest on those GPUs waited as long.  Here a guest on GPUs 0 and 1
+    launches, on GPU 0's stream, a graph with a memset node of GPU 1, where a guest of a higher
+    priority keeps the GPU busy for 5 s: its launch waits for GPU 1 until then.  A guest on GPU 0
+    alone that wants the GPU meanwhile gets it at once; before, it waited for the end of the
+    higher guest's work on GPU 1 (about 5 s here; without end, had that guest gone on)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, high, c = tmp_path / "a", tmp_path / "high", tmp_path / "c"
+    with (
+        forwarder(a, extra=("--gpus", "0,1")),
+        forwarder(high, extra=("--gpus", "1", "--priority", "high")),
+        forwarder(c, extra=("--gpus", "0")),
+    ):
+        # (async memsets: its ring is never empty, so its turn never ends while it works)
+        busy = subprocess.Popen(
+            [str(NATIVE / "spin"), "5", "4", "async"], env=guest_env(high), stdout=subprocess.PIPE, text=True
+        )
+        launcher = None
+        try:
+            time.sleep(0.5)  # (the higher guest holds GPU 1)
+            launcher = subprocess.Popen(
+                [sys.executable, "-c", GRAPH_ACROSS, str(GUEST_LIB), "1"],
+                env=guest_env(a),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
+            try:
+                (gpu1,) = [pg for pg in pages if any(m.guest == "high" for m in pg.members())]
+                # its launch waits for GPU 1 (having passed GPU 0's gate)
+                assert wait_for(lambda: any(m.guest == "a" and m.waiting for m in gpu1.members()), timeout=20)
+            finally:
+                for pg in pages:
+                    pg.close()
+            time.sleep(0.1)
+            waited = _turn_wait(c)
+            assert _ops(busy) > 0
+            out, err = launcher.communicate(timeout=60)
+            assert launcher.returncode == 0 and "ops 1" in out, out + err
+        finally:
+            for p in (busy, launcher):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait()
+    assert waited < 1.0, waited
