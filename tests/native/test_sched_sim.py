@@ -733,3 +733,63 @@ def test_a_graph_launch_waiting_for_one_gpus_turn_holds_up_no_hand_over_on_anoth
                     p.kill()
                     p.wait()
     assert waited < 1.0, waited
+
+
+CAPTURE_COPIED = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P = ctypes.c_void_p
+PTX = b".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry nop(\n)\n{\nret;\n}\n\0"
+c0, c1, mod, fn, s0, s1, g, done, exe = P(), P(), P(), P(), P(), P(), P(), P(), P()
+st, cid = ctypes.c_int(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0  # GPU 1: its kernel captured on its stream
+assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(PTX)) == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"nop") == 0
+assert cuda.cuStreamCreate(ctypes.byref(s1), 1) == 0
+assert cuda.cuStreamBeginCapture_v2(s1, 2) == 0  # relaxed
+assert cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, s1, None, None) == 0
+# the graph being captured into, instantiated before the capture ends (the driver allows it)
+assert cuda.cuStreamGetCaptureInfo_v2(s1, ctypes.byref(st), ctypes.byref(cid), ctypes.byref(g), None, None) == 0
+assert st.value == 1 and g.value, (st.value, g.value)
+assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), g, ctypes.c_ulonglong(0)) == 0
+assert cuda.cuStreamEndCapture(s1, ctypes.byref(done)) == 0
+assert cuda.cuCtxSetCurrent(c0) == 0  # launched on a stream of GPU 0
+assert cuda.cuStreamCreate(ctypes.byref(s0), 1) == 0
+ops, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuGraphLaunch(exe, s0) == 0
+    ops += 1
+assert cuda.cuStreamSynchronize(s0) == 0
+print("ops", ops, flush=True)
+"""
+
+
+def test_a_graph_copied_while_it_is_captured_into_reaches_the_gpus_the_capture_put_work_on(
+    sched_dir, tmp_path, monkeypatch
+):
+    """A captured graph reaches the GPUs that work went to while captures were open, given it as
+    its capture ends.  But the driver lets the graph being captured into (cuStreamGetCaptureInfo)
+    be instantiated or copied into a child node before: the copy was taken for one that reaches no
+    GPU.  A guest on GPUs 0 and 1 captures a kernel on a stream of GPU 1, instantiates the graph
+    before the capture ends, and launches it for 2 s on a stream of GPU 0, beside a guest that has
+    only GPU 1: the launches pass GPU 1's scheduler and are charged there (before, 0)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", CAPTURE_COPIED, str(GUEST_LIB), "2"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
+        assert _ops(other) > 0
+        used = _used_where(sched_dir, "b")
+    assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
