@@ -793,3 +793,51 @@ def test_a_graph_copied_while_it_is_captured_into_reaches_the_gpus_the_capture_p
         assert _ops(other) > 0
         used = _used_where(sched_dir, "b")
     assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
+
+
+BEGIN_AFTER_WORK = r"""
+import ctypes, sys
+cuda = ctypes.CDLL(sys.argv[1])
+P, sz = ctypes.c_void_p, ctypes.c_size_t
+c, buf, s, s2, g = P(), ctypes.c_uint64(), P(), P(), P()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c), 0) == 0
+assert cuda.cuCtxSetCurrent(c) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(buf), sz(4096)) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s), 1) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s2), 1) == 0
+assert cuda.cuMemsetD8Async(buf, 1, sz(4096), s) == 0  # work queued: it has the GPU
+print("beginning", flush=True)
+assert cuda.cuStreamBeginCapture_v2(s2, 2) == 0  # (waits for the work queued before it)
+assert cuda.cuStreamEndCapture(s2, ctypes.byref(g)) == 0
+print("done", flush=True)
+"""
+
+
+def test_a_hand_over_while_a_capture_begins_waits_for_the_work_queued_before_it(sched_dir, tmp_path):
+    """While a capture begins, a hand-over's drain waits by marks (a context-wide wait would break
+    the capture), and the work queued before the guest's first capture has no marks: the begin
+    waits for it itself.  The drain did not wait for that, so the holder's queued work ran on into
+    the next guest's turn.  Here the holder's queued work takes 2 s (the simulated context's
+    synchronisation: VMGPU_SIM_CTX_SYNC_US), and another guest that wants the GPU while the
+    holder's capture begins waits for it, as it would had no capture begun; before, it had the GPU
+    at once."""
+    from tests.native.guest_process import GUEST_LIB
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, env={"VMGPU_SIM_CTX_SYNC_US": "2000000"}), forwarder(b):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", BEGIN_AFTER_WORK, str(GUEST_LIB)],
+            env=guest_env(a),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout.readline().strip() == "beginning"
+            time.sleep(0.3)  # (its capture's begin waits for its queued work)
+            waited = _turn_wait(b)
+            out, _ = holder.communicate(timeout=60)
+        finally:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0 and "done" in out, out
+    assert waited > 1.0, waited  # (about 1.7 s of the holder's work left)
