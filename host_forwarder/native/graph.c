@@ -42,7 +42,7 @@ CUresult guarded_cuGraphInstantiateWithFlags(struct vh_chan *ch, CUgraphExec *ex
 	CUresult r = instantiate(ch, exec, g, flags);
 	if (r == CUDA_SUCCESS) {
 		vh_graph_devs_forget(*exec); /* (a host object made anew: none of an old one's) */
-		vh_graph_devs_add(*exec, vh_graph_devs(g));
+		vh_graph_devs_add(*exec, vh_graph_devs_copied(g));
 	}
 	return r;
 }
@@ -108,7 +108,7 @@ CUresult guarded_cuGraphExecUpdate_v2(struct vh_chan *ch, CUgraphExec exec, CUgr
 		return CUDA_ERROR_NOT_SUPPORTED;
 	CUresult r = ch->backend->cuGraphExecUpdate_v2(exec, g, info);
 	if (r == CUDA_SUCCESS)
-		vh_graph_devs_add(exec, vh_graph_devs(g));
+		vh_graph_devs_add(exec, vh_graph_devs_copied(g));
 	if (info) {
 		if (info->errorNode && vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&info->errorNode, g))
 			info->errorNode = NULL;
@@ -143,7 +143,7 @@ CUresult guarded_cuGraphAddChildGraphNode(struct vh_chan *ch, CUgraphNode *node,
 {
 	CUresult r = ch->backend->cuGraphAddChildGraphNode(node, g, deps, ndeps, child);
 	if (r == CUDA_SUCCESS)
-		vh_graph_devs_add(g, vh_graph_devs(child));
+		vh_graph_devs_add(g, vh_graph_devs_copied(child));
 	return r;
 }
 
@@ -151,7 +151,7 @@ CUresult guarded_cuGraphExecChildGraphNodeSetParams(struct vh_chan *ch, CUgraphE
 {
 	CUresult r = ch->backend->cuGraphExecChildGraphNodeSetParams(exec, node, child);
 	if (r == CUDA_SUCCESS)
-		vh_graph_devs_add(exec, vh_graph_devs(child));
+		vh_graph_devs_add(exec, vh_graph_devs_copied(child));
 	return r;
 }
 

@@ -33,6 +33,11 @@ vh_devs vh_graph_devs(const void *g)
 	return e ? e->devs : 0;
 }
 
+vh_devs vh_graph_devs_copied(const void *g)
+{
+	return vh_graph_devs(g) | vh_capture_devs; /* (none while no capture is open) */
+}
+
 void vh_graph_devs_add(const void *g, vh_devs devs)
 {
 	if (!g || !devs)

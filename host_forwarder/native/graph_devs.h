@@ -17,6 +17,11 @@ typedef uint32_t vh_devs;
 
 /* The set recorded for a graph or an executable graph (host object), 0 if none. */
 vh_devs vh_graph_devs(const void *graph);
+/* What a copy of graph g made now reaches (an executable graph, a child graph node, an update):
+ * its set and, while captures are open, the GPUs they have put work on.  g may be a graph being
+ * captured into, which gets those only as its capture ends, and the driver lets it be
+ * instantiated or copied before (all but its destruction and node removal). */
+vh_devs vh_graph_devs_copied(const void *graph);
 /* Add to it (a node made for a GPU, a child graph's set, a capture's). */
 void vh_graph_devs_add(const void *graph, vh_devs devs);
 /* The object is gone. */

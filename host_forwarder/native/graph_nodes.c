@@ -25,12 +25,17 @@
 #include "vh_dispatch.h"
 #include "vh_protos.h"
 
-/* A node made or set for context ctx (NULL: the current one): its graph reaches that GPU. */
+/* A node made or set to run on guest GPU d (-1: none known): its graph reaches that GPU. */
+static void node_on(const void *graph, int d)
+{
+	if (d >= 0 && d < VG_MAX_DEVICES)
+		vh_graph_devs_add(graph, (vh_devs)1 << d);
+}
+
+/* A node made or set for context ctx (NULL: the current one). */
 static void node_dev(struct vh_chan *ch, const void *graph, CUcontext ctx)
 {
-	int d = vh_ctx_dev(ch, ctx);
-	if (d >= 0)
-		vh_graph_devs_add(graph, (vh_devs)1 << d);
+	node_on(graph, vh_ctx_dev(ch, ctx));
 }
 
 /* ---- memcpy nodes ---------------------------------------------------------------------- */
@@ -162,18 +167,20 @@ static CUresult kernel_node(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd
 	p.blockDimZ = dims[5];
 	p.sharedMemBytes = dims[6];
 	p.kernelParams = e->nparams ? args : NULL; /* the driver copies the bytes now */
-	/* a kernel node runs in the current context (its function's, or the kernel's there) */
+	/* a kernel node runs a function in the function's context (its module's, whichever is current:
+	 * the driver ignores the node's context then), a kernel in the current one */
+	int dev = e->kind == VG_KIND_KERNEL ? ch->cur_dev : e->dev;
 	if (call == SET_NODE && (r = B->cuGraphKernelNodeSetParams_v2(node, &p)) == CUDA_SUCCESS)
-		node_dev(ch, graph, NULL);
+		node_on(graph, dev);
 	if (call == SET_EXEC_NODE && (r = B->cuGraphExecKernelNodeSetParams_v2(exec, node, &p)) == CUDA_SUCCESS)
-		node_dev(ch, exec, NULL);
+		node_on(exec, dev);
 	if (call != ADD_NODE)
 		return r;
 	CUgraphNode out = NULL;
 	r = B->cuGraphAddKernelNode_v2(&out, graph, deps, ndeps, &p);
 	if (r != CUDA_SUCCESS)
 		return r;
-	node_dev(ch, graph, NULL);
+	node_on(graph, dev);
 	if (vh_handle_new(ch, VG_KIND_GRAPH_NODE, (void **)&out, graph))
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	uint64_t h = (uint64_t)(uintptr_t)out;

@@ -77,6 +77,9 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 {
 	void *ptr = *v;
 	uint32_t free_idx = UINT32_MAX;
+	/* a module's function is of the module's context, whichever is current now (a graph's kernel
+	 * node runs it there: graph_nodes.c) */
+	int dev = ch->cur_dev;
 	/* the driver hands out the same object for the same name: keep one entry */
 	for (uint32_t i = 0; i < ch->nh; i++) {
 		struct vh_handle *e = &ch->h[i];
@@ -84,6 +87,8 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 			*v = (void *)(uintptr_t)encode(i, e);
 			return 0;
 		}
+		if (kind == VG_KIND_FUNCTION && parent && e->ptr == parent && e->kind == VG_KIND_MODULE)
+			dev = e->dev;
 		if (!e->ptr && free_idx == UINT32_MAX && i >= ch->free_hint)
 			free_idx = i;
 	}
@@ -107,7 +112,7 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 	e->ptr = ptr;
 	e->parent = parent;
 	e->kind = (uint8_t)kind;
-	e->dev = (int8_t)ch->cur_dev;
+	e->dev = (int8_t)dev;
 	e->gen = gen ? gen : 1;
 	*v = (void *)(uintptr_t)encode(free_idx, e);
 	return 0;

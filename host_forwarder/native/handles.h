@@ -20,7 +20,8 @@ struct vh_handle {
 	struct vg_param_info *params; /* launch layout, for functions and kernels */
 	uint32_t nparams, gen;
 	uint8_t kind, params_known;
-	int8_t dev; /* the guest GPU whose context was current when it was made (-1: none) */
+	int8_t dev; /* the guest GPU whose context was current when it was made (-1: none); a module's
+		     * function: its module's */
 };
 
 /* The entry a guest value names, if it is live and of that kind (a kernel passes for a

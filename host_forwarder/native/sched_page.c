@@ -235,6 +235,28 @@ void vh_sched_unheld(struct vh_sched *s)
 		end_turn(pg, g, 0); /* holding the GPU with no worker to use it or give it up */
 }
 
+/* Through the gate now if the turn allows: 1 (in flight), else 0 (nothing changed).  It touches
+ * only this worker's own counters: the scheduler thread publishes them to the page
+ * (vh_sched_tick). */
+static int pass_now(struct vh_sched *s, struct vmgpu_sched_slot *g)
+{
+	struct vmgpu_sched_page *pg = s->pg;
+	if (atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE && (atomic_load(&pg->owner) != s->me || atomic_load(&g->draining)))
+		return 0;
+	atomic_fetch_add(&s->inflight, 1);
+	if (atomic_load(&g->draining)) {
+		atomic_fetch_sub(&s->inflight, 1);
+		return 0;
+	}
+	atomic_store_explicit(&s->calls, atomic_load_explicit(&s->calls, memory_order_relaxed) + 1, memory_order_relaxed);
+	return 1;
+}
+
+int vh_sched_try_enter(struct vh_sched *s)
+{
+	return !s->pg || pass_now(s, &s->pg->slot[s->me]);
+}
+
 uint64_t vh_sched_enter(struct vh_sched *s)
 {
 	struct vmgpu_sched_page *pg = s->pg;
@@ -244,17 +266,8 @@ uint64_t vh_sched_enter(struct vh_sched *s)
 	int waiting = 0;
 	uint64_t began = 0;
 	for (;;) {
-		if (atomic_load(&pg->policy) == VMGPU_SCHED_NATIVE || (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))) {
-			/* the fast path touches only this worker's own counters: the scheduler thread
-			 * publishes them to the page (vh_sched_tick) */
-			atomic_fetch_add(&s->inflight, 1);
-			if (!atomic_load(&g->draining)) {
-				atomic_store_explicit(&s->calls, atomic_load_explicit(&s->calls, memory_order_relaxed) + 1,
-						      memory_order_relaxed);
-				break;
-			}
-			atomic_fetch_sub(&s->inflight, 1);
-		}
+		if (pass_now(s, g))
+			break;
 		if (!waiting) {
 			waiting = 1;
 			began = now_ns();

@@ -51,6 +51,44 @@ static void gate_enter(struct vh_chan *ch, int dev)
 		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
 }
 
+/* The gates of several GPUs for one call (a graph's launch: dev, its stream's, with its depth, and
+ * more): each waited for while none of the others is held (vh_sched_try_enter), the rest then
+ * entered only if they can be at once, else all let go and the one refused waited for.  A gate
+ * held while another GPU's turn is waited for would hold up that GPU's hand-over, whose drain
+ * waits for it, and every guest there with it: without end beside a guest of a higher priority
+ * that keeps the other GPU busy. */
+static void gates_enter(struct vh_chan *ch, int dev, vh_devs more)
+{
+	ch->gate_dev = dev;
+	uint64_t waited = vh_depth_wait(ch);
+	if (waited)
+		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
+	vh_devs want = more | (vh_devs)1 << dev, held = 0;
+	for (int wait_on = -1;;) {
+		if (wait_on >= 0) {
+			waited = vh_sched_enter(&ch->fwd->sched[wait_on]);
+			if (waited)
+				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[wait_on], waited, memory_order_relaxed);
+			held = (vh_devs)1 << wait_on;
+		}
+		wait_on = -1;
+		for (int d = 0; d < ch->fwd->ndev && wait_on < 0; d++)
+			if ((want & ~held) & ((vh_devs)1 << d)) {
+				if (vh_sched_try_enter(&ch->fwd->sched[d]))
+					held |= (vh_devs)1 << d;
+				else
+					wait_on = d;
+			}
+		if (wait_on < 0)
+			break;
+		for (int d = 0; d < ch->fwd->ndev; d++)
+			if (held & ((vh_devs)1 << d))
+				vh_sched_exit(&ch->fwd->sched[d]);
+		held = 0;
+	}
+	ch->gates_more = held & ~((vh_devs)1 << dev);
+}
+
 /* A work call that names a stream (vh_op_gpu_stream) passes the gate of that stream's GPU, entered
  * as its stream is decoded (handles.c calls this through ch->stream_gate): the work goes there
  * (the driver lets a copy go to a stream of another device), and the current GPU, which the call
@@ -65,19 +103,12 @@ static int gate_stream(struct vh_chan *ch, int dev)
 	if (ch->gate_dev == GATE_AT_STREAM) {
 		if (dev < 0)
 			return -1;
-		/* a graph's nodes run each on its own GPU: their gates too, all in the order of the
-		 * GPUs (no two guests wait for each other's) */
+		/* a graph's nodes run each on its own GPU: their gates too */
 		vh_devs more = ch->cur_op == VG_OP_cuGraphLaunch ? vh_graph_devs(ch->work_exec) & ~((vh_devs)1 << dev) : 0;
-		for (int d = 0; d < ch->fwd->ndev; d++) {
-			if (d == dev) {
-				gate_enter(ch, d);
-			} else if (more & ((vh_devs)1 << d)) {
-				uint64_t waited = vh_sched_enter(&ch->fwd->sched[d]);
-				if (waited)
-					atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[d], waited, memory_order_relaxed);
-				ch->gates_more |= (vh_devs)1 << d;
-			}
-		}
+		if (more)
+			gates_enter(ch, dev, more);
+		else
+			gate_enter(ch, dev);
 	} else if (ch->gate_dev >= 0 && dev >= 0 && dev != ch->gate_dev) {
 		/* (a second stream, of another GPU, in one call: none of the calls served has two) */
 		vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);

@@ -66,6 +66,13 @@ void vh_sched_worker(struct vh_sched *s, int start);
 void vh_sched_unheld(struct vh_sched *s);
 /* Around a call that puts work on the GPU. */
 uint64_t vh_sched_enter(struct vh_sched *s); /* the nanoseconds it waited for the turn (0: none) */
+/* The gate entered only if it can be at once (the guest's turn, no hand-over under way): 1, else
+ * 0, with nothing entered and no wait begun.  A call that needs several GPUs' gates waits for one
+ * while it holds none of the others (serve.c): a hand-over's drain waits for what is in flight
+ * through its gate, so a gate held while another GPU's turn is waited for would hold up every
+ * guest on its GPU as long as that wait, without end where a guest of a higher priority keeps
+ * the other GPU busy. */
+int vh_sched_try_enter(struct vh_sched *s);
 void vh_sched_exit(struct vh_sched *s);
 /* Each worker's scheduler thread, every few hundred microseconds: hands the GPU over when it
  * must.  drain(ctx, dev) waits for the worker's queued work on that device. */

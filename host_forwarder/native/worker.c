@@ -26,8 +26,14 @@ static void sched_drain(void *arg, int dev)
 	(void)arg;
 	atomic_fetch_add(&ctx_draining, 1);
 	if (atomic_load(&open_captures) > 0 || atomic_load(&capture_beginning)) {
-		/* a context-wide wait would break the capture: the streams' drain marks instead */
+		/* a context-wide wait would break the capture: the streams' drain marks instead.  A
+		 * capture's begin under way first waits itself for the work queued before it, which no
+		 * mark covers (serve.c: vh_capture_opening): that wait is this drain's too */
 		atomic_fetch_sub(&ctx_draining, 1);
+		while (atomic_load(&capture_beginning)) {
+			struct timespec t = {0, 20000};
+			nanosleep(&t, NULL);
+		}
 		vh_capture_drain(&BK, dev);
 		return;
 	}

@@ -619,3 +619,225 @@ def test_a_graph_launch_passes_the_scheduler_of_every_gpu_its_nodes_run_on(sched
             for pg in pages:
                 pg.close()
     assert used["a"] > 0.1e9, used  # its launches' time there
+
+
+KERNEL_NODE_ACROSS = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P, U = ctypes.c_void_p, ctypes.c_uint
+
+
+class KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [("func", P), ("gx", U), ("gy", U), ("gz", U), ("bx", U), ("by", U), ("bz", U), ("shmem", U),
+                ("kernelParams", P), ("extra", P), ("kern", P), ("ctx", P)]
+
+
+PTX = b".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry nop(\n)\n{\nret;\n}\n\0"
+c0, c1, mod, fn, s0, g, node, exe = P(), P(), P(), P(), P(), P(), P(), P()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0  # the module, and so its function, of GPU 1's context
+assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(PTX)) == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"nop") == 0
+assert cuda.cuCtxSetCurrent(c0) == 0  # GPU 0 current: its stream, the graph made and launched here
+assert cuda.cuStreamCreate(ctypes.byref(s0), 1) == 0
+assert cuda.cuGraphCreate(ctypes.byref(g), 0) == 0
+p = KernelNodeParams(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None, None)
+assert cuda.cuGraphAddKernelNode_v2(ctypes.byref(node), g, None, ctypes.c_size_t(0), ctypes.byref(p)) == 0
+assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), g, ctypes.c_ulonglong(0)) == 0
+ops, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuGraphLaunch(exe, s0) == 0
+    ops += 1
+assert cuda.cuStreamSynchronize(s0) == 0
+print("ops", ops, flush=True)
+"""
+
+
+def test_a_kernel_node_runs_where_its_function_is_and_its_launch_passes_that_gpus_scheduler(
+    sched_dir, tmp_path, monkeypatch
+):
+    """A kernel node's function runs in its own context (its module's: the driver ignores the
+    node's context then), whichever was current when the node was made.  A guest on GPUs 0 and 1
+    loads a module on GPU 1, makes a kernel node of its function with GPU 0 current, and launches
+    the graph for 2 s on a stream of GPU 0, beside a guest that has only GPU 1: the launches pass
+    GPU 1's scheduler and are charged there.  Before, the node was taken for the current GPU's:
+    the graph ran on GPU 1 without a turn there (its GPU-1 time on the page, 0)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", KERNEL_NODE_ACROSS, str(GUEST_LIB), "2"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
+        assert _ops(other) > 0
+        used = _used_where(sched_dir, "b")
+    assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
+
+
+def test_a_graph_launch_waiting_for_one_gpus_turn_holds_up_no_hand_over_on_another(sched_dir, tmp_path, monkeypatch):
+    """A graph launch passes the gate of each GPU its nodes run on.  Waiting for one GPU's turn, it
+    held the gates it had entered on the others, and a hand-over there waits for what is in flight
+    through its gate: every guest on those GPUs waited as long.  Here a guest on GPUs 0 and 1
+    launches, on GPU 0's stream, a graph with a memset node of GPU 1, where a guest of a higher
+    priority keeps the GPU busy for 5 s: its launch waits for GPU 1 until then.  A guest on GPU 0
+    alone that wants the GPU meanwhile gets it at once; before, it waited for the end of the
+    higher guest's work on GPU 1 (about 5 s here; without end, had that guest gone on)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, high, c = tmp_path / "a", tmp_path / "high", tmp_path / "c"
+    with (
+        forwarder(a, extra=("--gpus", "0,1")),
+        forwarder(high, extra=("--gpus", "1", "--priority", "high")),
+        forwarder(c, extra=("--gpus", "0")),
+    ):
+        # (async memsets: its ring is never empty, so its turn never ends while it works)
+        busy = subprocess.Popen(
+            [str(NATIVE / "spin"), "5", "4", "async"], env=guest_env(high), stdout=subprocess.PIPE, text=True
+        )
+        launcher = None
+        try:
+            time.sleep(0.5)  # (the higher guest holds GPU 1)
+            launcher = subprocess.Popen(
+                [sys.executable, "-c", GRAPH_ACROSS, str(GUEST_LIB), "1"],
+                env=guest_env(a),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
+            try:
+                (gpu1,) = [pg for pg in pages if any(m.guest == "high" for m in pg.members())]
+                # its launch waits for GPU 1 (having passed GPU 0's gate)
+                assert wait_for(lambda: any(m.guest == "a" and m.waiting for m in gpu1.members()), timeout=20)
+            finally:
+                for pg in pages:
+                    pg.close()
+            time.sleep(0.1)
+            waited = _turn_wait(c)
+            assert _ops(busy) > 0
+            out, err = launcher.communicate(timeout=60)
+            assert launcher.returncode == 0 and "ops 1" in out, out + err
+        finally:
+            for p in (busy, launcher):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait()
+    assert waited < 1.0, waited
+
+
+CAPTURE_COPIED = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL(sys.argv[1])
+P = ctypes.c_void_p
+PTX = b".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry nop(\n)\n{\nret;\n}\n\0"
+c0, c1, mod, fn, s0, s1, g, done, exe = P(), P(), P(), P(), P(), P(), P(), P(), P()
+st, cid = ctypes.c_int(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c0), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c1), 1) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0  # GPU 1: its kernel captured on its stream
+assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(PTX)) == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"nop") == 0
+assert cuda.cuStreamCreate(ctypes.byref(s1), 1) == 0
+assert cuda.cuStreamBeginCapture_v2(s1, 2) == 0  # relaxed
+assert cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, s1, None, None) == 0
+# the graph being captured into, instantiated before the capture ends (the driver allows it)
+assert cuda.cuStreamGetCaptureInfo_v2(s1, ctypes.byref(st), ctypes.byref(cid), ctypes.byref(g), None, None) == 0
+assert st.value == 1 and g.value, (st.value, g.value)
+assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exe), g, ctypes.c_ulonglong(0)) == 0
+assert cuda.cuStreamEndCapture(s1, ctypes.byref(done)) == 0
+assert cuda.cuCtxSetCurrent(c0) == 0  # launched on a stream of GPU 0
+assert cuda.cuStreamCreate(ctypes.byref(s0), 1) == 0
+ops, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuGraphLaunch(exe, s0) == 0
+    ops += 1
+assert cuda.cuStreamSynchronize(s0) == 0
+print("ops", ops, flush=True)
+"""
+
+
+def test_a_graph_copied_while_it_is_captured_into_reaches_the_gpus_the_capture_put_work_on(
+    sched_dir, tmp_path, monkeypatch
+):
+    """A captured graph reaches the GPUs that work went to while captures were open, given it as
+    its capture ends.  But the driver lets the graph being captured into (cuStreamGetCaptureInfo)
+    be instantiated or copied into a child node before: the copy was taken for one that reaches no
+    GPU.  A guest on GPUs 0 and 1 captures a kernel on a stream of GPU 1, instantiates the graph
+    before the capture ends, and launches it for 2 s on a stream of GPU 0, beside a guest that has
+    only GPU 1: the launches pass GPU 1's scheduler and are charged there (before, 0)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", CAPTURE_COPIED, str(GUEST_LIB), "2"],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
+        assert _ops(other) > 0
+        used = _used_where(sched_dir, "b")
+    assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
+
+
+BEGIN_AFTER_WORK = r"""
+import ctypes, sys
+cuda = ctypes.CDLL(sys.argv[1])
+P, sz = ctypes.c_void_p, ctypes.c_size_t
+c, buf, s, s2, g = P(), ctypes.c_uint64(), P(), P(), P()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(c), 0) == 0
+assert cuda.cuCtxSetCurrent(c) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(buf), sz(4096)) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s), 1) == 0
+assert cuda.cuStreamCreate(ctypes.byref(s2), 1) == 0
+assert cuda.cuMemsetD8Async(buf, 1, sz(4096), s) == 0  # work queued: it has the GPU
+print("beginning", flush=True)
+assert cuda.cuStreamBeginCapture_v2(s2, 2) == 0  # (waits for the work queued before it)
+assert cuda.cuStreamEndCapture(s2, ctypes.byref(g)) == 0
+print("done", flush=True)
+"""
+
+
+def test_a_hand_over_while_a_capture_begins_waits_for_the_work_queued_before_it(sched_dir, tmp_path):
+    """While a capture begins, a hand-over's drain waits by marks (a context-wide wait would break
+    the capture), and the work queued before the guest's first capture has no marks: the begin
+    waits for it itself.  The drain did not wait for that, so the holder's queued work ran on into
+    the next guest's turn.  Here the holder's queued work takes 2 s (the simulated context's
+    synchronisation: VMGPU_SIM_CTX_SYNC_US), and another guest that wants the GPU while the
+    holder's capture begins waits for it, as it would had no capture begun; before, it had the GPU
+    at once."""
+    from tests.native.guest_process import GUEST_LIB
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, env={"VMGPU_SIM_CTX_SYNC_US": "2000000"}), forwarder(b):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", BEGIN_AFTER_WORK, str(GUEST_LIB)],
+            env=guest_env(a),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout.readline().strip() == "beginning"
+            time.sleep(0.3)  # (its capture's begin waits for its queued work)
+            waited = _turn_wait(b)
+            out, _ = holder.communicate(timeout=60)
+        finally:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0 and "done" in out, out
+    assert waited > 1.0, waited  # (about 1.7 s of the holder's work left)
