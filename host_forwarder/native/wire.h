@@ -94,7 +94,8 @@ static inline void vh_put(struct vh_wr *wr, const void *src, size_t n)
 		wr->bad = 1;
 		return;
 	}
-	memcpy(wr->p + wr->len, src, n);
+	if (n) /* (a function of no parameters has no layout: src NULL, which memcpy may not be given) */
+		memcpy(wr->p + wr->len, src, n);
 	memset(wr->p + wr->len + n, 0, vh_pad8(n) - n);
 	wr->len += vh_pad8(n);
 }

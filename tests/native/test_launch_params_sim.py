@@ -105,3 +105,12 @@ def test_a_packed_buffer_needs_its_size_and_may_be_shorter_than_the_parameters(s
         assert got == {"wide": SUCCESS, "packed": SUCCESS, "short": SUCCESS, "no size": INVALID_VALUE,
                        "no pointer": INVALID_VALUE}, got  # fmt: skip
         assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_a_kernel_with_no_parameters_launches_through_the_sanitized_forwarder(shm_path, tmp_path):
+    """A kernel of no parameters has no layout to answer: the worker's answer copied zero bytes
+    from no buffer, which memcpy may not be given (UBSan stopped the ASan/UBSan worker)."""
+    with forwarder(shm_path, asan=True) as fwd:
+        got = run(shm_path, tmp_path, 0, fwd)
+        assert got["wide"] == SUCCESS, got
+        assert fwd.proc.poll() is None, fwd.log()
