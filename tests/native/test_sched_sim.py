@@ -397,28 +397,8 @@ def test_work_on_a_stream_of_another_of_the_guests_gpus_passes_that_gpus_schedul
     scheduler lets it through and charges it there, beside a guest that has only GPU 1.  Before,
     the call passed GPU 0's scheduler, where nobody else was: the guest used GPU 1 without a turn
     there (its GPU-1 time on the page stayed 0)."""
-    from tests.native.guest_process import GUEST_LIB
 
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-    a, b = tmp_path / "a", tmp_path / "b"
-    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
-        other = _spin(b, 3)
-        p = subprocess.run(
-            [sys.executable, "-c", ACROSS, str(GUEST_LIB), "2", "gpu0"],
-            env=guest_env(a),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert p.returncode == 0, p.stdout + p.stderr
-        assert _ops(other) > 0
-        pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
-        try:
-            (gpu1,) = [pg for pg in pages if any(m.guest == "b" for m in pg.members())]
-            used = _used(gpu1)
-        finally:
-            for pg in pages:
-                pg.close()
+    used = _beside_a_gpu1_guest(sched_dir, tmp_path, monkeypatch, ACROSS, "2", "gpu0")
     assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
 
 
@@ -470,6 +450,27 @@ def _used_where(sched_dir: Path, guest: str) -> dict[str, int]:
     finally:
         for pg in pages:
             pg.close()
+
+
+def _beside_a_gpu1_guest(sched_dir: Path, tmp_path: Path, monkeypatch, script: str, *args: str) -> dict[str, int]:
+    """Guest a (GPUs 0 and 1) runs script (argv: the guest library, args) beside guest b (GPU 1
+    only, spinning); each guest's time on GPU 1's page after."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
+        other = _spin(b, 3)
+        p = subprocess.run(
+            [sys.executable, "-c", script, str(GUEST_LIB), *args],
+            env=guest_env(a),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
+        assert _ops(other) > 0
+        return _used_where(sched_dir, "b")
 
 
 def test_work_with_no_context_current_passes_the_scheduler_of_its_streams_gpu(sched_dir, tmp_path, monkeypatch):
@@ -596,28 +597,8 @@ def test_a_graph_launch_passes_the_scheduler_of_every_gpu_its_nodes_run_on(sched
     launches it again and again on a stream of GPU 0 with GPU 0 current, beside a guest that has
     only GPU 1: each launch passes GPU 1's scheduler too, and is charged there.  Before, only the
     stream's GPU's: the graph used GPU 1 without a turn there (its GPU-1 time on the page, 0)."""
-    from tests.native.guest_process import GUEST_LIB
 
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-    a, b = tmp_path / "a", tmp_path / "b"
-    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
-        other = _spin(b, 3)
-        p = subprocess.run(
-            [sys.executable, "-c", GRAPH_ACROSS, str(GUEST_LIB), "200"],
-            env=guest_env(a),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert p.returncode == 0, p.stdout + p.stderr
-        assert _ops(other) > 0
-        pages = [Page(f) for f in sched_dir.glob("vmgpu-sched-*")]
-        try:
-            (gpu1,) = [pg for pg in pages if any(m.guest == "b" for m in pg.members())]
-            used = _used(gpu1)
-        finally:
-            for pg in pages:
-                pg.close()
+    used = _beside_a_gpu1_guest(sched_dir, tmp_path, monkeypatch, GRAPH_ACROSS, "200")
     assert used["a"] > 0.1e9, used  # its launches' time there
 
 
@@ -664,22 +645,8 @@ def test_a_kernel_node_runs_where_its_function_is_and_its_launch_passes_that_gpu
     the graph for 2 s on a stream of GPU 0, beside a guest that has only GPU 1: the launches pass
     GPU 1's scheduler and are charged there.  Before, the node was taken for the current GPU's:
     the graph ran on GPU 1 without a turn there (its GPU-1 time on the page, 0)."""
-    from tests.native.guest_process import GUEST_LIB
 
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-    a, b = tmp_path / "a", tmp_path / "b"
-    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
-        other = _spin(b, 3)
-        p = subprocess.run(
-            [sys.executable, "-c", KERNEL_NODE_ACROSS, str(GUEST_LIB), "2"],
-            env=guest_env(a),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
-        assert _ops(other) > 0
-        used = _used_where(sched_dir, "b")
+    used = _beside_a_gpu1_guest(sched_dir, tmp_path, monkeypatch, KERNEL_NODE_ACROSS, "2")
     assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
 
 
@@ -776,22 +743,8 @@ def test_a_graph_copied_while_it_is_captured_into_reaches_the_gpus_the_capture_p
     GPU.  A guest on GPUs 0 and 1 captures a kernel on a stream of GPU 1, instantiates the graph
     before the capture ends, and launches it for 2 s on a stream of GPU 0, beside a guest that has
     only GPU 1: the launches pass GPU 1's scheduler and are charged there (before, 0)."""
-    from tests.native.guest_process import GUEST_LIB
 
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-    a, b = tmp_path / "a", tmp_path / "b"
-    with forwarder(a, extra=("--gpus", "0,1")), forwarder(b, extra=("--gpus", "1")):
-        other = _spin(b, 3)
-        p = subprocess.run(
-            [sys.executable, "-c", CAPTURE_COPIED, str(GUEST_LIB), "2"],
-            env=guest_env(a),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert p.returncode == 0 and "ops" in p.stdout, p.stdout + p.stderr
-        assert _ops(other) > 0
-        used = _used_where(sched_dir, "b")
+    used = _beside_a_gpu1_guest(sched_dir, tmp_path, monkeypatch, CAPTURE_COPIED, "2")
     assert used["a"] > 0.3e9, used  # about half of its 2 s there, beside b
 
 
