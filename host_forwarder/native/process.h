@@ -52,17 +52,16 @@ int vh_serve(struct vh_chan *ch);
 
 /* sched_depth.c: while another guest shares the GPU, at most --sched-depth of a process's calls
  * that put work on it may be on the GPU unfinished.  Before such a call: wait until one more may
- * go (the nanoseconds waited); after it: its marker on the stream it used. */
+ * go (the nanoseconds waited).  While the process has a stream capture open (serve.c:
+ * open_captures), a hand-over's drain waits for drain marks instead of the whole context; before
+ * a first capture opens, the work queued so far is waited for (the marks cover only what comes
+ * after).  After a call that put work on the GPU: its marker (beside a higher priority) and its
+ * drain mark (a capture open) on the stream it used, neither on a stream being captured. */
 #define VH_DEPTH_MAX 64
 uint64_t vh_depth_wait(struct vh_chan *ch);
-void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r);
+void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r);
 void vh_depth_forget(int dev); /* the process's context on dev is gone, its markers with it */
-/* sched_depth.c, while the process has a stream capture open (serve.c: open_captures): after a
- * call that put work on the GPU, its drain mark; a hand-over's drain waits for the marks instead
- * of the whole context (whether there were any); before a first capture opens, the work queued
- * so far is waited for (the marks cover only what comes after). */
-void vh_capture_mark(struct vh_chan *ch, uint32_t flags, CUresult r);
-int vh_capture_drain(const struct vh_backend *B, int dev);
+void vh_capture_drain(const struct vh_backend *B, int dev);
 void vh_capture_opening(struct vh_chan *ch);
 
 #endif

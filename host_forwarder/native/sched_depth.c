@@ -112,29 +112,20 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 	return t0 ? vmgpu_now_ns() - t0 : 0;
 }
 
-void vh_depth_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
+/* A marker after a call whose work went on stream s (not one being captured). */
+static void depth_mark(struct vh_chan *ch, CUstream s)
 {
-	if (r != CUDA_SUCCESS || !on(ch))
-		return;
 	struct depth *q = &depth[ch->gate_dev];
-	const struct vh_backend *B = ch->backend;
-	CUstream s = ch->work_stream;
-	if (!s && (flags & VG_F_PTDS))
-		s = CU_STREAM_PER_THREAD;
-	int capturing = atomic_load(&open_captures) > 0;
-	if (q->n == VH_DEPTH_MAX || q->made < 0 || (capturing && captured(B, s)))
-		return; /* (a captured call put nothing on the GPU) */
-	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
+	if (q->n == VH_DEPTH_MAX || q->made < 0)
+		return;
 	if (!q->made) {
 		q->made = 1;
 		for (int i = 0; i < VH_DEPTH_MAX && q->made > 0; i++)
 			if (make_event(ch, ch->gate_dev, &q->ev[i]))
 				q->made = -1; /* not held back; the events made stay with the context */
 	}
-	if (q->made > 0 && B->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
+	if (q->made > 0 && ch->backend->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
 		q->n++;
-	if (capturing)
-		relent(B, mode);
 }
 
 /* ---- the drain marks of a process with a capture open ---------------------------------- */
@@ -153,55 +144,66 @@ struct capture_marks {
 };
 static struct capture_marks cmarks[VG_MAX_DEVICES] = {[0 ... VG_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
 
-void vh_capture_mark(struct vh_chan *ch, uint32_t flags, CUresult r)
+/* A drain mark after a call whose work went on stream s (not one being captured). */
+static void capture_mark(struct vh_chan *ch, CUstream s)
 {
 	int d = ch->gate_dev;
-	if (r != CUDA_SUCCESS || d < 0 || atomic_load(&open_captures) <= 0)
-		return;
-	const struct vh_backend *B = ch->backend;
-	CUstream s = ch->work_stream;
-	if (!s && (flags & VG_F_PTDS))
-		s = CU_STREAM_PER_THREAD;
-	CUstreamCaptureMode mode = relax(B);
-	if (!captured(B, s)) { /* (captured work is not on the GPU) */
-		struct capture_marks *c = &cmarks[d];
-		pthread_mutex_lock(&c->mu);
-		uint32_t i = 0;
-		while (i < c->n && c->m[i].s != s)
-			i++;
-		if (i == c->n && c->n == CAPTURE_MARKS) {
-			/* more streams with work than marks: this process waits for one of them itself */
-			i = c->next;
-			c->next = (c->next + 1) % CAPTURE_MARKS;
-			B->cuEventSynchronize(c->m[i].ev);
-		} else if (i == c->n && c->n == c->made) {
-			if (!make_event(ch, d, &c->m[i].ev))
-				c->made++, c->n++;
-			else
-				i = CAPTURE_MARKS; /* no event: this call's work goes unmarked */
-		} else if (i == c->n) {
-			c->n++;
-		}
-		if (i < CAPTURE_MARKS) {
-			c->m[i].s = s;
-			if (B->cuEventRecord(c->m[i].ev, s) != CUDA_SUCCESS)
-				c->m[i].s = (CUstream)(uintptr_t)-1; /* stays, reached: names no stream */
-		}
-		pthread_mutex_unlock(&c->mu);
+	struct capture_marks *c = &cmarks[d];
+	pthread_mutex_lock(&c->mu);
+	uint32_t i = 0;
+	while (i < c->n && c->m[i].s != s)
+		i++;
+	if (i == c->n && c->n == CAPTURE_MARKS) {
+		/* more streams with work than marks: this process waits for one of them itself */
+		i = c->next;
+		c->next = (c->next + 1) % CAPTURE_MARKS;
+		ch->backend->cuEventSynchronize(c->m[i].ev);
+	} else if (i == c->n && c->n == c->made) {
+		if (!make_event(ch, d, &c->m[i].ev))
+			c->made++, c->n++;
+		else
+			i = CAPTURE_MARKS; /* no event: this call's work goes unmarked */
+	} else if (i == c->n) {
+		c->n++;
 	}
-	relent(B, mode);
+	if (i < CAPTURE_MARKS) {
+		c->m[i].s = s;
+		if (ch->backend->cuEventRecord(c->m[i].ev, s) != CUDA_SUCCESS)
+			c->m[i].s = (CUstream)(uintptr_t)-1; /* stays, reached: names no stream */
+	}
+	pthread_mutex_unlock(&c->mu);
 }
 
-int vh_capture_drain(const struct vh_backend *B, int dev)
+void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
+{
+	if (r != CUDA_SUCCESS || ch->gate_dev < 0)
+		return;
+	int capturing = atomic_load(&open_captures) > 0, bounded = on(ch);
+	if (!capturing && !bounded)
+		return;
+	const struct vh_backend *B = ch->backend;
+	CUstream s = ch->work_stream; /* (a call that names none: the default stream its work went to) */
+	if (!s && (flags & VG_F_PTDS))
+		s = CU_STREAM_PER_THREAD;
+	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
+	if (!capturing || !captured(B, s)) { /* (a captured call put nothing on the GPU) */
+		if (bounded)
+			depth_mark(ch, s);
+		if (capturing)
+			capture_mark(ch, s);
+	}
+	if (capturing)
+		relent(B, mode);
+}
+
+void vh_capture_drain(const struct vh_backend *B, int dev)
 {
 	struct capture_marks *c = &cmarks[dev];
 	pthread_mutex_lock(&c->mu);
 	for (uint32_t i = 0; i < c->n; i++)
 		B->cuEventSynchronize(c->m[i].ev); /* (its stream's fault is the guest's to see) */
-	int marked = c->n > 0;
 	c->n = 0;
 	pthread_mutex_unlock(&c->mu);
-	return marked;
 }
 
 void vh_capture_opening(struct vh_chan *ch)

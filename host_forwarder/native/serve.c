@@ -40,15 +40,19 @@ _Atomic int open_captures, capture_beginning, ctx_draining;
 _Static_assert(VG_MAX_DEVICES <= VMGPU_STATS_GPUS, "the statistics page counts every guest GPU");
 
 
+/* Time a call waited at guest GPU dev's gate, counted as throttled on that GPU. */
+static void throttled(struct vh_chan *ch, int dev, uint64_t waited)
+{
+	if (waited)
+		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
+}
+
 /* Pass the compute gate of guest GPU dev for the call being served: no deeper into the GPU's
- * queue than the others on it allow, then this guest's turn.  The time waited is counted as
- * throttled on that GPU. */
+ * queue than the others on it allow, then this guest's turn. */
 static void gate_enter(struct vh_chan *ch, int dev)
 {
 	ch->gate_dev = dev;
-	uint64_t waited = vh_depth_wait(ch) + vh_sched_enter(&ch->fwd->sched[dev]);
-	if (waited)
-		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
+	throttled(ch, dev, vh_depth_wait(ch) + vh_sched_enter(&ch->fwd->sched[dev]));
 }
 
 /* The gates of several GPUs for one call (a graph's launch: dev, its stream's, with its depth, and
@@ -60,15 +64,11 @@ static void gate_enter(struct vh_chan *ch, int dev)
 static void gates_enter(struct vh_chan *ch, int dev, vh_devs more)
 {
 	ch->gate_dev = dev;
-	uint64_t waited = vh_depth_wait(ch);
-	if (waited)
-		atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[dev], waited, memory_order_relaxed);
+	throttled(ch, dev, vh_depth_wait(ch));
 	vh_devs want = more | (vh_devs)1 << dev, held = 0;
 	for (int wait_on = -1;;) {
 		if (wait_on >= 0) {
-			waited = vh_sched_enter(&ch->fwd->sched[wait_on]);
-			if (waited)
-				atomic_fetch_add_explicit(&ch->fwd->stats->throttled_ns[wait_on], waited, memory_order_relaxed);
+			throttled(ch, wait_on, vh_sched_enter(&ch->fwd->sched[wait_on]));
 			held = (vh_devs)1 << wait_on;
 		}
 		wait_on = -1;
@@ -216,8 +216,7 @@ int vh_serve(struct vh_chan *ch)
 			if (ch->gate_dev >= 0) {
 				if (atomic_load(&open_captures) > 0) /* (the GPU a capture's graph will reach) */
 					vh_capture_devs |= (vh_devs)1 << ch->gate_dev;
-				vh_depth_mark(ch, hdr.flags, r);
-				vh_capture_mark(ch, hdr.flags, r);
+				vh_work_marks(ch, hdr.flags, r);
 				vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
 			} else if (r == CUDA_SUCCESS) {
 				vh_log("channel %u: %s passed no scheduler (its stream was not decoded)", ch->index,
