@@ -5,6 +5,7 @@ Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu test
 """
 
 import operator
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -120,15 +121,33 @@ def test_device_query_shows_the_quota_and_nothing_else_changes(shm_path):
     assert f"total_mem {quota}" in vm.splitlines() and f"meminfo_total {quota}" in vm.splitlines()
 
 
+# The errors the driver gives a kernel's write far outside its allocation.  Which one is not fixed:
+# natively on the H100 the same program got 700 in one run and 717 in another (and a single
+# thread's write 1 GiB out got 700, 700, 717 in three runs), so the guest is held to the set.
+WILD_WRITE_ERRORS = {700: "cudaErrorIllegalAddress", 717: "cudaErrorInvalidAddressSpace"}
+
+
+def _wild_write_error(stdout: str) -> int:
+    """The oob program's sticky error: launched fine, then the same fault error at the sync and after."""
+    m = re.fullmatch(r"launch=0 sync=(\d+) \((\w+)\) after=(\d+)\n", stdout)
+    assert m, stdout
+    sync, name, after = int(m[1]), m[2], int(m[3])
+    assert WILD_WRITE_ERRORS.get(sync) == name and after == sync, stdout
+    return sync
+
+
 def test_kernel_fault_is_the_guests_alone(shm_path):
-    """An out-of-bounds kernel gets the native error; the forwarder survives; the next process runs."""
+    """An out-of-bounds kernel gets a native fault error, sticky as natively; the forwarder
+    survives; the next process runs."""
     native = run_native(PROGRAMS["oob"])
     with forwarder(shm_path, backend="cuda", size="1G") as fwd:
         vm = run_guest(PROGRAMS["oob"], shm_path)
         after = run_guest([NATIVE / "vecadd", 1 << 20], shm_path)
         assert fwd.proc.poll() is None, log_text(fwd)
-    assert native.returncode == 0 and "sync=0 " not in native.stdout, native.stdout
-    assert vm.stdout == native.stdout, vm.stdout + vm.stderr
+    assert native.returncode == 0, native.stdout
+    _wild_write_error(native.stdout)
+    assert vm.returncode == 0, vm.stdout + vm.stderr
+    _wild_write_error(vm.stdout)
     assert after.returncode == 0 and after.stdout.strip() == "vecadd ok n=1048576", after.stdout + after.stderr
 
 
