@@ -9,11 +9,13 @@ is refused with its CUresult and no answer (a load that reached the driver is al
 its result), the image received is forgotten, a well-formed load on the same channel next to it
 succeeds with its logs read back, and the forwarder serves on with a clean sanitizer log."""
 
+import os
 import struct
 
 import pytest
 
 from tests.forwarder import PTX, forwarder
+from tests.native.test_generator import raw
 from tests.native.test_link_hostile import LOG_MAX, Wire, opt
 from vmgpu import shm
 
@@ -175,3 +177,20 @@ def test_log_sizes_past_16_kib_and_unpaired_buffers_are_refused(wire, op):
     }
     for name, options in cases.items():
         refused(wire, op, request(*options), INVALID_VALUE, name)
+
+
+def test_a_guest_library_of_another_protocol_version_is_refused_at_hello(tmp_path):
+    """Loads answer in the new layout (their logs), so a guest library of protocol version 1 is
+    refused at its hello, where it says so, rather than misreading its first module load."""
+    region = tmp_path / "r"
+    with forwarder(region):
+        mapped = shm.Region.open(region)
+        chan = shm.GuestChannel(mapped)
+        try:
+            r, _ = raw(chan, 1, struct.pack("<II", 1, os.getpid()), seq=1)
+            assert r == NOT_SUPPORTED
+            r, rep = raw(chan, 1, struct.pack("<II", 2, os.getpid()), seq=2)
+            assert r == SUCCESS and struct.unpack_from("<I", rep)[0] == 2
+        finally:
+            chan.close()
+            mapped.close()
