@@ -13,15 +13,23 @@
 CUresult vg_jit_pack(const char *who, unsigned n, const CUjit_option *o, void **v, struct vg_jit_opt *out,
 		     unsigned *index, unsigned *nout, int per_input)
 {
-	static int once;
+	static int once, once_bad;
 	*nout = 0;
 	if (n == 0)
 		return CUDA_SUCCESS;
-	if (!o || !v || n > VG_LINK_MAX_OPTIONS)
+	/* every refusal is said (once): a module a framework's loader cannot load shows up much later */
+	if (!o || !v || n > VG_LINK_MAX_OPTIONS) {
+		if (!__atomic_exchange_n(&once_bad, 1, __ATOMIC_RELAXED))
+			vg_log("%s: %u JIT options%s; CUDA_ERROR_INVALID_VALUE", who, n,
+			       n > VG_LINK_MAX_OPTIONS ? " (more than vmgpu takes)" : " without their lists");
 		return CUDA_ERROR_INVALID_VALUE;
+	}
 	for (unsigned i = 0; i < n; i++) {
-		if ((unsigned)o[i] >= CU_JIT_NUM_OPTIONS)
+		if ((unsigned)o[i] >= CU_JIT_NUM_OPTIONS) {
+			if (!__atomic_exchange_n(&once_bad, 1, __ATOMIC_RELAXED))
+				vg_log("%s: JIT option %d is not known; CUDA_ERROR_INVALID_VALUE", who, (int)o[i]);
 			return CUDA_ERROR_INVALID_VALUE;
+		}
 		enum vg_jit_kind k = vg_jit_option_kind(o[i]);
 		if (k == VG_JIT_REFUSED || (per_input && k != VG_JIT_VALUE && k != VG_JIT_NO_VALUE)) {
 			if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))

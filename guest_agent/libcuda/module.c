@@ -237,19 +237,34 @@ CUresult handwritten_cuModuleLoadFatBinary(CUmodule *m, const void *image, unsig
  * CUDA_ERROR_INVALID_VALUE. */
 static CUresult library_options(unsigned n, const CUlibraryOption *lo, void **lv, int from_file)
 {
-	static int once;
-	if (n && (!lo || !lv))
-		return CUDA_ERROR_INVALID_VALUE;
+	static int once[4];
+	/* every refusal is said (once per reason): a library a framework's loader cannot load shows up
+	 * much later, as kernels it cannot find */
+#define REFUSE(k, r, ...)                                             \
+	do {                                                          \
+		if (!__atomic_exchange_n(&once[k], 1, __ATOMIC_RELAXED)) \
+			vg_log(__VA_ARGS__);                          \
+		return r;                                             \
+	} while (0)
+	if (n && !lo)
+		REFUSE(0, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: %u library options without their list", n);
 	for (unsigned i = 0; i < n; i++) {
+		/* its value is not read here: a list of values may be left out */
 		if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED && !from_file)
 			continue;
+		if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED)
+			REFUSE(1, CUDA_ERROR_INVALID_VALUE,
+			       "cuLibraryLoadFromFile: CU_LIBRARY_BINARY_IS_PRESERVED is for code in memory; "
+			       "CUDA_ERROR_INVALID_VALUE");
 		if (lo[i] != CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE)
-			return CUDA_ERROR_INVALID_VALUE;
-		if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
-			vg_log("cuLibraryLoad*: CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE (a table of host "
-			       "pointers) is not served; CUDA_ERROR_NOT_SUPPORTED");
-		return CUDA_ERROR_NOT_SUPPORTED;
+			REFUSE(2, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: library option %d is not known; "
+			       "CUDA_ERROR_INVALID_VALUE", (int)lo[i]);
+		if (!lv)
+			REFUSE(0, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: %u library options without their values", n);
+		REFUSE(3, CUDA_ERROR_NOT_SUPPORTED, "cuLibraryLoad*: CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE (a "
+		       "table of host pointers) is not served; CUDA_ERROR_NOT_SUPPORTED");
 	}
+#undef REFUSE
 	return CUDA_SUCCESS;
 }
 
