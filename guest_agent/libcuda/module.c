@@ -231,13 +231,16 @@ CUresult handwritten_cuModuleLoadFatBinary(CUmodule *m, const void *image, unsig
 /* A library's options, none of which crosses.  CU_LIBRARY_BINARY_IS_PRESERVED (cudart gives it for
  * every fatbin it registers) is a hint the driver may ignore, that it may read the program's copy of
  * the code instead of keeping its own: the host's driver loads the host's copy, so the hint is taken
- * and does nothing (from a file it is CUDA_ERROR_INVALID_VALUE, as the driver says).  The value of
- * CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE is a table of the program's host pointers, which
- * no driver on the host may follow: CUDA_ERROR_NOT_SUPPORTED, logged once.  Any other option is
- * CUDA_ERROR_INVALID_VALUE. */
+ * and does nothing (from a file it is CUDA_ERROR_INVALID_VALUE, as the driver says).
+ * CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE is a table of the program's host functions and
+ * variables, which the driver reads only to answer cuLibraryGetUnifiedFunction and
+ * cuLibraryGetManaged, neither of them served: it is left here, never sent (its pointers are the
+ * guest's, which no driver on the host may follow), and the library loads as without it.  cudart
+ * may give it for the fatbins it registers (refusing it, on the H100 a PyTorch guest's cuBLAS
+ * found none of its kernels).  Any other option is CUDA_ERROR_INVALID_VALUE. */
 static CUresult library_options(unsigned n, const CUlibraryOption *lo, void **lv, int from_file)
 {
-	static int once[4];
+	static int once[3];
 	/* every refusal is said (once per reason): a library a framework's loader cannot load shows up
 	 * much later, as kernels it cannot find */
 #define REFUSE(k, r, ...)                                             \
@@ -252,17 +255,16 @@ static CUresult library_options(unsigned n, const CUlibraryOption *lo, void **lv
 		/* its value is not read here: a list of values may be left out */
 		if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED && !from_file)
 			continue;
+		if (lo[i] == CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE && !lv)
+			REFUSE(0, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: %u library options without their values", n);
+		if (lo[i] == CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE)
+			continue;
 		if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED)
 			REFUSE(1, CUDA_ERROR_INVALID_VALUE,
 			       "cuLibraryLoadFromFile: CU_LIBRARY_BINARY_IS_PRESERVED is for code in memory; "
 			       "CUDA_ERROR_INVALID_VALUE");
-		if (lo[i] != CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE)
-			REFUSE(2, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: library option %d is not known; "
-			       "CUDA_ERROR_INVALID_VALUE", (int)lo[i]);
-		if (!lv)
-			REFUSE(0, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: %u library options without their values", n);
-		REFUSE(3, CUDA_ERROR_NOT_SUPPORTED, "cuLibraryLoad*: CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE (a "
-		       "table of host pointers) is not served; CUDA_ERROR_NOT_SUPPORTED");
+		REFUSE(2, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: library option %d is not known; "
+		       "CUDA_ERROR_INVALID_VALUE", (int)lo[i]);
 	}
 #undef REFUSE
 	return CUDA_SUCCESS;

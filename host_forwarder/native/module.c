@@ -107,9 +107,10 @@ static CUresult load(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
  * not load come back: u64 the CUresult, u64 the handle (0 unless loaded), the JIT answer
  * (vg_link.h).  A library is loaded with no library option: none crosses.  The guest takes
  * CU_LIBRARY_BINARY_IS_PRESERVED as the hint it is and sends nothing (here it would be false: the
- * worker's copy of the image goes after the load, so the driver must keep its own), and refuses
- * CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE, a table of guest pointers, with
- * CUDA_ERROR_NOT_SUPPORTED; the wire has no place for either. */
+ * worker's copy of the image goes after the load, so the driver must keep its own), and keeps
+ * CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE, a table of guest pointers, to itself (only the
+ * unserved cuLibraryGetUnifiedFunction and cuLibraryGetManaged read it); the wire has no place for
+ * either. */
 static CUresult load_with_options(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int kind)
 {
 	(void)flags;
