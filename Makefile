@@ -78,6 +78,7 @@ native: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	$(CC) -O1 -g -Wall -o $(NATIVE)/vmm_fd_pair tests/cuda/vmm_fd_pair.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/copy2d tests/cuda/copy2d.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/link tests/cuda/link.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/jit_load tests/cuda/jit_load.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/memprobe bench/memprobe.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda -ldl
 	$(if $(OPENSSL),$(CC) $(NETBRIDGE_CFLAGS) -o $(NATIVE)/vmgpu-netbridge native/net_bridge/netbridge.c \
 		-Inative/shm_transport/include $(NATIVE)/libvmgpushm.a $(OPENSSL) -lpthread,\

@@ -181,8 +181,13 @@ static void connect_once(void)
 	CUresult r = hello();
 	if (r != CUDA_SUCCESS) {
 		vg_conn.ready = 0;
-		vg_conn.init_result = fail(r == VG_ERROR_LOST ? CUDA_ERROR_NO_DEVICE : r,
-				      "the host forwarder refused this guest library (CUresult %d)", r);
+		if (r == CUDA_ERROR_NOT_SUPPORTED)
+			vg_conn.init_result = fail(r, "the host forwarder speaks another version of the vmgpu protocol "
+						      "than this guest library (%d): install the guest library of the "
+						      "host's vmgpu release", VG_PROTO_VERSION);
+		else
+			vg_conn.init_result = fail(r == VG_ERROR_LOST ? CUDA_ERROR_NO_DEVICE : r,
+						   "the host forwarder refused this guest library (CUresult %d)", r);
 		return;
 	}
 	if (vg_conn.hello.flags & VG_HELLO_SIMULATED)

@@ -16,19 +16,15 @@
 #include "call.h"
 #include "connection.h"
 #include "copy.h"
+#include "jit_options.h"
 #include "module.h"
 #include "vg_guest_protos.h"
 #include "vg_link.h"
 
 struct link {
 	struct link *next; /* the live links (links, under links_mu) */
-	unsigned nopt;
-	struct vg_jit_opt opt[VG_LINK_MAX_OPTIONS]; /* as the package carries them */
-	unsigned caller_index[VG_LINK_MAX_OPTIONS]; /* where each came from in the program's arrays */
-	void **caller_values;                      /* the program's optionValues: outputs go there */
-	char *log[2];                              /* the program's info and error log buffers */
-	uint64_t log_size[2];                      /* and their sizes */
-	uint8_t *pkg;                              /* the package: header, options, inputs so far */
+	struct vg_jit jit; /* the link's own options, its log buffers and option slots */
+	uint8_t *pkg;      /* the package: header, options, inputs so far */
 	size_t len, cap;
 	uint32_t ninputs;
 	uint64_t input_bytes;
@@ -46,39 +42,6 @@ static struct link *link_find(CUlinkState state)
 		if ((CUlinkState)l == state)
 			return l;
 	return NULL;
-}
-
-/* The program's JIT options as the package carries them (values as numbers, never pointers): what
- * vmgpu does not serve is CUDA_ERROR_NOT_SUPPORTED, logged once; an input's own options may only
- * be values the driver reads (a log buffer belongs to the link). */
-static CUresult options_in(unsigned n, const CUjit_option *o, void **v, struct vg_jit_opt *out, unsigned *index,
-			   unsigned *nout, int per_input)
-{
-	static int once;
-	*nout = 0;
-	if (n == 0)
-		return CUDA_SUCCESS;
-	if (!o || !v || n > VG_LINK_MAX_OPTIONS)
-		return CUDA_ERROR_INVALID_VALUE;
-	for (unsigned i = 0; i < n; i++) {
-		if ((unsigned)o[i] >= CU_JIT_NUM_OPTIONS)
-			return CUDA_ERROR_INVALID_VALUE;
-		enum vg_jit_kind k = vg_jit_option_kind(o[i]);
-		if (k == VG_JIT_REFUSED || (per_input && k != VG_JIT_VALUE && k != VG_JIT_NO_VALUE)) {
-			if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
-				vg_log("cuLink*: JIT option %d is not served (a list of host pointers, or a log of one "
-				       "input); CUDA_ERROR_NOT_SUPPORTED", (int)o[i]);
-			return CUDA_ERROR_NOT_SUPPORTED;
-		}
-		uint64_t value = (uint32_t)(uintptr_t)v[i];
-		if (k == VG_JIT_LOG_BUFFER || k == VG_JIT_OUT_FLOAT || k == VG_JIT_NO_VALUE)
-			value = 0; /* the host lends its own buffers; the rest carry nothing in */
-		else if (k == VG_JIT_OUT_LOG_SIZE && value > VG_LINK_LOG_MAX)
-			value = VG_LINK_LOG_MAX; /* the log comes back cut to what the host lends */
-		index[*nout] = i;
-		out[(*nout)++] = (struct vg_jit_opt){(uint32_t)o[i], 0, value};
-	}
-	return CUDA_SUCCESS;
 }
 
 /* The package grown by n bytes (zeroed, whole 8-byte words): where they start, or NULL. */
@@ -108,42 +71,19 @@ static CUresult link_create(unsigned n, CUjit_option *o, void **v, CUlinkState *
 	struct link *l = calloc(1, sizeof *l);
 	if (!l)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	CUresult r = options_in(n, o, v, l->opt, l->caller_index, &l->nopt, 0);
+	CUresult r = vg_jit_take(&l->jit, "cuLinkCreate", n, o, v);
 	if (r != CUDA_SUCCESS) {
 		free(l);
 		return r;
 	}
-	l->caller_values = v;
-	/* the program's log buffers, paired with their sizes: a buffer without one is written nothing */
-	unsigned have_buffer[2] = {0, 0};
-	for (unsigned i = 0; i < l->nopt; i++) {
-		int s = vg_jit_log_slot(l->opt[i].option);
-		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_LOG_BUFFER) {
-			l->log[s] = v[l->caller_index[i]];
-			have_buffer[s] = l->log[s] != NULL;
-		} else if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_OUT_LOG_SIZE) {
-			l->log_size[s] = (uint32_t)(uintptr_t)v[l->caller_index[i]];
-		}
-	}
-	unsigned kept = 0;
-	for (unsigned i = 0; i < l->nopt; i++) {
-		int s = vg_jit_log_slot(l->opt[i].option);
-		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_LOG_BUFFER && (!l->log[s] || !l->log_size[s]))
-			continue; /* nowhere to write: the host is not asked for it */
-		if (vg_jit_option_kind(l->opt[i].option) == VG_JIT_OUT_LOG_SIZE && !have_buffer[s])
-			l->log_size[s] = 0;
-		l->opt[kept] = l->opt[i];
-		l->caller_index[kept++] = l->caller_index[i];
-	}
-	l->nopt = kept;
-	struct vg_link_header h = {VG_LINK_MAGIC, l->nopt, 0, 0};
-	void *at = pkg_grow(l, sizeof h + l->nopt * sizeof(struct vg_jit_opt));
+	struct vg_link_header h = {VG_LINK_MAGIC, l->jit.nopt, 0, 0};
+	void *at = pkg_grow(l, sizeof h + l->jit.nopt * sizeof(struct vg_jit_opt));
 	if (!at) {
 		free(l);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	memcpy(at, &h, sizeof h);
-	memcpy((uint8_t *)at + sizeof h, l->opt, l->nopt * sizeof(struct vg_jit_opt));
+	memcpy((uint8_t *)at + sizeof h, l->jit.opt, l->jit.nopt * sizeof(struct vg_jit_opt));
 	pthread_mutex_lock(&links_mu);
 	l->next = links;
 	links = l;
@@ -180,7 +120,7 @@ static CUresult add_input(CUlinkState state, CUjitInputType type, const void *da
 	}
 	struct vg_jit_opt opt[VG_LINK_MAX_OPTIONS];
 	unsigned index[VG_LINK_MAX_OPTIONS], nopt;
-	CUresult r = options_in(n, o, v, opt, index, &nopt, 1);
+	CUresult r = vg_jit_pack("cuLinkAddData", n, o, v, opt, index, &nopt, 1);
 	if (r != CUDA_SUCCESS)
 		return r;
 	size_t name_len = name ? strnlen(name, VG_LINK_MAX_NAME - 1) + 1 : 1;
@@ -295,27 +235,7 @@ static CUresult link_call(struct link *l, unsigned fl, uint64_t heap_off, uint64
 		a->result = (CUresult)vg_get_u64(&c);
 		a->cubin_size = vg_get_u64(&c);
 		a->cubin = a->cubin_size <= cap ? out : NULL;
-		if (vg_get_u64(&c) != l->nopt)
-			r = VG_ERROR_LOST;
-		for (unsigned i = 0; i < l->nopt && r == CUDA_SUCCESS; i++) {
-			uint64_t value = vg_get_u64(&c);
-			enum vg_jit_kind k = vg_jit_option_kind(l->opt[i].option);
-			if (k == VG_JIT_OUT_LOG_SIZE && value > l->opt[i].value)
-				value = l->opt[i].value;
-			if (k == VG_JIT_OUT_LOG_SIZE || k == VG_JIT_OUT_U32 || k == VG_JIT_OUT_FLOAT)
-				l->caller_values[l->caller_index[i]] = (void *)(uintptr_t)(uint32_t)value;
-		}
-		for (int s = 0; s < 2 && r == CUDA_SUCCESS; s++) {
-			uint64_t n = vg_get_u64(&c);
-			const char *text = vg_get_ref(&c, n);
-			if (text && l->log[s] && l->log_size[s]) { /* an empty log is an empty string */
-				size_t take = n < l->log_size[s] ? n : l->log_size[s];
-				memcpy(l->log[s], text, take);
-				l->log[s][take ? take - 1 : 0] = '\0';
-			}
-		}
-		if (c.bad)
-			r = VG_ERROR_LOST;
+		r = vg_jit_answer(&l->jit, &c);
 	}
 	return vg_end(&c, r);
 }

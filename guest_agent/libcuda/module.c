@@ -3,7 +3,9 @@
  * Module images, the guest half (host half: host_forwarder/native/module.c, checked
  * there by image_check.c): an image is sized from its own headers, announced by
  * its hash (an image the host already holds does not cross again), sent through
- * the bulk area, then loaded.
+ * the bulk area, then loaded.  The JIT options of cuModuleLoadDataEx and cuLibraryLoad*
+ * cross as the linker's do (jit_options.c): values as numbers, log buffers kept here
+ * and filled from the host's answer.
  */
 #include <elf.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include "call.h"
 #include "connection.h"
 #include "copy.h"
+#include "jit_options.h"
 #include "module.h"
 #include "vg_hash.h"
 #include "vg_guest_protos.h"
@@ -120,8 +123,11 @@ CUresult vg_blob_send(const void *bytes, uint64_t n)
 	return r;
 }
 
-/* Send an image to the host's staging blob, then make the load call `op`. */
-static CUresult load_image(uint32_t op, const void *image, void **out, unsigned fl)
+/* Send an image to the host's staging blob, then make the load call `op`.  A load with JIT options
+ * (jit: cuModuleLoadDataEx, cuLibraryLoadData) sends them with it, and is answered with the driver's
+ * result, the handle and the JIT answer (vg_link.h) whatever the result: the logs of an image that
+ * does not load come back too. */
+static CUresult load_image(uint32_t op, const void *image, void **out, unsigned fl, const struct vg_jit *jit)
 {
 	if (!out || !image)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -132,9 +138,17 @@ static CUresult load_image(uint32_t op, const void *image, void **out, unsigned 
 	struct vg_call c;
 	vg_lock();
 	if ((r = vg_blob_send(image, n)) == CUDA_SUCCESS && (r = vg_begin(&c, op, fl)) == CUDA_SUCCESS) {
+		if (jit)
+			vg_put_arr(&c, jit->opt, jit->nopt, sizeof *jit->opt);
 		r = vg_call_sync(&c);
-		if (r == CUDA_SUCCESS)
+		if (r == CUDA_SUCCESS && jit) {
+			CUresult result = (CUresult)vg_get_u64(&c);
+			void *handle = (void *)(uintptr_t)vg_get_u64(&c);
+			if ((r = vg_jit_answer(jit, &c)) == CUDA_SUCCESS && (r = result) == CUDA_SUCCESS)
+				*out = handle;
+		} else if (r == CUDA_SUCCESS) {
 			vg_get(&c, out, sizeof *out);
+		}
 		r = vg_end(&c, r);
 	}
 	vg_unlock();
@@ -143,16 +157,14 @@ static CUresult load_image(uint32_t op, const void *image, void **out, unsigned 
 
 CUresult handwritten_cuModuleLoadData(CUmodule *m, const void *image, unsigned fl)
 {
-	return load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl);
+	return load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl, NULL);
 }
 
-/* JIT options are not forwarded (the image loads with the driver's defaults). */
 CUresult handwritten_cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v, unsigned fl)
 {
-	(void)n;
-	(void)o;
-	(void)v;
-	return load_image(VG_OP_cuModuleLoadDataEx, image, (void **)m, fl);
+	struct vg_jit jit;
+	CUresult r = vg_jit_take(&jit, "cuModuleLoadDataEx", n, o, v);
+	return r != CUDA_SUCCESS ? r : load_image(VG_OP_cuModuleLoadDataEx, image, (void **)m, fl, &jit);
 }
 
 /* ---- images from the guest's files: read here, then loaded as an image from memory is (the
@@ -206,37 +218,83 @@ CUresult handwritten_cuModuleLoad(CUmodule *m, const char *fname, unsigned fl)
 	void *image = vg_read_file(fname, &n, &r);
 	if (!image)
 		return r;
-	r = load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl);
-	free(image);
-	return r;
-}
-
-CUresult handwritten_cuLibraryLoadFromFile(CUlibrary *lib, const char *fname, CUjit_option *jo, void **jv,
-					   unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
-{
-	CUresult r = CUDA_SUCCESS;
-	size_t n;
-	void *image = vg_read_file(fname, &n, &r);
-	if (!image)
-		return r;
-	r = handwritten_cuLibraryLoadData(lib, image, jo, jv, nj, lo, lv, nl, fl);
+	r = load_image(VG_OP_cuModuleLoadData, image, (void **)m, fl, NULL);
 	free(image);
 	return r;
 }
 
 CUresult handwritten_cuModuleLoadFatBinary(CUmodule *m, const void *image, unsigned fl)
 {
-	return load_image(VG_OP_cuModuleLoadFatBinary, image, (void **)m, fl);
+	return load_image(VG_OP_cuModuleLoadFatBinary, image, (void **)m, fl, NULL);
+}
+
+/* A library's options, none of which crosses.  CU_LIBRARY_BINARY_IS_PRESERVED (cudart gives it for
+ * every fatbin it registers) is a hint the driver may ignore, that it may read the program's copy of
+ * the code instead of keeping its own: the host's driver loads the host's copy, so the hint is taken
+ * and does nothing (from a file it is CUDA_ERROR_INVALID_VALUE, as the driver says).
+ * CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE is a table of the program's host functions and
+ * variables, which the driver reads only to answer cuLibraryGetUnifiedFunction and
+ * cuLibraryGetManaged, neither of them served: it is left here, never sent (its pointers are the
+ * guest's, which no driver on the host may follow), and the library loads as without it.  cudart
+ * may give it for the fatbins it registers (refusing it, on the H100 a PyTorch guest's cuBLAS
+ * found none of its kernels).  Any other option is CUDA_ERROR_INVALID_VALUE. */
+static CUresult library_options(unsigned n, const CUlibraryOption *lo, void **lv, int from_file)
+{
+	static int once[3];
+	/* every refusal is said (once per reason): a library a framework's loader cannot load shows up
+	 * much later, as kernels it cannot find */
+#define REFUSE(k, r, ...)                                             \
+	do {                                                          \
+		if (!__atomic_exchange_n(&once[k], 1, __ATOMIC_RELAXED)) \
+			vg_log(__VA_ARGS__);                          \
+		return r;                                             \
+	} while (0)
+	if (n && !lo)
+		REFUSE(0, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: %u library options without their list", n);
+	for (unsigned i = 0; i < n; i++) {
+		/* its value is not read here: a list of values may be left out */
+		if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED && !from_file)
+			continue;
+		if (lo[i] == CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE && !lv)
+			REFUSE(0, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: %u library options without their values", n);
+		if (lo[i] == CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE)
+			continue;
+		if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED)
+			REFUSE(1, CUDA_ERROR_INVALID_VALUE,
+			       "cuLibraryLoadFromFile: CU_LIBRARY_BINARY_IS_PRESERVED is for code in memory; "
+			       "CUDA_ERROR_INVALID_VALUE");
+		REFUSE(2, CUDA_ERROR_INVALID_VALUE, "cuLibraryLoad*: library option %d is not known; "
+		       "CUDA_ERROR_INVALID_VALUE", (int)lo[i]);
+	}
+#undef REFUSE
+	return CUDA_SUCCESS;
+}
+
+static CUresult library_load(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
+			     CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl, int from_file)
+{
+	struct vg_jit jit;
+	CUresult r = library_options(nl, lo, lv, from_file);
+	if (r == CUDA_SUCCESS)
+		r = vg_jit_take(&jit, "cuLibraryLoadData", nj, jo, jv);
+	return r != CUDA_SUCCESS ? r : load_image(VG_OP_cuLibraryLoadData, code, (void **)lib, fl, &jit);
 }
 
 CUresult handwritten_cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
-			       CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
+				       CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
 {
-	(void)jo;
-	(void)jv;
-	(void)nj;
-	(void)lo;
-	(void)lv;
-	(void)nl;
-	return load_image(VG_OP_cuLibraryLoadData, code, (void **)lib, fl);
+	return library_load(lib, code, jo, jv, nj, lo, lv, nl, fl, 0);
+}
+
+CUresult handwritten_cuLibraryLoadFromFile(CUlibrary *lib, const char *fname, CUjit_option *jo, void **jv,
+					   unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl, unsigned fl)
+{
+	CUresult r = library_options(nl, lo, lv, 1);
+	size_t n;
+	void *image = r == CUDA_SUCCESS ? vg_read_file(fname, &n, &r) : NULL;
+	if (!image)
+		return r;
+	r = library_load(lib, image, jo, jv, nj, lo, lv, nl, fl, 1);
+	free(image);
+	return r;
 }

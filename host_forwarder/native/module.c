@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Modules: an image is received (or found in the cache: images.c), checked against its own
- * headers (image_check.c: where a module image is checked) and loaded, its code and globals
- * charged to the quota; its functions become handles; its globals become addresses the guest
- * process may name (addresses.c) until the module goes.
+ * headers (image_check.c: where a module image is checked) and loaded, with the guest's JIT options
+ * checked whole too (jit_options.c); its code and globals charged to the quota; its functions
+ * become handles; its globals become addresses the guest process may name (addresses.c) until the
+ * module goes.
  */
 #include <stdlib.h>
 
 #include "images.h"
+#include "jit_options.h"
 #include "protocol.h"
 #include "quota.h"
 #include "vh_dispatch.h"
@@ -61,27 +63,29 @@ void vh_module_image_forget(struct vh_chan *ch)
 	ch->blob_size = ch->blob_filled = 0;
 }
 
-static CUresult load_reply(struct vh_chan *ch, struct vh_wr *wr, CUresult r, int kind, void *obj)
+/* The image received is forgotten; a module or library the driver loaded is charged to the quota
+ * and becomes a handle in *obj, or is unloaded again. */
+static CUresult load_settle(struct vh_chan *ch, CUresult r, int kind, void **obj)
 {
 	vh_module_image_forget(ch);
 	if (r != CUDA_SUCCESS)
 		return r;
 	/* the code and globals of a module take device memory at once: charged, or undone */
-	if (vh_quota_settle_load(ch) || vh_handle_new(ch, kind, &obj, NULL)) {
+	if (vh_quota_settle_load(ch) || vh_handle_new(ch, kind, obj, NULL)) {
 		if (kind == VG_KIND_MODULE)
-			ch->backend->cuModuleUnload(obj);
+			ch->backend->cuModuleUnload(*obj);
 		else
-			ch->backend->cuLibraryUnload(obj);
+			ch->backend->cuLibraryUnload(*obj);
 		vh_quota_settle_load(ch);
 		vh_oom_report(ch, ch->cur_dev >= 0 ? ch->cur_dev : 0, kind == VG_KIND_MODULE ? "cuModuleLoadData" : "cuLibraryLoadData",
 		       0);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	vh_put(wr, &obj, sizeof obj);
 	return CUDA_SUCCESS;
 }
 
-/* Load the image received as a module or a library. */
+/* Load the image received as a module, with the driver's defaults.  A fat binary is an image like
+ * any other. */
 static CUresult load(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int kind)
 {
 	(void)flags;
@@ -89,19 +93,57 @@ static CUresult load(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struc
 	const void *image;
 	void *obj = NULL;
 	CUresult r = blob_take(ch, &image);
-	if (r == CUDA_SUCCESS && kind == VG_KIND_MODULE)
+	if (r == CUDA_SUCCESS)
 		r = ch->backend->cuModuleLoadData((CUmodule *)&obj, image);
-	else if (r == CUDA_SUCCESS)
-		r = ch->backend->cuLibraryLoadData((CUlibrary *)&obj, image, NULL, NULL, 0, NULL, NULL, 0);
-	return load_reply(ch, wr, r, kind, obj);
+	if ((r = load_settle(ch, r, kind, &obj)) == CUDA_SUCCESS)
+		vh_put(wr, &obj, sizeof obj);
+	return r;
 }
 
-/* JIT options are not forwarded: the image is loaded with the driver's defaults.  A fat binary
- * is an image like any other. */
+/* Load the image received as a module or a library with the JIT options the request carries (u64
+ * n, n * struct vg_jit_opt), checked whole before the driver sees them or the image (jit_options.c:
+ * numbers only, log sizes at most VG_LINK_LOG_MAX, the driver's log buffers the worker's own).  A
+ * request checked is answered whatever the driver says, so that the logs of an image that does
+ * not load come back: u64 the CUresult, u64 the handle (0 unless loaded), the JIT answer
+ * (vg_link.h).  A library is loaded with no library option: none crosses.  The guest takes
+ * CU_LIBRARY_BINARY_IS_PRESERVED as the hint it is and sends nothing (here it would be false: the
+ * worker's copy of the image goes after the load, so the driver must keep its own), and keeps
+ * CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE, a table of guest pointers, to itself (only the
+ * unserved cuLibraryGetUnifiedFunction and cuLibraryGetManaged read it); the wire has no place for
+ * either. */
+static CUresult load_with_options(struct vh_chan *ch, uint32_t flags, struct vh_rd *rd, struct vh_wr *wr, int kind)
+{
+	(void)flags;
+	uint64_t n;
+	const struct vg_jit_opt *o = vh_get_arr(rd, sizeof *o, &n);
+	struct vh_jit jit = {0};
+	const void *image;
+	CUresult r = CUDA_ERROR_INVALID_VALUE;
+	if (!rd->bad && rd->pos == rd->len && (r = vh_jit_check(ch, &jit, o, n, 0)) == CUDA_SUCCESS &&
+	    (r = blob_take(ch, &image)) == CUDA_SUCCESS)
+		r = vh_jit_lend(&jit);
+	if (r != CUDA_SUCCESS) {
+		vh_jit_free(&jit);
+		vh_module_image_forget(ch); /* the image is used once, loaded or not */
+		return r;
+	}
+	void *obj = NULL;
+	if (kind == VG_KIND_MODULE)
+		r = ch->backend->cuModuleLoadDataEx((CUmodule *)&obj, image, jit.n, jit.option, jit.value);
+	else
+		r = ch->backend->cuLibraryLoadData((CUlibrary *)&obj, image, jit.option, jit.value, jit.n, NULL, NULL, 0);
+	r = load_settle(ch, r, kind, &obj);
+	uint64_t answer[2] = {(uint64_t)r, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)obj : 0};
+	vh_put(wr, answer, sizeof answer);
+	vh_jit_answer(&jit, 1, wr); /* (at most 64 options and two lengths: within any completion ring) */
+	vh_jit_free(&jit);
+	return CUDA_SUCCESS;
+}
+
 VH_CUSTOM_VARIANT(handwritten_cuModuleLoadData, load, VG_KIND_MODULE)
-VH_CUSTOM_VARIANT(handwritten_cuModuleLoadDataEx, load, VG_KIND_MODULE)
 VH_CUSTOM_VARIANT(handwritten_cuModuleLoadFatBinary, load, VG_KIND_MODULE)
-VH_CUSTOM_VARIANT(handwritten_cuLibraryLoadData, load, VG_KIND_LIBRARY)
+VH_CUSTOM_VARIANT(handwritten_cuModuleLoadDataEx, load_with_options, VG_KIND_MODULE)
+VH_CUSTOM_VARIANT(handwritten_cuLibraryLoadData, load_with_options, VG_KIND_LIBRARY)
 
 /* The guest's image of size bytes and its hash: from the cache if the same bytes are there,
  * else received in chunks (the guard after them zeroed).  Answers whether it was cached. */

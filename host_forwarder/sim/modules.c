@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Modules read from PTX text, alone or uncompressed inside a fatbin: entry names and parameter
- * layouts (the images were checked by the forwarder first); their functions and attributes.
+ * layouts (the images were checked by the forwarder first); their functions and attributes.  A
+ * load's JIT options get logs that say SIMULATED (jit_logs.c); no option changes what is loaded.
  */
 #include "sim.h"
 
@@ -10,6 +11,7 @@
 
 struct sim_mod {
 	uint32_t magic;
+	int unrecognized; /* a library of an image that is none: its kernels are CUDA_ERROR_INVALID_IMAGE */
 	int nfn;
 	struct sim_fn fn[MAX_FN];
 };
@@ -104,25 +106,44 @@ static void parse_fatbin(struct sim_mod *m, const uint8_t *image)
 	}
 }
 
-EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image)
+/* A module from an image: a fatbin's uncompressed PTX entries, a cubin (its entries are not read),
+ * or PTX text.  Text without a ".version" directive is not recognized: CUDA_ERROR_INVALID_IMAGE, as
+ * the H100's driver answers text that is not PTX ("Binary format ... is not recognized" in its
+ * error log); a library of it (library) loads, and its kernels are CUDA_ERROR_INVALID_IMAGE, as
+ * there.  jit: the load's options, whose logs say why, or what was loaded (NULL: none given). */
+static CUresult load(CUmodule *mod, const void *image, struct sim_jit *jit, int library)
 {
 	if (!mod || !image) return CUDA_ERROR_INVALID_VALUE;
+	uint32_t magic;
+	memcpy(&magic, image, 4);
+	int ptx = magic != 0xBA55ED50u && memcmp(image, "\x7f" "ELF", 4) != 0;
+	int unrecognized = ptx && !strstr(image, ".version");
+	if (unrecognized && jit)
+		sim_jit_say(jit, 1, "SIMULATED driver: the image is not recognized (no .version directive)");
+	if (unrecognized && !library)
+		return CUDA_ERROR_INVALID_IMAGE;
 	struct sim_mod *m = calloc(1, sizeof *m);
 	if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
 	m->magic = MOD_MAGIC;
-	uint32_t magic;
-	memcpy(&magic, image, 4);
+	m->unrecognized = unrecognized;
 	if (magic == 0xBA55ED50u)
 		parse_fatbin(m, image);
-	else if (memcmp(image, "\x7f" "ELF", 4) != 0)
+	else if (ptx && !unrecognized)
 		parse_ptx(m, image);
+	if (jit && !unrecognized)
+		sim_jit_say(jit, 0, "SIMULATED driver: %s loaded, %d entries read", ptx ? "PTX" : magic == 0xBA55ED50u ? "a fatbin" : "a cubin", m->nfn);
 	*mod = (CUmodule)m;
 	return CUDA_SUCCESS;
 }
+EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image)
+{
+	return load(mod, image, NULL, 0);
+}
 EXPORT CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, CUjit_option *o, void **v)
 {
-	(void)n; (void)o; (void)v;
-	return cuModuleLoadData(mod, image);
+	struct sim_jit jit;
+	CUresult r = sim_jit_begin(&jit, n, o, v);
+	return r != CUDA_SUCCESS ? r : load(mod, image, &jit, 0);
 }
 EXPORT CUresult cuModuleUnload(CUmodule mod)
 {
@@ -161,14 +182,22 @@ EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *fns, unsigned int n, CUmo
 		fns[i] = (CUfunction)&m->fn[i];
 	return CUDA_SUCCESS;
 }
+/* Library options are taken and change nothing (CU_LIBRARY_BINARY_IS_PRESERVED is a hint). */
 EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
 				  CUlibraryOption *lo, void **lv, unsigned int nl)
 {
-	(void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
-	return cuModuleLoadData((CUmodule *)lib, code);
+	if (nl && (!lo || !lv)) return CUDA_ERROR_INVALID_VALUE;
+	struct sim_jit jit;
+	CUresult r = sim_jit_begin(&jit, nj, jo, jv);
+	return r != CUDA_SUCCESS ? r : load((CUmodule *)lib, code, &jit, 1);
 }
 EXPORT CUresult cuLibraryUnload(CUlibrary lib) { return cuModuleUnload((CUmodule)lib); }
-EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) { return cuModuleGetFunction((CUfunction *)k, (CUmodule)lib, name); }
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
+{
+	struct sim_mod *m = (struct sim_mod *)lib;
+	if (sim_is_obj(m, MOD_MAGIC) && m->unrecognized) return CUDA_ERROR_INVALID_IMAGE;
+	return cuModuleGetFunction((CUfunction *)k, (CUmodule)lib, name);
+}
 EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
 {
 	if (!f) return CUDA_ERROR_INVALID_VALUE;

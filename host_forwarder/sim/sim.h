@@ -15,7 +15,7 @@
  * pointer attributes), copies.c (copies and memsets), streams.c (streams, events, stream
  * capture), modules.c (modules from PTX, functions), launch.c (launches and graphs), pools.c
  * (pools and VMM), knobs.c (what tests set through the environment, and the usage NVML would
- * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs), ipc.c (IPC handles between processes: who may open what, no shared bytes), link.c (the linker: one input linked is that input).  This header is what the files share; only the CUDA API is exported (EXPORT).
+ * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs), ipc.c (IPC handles between processes: who may open what, no shared bytes), link.c (the linker: one input linked is that input), jit_logs.c (what the linker and module loads write into their JIT options: logs that say SIMULATED, sizes, the wall time).  This header is what the files share; only the CUDA API is exported (EXPORT).
  */
 #ifndef SIM_H
 #define SIM_H
@@ -170,5 +170,22 @@ CUresult sim_copy3d(const CUDA_MEMCPY3D *p);
 CUresult sim_memset2d(const CUDA_MEMSET_NODE_PARAMS *p);
 CUresult sim_graph_clone_children(struct sim_graph *g);
 void sim_graph_free_children(struct sim_graph *g);
+
+/* ---- JIT options' logs (jit_logs.c): the linker's (link.c) and module loads' (modules.c) ---- */
+
+#define SIM_MAX_JIT_OPTIONS (CU_JIT_NUM_OPTIONS * 2)
+/* A call's JIT options, as the simulated driver writes into them. */
+struct sim_jit {
+	unsigned n;
+	CUjit_option opt[SIM_MAX_JIT_OPTIONS];
+	void **values;     /* the caller's slots: the sizes filled and the wall time go there */
+	size_t log_cap[2]; /* the info and error log buffers' sizes (0: no log) */
+};
+/* n options o with values v taken into j (CUDA_ERROR_INVALID_VALUE for n > 0 without both arrays,
+ * or more than SIM_MAX_JIT_OPTIONS): each log starts empty, its size filled 0; the wall time 0.0. */
+CUresult sim_jit_begin(struct sim_jit *j, unsigned n, CUjit_option *o, void **v);
+/* A line into the info (error 0) or error log, if there is one, and the size filled (NUL
+ * included) written back. */
+void sim_jit_say(struct sim_jit *j, int error, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -24,6 +24,7 @@ SAME_OUTPUT: dict[str, list] = {
     "host-functions": [NATIVE / "hostfn"],
     "copy2d-3d-memset2d-arrays": [NATIVE / "copy2d"],
     "link-ptx-file-and-cubin": [NATIVE / "link", PTX, NATIVE / "vadd_rdc.cubin"],
+    "jit-options-module-and-library-loads": [NATIVE / "jit_load", PTX],
     "pytorch": [sys.executable, HERE / "torch_ops.py"],
     "pytorch-cuda-graphs": [sys.executable, HERE / "torch_graphs.py"],
     "torch-compile": [sys.executable, HERE / "torch_compile.py"],

@@ -178,6 +178,7 @@
 	X(cuModuleGetFunctionCount) \
 	X(cuModuleGetGlobal_v2) \
 	X(cuModuleLoadData) \
+	X(cuModuleLoadDataEx) \
 	X(cuPointerGetAttribute) \
 	X(cuPointerGetAttributes) \
 	X(cuStreamEndCapture) \

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The CUDA linker on the wire, one copy for both sides (guest_agent/libcuda/link.c builds it,
- * host_forwarder/native/link.c checks and runs it), and which JIT options vmgpu knows.
+ * host_forwarder/native/link.c checks and runs it), and which JIT options vmgpu knows: the linker's
+ * and those of module and library loads (guest_agent/libcuda/jit_options.c sends them,
+ * host_forwarder/native/jit_options.c checks them).
  *
  * A link crosses whole at cuLinkComplete: its package goes first through the bulk area as a module
  * image does (VG_OP_BLOB_BEGIN, VG_OP_BLOB_PUT), then one request VG_OP_cuLinkComplete carries
@@ -19,10 +21,18 @@
  *     u64 the driver's CUresult of the link
  *     u64 the cubin's size (copied back only if it fits the capacity; else the guest asks again
  *         with room for it)
- *     u64 noptions, then each link option's value after the link (the guest writes back those
- *         the driver writes: VG_JIT_OUT_* below)
- *     u64 length, then the info log's bytes (NUL last, or length 0)
- *     u64 length, then the error log's bytes (likewise)
+ *     the JIT answer of the link's options:
+ *         u64 noptions, then each option's value after the call (the guest writes back those
+ *             the driver writes: VG_JIT_OUT_* below)
+ *         u64 length, then the info log's bytes (NUL last, or length 0)
+ *         u64 length, then the error log's bytes (likewise)
+ *
+ * cuModuleLoadDataEx (VG_OP_cuModuleLoadDataEx) and cuLibraryLoadData (VG_OP_cuLibraryLoadData)
+ * load the image sent before them (as cuModuleLoadData does) with JIT options checked as a link's
+ * own: the request is u64 noptions, then noptions * struct vg_jit_opt, and nothing after.  The
+ * reply of a request the host accepted, whatever the driver answered (a refused one carries no
+ * values): u64 the driver's CUresult, u64 the handle (0 unless loaded), the JIT answer.  Library
+ * options never cross (guest_agent/libcuda/module.c says which are taken).
  */
 #ifndef VG_LINK_H
 #define VG_LINK_H

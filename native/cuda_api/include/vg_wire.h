@@ -20,7 +20,8 @@
 
 #include <stdint.h>
 
-#define VG_PROTO_VERSION 1
+/* 2: module and library loads carry their JIT options and answer with the logs (ops 67, 69) */
+#define VG_PROTO_VERSION 2
 
 enum vg_rec_type {
 	VG_REC_REQUEST = 1,
