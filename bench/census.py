@@ -13,7 +13,10 @@ build/census/, and compares what each used with what the guest library serves:
   served; `refuse`: declined as the driver declines it); any other is unserved.
 
 Only functions a program called count (the census lists entry points obtained and never called
-with a count of 0); every export table a program asked for counts.  Prints a table per program
+with a count of 0); every export table a program asked for counts.  A program linked to libcuda
+itself (the driver-API C programs) calls the driver past the census, which sees only dlsym and
+cuGetProcAddress: for such an ELF program the driver functions it imports (`nm -D
+--undefined-only`, binutils) count as used, shown as `linked` (<name>.linked in the output).  Prints a table per program
 and a last line `census programs=N unserved_functions=K unserved_export_tables=E` (distinct names
 over the programs).  Exit status 0, or with --strict 1 when K+E > 0 or a program failed; 2 when
 the census could not run.
@@ -30,6 +33,7 @@ import dataclasses
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,6 +168,7 @@ class Result:
     status: int | None  # the exit status; None: it ran past the time limit
     census: str | None  # the TSV's text; None: the program wrote none
     log: str = ""  # its output (stdout and stderr)
+    linked: tuple[str, ...] = ()  # the driver functions its ELF file imports from libcuda itself
 
     @property
     def failed(self) -> bool:
@@ -192,23 +197,28 @@ def report(results: list[Result], served: Served) -> tuple[list[str], set[str], 
             continue
         usage = parse_census(r.census, r.program)
         missing = unserved_functions(usage, served)
+        called = {u.name for u in missing}
+        missing_linked = [n for n in r.linked if n not in served.functions and n not in called]
         missing_tables = unserved_tables(usage, served)
-        functions |= {u.name for u in missing}
+        functions |= called | set(missing_linked)
         tables |= set(missing_tables)
         used = sum(1 for c in usage.calls.values() if c)
+        linked = f", {len(r.linked)} linked" if r.linked else ""
         lines.append(
-            f"{r.program}: {used} driver functions called, {len(usage.tables)} export tables asked for; "
-            f"unserved: {len(missing)} functions, {len(missing_tables)} export tables"
+            f"{r.program}: {used} driver functions called{linked}, {len(usage.tables)} export tables asked for; "
+            f"unserved: {len(missing) + len(missing_linked)} functions, {len(missing_tables)} export tables"
         )
-        if not used and not usage.tables:
+        if not used and not usage.tables and not r.linked:
             # the census writes its file at each process's exit: a child of the program that ends
             # after it (a compiler, a worker pool) leaves its own, empty one
             lines.append("  nothing recorded: if the program uses the GPU, a process it started ended after it")
-        if missing or missing_tables:
+        if missing or missing_linked or missing_tables:
             lines.append(f"  {'calls':>10}  unserved")
         for u in missing:
             needs = f"  (serve {', '.join(u.needs)})" if u.needs and u.needs != (u.name,) else ""
             lines.append(f"  {u.calls:>10}  {u.name}{needs}")
+        for name in missing_linked:
+            lines.append(f"  {'linked':>10}  {name}")
         answers = driver_answers(r.log)
         for uuid in missing_tables:
             rc = f"  (the driver answered {answers[uuid]})" if uuid in answers else ""
@@ -262,11 +272,41 @@ def create(path: Path):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w")
 
 
+def linked_functions(program: Path) -> tuple[str, ...]:
+    """The driver functions an ELF program imports itself (its undefined dynamic symbols), sorted;
+    () for anything else (a script, an interpreter's name on the PATH)."""
+    try:
+        with open(program, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return ()
+    except OSError:
+        return ()
+    nm = shutil.which("nm")
+    if not nm:
+        raise CensusError(f"nm not found (binutils): needed to read what {program} imports from libcuda")
+    r = subprocess.run([nm, "-D", "--undefined-only", str(program)], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CensusError(f"nm -D --undefined-only {program} failed: {last}")
+    names = {ln.split()[-1].split("@")[0] for ln in r.stdout.splitlines() if ln.strip()}
+    return tuple(sorted(n for n in names if DRIVER_FUNCTION.fullmatch(n)))
+
+
+def read_linked(path: Path) -> tuple[str, ...]:
+    text = read_text(path)
+    return tuple(ln for ln in text.splitlines() if DRIVER_FUNCTION.fullmatch(ln)) if text else ()
+
+
 def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> Result:
-    """One program natively under the census: out/<name>.tsv, .log (its output) and .exit."""
-    tsv, log, status_file = (out / f"{name}{ext}" for ext in (".tsv", ".log", ".exit"))
-    for stale in (tsv, log, status_file):
+    """One program natively under the census: out/<name>.tsv, .log (its output), .exit, and
+    .linked (the driver functions it imports, for an ELF program linked to libcuda)."""
+    tsv, log, status_file, linked_file = (out / f"{name}{ext}" for ext in (".tsv", ".log", ".exit", ".linked"))
+    for stale in (tsv, log, status_file, linked_file):
         stale.unlink(missing_ok=True)  # a program that writes none must not be read as its last run
+    linked = linked_functions(Path(str(argv[0])))
+    if linked:
+        with create(linked_file) as f:
+            f.write("".join(f"{n}\n" for n in linked))
     preload = " ".join(filter(None, [str(lib), os.environ.get("LD_PRELOAD")]))
     env = native_env(LD_PRELOAD=preload, CENSUS_OUT=str(tsv))
     with create(log) as f:
@@ -286,7 +326,7 @@ def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> 
                 status = None
     with create(status_file) as f:
         f.write(f"{'timeout' if status is None else status}\n")
-    return Result(name, status, read_text(tsv), read_text(log) or "")
+    return Result(name, status, read_text(tsv), read_text(log) or "", linked)
 
 
 def read_results(directory: Path, names: list[str]) -> list[Result]:
@@ -301,7 +341,15 @@ def read_results(directory: Path, names: list[str]) -> list[Result]:
     for n in names or found:
         status_text = (read_text(directory / f"{n}.exit") or "0").strip()
         status = None if status_text == "timeout" else int(status_text)
-        results.append(Result(n, status, read_text(directory / f"{n}.tsv"), read_text(directory / f"{n}.log") or ""))
+        results.append(
+            Result(
+                n,
+                status,
+                read_text(directory / f"{n}.tsv"),
+                read_text(directory / f"{n}.log") or "",
+                read_linked(directory / f"{n}.linked"),
+            )
+        )
     return results
 
 

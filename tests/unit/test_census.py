@@ -5,6 +5,7 @@ line with a stand-in census library (no GPU, no census tool)."""
 import importlib.util
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -241,6 +242,42 @@ def test_a_link_left_in_place_of_a_programs_files_is_replaced_not_written_throug
     assert status == 0 and victim.read_text() == "keep\n"
     assert not any((out_dir / f"p{ext}").is_symlink() for ext in (".tsv", ".log", ".exit"))
     assert (out_dir / "p.log").read_text() == "1\n" and "cuZeta" in out
+
+
+def test_a_program_linked_to_libcuda_counts_the_driver_functions_it_imports(fake_census, tmp_path, capsys, monkeypatch):
+    """The census sees only dlsym and cuGetProcAddress: a C program linked to libcuda itself records
+    nothing there, so what its ELF file imports counts (a served cuInit, an unserved cuZeta)."""
+    monkeypatch.setenv("FAKE_CENSUS_ROWS", "")
+    cc = os.environ.get("CC", "gcc")
+    lib, prog = tmp_path / "libcuda.so.1", tmp_path / "linked"
+    (tmp_path / "stub.c").write_text("int cuInit(unsigned f) { return 0; }\nint cuZeta(void) { return 0; }\n")
+    (tmp_path / "prog.c").write_text(
+        "int cuInit(unsigned); int cuZeta(void);\nint main(void) { return cuInit(0) + cuZeta(); }\n"
+    )
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, tmp_path / "stub.c"], check=True)
+    subprocess.run([cc, "-o", prog, tmp_path / "prog.c", lib, f"-Wl,-rpath,{tmp_path}"], check=True)
+    out_dir = tmp_path / "out"
+    args = [
+        "--census-dir",
+        fake_census,
+        "--out",
+        out_dir,
+        "--run",
+        f"linked={prog}",
+        "--run",
+        f"script={py('print(1)')}",
+    ]
+    status, out, err = run_cli(capsys, *args)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0] == (
+        "linked: 0 driver functions called, 2 linked, 0 export tables asked for; unserved: 1 functions, 0 export tables"
+    )
+    assert lines[1:3] == [f"  {'calls':>10}  unserved", f"  {'linked':>10}  cuZeta"]
+    assert lines[-1] == "census programs=2 unserved_functions=1 unserved_export_tables=0"
+    assert "nothing recorded" in out.split("script:")[1]  # the script's census is empty and nothing is linked
+    assert (out_dir / "linked.linked").read_text() == "cuInit\ncuZeta\n" and not (out_dir / "script.linked").exists()
+    assert run_cli(capsys, "--from-dir", out_dir, "linked", "script")[1] == out
 
 
 def test_strict_is_zero_when_everything_used_is_served(tmp_path, capsys):
