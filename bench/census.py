@@ -52,6 +52,7 @@ from tests.gpu.programs import PROGRAMS, TWO_GPUS, gpu_count, native_env  # noqa
 
 DEFAULT_CENSUS_DIR = ROOT.parent / "shared" / "tools" / "census"
 DEFAULT_OUT = ROOT / "build" / "census"
+PER_PROCESS = ROOT / "bench" / "census_pid.c"  # built into the census library: a census file per process
 DRIVER_FUNCTION = re.compile(r"cu[A-Z]\w*")  # cuda*, cublas*, cudnn* ... are libraries', not the driver's
 EXPORT_TABLE = re.compile(r"EXPORT_TABLE_([0-9a-f]{32})")
 DRIVER_ANSWER = re.compile(r"\[census\] cuGetExportTable ([0-9a-f]{32}) -> (-?\d+)")
@@ -209,9 +210,8 @@ def report(results: list[Result], served: Served) -> tuple[list[str], set[str], 
             f"unserved: {len(missing) + len(missing_linked)} functions, {len(missing_tables)} export tables"
         )
         if not used and not usage.tables and not r.linked:
-            # the census writes its file at each process's exit: a child of the program that ends
-            # after it (a compiler, a worker pool) leaves its own, empty one
-            lines.append("  nothing recorded: if the program uses the GPU, a process it started ended after it")
+            # each process writes its census as it exits: one that ends by _exit or a signal writes none
+            lines.append("  nothing recorded: no process of it that used the GPU exited normally")
         if missing or missing_linked or missing_tables:
             lines.append(f"  {'calls':>10}  unserved")
         for u in missing:
@@ -235,7 +235,7 @@ def summary(results: list[Result], functions: set[str], tables: set[str]) -> str
 
 def build_census(census_dir: Path, out: Path) -> Path:
     """The census library in out/, built from census_dir unless built from what is there now."""
-    sources = [census_dir / "census.c", census_dir / "gen_stubs.py"]
+    sources = [census_dir / "census.c", census_dir / "gen_stubs.py", PER_PROCESS]
     for s in sources:
         if not s.is_file():
             raise CensusError(f"{s} not found: pass the census tool's directory (CENSUS_DIR= or --census-dir)")
@@ -246,7 +246,8 @@ def build_census(census_dir: Path, out: Path) -> Path:
     cc = os.environ.get("CC", "gcc")
     steps = [
         [sys.executable, str(census_dir / "gen_stubs.py")],
-        [cc, "-O2", "-shared", "-fPIC", "-o", "libcensus.so.new", str(sources[0]), "stubs.S", "-ldl", "-lpthread"],
+        [cc, "-O2", "-shared", "-fPIC", "-o", "libcensus.so.new", str(sources[0]), "stubs.S", str(PER_PROCESS)]
+        + ["-ldl", "-lpthread"],
     ]
     for step in steps:
         try:
@@ -303,12 +304,13 @@ def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> 
     tsv, log, status_file, linked_file = (out / f"{name}{ext}" for ext in (".tsv", ".log", ".exit", ".linked"))
     for stale in (tsv, log, status_file, linked_file):
         stale.unlink(missing_ok=True)  # a program that writes none must not be read as its last run
+    procs = fresh_dir(out / f"{name}.procs")  # one census file per process (census_pid.c)
     linked = linked_functions(Path(str(argv[0])))
     if linked:
         with create(linked_file) as f:
             f.write("".join(f"{n}\n" for n in linked))
     preload = " ".join(filter(None, [str(lib), os.environ.get("LD_PRELOAD")]))
-    env = native_env(LD_PRELOAD=preload, CENSUS_OUT=str(tsv))
+    env = native_env(LD_PRELOAD=preload, CENSUS_OUT=str(tsv), CENSUS_OUT_DIR=str(procs))
     with create(log) as f:
         try:
             p = subprocess.Popen(
@@ -326,7 +328,32 @@ def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> 
                 status = None
     with create(status_file) as f:
         f.write(f"{'timeout' if status is None else status}\n")
+    join_processes(procs, tsv)
     return Result(name, status, read_text(tsv), read_text(log) or "", linked)
+
+
+def fresh_dir(path: Path) -> Path:
+    """An empty directory of this run's at path: a link or file there is removed, not followed."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700)
+    return path
+
+
+def join_processes(procs: Path, tsv: Path) -> None:
+    """The census files of a program's processes as one (<name>.tsv), the directory removed; no
+    file when no process wrote one (a program killed before it exited)."""
+    files = sorted((p for p in procs.iterdir() if p.is_file() and not p.is_symlink()), key=lambda p: p.name)
+    texts = [p.read_text(errors="replace") for p in files]
+    if (direct := read_text(tsv)) is not None:  # a process that lost CENSUS_OUT_DIR wrote CENSUS_OUT
+        texts.insert(0, direct)
+        tsv.unlink()
+    if files or direct is not None:
+        with create(tsv) as f:
+            f.write("".join(t if not t or t.endswith("\n") else t + "\n" for t in texts))
+    shutil.rmtree(procs)
 
 
 def read_results(directory: Path, names: list[str]) -> list[Result]:

@@ -145,7 +145,7 @@ def test_a_failing_program_is_reported_as_failed_with_its_last_words():
 
 def test_a_census_with_nothing_in_it_says_so():
     lines, _, _ = census.report([census.Result("vecadd", 0, "")], served())
-    assert lines[-1].startswith("  nothing recorded: if the program uses the GPU, a process it started ended after it")
+    assert lines[-1] == "  nothing recorded: no process of it that used the GPU exited normally"
 
 
 # ---- the command line, with a stand-in census ------------------------------------------------
@@ -278,6 +278,34 @@ def test_a_program_linked_to_libcuda_counts_the_driver_functions_it_imports(fake
     assert "nothing recorded" in out.split("script:")[1]  # the script's census is empty and nothing is linked
     assert (out_dir / "linked.linked").read_text() == "cuInit\ncuZeta\n" and not (out_dir / "script.linked").exists()
     assert run_cli(capsys, "--from-dir", out_dir, "linked", "script")[1] == out
+
+
+def test_each_process_of_a_program_writes_its_own_census_and_the_report_joins_them(fake_census, tmp_path, capsys):
+    """A program whose work is in processes it starts (NCCL's ranks): the census writes its file as
+    each process exits, so before, the parent, ending last, left only its own rows.  A forked child
+    and a started one each count, and the per-process files are gone afterwards."""
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, subprocess, sys\n"
+        "env = dict(os.environ, FAKE_CENSUS_ROWS='5\\tcuEta\\n')\n"
+        "subprocess.run([sys.executable, '-c', 'pass'], env=env, check=True)\n"
+        "os.environ['FAKE_CENSUS_ROWS'] = '2\\tcuTheta\\n'\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "os.environ['FAKE_CENSUS_ROWS'] = '6\\tcuZeta\\n'\n"
+    )
+    prog = f"{sys.executable} {script}"
+    out_dir = tmp_path / "out"
+    status, out, err = run_cli(capsys, "--census-dir", fake_census, "--out", out_dir, "--run", f"ranks={prog}")
+    assert status == 0 and "FAILED" not in out, out + err
+    assert [ln.split() for ln in out.splitlines() if ln.startswith("  ") and "unserved" not in ln] == [
+        ["6", "cuZeta"],
+        ["5", "cuEta"],
+        ["2", "cuTheta"],
+    ]
+    assert not (out_dir / "ranks.procs").exists() and (out_dir / "ranks.tsv").is_file()
 
 
 def test_strict_is_zero_when_everything_used_is_served(tmp_path, capsys):
