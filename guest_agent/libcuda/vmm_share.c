@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "call.h"
+#include "connection.h"
 #include "vg_guest_protos.h"
 
 #define SHARE_BYTES 64 /* the host's opaque handle */
@@ -102,4 +103,69 @@ CUresult handwritten_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
 			*handle = v;
 	}
 	return vg_end(&c, r);
+}
+
+/*
+ * Multicast objects (cuMulticast*) are not offered to guests: a guest is told
+ * CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED 0 (host_forwarder/native/devices.c), and every call
+ * answers as the driver does on a GPU without multicast, CUDA_ERROR_NOT_SUPPORTED, after the
+ * argument checks that come first.  Nothing crosses to the host.  Frameworks that probe (XLA asks
+ * cuMulticastGetGranularity at start; NCCL's NVLS) take their fallback.
+ */
+static CUresult multicast_refused(const char *call)
+{
+	static int said;
+	if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+		vg_log("%s: multicast objects are not offered to guests (as on a GPU without multicast): "
+		       "CUDA_ERROR_NOT_SUPPORTED",
+		       call);
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult handwritten_cuMulticastGetGranularity(size_t *granularity, const CUmulticastObjectProp *prop,
+					       CUmulticastGranularity_flags option, unsigned fl)
+{
+	(void)fl;
+	if (!granularity || !prop ||
+	    (option != CU_MULTICAST_GRANULARITY_MINIMUM && option != CU_MULTICAST_GRANULARITY_RECOMMENDED))
+		return CUDA_ERROR_INVALID_VALUE;
+	return multicast_refused("cuMulticastGetGranularity");
+}
+
+CUresult handwritten_cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop,
+				       unsigned fl)
+{
+	(void)fl;
+	if (!mcHandle || !prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	return multicast_refused("cuMulticastCreate");
+}
+
+/* No multicast object can exist here, so every handle these are given names none. */
+CUresult handwritten_cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev, unsigned fl)
+{
+	(void)mcHandle, (void)dev, (void)fl;
+	return multicast_refused("cuMulticastAddDevice");
+}
+
+CUresult handwritten_cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+					CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size,
+					unsigned long long flags, unsigned fl)
+{
+	(void)mcHandle, (void)mcOffset, (void)memHandle, (void)memOffset, (void)size, (void)flags, (void)fl;
+	return multicast_refused("cuMulticastBindMem");
+}
+
+CUresult handwritten_cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr,
+					 size_t size, unsigned long long flags, unsigned fl)
+{
+	(void)mcHandle, (void)mcOffset, (void)memptr, (void)size, (void)flags, (void)fl;
+	return multicast_refused("cuMulticastBindAddr");
+}
+
+CUresult handwritten_cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
+				       size_t size, unsigned fl)
+{
+	(void)mcHandle, (void)dev, (void)mcOffset, (void)size, (void)fl;
+	return multicast_refused("cuMulticastUnbind");
 }

@@ -183,7 +183,23 @@ def test_links_to_an_nvswitch_are_shown_as_a_switch_without_its_host_address(shm
     # the board offers multicast and fabric handles; vmgpu serves neither, so the guest is told
     # what a GPU without them says, and NCCL and XLA take their fallbacks
     assert attrs.returncode == 0, attrs.stdout + attrs.stderr
-    assert json.loads(attrs.stdout) == {"multicast": 0, "fabric": 0}
+    out = json.loads(attrs.stdout)
+    assert {k: out[k] for k in ("multicast", "fabric")} == {"multicast": 0, "fabric": 0}
+    # and the multicast calls answer as on such a GPU, in the guest: their argument checks first
+    # (CUDA_ERROR_INVALID_VALUE, 1), then CUDA_ERROR_NOT_SUPPORTED (801), said once
+    assert out["calls"] == {
+        "granularity": 801,
+        "granularity_null": 1,
+        "granularity_bad_option": 1,
+        "create": 801,
+        "create_null": 1,
+        "add_device": 801,
+        "bind_mem": 801,
+        "bind_addr": 801,
+        "unbind": 801,
+    }
+    assert attrs.stderr.count("multicast objects are not offered to guests") == 1, attrs.stderr
+    assert "is not supported" not in attrs.stderr, attrs.stderr
 
 
 ATTRS = """
@@ -195,5 +211,25 @@ out = {}
 for name, attr in (("multicast", 132), ("fabric", 128)):
     assert cu.cuDeviceGetAttribute(ctypes.byref(v), attr, 0) == 0
     out[name] = v.value
+
+
+class Prop(ctypes.Structure):  # CUmulticastObjectProp
+    _fields_ = [("numDevices", ctypes.c_uint), ("size", ctypes.c_size_t),
+                ("handleTypes", ctypes.c_ulonglong), ("flags", ctypes.c_ulonglong)]
+
+
+prop, gran, h = Prop(2, 2 << 20, 0, 0), ctypes.c_size_t(0), ctypes.c_ulonglong(0)
+u64, sz = ctypes.c_ulonglong, ctypes.c_size_t
+out["calls"] = {
+    "granularity": cu.cuMulticastGetGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
+    "granularity_null": cu.cuMulticastGetGranularity(None, ctypes.byref(prop), 1),
+    "granularity_bad_option": cu.cuMulticastGetGranularity(ctypes.byref(gran), ctypes.byref(prop), 7),
+    "create": cu.cuMulticastCreate(ctypes.byref(h), ctypes.byref(prop)),
+    "create_null": cu.cuMulticastCreate(ctypes.byref(h), None),
+    "add_device": cu.cuMulticastAddDevice(u64(1), 0),
+    "bind_mem": cu.cuMulticastBindMem(u64(1), sz(0), u64(2), sz(0), sz(2 << 20), u64(0)),
+    "bind_addr": cu.cuMulticastBindAddr(u64(1), sz(0), u64(1 << 40), sz(2 << 20), u64(0)),
+    "unbind": cu.cuMulticastUnbind(u64(1), 0, sz(0), sz(2 << 20)),
+}
 print(json.dumps(out))
 """

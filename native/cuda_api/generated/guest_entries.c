@@ -3138,6 +3138,36 @@ VG_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAllocatio
 	return forward_cuMemGetAllocationPropertiesFromHandle(prop, handle, 0);
 }
 
+VG_EXPORT CUresult CUDAAPI cuMulticastGetGranularity(size_t *granularity, const CUmulticastObjectProp *prop, CUmulticastGranularity_flags option)
+{
+	return handwritten_cuMulticastGetGranularity(granularity, prop, option, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop)
+{
+	return handwritten_cuMulticastCreate(mcHandle, prop, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev)
+{
+	return handwritten_cuMulticastAddDevice(mcHandle, dev, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size, unsigned long long flags)
+{
+	return handwritten_cuMulticastBindMem(mcHandle, mcOffset, memHandle, memOffset, size, flags, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr, size_t size, unsigned long long flags)
+{
+	return handwritten_cuMulticastBindAddr(mcHandle, mcOffset, memptr, size, flags, 0);
+}
+
+VG_EXPORT CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset, size_t size)
+{
+	return handwritten_cuMulticastUnbind(mcHandle, dev, mcOffset, size, 0);
+}
+
 static CUresult forward_cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, unsigned vg_flags)
 {
 	struct vg_call c;

@@ -108,6 +108,12 @@ CUresult handwritten_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void * user
 CUresult handwritten_cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void * userData, unsigned int flags, unsigned vg_flags);
 CUresult handwritten_cuMemExportToShareableHandle(void * shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags, unsigned vg_flags);
 CUresult handwritten_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle * handle, void * osHandle, CUmemAllocationHandleType shHandleType, unsigned vg_flags);
+CUresult handwritten_cuMulticastGetGranularity(size_t * granularity, const CUmulticastObjectProp * prop, CUmulticastGranularity_flags option, unsigned vg_flags);
+CUresult handwritten_cuMulticastCreate(CUmemGenericAllocationHandle * mcHandle, const CUmulticastObjectProp * prop, unsigned vg_flags);
+CUresult handwritten_cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev, unsigned vg_flags);
+CUresult handwritten_cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUmemGenericAllocationHandle memHandle, size_t memOffset, size_t size, unsigned long long flags, unsigned vg_flags);
+CUresult handwritten_cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr, size_t size, unsigned long long flags, unsigned vg_flags);
+CUresult handwritten_cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset, size_t size, unsigned vg_flags);
 CUresult handwritten_cuMemcpy2D_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
 CUresult forward_cuMemcpy2D_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
 CUresult handwritten_cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D * pCopy, unsigned vg_flags);
