@@ -208,6 +208,10 @@ int vh_serve(struct vh_chan *ch)
 			ch->work_exec = NULL;
 			ch->cur_op = hdr.op;
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
+			if (ch->gates_more && atomic_load(&open_captures) > 0)
+				/* a graph launched into a capture reaches its other GPUs from the graph
+				 * captured, too (a child-graph node of it) */
+				vh_capture_devs |= ch->gates_more;
 			for (int d = 0; ch->gates_more; d++)
 				if (ch->gates_more & ((vh_devs)1 << d)) {
 					vh_sched_exit(&ch->fwd->sched[d]);

@@ -195,6 +195,39 @@ static CUresult set_child(struct sim_node *nd, CUgraph child)
 	return CUDA_SUCCESS;
 }
 
+/* Called by cuGraphLaunch: a graph launched on a capturing stream is recorded in the graph being
+ * captured as a child-graph node holding a copy of it (as the driver records it), not run. */
+int sim_capture_graph_launch(CUstream s, CUgraphExec e, CUresult *r)
+{
+	struct sim_obj *o = sim_stream_obj(s);
+	struct sim_graph *x = exec_of(e);
+	if (!o || !o->capturing)
+		return 0;
+	CUgraphNode unused;
+	struct sim_node *nd;
+	if (!x) {
+		*r = CUDA_ERROR_INVALID_HANDLE;
+		return 1;
+	}
+	if ((*r = add_node(&unused, (CUgraph)o->capturing, NULL, 0, SIM_NODE_CHILD, &nd)) != CUDA_SUCCESS)
+		return 1;
+	struct sim_graph *copy = malloc(sizeof *copy);
+	if (!copy) {
+		*r = CUDA_ERROR_OUT_OF_MEMORY;
+		return 1;
+	}
+	*copy = *x;
+	copy->magic = GRAPH_MAGIC;
+	if ((*r = sim_graph_clone_children(copy)) != CUDA_SUCCESS) {
+		sim_graph_free_children(copy);
+		free(copy);
+		return 1;
+	}
+	nd->child = copy;
+	*r = added(&unused, (CUgraph)o->capturing, nd);
+	return 1;
+}
+
 EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n, CUgraph child)
 {
 	struct sim_node *nd;

@@ -75,7 +75,9 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned 
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
-	(void)s;
+	CUresult cr;
+	if (sim_capture_graph_launch(s, e, &cr)) /* (a capturing stream records it) */
+		return cr;
 	if (!sim_is_obj(e, EXEC_MAGIC)) return CUDA_ERROR_INVALID_HANDLE;
 	return sim_graph_run((struct sim_graph *)e); /* graphs_explicit.c */
 }

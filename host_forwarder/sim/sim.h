@@ -162,6 +162,7 @@ struct sim_graph {
 /* Called by cuLaunchKernel: a launch on a capturing stream is recorded, not run (nonzero, with
  * the launch's result in *r). */
 int sim_capture_launch(CUstream s, CUfunction func, const unsigned dims[7], void **args, CUresult *r);
+int sim_capture_graph_launch(CUstream s, CUgraphExec e, CUresult *r);
 /* graphs_explicit.c: run a graph's nodes (cuGraphLaunch); a graph copied by value gets its own
  * copies of its child graphs, and a graph that goes frees them. */
 CUresult sim_graph_run(struct sim_graph *x);
