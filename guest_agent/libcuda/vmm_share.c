@@ -112,9 +112,16 @@ CUresult handwritten_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
  * argument checks that come first.  Nothing crosses to the host.  Frameworks that probe (XLA asks
  * cuMulticastGetGranularity at start; NCCL's NVLS) take their fallback.
  */
-static CUresult multicast_refused(const char *call)
+/* Ready first (CUDA_ERROR_NOT_INITIALIZED before cuInit, the lost-host error after a loss), then the
+ * call's argument checks (bad: CUDA_ERROR_INVALID_VALUE), then the refusal. */
+static CUresult multicast_refused(const char *call, int bad)
 {
 	static int said;
+	CUresult r = vg_check_ready();
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (bad)
+		return CUDA_ERROR_INVALID_VALUE;
 	if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
 		vg_log("%s: multicast objects are not offered to guests (as on a GPU without multicast): "
 		       "CUDA_ERROR_NOT_SUPPORTED",
@@ -126,26 +133,24 @@ CUresult handwritten_cuMulticastGetGranularity(size_t *granularity, const CUmult
 					       CUmulticastGranularity_flags option, unsigned fl)
 {
 	(void)fl;
-	if (!granularity || !prop ||
-	    (option != CU_MULTICAST_GRANULARITY_MINIMUM && option != CU_MULTICAST_GRANULARITY_RECOMMENDED))
-		return CUDA_ERROR_INVALID_VALUE;
-	return multicast_refused("cuMulticastGetGranularity");
+	return multicast_refused("cuMulticastGetGranularity",
+				 !granularity || !prop ||
+					 (option != CU_MULTICAST_GRANULARITY_MINIMUM &&
+					  option != CU_MULTICAST_GRANULARITY_RECOMMENDED));
 }
 
 CUresult handwritten_cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop,
 				       unsigned fl)
 {
 	(void)fl;
-	if (!mcHandle || !prop)
-		return CUDA_ERROR_INVALID_VALUE;
-	return multicast_refused("cuMulticastCreate");
+	return multicast_refused("cuMulticastCreate", !mcHandle || !prop);
 }
 
 /* No multicast object can exist here, so every handle these are given names none. */
 CUresult handwritten_cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev, unsigned fl)
 {
 	(void)mcHandle, (void)dev, (void)fl;
-	return multicast_refused("cuMulticastAddDevice");
+	return multicast_refused("cuMulticastAddDevice", 0);
 }
 
 CUresult handwritten_cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
@@ -153,19 +158,19 @@ CUresult handwritten_cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, s
 					unsigned long long flags, unsigned fl)
 {
 	(void)mcHandle, (void)mcOffset, (void)memHandle, (void)memOffset, (void)size, (void)flags, (void)fl;
-	return multicast_refused("cuMulticastBindMem");
+	return multicast_refused("cuMulticastBindMem", 0);
 }
 
 CUresult handwritten_cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset, CUdeviceptr memptr,
 					 size_t size, unsigned long long flags, unsigned fl)
 {
 	(void)mcHandle, (void)mcOffset, (void)memptr, (void)size, (void)flags, (void)fl;
-	return multicast_refused("cuMulticastBindAddr");
+	return multicast_refused("cuMulticastBindAddr", 0);
 }
 
 CUresult handwritten_cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev, size_t mcOffset,
 				       size_t size, unsigned fl)
 {
 	(void)mcHandle, (void)dev, (void)mcOffset, (void)size, (void)fl;
-	return multicast_refused("cuMulticastUnbind");
+	return multicast_refused("cuMulticastUnbind", 0);
 }

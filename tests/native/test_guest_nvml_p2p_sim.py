@@ -185,9 +185,21 @@ def test_links_to_an_nvswitch_are_shown_as_a_switch_without_its_host_address(shm
     assert attrs.returncode == 0, attrs.stdout + attrs.stderr
     out = json.loads(attrs.stdout)
     assert {k: out[k] for k in ("multicast", "fabric")} == {"multicast": 0, "fabric": 0}
-    # and the multicast calls answer as on such a GPU, in the guest: their argument checks first
-    # (CUDA_ERROR_INVALID_VALUE, 1), then CUDA_ERROR_NOT_SUPPORTED (801), said once
+
+
+def test_multicast_calls_answer_as_on_a_gpu_without_multicast_on_a_board_that_has_it(shm_path, monkeypatch):
+    """The board offers multicast objects; guests are told their GPU has none, and the cuMulticast*
+    calls answer so, in the guest: not initialised before cuInit, their argument checks
+    (CUDA_ERROR_INVALID_VALUE, 1), then CUDA_ERROR_NOT_SUPPORTED (801), said once.  (Before, they
+    fell to the unserved stub: 801 whatever the arguments, and `is not supported` in the log.)"""
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    monkeypatch.setenv("VMGPU_SIM_NVSWITCH", "18")
+    with forwarder(shm_path, mem="1G"):
+        attrs = run_guest([sys.executable, "-c", ATTRS], shm_path)
+    assert attrs.returncode == 0, attrs.stdout + attrs.stderr
+    out = json.loads(attrs.stdout)
     assert out["calls"] == {
+        "before_init": 3,  # CUDA_ERROR_NOT_INITIALIZED, before the argument checks
         "granularity": 801,
         "granularity_null": 1,
         "granularity_bad_option": 1,
@@ -205,6 +217,8 @@ def test_links_to_an_nvswitch_are_shown_as_a_switch_without_its_host_address(shm
 ATTRS = """
 import ctypes, json
 cu = ctypes.CDLL("libcuda.so.1")
+gran0 = ctypes.c_size_t(0)
+before_init = cu.cuMulticastGetGranularity(ctypes.byref(gran0), None, 0)
 assert cu.cuInit(0) == 0
 v = ctypes.c_int(-1)
 out = {}
@@ -221,6 +235,7 @@ class Prop(ctypes.Structure):  # CUmulticastObjectProp
 prop, gran, h = Prop(2, 2 << 20, 0, 0), ctypes.c_size_t(0), ctypes.c_ulonglong(0)
 u64, sz = ctypes.c_ulonglong, ctypes.c_size_t
 out["calls"] = {
+    "before_init": before_init,
     "granularity": cu.cuMulticastGetGranularity(ctypes.byref(gran), ctypes.byref(prop), 0),
     "granularity_null": cu.cuMulticastGetGranularity(None, ctypes.byref(prop), 1),
     "granularity_bad_option": cu.cuMulticastGetGranularity(ctypes.byref(gran), ctypes.byref(prop), 7),
