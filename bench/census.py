@@ -304,8 +304,8 @@ def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> 
     tsv, log, status_file, linked_file = (out / f"{name}{ext}" for ext in (".tsv", ".log", ".exit", ".linked"))
     for stale in (tsv, log, status_file, linked_file):
         stale.unlink(missing_ok=True)  # a program that writes none must not be read as its last run
-    procs = fresh_dir(out / f"{name}.procs")  # one census file per process (census_pid.c)
     linked = linked_functions(Path(str(argv[0])))
+    procs = fresh_dir(out / f"{name}.procs")  # one census file per process (census_pid.c)
     if linked:
         with create(linked_file) as f:
             f.write("".join(f"{n}\n" for n in linked))
@@ -334,10 +334,10 @@ def run_program(name: str, argv: list, lib: Path, out: Path, timeout: float) -> 
 
 def fresh_dir(path: Path) -> Path:
     """An empty directory of this run's at path: a link or file there is removed, not followed."""
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)  # a link, a file, a FIFO: never followed
     path.mkdir(mode=0o700)
     return path
 
@@ -347,7 +347,7 @@ def join_processes(procs: Path, tsv: Path) -> None:
     file when no process wrote one (a program killed before it exited)."""
     files = sorted((p for p in procs.iterdir() if p.is_file() and not p.is_symlink()), key=lambda p: p.name)
     texts = [p.read_text(errors="replace") for p in files]
-    if (direct := read_text(tsv)) is not None:  # a process that lost CENSUS_OUT_DIR wrote CENSUS_OUT
+    if (direct := read_text(tsv)) is not None:  # (the census library built without census_pid.c)
         texts.insert(0, direct)
         tsv.unlink()
     if files or direct is not None:

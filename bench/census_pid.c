@@ -6,6 +6,8 @@
  * compile workers) wrote one file in turn and the last to end left its census alone, often the
  * parent's, empty.  With CENSUS_OUT_DIR set, each process's CENSUS_OUT becomes
  * $CENSUS_OUT_DIR/<pid>, as it starts and again in a forked child; census.py joins the files.
+ * A forked child inherits its parent's counts, so what the parent called before the fork counts
+ * twice (the census's counters are its own); the names, what the report is about, are right.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
