@@ -78,7 +78,7 @@ static void context_drop(struct vh_chan *ch, int dev)
 		region_unregister(ch);
 	B->cuCtxSetCurrent(NULL);
 	B->cuDevicePrimaryCtxRelease_v2(f->dev[dev]);
-	vh_depth_forget(dev);
+	vh_depth_forget(B, dev);
 	ch->ctx[dev] = NULL;
 	if (ch->cur_dev == dev)
 		ch->cur_dev = -1;

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "process.h"
+#include "graph_devs.h"
 
 /* The markers of one worker on one guest GPU: a ring of events, oldest at head. */
 struct depth {
@@ -132,22 +133,26 @@ static void depth_mark(struct vh_chan *ch, CUstream s)
 
 /* One mark per stream that was given work since the last drain, on each guest GPU.  Written by
  * the serving thread (inside the scheduler's gate, and when the context goes), read by the
- * scheduler thread's drain (the gate closed): the lock keeps a mark's event alive while waited for. */
+ * scheduler thread's drain (the gate closed): the lock keeps a mark's event alive while waited for.
+ * A mark's event is of its stream's context, which for a graph's other GPUs is not the table's
+ * GPU's (drain_mark). */
 #define CAPTURE_MARKS 64
 struct capture_marks {
 	pthread_mutex_t mu;
 	struct {
 		CUstream s;
 		CUevent ev;
+		int dev; /* the guest GPU whose context made ev */
 	} m[CAPTURE_MARKS];
 	uint32_t n, made, next; /* marks in use; events created; the one a full table gives up next */
 };
 static struct capture_marks cmarks[VG_MAX_DEVICES] = {[0 ... VG_MAX_DEVICES - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER}};
 
-/* A drain mark after a call whose work went on stream s (not one being captured). */
-static void capture_mark(struct vh_chan *ch, CUstream s)
+/* A drain mark in GPU d's table after a call whose work went on stream s of GPU sdev (not one
+ * being captured): d's hand-over waits for it. */
+static void drain_mark(struct vh_chan *ch, int d, int sdev, CUstream s)
 {
-	int d = ch->gate_dev;
+	const struct vh_backend *B = ch->backend;
 	struct capture_marks *c = &cmarks[d];
 	pthread_mutex_lock(&c->mu);
 	uint32_t i = 0;
@@ -157,21 +162,56 @@ static void capture_mark(struct vh_chan *ch, CUstream s)
 		/* more streams with work than marks: this process waits for one of them itself */
 		i = c->next;
 		c->next = (c->next + 1) % CAPTURE_MARKS;
-		ch->backend->cuEventSynchronize(c->m[i].ev);
+		B->cuEventSynchronize(c->m[i].ev);
 	} else if (i == c->n && c->n == c->made) {
-		if (!make_event(ch, d, &c->m[i].ev))
-			c->made++, c->n++;
+		if (!make_event(ch, sdev, &c->m[i].ev))
+			c->m[i].dev = sdev, c->made++, c->n++;
 		else
 			i = CAPTURE_MARKS; /* no event: this call's work goes unmarked */
 	} else if (i == c->n) {
 		c->n++;
 	}
+	if (i < CAPTURE_MARKS && c->m[i].dev != sdev) {
+		/* the slot's event is of another GPU's context, and an event is recorded only on a
+		 * stream of its own: one of the stream's instead */
+		CUevent ev;
+		if (!make_event(ch, sdev, &ev)) {
+			B->cuEventDestroy_v2(c->m[i].ev);
+			c->m[i].ev = ev;
+			c->m[i].dev = sdev;
+		} else {
+			c->m[i].s = (CUstream)(uintptr_t)-1; /* the old record stays: names no stream */
+			i = CAPTURE_MARKS;
+		}
+	}
 	if (i < CAPTURE_MARKS) {
 		c->m[i].s = s;
-		if (ch->backend->cuEventRecord(c->m[i].ev, s) != CUDA_SUCCESS)
+		if (B->cuEventRecord(c->m[i].ev, s) != CUDA_SUCCESS)
 			c->m[i].s = (CUstream)(uintptr_t)-1; /* stays, reached: names no stream */
 	}
 	pthread_mutex_unlock(&c->mu);
+}
+
+static CUstream work_stream(struct vh_chan *ch, uint32_t flags)
+{
+	CUstream s = ch->work_stream; /* (a call that names none: the default stream its work went to) */
+	return !s && (flags & VG_F_PTDS) ? CU_STREAM_PER_THREAD : s;
+}
+
+void vh_graph_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
+{
+	if (r != CUDA_SUCCESS || ch->gate_dev < 0 || !ch->gates_more)
+		return;
+	const struct vh_backend *B = ch->backend;
+	CUstream s = work_stream(ch, flags);
+	int capturing = atomic_load(&open_captures) > 0;
+	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
+	if (!capturing || !captured(B, s)) /* (a launch into a capture put nothing on the GPU) */
+		for (int d = 0; d < ch->fwd->ndev; d++)
+			if (ch->gates_more & ((vh_devs)1 << d))
+				drain_mark(ch, d, ch->gate_dev, s);
+	if (capturing)
+		relent(B, mode);
 }
 
 void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
@@ -182,15 +222,13 @@ void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
 	if (!capturing && !bounded)
 		return;
 	const struct vh_backend *B = ch->backend;
-	CUstream s = ch->work_stream; /* (a call that names none: the default stream its work went to) */
-	if (!s && (flags & VG_F_PTDS))
-		s = CU_STREAM_PER_THREAD;
+	CUstream s = work_stream(ch, flags);
 	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (!capturing || !captured(B, s)) { /* (a captured call put nothing on the GPU) */
 		if (bounded)
 			depth_mark(ch, s);
 		if (capturing)
-			capture_mark(ch, s);
+			drain_mark(ch, ch->gate_dev, ch->gate_dev, s);
 	}
 	if (capturing)
 		relent(B, mode);
@@ -213,13 +251,26 @@ void vh_capture_opening(struct vh_chan *ch)
 			ch->backend->cuCtxSynchronize_v2(ch->ctx[d]); /* (an error stays for the guest's next call) */
 }
 
-void vh_depth_forget(int dev)
+void vh_depth_forget(const struct vh_backend *B, int dev)
 {
-	/* the process's contexts go, and their events with them */
+	/* the process's context on dev goes, and its events with it; the drain marks of a graph's
+	 * other GPUs put dev's events in their tables too (vh_graph_marks), and theirs in dev's: every
+	 * table starts again, its events of the contexts that stay destroyed */
 	if (dev < 0 || dev >= VG_MAX_DEVICES)
 		return;
 	depth[dev] = (struct depth){0};
-	pthread_mutex_lock(&cmarks[dev].mu);
-	cmarks[dev].n = cmarks[dev].made = cmarks[dev].next = 0;
-	pthread_mutex_unlock(&cmarks[dev].mu);
+	for (int t = 0; t < VG_MAX_DEVICES; t++) {
+		struct capture_marks *c = &cmarks[t];
+		pthread_mutex_lock(&c->mu);
+		int mixed = t == dev;
+		for (uint32_t i = 0; i < c->made && !mixed; i++)
+			mixed = c->m[i].dev == dev;
+		if (mixed) {
+			for (uint32_t i = 0; i < c->made; i++)
+				if (c->m[i].dev != dev)
+					B->cuEventDestroy_v2(c->m[i].ev);
+			c->n = c->made = c->next = 0;
+		}
+		pthread_mutex_unlock(&c->mu);
+	}
 }

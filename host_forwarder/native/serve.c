@@ -212,6 +212,7 @@ int vh_serve(struct vh_chan *ch)
 				/* a graph launched into a capture reaches its other GPUs from the graph
 				 * captured, too (a child-graph node of it) */
 				vh_capture_devs |= ch->gates_more;
+			vh_graph_marks(ch, hdr.flags, r); /* (their hand-overs wait for its work there) */
 			for (int d = 0; ch->gates_more; d++)
 				if (ch->gates_more & ((vh_devs)1 << d)) {
 					vh_sched_exit(&ch->fwd->sched[d]);

@@ -42,6 +42,7 @@ static void sched_drain(void *arg, int dev)
 	if (c)
 		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
 	atomic_fetch_sub(&ctx_draining, 1);
+	vh_capture_drain(&BK, dev); /* and the marks of graphs launched from another GPU's stream */
 }
 
 /* One scheduler thread per guest GPU, each asleep on its own GPU's page, so that a wake there (a

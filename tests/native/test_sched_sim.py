@@ -776,6 +776,57 @@ def test_a_graph_captured_around_a_launch_of_another_gpus_graph_reaches_that_gpu
     assert used["a"] > 0.1e9, used  # its launches' time there
 
 
+# GRAPH_ACROSS with (argv[3] == "capture") a relaxed capture left open on a spare stream of GPU 0
+# while it launches
+_LOOP = "for _ in range(int(sys.argv[2])):  # (the simulated backend takes a few ms over each)\n"
+assert GRAPH_ACROSS.count(_LOOP) == 1
+GRAPH_ACROSS_CAPTURING = GRAPH_ACROSS.replace(
+    _LOOP,
+    """spare = P()
+assert cuda.cuStreamCreate(ctypes.byref(spare), 1) == 0
+if sys.argv[3] == "capture":
+    assert cuda.cuStreamBeginCapture_v2(spare, 2) == 0
+print("launching", flush=True)
+"""
+    + _LOOP,
+)
+
+
+@pytest.mark.parametrize("mode", ["plain", "capture"])
+def test_a_hand_over_on_a_graphs_other_gpu_waits_for_the_graphs_work_there(sched_dir, tmp_path, monkeypatch, mode):
+    """A graph launched on GPU 0's stream runs its GPU-1 node on GPU 1, and GPU 1's hand-over must
+    wait for that work as for any of the guest's work there.  It waited only for GPU 1's own
+    context (or, with a capture open, only for the marks of streams of GPU 1), so the graph's
+    queued work there ran on into the next guest's turn.  Now each such launch leaves a drain mark
+    on its stream for GPU 1 too.  Here the simulated GPU reaches a mark 1 s after its record: a
+    guest alone on GPU 1 that wants the GPU while the launcher holds it waits for the mark (before,
+    it had the GPU at once)."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "1000000"}
+    with forwarder(a, extra=("--gpus", "0,1"), env=lag), forwarder(b, extra=("--gpus", "1")):
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", GRAPH_ACROSS_CAPTURING, str(GUEST_LIB), "400", mode],
+            env=guest_env(a),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert launcher.stdout.readline().strip() == "launching"
+            time.sleep(0.5)  # (it holds GPU 1 with a second or so of launches to go, their marks a second behind)
+            waited = _turn_wait(b)
+            out, err = launcher.communicate(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    assert launcher.returncode == 0 and "ops" in out, out + err
+    assert waited > 0.9, waited
+
+
 BEGIN_AFTER_WORK = r"""
 import ctypes, sys
 cuda = ctypes.CDLL(sys.argv[1])
