@@ -64,6 +64,12 @@ uint64_t sim_event_lag_ns(void)
 	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
 }
 
+int sim_event_lag_dev(void)
+{
+	const char *e = getenv("VMGPU_SIM_EVENT_LAG_DEV");
+	return e && *e ? atoi(e) : -1;
+}
+
 uint64_t sim_ctx_sync_ns(void)
 {
 	const char *e = getenv("VMGPU_SIM_CTX_SYNC_US");

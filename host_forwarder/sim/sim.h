@@ -73,6 +73,9 @@ int sim_pageable_access(void);
 /* VMGPU_SIM_EVENT_LAG_US: an event is reached that long after its record, as if its stream had
  * that much work still ahead of it (default 0: at once). */
 uint64_t sim_event_lag_ns(void);
+/* VMGPU_SIM_EVENT_LAG_DEV: the lag only for events made in that GPU's context (the others
+ * reached at once), as if only that GPU had work queued (default: every GPU's). */
+int sim_event_lag_dev(void);
 /* VMGPU_SIM_CTX_SYNC_US: how long a context's synchronisation takes (default 0: none), as if it
  * had that much work queued. */
 uint64_t sim_ctx_sync_ns(void);
@@ -101,6 +104,7 @@ struct sim_obj {
 	uint64_t capture_unsafe;
 	uint64_t capture_ctx_syncs; /* streams.c: sim_ctx_synchronized's count when the capture began */
 	int captured;
+	int ctx_dev; /* events: the GPU of the context current when it was made (-1: none) */
 };
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u

@@ -78,7 +78,13 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; 
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return CUDA_SUCCESS; }
-EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f) { return sim_new_obj((void **)e, EVENT_MAGIC, (int)f); }
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f)
+{
+	CUresult r = sim_new_obj((void **)e, EVENT_MAGIC, (int)f);
+	if (r == CUDA_SUCCESS)
+		((struct sim_obj *)*e)->ctx_dev = sim_current ? sim_ctx_device(sim_current) : -1;
+	return r;
+}
 EXPORT CUresult cuEventDestroy_v2(CUevent e) { return sim_del_obj(e, EVENT_MAGIC); }
 /* Stream capture as the driver checks it, in part: while a capture begun in the global mode is
  * open (global_captures), a query or synchronisation of an event by a thread whose capture mode is not relaxed is
@@ -111,7 +117,8 @@ EXPORT CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int f) { 
  * guest may run). */
 static uint64_t event_due(struct sim_obj *o)
 {
-	return o->t_ns + sim_event_lag_ns();
+	int only = sim_event_lag_dev();
+	return o->t_ns + (only < 0 || only == o->ctx_dev ? sim_event_lag_ns() : 0);
 }
 EXPORT CUresult cuEventSynchronize(CUevent e)
 {

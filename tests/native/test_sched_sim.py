@@ -827,6 +827,62 @@ def test_a_hand_over_on_a_graphs_other_gpu_waits_for_the_graphs_work_there(sched
     assert waited > 0.9, waited
 
 
+# GRAPH_ACROSS, but: with a relaxed capture left open on a spare stream of GPU 0, one memset on
+# GPU 1's default stream (GPU 1 current), then the graph launched again and again, for argv[2]
+# seconds, on GPU 0's default stream (GPU 0 current)
+DEFAULT_STREAMS_ACROSS = GRAPH_ACROSS.replace(
+    _LOOP + "    assert cuda.cuGraphLaunch(exe, s0) == 0\n",
+    """spare = P()
+assert cuda.cuStreamCreate(ctypes.byref(spare), 1) == 0
+assert cuda.cuStreamBeginCapture_v2(spare, 2) == 0
+assert cuda.cuCtxSetCurrent(c1) == 0
+assert cuda.cuMemsetD8_v2(buf, 1, sz(1 << 20)) == 0  # on GPU 1's default stream
+assert cuda.cuCtxSetCurrent(c0) == 0
+print("launching", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    assert cuda.cuGraphLaunch(exe, None) == 0  # on GPU 0's default stream
+""",
+)
+assert DEFAULT_STREAMS_ACROSS != GRAPH_ACROSS
+
+
+def test_a_graphs_mark_on_another_gpus_default_stream_does_not_take_the_place_of_that_gpus_own(
+    sched_dir, tmp_path, monkeypatch
+):
+    """A drain mark's slot was found by its stream alone, but a default stream (NULL, and the
+    legacy and per-thread ones) is a stream of each context: the mark of a graph launched on GPU
+    0's default stream found the slot of GPU 1's own default-stream work in GPU 1's table, and
+    the slot was given an event of GPU 0's context instead, recorded on GPU 0's stream, so that
+    GPU 1's hand-over no longer waited for GPU 1's own work (with a capture open, the marks are
+    all a drain waits for).  Here only GPU 1's events are a second behind their records: a guest
+    alone on GPU 1 that wants the GPU while the launcher holds it waits for GPU 1's memset."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "1000000", "VMGPU_SIM_EVENT_LAG_DEV": "1"}
+    with forwarder(a, extra=("--gpus", "0,1"), env=lag), forwarder(b, extra=("--gpus", "1")):
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", DEFAULT_STREAMS_ACROSS, str(GUEST_LIB), "2.5"],
+            env=guest_env(a),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert launcher.stdout.readline().strip() == "launching"
+            time.sleep(0.1)  # (it holds GPU 1, launching, its memset there a second from done)
+            waited = _turn_wait(b)
+            out, err = launcher.communicate(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    assert launcher.returncode == 0 and "ops" in out, out + err
+    assert waited > 0.75, waited
+
+
 BEGIN_AFTER_WORK = r"""
 import ctypes, sys
 cuda = ctypes.CDLL(sys.argv[1])
