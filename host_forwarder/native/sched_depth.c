@@ -155,8 +155,10 @@ static void drain_mark(struct vh_chan *ch, int d, int sdev, CUstream s)
 	const struct vh_backend *B = ch->backend;
 	struct capture_marks *c = &cmarks[d];
 	pthread_mutex_lock(&c->mu);
+	/* a stream's slot: its handle and its GPU (a default stream, NULL or the legacy or per-thread
+	 * one, is a stream of each context: GPU 1's and a graph's from GPU 0's are two marks) */
 	uint32_t i = 0;
-	while (i < c->n && c->m[i].s != s)
+	while (i < c->n && (c->m[i].s != s || c->m[i].dev != sdev))
 		i++;
 	if (i == c->n && c->n == CAPTURE_MARKS) {
 		/* more streams with work than marks: this process waits for one of them itself */
@@ -172,8 +174,9 @@ static void drain_mark(struct vh_chan *ch, int d, int sdev, CUstream s)
 		c->n++;
 	}
 	if (i < CAPTURE_MARKS && c->m[i].dev != sdev) {
-		/* the slot's event is of another GPU's context, and an event is recorded only on a
-		 * stream of its own: one of the stream's instead */
+		/* the slot (one free, or the one a full table gave up, waited for) has an event of
+		 * another GPU's context, and an event is recorded only on a stream of its own: one of
+		 * the stream's instead */
 		CUevent ev;
 		if (!make_event(ch, sdev, &ev)) {
 			B->cuEventDestroy_v2(c->m[i].ev);
