@@ -808,7 +808,7 @@ def test_a_hand_over_on_a_graphs_other_gpu_waits_for_the_graphs_work_there(sched
     lag = {"VMGPU_SIM_EVENT_LAG_US": "1000000"}
     with forwarder(a, extra=("--gpus", "0,1"), env=lag), forwarder(b, extra=("--gpus", "1")):
         launcher = subprocess.Popen(
-            [sys.executable, "-c", GRAPH_ACROSS_CAPTURING, str(GUEST_LIB), "400", mode],
+            [sys.executable, "-c", GRAPH_ACROSS_CAPTURING, str(GUEST_LIB), "1000", mode],
             env=guest_env(a),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -816,7 +816,7 @@ def test_a_hand_over_on_a_graphs_other_gpu_waits_for_the_graphs_work_there(sched
         )
         try:
             assert launcher.stdout.readline().strip() == "launching"
-            time.sleep(0.5)  # (it holds GPU 1 with a second or so of launches to go, their marks a second behind)
+            time.sleep(0.5)  # (it holds GPU 1 with seconds of launches to go, their marks a second behind)
             waited = _turn_wait(b)
             out, err = launcher.communicate(timeout=60)
         finally:
