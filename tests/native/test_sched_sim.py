@@ -792,6 +792,35 @@ print("launching", flush=True)
 )
 
 
+def _gpu1_wait_beside_a_launcher(tmp_path, monkeypatch, env: dict, settle: float, script: str, *args: str) -> float:
+    """Guest a (GPUs 0 and 1, its forwarder given env) runs script (argv: the guest library, args)
+    until it prints "launching"; settle seconds later, how long guest b (GPU 1 only) waits for a
+    turn.  The script must end well (it prints "ops")."""
+    from tests.native.guest_process import GUEST_LIB
+
+    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--gpus", "0,1"), env=env), forwarder(b, extra=("--gpus", "1")):
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", script, str(GUEST_LIB), *args],
+            env=guest_env(a),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert launcher.stdout.readline().strip() == "launching"
+            time.sleep(settle)
+            waited = _turn_wait(b)
+            out, err = launcher.communicate(timeout=60)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    assert launcher.returncode == 0 and "ops" in out, out + err
+    return waited
+
+
 @pytest.mark.parametrize("mode", ["plain", "capture"])
 def test_a_hand_over_on_a_graphs_other_gpu_waits_for_the_graphs_work_there(sched_dir, tmp_path, monkeypatch, mode):
     """A graph launched on GPU 0's stream runs its GPU-1 node on GPU 1, and GPU 1's hand-over must
@@ -801,29 +830,9 @@ def test_a_hand_over_on_a_graphs_other_gpu_waits_for_the_graphs_work_there(sched
     on its stream for GPU 1 too.  Here the simulated GPU reaches a mark 1 s after its record: a
     guest alone on GPU 1 that wants the GPU while the launcher holds it waits for the mark (before,
     it had the GPU at once)."""
-    from tests.native.guest_process import GUEST_LIB
-
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-    a, b = tmp_path / "a", tmp_path / "b"
+    # (0.5 s in, it holds GPU 1 with seconds of launches to go, their marks a second behind)
     lag = {"VMGPU_SIM_EVENT_LAG_US": "1000000"}
-    with forwarder(a, extra=("--gpus", "0,1"), env=lag), forwarder(b, extra=("--gpus", "1")):
-        launcher = subprocess.Popen(
-            [sys.executable, "-c", GRAPH_ACROSS_CAPTURING, str(GUEST_LIB), "1000", mode],
-            env=guest_env(a),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert launcher.stdout.readline().strip() == "launching"
-            time.sleep(0.5)  # (it holds GPU 1 with seconds of launches to go, their marks a second behind)
-            waited = _turn_wait(b)
-            out, err = launcher.communicate(timeout=60)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
-    assert launcher.returncode == 0 and "ops" in out, out + err
+    waited = _gpu1_wait_beside_a_launcher(tmp_path, monkeypatch, lag, 0.5, GRAPH_ACROSS_CAPTURING, "1000", mode)
     assert waited > 0.9, waited
 
 
@@ -857,29 +866,9 @@ def test_a_graphs_mark_on_another_gpus_default_stream_does_not_take_the_place_of
     GPU 1's hand-over no longer waited for GPU 1's own work (with a capture open, the marks are
     all a drain waits for).  Here only GPU 1's events are a second behind their records: a guest
     alone on GPU 1 that wants the GPU while the launcher holds it waits for GPU 1's memset."""
-    from tests.native.guest_process import GUEST_LIB
-
-    monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
-    a, b = tmp_path / "a", tmp_path / "b"
+    # (0.1 s in, it holds GPU 1, launching, its memset there a second from done)
     lag = {"VMGPU_SIM_EVENT_LAG_US": "1000000", "VMGPU_SIM_EVENT_LAG_DEV": "1"}
-    with forwarder(a, extra=("--gpus", "0,1"), env=lag), forwarder(b, extra=("--gpus", "1")):
-        launcher = subprocess.Popen(
-            [sys.executable, "-c", DEFAULT_STREAMS_ACROSS, str(GUEST_LIB), "2.5"],
-            env=guest_env(a),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert launcher.stdout.readline().strip() == "launching"
-            time.sleep(0.1)  # (it holds GPU 1, launching, its memset there a second from done)
-            waited = _turn_wait(b)
-            out, err = launcher.communicate(timeout=60)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
-    assert launcher.returncode == 0 and "ops" in out, out + err
+    waited = _gpu1_wait_beside_a_launcher(tmp_path, monkeypatch, lag, 0.1, DEFAULT_STREAMS_ACROSS, "2.5")
     assert waited > 0.75, waited
 
 
