@@ -59,12 +59,11 @@ int vh_serve(struct vh_chan *ch);
  * drain mark (a capture open) on the stream it used, neither on a stream being captured. */
 #define VH_DEPTH_MAX 64
 uint64_t vh_depth_wait(struct vh_chan *ch);
+/* (Also, for a graph's launch that holds the gates of other GPUs, ch->gates_more: a drain mark on
+ * its stream in each of their tables, with or without a capture open, since a context-wide wait of
+ * theirs is not known to cover work launched from another GPU's stream.  Called before those gates
+ * are let go.) */
 void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r);
-/* After a graph's launch that holds the gates of other GPUs (ch->gates_more): a drain mark on its
- * stream in each of their tables, so that their hand-overs wait for its work there too (with or
- * without a capture open: a context-wide wait of theirs is not known to cover work launched from
- * another GPU's stream).  Before those gates are let go. */
-void vh_graph_marks(struct vh_chan *ch, uint32_t flags, CUresult r);
 void vh_depth_forget(const struct vh_backend *B, int dev); /* the process's context on dev is gone, its markers with it */
 void vh_capture_drain(const struct vh_backend *B, int dev);
 void vh_capture_opening(struct vh_chan *ch);

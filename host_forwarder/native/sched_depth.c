@@ -201,28 +201,12 @@ static CUstream work_stream(struct vh_chan *ch, uint32_t flags)
 	return !s && (flags & VG_F_PTDS) ? CU_STREAM_PER_THREAD : s;
 }
 
-void vh_graph_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
-{
-	if (r != CUDA_SUCCESS || ch->gate_dev < 0 || !ch->gates_more)
-		return;
-	const struct vh_backend *B = ch->backend;
-	CUstream s = work_stream(ch, flags);
-	int capturing = atomic_load(&open_captures) > 0;
-	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
-	if (!capturing || !captured(B, s)) /* (a launch into a capture put nothing on the GPU) */
-		for (int d = 0; d < ch->fwd->ndev; d++)
-			if (ch->gates_more & ((vh_devs)1 << d))
-				drain_mark(ch, d, ch->gate_dev, s);
-	if (capturing)
-		relent(B, mode);
-}
-
 void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
 {
 	if (r != CUDA_SUCCESS || ch->gate_dev < 0)
 		return;
 	int capturing = atomic_load(&open_captures) > 0, bounded = on(ch);
-	if (!capturing && !bounded)
+	if (!capturing && !bounded && !ch->gates_more)
 		return;
 	const struct vh_backend *B = ch->backend;
 	CUstream s = work_stream(ch, flags);
@@ -232,6 +216,11 @@ void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
 			depth_mark(ch, s);
 		if (capturing)
 			drain_mark(ch, ch->gate_dev, ch->gate_dev, s);
+		/* a graph's other GPUs (their gates still held): their hand-overs wait for its work there,
+		 * with or without a capture open */
+		for (int d = 0; ch->gates_more && d < ch->fwd->ndev; d++)
+			if (ch->gates_more & ((vh_devs)1 << d))
+				drain_mark(ch, d, ch->gate_dev, s);
 	}
 	if (capturing)
 		relent(B, mode);
@@ -257,7 +246,7 @@ void vh_capture_opening(struct vh_chan *ch)
 void vh_depth_forget(const struct vh_backend *B, int dev)
 {
 	/* the process's context on dev goes, and its events with it; the drain marks of a graph's
-	 * other GPUs put dev's events in their tables too (vh_graph_marks), and theirs in dev's: every
+	 * other GPUs put dev's events in their tables too (vh_work_marks), and theirs in dev's: every
 	 * table starts again, its events of the contexts that stay destroyed */
 	if (dev < 0 || dev >= VG_MAX_DEVICES)
 		return;

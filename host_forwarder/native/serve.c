@@ -212,7 +212,7 @@ int vh_serve(struct vh_chan *ch)
 				/* a graph launched into a capture reaches its other GPUs from the graph
 				 * captured, too (a child-graph node of it) */
 				vh_capture_devs |= ch->gates_more;
-			vh_graph_marks(ch, hdr.flags, r); /* (their hand-overs wait for its work there) */
+			vh_work_marks(ch, hdr.flags, r); /* (a graph's on its other GPUs: before their gates go) */
 			for (int d = 0; ch->gates_more; d++)
 				if (ch->gates_more & ((vh_devs)1 << d)) {
 					vh_sched_exit(&ch->fwd->sched[d]);
@@ -221,7 +221,6 @@ int vh_serve(struct vh_chan *ch)
 			if (ch->gate_dev >= 0) {
 				if (atomic_load(&open_captures) > 0) /* (the GPU a capture's graph will reach) */
 					vh_capture_devs |= (vh_devs)1 << ch->gate_dev;
-				vh_work_marks(ch, hdr.flags, r);
 				vh_sched_exit(&ch->fwd->sched[ch->gate_dev]);
 			} else if (r == CUDA_SUCCESS) {
 				vh_log("channel %u: %s passed no scheduler (its stream was not decoded)", ch->index,
