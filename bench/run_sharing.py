@@ -97,8 +97,9 @@ class Guests:
     """Forwarders, one per guest, made as asked and stopped at the end; their scheduler pages in
     a directory of this run's own."""
 
-    def __init__(self, tmp: Path, depth: int | None, slice_us: int | None = None):
-        self.tmp, self.fwds, self.n, self.depth, self.slice_us = tmp, [], 0, depth, slice_us
+    def __init__(self, tmp: Path, depth: int | None, slice_us=None, idle_us=None, period_us=None):
+        self.tmp, self.fwds, self.n, self.depth = tmp, [], 0, depth
+        self.slice_us, self.idle_us, self.period_us = slice_us, idle_us, period_us
         self.sched = tmp / "sched"
         self.names: list[str] = []
 
@@ -111,9 +112,14 @@ class Guests:
             extra += ("--sched-depth", str(self.depth))
         fwd = Forwarder(region, backend="cuda", size="1G", guest=name, extra=extra).start()
         self.fwds.append((fwd, region))
-        if self.slice_us and "--no-sched" not in flags and "--mps" not in flags:
-            with self.page() as pg:
-                pg.page.slice_us = self.slice_us  # one aligned 4-byte store, as `vmgpu policy` makes
+        if (self.slice_us or self.idle_us or self.period_us) and "--no-sched" not in flags and "--mps" not in flags:
+            with self.page() as pg:  # each one aligned 4-byte store, as `vmgpu policy` makes
+                if self.slice_us:
+                    pg.page.slice_us = self.slice_us
+                if self.idle_us:
+                    pg.page.idle_us = self.idle_us
+                if self.period_us:
+                    pg.page.period_us = self.period_us
         self.names.append(name)
         return guest_env(region, native_env())
 
@@ -152,6 +158,14 @@ def normalised_err(rates: list[float], solo: float, weights: list[int]) -> tuple
     return max(abs(p - 100 * w / sum(weights)) for p, w in zip(parts, weights, strict=True)), parts
 
 
+class Rows(list):
+    """The table's rows, each also said on stderr as it is measured (a run cut short keeps them)."""
+
+    def append(self, row: tuple[str, str]) -> None:
+        print(f"  {row[0]}: {row[1]}", file=sys.stderr, flush=True)
+        super().append(row)
+
+
 class Sampler:
     """The scheduler page's GPU time per guest, every `every` seconds, on a thread."""
 
@@ -163,8 +177,10 @@ class Sampler:
             with self.g.page() as pg:
                 while not self.stop.is_set():
                     now, used = pg.gpu_time()
-                    calls = {m.guest: pg.page.slot[m.slot].work_calls for m in pg.members()}
-                    self.samples.append((now / 1e9, used, calls))
+                    members = pg.members()
+                    calls = {m.guest: pg.page.slot[m.slot].work_calls for m in members}
+                    turns = {m.guest: m.turns for m in members}
+                    self.samples.append((now / 1e9, used, calls, turns))
                     if at and at[0] is not None and now / 1e9 >= at[0]:
                         at[1](pg)
                         at[0] = None
@@ -189,6 +205,36 @@ def _share(samples: list, t0: float, t1: float, guest: str) -> float | None:
     spent = {k: u1.get(k, 0) - u0.get(k, 0) for k in u1}
     tot = sum(spent.values())
     return 100 * spent.get(guest, 0) / tot if tot else None
+
+
+def held(samples: list, t0: float, t1: float) -> dict[str, tuple[float, float]]:
+    """Each guest's GPU time on the page between t0 and t1, as a part of the wall time (%), and
+    its turns per second: what the scheduler charged, beside what the guest got done."""
+    a = [s for s in samples if s[0] >= t0]
+    b = [s for s in samples if s[0] >= t1] or samples[-1:]
+    if not a or not b or b[0][0] <= a[0][0]:
+        return {}
+    (ta, ua, _, na), (tb, ub, _, nb) = a[0], b[0]
+    dt = tb - ta
+    return {k: (100 * (ub[k] - ua.get(k, 0)) / 1e9 / dt, (nb.get(k, 0) - na.get(k, 0)) / dt) for k in ub}
+
+
+def held_text(h: dict[str, tuple[float, float]], names: list[str]) -> str:
+    return "; held " + " / ".join(f"{h[n][0]:.1f}% ({h[n][1]:.0f} turns/s)" for n in names if n in h) if h else ""
+
+
+def sampled(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dict], str]:
+    """run.together(guests) with the page sampled: their results and what the page charged them."""
+    names = g.names[-len(guests) :]
+    s, marks = Sampler(g, 0.05), {}
+
+    def during(t0):
+        marks["t0"] = t0
+        s.start(t0)
+
+    out = run.together(guests, during)
+    samples = s.done()
+    return out, held_text(held(samples, marks["t0"] + 0.5, marks["t0"] + seconds - 0.5), names)
 
 
 def converge_s(samples: list, change_at: float, end: float, guest: str, target: float, window: float = 0.25) -> float:
@@ -216,7 +262,7 @@ def reclaim_ms(samples: list, stayer: str, leaver: str) -> float:
     if last is None:
         return float("nan")
     for i in range(1, len(samples)):
-        (t0, u0, _), (t1, u1, _) = samples[i - 1], samples[i]
+        (t0, u0), (t1, u1) = samples[i - 1][:2], samples[i][:2]
         if t0 >= last and t1 > t0 and (u1.get(stayer, 0) - u0.get(stayer, 0)) / 1e9 >= 0.9 * (t1 - t0):
             return 1000 * (t0 - last)
     return float("inf")
@@ -229,6 +275,12 @@ def main() -> int:
     ap.add_argument("--depth", type=int, help="the forwarders' --sched-depth (default: theirs)")
     ap.add_argument("--slice-ms", type=float, help="the scheduler's slice (default: the page's, 10 ms)")
     ap.add_argument(
+        "--idle-ms",
+        type=float,
+        help="how long a holder without work keeps the GPU while another waits (default: the page's, 2 ms)",
+    )
+    ap.add_argument("--period-ms", type=float, help="the period of caps (default: the page's, 100 ms)")
+    ap.add_argument(
         "--skip",
         default="",
         help="comma-separated scenarios to leave out (four, mps, priority, cap, converge, reclaim)",
@@ -237,19 +289,25 @@ def main() -> int:
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)
-    g = Guests(tmp, a.depth, int(a.slice_ms * 1000) if a.slice_ms else None)
+    g = Guests(
+        tmp,
+        a.depth,
+        int(a.slice_ms * 1000) if a.slice_ms else None,
+        int(a.idle_ms * 1000) if a.idle_ms else None,
+        int(a.period_ms * 1000) if a.period_ms else None,
+    )
     infer = INFER + ["--rate", str(a.rate)]
-    rows, summary = [], {}
+    rows, summary = Rows(), {}
     try:
         # alone: the denominators
-        (train_alone,) = run.together([(TRAIN, g.env())])
+        (train_alone,), alone_held = sampled(g, run, [(TRAIN, g.env())], a.seconds)
         g.stop()
         (infer_alone,) = run.together([(infer, g.env())])
         g.stop()
         (train_native,) = run.together([(TRAIN, native_env())])
         (infer_native,) = run.together([(infer, native_env())])
         solo, native_solo = train_alone["img_per_s"], train_native["img_per_s"]
-        rows.append(("trainer alone (vmgpu / native)", f"{solo:.1f} / {native_solo:.1f} img/s"))
+        rows.append(("trainer alone (vmgpu / native)", f"{solo:.1f} / {native_solo:.1f} img/s" + alone_held))
         rows.append(
             (
                 f"inference alone natively at {a.rate:g}/s p50 / p99",
@@ -264,7 +322,9 @@ def main() -> int:
         )
 
         # two trainers at 30/70
-        w30, w70 = run.together([(TRAIN, g.env("--weight", "30")), (TRAIN, g.env("--weight", "70"))])
+        (w30, w70), w_held = sampled(
+            g, run, [(TRAIN, g.env("--weight", "30")), (TRAIN, g.env("--weight", "70"))], a.seconds
+        )
         g.stop()
         rates = [w30["img_per_s"], w70["img_per_s"]]
         err, parts = normalised_err(rates, solo, [30, 70])
@@ -272,7 +332,8 @@ def main() -> int:
         rows.append(
             (
                 "weights 30/70: shares (normalised)",
-                f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})",
+                f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})"
+                + w_held,
             )
         )
         errs = [err]
@@ -361,10 +422,10 @@ def main() -> int:
         if "cap" not in skip:
             cap_errs = []
             for cap in (10, 50):
-                (c,) = run.together([(TRAIN, g.env("--cap", str(cap)))])
+                (c,), c_held = sampled(g, run, [(TRAIN, g.env("--cap", str(cap)))], a.seconds)
                 g.stop()
                 cap_errs.append(abs(100 * c["img_per_s"] / solo - cap))
-                rows.append((f"cap {cap}% alone: share", f"{100 * c['img_per_s'] / solo:.1f}%"))
+                rows.append((f"cap {cap}% alone: share", f"{100 * c['img_per_s'] / solo:.1f}%" + c_held))
             summary["cap_err_pp"] = max(cap_errs)
 
         if "converge" not in skip:

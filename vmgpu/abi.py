@@ -184,7 +184,7 @@ class SchedPage(ctypes.Structure):
         ("period_us", u32),
         ("owner", i32),
         ("gen", u32),
-        ("pad0", u32),
+        ("idle_us", u32),
         ("hold_start", u64),
         ("mu_space", u8 * 64),
         ("pad1", u8 * (128 - 112)),

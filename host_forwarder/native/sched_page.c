@@ -382,9 +382,9 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	/* idle: no worker of the guest has passed the gate for a while (a call that another worker
 	 * still has in flight is waited for by the drain) */
 	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) &&
-		   now - s->seen_at > (sched_only_lower_wait(pg, s->me, now) ? SCHED_IDLE_LOWER_NS : SCHED_IDLE_NS);
+		   now - s->seen_at > sched_idle_ns(pg, sched_only_lower_wait(pg, s->me, now));
 	if (!sched_turn_over(pg, s->me, now, idle)) {
-		if (idle && now - pg->hold_start > SCHED_IDLE_NS) { /* alone and idle: its time is nobody's */
+		if (idle && now - pg->hold_start > sched_idle_ns(pg, 0)) { /* alone and idle: its time is nobody's */
 			lock(pg);
 			if (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))
 				sched_rest(pg, g, s->seen_at, now);

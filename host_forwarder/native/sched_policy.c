@@ -20,6 +20,14 @@ int sched_alive(uint32_t pid)
 	return state != 'Z' && state != 'X';
 }
 
+uint64_t sched_idle_ns(struct vmgpu_sched_page *pg, int lower)
+{
+	uint64_t idle = (uint64_t)atomic_load(&pg->idle_us) * 1000;
+	if (!idle)
+		idle = SCHED_IDLE_NS;
+	return lower && SCHED_IDLE_LOWER_NS < idle ? SCHED_IDLE_LOWER_NS : idle;
+}
+
 static int capped_policy(uint32_t policy)
 {
 	return policy == VMGPU_SCHED_EQUAL || policy == VMGPU_SCHED_FIXED;

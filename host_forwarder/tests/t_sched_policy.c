@@ -434,6 +434,24 @@ static void a_guarantee_is_given_first_and_the_rest_by_weight(void)
 	check(p[b] >= 995, "the guaranteed guest idle: its time goes to b (%u‰)", p[b]);
 }
 
+static void the_pages_idle_time_is_how_long_an_idle_holder_keeps_its_turn(void)
+{
+	struct sim s;
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	struct vmgpu_sched_page *pg = &s.pg;
+	check(sched_idle_ns(pg, 0) == SCHED_IDLE_NS && sched_idle_ns(pg, 1) == SCHED_IDLE_LOWER_NS,
+	      "idle_us 0: the defaults (%llu / %llu ns)", (unsigned long long)sched_idle_ns(pg, 0),
+	      (unsigned long long)sched_idle_ns(pg, 1));
+	atomic_store(&pg->idle_us, 300);
+	check(sched_idle_ns(pg, 0) == 300000 && sched_idle_ns(pg, 1) == 300000,
+	      "idle_us 300: 300 us, and no longer when only lower guests wait (%llu / %llu ns)",
+	      (unsigned long long)sched_idle_ns(pg, 0), (unsigned long long)sched_idle_ns(pg, 1));
+	atomic_store(&pg->idle_us, 5000);
+	check(sched_idle_ns(pg, 0) == 5 * MS && sched_idle_ns(pg, 1) == SCHED_IDLE_LOWER_NS,
+	      "idle_us 5000: 5 ms, 0.5 ms when only lower guests wait (%llu / %llu ns)",
+	      (unsigned long long)sched_idle_ns(pg, 0), (unsigned long long)sched_idle_ns(pg, 1));
+}
+
 int main(void)
 {
 	weights_share_the_gpu_and_change_live();
@@ -451,6 +469,7 @@ int main(void)
 	equal_priorities_stay_weighted();
 	a_cap_holds_one_guest_while_the_others_stay_weighted();
 	a_guarantee_is_given_first_and_the_rest_by_weight();
+	the_pages_idle_time_is_how_long_an_idle_holder_keeps_its_turn();
 	if (failures) {
 		printf("t_sched_policy: %d failed\n", failures);
 		return 1;

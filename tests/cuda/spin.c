@@ -4,8 +4,9 @@
  * "async", cuMemsetD8Async on a stream of its own (synchronised at the end); with "capture", the
  * same while a stream capture of one memset is open on a second stream (ended at the end: then
  * "capture ok" if it ended whole, "capture broken" if not); with "capture-stray", the same after
- * a cuStreamEndCapture of the first stream, which is not being captured (refused).
- *   spin SECONDS [MIB] [async|capture|capture-stray]   */
+ * a cuStreamEndCapture of the first stream, which is not being captured (refused).  IDLE: seconds
+ * it then stays without putting work on the GPU before it exits (its output said first).
+ *   spin SECONDS [MIB] [sync|async|capture|capture-stray] [IDLE]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,12 @@ int main(int argc, char **argv)
 		printf("capture %s\n", r == CUDA_SUCCESS ? "ok" : "broken");
 		if (g)
 			cuGraphDestroy(g);
+	}
+	if (argc > 4) {
+		double idle = atof(argv[4]);
+		struct timespec t = {(time_t)idle, (long)((idle - (double)(time_t)idle) * 1e9)};
+		fflush(stdout);
+		nanosleep(&t, NULL);
 	}
 	return 0;
 }

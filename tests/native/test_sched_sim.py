@@ -918,3 +918,34 @@ def test_a_hand_over_while_a_capture_begins_waits_for_the_work_queued_before_it(
             holder.wait()
     assert holder.returncode == 0 and "done" in out, out
     assert waited > 1.0, waited  # (about 1.7 s of the holder's work left)
+
+
+@pytest.mark.parametrize("idle_us, waits", [(0, False), (1500000, True)])
+def test_a_holder_without_work_keeps_the_gpu_for_the_pages_idle_time_while_another_waits(
+    sched_dir, tmp_path, idle_us, waits
+):
+    """A holder whose guest stops putting work on the GPU gives it up to a waiting guest once it
+    has had no work for the page's idle_us (0: the forwarders' 2 ms), not for a time built into
+    the forwarder.  The slice is set long, so that only its idleness can end the holder's turn:
+    with the default, the other guest's one memset waits far less than a second; with idle_us at
+    1.5 s, it waits for most of that."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a), forwarder(b):
+        with _page(sched_dir) as pg:
+            pg.page.slice_us = 30_000_000
+            pg.page.idle_us = idle_us
+            holder = subprocess.Popen(
+                [str(NATIVE / "spin"), "0.2", "1", "sync", "4"], env=guest_env(a), stdout=subprocess.PIPE, text=True
+            )
+            try:
+                line = holder.stdout.readline()  # its work done: idle from here on
+                assert line.startswith("ops "), line
+                assert wait_for(lambda: any(m.guest == "a" and m.turns > 0 for m in pg.members()), timeout=10)
+                waited = _turn_wait(b)
+            finally:
+                holder.kill()
+                holder.wait()
+    if waits:
+        assert 0.8 < waited < 3, waited
+    else:
+        assert waited < 0.5, waited

@@ -16,7 +16,8 @@
  *    guarantee.
  *  - cap, priority and guarantee sit where version 1 had padding, and zero means what a slot
  *    without them did (no cap, normal priority, no guarantee): a forwarder that does not know them
- *    leaves them zero, so the page stays version 1.
+ *    leaves them zero, so the page stays version 1.  So does the header's idle_us (zero: the
+ *    forwarders' default).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
  *
@@ -94,7 +95,8 @@ struct vmgpu_sched_page {
 	VMGPU_ATOMIC(uint32_t) period_us; /*  24: the accounting period of caps */
 	VMGPU_ATOMIC(int32_t) owner;      /*  28: slot holding the GPU, -1 none */
 	VMGPU_ATOMIC(uint32_t) gen;       /*  32: futex word, bumped at every hand-over */
-	uint32_t pad0;                          /*  36 */
+	VMGPU_ATOMIC(uint32_t) idle_us;   /*  36: a holder with no work for this long, while another
+	                                         *      waits, gives the GPU up; 0: 2000 (SCHED_IDLE_NS) */
 	uint64_t hold_start;                    /*  40: when the owner's turn began */
 	uint8_t mu_space[64];                   /*  48: pthread_mutex_t (process-shared, robust) */
 	uint8_t pad1[128 - 112];                /* 112 */
@@ -123,6 +125,7 @@ _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second"
 _Static_assert(offsetof(struct vmgpu_sched_page, policy) == 16, "page policy");
 _Static_assert(offsetof(struct vmgpu_sched_page, owner) == 28, "page owner");
 _Static_assert(offsetof(struct vmgpu_sched_page, gen) == 32, "page futex word");
+_Static_assert(offsetof(struct vmgpu_sched_page, idle_us) == 36, "page idle_us");
 _Static_assert(offsetof(struct vmgpu_sched_page, hold_start) == 40, "page hold_start");
 _Static_assert(offsetof(struct vmgpu_sched_page, mu_space) == 48, "page mutex");
 _Static_assert(offsetof(struct vmgpu_sched_page, slot) == 128, "page slots");
