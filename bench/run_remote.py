@@ -49,7 +49,7 @@ def _port() -> int:
 class Remote:
     """A forwarder, serve and attach on this host: the guest's region at self.region."""
 
-    def __init__(self, tmp: Path, backend: str = "cuda"):
+    def __init__(self, tmp: Path, backend: str = "cuda", bulk: str | None = None):
         bridge = NATIVE / "vmgpu-netbridge"
         if not bridge.exists():
             sys.exit(f"{bridge} is not built (needs libssl-dev when building: make native)")
@@ -61,7 +61,8 @@ class Remote:
         tok.chmod(0o600)
         self.fwd_region = Path(f"/dev/shm/vmgpu-bench-remote-{os.getpid()}")
         self.region = Path(f"{self.fwd_region}-guest")
-        self.fwd = Forwarder(self.fwd_region, backend=backend, size="1G", guest="remote-bench")
+        extra = ("--bulk", bulk) if bulk else ()
+        self.fwd = Forwarder(self.fwd_region, backend=backend, size="1G", guest="remote-bench", extra=extra)
         self.fwd.start()
         guests = tmp / "guests"
         guests.mkdir(mode=0o700)
@@ -159,9 +160,14 @@ def main() -> int:
         default="cuda",
         help="sim: the bridge alone on a machine without a GPU (remote rows only; no native run, no ResNet-50)",
     )
+    ap.add_argument(
+        "--bulk",
+        help="each channel's bulk area (the forwarder's --bulk, e.g. 32M; default its own, 4 MiB): "
+        "how many bytes of a pageable copy are on their way at once",
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-bench-remote-"))
-    remote = Remote(tmp, a.backend)
+    remote = Remote(tmp, a.backend, a.bulk)
     if a.backend == "sim":
         return bridge_only(remote, tmp, a.reps, a.scale)
     try:

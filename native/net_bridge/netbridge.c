@@ -128,11 +128,20 @@ static __attribute__((noreturn)) void die(const char *fmt, ...)
 struct link {
 	SSL *ssl;
 	int fd;
-	pthread_mutex_t mu;
+	pthread_mutex_t mu;  /* each SSL call (a reader's and a writer's share the SSL object) */
+	pthread_mutex_t wmu; /* each whole frame written: two writers' frames never interleave, and a
+			      * write OpenSSL asks to retry (the socket full) is retried with its own
+			      * bytes, not the other writer's (serve has two: completions, releases) */
 	atomic_int dead;
 	uint64_t deadline_ns; /* nonzero: every read and write must be done by then (the hello) */
 	char why[160];
 };
+
+static void link_init(struct link *l)
+{
+	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->wmu, NULL);
+}
 
 static void link_fail(struct link *l, const char *why)
 {
@@ -176,24 +185,31 @@ static int link_io(struct link *l, void *buf, size_t n, bool writing)
 	return 0;
 }
 
+/* A frame: header, a, b.  A small one is gathered into one write; a large one (bulk bytes) is
+ * written from where its bytes are, after its header, not copied first. */
 static int send_frame(struct link *l, uint32_t kind, uint64_t aux, const void *a, uint32_t alen, const void *b,
 		      uint32_t blen)
 {
-	/* one buffer, one write: a frame never interleaves with another thread's */
-	size_t n = sizeof(struct frame) + alen + blen;
-	uint8_t stackbuf[4096];
-	uint8_t *buf = n <= sizeof stackbuf ? stackbuf : malloc(n);
-	if (!buf)
-		return -1;
+	uint8_t buf[4096];
 	struct frame f = {kind, alen + blen, aux};
-	memcpy(buf, &f, sizeof f);
-	if (alen)
-		memcpy(buf + sizeof f, a, alen);
-	if (blen)
-		memcpy(buf + sizeof f + alen, b, blen);
-	int r = link_io(l, buf, n, true);
-	if (buf != stackbuf)
-		free(buf);
+	size_t n = sizeof f + alen + blen;
+	int r;
+	pthread_mutex_lock(&l->wmu);
+	if (n <= sizeof buf) {
+		memcpy(buf, &f, sizeof f);
+		if (alen)
+			memcpy(buf + sizeof f, a, alen);
+		if (blen)
+			memcpy(buf + sizeof f + alen, b, blen);
+		r = link_io(l, buf, n, true);
+	} else {
+		r = link_io(l, &f, sizeof f, true);
+		if (!r && alen)
+			r = link_io(l, (void *)a, alen, true);
+		if (!r && blen)
+			r = link_io(l, (void *)b, blen, true);
+	}
+	pthread_mutex_unlock(&l->wmu);
 	return r;
 }
 
@@ -469,7 +485,21 @@ static void *serve_up(void *arg)
 	uint8_t *buf = malloc(cap);
 	while (buf && !atomic_load(&s->l.dead)) {
 		struct frame f;
-		if (recv_header(&s->l, &f, cap) < 0 || link_io(&s->l, buf, f.len, false) < 0)
+		if (recv_header(&s->l, &f, cap) < 0)
+			break;
+		if (f.kind == F_BULK) {
+			/* the guest's bytes of the oldest range it owes, exactly, read straight into it */
+			struct range *r = ranges_front(&s->in);
+			if (!r || r->pos != f.aux || r->len != f.len) {
+				link_fail(&s->l, "bulk bytes the guest did not note");
+				break;
+			}
+			if (link_io(&s->l, r->ptr, f.len, false) < 0)
+				break;
+			ranges_pop(&s->in);
+			continue;
+		}
+		if (link_io(&s->l, buf, f.len, false) < 0)
 			break;
 		if (f.kind == F_REC && f.aux == VMGPU_REC_BULK_NOTE) {
 			struct vmgpu_bulk_note n;
@@ -503,15 +533,6 @@ static void *serve_up(void *arg)
 				link_fail(&s->l, "more bulk ranges in flight than the protocol allows");
 				break;
 			}
-		} else if (f.kind == F_BULK) {
-			/* the guest's bytes of the oldest range it owes, exactly */
-			struct range *r = ranges_front(&s->in);
-			if (!r || r->pos != f.aux || r->len != f.len) {
-				link_fail(&s->l, "bulk bytes the guest did not note");
-				break;
-			}
-			memcpy(r->ptr, buf, f.len);
-			ranges_pop(&s->in);
 		} else if (f.kind == F_REC && f.aux != VMGPU_REC_PAD && f.aux < 0xff00 && f.len <= s->max_req) {
 			if (s->in.count) {
 				link_fail(&s->l, "a request before the bulk bytes it may name");
@@ -660,7 +681,7 @@ static void *map_region(const char *path, uint64_t *size)
 static int serve_one(SSL_CTX *ctx, int fd, const struct serve_opts *o, const char *peer)
 {
 	struct served s = {.l.fd = fd};
-	pthread_mutex_init(&s.l.mu, NULL);
+	link_init(&s.l);
 	pthread_mutex_init(&s.mu, NULL);
 	pthread_mutex_init(&s.flush_mu, NULL);
 	struct timeval tv = {10, 0}; /* the handshake and the hello: 10 s, then the relay's own waits */
@@ -905,7 +926,7 @@ static SSL *dial(struct attach_opts *o, const char *purpose, int *fdp, void *out
 		goto fail;
 	}
 	struct link l = {.ssl = ssl, .fd = fd, .deadline_ns = vmgpu_now_ns() + 15000000000ull};
-	pthread_mutex_init(&l.mu, NULL);
+	link_init(&l);
 	char hello[256];
 	int hl = snprintf(hello, sizeof hello, "vmgpu-net %d %s %s %s", PROTO_VERSION, purpose, o->guest, o->token);
 	struct frame f;
@@ -978,7 +999,9 @@ static int batch_flush(struct relay *r, struct batch *b)
 {
 	if (!b->len)
 		return 0;
+	pthread_mutex_lock(&r->l.wmu);
 	int e = link_io(&r->l, b->buf, b->len, true);
+	pthread_mutex_unlock(&r->l.wmu);
 	b->len = 0;
 	r->writes++;
 	return e;
@@ -1083,18 +1106,10 @@ static void *relay_down(void *arg)
 	uint8_t *buf = malloc(cap);
 	while (buf && !atomic_load(&r->l.dead)) {
 		struct frame f;
-		if (recv_header(&r->l, &f, cap) < 0 || link_io(&r->l, buf, f.len, false) < 0)
+		if (recv_header(&r->l, &f, cap) < 0)
 			break;
-		if (f.kind == F_REC && f.len <= r->max_cpl && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) {
-			/* never a waiting send: a wait checks the owner's liveness, which relay_up alone
-			 * may touch (one thread per channel and side); a full ring is retried instead */
-			int e;
-			while ((e = vmgpu_hchan_send(r->hc, (uint16_t)f.aux, buf, f.len, 0)) == -EAGAIN &&
-			       !atomic_load(&r->stop) && !atomic_load(&r->l.dead))
-				usleep(50);
-			if (e < 0)
-				break;
-		} else if (f.kind == F_BULK) {
+		if (f.kind == F_BULK) {
+			/* bytes for the oldest range the guest asked to be filled, exactly, read straight in */
 			pthread_mutex_lock(&r->omu);
 			struct range *g = ranges_front(&r->out);
 			void *p = g && g->pos == f.aux && g->len == f.len ? vmgpu_hchan_bulk(r->hc, g->pos, g->len) : NULL;
@@ -1105,7 +1120,21 @@ static void *relay_down(void *arg)
 				link_fail(&r->l, "bulk bytes for a range the guest did not ask to be filled");
 				break;
 			}
-			memcpy(p, buf, f.len);
+			if (link_io(&r->l, p, f.len, false) < 0)
+				break;
+			continue;
+		}
+		if (link_io(&r->l, buf, f.len, false) < 0)
+			break;
+		if (f.kind == F_REC && f.len <= r->max_cpl && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) {
+			/* never a waiting send: a wait checks the owner's liveness, which relay_up alone
+			 * may touch (one thread per channel and side); a full ring is retried instead */
+			int e;
+			while ((e = vmgpu_hchan_send(r->hc, (uint16_t)f.aux, buf, f.len, 0)) == -EAGAIN &&
+			       !atomic_load(&r->stop) && !atomic_load(&r->l.dead))
+				usleep(50);
+			if (e < 0)
+				break;
 		} else if (f.kind == F_RELEASE && f.len == 0) {
 			vmgpu_hchan_bulk_release(r->hc, f.aux);
 		} else {
@@ -1126,7 +1155,7 @@ static void relay_start(struct relay *r)
 	int fd = -1;
 	SSL *ssl = dial(r->o, "channel", &fd, welcome, sizeof welcome - 1, &wl, why, sizeof why);
 	memset(&r->l, 0, sizeof r->l);
-	pthread_mutex_init(&r->l.mu, NULL);
+	link_init(&r->l);
 	r->in = (struct ranges){0};
 	r->out = (struct ranges){0};
 	r->records = r->writes = 0;

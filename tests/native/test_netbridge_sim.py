@@ -5,6 +5,7 @@ forwarder or the next guest process.  (tests/pool runs the same across network n
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -482,3 +483,68 @@ def test_a_hostile_serve_loses_the_guest_process_its_link_and_nothing_else(secre
         nb.stop(attach)
         fake.close()
     assert not shm_path.exists()
+
+
+class _StallingProxy:
+    """A TCP relay between attach and serve that stops reading serve's side for 20 ms of every
+    40: serve's socket fills and its writes back up, as over a network slower than the copy.
+    (TLS is end to end; attach pins serve's certificate, not its address.)"""
+
+    def __init__(self, serve_port: int):
+        self.serve_port, self.stop = serve_port, threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.stalls = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.serve_port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+            threading.Thread(target=self._pump, args=(c, s, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(s, c, True), daemon=True).start()
+
+    def _pump(self, src, dst, stall):
+        t = time.monotonic()
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+                if stall and time.monotonic() - t > 0.02:
+                    time.sleep(0.02)
+                    self.stalls += 1
+                    t = time.monotonic()
+        except OSError:
+            pass
+        for x in (src, dst):
+            with contextlib.suppress(OSError):
+                x.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+def test_copies_from_the_gpu_survive_a_link_that_backs_up(bridge):
+    """Copies carried over a link that backs up, as over a network slower than the copy: the
+    link from serve stops for 20 ms of every 40 while a vector add copies 64 MiB arrays each way,
+    so serve's writes wait for the socket (OpenSSL asks for them to be retried) and its bulk
+    frames, now written from the forwarder's bulk area and read straight into the guest's, cross
+    in pieces; the results come back right and the guest process keeps its link."""
+    proxy = _StallingProxy(bridge.port)
+    try:
+        bridge.attach = nb.attach(
+            bridge.region, f"127.0.0.1:{proxy.port}", GUEST, bridge.fingerprint, bridge.token_file, bridge.attach_log
+        )
+        r = run_guest([NATIVE / "vecadd_ptx", 1 << 24], bridge.region, timeout=300)
+    finally:
+        proxy.close()
+    assert r.returncode == 0 and f"vecadd ok n={1 << 24}" in r.stdout, (
+        r.stdout + r.stderr + bridge.serve_log.read_text()[-2000:]
+    )
+    assert proxy.stalls > 10, proxy.stalls
