@@ -283,7 +283,8 @@ def main() -> int:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma-separated scenarios to leave out (four, mps, priority, cap, converge, reclaim)",
+        help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
+        "references; four, mps, priority, cap, converge, reclaim)",
     )
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -321,92 +322,93 @@ def main() -> int:
             )
         )
 
-        # two trainers at 30/70
-        (w30, w70), w_held = sampled(
-            g, run, [(TRAIN, g.env("--weight", "30")), (TRAIN, g.env("--weight", "70"))], a.seconds
-        )
-        g.stop()
-        rates = [w30["img_per_s"], w70["img_per_s"]]
-        err, parts = normalised_err(rates, solo, [30, 70])
-        weighted_total = sum(rates)
-        rows.append(
-            (
-                "weights 30/70: shares (normalised)",
-                f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})"
-                + w_held,
+        if "weights" not in skip:  # two trainers at 30/70 (and four), beside no-sched, native and MPS
+            # two trainers at 30/70
+            (w30, w70), w_held = sampled(
+                g, run, [(TRAIN, g.env("--weight", "30")), (TRAIN, g.env("--weight", "70"))], a.seconds
             )
-        )
-        errs = [err]
-
-        if "four" not in skip:
-            ws = [10, 20, 30, 40]
-            four = run.together([(TRAIN, g.env("--weight", str(w))) for w in ws])
             g.stop()
-            err4, parts4 = normalised_err([f["img_per_s"] for f in four], solo, ws)
-            errs.append(err4)
+            rates = [w30["img_per_s"], w70["img_per_s"]]
+            err, parts = normalised_err(rates, solo, [30, 70])
+            weighted_total = sum(rates)
             rows.append(
                 (
-                    "weights 10/20/30/40: normalised shares",
-                    " / ".join(f"{p:.1f}" for p in parts4)
-                    + f" (together {sum(f['img_per_s'] for f in four) / solo:.2f})",
+                    "weights 30/70: shares (normalised)",
+                    f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})"
+                    + w_held,
                 )
             )
-        summary["share_max_err_pp"] = max(errs)
+            errs = [err]
 
-        n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
-        g.stop()
-        nosched_total = n1["img_per_s"] + n2["img_per_s"]
-        summary["aggregate_vs_nosched"] = weighted_total / nosched_total
-        x1, x2 = run.together([(TRAIN, native_env()), (TRAIN, native_env())])
-        native_pair = (x1["img_per_s"] + x2["img_per_s"]) / native_solo
-        summary["aggregate_vs_native"] = (weighted_total / solo) / native_pair
-        agg = f"weights {weighted_total / solo:.2f}, no-sched {nosched_total / solo:.2f}, native {native_pair:.2f}"
-
-        mps = mps_start(tmp) if "mps" not in skip else None
-        if mps:
-            try:
-                m30, m70 = run.together(
-                    [
-                        (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
-                        (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
-                    ]
-                )
-                pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
-                v30, v70 = run.together(
-                    [
-                        (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),
-                        (TRAIN, g.env("--mps", pipe, "--mps-threads", "70")),
-                    ]
-                )
+            if "four" not in skip:
+                ws = [10, 20, 30, 40]
+                four = run.together([(TRAIN, g.env("--weight", str(w))) for w in ws])
                 g.stop()
-            finally:
-                mps_stop(mps)
-            mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
-            vm_mps_total = (v30["img_per_s"] + v70["img_per_s"]) / solo
-            e_vm, p_vm = normalised_err([v30["img_per_s"], v70["img_per_s"]], solo, [30, 70])
-            e_n, p_n = normalised_err([m30["img_per_s"], m70["img_per_s"]], native_solo, [30, 70])
-            rows.append(
-                (
-                    "vmgpu on MPS 30/70: shares (normalised)",
-                    f"{100 * v30['img_per_s'] / solo:.1f}% / {100 * v70['img_per_s'] / solo:.1f}% "
-                    f"({p_vm[0]:.1f} / {p_vm[1]:.1f})",
+                err4, parts4 = normalised_err([f["img_per_s"] for f in four], solo, ws)
+                errs.append(err4)
+                rows.append(
+                    (
+                        "weights 10/20/30/40: normalised shares",
+                        " / ".join(f"{p:.1f}" for p in parts4)
+                        + f" (together {sum(f['img_per_s'] for f in four) / solo:.2f})",
+                    )
                 )
-            )
-            rows.append(
-                (
-                    "MPS 30/70 (native): shares (normalised)",
-                    f"{100 * m30['img_per_s'] / native_solo:.1f}% / {100 * m70['img_per_s'] / native_solo:.1f}% "
-                    f"({p_n[0]:.1f} / {p_n[1]:.1f})",
+            summary["share_max_err_pp"] = max(errs)
+
+            n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
+            g.stop()
+            nosched_total = n1["img_per_s"] + n2["img_per_s"]
+            summary["aggregate_vs_nosched"] = weighted_total / nosched_total
+            x1, x2 = run.together([(TRAIN, native_env()), (TRAIN, native_env())])
+            native_pair = (x1["img_per_s"] + x2["img_per_s"]) / native_solo
+            summary["aggregate_vs_native"] = (weighted_total / solo) / native_pair
+            agg = f"weights {weighted_total / solo:.2f}, no-sched {nosched_total / solo:.2f}, native {native_pair:.2f}"
+
+            mps = mps_start(tmp) if "mps" not in skip else None
+            if mps:
+                try:
+                    m30, m70 = run.together(
+                        [
+                            (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
+                            (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
+                        ]
+                    )
+                    pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
+                    v30, v70 = run.together(
+                        [
+                            (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),
+                            (TRAIN, g.env("--mps", pipe, "--mps-threads", "70")),
+                        ]
+                    )
+                    g.stop()
+                finally:
+                    mps_stop(mps)
+                mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
+                vm_mps_total = (v30["img_per_s"] + v70["img_per_s"]) / solo
+                e_vm, p_vm = normalised_err([v30["img_per_s"], v70["img_per_s"]], solo, [30, 70])
+                e_n, p_n = normalised_err([m30["img_per_s"], m70["img_per_s"]], native_solo, [30, 70])
+                rows.append(
+                    (
+                        "vmgpu on MPS 30/70: shares (normalised)",
+                        f"{100 * v30['img_per_s'] / solo:.1f}% / {100 * v70['img_per_s'] / solo:.1f}% "
+                        f"({p_vm[0]:.1f} / {p_vm[1]:.1f})",
+                    )
                 )
-            )
-            summary["mps_share_err_pp"] = e_vm
-            summary["aggregate_vs_mps"] = (weighted_total / solo) / mps_total
-            summary["aggregate_vmgpu_mps_vs_mps"] = vm_mps_total / mps_total
-            agg += f", vmgpu on MPS {vm_mps_total:.2f}, MPS (native) {mps_total:.2f}"
-        else:
-            summary["aggregate_vs_mps"] = float("nan")
-            agg += ", MPS unavailable or skipped"
-        rows.append(("aggregate, of one guest alone", agg))
+                rows.append(
+                    (
+                        "MPS 30/70 (native): shares (normalised)",
+                        f"{100 * m30['img_per_s'] / native_solo:.1f}% / {100 * m70['img_per_s'] / native_solo:.1f}% "
+                        f"({p_n[0]:.1f} / {p_n[1]:.1f})",
+                    )
+                )
+                summary["mps_share_err_pp"] = e_vm
+                summary["aggregate_vs_mps"] = (weighted_total / solo) / mps_total
+                summary["aggregate_vmgpu_mps_vs_mps"] = vm_mps_total / mps_total
+                agg += f", vmgpu on MPS {vm_mps_total:.2f}, MPS (native) {mps_total:.2f}"
+            else:
+                summary["aggregate_vs_mps"] = float("nan")
+                agg += ", MPS unavailable or skipped"
+            rows.append(("aggregate, of one guest alone", agg))
 
         if "priority" not in skip:
             hp, tr = run.together([(infer, g.env("--priority", "high")), (TRAIN, g.env())])
