@@ -384,8 +384,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	int idle = atomic_load(&s->inflight) == 0 && !atomic_load(&g->waiters) &&
 		   now - s->seen_at > sched_idle_ns(pg, sched_only_lower_wait(pg, s->me, now));
 	if (!sched_turn_over(pg, s->me, now, idle)) {
-		/* alone and idle: its time is nobody's, unless a cap counts its gaps */
-		if (idle && now - pg->hold_start > sched_idle_ns(pg, 0) && !sched_counts_gaps(pg, g)) {
+		if (idle && now - pg->hold_start > sched_idle_ns(pg, 0)) { /* alone and idle: its time is nobody's */
 			lock(pg);
 			if (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))
 				sched_rest(pg, g, s->seen_at, now);

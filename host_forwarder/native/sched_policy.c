@@ -41,11 +41,6 @@ static int capped(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
 	return capped_policy(policy) || (policy != VMGPU_SCHED_NATIVE && atomic_load(&g->cap));
 }
 
-int sched_counts_gaps(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
-{
-	return capped(pg, g);
-}
-
 int sched_rank(struct vmgpu_sched_slot *g)
 {
 	uint32_t p = atomic_load(&g->priority);
@@ -309,9 +304,8 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
 	int spent = capped(pg, g) && g->period_used + held >= sched_budget_ns(pg, g);
 	/* an idle holder alone on the GPU keeps its turn (a hand-over drains the GPU, and its next
-	 * call would wait for that: a pipeline bubble for nothing); a capped one too, charged for its
-	 * gaps (sched_counts_gaps) */
-	int idle_over = idle && sched_others_wait(pg, me, now, UINT64_MAX);
+	 * call would wait for that: a pipeline bubble for nothing), unless a cap counts its turns */
+	int idle_over = idle && (capped(pg, g) || sched_others_wait(pg, me, now, UINT64_MAX));
 	/* a higher-priority guest waits: the turn ends now, its slice not awaited */
 	int preempted = policy != VMGPU_SCHED_NATIVE && sched_higher_waits(pg, me, now);
 	return idle_over || expired || spent || preempted || policy == VMGPU_SCHED_NATIVE;

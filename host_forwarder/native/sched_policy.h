@@ -23,14 +23,6 @@
  * lower: while only guests of a lower priority wait (SCHED_IDLE_LOWER_NS, or idle_us if less). */
 uint64_t sched_idle_ns(struct vmgpu_sched_page *pg, int lower);
 
-/* Is g's time charged through its gaps?  A guest held to a budget per period (its own cap, or the
- * equal and fixed policies) keeps its turn while it has no work and nobody else waits, and the
- * gaps count against its budget, as they count in its progress alone: a trainer capped at N% then
- * gets N% of its throughput alone, where charged only for time with work it got N% of the GPU's
- * time with work, more than N% of its throughput (on an H100, 53.3% for a cap of 50%, its gaps
- * alone 5.9% of the time).  Others' idle holders are charged up to their last work (sched_rest). */
-int sched_counts_gaps(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g);
-
 /* Is the forwarder with this pid still there?  A zombie (dead, not yet reaped) is not. */
 int sched_alive(uint32_t pid);
 
