@@ -15,11 +15,13 @@
 
 #define SCHED_IDLE_NS 2000000ull     /* a holder with no work for this long gives the GPU up (page idle_us 0) */
 #define SCHED_IDLE_LOWER_NS 500000ull /* ... when only guests of a lower priority wait for it (or idle_us, if less) */
+#define SCHED_IDLE_MIN_NS 50000ull   /* the least idle_us means: 50 us */
 #define SCHED_RECENT_NS 50000000ull  /* a guest with no turn and no wish for one this long was idle */
 #define SCHED_DEFAULT_SLICE_US 10000u
 #define SCHED_DEFAULT_PERIOD_US 100000u
 
-/* How long a holder without work keeps its turn while others wait: the page's idle_us (0: SCHED_IDLE_NS);
+/* How long a holder without work keeps its turn while others wait: the page's idle_us (0: SCHED_IDLE_NS;
+ * held to 50 us .. the slice, or SCHED_IDLE_NS where the slice is shorter);
  * lower: while only guests of a lower priority wait (SCHED_IDLE_LOWER_NS, or idle_us if less). */
 uint64_t sched_idle_ns(struct vmgpu_sched_page *pg, int lower);
 

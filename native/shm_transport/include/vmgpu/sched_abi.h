@@ -12,8 +12,8 @@
  *  - magic first, then the version: a reader refuses a page whose magic or version it does not
  *    speak.  The creator stores the magic last (release), after every other field is written.
  *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
- *    store only whole aligned 32-bit control words: policy and a slot's weight, cap, priority and
- *    guarantee.
+ *    store only whole aligned 32-bit control words: policy, slice_us, period_us, idle_us and a
+ *    slot's weight, cap, priority and guarantee.
  *  - cap, priority and guarantee sit where version 1 had padding, and zero means what a slot
  *    without them did (no cap, normal priority, no guarantee): a forwarder that does not know them
  *    leaves them zero, so the page stays version 1.  So does the header's idle_us (zero: the
