@@ -482,7 +482,7 @@ static void *serve_up(void *arg)
 {
 	struct served *s = arg;
 	uint32_t cap = s->max_req > s->bulk_size ? s->max_req : (uint32_t)s->bulk_size;
-	uint8_t *buf = malloc(cap);
+	uint8_t *buf = malloc(s->max_req); /* bulk bytes go straight to their range */
 	while (buf && !atomic_load(&s->l.dead)) {
 		struct frame f;
 		if (recv_header(&s->l, &f, cap) < 0)
@@ -498,6 +498,10 @@ static void *serve_up(void *arg)
 				break;
 			ranges_pop(&s->in);
 			continue;
+		}
+		if (f.len > s->max_req) { /* refused before its bytes are waited for */
+			link_fail(&s->l, "a record longer than any request");
+			break;
 		}
 		if (link_io(&s->l, buf, f.len, false) < 0)
 			break;
@@ -1103,7 +1107,7 @@ static void *relay_down(void *arg)
 {
 	struct relay *r = arg;
 	uint32_t cap = r->max_cpl > r->bulk_size ? r->max_cpl : (uint32_t)r->bulk_size;
-	uint8_t *buf = malloc(cap);
+	uint8_t *buf = malloc(r->max_cpl); /* bulk bytes go straight to their range */
 	while (buf && !atomic_load(&r->l.dead)) {
 		struct frame f;
 		if (recv_header(&r->l, &f, cap) < 0)
@@ -1124,9 +1128,13 @@ static void *relay_down(void *arg)
 				break;
 			continue;
 		}
+		if (f.len > r->max_cpl) { /* refused before its bytes are waited for */
+			link_fail(&r->l, "a record longer than any completion");
+			break;
+		}
 		if (link_io(&r->l, buf, f.len, false) < 0)
 			break;
-		if (f.kind == F_REC && f.len <= r->max_cpl && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) {
+		if (f.kind == F_REC && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) {
 			/* never a waiting send: a wait checks the owner's liveness, which relay_up alone
 			 * may touch (one thread per channel and side); a full ring is retried instead */
 			int e;

@@ -237,6 +237,9 @@ HOSTILE = {
     "a-padding-record": ([(nb.F_REC, 0, b"\x00" * 8)], "a frame the guest may not send"),
     "a-second-hello": ([(nb.F_HELLO, 0, b"vmgpu-net 1 channel x y")], "a frame the guest may not send"),
     "a-transport-record": ([(nb.F_REC, 0xFF07, b"\x00" * 8)], "a frame the guest may not send"),
+    # a header saying 1 MiB (within the bulk area, past any request) and none of its bytes: refused
+    # at the header, not waited for
+    "a-record-longer-than-a-request": ([(nb.F_REC, 1, b"", 1 << 20)], "a record longer than any request"),
 }
 
 
@@ -246,8 +249,8 @@ def test_a_guest_breaking_the_link_protocol_loses_its_link_and_nothing_else(brid
     bridge.start_attach()
     peer = nb.RawPeer(bridge.addr, GUEST, bridge.token)
     assert peer.kind == nb.F_WELCOME and peer.payload.startswith(b"channel "), peer.payload
-    for kind, aux, payload in frames:
-        peer.send(kind, aux, payload)
+    for kind, aux, payload, *length in frames:
+        peer.send(kind, aux, payload, *length)
     assert peer.closed_by_peer()
     peer.close()
     assert _logged(bridge.serve_log, why), bridge.serve_log.read_text()
@@ -471,16 +474,18 @@ HOSTILE_SERVE = {
     "a-transport-record": (nb.F_REC, nb.REC_BULK_NOTE, b"\x00" * 24, "a frame serve may not send"),
     "a-hello": (nb.F_HELLO, 0, b"x", "a frame serve may not send"),
     "a-release-with-bytes": (nb.F_RELEASE, 64, b"\x00" * 8, "a frame serve may not send"),
+    # a header saying 1 MiB (within the bulk area, past any completion) and none of its bytes
+    "a-record-longer-than-a-completion": (nb.F_REC, 1, b"", "a record longer than any completion", 1 << 20),
 }
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_SERVE))
 def test_a_hostile_serve_loses_the_guest_process_its_link_and_nothing_else(secrets_dir, shm_path, case):
-    kind, aux, payload, why = HOSTILE_SERVE[case]
+    kind, aux, payload, why, *length = HOSTILE_SERVE[case]
     tmp, fp, token = secrets_dir
 
     def on_channel(s):
-        s.sendall(nb.FRAME.pack(kind, len(payload), aux) + payload)
+        s.sendall(nb.FRAME.pack(kind, length[0] if length else len(payload), aux) + payload)
         time.sleep(5)
 
     fake = FakeServe(tmp, _honest_geometry(), on_channel)
