@@ -97,9 +97,9 @@ class Guests:
     """Forwarders, one per guest, made as asked and stopped at the end; their scheduler pages in
     a directory of this run's own."""
 
-    def __init__(self, tmp: Path, depth: int | None, slice_us=None, idle_us=None, period_us=None):
+    def __init__(self, tmp: Path, depth: int | None, page_words: dict[str, int] | None = None):
         self.tmp, self.fwds, self.n, self.depth = tmp, [], 0, depth
-        self.slice_us, self.idle_us, self.period_us = slice_us, idle_us, period_us
+        self.page_words = page_words or {}  # the page's control words this run sets (slice_us, ...)
         self.sched = tmp / "sched"
         self.names: list[str] = []
 
@@ -112,14 +112,10 @@ class Guests:
             extra += ("--sched-depth", str(self.depth))
         fwd = Forwarder(region, backend="cuda", size="1G", guest=name, extra=extra).start()
         self.fwds.append((fwd, region))
-        if (self.slice_us or self.idle_us or self.period_us) and "--no-sched" not in flags and "--mps" not in flags:
-            with self.page() as pg:  # each one aligned 4-byte store, as `vmgpu policy` makes
-                if self.slice_us:
-                    pg.page.slice_us = self.slice_us
-                if self.idle_us:
-                    pg.page.idle_us = self.idle_us
-                if self.period_us:
-                    pg.page.period_us = self.period_us
+        if self.page_words and "--no-sched" not in flags and "--mps" not in flags:
+            with self.page() as pg:
+                for word, value in self.page_words.items():
+                    setattr(pg.page, word, value)  # one aligned 4-byte store, as `vmgpu policy` makes
         self.names.append(name)
         return guest_env(region, native_env())
 
@@ -290,13 +286,8 @@ def main() -> int:
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)
-    g = Guests(
-        tmp,
-        a.depth,
-        int(a.slice_ms * 1000) if a.slice_ms else None,
-        int(a.idle_ms * 1000) if a.idle_ms else None,
-        int(a.period_ms * 1000) if a.period_ms else None,
-    )
+    ms = {"slice_us": a.slice_ms, "idle_us": a.idle_ms, "period_us": a.period_ms}
+    g = Guests(tmp, a.depth, {word: int(v * 1000) for word, v in ms.items() if v})
     infer = INFER + ["--rate", str(a.rate)]
     rows, summary = Rows(), {}
     try:

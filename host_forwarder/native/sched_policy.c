@@ -23,16 +23,18 @@ int sched_alive(uint32_t pid)
 uint64_t sched_idle_ns(struct vmgpu_sched_page *pg, int lower)
 {
 	uint64_t idle = (uint64_t)atomic_load(&pg->idle_us) * 1000;
-	uint64_t slice = (uint64_t)atomic_load(&pg->slice_us) * 1000;
-	if (!idle)
-		idle = SCHED_IDLE_NS;
+	uint64_t most = (uint64_t)atomic_load(&pg->slice_us) * 1000;
+	if (most < SCHED_IDLE_NS)
+		most = SCHED_IDLE_NS;
 	/* at least a few of the workers' looks (a drain for every wish of another guest's otherwise),
 	 * at most the slice (or the default, if the slice is shorter): an idle holder does not keep a
 	 * waiter out past the turn a busy one would have */
-	if (idle < SCHED_IDLE_MIN_NS)
+	if (!idle)
+		idle = SCHED_IDLE_NS;
+	else if (idle < SCHED_IDLE_MIN_NS)
 		idle = SCHED_IDLE_MIN_NS;
-	if (idle > (slice > SCHED_IDLE_NS ? slice : SCHED_IDLE_NS))
-		idle = slice > SCHED_IDLE_NS ? slice : SCHED_IDLE_NS;
+	else if (idle > most)
+		idle = most;
 	return lower && SCHED_IDLE_LOWER_NS < idle ? SCHED_IDLE_LOWER_NS : idle;
 }
 

@@ -537,7 +537,7 @@ static void *serve_up(void *arg)
 				link_fail(&s->l, "more bulk ranges in flight than the protocol allows");
 				break;
 			}
-		} else if (f.kind == F_REC && f.aux != VMGPU_REC_PAD && f.aux < 0xff00 && f.len <= s->max_req) {
+		} else if (f.kind == F_REC && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) { /* (its length checked above) */
 			if (s->in.count) {
 				link_fail(&s->l, "a request before the bulk bytes it may name");
 				break;
