@@ -17,7 +17,11 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
   weights   two trainers at weights 30/70 (the weighted policy), and four at 10/20/30/40
   nosched   the same two through vmgpu with --no-sched; natively with no control
   mps       the same two natively under MPS, 30/70 active-thread percentages, and through vmgpu
-            with their forwarders' workers clients of the same MPS server (--mps, --mps-threads)
+            with their forwarders' workers clients of the same MPS server (--mps, --mps-threads;
+            the native policy: no turns)
+  shared    the same two through vmgpu at weights 30/70 under the shared policy (side by side,
+            held back by vmgpu/share_control.py, run here as vmgpud runs it), with their workers
+            clients of one MPS server, and without MPS (the driver's own time slicing)
   priority  inference (priority high) beside a trainer (normal): the inference guest's p99
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
             the inference guest left (1 - its busy share alone)
@@ -48,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+from vmgpu import share_control  # noqa: E402
 from vmgpu.forwarder import Forwarder, guest_env  # noqa: E402
 from vmgpu.sched import Page  # noqa: E402
 
@@ -122,6 +127,40 @@ class Guests:
     def page(self) -> Page:
         return Page(next(self.sched.glob("vmgpu-sched-*")))
 
+    def policy(self, name: str) -> None:
+        with self.page() as pg:
+            pg.policy = name
+
+
+def shared_pair(g: Guests, run: Run, seconds: float, *flags: str) -> tuple[list[dict], str]:
+    """Two trainers at 30/70 under the shared policy, its controller running as vmgpud runs it;
+    their results, and the holds it gave them on average (per mille)."""
+    envs = [(TRAIN, g.env("--weight", "30", *flags)), (TRAIN, g.env("--weight", "70", *flags))]
+    names = g.names[-2:]
+    g.policy("shared")
+    stop, ctl, holds = threading.Event(), share_control.ShareController(), {n: [] for n in names}
+
+    def control():
+        with g.page() as pg:
+            while not stop.wait(share_control.PERIOD_STEP_S):
+                share_control.apply_step(pg, ctl, time.monotonic())
+                for m in pg.members():
+                    holds.get(m.guest, []).append(m.hold)
+
+    t = threading.Thread(target=control, daemon=True)
+    t.start()  # from the start: guests are measured alone while they warm up too, as in a host's life
+    try:
+        out = run.together(envs)
+    finally:
+        stop.set()
+        t.join()
+        g.policy("weighted")
+        with g.page() as pg:
+            share_control.apply_step(pg, ctl, time.monotonic())  # (lifts the holds off shared)
+        g.stop()
+    text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
+    return out, text
+
     def stop(self) -> None:
         for fwd, region in self.fwds:
             fwd.stop()
@@ -152,6 +191,20 @@ def normalised_err(rates: list[float], solo: float, weights: list[int]) -> tuple
     shares = [r / solo for r in rates]
     parts = [100 * s / sum(shares) for s in shares]
     return max(abs(p - 100 * w / sum(weights)) for p, w in zip(parts, weights, strict=True)), parts
+
+
+def shared_rows(rows, summary, what: str, s30: dict, s70: dict, solo: float, held_text: str, key: str) -> None:
+    rates = [s30["img_per_s"], s70["img_per_s"]]
+    err, parts = normalised_err(rates, solo, [30, 70])
+    rows.append(
+        (
+            f"{what}: shares (normalised)",
+            f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})"
+            + held_text,
+        )
+    )
+    summary[f"shared_share_err_pp{key}"] = err
+    summary[f"shared_total{key}"] = sum(rates) / solo
 
 
 class Rows(list):
@@ -280,7 +333,7 @@ def main() -> int:
         "--skip",
         default="",
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
-        "references; four, mps, priority, cap, converge, reclaim)",
+        "references; four, mps, shared, priority, cap, converge, reclaim)",
     )
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -365,13 +418,17 @@ def main() -> int:
                         ]
                     )
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
-                    v30, v70 = run.together(
-                        [
-                            (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),
-                            (TRAIN, g.env("--mps", pipe, "--mps-threads", "70")),
-                        ]
-                    )
+                    envs = [
+                        (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),
+                        (TRAIN, g.env("--mps", pipe, "--mps-threads", "70")),
+                    ]
+                    g.policy("native")  # no turns: the thread limits are the shares
+                    v30, v70 = run.together(envs)
+                    g.policy("weighted")
                     g.stop()
+                    if "shared" not in skip:
+                        (s30, s70), s_held = shared_pair(g, run, a.seconds, "--mps", pipe)
+                        shared_rows(rows, summary, "shared 30/70 on MPS", s30, s70, solo, s_held, "")
                 finally:
                     mps_stop(mps)
                 mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
@@ -399,6 +456,15 @@ def main() -> int:
             else:
                 summary["aggregate_vs_mps"] = float("nan")
                 agg += ", MPS unavailable or skipped"
+            if "shared" not in skip:
+                (s30, s70), s_held = shared_pair(g, run, a.seconds)
+                shared_rows(rows, summary, "shared 30/70 without MPS", s30, s70, solo, s_held, "_no_mps")
+                if "shared_total" in summary:
+                    summary["aggregate_shared_vs_nosched"] = summary["shared_total"] * solo / nosched_total
+                    if mps:
+                        summary["aggregate_shared_vs_mps"] = summary["shared_total"] / mps_total
+                    agg += f", shared on MPS {summary['shared_total']:.2f}"
+                agg += f", shared without MPS {summary['shared_total_no_mps']:.2f}"
             rows.append(("aggregate, of one guest alone", agg))
 
         if "priority" not in skip:

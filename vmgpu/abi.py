@@ -136,7 +136,7 @@ SCHED_MAGIC = 0x3144454843534756
 SCHED_VERSION = 1
 SCHED_SLOTS = 64
 SCHED_DIR = "/dev/shm/vmgpu"  # VMGPU_SCHED_DIR
-POLICY_NATIVE, POLICY_EQUAL, POLICY_PREEMPTIVE, POLICY_WEIGHTED, POLICY_FIXED = range(5)
+POLICY_NATIVE, POLICY_EQUAL, POLICY_PREEMPTIVE, POLICY_WEIGHTED, POLICY_FIXED, POLICY_SHARED = range(6)
 PRIO_NORMAL, PRIO_HIGH, PRIO_LOW = range(3)
 
 
@@ -165,13 +165,14 @@ class SchedSlot(ctypes.Structure):
         ("cap", u32),
         ("priority", u32),
         ("guarantee", u32),
-        ("pad", u8 * (256 - 180)),
+        ("hold", u32),
+        ("pad", u8 * (256 - 184)),
     ]
 
 
 class SchedPage(ctypes.Structure):
     """Python stores only whole aligned 32-bit control words here (policy, a slot's weight, cap,
-    priority, guarantee): a
+    priority, guarantee, hold): a
     ctypes field store, one aligned 4-byte store, as the forwarders' atomic loads expect."""
 
     c_struct = "vmgpu_sched_page"
@@ -248,6 +249,7 @@ CONSTANTS = {
     "VMGPU_SCHED_PREEMPTIVE": POLICY_PREEMPTIVE,
     "VMGPU_SCHED_WEIGHTED": POLICY_WEIGHTED,
     "VMGPU_SCHED_FIXED": POLICY_FIXED,
+    "VMGPU_SCHED_SHARED": POLICY_SHARED,
     "VMGPU_SCHED_PRIO_NORMAL": PRIO_NORMAL,
     "VMGPU_SCHED_PRIO_HIGH": PRIO_HIGH,
     "VMGPU_SCHED_PRIO_LOW": PRIO_LOW,

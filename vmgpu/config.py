@@ -23,7 +23,7 @@ METRICS_PORT = 9400  # Prometheus on 127.0.0.1
 KINDS = ("vm", "container", "process")  # what an admitted guest is
 BACKENDS = ("cuda", "sim")  # a forwarder's backend (sim: tests only)
 WAITS = ("futex", "poll")  # futex: a guest on this kernel (container); poll: a VM
-POLICIES = ("native", "equal", "preemptive", "weighted", "fixed")  # a GPU's compute policy
+POLICIES = ("native", "equal", "preemptive", "weighted", "fixed", "shared")  # a GPU's compute policy
 
 # ---- forwarders' managed settings (vmgpu/supervisor.py applies them) -------------------------
 # OOM scripts run as root: only by name, from a directory of root's that no one else can write

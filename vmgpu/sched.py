@@ -29,6 +29,7 @@ POLICIES = {
     "preemptive": abi.POLICY_PREEMPTIVE,
     "weighted": abi.POLICY_WEIGHTED,
     "fixed": abi.POLICY_FIXED,
+    "shared": abi.POLICY_SHARED,
 }
 POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 POLICY_HELP = {
@@ -37,6 +38,7 @@ POLICY_HELP = {
     "preemptive": "equal shares; an idle guest's time goes to busy ones",
     "weighted": "shares by weight; an idle guest's time goes to busy ones",
     "fixed": "a hard cap of weight% of the time, even on an otherwise idle card",
+    "shared": "side by side (MPS), each guest held back as far as its share of progress needs",
 }
 
 
@@ -71,6 +73,8 @@ class Member:
     cap: int = 0  # % of each period, 0: none
     priority: str = "normal"
     guarantee: int = 0
+    work_calls: int = 0  # calls that put work on the GPU, as the workers publish them
+    hold: int = 0  # under shared: per mille of each period its work is held back
 
 
 class Page:
@@ -135,7 +139,19 @@ class Page:
                 name = s.name.decode(errors="replace")
                 prio = PRIORITY_NAMES.get(s.priority, "normal")
                 m = Member(
-                    i, name, s.pid, s.weight, s.used_ns, s.turns, s.waiters, s.nworkers, s.cap, prio, s.guarantee
+                    i,
+                    name,
+                    s.pid,
+                    s.weight,
+                    s.used_ns,
+                    s.turns,
+                    s.waiters,
+                    s.nworkers,
+                    s.cap,
+                    prio,
+                    s.guarantee,
+                    s.work_calls,
+                    s.hold,
                 )
                 out.append(m)
         return out
@@ -177,6 +193,12 @@ class Page:
         if priority not in PRIORITIES:
             raise SchedError(f"priority '{priority}' is not one of high, normal, low")
         return self._store(guest, "priority", PRIORITIES[priority])
+
+    def set_hold(self, slot: int, hold: int) -> None:
+        """Under shared: hold the member in `slot` back `hold` per mille of each period (0..1000)."""
+        if not 0 <= hold <= 1000:
+            raise SchedError(f"hold {hold} is not in 0..1000 per mille")
+        self.page.slot[slot].hold = hold  # one aligned 4-byte store
 
     def _store(self, guest: str, field: str, value: int) -> int:
         n = 0

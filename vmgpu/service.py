@@ -67,7 +67,7 @@ class Service:
     def open(cls, ledger: Ledger, inventory, state_dir: Path, settings: HostSettings | None = None) -> Service:
         """The service of a starting vmgpud: the host's forwarder settings checked, the ledger's
         GPUs synced with the inventory, the forwarders still running adopted (the dead ones
-        restarted, with the settings of now), their watch started."""
+        restarted, with the settings of now), their watch and the share controller started."""
         settings = (settings or HostSettings()).check()
         ledger.sync_gpus(gpu.inventory(inventory))
         lock = threading.Lock()
@@ -75,6 +75,7 @@ class Service:
         with lock:
             supervisor.adopt()
         supervisor.watch()
+        supervisor.control_shares()
         return cls(ledger, supervisor, lock, Metrics(ledger, lock, supervisor))
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import tenacity
 
-from vmgpu import config, sched, shm, spec
+from vmgpu import config, sched, share_control, shm, spec
 from vmgpu.errors import Conflict, ForwarderError, InvalidArgument, NotFound, UnsafePath, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
@@ -428,6 +428,39 @@ class Supervisor:
                         self.log.error("forwarder check failed", error=str(e))
 
         threading.Thread(target=loop, name="forwarder-watch", daemon=True).start()
+
+    def control_shares(self, every: float = share_control.PERIOD_STEP_S) -> None:
+        """Run the share controller (vmgpu/share_control.py) of each GPU whose policy is shared
+        (a thread, until close()); a GPU that leaves shared has its holds lifted once."""
+
+        def loop():
+            ctls: dict[str, tuple[sched.Page, share_control.ShareController]] = {}
+            policies, looked = {}, 0.0
+            try:
+                while not self._stop.wait(every):
+                    now = time.monotonic()
+                    if now - looked >= 1.0:  # the ledger once a second: policies change rarely
+                        with self.lock:
+                            policies = self.ledger.policies()
+                        looked = now
+                    for uuid in [u for u, p in policies.items() if p == "shared" and u not in ctls]:
+                        try:
+                            ctls[uuid] = (sched.Page(sched.page_path(uuid)), share_control.ShareController())
+                        except sched.SchedError:
+                            continue  # no forwarder has run on it yet
+                    for uuid, (page, ctl) in list(ctls.items()):
+                        try:
+                            share_control.apply_step(page, ctl, now)  # (off shared: holds lifted)
+                        except Exception as e:  # noqa: BLE001 - the other GPUs go on
+                            self.log.error("share control failed", gpu=uuid, error=str(e))
+                        if policies.get(uuid) != "shared":
+                            page.close()
+                            del ctls[uuid]
+            finally:
+                for page, _ in ctls.values():
+                    page.close()
+
+        threading.Thread(target=loop, name="share-control", daemon=True).start()
 
     def close(self) -> None:
         """vmgpud stops; the forwarders keep serving their guests and are adopted next time."""

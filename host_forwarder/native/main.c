@@ -76,7 +76,8 @@ static void usage(FILE *f)
 		"                      0: no limit): the higher guest waits behind no more of its work than that\n"
 		"  --mps DIR           serve the guest as a client of the MPS control daemon whose pipe\n"
 		"                      directory is DIR (root's, writable by no one else): its kernels run\n"
-		"                      beside other clients' on the GPU; implies --no-sched\n"
+		"                      beside other clients' on the GPU (time them with the GPU's policy:\n"
+		"                      shared lets them run side by side, held to their shares)\n"
 		"  --mps-threads PCT   with --mps: at most PCT %% of the GPU's SMs (1..100, default 100)\n"
 		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
 		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
@@ -251,8 +252,9 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 /* --mps DIR: the workers are clients of the MPS control daemon whose pipes are in DIR, which must
  * be root's or ours and writable by no one else (whoever could put a pipe there would be served
  * every call of the guest's as its MPS server); its guest's kernels may run beside other clients'
- * on the GPU's SMs, each client on at most --mps-threads % of them.  Time slicing is then the
- * GPU's, not the compute scheduler's, which this forwarder leaves. */
+ * on the GPU's SMs, each client on at most --mps-threads % of them.  The forwarder still takes
+ * part in its GPUs' scheduling: under the shared policy its guest runs beside the others, held
+ * back only as the share controller says; under the policies with turns, it takes turns. */
 static int use_mps(struct options *o)
 {
 	if (!o->mps_dir) {
@@ -273,7 +275,6 @@ static int use_mps(struct options *o)
 	snprintf(pct, sizeof pct, "%d", o->mps_threads ? o->mps_threads : 100);
 	setenv("CUDA_MPS_PIPE_DIRECTORY", o->mps_dir, 1);
 	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct, 1);
-	o->no_sched = 1;
 	return 0;
 }
 

@@ -241,10 +241,15 @@ void vh_sched_unheld(struct vh_sched *s)
 static int pass_now(struct vh_sched *s, struct vmgpu_sched_slot *g)
 {
 	struct vmgpu_sched_page *pg = s->pg;
-	if (atomic_load(&pg->policy) != VMGPU_SCHED_NATIVE && (atomic_load(&pg->owner) != s->me || atomic_load(&g->draining)))
+	uint32_t policy = atomic_load(&pg->policy);
+	if (policy == VMGPU_SCHED_SHARED) { /* no turns: held only the part of the period the controller says */
+		if (atomic_load(&g->hold) && sched_held_ns(pg, g, now_ns()))
+			return 0;
+	} else if (policy != VMGPU_SCHED_NATIVE && (atomic_load(&pg->owner) != s->me || atomic_load(&g->draining))) {
 		return 0;
+	}
 	atomic_fetch_add(&s->inflight, 1);
-	if (atomic_load(&g->draining)) {
+	if (policy != VMGPU_SCHED_SHARED && atomic_load(&g->draining)) {
 		atomic_fetch_sub(&s->inflight, 1);
 		return 0;
 	}
@@ -277,6 +282,13 @@ uint64_t vh_sched_enter(struct vh_sched *s)
 			int32_t holder = atomic_load(&pg->owner);
 			if (holder >= 0 && holder < VMGPU_SCHED_SLOTS && sched_rank(&pg->slot[holder]) < sched_rank(g))
 				wake(pg);
+		}
+		uint64_t held = sched_held_ns(pg, g, now_ns());
+		if (held) { /* shared: until the held part of the period is over, looking again at least
+			     * every 2 ms (the controller may lift the hold) */
+			struct timespec t = {0, (long)(held < 2000000 ? held : 2000000)};
+			nanosleep(&t, NULL);
+			continue;
 		}
 		if (atomic_load(&pg->owner) < 0) {
 			lock(pg);
@@ -352,6 +364,8 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * charged to it, and held they did worse together; nor under a cap, where a capped trainer
 	 * did worse held (make bench-sharing on H100s: README, Compute shares). */
 	atomic_store(&s->bounded, sched_higher_member(pg, s->me));
+	if (atomic_load(&pg->policy) == VMGPU_SCHED_SHARED)
+		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {
 		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */
 		if (owner >= VMGPU_SCHED_SLOTS || (owner >= 0 && !sched_alive(atomic_load(&pg->slot[owner].pid)))) {

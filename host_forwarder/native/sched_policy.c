@@ -284,9 +284,24 @@ int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now)
 	return lower;
 }
 
+uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
+{
+	uint32_t hold = atomic_load(&g->hold);
+	uint64_t period = period_ns(pg);
+	if (atomic_load(&pg->policy) != VMGPU_SCHED_SHARED || !hold)
+		return 0;
+	if (!period)
+		period = (uint64_t)SCHED_DEFAULT_PERIOD_US * 1000;
+	if (hold >= 1000)
+		return period - now % period; /* held throughout: look again at the next period */
+	uint64_t into = now % period, closed = period * hold / 1000;
+	return into < closed ? closed - into : 0;
+}
+
 int sched_higher_member(struct vmgpu_sched_page *pg, int me)
 {
-	if (atomic_load(&pg->policy) == VMGPU_SCHED_NATIVE)
+	uint32_t policy = atomic_load(&pg->policy);
+	if (policy == VMGPU_SCHED_NATIVE || policy == VMGPU_SCHED_SHARED)
 		return 0;
 	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++)
 		if (i != me && atomic_load(&pg->slot[i].pid) && sched_rank(&pg->slot[i]) > sched_rank(&pg->slot[me]))

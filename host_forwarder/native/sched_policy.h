@@ -88,6 +88,12 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
  * its last work, its turn goes on from now, so that idle time alone is nobody's GPU time. */
 void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now);
 
+/* Under the shared policy: how long from now until g's work may pass (0: at once).  g is held the
+ * first hold per mille of every period (the page's period_us, on the common CLOCK_MONOTONIC, so
+ * every guest's period begins together); at 1000 and above, held throughout.  Under every other
+ * policy, 0: turns decide. */
+uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now);
+
 /* A worker thread of member me begins to wait for the GPU at now: counted a waiter; the first
  * waiter of a guest that neither holds the GPU nor had a turn for SCHED_RECENT_NS marks it back
  * from idle (level with the others at its pick). */

@@ -494,6 +494,40 @@ static void a_cap_above_what_a_guest_uses_adds_no_latency(void)
 	      (unsigned long long)(worst / 1000));
 }
 
+/* Under shared no guest has turns: each passes except the first hold per mille of each period,
+ * measured on the common clock (so every guest's period begins together), and lifted at once
+ * when the hold is.  Other policies never hold this way. */
+static void shared_holds_only_the_first_part_of_each_period(void)
+{
+	struct sim s;
+	sim_pair(&s, VMGPU_SCHED_SHARED, 30, 70, 1);
+	struct vmgpu_sched_slot *a = &s.pg.slot[A];
+	uint64_t period = SCHED_DEFAULT_PERIOD_US * 1000ull, start = 1000 * SEC; /* a period begins at 1000 s */
+	check(sched_held_ns(&s.pg, a, start) == 0, "shared, hold 0: passes at once");
+	atomic_store(&a->hold, 250);
+	uint64_t passes = 0, steps = 0;
+	for (uint64_t t = start; t < start + 10 * period; t += TICK, steps++)
+		passes += sched_held_ns(&s.pg, a, t) == 0;
+	check(passes * 1000 / steps == 750, "hold 250: passes %llu of 1000 looks", (unsigned long long)(passes * 1000 / steps));
+	check(sched_held_ns(&s.pg, a, start) == period / 4, "held at a period's start until a quarter in (%llu ns)",
+	      (unsigned long long)sched_held_ns(&s.pg, a, start));
+	check(sched_held_ns(&s.pg, a, start + period / 4) == 0, "open from a quarter in");
+	check(sched_held_ns(&s.pg, &s.pg.slot[B], start) == 0, "the other guest, not held, passes");
+	atomic_store(&a->hold, 1000);
+	check(sched_held_ns(&s.pg, a, start + period / 2) == period / 2, "hold 1000: held to the period's end");
+	atomic_store(&a->hold, 5000);
+	check(sched_held_ns(&s.pg, a, start + period - 1) == 1, "a hold past 1000 is 1000");
+	atomic_store(&s.pg.period_us, 0);
+	atomic_store(&a->hold, 500);
+	check(sched_held_ns(&s.pg, a, start) == period / 2, "period 0 on the page: the default period");
+	atomic_store(&s.pg.policy, VMGPU_SCHED_WEIGHTED);
+	check(sched_held_ns(&s.pg, a, start) == 0, "under weighted a hold means nothing (turns decide)");
+	atomic_store(&s.pg.policy, VMGPU_SCHED_SHARED);
+	atomic_store(&a->priority, VMGPU_SCHED_PRIO_LOW);
+	atomic_store(&s.pg.slot[B].priority, VMGPU_SCHED_PRIO_HIGH);
+	check(!sched_higher_member(&s.pg, A), "under shared no guest's queue is held to a depth");
+}
+
 int main(void)
 {
 	weights_share_the_gpu_and_change_live();
@@ -513,6 +547,7 @@ int main(void)
 	a_guarantee_is_given_first_and_the_rest_by_weight();
 	the_pages_idle_time_is_how_long_an_idle_holder_keeps_its_turn();
 	a_cap_above_what_a_guest_uses_adds_no_latency();
+	shared_holds_only_the_first_part_of_each_period();
 	if (failures) {
 		printf("t_sched_policy: %d failed\n", failures);
 		return 1;

@@ -75,7 +75,9 @@ def policy(gpu, name, socket_path):
     equal       1/N of the time per guest, even when the others are idle
     preemptive  equal shares; an idle guest's time goes to busy ones
     weighted    shares by weight; an idle guest's time goes to busy ones (default)
-    fixed       a hard cap of weight% per guest, even on an otherwise idle card"""
+    fixed       a hard cap of weight% per guest, even on an otherwise idle card
+    shared      side by side (forwarders on MPS), each guest held back only as far
+                as its weight needs; progress, not time, is shared (vmgpud)"""
     r = client(socket_path).set_policy(gpu, name)
     click.echo(f"{r.gpu_uuid}: policy {name}" + ("" if r.live else " (from the next forwarder's start)"))
 

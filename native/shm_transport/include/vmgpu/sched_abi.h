@@ -13,9 +13,9 @@
  *    speak.  The creator stores the magic last (release), after every other field is written.
  *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
  *    store only whole aligned 32-bit control words: policy, slice_us, period_us, idle_us and a
- *    slot's weight, cap, priority and guarantee.
- *  - cap, priority and guarantee sit where version 1 had padding, and zero means what a slot
- *    without them did (no cap, normal priority, no guarantee): a forwarder that does not know them
+ *    slot's weight, cap, priority, guarantee and hold.
+ *  - cap, priority, guarantee and hold sit where version 1 had padding, and zero means what a slot
+ *    without them did (no cap, normal priority, no guarantee, never held): a forwarder that does not know them
  *    leaves them zero, so the page stays version 1.  So does the header's idle_us (zero: the
  *    forwarders' default).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
@@ -46,6 +46,9 @@ enum vmgpu_sched_policy {
 	VMGPU_SCHED_PREEMPTIVE = 2, /* equal shares, work-conserving */
 	VMGPU_SCHED_WEIGHTED = 3,   /* work-conserving, shares by weight */
 	VMGPU_SCHED_FIXED = 4,      /* a hard cap of weight% per period, even on an idle card */
+	VMGPU_SCHED_SHARED = 5,     /* no turns: guests run side by side (their workers clients of one
+	                             * MPS server), each held back slot.hold per mille of every period,
+	                             * as vmgpud's share controller sets it (vmgpu/share_control.py) */
 };
 
 /* slot.priority: a waiting guest of a higher priority has the GPU before any lower one, and the
@@ -82,7 +85,9 @@ struct vmgpu_sched_slot {
 	VMGPU_ATOMIC(uint32_t) cap;        /* 168: 0: none; 1..100: at most cap% of each period, whatever the policy */
 	VMGPU_ATOMIC(uint32_t) priority;   /* 172: enum vmgpu_sched_priority */
 	VMGPU_ATOMIC(uint32_t) guarantee;  /* 176: 0..100: % reserved at admission, given first under weighted */
-	uint8_t pad[256 - 180];                  /* 180 */
+	VMGPU_ATOMIC(uint32_t) hold;       /* 180: under shared: per mille of each period its work does not
+	                                          * pass (the period's first part); 0: never held */
+	uint8_t pad[256 - 184];                  /* 184 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -118,7 +123,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, rejoin) == 164, "slot rejoin");
 _Static_assert(offsetof(struct vmgpu_sched_slot, cap) == 168, "slot cap");
 _Static_assert(offsetof(struct vmgpu_sched_slot, priority) == 172, "slot priority");
 _Static_assert(offsetof(struct vmgpu_sched_slot, guarantee) == 176, "slot guarantee");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 180, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, hold) == 180, "slot hold");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 184, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");

@@ -1,0 +1,160 @@
+"""The shared policy's controller (vmgpu/share_control.py) against a model of a GPU on a fake
+clock: guests whose work runs side by side, each slower the more run at once (two together get
+1.2 of one alone, as two trainers did under MPS on an H100), held back by the holds the
+controller gives exactly as the forwarders' gate holds them (the first hold per mille of each
+100 ms period).  Each test checks what a tenant sees: its calls beside the others over its calls
+alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmgpu.share_control import Seen, ShareController
+
+PERIOD = 0.1
+TOGETHER = {1: 1.0, 2: 0.6, 3: 0.45, 4: 0.36}  # each guest's speed with n running
+
+
+class Gpu:
+    """Guests with a rate alone (calls/s) and, for a guest that is not always busy, a demand."""
+
+    def __init__(self, alone: dict[str, float], demand: dict[str, float] | None = None):
+        self.alone, self.demand = alone, demand or {}
+        self.calls = dict.fromkeys(alone, 0.0)
+        self.weight = dict.fromkeys(alone, 100)
+        self.cap = dict.fromkeys(alone, 0)
+        self.busy = dict.fromkeys(alone, True)
+        self.holds = dict.fromkeys(alone, 0)
+        self.held_ms = dict.fromkeys(alone, 0)
+        self.now = 1000.0
+
+    def seen(self) -> list[Seen]:
+        return [Seen(i, n, int(self.calls[n]), self.weight[n], 0, self.cap[n]) for i, n in enumerate(self.alone)]
+
+    def run(self, ctl: ShareController, seconds: float, dt: float = 0.001) -> dict[str, float]:
+        """Run; each guest's calls in this stretch over what it would make alone."""
+        start = dict(self.calls)
+        names = list(self.alone)
+        for i in range(int(round(seconds / dt))):
+            t = self.now + i * dt
+            if i % int(round(0.1 / dt)) == 0:
+                holds = ctl.step(t, self.seen())
+                self.holds = {n: holds[j] for j, n in enumerate(names)}
+            into = t % PERIOD
+            running = [n for n in names if self.busy[n] and into >= self.holds[n] / 1000 * PERIOD]
+            for n in names:
+                self.held_ms[n] += self.busy[n] and n not in running
+            for n in running:
+                rate = self.alone[n] * TOGETHER[len(running)]
+                if n in self.demand:
+                    rate = min(rate, self.demand[n])
+                self.calls[n] += rate * dt
+        self.now += seconds
+        alone = {n: min(self.alone[n], self.demand.get(n, self.alone[n])) for n in names}
+        return {n: (self.calls[n] - start[n]) / (alone[n] * seconds) for n in names}
+
+
+def parts(shares: dict[str, float]) -> dict[str, float]:
+    total = sum(shares.values())
+    return {n: 100 * v / total for n, v in shares.items()}
+
+
+def test_two_guests_at_30_70_get_their_parts_and_keep_most_of_the_overlap():
+    gpu = Gpu({"a": 5000.0, "b": 8000.0})  # different workloads: rates alone differ
+    gpu.weight.update(a=30, b=70)
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    got = gpu.run(ctl, 20)
+    p = parts(got)
+    assert abs(p["a"] - 30) <= 2 and abs(p["b"] - 70) <= 2, (p, got)
+    # time slicing gives at most 1.0 together; side by side with holds, more
+    assert sum(got.values()) > 1.05, got
+
+
+def test_equal_weights_are_not_held_when_equal_already():
+    gpu = Gpu({"a": 4000.0, "b": 4000.0})
+    ctl = ShareController()
+    gpu.run(ctl, 10)
+    got = gpu.run(ctl, 20)
+    assert abs(parts(got)["a"] - 50) <= 2
+    assert sum(got.values()) > 1.12, got  # only the probes cost (1.2 with no control at all)
+
+
+def test_a_weight_changed_live_is_reached_within_seconds():
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    ctl = ShareController()
+    gpu.run(ctl, 15)
+    gpu.weight.update(a=20, b=80)
+    gpu.run(ctl, 5)
+    p = parts(gpu.run(ctl, 10))
+    assert abs(p["a"] - 20) <= 2, p
+
+
+def test_an_idle_guests_share_goes_to_the_busy_one():
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.weight.update(a=10, b=90)
+    ctl = ShareController()
+    gpu.run(ctl, 15)
+    gpu.busy["b"] = False
+    gpu.run(ctl, 2)
+    got = gpu.run(ctl, 5)
+    assert got["a"] > 0.97, got  # alone and not held
+    assert gpu.holds["a"] == 0 and gpu.holds["b"] == 0
+
+
+@pytest.mark.parametrize("cap", [10, 50])
+def test_a_cap_holds_a_guest_alone_to_its_part_of_each_period(cap):
+    gpu = Gpu({"a": 6000.0})
+    gpu.cap["a"] = cap
+    ctl = ShareController()
+    gpu.run(ctl, 2)
+    got = gpu.run(ctl, 10)
+    assert abs(100 * got["a"] - cap) <= 1, got
+    assert gpu.holds["a"] == 1000 - 10 * cap
+
+
+def test_a_cap_beside_a_weighted_guest_holds_only_the_capped():
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.cap["a"] = 20
+    ctl = ShareController()
+    gpu.run(ctl, 10)
+    got = gpu.run(ctl, 20)
+    assert 100 * got["a"] <= 21, got
+    assert got["b"] > 0.85, got  # the rest is the other's: alone 80% of the time, beside a for 20%
+    assert gpu.holds["b"] == 0
+
+
+def test_a_guest_that_asks_little_is_not_made_to_wait_for_nothing():
+    # an inference guest that asks a tenth of what it could do, beside a trainer at equal weights:
+    # it goes at the rate it asks for, so it is short of nothing and neither is held (but for
+    # the probes)
+    gpu = Gpu({"inf": 3000.0, "train": 6000.0}, demand={"inf": 300.0})
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    got = gpu.run(ctl, 20)
+    assert got["inf"] > 0.95, got
+    assert got["train"] > 0.57, got  # 0.6 beside it in this model, less the probes
+    assert sum(gpu.held_ms.values()) < 0.1 * 40 * 1000 * 2
+
+
+def test_guests_that_come_and_go_are_forgotten_and_measured_afresh():
+    ctl = ShareController()
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.run(ctl, 10)
+    assert set(k[1] for k in ctl.guests) == {"a", "b"}
+    holds = ctl.step(gpu.now + 0.1, [Seen(0, "a", int(gpu.calls["a"]))])
+    assert set(holds) == {0} and set(k[1] for k in ctl.guests) == {"a"}
+    # another guest in b's old slot is someone else: nothing of b's is kept for it
+    ctl.step(gpu.now + 0.2, [Seen(0, "a", int(gpu.calls["a"])), Seen(1, "c", 0)])
+    assert ctl.guests[(1, "c")].alone == 0
+
+
+def test_a_guest_held_during_a_probe_is_let_go_when_the_probed_one_leaves():
+    ctl = ShareController()
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.run(ctl, 0.2)  # the first probe has begun
+    assert ctl.probe is not None
+    whose = ctl.probe.whose
+    other = [k for k in ctl.guests if k != whose][0]
+    holds = ctl.step(gpu.now + 0.1, [Seen(other[0], other[1], int(gpu.calls[other[1]]))])
+    assert holds == {other[0]: 0} and ctl.probe is None

@@ -1,0 +1,235 @@
+"""The share controller of a GPU under the `shared` policy.
+
+Under `shared` no guest takes turns: every guest's work goes to the GPU as it comes (with the
+forwarders' workers clients of one MPS server, their kernels run on the SMs side by side), and
+the only control is a hold per guest on the scheduler page: the first `hold` per mille of every
+period (100 ms) the guest's work waits in its ring (host_forwarder/native/sched_policy.c,
+sched_held_ns).  This controller sets the holds so that what each guest gets is its share of
+what the guests get together, measured as tenants measure it: a guest's progress is its rate
+beside the others over its rate alone, its rate is the calls that put work on the GPU per second
+(the page's `work_calls`), and its rate alone is measured now and then by holding the others for
+a moment (a probe), or whenever it is the only busy guest.
+
+Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
+as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
+first, the rest by weight among the busy guests.  A guest ahead of its part is held more, one
+behind held less (a multiplicative step, half the error's log each time), and the holds are then
+lowered together until the guest held least is not held at all: nobody is held for nothing, and
+an idle guest's share goes to the busy ones.  A guest's own cap holds its work back all but
+cap% of each period, however the others go: a bound on its time, as under the policies with
+turns, which alone on the GPU is about cap% of its progress.  Priority is not
+part of this policy (a high-priority guest gets turns first under the policies with turns).
+
+Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
+fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+PERIOD_STEP_S = 0.1  # how often the controller looks
+WINDOW_S = 1.0  # a guest's rate: its calls over this long
+PROBE_EVERY_S = 4.0  # a probe begins this long after the last one ended (with two or more busy guests)
+PROBE_S = 0.3  # how long the others are held while one guest's rate alone is measured
+PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
+LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
+GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
+SATISFIED = 0.9  # a guest at 90% of its rate alone or more is short of nothing
+FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
+
+
+@dataclass
+class Seen:
+    """What the controller is told of one member at one look (a scheduler page's slot)."""
+
+    slot: int
+    guest: str
+    calls: int  # work_calls so far
+    weight: int = 100
+    guarantee: int = 0
+    cap: int = 0  # % of its progress alone, 0: none
+
+
+@dataclass
+class _Guest:
+    calls: deque = field(default_factory=deque)  # (t, calls, how the stretch up to t went: FREE, HELD, PROBED)
+    hold: int = 0  # the hold it was last given
+    alone: float = 0.0  # calls/s alone (0: not measured yet)
+    open: float = 1.0  # the part of each period its work may pass
+    ceiling: float = 1.0  # what its cap allows of that
+    probed_at: float = -math.inf
+
+
+@dataclass
+class _Probe:
+    whose: tuple[int, str]
+    began: float
+    settled_at: float | None = None  # when its measuring began
+    calls: int = 0  # the probed guest's calls then
+
+
+class ShareController:
+    """One GPU's controller.  `step(now, seen)` returns each slot's hold (per mille)."""
+
+    def __init__(self, *, window_s: float = WINDOW_S, probe_every_s: float = PROBE_EVERY_S, probe_s: float = PROBE_S):
+        self.window_s, self.probe_every_s, self.probe_s = window_s, probe_every_s, probe_s
+        self.guests: dict[tuple[int, str], _Guest] = {}
+        self.probe: _Probe | None = None
+        self.probe_ended = 0.0
+        self.last: dict[str, float] = {}  # each guest's last progress as parts (for status and tests)
+
+    # -- rates ------------------------------------------------------------------------------
+
+    def _rate(self, g: _Guest, now: float) -> float | None:
+        """Calls per second over the window, without the stretches a probe held (a probe speeds
+        the probed guest and stops the others)."""
+        calls = spent = 0.0
+        pts = [p for p in g.calls if now - p[0] <= self.window_s + 1e-9]
+        for (t0, c0, _), (t1, c1, how) in pairwise(pts):
+            if how != PROBED:
+                calls, spent = calls + c1 - c0, spent + t1 - t0
+        return calls / spent if spent >= self.window_s / 2 else None
+
+    def _busy(self, g: _Guest, now: float) -> bool:
+        recent = [c for t, c, _ in g.calls if now - t <= self.window_s / 2 + 1e-9]
+        return len(recent) >= 2 and recent[-1] > recent[0]
+
+    # -- one look -----------------------------------------------------------------------------
+
+    def step(self, now: float, seen: list[Seen]) -> dict[int, int]:
+        keys = {(s.slot, s.guest): s for s in seen}
+        for k in list(self.guests):
+            if k not in keys:
+                del self.guests[k]  # gone (a slot reused by another guest is a new guest)
+        for k, s in keys.items():
+            g = self.guests.setdefault(k, _Guest())
+            how = PROBED if self.probe is not None else HELD if g.hold else FREE
+            g.calls.append((now, s.calls, how))
+            while g.calls and now - g.calls[0][0] > 2 * self.window_s:
+                g.calls.popleft()
+        holds = self._probe_step(now, keys) if self.probe is not None else None
+        if holds is None:
+            holds = self._plan(now, keys)
+        for k in keys:
+            self.guests[k].hold = holds[k[0]]
+        return holds
+
+    def _plan(self, now: float, keys: dict) -> dict[int, int]:
+        busy = [k for k in keys if self._busy(self.guests[k], now)]
+        if len(busy) == 1:  # alone and not held all the window: its rate is its rate alone
+            g = self.guests[busy[0]]
+            r = self._rate(g, now)
+            recent = [how for t, _, how in g.calls if now - t <= self.window_s + 1e-9][1:]
+            if r and recent and all(how == FREE for how in recent):
+                g.alone = r if not g.alone else 0.8 * g.alone + 0.2 * r
+        # a probe, with others beside it: each guest's rate alone, now and then
+        if len(busy) >= 2:
+            unmeasured = any(not self.guests[k].alone for k in busy)  # a newcomer is measured soon
+            every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s
+            if now - self.probe_ended >= every:
+                whose = min(busy, key=lambda k: self.guests[k].probed_at)
+                self.probe = _Probe(whose, now)
+                return {k[0]: (0 if k == whose else 1000) for k in keys}
+        self._control(now, keys, busy)
+        return {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
+
+    def _probe_step(self, now: float, keys: dict) -> dict[int, int] | None:
+        """A probe under way: the holds it needs, or None once it is over (its guest gone, or
+        measured)."""
+        p = self.probe
+        if p.whose not in keys:
+            self.probe, self.probe_ended = None, now
+            return None
+        if p.settled_at is None and now - p.began >= PROBE_SETTLE_S:
+            p.settled_at, p.calls = now, keys[p.whose].calls
+        elif p.settled_at is not None and now - p.began >= self.probe_s:
+            g = self.guests[p.whose]
+            r = (keys[p.whose].calls - p.calls) / max(now - p.settled_at, 1e-6)
+            if r > 0:
+                g.alone = r if not g.alone else 0.5 * g.alone + 0.5 * r
+            g.probed_at = now
+            self.probe, self.probe_ended = None, now
+            return None
+        return {k[0]: (0 if k == p.whose else 1000) for k in keys}
+
+    def _targets(self, keys: dict, busy: list) -> dict:
+        """The weighted policy's parts among the busy guests: guarantees first, the rest by weight."""
+        gsum = sum(min(keys[k].guarantee, 100) for k in busy)
+        wsum = sum(max(1, min(keys[k].weight, 100)) for k in busy)
+        rest = max(0, 100 - gsum)
+        raw = {k: min(keys[k].guarantee, 100) + rest * max(1, min(keys[k].weight, 100)) / wsum for k in busy}
+        total = sum(raw.values()) or 1.0
+        return {k: v / total for k, v in raw.items()}
+
+    def _control(self, now: float, keys: dict, busy: list) -> None:
+        progress = {}
+        for k in busy:
+            g = self.guests[k]
+            r = self._rate(g, now)
+            if r is not None and g.alone > 0:
+                progress[k] = r / g.alone
+        for k in busy:  # a cap: its work passes at most cap% of each period (as under the policies with turns)
+            cap = keys[k].cap
+            self.guests[k].ceiling = min(100, cap) / 100 if cap else 1.0
+        # a guest that goes as fast as alone, or nearly, is short of nothing: it is not held, and
+        # the others share by weight what it leaves (holding it could only slow it)
+        # (nor does a guest its cap holds: its cap, not its weight, is its share)
+        shared = [
+            k
+            for k in busy
+            if k in progress and 0 < progress[k] < SATISFIED and self.guests[k].ceiling >= self.guests[k].open
+        ]
+        for k in busy:
+            if k not in shared:
+                self.guests[k].open = 1.0
+        if len(shared) >= 2:
+            targets = self._targets(keys, shared)
+            total = sum(progress[k] for k in shared)
+            for k in shared:
+                g, part = self.guests[k], progress[k] / total
+                self.last[keys[k].guest] = part
+                g.open = min(1.0, max(LEAST_OPEN, g.open * (targets[k] / part) ** GAIN))
+            top = max(self.guests[k].open for k in shared)
+            for k in shared:  # the least held is not held: nobody waits for nothing
+                g = self.guests[k]
+                g.open = min(1.0, max(LEAST_OPEN, g.open / top))
+        else:
+            for k in busy:
+                self.guests[k].open = 1.0
+
+    @staticmethod
+    def _hold(g: _Guest) -> int:
+        return int(round(1000 * (1 - min(g.open, g.ceiling))))
+
+
+def seen_on(page) -> list[Seen]:
+    """What a live scheduler page (vmgpu.sched.Page) shows the controller."""
+    return [Seen(m.slot, m.guest, m.work_calls, m.weight, m.guarantee, m.cap) for m in page.members()]
+
+
+def run(page, stop: threading.Event, every: float = PERIOD_STEP_S, controller: ShareController | None = None) -> None:
+    """Control one GPU's page while its policy is shared, until stop is set; holds are lifted
+    whenever the policy is another (they mean nothing there, and would be stale when it returns)."""
+    ctl = controller or ShareController()
+    while not stop.wait(every):
+        apply_step(page, ctl, time.monotonic())
+
+
+def apply_step(page, ctl: ShareController, now: float) -> None:
+    """One look at a live page: the holds the controller gives, stored (or lifted off the policy)."""
+    members = page.members()
+    if page.policy != "shared":
+        for m in members:
+            if m.hold:
+                page.set_hold(m.slot, 0)
+        ctl.guests.clear()
+        ctl.probe = None
+        return
+    for slot, hold in ctl.step(now, seen_on(page)).items():
+        page.set_hold(slot, hold)
