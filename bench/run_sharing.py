@@ -127,14 +127,21 @@ class Guests:
     def page(self) -> Page:
         return Page(next(self.sched.glob("vmgpu-sched-*")))
 
+    def stop(self) -> None:
+        for fwd, region in self.fwds:
+            fwd.stop()
+            region.unlink(missing_ok=True)
+        self.fwds, self.names = [], []
+
     def policy(self, name: str) -> None:
         with self.page() as pg:
             pg.policy = name
 
 
-def shared_pair(g: Guests, run: Run, seconds: float, *flags: str) -> tuple[list[dict], str]:
+def shared_pair(g: Guests, run: Run, seconds: float, *flags: str, trace=None) -> tuple[list[dict], str]:
     """Two trainers at 30/70 under the shared policy, its controller running as vmgpud runs it;
-    their results, and the holds it gave them on average (per mille)."""
+    their results, and the holds it gave them on average (%); what the controller saw every 0.5 s
+    to `trace` (a file), if given."""
     envs = [(TRAIN, g.env("--weight", "30", *flags)), (TRAIN, g.env("--weight", "70", *flags))]
     names = g.names[-2:]
     g.policy("shared")
@@ -142,11 +149,23 @@ def shared_pair(g: Guests, run: Run, seconds: float, *flags: str) -> tuple[list[
 
     def control():
         with g.page() as pg:
+            n = 0
             while not stop.wait(share_control.PERIOD_STEP_S):
                 share_control.apply_step(pg, ctl, time.monotonic())
-                for m in pg.members():
+                members = pg.members()
+                for m in members:
                     holds.get(m.guest, []).append(m.hold)
+                n += 1
+                if trace is not None and n % 5 == 0:  # what the controller saw and did, every 0.5 s
+                    state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
+                    trace.write(
+                        f"{time.monotonic():.1f} holds {[m.hold for m in members]} calls "
+                        f"{[m.work_calls for m in members]} alone,open {state} parts "
+                        f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
+                    )
 
+    if trace is not None:
+        trace.write(f"== shared {' '.join(flags)}: {names}\n")
     t = threading.Thread(target=control, daemon=True)
     t.start()  # from the start: guests are measured alone while they warm up too, as in a host's life
     try:
@@ -160,12 +179,6 @@ def shared_pair(g: Guests, run: Run, seconds: float, *flags: str) -> tuple[list[
         g.stop()
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
     return out, text
-
-    def stop(self) -> None:
-        for fwd, region in self.fwds:
-            fwd.stop()
-            region.unlink(missing_ok=True)
-        self.fwds, self.names = [], []
 
 
 def mps_start(tmp: Path) -> dict | None:
@@ -335,6 +348,7 @@ def main() -> int:
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
         "references; four, mps, shared, priority, cap, converge, reclaim)",
     )
+    ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
@@ -343,28 +357,30 @@ def main() -> int:
     g = Guests(tmp, a.depth, {word: int(v * 1000) for word, v in ms.items() if v})
     infer = INFER + ["--rate", str(a.rate)]
     rows, summary = Rows(), {}
+    trace = open(a.trace, "w") if a.trace else None  # noqa: SIM115 - closed with the run
     try:
         # alone: the denominators
         (train_alone,), alone_held = sampled(g, run, [(TRAIN, g.env())], a.seconds)
         g.stop()
-        (infer_alone,) = run.together([(infer, g.env())])
-        g.stop()
         (train_native,) = run.together([(TRAIN, native_env())])
-        (infer_native,) = run.together([(infer, native_env())])
         solo, native_solo = train_alone["img_per_s"], train_native["img_per_s"]
         rows.append(("trainer alone (vmgpu / native)", f"{solo:.1f} / {native_solo:.1f} img/s" + alone_held))
-        rows.append(
-            (
-                f"inference alone natively at {a.rate:g}/s p50 / p99",
-                f"{infer_native['p50_ms']:.2f} / {infer_native['p99_ms']:.2f} ms",
+        if "priority" not in skip:  # (only the priority scenario needs the inference guest alone)
+            (infer_alone,) = run.together([(infer, g.env())])
+            g.stop()
+            (infer_native,) = run.together([(infer, native_env())])
+            rows.append(
+                (
+                    f"inference alone natively at {a.rate:g}/s p50 / p99",
+                    f"{infer_native['p50_ms']:.2f} / {infer_native['p99_ms']:.2f} ms",
+                )
             )
-        )
-        rows.append(
-            (
-                f"inference alone at {a.rate:g}/s p50 / p99, busy",
-                f"{infer_alone['p50_ms']:.2f} / {infer_alone['p99_ms']:.2f} ms, {100 * infer_alone['busy']:.1f}%",
+            rows.append(
+                (
+                    f"inference alone at {a.rate:g}/s p50 / p99, busy",
+                    f"{infer_alone['p50_ms']:.2f} / {infer_alone['p99_ms']:.2f} ms, {100 * infer_alone['busy']:.1f}%",
+                )
             )
-        )
 
         if "weights" not in skip:  # two trainers at 30/70 (and four), beside no-sched, native and MPS
             # two trainers at 30/70
@@ -427,7 +443,7 @@ def main() -> int:
                     g.policy("weighted")
                     g.stop()
                     if "shared" not in skip:
-                        (s30, s70), s_held = shared_pair(g, run, a.seconds, "--mps", pipe)
+                        (s30, s70), s_held = shared_pair(g, run, a.seconds, "--mps", pipe, trace=trace)
                         shared_rows(rows, summary, "shared 30/70 on MPS", s30, s70, solo, s_held, "")
                 finally:
                     mps_stop(mps)
@@ -457,7 +473,7 @@ def main() -> int:
                 summary["aggregate_vs_mps"] = float("nan")
                 agg += ", MPS unavailable or skipped"
             if "shared" not in skip:
-                (s30, s70), s_held = shared_pair(g, run, a.seconds)
+                (s30, s70), s_held = shared_pair(g, run, a.seconds, trace=trace)
                 shared_rows(rows, summary, "shared 30/70 without MPS", s30, s70, solo, s_held, "_no_mps")
                 if "shared_total" in summary:
                     summary["aggregate_shared_vs_nosched"] = summary["shared_total"] * solo / nosched_total
@@ -466,6 +482,21 @@ def main() -> int:
                     agg += f", shared on MPS {summary['shared_total']:.2f}"
                 agg += f", shared without MPS {summary['shared_total_no_mps']:.2f}"
             rows.append(("aggregate, of one guest alone", agg))
+
+        if "weights" in skip and "shared" not in skip:  # the shared rows alone, without the references
+            mps = mps_start(tmp) if "mps" not in skip else None
+            agg = "shared"
+            if mps:
+                try:
+                    pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
+                    (s30, s70), s_held = shared_pair(g, run, a.seconds, "--mps", pipe, trace=trace)
+                    shared_rows(rows, summary, "shared 30/70 on MPS", s30, s70, solo, s_held, "")
+                    agg += f" on MPS {summary['shared_total']:.2f},"
+                finally:
+                    mps_stop(mps)
+            (s30, s70), s_held = shared_pair(g, run, a.seconds, trace=trace)
+            shared_rows(rows, summary, "shared 30/70 without MPS", s30, s70, solo, s_held, "_no_mps")
+            rows.append(("aggregate, of one guest alone", agg + f" without MPS {summary['shared_total_no_mps']:.2f}"))
 
         if "priority" not in skip:
             hp, tr = run.together([(infer, g.env("--priority", "high")), (TRAIN, g.env())])
@@ -515,6 +546,8 @@ def main() -> int:
     finally:
         g.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+        if trace:
+            trace.close()
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
