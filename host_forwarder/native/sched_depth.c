@@ -5,7 +5,8 @@
  * A guest's calls are queued on the GPU as fast as it makes them: a trainer may have a whole
  * step (tens of milliseconds of kernels) in its streams.  A hand-over waits for that to finish
  * (vh_sched_tick's drain), so a guest of a higher priority that wants the GPU would wait behind
- * all of it.  While a guest of a higher priority is on the GPU's page (vh_sched.h: bounded),
+ * all of it.  While a guest of a higher priority is on the GPU's page, and under the shared policy
+ * (where the calls through the gate must be the guest's progress on the GPU: vh_sched.h, bounded),
  * each call that puts work on the GPU is followed by a marker (an event recorded on the call's
  * stream, or on the default stream for a call that names none: cuMemsetD8 and cuMemcpyDtoD,
  * too, return before their work is done), and a call passes only while fewer than

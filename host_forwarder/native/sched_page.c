@@ -363,8 +363,12 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * its own priority it is not held: a deep queue costs them nothing but a longer drain, which is
 	 * charged to it, and held they did worse together; nor under a cap, where a capped trainer
 	 * did worse held (make bench-sharing on H100s: README, Compute shares). */
-	atomic_store(&s->bounded, sched_higher_member(pg, s->me));
-	if (atomic_load(&pg->policy) == VMGPU_SCHED_SHARED)
+	int shared = atomic_load(&pg->policy) == VMGPU_SCHED_SHARED;
+	/* under shared every guest is held to the depth: its calls through the gate are then what the
+	 * GPU has done of its work, give or take the depth, which is what the share controller
+	 * measures (unheld, a trainer ran ahead at its rate alone while the GPU did half as much) */
+	atomic_store(&s->bounded, shared || sched_higher_member(pg, s->me));
+	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {
 		/* a holder that died (or an owner no slot has), or nobody holding while guests wait */

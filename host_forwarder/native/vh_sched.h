@@ -41,7 +41,7 @@ struct vh_sched {
 	int dev;                   /* the forwarder's device index */
 	/* per worker process: */
 	_Atomic int inflight;      /* this worker's work calls past the gate */
-	_Atomic int bounded;       /* a higher-priority guest is on this GPU: its queue depth is held (sched_depth.c) */
+	_Atomic int bounded;       /* a higher-priority guest is on this GPU, or the policy is shared: its queue depth is held (sched_depth.c) */
 	_Atomic uint64_t calls;    /* this worker's work calls (one writer, its serving thread) */
 	uint64_t published;        /* how many of them the scheduler thread has added to the page */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */

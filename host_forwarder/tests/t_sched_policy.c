@@ -525,7 +525,7 @@ static void shared_holds_only_the_first_part_of_each_period(void)
 	atomic_store(&s.pg.policy, VMGPU_SCHED_SHARED);
 	atomic_store(&a->priority, VMGPU_SCHED_PRIO_LOW);
 	atomic_store(&s.pg.slot[B].priority, VMGPU_SCHED_PRIO_HIGH);
-	check(!sched_higher_member(&s.pg, A), "under shared no guest's queue is held to a depth");
+	check(!sched_higher_member(&s.pg, A), "under shared priority holds no queue (every queue is held: sched_page.c)");
 }
 
 int main(void)

@@ -284,6 +284,20 @@ def test_beside_a_higher_priority_guest_no_more_than_the_depth_of_its_work_is_ah
     assert min(alone, level, unlimited) > 4 * below, rates
 
 
+def test_under_shared_every_guest_is_held_to_the_depth(sched_dir, tmp_path):
+    """Under shared a guest's calls through the gate are what the share controller takes for its
+    progress on the GPU, so no guest, alone or beside any other, runs more than --sched-depth of
+    its calls ahead of the GPU (a depth of 4 and events 20 ms late: at most 200 memsets a second)."""
+    a = tmp_path / "a"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
+    with forwarder(a, env=lag, extra=("--sched-depth", "4")):
+        with _page(sched_dir) as pg:
+            free = _rate(a, 1)
+            pg.policy = "shared"
+            held = _rate(a, 1)
+    assert held <= 260 and free > 4 * held, (free, held)
+
+
 @pytest.mark.parametrize("mode", ["sync", "capture"])
 def test_calls_without_a_stream_and_a_capture_left_open_are_held_to_the_depth(sched_dir, tmp_path, mode):
     """sync: cuMemsetD8 and cuMemcpyDtoD name no stream, but (as the driver documents) return
