@@ -57,6 +57,7 @@ from vmgpu.forwarder import Forwarder, guest_env  # noqa: E402
 from vmgpu.sched import Page  # noqa: E402
 
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
+PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 INFER = ["torch_infer.py"]
 
 
@@ -145,7 +146,8 @@ def shared_pair(g: Guests, run: Run, seconds: float, *flags: str, trace=None) ->
     envs = [(TRAIN, g.env("--weight", "30", *flags)), (TRAIN, g.env("--weight", "70", *flags))]
     names = g.names[-2:]
     g.policy("shared")
-    stop, ctl, holds = threading.Event(), share_control.ShareController(), {n: [] for n in names}
+    stop, holds = threading.Event(), {n: [] for n in names}
+    ctl = share_control.ShareController(**PROBE)
 
     def control():
         with g.page() as pg:
@@ -156,7 +158,7 @@ def shared_pair(g: Guests, run: Run, seconds: float, *flags: str, trace=None) ->
                 for m in members:
                     holds.get(m.guest, []).append(m.hold)
                 n += 1
-                if trace is not None and n % 5 == 0:  # what the controller saw and did, every 0.5 s
+                if trace is not None and (n % 5 == 0 or ctl.probe):  # every 0.5 s, and each look in a probe
                     state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
                     trace.write(
                         f"{time.monotonic():.1f} holds {[m.hold for m in members]} calls "
@@ -349,7 +351,11 @@ def main() -> int:
         "references; four, mps, shared, priority, cap, converge, reclaim)",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
+    ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     a = ap.parse_args()
+    if a.probe:
+        every, length, settle = (float(x) for x in a.probe.split(","))
+        PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)

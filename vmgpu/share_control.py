@@ -77,8 +77,15 @@ class _Probe:
 class ShareController:
     """One GPU's controller.  `step(now, seen)` returns each slot's hold (per mille)."""
 
-    def __init__(self, *, window_s: float = WINDOW_S, probe_every_s: float = PROBE_EVERY_S, probe_s: float = PROBE_S):
-        self.window_s, self.probe_every_s, self.probe_s = window_s, probe_every_s, probe_s
+    def __init__(
+        self,
+        *,
+        window_s: float = WINDOW_S,
+        probe_every_s: float = PROBE_EVERY_S,
+        probe_s: float = PROBE_S,
+        settle_s: float = PROBE_SETTLE_S,
+    ):
+        self.window_s, self.probe_every_s, self.probe_s, self.settle_s = window_s, probe_every_s, probe_s, settle_s
         self.guests: dict[tuple[int, str], _Guest] = {}
         self.probe: _Probe | None = None
         self.probe_ended = 0.0
@@ -146,7 +153,7 @@ class ShareController:
         if p.whose not in keys:
             self.probe, self.probe_ended = None, now
             return None
-        if p.settled_at is None and now - p.began >= PROBE_SETTLE_S:
+        if p.settled_at is None and now - p.began >= self.settle_s:
             p.settled_at, p.calls = now, keys[p.whose].calls
         elif p.settled_at is not None and now - p.began >= self.probe_s:
             g = self.guests[p.whose]
