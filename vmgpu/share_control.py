@@ -70,8 +70,11 @@ class _Guest:
 class _Probe:
     whose: tuple[int, str]
     began: float
+    before: float = 0.0  # its rate beside the others just before
     settled_at: float | None = None  # when its measuring began
     calls: int = 0  # the probed guest's calls then
+    last: int = 0  # its calls at the last look
+    stalled: bool = False  # a look since the measure began found no new call
 
 
 class ShareController:
@@ -141,7 +144,7 @@ class ShareController:
             every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s
             if now - self.probe_ended >= every:
                 whose = min(busy, key=lambda k: self.guests[k].probed_at)
-                self.probe = _Probe(whose, now)
+                self.probe = _Probe(whose, now, before=self._rate(self.guests[whose], now) or 0.0)
                 return {k[0]: (0 if k == whose else 1000) for k in keys}
         self._control(now, keys, busy)
         return {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
@@ -153,14 +156,22 @@ class ShareController:
         if p.whose not in keys:
             self.probe, self.probe_ended = None, now
             return None
+        calls = keys[p.whose].calls
+        if p.settled_at is not None and calls <= p.last:
+            p.stalled = True  # a look at which it had made no call since the last: not busy throughout
+        p.last = calls
         if p.settled_at is None and now - p.began >= self.settle_s:
-            p.settled_at, p.calls = now, keys[p.whose].calls
+            p.settled_at, p.calls = now, calls
         elif p.settled_at is not None and now - p.began >= self.probe_s:
             g = self.guests[p.whose]
             r = (keys[p.whose].calls - p.calls) / max(now - p.settled_at, 1e-6)
-            if r > 0:
-                g.alone = r if not g.alone else 0.5 * g.alone + 0.5 * r
-            g.probed_at = now
+            # kept only if it was busy throughout (calls at every look) and went at least as fast as
+            # beside the others: otherwise it was between phases of its work, not alone at work
+            if r > 0 and r >= 0.9 * p.before and not p.stalled:
+                g.alone = r  # the latest whole measure (an average with an old one kept a stale phase)
+                g.probed_at = now
+            else:
+                g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
             self.probe, self.probe_ended = None, now
             return None
         return {k[0]: (0 if k == p.whose else 1000) for k in keys}

@@ -158,3 +158,22 @@ def test_a_guest_held_during_a_probe_is_let_go_when_the_probed_one_leaves():
     other = [k for k in ctl.guests if k != whose][0]
     holds = ctl.step(gpu.now + 0.1, [Seen(other[0], other[1], int(gpu.calls[other[1]]))])
     assert holds == {other[0]: 0} and ctl.probe is None
+
+
+def test_a_probe_of_a_guest_that_stopped_in_it_is_not_taken_for_its_rate_alone():
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    ctl = ShareController()
+    gpu.run(ctl, 10)
+    good = {k[1]: g.alone for k, g in ctl.guests.items()}
+    assert all(abs(v - 5000) < 300 for v in good.values()), good
+    while ctl.probe is None:  # the next probe: its guest goes quiet for it
+        gpu.run(ctl, 0.1)
+    whose = ctl.probe.whose[1]
+    gpu.run(ctl, 0.15)  # its measure begins (the probe has settled), then it stops for a while
+    gpu.busy[whose] = False
+    gpu.run(ctl, 0.3)
+    assert ctl.probe is None and ctl.guests[ctl_key(ctl, whose)].alone == good[whose]
+
+
+def ctl_key(ctl: ShareController, name: str):
+    return next(k for k in ctl.guests if k[1] == name)
