@@ -118,7 +118,7 @@ class Guests:
             extra += ("--sched-depth", str(self.depth))
         fwd = Forwarder(region, backend="cuda", size="1G", guest=name, extra=extra).start()
         self.fwds.append((fwd, region))
-        if self.page_words and "--no-sched" not in flags and "--mps" not in flags:
+        if self.page_words and "--no-sched" not in flags:
             with self.page() as pg:
                 for word, value in self.page_words.items():
                     setattr(pg.page, word, value)  # one aligned 4-byte store, as `vmgpu policy` makes
@@ -139,32 +139,34 @@ class Guests:
             pg.policy = name
 
 
-def shared_pair(g: Guests, run: Run, seconds: float, *flags: str, trace=None) -> tuple[list[dict], str]:
-    """Two trainers at 30/70 under the shared policy, its controller running as vmgpud runs it;
-    their results, and the holds it gave them on average (%); what the controller saw every 0.5 s
-    to `trace` (a file), if given."""
+def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str | None = None, trace=None) -> None:
+    """Two trainers at 30/70 under the shared policy (on MPS if mps_pipe), its controller running
+    as vmgpud runs it: their row, with the holds it gave them on average (%), and their parts'
+    largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
+    MPS); what the controller saw every 0.5 s, and at each look in a probe, to `trace` (a file)."""
+    flags = ("--mps", mps_pipe) if mps_pipe else ()
     envs = [(TRAIN, g.env("--weight", "30", *flags)), (TRAIN, g.env("--weight", "70", *flags))]
     names = g.names[-2:]
     g.policy("shared")
     stop, holds = threading.Event(), {n: [] for n in names}
     ctl = share_control.ShareController(**PROBE)
+    looks = [0]
+
+    def seen(members, ctl):
+        for m in members:
+            holds.get(m.guest, []).append(m.hold)
+        looks[0] += 1
+        if trace is not None and (looks[0] % 5 == 0 or ctl.probe):  # every 0.5 s, and each look in a probe
+            state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
+            trace.write(
+                f"{time.monotonic():.1f} holds {[m.hold for m in members]} calls "
+                f"{[m.work_calls for m in members]} alone,open {state} parts "
+                f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
+            )
 
     def control():
         with g.page() as pg:
-            n = 0
-            while not stop.wait(share_control.PERIOD_STEP_S):
-                share_control.apply_step(pg, ctl, time.monotonic())
-                members = pg.members()
-                for m in members:
-                    holds.get(m.guest, []).append(m.hold)
-                n += 1
-                if trace is not None and (n % 5 == 0 or ctl.probe):  # every 0.5 s, and each look in a probe
-                    state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
-                    trace.write(
-                        f"{time.monotonic():.1f} holds {[m.hold for m in members]} calls "
-                        f"{[m.work_calls for m in members]} alone,open {state} parts "
-                        f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
-                    )
+            share_control.run(pg, stop, controller=ctl, after=seen)
 
     if trace is not None:
         trace.write(f"== shared {' '.join(flags)}: {names}\n")
@@ -180,7 +182,11 @@ def shared_pair(g: Guests, run: Run, seconds: float, *flags: str, trace=None) ->
             share_control.apply_step(pg, ctl, time.monotonic())  # (lifts the holds off shared)
         g.stop()
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
-    return out, text
+    rates = [o["img_per_s"] for o in out]
+    key = "" if mps_pipe else "_no_mps"
+    what = "shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS"
+    summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
+    summary[f"shared_total{key}"] = sum(rates) / solo
 
 
 def mps_start(tmp: Path) -> dict | None:
@@ -208,18 +214,17 @@ def normalised_err(rates: list[float], solo: float, weights: list[int]) -> tuple
     return max(abs(p - 100 * w / sum(weights)) for p, w in zip(parts, weights, strict=True)), parts
 
 
-def shared_rows(rows, summary, what: str, s30: dict, s70: dict, solo: float, held_text: str, key: str) -> None:
-    rates = [s30["img_per_s"], s70["img_per_s"]]
+def pair_row(rows, what: str, rates: list[float], solo: float, extra: str = "") -> float:
+    """The row of two guests at 30/70: their shares of `solo` and, normalised, their parts of the
+    whole (then `extra`); the parts' largest gap from the weights (pp)."""
     err, parts = normalised_err(rates, solo, [30, 70])
     rows.append(
         (
             f"{what}: shares (normalised)",
-            f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})"
-            + held_text,
+            f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})" + extra,
         )
     )
-    summary[f"shared_share_err_pp{key}"] = err
-    summary[f"shared_total{key}"] = sum(rates) / solo
+    return err
 
 
 class Rows(list):
@@ -395,16 +400,8 @@ def main() -> int:
             )
             g.stop()
             rates = [w30["img_per_s"], w70["img_per_s"]]
-            err, parts = normalised_err(rates, solo, [30, 70])
             weighted_total = sum(rates)
-            rows.append(
-                (
-                    "weights 30/70: shares (normalised)",
-                    f"{100 * rates[0] / solo:.1f}% / {100 * rates[1] / solo:.1f}% ({parts[0]:.1f} / {parts[1]:.1f})"
-                    + w_held,
-                )
-            )
-            errs = [err]
+            errs = [pair_row(rows, "weights 30/70", rates, solo, w_held)]
 
             if "four" not in skip:
                 ws = [10, 20, 30, 40]
@@ -449,28 +446,13 @@ def main() -> int:
                     g.policy("weighted")
                     g.stop()
                     if "shared" not in skip:
-                        (s30, s70), s_held = shared_pair(g, run, a.seconds, "--mps", pipe, trace=trace)
-                        shared_rows(rows, summary, "shared 30/70 on MPS", s30, s70, solo, s_held, "")
+                        shared_pair(g, run, rows, summary, solo, pipe, trace)
                 finally:
                     mps_stop(mps)
                 mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
                 vm_mps_total = (v30["img_per_s"] + v70["img_per_s"]) / solo
-                e_vm, p_vm = normalised_err([v30["img_per_s"], v70["img_per_s"]], solo, [30, 70])
-                e_n, p_n = normalised_err([m30["img_per_s"], m70["img_per_s"]], native_solo, [30, 70])
-                rows.append(
-                    (
-                        "vmgpu on MPS 30/70: shares (normalised)",
-                        f"{100 * v30['img_per_s'] / solo:.1f}% / {100 * v70['img_per_s'] / solo:.1f}% "
-                        f"({p_vm[0]:.1f} / {p_vm[1]:.1f})",
-                    )
-                )
-                rows.append(
-                    (
-                        "MPS 30/70 (native): shares (normalised)",
-                        f"{100 * m30['img_per_s'] / native_solo:.1f}% / {100 * m70['img_per_s'] / native_solo:.1f}% "
-                        f"({p_n[0]:.1f} / {p_n[1]:.1f})",
-                    )
-                )
+                e_vm = pair_row(rows, "vmgpu on MPS 30/70", [v30["img_per_s"], v70["img_per_s"]], solo)
+                pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
                 summary["mps_share_err_pp"] = e_vm
                 summary["aggregate_vs_mps"] = (weighted_total / solo) / mps_total
                 summary["aggregate_vmgpu_mps_vs_mps"] = vm_mps_total / mps_total
@@ -479,8 +461,7 @@ def main() -> int:
                 summary["aggregate_vs_mps"] = float("nan")
                 agg += ", MPS unavailable or skipped"
             if "shared" not in skip:
-                (s30, s70), s_held = shared_pair(g, run, a.seconds, trace=trace)
-                shared_rows(rows, summary, "shared 30/70 without MPS", s30, s70, solo, s_held, "_no_mps")
+                shared_pair(g, run, rows, summary, solo, trace=trace)
                 if "shared_total" in summary:
                     summary["aggregate_shared_vs_nosched"] = summary["shared_total"] * solo / nosched_total
                     if mps:
@@ -494,14 +475,11 @@ def main() -> int:
             agg = "shared"
             if mps:
                 try:
-                    pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
-                    (s30, s70), s_held = shared_pair(g, run, a.seconds, "--mps", pipe, trace=trace)
-                    shared_rows(rows, summary, "shared 30/70 on MPS", s30, s70, solo, s_held, "")
+                    shared_pair(g, run, rows, summary, solo, mps["CUDA_MPS_PIPE_DIRECTORY"], trace)
                     agg += f" on MPS {summary['shared_total']:.2f},"
                 finally:
                     mps_stop(mps)
-            (s30, s70), s_held = shared_pair(g, run, a.seconds, trace=trace)
-            shared_rows(rows, summary, "shared 30/70 without MPS", s30, s70, solo, s_held, "_no_mps")
+            shared_pair(g, run, rows, summary, solo, trace=trace)
             rows.append(("aggregate, of one guest alone", agg + f" without MPS {summary['shared_total_no_mps']:.2f}"))
 
         if "priority" not in skip:

@@ -13,7 +13,7 @@ a moment (a probe), or whenever it is the only busy guest.
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
 first, the rest by weight among the busy guests.  A guest ahead of its part is held more, one
-behind held less (a multiplicative step, half the error's log each time), and the holds are then
+behind held less (a multiplicative step, a tenth of the error's log each look), and the holds are then
 lowered together until the guest held least is not held at all: nobody is held for nothing, and
 an idle guest's share goes to the busy ones.  A guest's own cap holds its work back all but
 cap% of each period, however the others go: a bound on its time, as under the policies with
@@ -30,6 +30,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -92,7 +93,7 @@ class ShareController:
         self.guests: dict[tuple[int, str], _Guest] = {}
         self.probe: _Probe | None = None
         self.probe_ended = 0.0
-        self.last: dict[str, float] = {}  # each guest's last progress as parts (for status and tests)
+        self.last: dict[str, float] = {}  # each guest's last progress as parts (for traces and tests)
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ class ShareController:
             if now - self.probe_ended >= every:
                 whose = min(busy, key=lambda k: self.guests[k].probed_at)
                 self.probe = _Probe(whose, now, before=self._rate(self.guests[whose], now) or 0.0)
-                return {k[0]: (0 if k == whose else 1000) for k in keys}
+                return self._probe_holds(keys)
         self._control(now, keys, busy)
         return {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
 
@@ -164,7 +165,7 @@ class ShareController:
             p.settled_at, p.calls = now, calls
         elif p.settled_at is not None and now - p.began >= self.probe_s:
             g = self.guests[p.whose]
-            r = (keys[p.whose].calls - p.calls) / max(now - p.settled_at, 1e-6)
+            r = (calls - p.calls) / max(now - p.settled_at, 1e-6)
             # kept only if it was busy throughout (calls at every look) and went at least as fast as
             # beside the others: otherwise it was between phases of its work, not alone at work
             if r > 0 and r >= 0.9 * p.before and not p.stalled:
@@ -174,7 +175,11 @@ class ShareController:
                 g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
             self.probe, self.probe_ended = None, now
             return None
-        return {k[0]: (0 if k == p.whose else 1000) for k in keys}
+        return self._probe_holds(keys)
+
+    def _probe_holds(self, keys: dict) -> dict[int, int]:
+        """While a probe measures one guest: every other guest held throughout."""
+        return {k[0]: (0 if k == self.probe.whose else 1000) for k in keys}
 
     def _targets(self, keys: dict, busy: list) -> dict:
         """The weighted policy's parts among the busy guests: guarantees first, the rest by weight."""
@@ -199,15 +204,18 @@ class ShareController:
         # a guest that goes as fast as alone, or nearly, is short of nothing: it is not held, and
         # the others share by weight what it leaves (holding it could only slow it)
         # (nor does a guest its cap holds: its cap, not its weight, is its share)
+        # (and with fewer than two to share, nobody is held for anyone)
         shared = [
             k
             for k in busy
             if k in progress and 0 < progress[k] < SATISFIED and self.guests[k].ceiling >= self.guests[k].open
         ]
+        if len(shared) < 2:
+            shared = []
         for k in busy:
             if k not in shared:
                 self.guests[k].open = 1.0
-        if len(shared) >= 2:
+        if shared:
             targets = self._targets(keys, shared)
             total = sum(progress[k] for k in shared)
             for k in shared:
@@ -218,9 +226,6 @@ class ShareController:
             for k in shared:  # the least held is not held: nobody waits for nothing
                 g = self.guests[k]
                 g.open = min(1.0, max(LEAST_OPEN, g.open / top))
-        else:
-            for k in busy:
-                self.guests[k].open = 1.0
 
     @staticmethod
     def _hold(g: _Guest) -> int:
@@ -232,12 +237,21 @@ def seen_on(page) -> list[Seen]:
     return [Seen(m.slot, m.guest, m.work_calls, m.weight, m.guarantee, m.cap) for m in page.members()]
 
 
-def run(page, stop: threading.Event, every: float = PERIOD_STEP_S, controller: ShareController | None = None) -> None:
+def run(
+    page,
+    stop: threading.Event,
+    every: float = PERIOD_STEP_S,
+    controller: ShareController | None = None,
+    after: Callable[[list, ShareController], None] | None = None,
+) -> None:
     """Control one GPU's page while its policy is shared, until stop is set; holds are lifted
-    whenever the policy is another (they mean nothing there, and would be stale when it returns)."""
+    whenever the policy is another (they mean nothing there, and would be stale when it returns).
+    after(members, controller), if given, sees the page's members after each look."""
     ctl = controller or ShareController()
     while not stop.wait(every):
         apply_step(page, ctl, time.monotonic())
+        if after:
+            after(page.members(), ctl)
 
 
 def apply_step(page, ctl: ShareController, now: float) -> None:

@@ -439,15 +439,15 @@ class Supervisor:
             try:
                 while not self._stop.wait(every):
                     now = time.monotonic()
-                    if now - looked >= 1.0:  # the ledger once a second: policies change rarely
+                    if now - looked >= 1.0:  # the ledger and the pages once a second: they change rarely
                         with self.lock:
                             policies = self.ledger.policies()
                         looked = now
-                    for uuid in [u for u, p in policies.items() if p == "shared" and u not in ctls]:
-                        try:
-                            ctls[uuid] = (sched.Page(sched.page_path(uuid)), share_control.ShareController())
-                        except sched.SchedError:
-                            continue  # no forwarder has run on it yet
+                        for uuid in [u for u, p in policies.items() if p == "shared" and u not in ctls]:
+                            try:
+                                ctls[uuid] = (sched.Page(sched.page_path(uuid)), share_control.ShareController())
+                            except sched.SchedError:
+                                continue  # no forwarder has run on it yet
                     for uuid, (page, ctl) in list(ctls.items()):
                         try:
                             share_control.apply_step(page, ctl, now)  # (off shared: holds lifted)

@@ -185,6 +185,17 @@ static int link_io(struct link *l, void *buf, size_t n, bool writing)
 	return 0;
 }
 
+/* A record's bytes read into buf, or the link failed with `refusal` before they are waited for if
+ * the record is longer than `most` (the longest the ring it goes to takes). */
+static int record_in(struct link *l, void *buf, uint32_t len, uint32_t most, const char *refusal)
+{
+	if (len > most) {
+		link_fail(l, refusal);
+		return -1;
+	}
+	return link_io(l, buf, len, false);
+}
+
 /* A frame: header, a, b.  A small one is gathered into one write; a large one (bulk bytes) is
  * written from where its bytes are, after its header, not copied first. */
 static int send_frame(struct link *l, uint32_t kind, uint64_t aux, const void *a, uint32_t alen, const void *b,
@@ -499,11 +510,7 @@ static void *serve_up(void *arg)
 			ranges_pop(&s->in);
 			continue;
 		}
-		if (f.len > s->max_req) { /* refused before its bytes are waited for */
-			link_fail(&s->l, "a record longer than any request");
-			break;
-		}
-		if (link_io(&s->l, buf, f.len, false) < 0)
+		if (record_in(&s->l, buf, f.len, s->max_req, "a record longer than any request") < 0)
 			break;
 		if (f.kind == F_REC && f.aux == VMGPU_REC_BULK_NOTE) {
 			struct vmgpu_bulk_note n;
@@ -1128,11 +1135,7 @@ static void *relay_down(void *arg)
 				break;
 			continue;
 		}
-		if (f.len > r->max_cpl) { /* refused before its bytes are waited for */
-			link_fail(&r->l, "a record longer than any completion");
-			break;
-		}
-		if (link_io(&r->l, buf, f.len, false) < 0)
+		if (record_in(&r->l, buf, f.len, r->max_cpl, "a record longer than any completion") < 0)
 			break;
 		if (f.kind == F_REC && f.aux != VMGPU_REC_PAD && f.aux < 0xff00) {
 			/* never a waiting send: a wait checks the owner's liveness, which relay_up alone

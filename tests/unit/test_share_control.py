@@ -177,3 +177,38 @@ def test_a_probe_of_a_guest_that_stopped_in_it_is_not_taken_for_its_rate_alone()
 
 def ctl_key(ctl: ShareController, name: str):
     return next(k for k in ctl.guests if k[1] == name)
+
+
+def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
+    import threading
+
+    from vmgpu import share_control
+    from vmgpu.sched import Member
+
+    class Page:  # the parts of vmgpu.sched.Page the loop uses
+        policy = "shared"
+
+        def __init__(self):
+            self.m = [Member(0, "a", 1, 30, 0, 0, 0, 1), Member(1, "b", 2, 70, 0, 0, 0, 1)]
+            self.stored = []
+
+        def members(self):
+            for m in self.m:
+                m.work_calls += 100  # both busy
+            return self.m
+
+        def set_hold(self, slot, hold):
+            self.stored.append((slot, hold))
+            self.m[slot].hold = hold
+
+    page, stop, looks = Page(), threading.Event(), []
+
+    def after(members, ctl):
+        looks.append(([m.hold for m in members], ctl.probe is not None))
+        if len(looks) == 8:
+            stop.set()
+
+    share_control.run(page, stop, every=0.001, after=after)
+    assert len(looks) == 8 and {s for s, _ in page.stored} == {0, 1}
+    # two busy guests, neither measured alone: a probe begins, holding the other throughout
+    assert any(probing and sorted(h) == [0, 1000] for h, probing in looks), looks
