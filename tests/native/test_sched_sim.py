@@ -86,14 +86,16 @@ def test_fixed_caps_even_an_idle_card_and_native_lets_all_through(sched_dir, tmp
             capped = _ops(_spin(a, 2)) / 2
             held = (_used(pg)["a"] - before) / 2e9  # of the 2 s it ran, on the GPU
             assert 0.24 < held < 0.36, held
-            assert 0.1 < capped / free < 0.4, (capped, free)  # this 2-core host loses some to switching
             assert wait_for(lambda: pg.owner < 0, timeout=5)
             pg.policy = "native"
             before = _used(pg)["a"]
             native = _ops(_spin(a, 1.5)) / 1.5
-            # (not a speed ratio: on a loaded 2-core host that only measures the load)
-            assert native > 0, (native, free)
             assert _used(pg)["a"] - before < 50_000_000  # no turns are taken (at most the one under way)
+            # The cap slowed the guest itself, not only the books: against the faster of its two
+            # free runs, one before and one after, so that a burst of load on this 2-core host
+            # during one of them does not pass for the cap (a 30% cap gives about 0.3; a gate that
+            # let calls through outside the turn gives about 1).
+            assert capped / max(free, native) < 0.6, (capped, free, native)
 
 
 def test_a_dead_holder_does_not_stop_the_others(sched_dir, tmp_path):
