@@ -15,10 +15,15 @@ as parts of the whole, p_i / sum(p), against their targets, the weighted policy'
 first, the rest by weight among the busy guests.  A guest ahead of its part is held more, one
 behind held less (a multiplicative step, a tenth of the error's log each look), and the holds are then
 lowered together until the guest held least is not held at all: nobody is held for nothing, and
-an idle guest's share goes to the busy ones.  A guest's own cap holds its work back all but
-cap% of each period, however the others go: a bound on its time, as under the policies with
-turns, which alone on the GPU is about cap% of its progress.  Priority is not
-part of this policy (a high-priority guest gets turns first under the policies with turns).
+an idle guest's share goes to the busy ones.  No guest is held for more than the rest of its
+target part of each period (a guest at 30% runs at least 30 ms of every 100): progress is
+measured in calls, which a guest chooses, so a guest can make itself look short of its part and
+have the others held; this bounds what it can take.  A guest's own cap holds its work back all
+but cap% of each period, however the others go: a bound on its time, as under the policies with
+turns, which alone on the GPU is about cap% of its progress; a capped guest is weighted like the
+others while its weight asks less than its cap, and held by its cap alone once it would ask
+more (nobody else is held for what its cap keeps it from taking).  Priority is not part of this
+policy (a high-priority guest gets turns first under the policies with turns).
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
@@ -203,29 +208,38 @@ class ShareController:
             self.guests[k].ceiling = min(100, cap) / 100 if cap else 1.0
         # a guest that goes as fast as alone, or nearly, is short of nothing: it is not held, and
         # the others share by weight what it leaves (holding it could only slow it)
-        # (nor does a guest its cap holds: its cap, not its weight, is its share)
         # (and with fewer than two to share, nobody is held for anyone)
-        shared = [
-            k
-            for k in busy
-            if k in progress and 0 < progress[k] < SATISFIED and self.guests[k].ceiling >= self.guests[k].open
-        ]
+        shared = [k for k in busy if k in progress and 0 < progress[k] < SATISFIED]
         if len(shared) < 2:
             shared = []
         for k in busy:
             if k not in shared:
                 self.guests[k].open = 1.0
-        if shared:
-            targets = self._targets(keys, shared)
-            total = sum(progress[k] for k in shared)
-            for k in shared:
-                g, part = self.guests[k], progress[k] / total
-                self.last[keys[k].guest] = part
-                g.open = min(1.0, max(LEAST_OPEN, g.open * (targets[k] / part) ** GAIN))
-            top = max(self.guests[k].open for k in shared)
-            for k in shared:  # the least held is not held: nobody waits for nothing
-                g = self.guests[k]
-                g.open = min(1.0, max(LEAST_OPEN, g.open / top))
+        if not shared:
+            return
+        targets = self._targets(keys, shared)
+        total = sum(progress[k] for k in shared)
+        for k in shared:
+            g, part = self.guests[k], progress[k] / total
+            self.last[keys[k].guest] = part
+            g.open = min(1.0, max(LEAST_OPEN, g.open * (targets[k] / part) ** GAIN))
+        # a capped guest its weight would open past its cap is held by its cap alone, and nobody
+        # else is held for a part it cannot take (its cap, not its weight, is then its share)
+        bound = [k for k in shared if self.guests[k].ceiling < 1 and self.guests[k].open >= self.guests[k].ceiling]
+        for k in bound:
+            self.guests[k].open = self.guests[k].ceiling
+        free = [k for k in shared if k not in bound]
+        if not free:
+            return
+        top = max(self.guests[k].open for k in free)
+        for k in free:  # the least held is not held: nobody waits for nothing
+            g = self.guests[k]
+            # and none is held for more than the rest of its part of each period, however its
+            # progress or another's is measured: a guest can choose its calls (many cheap ones
+            # while alone, few large ones beside the others) and so look short of its part, but
+            # what it can take from another that way is bounded: the other still runs at least
+            # its part of every period, the time weighted turns would give it
+            g.open = min(1.0, max(LEAST_OPEN, targets[k], g.open / top))
 
     @staticmethod
     def _hold(g: _Guest) -> int:

@@ -20,6 +20,7 @@ started with is recorded with it; `vmgpu status` shows it."""
 from __future__ import annotations
 
 import collections
+import math
 import os
 import signal
 import stat
@@ -52,6 +53,7 @@ def restart_policy(first_s: float = 0.5, max_s: float = 30.0, settle_s: float = 
 
 
 RESTART_POLICY = restart_policy()
+SHARE_ERROR_EVERY_S = 60.0  # a GPU's share control failing the same way again is logged this seldom
 
 
 def region_geometry(region: str | Path) -> dict:
@@ -429,17 +431,19 @@ class Supervisor:
 
         threading.Thread(target=loop, name="forwarder-watch", daemon=True).start()
 
-    def control_shares(self, every: float = share_control.PERIOD_STEP_S) -> None:
+    def control_shares(self, every: float = share_control.PERIOD_STEP_S, look_every: float = 1.0) -> None:
         """Run the share controller (vmgpu/share_control.py) of each GPU whose policy is shared
-        (a thread, until close()); a GPU that leaves shared has its holds lifted once."""
+        (a thread, until close()); a GPU that leaves shared has its holds lifted once.  The ledger
+        is read, and pages not open are opened, every look_every seconds."""
 
         def loop():
             ctls: dict[str, tuple[sched.Page, share_control.ShareController]] = {}
             policies, looked = {}, 0.0
+            failing: dict[str, tuple[str, float, int]] = {}  # per GPU: its last error logged, when, repeats since
             try:
                 while not self._stop.wait(every):
                     now = time.monotonic()
-                    if now - looked >= 1.0:  # the ledger and the pages once a second: they change rarely
+                    if now - looked >= look_every:  # the ledger and the pages seldom: they change rarely
                         with self.lock:
                             policies = self.ledger.policies()
                         looked = now
@@ -452,13 +456,28 @@ class Supervisor:
                         try:
                             share_control.apply_step(page, ctl, now)  # (off shared: holds lifted)
                         except Exception as e:  # noqa: BLE001 - the other GPUs go on
-                            self.log.error("share control failed", gpu=uuid, error=str(e))
+                            # the page is opened afresh at the next look at the ledger: a page that
+                            # keeps failing is tried once a second, not ten times
+                            _failed(failing, uuid, str(e), now)
+                            page.close()
+                            del ctls[uuid]
+                            continue
                         if policies.get(uuid) != "shared":
                             page.close()
                             del ctls[uuid]
             finally:
                 for page, _ in ctls.values():
                     page.close()
+
+        def _failed(failing: dict, uuid: str, error: str, now: float) -> None:
+            """Log a GPU's share-control failure: a new error at once, the same one again at
+            most once a minute, with how often it came in between."""
+            last, at, repeats = failing.get(uuid, ("", -math.inf, 0))
+            if error != last or now - at >= SHARE_ERROR_EVERY_S:
+                self.log.error("share control failed", gpu=uuid, error=error, repeats=repeats)
+                failing[uuid] = (error, now, 0)
+            else:
+                failing[uuid] = (last, at, repeats + 1)
 
         threading.Thread(target=loop, name="share-control", daemon=True).start()
 

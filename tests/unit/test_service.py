@@ -215,3 +215,40 @@ def test_a_priority_above_the_hosts_ceiling_is_refused_at_admission_and_when_cha
     assert ("set", "vm-b", "high") not in calls
     with pytest.raises(errors.InvalidArgument, match="max-priority 'urgent'"):
         HostSettings(max_priority="urgent").check()
+
+
+def test_share_control_failing_on_a_page_reopens_it_and_logs_the_same_error_once_a_minute(tmp_path, monkeypatch):
+    import time
+
+    from tests.forwarder import wait_for
+    from vmgpu import sched, share_control, supervisor
+
+    opened, errors = [], []
+
+    class Page:
+        def __init__(self, path):
+            opened.append(path)
+
+        def close(self):
+            pass
+
+    class Ledger:
+        def policies(self):
+            return {"GPU-a": "shared"}
+
+    def fail(page, ctl, now):
+        raise sched.SchedError("the page went away" if len(opened) < 20 else "another error")
+
+    monkeypatch.setattr(sched, "Page", Page)
+    monkeypatch.setattr(share_control, "apply_step", fail)
+    sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    monkeypatch.setattr(sup.log, "error", lambda event, **kw: errors.append((event, kw)))
+    sup.control_shares(every=0.002, look_every=0.004)
+    try:
+        assert wait_for(lambda: len(opened) >= 30)
+    finally:
+        sup._stop.set()
+    time.sleep(0.05)
+    # opened afresh after each failure, at the looks at the ledger; each error logged once
+    assert [kw["error"] for _, kw in errors] == ["the page went away", "another error"], errors
+    assert errors[1][1]["repeats"] > 0  # the first error's repeats are counted into the next line

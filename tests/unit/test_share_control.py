@@ -26,6 +26,8 @@ class Gpu:
         self.busy = dict.fromkeys(alone, True)
         self.holds = dict.fromkeys(alone, 0)
         self.held_ms = dict.fromkeys(alone, 0)
+        self.gamers: set[str] = set()  # guests that make five times the calls in a probe (see run)
+        self.alone_since = dict.fromkeys(alone, 0.0)
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
@@ -44,10 +46,14 @@ class Gpu:
             running = [n for n in names if self.busy[n] and into >= self.holds[n] / 1000 * PERIOD]
             for n in names:
                 self.held_ms[n] += self.busy[n] and n not in running
+                if len(running) != 1 or n not in running:
+                    self.alone_since[n] = t
             for n in running:
                 rate = self.alone[n] * TOGETHER[len(running)]
                 if n in self.demand:
                     rate = min(rate, self.demand[n])
+                if n in self.gamers and t - self.alone_since[n] > PERIOD:
+                    rate *= 5  # alone longer than any hold lasts (a probe): cheap calls, the same work
                 self.calls[n] += rate * dt
         self.now += seconds
         alone = {n: min(self.alone[n], self.demand.get(n, self.alone[n])) for n in names}
@@ -122,6 +128,44 @@ def test_a_cap_beside_a_weighted_guest_holds_only_the_capped():
     assert 100 * got["a"] <= 21, got
     assert got["b"] > 0.85, got  # the rest is the other's: alone 80% of the time, beside a for 20%
     assert gpu.holds["b"] == 0
+
+
+def test_a_capped_guest_whose_cap_does_not_bind_is_held_to_its_weight():
+    # weights 20/80 with a cap of 60% on the light guest: the weights ask less of it than its
+    # cap allows, so they hold it, not the cap
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.weight.update(a=20, b=80)
+    gpu.cap["a"] = 60
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    p = parts(gpu.run(ctl, 20))
+    assert abs(p["a"] - 20) <= 2, p
+    assert gpu.holds["b"] == 0
+
+
+def test_a_capped_guest_whose_cap_binds_holds_nobody_else():
+    # equal weights, a cap of 30% on one: its weight would open it past its cap, so the cap holds
+    # it and the other is not held for a part the capped one cannot take
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.cap["a"] = 30
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    got = gpu.run(ctl, 20)
+    assert 100 * got["a"] <= 31, got
+    assert gpu.holds["a"] == 700 and gpu.holds["b"] == 0, gpu.holds
+
+
+def test_a_guest_gaming_its_calls_cannot_hold_another_below_its_part_of_each_period():
+    # the attacker makes five times the calls for the same work whenever it runs alone (as in a
+    # probe), so its rate alone reads five times its real one and it looks far short of its part:
+    # the controller holds its victim, but never for more than the rest of the victim's part
+    gpu = Gpu({"mal": 5000.0, "victim": 5000.0})
+    gpu.gamers.add("mal")
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    got = gpu.run(ctl, 20)
+    assert max(gpu.holds.values()) <= 500, gpu.holds  # the victim runs at least 50% of each period
+    assert got["victim"] >= 0.5 * TOGETHER[2] * 0.95, got  # beside the attacker all of that time
 
 
 def test_a_guest_that_asks_little_is_not_made_to_wait_for_nothing():
