@@ -109,13 +109,14 @@ class Guests:
         self.sched = tmp / "sched"
         self.names: list[str] = []
 
-    def env(self, *flags: str) -> dict:
+    def env(self, *flags: str, depth: int | None = None) -> dict:
+        """A forwarder started with flags (and the run's depth, or this one): its guest's environment."""
         self.n += 1
         region = Path(f"/dev/shm/vmgpu-bench-share-{os.getpid()}-{self.n}")
         name = f"share-{self.n}"
         extra = ("--sched-dir", str(self.sched), *flags)
-        if self.depth is not None:
-            extra += ("--sched-depth", str(self.depth))
+        if (depth or self.depth) is not None:
+            extra += ("--sched-depth", str(depth or self.depth))
         fwd = Forwarder(region, backend="cuda", size="1G", guest=name, extra=extra).start()
         self.fwds.append((fwd, region))
         if self.page_words and "--no-sched" not in flags:
@@ -187,6 +188,35 @@ def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str |
     what = "shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS"
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+
+
+def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: str, seconds: float) -> None:
+    """A trainer alone on MPS under the shared policy (never held: alone), held to each depth,
+    and with --no-sched (no depth): its share of `solo` and its work calls per second on the
+    page, what the share controller takes for its progress."""
+    for depth in depths:
+        env = g.env("--mps", pipe, depth=depth)
+        g.policy("shared")
+        s, marks = Sampler(g, 0.05), {}
+
+        def during(t0, s=s, marks=marks):
+            marks["t0"] = t0
+            s.start(t0)
+
+        (out,) = run.together([(TRAIN, env)], during)
+        samples = s.done()
+        g.policy("weighted")
+        g.stop()
+        a = [x for x in samples if x[0] >= marks["t0"] + 0.5]
+        b = [x for x in samples if x[0] >= marks["t0"] + seconds - 0.5] or samples[-1:]
+        calls = sum(b[0][2].values()) - sum(a[0][2].values()) if a and b and b[0][0] > a[0][0] else 0
+        rate = calls / (b[0][0] - a[0][0]) if calls else float("nan")
+        rows.append(
+            (f"alone on MPS under shared, depth {depth}", f"{100 * out['img_per_s'] / solo:.1f}%, {rate:,.0f} calls/s")
+        )
+    (out,) = run.together([(TRAIN, g.env("--mps", pipe, "--no-sched"))])
+    g.stop()
+    rows.append(("alone on MPS, --no-sched (no depth)", f"{100 * out['img_per_s'] / solo:.1f}%"))
 
 
 def mps_start(tmp: Path) -> dict | None:
@@ -353,7 +383,13 @@ def main() -> int:
         "--skip",
         default="",
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
-        "references; four, mps, shared, priority, cap, converge, reclaim)",
+        "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
+        "cap, converge, reclaim)",
+    )
+    ap.add_argument(
+        "--depths",
+        help="comma-separated depths: a trainer alone on MPS under shared held to each, and with --no-sched "
+        "(what the depth costs one guest alone; run before the shared rows)",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
@@ -470,17 +506,24 @@ def main() -> int:
                 agg += f", shared without MPS {summary['shared_total_no_mps']:.2f}"
             rows.append(("aggregate, of one guest alone", agg))
 
-        if "weights" in skip and "shared" not in skip:  # the shared rows alone, without the references
+        if "weights" in skip and ("shared" not in skip or a.depths):  # the shared rows alone, no references
             mps = mps_start(tmp) if "mps" not in skip else None
             agg = "shared"
             if mps:
                 try:
-                    shared_pair(g, run, rows, summary, solo, mps["CUDA_MPS_PIPE_DIRECTORY"], trace)
-                    agg += f" on MPS {summary['shared_total']:.2f},"
+                    if a.depths:
+                        depths = [int(d) for d in a.depths.split(",")]
+                        depth_rows(g, run, rows, solo, depths, mps["CUDA_MPS_PIPE_DIRECTORY"], a.seconds)
+                    if "shared" not in skip:
+                        shared_pair(g, run, rows, summary, solo, mps["CUDA_MPS_PIPE_DIRECTORY"], trace)
+                        agg += f" on MPS {summary['shared_total']:.2f}"
                 finally:
                     mps_stop(mps)
-            shared_pair(g, run, rows, summary, solo, trace=trace)
-            rows.append(("aggregate, of one guest alone", agg + f" without MPS {summary['shared_total_no_mps']:.2f}"))
+            if "shared" not in skip and "nomps" not in skip:
+                shared_pair(g, run, rows, summary, solo, trace=trace)
+                agg += f", without MPS {summary['shared_total_no_mps']:.2f}"
+            if "shared" not in skip:
+                rows.append(("aggregate, of one guest alone", agg))
 
         if "priority" not in skip:
             hp, tr = run.together([(infer, g.env("--priority", "high")), (TRAIN, g.env())])
