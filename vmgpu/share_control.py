@@ -15,7 +15,8 @@ as parts of the whole, p_i / sum(p), against their targets, the weighted policy'
 first, the rest by weight among the busy guests.  A guest ahead of its part is held more, one
 behind held less (a multiplicative step, a tenth of the error's log each look), and the holds are then
 lowered together until the guest held least is not held at all: nobody is held for nothing, and
-an idle guest's share goes to the busy ones.  No guest is held for more than the rest of its
+an idle guest's share goes to the busy ones.  A guest at 90% of its rate alone is not held; at
+97% it is left out altogether (holding others could not speed it).  No guest is held for more than the rest of its
 target part of each period (a guest at 30% runs at least 30 ms of every 100): progress is
 measured in calls, which a guest chooses, so a guest can make itself look short of its part and
 have the others held; this bounds what it can take.  A guest's own cap holds its work back all
@@ -46,7 +47,8 @@ PROBE_S = 0.3  # how long the others are held while one guest's rate alone is me
 PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
-SATISFIED = 0.9  # a guest at 90% of its rate alone or more is short of nothing
+SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
+FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
 
 
@@ -206,10 +208,13 @@ class ShareController:
         for k in busy:  # a cap: its work passes at most cap% of each period (as under the policies with turns)
             cap = keys[k].cap
             self.guests[k].ceiling = min(100, cap) / 100 if cap else 1.0
-        # a guest that goes as fast as alone, or nearly, is short of nothing: it is not held, and
-        # the others share by weight what it leaves (holding it could only slow it)
+        # a guest that goes as fast as alone is short of nothing: it is left out (not held, and
+        # the others share by weight what it leaves: holding them could not speed it); one that
+        # goes nearly as fast is not held either, but still counts among those sharing, so that
+        # a guest held for it stays held (its speed may be the holds' doing: were they lifted
+        # because it looks content, it would fall back, and the holds come and go)
         # (and with fewer than two to share, nobody is held for anyone)
-        shared = [k for k in busy if k in progress and 0 < progress[k] < SATISFIED]
+        shared = [k for k in busy if k in progress and 0 < progress[k] < FULL]
         if len(shared) < 2:
             shared = []
         for k in busy:
@@ -222,7 +227,9 @@ class ShareController:
         for k in shared:
             g, part = self.guests[k], progress[k] / total
             self.last[keys[k].guest] = part
-            g.open = min(1.0, max(LEAST_OPEN, g.open * (targets[k] / part) ** GAIN))
+            g.open = (
+                1.0 if progress[k] >= SATISFIED else min(1.0, max(LEAST_OPEN, g.open * (targets[k] / part) ** GAIN))
+            )
         # a capped guest its weight would open past its cap is held by its cap alone, and nobody
         # else is held for a part it cannot take (its cap, not its weight, is then its share)
         bound = [k for k in shared if self.guests[k].ceiling < 1 and self.guests[k].open >= self.guests[k].ceiling]
