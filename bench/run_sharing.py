@@ -21,7 +21,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             the native policy: no turns)
   shared    the same two through vmgpu at weights 30/70 under the shared policy (side by side,
             held back by vmgpu/share_control.py, run here as vmgpud runs it), with their workers
-            clients of one MPS server, and without MPS (the driver's own time slicing)
+            clients of one MPS server, and without MPS (the driver's own time slicing); measured
+            after --shared-lead seconds (8) of the controller at work
   priority  inference (priority high) beside a trainer (normal): the inference guest's p99
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
             the inference guest left (1 - its busy share alone)
@@ -58,6 +59,7 @@ from vmgpu.sched import Page  # noqa: E402
 
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
+SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 INFER = ["torch_infer.py"]
 
 
@@ -146,7 +148,8 @@ def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str |
     largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
     MPS); what the controller saw every 0.5 s, and at each look in a probe, to `trace` (a file)."""
     flags = ("--mps", mps_pipe) if mps_pipe else ()
-    envs = [(TRAIN, g.env("--weight", "30", *flags)), (TRAIN, g.env("--weight", "70", *flags))]
+    train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
+    envs = [(train, g.env("--weight", "30", *flags)), (train, g.env("--weight", "70", *flags))]
     names = g.names[-2:]
     g.policy("shared")
     stop, holds = threading.Event(), {n: [] for n in names}
@@ -185,7 +188,7 @@ def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str |
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
     rates = [o["img_per_s"] for o in out]
     key = "" if mps_pipe else "_no_mps"
-    what = "shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS"
+    what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
 
@@ -391,12 +394,19 @@ def main() -> int:
         help="comma-separated depths: a trainer alone on MPS under shared held to each, and with --no-sched "
         "(what the depth costs one guest alone; run before the shared rows)",
     )
+    ap.add_argument(
+        "--shared-lead",
+        type=float,
+        default=SHARED_LEAD[0],
+        help="seconds the shared pair runs, its controller at work, before its rates are measured (default 8)",
+    )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     a = ap.parse_args()
     if a.probe:
         every, length, settle = (float(x) for x in a.probe.split(","))
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
+    SHARED_LEAD[0] = a.shared_lead
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)

@@ -21,6 +21,9 @@ def main() -> None:
     ap.add_argument("--no-autotune", action="store_true", help="no cuDNN autotuning (launch-bound small batches)")
     ap.add_argument("--seconds", type=float, help="run this long instead of --steps (bench/run_sharing.py)")
     ap.add_argument("--go", help="after warm-up, print 'ready' and wait for this file to exist")
+    ap.add_argument(
+        "--lead", type=float, default=0.0, help="with --seconds: run this long after the go, untimed, first"
+    )
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = not a.no_autotune
     model = torchvision.models.resnet50().cuda()
@@ -43,6 +46,10 @@ def main() -> None:
         print("ready", flush=True)
         while not os.path.exists(a.go):
             time.sleep(0.005)
+    t0 = time.perf_counter()
+    while a.lead and time.perf_counter() - t0 < a.lead:  # (a controller settles meanwhile)
+        step()
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     steps = 0
     while (time.perf_counter() - t0 < a.seconds) if a.seconds else steps < a.steps:
