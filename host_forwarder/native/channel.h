@@ -71,6 +71,7 @@ struct vh_chan {
 	void *scratch;
 	size_t scratch_cap;
 	CUstream work_stream; /* the stream the call being served named last, NULL if none (sched_depth.c) */
+	uint64_t work_stream_id; /* the guest's value for it (with its handle's generation) */
 	/* the guest GPU whose compute scheduler let the call being served through (-1: none; -2: the
 	 * GPU of the stream it names, at the stream's decode), and that decode's gate: dev the GPU
 	 * the stream was made on, -1 for a default stream; nonzero refuses the stream (serve.c) */

@@ -41,6 +41,7 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	if (kind == VG_KIND_STREAM && (raw == 0 || raw == (uint64_t)(uintptr_t)CU_STREAM_LEGACY ||
 				       raw == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)) {
 		ch->work_stream = *v; /* a default stream (sched_depth.c): the current GPU's gate (serve.c) */
+		ch->work_stream_id = raw;
 		return ch->stream_gate ? ch->stream_gate(ch, -1) : 0;
 	}
 	if (raw == 0)
@@ -53,6 +54,7 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 		ch->work_exec = e->ptr; /* a launch passes the gates of the GPUs it reaches (serve.c) */
 	if (kind == VG_KIND_STREAM) {
 		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
+		ch->work_stream_id = raw;
 		/* the work goes to the GPU the stream was made on (a copy may be issued to a stream of
 		 * another device), so that GPU's scheduler lets it through (serve.c) */
 		if (ch->stream_gate && ch->stream_gate(ch, e->dev))

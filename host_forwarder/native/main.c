@@ -72,7 +72,7 @@ static void usage(FILE *f)
 		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
 		"  --sched-depth N     beside a guest of a higher priority, at most N of a guest process's calls\n"
-		"                      that put work on the GPU may be unfinished there (0..64, default 32;\n"
+		"                      that put work on the GPU may be unfinished there (0..1024, default 32;\n"
 		"                      0: no limit): the higher guest waits behind no more of its work than that\n"
 		"  --mps DIR           serve the guest as a client of the MPS control daemon whose pipe\n"
 		"                      directory is DIR (root's, writable by no one else): its kernels run\n"

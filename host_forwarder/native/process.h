@@ -57,7 +57,8 @@ int vh_serve(struct vh_chan *ch);
  * a first capture opens, the work queued so far is waited for (the marks cover only what comes
  * after).  After a call that put work on the GPU: its marker (beside a higher priority) and its
  * drain mark (a capture open) on the stream it used, neither on a stream being captured. */
-#define VH_DEPTH_MAX 64
+#define VH_DEPTH_MAX 1024  /* the deepest --sched-depth */
+#define VH_DEPTH_MARKS 64 /* the markers (events) of one process on one GPU that hold it */
 uint64_t vh_depth_wait(struct vh_chan *ch);
 /* (Also, for a graph's launch that holds the gates of other GPUs, ch->gates_more: a drain mark on
  * its stream in each of their tables, with or without a capture open, since a context-wide wait of

@@ -25,13 +25,29 @@
 #include "process.h"
 #include "graph_devs.h"
 
-/* The markers of one worker on one guest GPU: a ring of events, oldest at head. */
+/* The markers of one worker on one guest GPU: a ring of events, oldest at head.  A marker stands
+ * for the calls on its stream up to it: while the guest's calls stay on one stream, its newest
+ * marker is recorded again after each (a record replaces the event's last), until it stands for
+ * `stride` of them, so that VH_DEPTH_MARKS events can hold a depth of up to VH_DEPTH_MAX calls.
+ * Streams are told apart by the guest's value (with its handle's generation: a stream made where
+ * a destroyed one was is another), never by the driver's pointer. */
 struct depth {
-	CUevent ev[VH_DEPTH_MAX];
+	CUevent ev[VH_DEPTH_MARKS];
+	uint64_t on[VH_DEPTH_MARKS];    /* the guest's value of the stream each marker was recorded on */
+	uint32_t cover[VH_DEPTH_MARKS]; /* the calls each stands for */
 	uint32_t head, n;
-	int made; /* 1: ev[] created in the process's context; -1: could not be */
+	uint32_t calls; /* the calls the markers stand for: those not known to be done */
+	int made;       /* 1: ev[] created in the process's context; -1: could not be */
 };
 static struct depth depth[VG_MAX_DEVICES];
+
+/* How many calls one marker may stand for at depth limit: one each up to half the ring, then as
+ * many as keep the ring half full (the rest of it for streams the guest switches between). */
+static uint32_t stride(uint32_t limit)
+{
+	uint32_t half = VH_DEPTH_MARKS / 2;
+	return limit <= half ? 1 : (limit + half - 1) / half;
+}
 
 static int on(struct vh_chan *ch)
 {
@@ -79,7 +95,8 @@ static int make_event(struct vh_chan *ch, int d, CUevent *ev)
 static void retire(struct vh_chan *ch, struct depth *q)
 {
 	while (q->n && ch->backend->cuEventQuery(q->ev[q->head]) != CUDA_ERROR_NOT_READY) {
-		q->head = (q->head + 1) % VH_DEPTH_MAX;
+		q->calls -= q->cover[q->head];
+		q->head = (q->head + 1) % VH_DEPTH_MARKS;
 		q->n--;
 	}
 }
@@ -90,17 +107,20 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 		return 0;
 	struct depth *q = &depth[ch->gate_dev];
 	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
-	if (q->n < limit)
+	/* (a full ring holds the guest too: one that switches stream at every call has a marker per
+	 * call, and is held to VH_DEPTH_MARKS of them rather than let through unmarked) */
+#define DEPTH_FULL(q) ((q)->calls >= limit || (q)->n == VH_DEPTH_MARKS)
+	if (!DEPTH_FULL(q))
 		return 0;
 	int capturing = atomic_load(&open_captures) > 0;
 	CUstreamCaptureMode mode = capturing ? relax(ch->backend) : CU_STREAM_CAPTURE_MODE_RELAXED;
 	retire(ch, q);
-	uint64_t t0 = q->n < limit ? 0 : vmgpu_now_ns(), spins = 0;
-	while (q->n >= limit) {
+	uint64_t t0 = DEPTH_FULL(q) ? vmgpu_now_ns() : 0, spins = 0;
+	while (DEPTH_FULL(q)) {
 		/* a stream held up for a second (a host function, a wait on a value) is the guest's
 		 * own business: its markers are let go rather than its other streams held back */
 		if (vmgpu_now_ns() - t0 > 1000000000ull) {
-			q->n = 0;
+			q->n = q->calls = 0;
 			break;
 		}
 		if (++spins > 64) {
@@ -111,23 +131,40 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 	}
 	if (capturing)
 		relent(ch->backend, mode);
+#undef DEPTH_FULL
 	return t0 ? vmgpu_now_ns() - t0 : 0;
 }
 
-/* A marker after a call whose work went on stream s (not one being captured). */
-static void depth_mark(struct vh_chan *ch, CUstream s)
+/* A marker after a call whose work went on stream s (not one being captured), whose guest value
+ * is id: the newest marker recorded again, if it is on s and stands for fewer than stride calls,
+ * else the next one (vh_depth_wait left one free).  A call whose marker cannot be recorded is not
+ * counted: it is not held back. */
+static void depth_mark(struct vh_chan *ch, CUstream s, uint64_t id)
 {
 	struct depth *q = &depth[ch->gate_dev];
-	if (q->n == VH_DEPTH_MAX || q->made < 0)
+	if (q->made < 0)
 		return;
 	if (!q->made) {
 		q->made = 1;
-		for (int i = 0; i < VH_DEPTH_MAX && q->made > 0; i++)
+		for (int i = 0; i < VH_DEPTH_MARKS && q->made > 0; i++)
 			if (make_event(ch, ch->gate_dev, &q->ev[i]))
 				q->made = -1; /* not held back; the events made stay with the context */
+		if (q->made < 0)
+			return;
 	}
-	if (q->made > 0 && ch->backend->cuEventRecord(q->ev[(q->head + q->n) % VH_DEPTH_MAX], s) == CUDA_SUCCESS)
-		q->n++;
+	uint32_t last = (q->head + q->n + VH_DEPTH_MARKS - 1) % VH_DEPTH_MARKS;
+	if (q->n && q->on[last] == id && q->cover[last] < stride((uint32_t)ch->fwd->sched_depth)) {
+		if (ch->backend->cuEventRecord(q->ev[last], s) == CUDA_SUCCESS)
+			q->cover[last]++, q->calls++;
+		return;
+	}
+	if (q->n == VH_DEPTH_MARKS)
+		return;
+	uint32_t i = (q->head + q->n) % VH_DEPTH_MARKS;
+	if (ch->backend->cuEventRecord(q->ev[i], s) == CUDA_SUCCESS) {
+		q->on[i] = id, q->cover[i] = 1;
+		q->n++, q->calls++;
+	}
 }
 
 /* ---- the drain marks of a process with a capture open ---------------------------------- */
@@ -214,7 +251,7 @@ void vh_work_marks(struct vh_chan *ch, uint32_t flags, CUresult r)
 	CUstreamCaptureMode mode = capturing ? relax(B) : CU_STREAM_CAPTURE_MODE_RELAXED;
 	if (!capturing || !captured(B, s)) { /* (a captured call put nothing on the GPU) */
 		if (bounded)
-			depth_mark(ch, s);
+			depth_mark(ch, s, s == ch->work_stream ? ch->work_stream_id : (uint64_t)(uintptr_t)s);
 		if (capturing)
 			drain_mark(ch, ch->gate_dev, ch->gate_dev, s);
 		/* a graph's other GPUs (their gates still held): their hand-overs wait for its work there,

@@ -205,6 +205,7 @@ int vh_serve(struct vh_chan *ch)
 			else
 				gate_enter(ch, ch->cur_dev);
 			ch->work_stream = NULL; /* a call that names no stream works on the default one */
+			ch->work_stream_id = 0;
 			ch->work_exec = NULL;
 			ch->cur_op = hdr.op;
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);

@@ -4,9 +4,11 @@
  * "async", cuMemsetD8Async on a stream of its own (synchronised at the end); with "capture", the
  * same while a stream capture of one memset is open on a second stream (ended at the end: then
  * "capture ok" if it ended whole, "capture broken" if not); with "capture-stray", the same after
- * a cuStreamEndCapture of the first stream, which is not being captured (refused).  IDLE: seconds
- * it then stays without putting work on the GPU before it exits (its output said first).
- *   spin SECONDS [MIB] [sync|async|capture|capture-stray] [IDLE]   */
+ * a cuStreamEndCapture of the first stream, which is not being captured (refused); with "two",
+ * async on two streams by turns; with "churn", async on a stream made for each memset and
+ * destroyed after it.  IDLE: seconds it then stays without putting work on the GPU before it
+ * exits (its output said first).
+ *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn] [IDLE]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,15 +26,20 @@ int main(int argc, char **argv)
 {
 	double secs = argc > 1 ? atof(argv[1]) : 2.0;
 	size_t bytes = (size_t)(argc > 2 ? atoi(argv[2]) : 4) << 20;
+	if (!bytes)
+		bytes = 4096; /* MIB 0: 4 KiB (a guest of many small calls) */
 	CUdevice dev;
 	CUcontext ctx;
 	CUdeviceptr p;
 	CUstream s = NULL, c = NULL;
 	int stray = argc > 3 && !strcmp(argv[3], "capture-stray");
 	int capture = stray || (argc > 3 && !strcmp(argv[3], "capture"));
-	int async = capture || (argc > 3 && !strcmp(argv[3], "async"));
+	int two = argc > 3 && !strcmp(argv[3], "two"), churn = argc > 3 && !strcmp(argv[3], "churn");
+	int async = capture || two || churn || (argc > 3 && !strcmp(argv[3], "async"));
+	CUstream t = NULL;
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
 	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) ||
+	    (two && cuStreamCreate(&t, CU_STREAM_NON_BLOCKING)) ||
 	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
 			 cuMemsetD8Async(p, 0, bytes, c)))) {
 		fprintf(stderr, "spin: CUDA setup failed\n");
@@ -46,12 +53,29 @@ int main(int argc, char **argv)
 	unsigned long long ops = 0;
 	double start = now(), end = start + secs;
 	while (now() < end) {
-		if ((async ? cuMemsetD8Async(p, (unsigned char)ops, bytes, s) : cuMemsetD8(p, (unsigned char)ops, bytes)) !=
+		CUstream on = two && (ops & 1) ? t : s;
+		if (churn && cuStreamCreate(&on, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+			fprintf(stderr, "spin: cuStreamCreate failed\n");
+			return 1;
+		}
+		if ((async ? cuMemsetD8Async(p, (unsigned char)ops, bytes, on) : cuMemsetD8(p, (unsigned char)ops, bytes)) !=
 		    CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuMemsetD8 failed\n");
 			return 1;
 		}
+		if (churn && cuStreamDestroy(on) != CUDA_SUCCESS) {
+			fprintf(stderr, "spin: cuStreamDestroy failed\n");
+			return 1;
+		}
 		ops++;
+	}
+	if (two && cuStreamSynchronize(t) != CUDA_SUCCESS) {
+		fprintf(stderr, "spin: cuStreamSynchronize failed\n");
+		return 1;
+	}
+	if (churn && cuCtxSynchronize() != CUDA_SUCCESS) {
+		fprintf(stderr, "spin: cuCtxSynchronize failed\n");
+		return 1;
 	}
 	if (async && cuStreamSynchronize(s) != CUDA_SUCCESS) {
 		fprintf(stderr, "spin: cuStreamSynchronize failed\n");

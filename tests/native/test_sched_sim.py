@@ -300,6 +300,23 @@ def test_under_shared_every_guest_is_held_to_the_depth(sched_dir, tmp_path):
     assert held <= 260 and free > 4 * held, (free, held)
 
 
+def test_a_deep_depth_holds_with_few_markers_and_switching_streams_does_not_escape_it(sched_dir, tmp_path):
+    """A depth deeper than the process's markers (events): 256 calls held with 64 events, a marker
+    standing for up to 8 calls on one stream (events 100 ms late: at most 2,560 memsets a second).
+    A guest that switches stream at every call (two streams by turns, or a new stream for each
+    memset, destroyed after it) needs a marker per call: it is held to the 64 markers (640 a
+    second) rather than let through unmarked once they are all in use."""
+    a = tmp_path / "a"
+    lag = {"VMGPU_SIM_EVENT_LAG_US": "100000"}
+    with forwarder(a, env=lag, extra=("--sched-depth", "256")):
+        with _page(sched_dir) as pg:
+            free = _rate(a, 1)
+            pg.policy = "shared"
+            held = {mode: _rate(a, 1, mode) for mode in ("async", "two", "churn")}
+    assert 1500 < held["async"] <= 2800 and free > 4 * held["async"], (free, held)
+    assert held["two"] <= 700 and held["churn"] <= 700, held
+
+
 @pytest.mark.parametrize("mode", ["sync", "capture"])
 def test_calls_without_a_stream_and_a_capture_left_open_are_held_to_the_depth(sched_dir, tmp_path, mode):
     """sync: cuMemsetD8 and cuMemcpyDtoD name no stream, but (as the driver documents) return
@@ -387,7 +404,7 @@ def test_a_refused_end_of_capture_does_not_end_the_count_of_open_captures(sched_
 
 
 def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
-    for bad in ("65", "-1", "deep"):
+    for bad in ("1025", "-1", "deep"):
         p = subprocess.run(
             [
                 str(NATIVE / "vmgpu-forwarder"),
@@ -402,7 +419,7 @@ def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
             text=True,
             timeout=30,
         )
-        assert p.returncode != 0 and f"--sched-depth: '{bad}' is not a number in 0..64" in p.stderr, p.stderr
+        assert p.returncode != 0 and f"--sched-depth: '{bad}' is not a number in 0..1024" in p.stderr, p.stderr
 
 
 ACROSS = r"""
