@@ -290,14 +290,18 @@ def test_under_shared_every_guest_is_held_to_the_depth(sched_dir, tmp_path):
     """Under shared a guest's calls through the gate are what the share controller takes for its
     progress on the GPU, so no guest, alone or beside any other, runs more than --sched-depth of
     its calls ahead of the GPU (a depth of 4 and events 20 ms late: at most 200 memsets a second)."""
-    a = tmp_path / "a"
-    lag = {"VMGPU_SIM_EVENT_LAG_US": "20000"}
-    with forwarder(a, env=lag, extra=("--sched-depth", "4")):
+    free, held = _free_and_under_shared(sched_dir, tmp_path / "a", 4, 20000, ["async"])
+    assert held["async"] <= 260 and free > 4 * held["async"], (free, held)
+
+
+def _free_and_under_shared(sched_dir: Path, a: Path, depth: int, lag_us: int, modes: list[str]) -> tuple[float, dict]:
+    """A guest's rate alone (async memsets), then under shared in each of modes, at a depth with
+    the simulated GPU's events lag_us late."""
+    with forwarder(a, env={"VMGPU_SIM_EVENT_LAG_US": str(lag_us)}, extra=("--sched-depth", str(depth))):
         with _page(sched_dir) as pg:
             free = _rate(a, 1)
             pg.policy = "shared"
-            held = _rate(a, 1)
-    assert held <= 260 and free > 4 * held, (free, held)
+            return free, {mode: _rate(a, 1, mode) for mode in modes}
 
 
 def test_a_deep_depth_holds_with_few_markers_and_switching_streams_does_not_escape_it(sched_dir, tmp_path):
@@ -306,13 +310,7 @@ def test_a_deep_depth_holds_with_few_markers_and_switching_streams_does_not_esca
     A guest that switches stream at every call (two streams by turns, or a new stream for each
     memset, destroyed after it) needs a marker per call: it is held to the 64 markers (640 a
     second) rather than let through unmarked once they are all in use."""
-    a = tmp_path / "a"
-    lag = {"VMGPU_SIM_EVENT_LAG_US": "100000"}
-    with forwarder(a, env=lag, extra=("--sched-depth", "256")):
-        with _page(sched_dir) as pg:
-            free = _rate(a, 1)
-            pg.policy = "shared"
-            held = {mode: _rate(a, 1, mode) for mode in ("async", "two", "churn")}
+    free, held = _free_and_under_shared(sched_dir, tmp_path / "a", 256, 100000, ["async", "two", "churn"])
     assert 1500 < held["async"] <= 2800 and free > 4 * held["async"], (free, held)
     assert held["two"] <= 700 and held["churn"] <= 700, held
 

@@ -60,6 +60,13 @@ class Gpu:
         return {n: (self.calls[n] - start[n]) / (alone[n] * seconds) for n in names}
 
 
+def settled(gpu: Gpu, warm: float = 20, measure: float = 20) -> dict[str, float]:
+    """A controller of its own run on gpu for `warm` seconds, then what `measure` more give."""
+    ctl = ShareController()
+    gpu.run(ctl, warm)
+    return gpu.run(ctl, measure)
+
+
 def parts(shares: dict[str, float]) -> dict[str, float]:
     total = sum(shares.values())
     return {n: 100 * v / total for n, v in shares.items()}
@@ -68,9 +75,7 @@ def parts(shares: dict[str, float]) -> dict[str, float]:
 def test_two_guests_at_30_70_get_their_parts_and_keep_most_of_the_overlap():
     gpu = Gpu({"a": 5000.0, "b": 8000.0})  # different workloads: rates alone differ
     gpu.weight.update(a=30, b=70)
-    ctl = ShareController()
-    gpu.run(ctl, 20)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 20, 20)
     p = parts(got)
     assert abs(p["a"] - 30) <= 2 and abs(p["b"] - 70) <= 2, (p, got)
     # time slicing gives at most 1.0 together; side by side with holds, more
@@ -83,9 +88,7 @@ def test_a_guest_near_its_rate_alone_because_another_is_held_keeps_it_held():
     # holds lifted (they came and went every few looks on an H200, parts 43/57)
     gpu = Gpu({"a": 5000.0, "b": 5000.0}, together={1: 1.0, 2: 0.8})
     gpu.weight.update(a=30, b=70)
-    ctl = ShareController()
-    gpu.run(ctl, 20)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 20, 20)
     p = parts(got)
     assert abs(p["a"] - 30) <= 2, (p, got)
     assert sum(got.values()) > 1.2, got  # (1.6 with no control at all; time slicing gives 1.0)
@@ -93,9 +96,7 @@ def test_a_guest_near_its_rate_alone_because_another_is_held_keeps_it_held():
 
 def test_equal_weights_are_not_held_when_equal_already():
     gpu = Gpu({"a": 4000.0, "b": 4000.0})
-    ctl = ShareController()
-    gpu.run(ctl, 10)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 10, 20)
     assert abs(parts(got)["a"] - 50) <= 2
     assert sum(got.values()) > 1.12, got  # only the probes cost (1.2 with no control at all)
 
@@ -126,9 +127,7 @@ def test_an_idle_guests_share_goes_to_the_busy_one():
 def test_a_cap_holds_a_guest_alone_to_its_part_of_each_period(cap):
     gpu = Gpu({"a": 6000.0})
     gpu.cap["a"] = cap
-    ctl = ShareController()
-    gpu.run(ctl, 2)
-    got = gpu.run(ctl, 10)
+    got = settled(gpu, 2, 10)
     assert abs(100 * got["a"] - cap) <= 1, got
     assert gpu.holds["a"] == 1000 - 10 * cap
 
@@ -136,9 +135,7 @@ def test_a_cap_holds_a_guest_alone_to_its_part_of_each_period(cap):
 def test_a_cap_beside_a_weighted_guest_holds_only_the_capped():
     gpu = Gpu({"a": 5000.0, "b": 5000.0})
     gpu.cap["a"] = 20
-    ctl = ShareController()
-    gpu.run(ctl, 10)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 10, 20)
     assert 100 * got["a"] <= 21, got
     assert got["b"] > 0.85, got  # the rest is the other's: alone 80% of the time, beside a for 20%
     assert gpu.holds["b"] == 0
@@ -150,9 +147,7 @@ def test_a_capped_guest_whose_cap_does_not_bind_is_held_to_its_weight():
     gpu = Gpu({"a": 5000.0, "b": 5000.0})
     gpu.weight.update(a=20, b=80)
     gpu.cap["a"] = 60
-    ctl = ShareController()
-    gpu.run(ctl, 20)
-    p = parts(gpu.run(ctl, 20))
+    p = parts(settled(gpu, 20, 20))
     assert abs(p["a"] - 20) <= 2, p
     assert gpu.holds["b"] == 0
 
@@ -162,9 +157,7 @@ def test_a_capped_guest_whose_cap_binds_holds_nobody_else():
     # it and the other is not held for a part the capped one cannot take
     gpu = Gpu({"a": 5000.0, "b": 5000.0})
     gpu.cap["a"] = 30
-    ctl = ShareController()
-    gpu.run(ctl, 20)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 20, 20)
     assert 100 * got["a"] <= 31, got
     assert gpu.holds["a"] == 700 and gpu.holds["b"] == 0, gpu.holds
 
@@ -175,9 +168,7 @@ def test_a_guest_gaming_its_calls_cannot_hold_another_below_its_part_of_each_per
     # the controller holds its victim, but never for more than the rest of the victim's part
     gpu = Gpu({"mal": 5000.0, "victim": 5000.0})
     gpu.gamers.add("mal")
-    ctl = ShareController()
-    gpu.run(ctl, 20)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 20, 20)
     assert max(gpu.holds.values()) <= 500, gpu.holds  # the victim runs at least 50% of each period
     assert got["victim"] >= 0.5 * TOGETHER[2] * 0.95, got  # beside the attacker all of that time
 
@@ -187,9 +178,7 @@ def test_a_guest_that_asks_little_is_not_made_to_wait_for_nothing():
     # it goes at the rate it asks for, so it is short of nothing and neither is held (but for
     # the probes)
     gpu = Gpu({"inf": 3000.0, "train": 6000.0}, demand={"inf": 300.0})
-    ctl = ShareController()
-    gpu.run(ctl, 20)
-    got = gpu.run(ctl, 20)
+    got = settled(gpu, 20, 20)
     assert got["inf"] > 0.95, got
     assert got["train"] > 0.57, got  # 0.6 beside it in this model, less the probes
     assert sum(gpu.held_ms.values()) < 0.1 * 40 * 1000 * 2
