@@ -23,8 +23,10 @@ have the others held; this bounds what it can take.  A guest's own cap holds its
 but cap% of each period, however the others go: a bound on its time, as under the policies with
 turns, which alone on the GPU is about cap% of its progress; a capped guest is weighted like the
 others while its weight asks less than its cap, and held by its cap alone once it would ask
-more (nobody else is held for what its cap keeps it from taking).  Priority is not part of this
-policy (a high-priority guest gets turns first under the policies with turns).
+more (nobody else is held for what its cap keeps it from taking).  Priority is the gate's: while
+a guest of a higher priority puts work on the GPU, a lower one's work waits in its ring
+(sched_page.c), so only the busy guests of the highest priority share here; the lower ones are
+neither held nor probed.
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
@@ -49,6 +51,7 @@ LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
+RANKS = {"low": 0, "normal": 1, "high": 2}
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
 
 
@@ -62,6 +65,7 @@ class Seen:
     weight: int = 100
     guarantee: int = 0
     cap: int = 0  # % of its progress alone, 0: none
+    rank: int = 1  # its priority: 2 high, 1 normal, 0 low
 
 
 @dataclass
@@ -140,6 +144,11 @@ class ShareController:
 
     def _plan(self, now: float, keys: dict) -> dict[int, int]:
         busy = [k for k in keys if self._busy(self.guests[k], now)]
+        # only the busy guests of the highest priority share here: a lower one's work waits at the
+        # gate while a higher one's goes (sched_page.c, higher_at_work), so it is neither held
+        # nor probed, and nobody is held for it
+        top = max((keys[k].rank for k in busy), default=0)
+        busy = [k for k in busy if keys[k].rank == top]
         if len(busy) == 1:  # alone and not held all the window: its rate is its rate alone
             g = self.guests[busy[0]]
             r = self._rate(g, now)
@@ -186,7 +195,8 @@ class ShareController:
 
     def _probe_holds(self, keys: dict) -> dict[int, int]:
         """While a probe measures one guest: every other guest held throughout."""
-        return {k[0]: (0 if k == self.probe.whose else 1000) for k in keys}
+        whose = self.probe.whose
+        return {k[0]: (1000 if k != whose and keys[k].rank >= keys[whose].rank else 0) for k in keys}
 
     def _targets(self, keys: dict, busy: list) -> dict:
         """The weighted policy's parts among the busy guests: guarantees first, the rest by weight."""
@@ -255,7 +265,10 @@ class ShareController:
 
 def seen_on(page) -> list[Seen]:
     """What a live scheduler page (vmgpu.sched.Page) shows the controller."""
-    return [Seen(m.slot, m.guest, m.work_calls, m.weight, m.guarantee, m.cap) for m in page.members()]
+    return [
+        Seen(m.slot, m.guest, m.work_calls, m.weight, m.guarantee, m.cap, RANKS.get(m.priority, 1))
+        for m in page.members()
+    ]
 
 
 def run(

@@ -242,7 +242,9 @@ static int pass_now(struct vh_sched *s, struct vmgpu_sched_slot *g)
 {
 	struct vmgpu_sched_page *pg = s->pg;
 	uint32_t policy = atomic_load(&pg->policy);
-	if (policy == VMGPU_SCHED_SHARED) { /* no turns: held only the part of the period the controller says */
+	if (policy == VMGPU_SCHED_SHARED) { /* no turns: held only the part of the period the controller says, */
+		if (atomic_load(&s->yield))    /* and while a guest of a higher priority has work */
+			return 0;
 		if (atomic_load(&g->hold) && sched_held_ns(pg, g, now_ns()))
 			return 0;
 	} else if (policy != VMGPU_SCHED_NATIVE && (atomic_load(&pg->owner) != s->me || atomic_load(&g->draining))) {
@@ -282,6 +284,11 @@ uint64_t vh_sched_enter(struct vh_sched *s)
 			int32_t holder = atomic_load(&pg->owner);
 			if (holder >= 0 && holder < VMGPU_SCHED_SLOTS && sched_rank(&pg->slot[holder]) < sched_rank(g))
 				wake(pg);
+		}
+		if (atomic_load(&s->yield)) { /* shared, a higher guest at work: look again as the tick does */
+			struct timespec t = {0, 250000};
+			nanosleep(&t, NULL);
+			continue;
 		}
 		uint64_t held = sched_held_ns(pg, g, now_ns());
 		if (held) { /* shared: until the held part of the period is over, looking again at least
@@ -344,6 +351,27 @@ void vh_sched_nap(struct vh_sched *s, uint32_t looked, uint64_t ns)
 		syscall(SYS_futex, &s->pg->gen, FUTEX_WAIT, looked, &t, NULL, 0);
 }
 
+/* Under shared: whether a member of a higher priority than this worker's guest put work on the
+ * GPU within the last VH_YIELD_QUIET_NS, as its published work_calls show (a high-priority
+ * guest's work is never queued behind a lower one's: the lower one's waits in its ring, and
+ * what it has on the GPU already is at most its depth).  A member first seen counts as at work. */
+static int higher_at_work(struct vh_sched *s, uint64_t now)
+{
+	struct vmgpu_sched_page *pg = s->pg;
+	int mine = sched_rank(&pg->slot[s->me]);
+	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
+		struct vmgpu_sched_slot *g = &pg->slot[i];
+		if (i == s->me || !atomic_load(&g->pid) || sched_rank(g) <= mine)
+			continue;
+		uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
+		if (calls != s->higher_seen[i]) {
+			s->higher_seen[i] = calls;
+			s->higher_at = now;
+		}
+	}
+	return s->higher_at && now - s->higher_at < VH_YIELD_QUIET_NS;
+}
+
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx)
 {
 	struct vmgpu_sched_page *pg = s->pg;
@@ -368,6 +396,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * GPU has done of its work, give or take the depth, which is what the share controller
 	 * measures (unheld, a trainer ran ahead at its rate alone while the GPU did half as much) */
 	atomic_store(&s->bounded, shared || sched_higher_member(pg, s->me));
+	atomic_store(&s->yield, shared && higher_at_work(s, now));
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {

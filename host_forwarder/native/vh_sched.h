@@ -30,6 +30,9 @@
 #include <vmgpu/sched_abi.h> /* the page's layout, shared with vmgpu/sched.py */
 
 #define VS_DIR VMGPU_SCHED_DIR /* the default directory of the pages */
+/* under shared, a guest of a higher priority whose work calls have not moved for this long no
+ * longer holds the lower ones back (its requests' kernels come closer together than that) */
+#define VH_YIELD_QUIET_NS 3000000ull
 
 struct vh_fwd;
 
@@ -46,6 +49,11 @@ struct vh_sched {
 	uint64_t published;        /* how many of them the scheduler thread has added to the page */
 	uint32_t synced_gen;       /* the last hand-over this worker drained for */
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
+	/* under shared: a guest of a higher priority put work on the GPU within the last
+	 * VH_YIELD_QUIET_NS (its work_calls moved, as this worker's tick saw them), so this one's work
+	 * waits in its ring (set by the tick, read at the gate) */
+	_Atomic int yield;
+	uint64_t higher_seen[VMGPU_SCHED_SLOTS], higher_at;
 	uint64_t swept_at;         /* the supervisor's last look for members that are gone */
 };
 

@@ -1029,6 +1029,28 @@ def test_shared_takes_no_turns_and_holds_a_guest_as_its_hold_says(sched_dir, tmp
                 pg.set_hold(slot["a"], 1001)
 
 
+def test_under_shared_a_lower_guest_waits_while_a_higher_one_has_work(sched_dir, tmp_path):
+    """No turns under shared, but a high-priority guest's work is never queued behind a lower
+    one's: while the higher one's work calls move, the lower one's wait in its ring (what it
+    already has on the GPU is at most its depth), and 3 ms after they stop it goes on."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a, extra=("--priority", "low")), forwarder(b, extra=("--priority", "high")):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            alone = _ops(_spin(a, 1))
+            hi = _spin(b, 3)
+            assert wait_for(lambda: _calls(pg)["b"] > 0, timeout=10)
+            beside = _ops(_spin(a, 1))  # all of it while the higher one works
+            assert _ops(hi) > 0
+            assert beside < 0.05 * alone, (beside, alone)
+            c0 = _calls(pg)
+            time.sleep(0.3)
+            assert _calls(pg)["b"] == c0["b"]  # the higher one is done ...
+            after = _ops(_spin(a, 1))
+            assert after > 0.5 * alone, (after, alone)  # ... and the lower one is not held for it
+            assert pg.owner < 0 and all(m.turns == 0 for m in pg.members())  # still no turns
+
+
 def test_the_share_controller_probes_live_forwarders_and_lifts_its_holds_off_shared(sched_dir, tmp_path):
     """vmgpu/share_control.py on live forwarders (simulated backend): its probes hold the others
     (whose calls stop) while it measures one guest alone, and the holds go when the policy does.

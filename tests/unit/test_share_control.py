@@ -26,12 +26,16 @@ class Gpu:
         self.busy = dict.fromkeys(alone, True)
         self.holds = dict.fromkeys(alone, 0)
         self.held_ms = dict.fromkeys(alone, 0)
+        self.rank = dict.fromkeys(alone, 1)  # priorities: a lower guest runs only while no higher one does
         self.gamers: set[str] = set()  # guests that make five times the calls in a probe (see run)
         self.alone_since = dict.fromkeys(alone, 0.0)
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
-        return [Seen(i, n, int(self.calls[n]), self.weight[n], 0, self.cap[n]) for i, n in enumerate(self.alone)]
+        return [
+            Seen(i, n, int(self.calls[n]), self.weight[n], 0, self.cap[n], self.rank[n])
+            for i, n in enumerate(self.alone)
+        ]
 
     def run(self, ctl: ShareController, seconds: float, dt: float = 0.001) -> dict[str, float]:
         """Run; each guest's calls in this stretch over what it would make alone."""
@@ -44,6 +48,8 @@ class Gpu:
                 self.holds = {n: holds[j] for j, n in enumerate(names)}
             into = t % PERIOD
             running = [n for n in names if self.busy[n] and into >= self.holds[n] / 1000 * PERIOD]
+            top = max((self.rank[n] for n in running), default=0)
+            running = [n for n in running if self.rank[n] == top]  # (the gate's yield to a higher guest)
             for n in names:
                 self.held_ms[n] += self.busy[n] and n not in running
                 if len(running) != 1 or n not in running:
@@ -171,6 +177,28 @@ def test_a_guest_gaming_its_calls_cannot_hold_another_below_its_part_of_each_per
     got = settled(gpu, 20, 20)
     assert max(gpu.holds.values()) <= 500, gpu.holds  # the victim runs at least 50% of each period
     assert got["victim"] >= 0.5 * TOGETHER[2] * 0.95, got  # beside the attacker all of that time
+
+
+def test_only_the_highest_priority_shares_and_a_lower_guest_is_neither_held_nor_probed():
+    # two normal guests and a low one, all making calls (the low one in the gaps the gate leaves
+    # it): the low one's work waits at the gate while theirs goes, so the controller leaves it
+    # alone; holding it, or holding them to probe it, would be for nothing or against their
+    # priority.  The normal ones are probed among themselves.
+    ctl = ShareController()
+    calls = {"a": 0, "b": 0, "low": 0}
+    rank = {"a": 1, "b": 1, "low": 0}
+    weight = {"a": 30, "b": 70, "low": 100}
+    holds, probed = [], set()
+    for i in range(400):
+        for n in calls:
+            calls[n] += 500
+        got = ctl.step(1000 + 0.1 * i, [Seen(j, n, calls[n], weight[n], 0, 0, rank[n]) for j, n in enumerate(calls)])
+        holds.append(got)
+        if ctl.probe:
+            probed.add(ctl.probe.whose[1])
+            assert got[2] == 0 and sorted(got[j] for j in (0, 1)) == [0, 1000], got  # only the other normal one
+    assert all(h[2] == 0 for h in holds), holds
+    assert probed == {"a", "b"}, probed
 
 
 def test_a_guest_that_asks_little_is_not_made_to_wait_for_nothing():

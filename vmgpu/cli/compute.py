@@ -56,8 +56,9 @@ def priority(guest, gpu, priority, socket_path):
     """Set GUEST's PRIORITY on GPU (index or UUID), live.
 
     A waiting guest of a higher priority has the GPU before any lower one, and a lower
-    guest's turn ends as soon as a higher one has work; guests of one priority share by
-    weight, and lower ones get what the higher leave."""
+    guest's turn ends as soon as a higher one has work (under the shared policy, a lower
+    guest's work waits while a higher one's goes); guests of one priority share by weight,
+    and lower ones get what the higher leave."""
     priority = priority.lower()
     r = client(socket_path).set_priority(guest, gpu, priority)
     click.echo(f"{guest} on {r.gpu_uuid}: priority {priority}" + _when(r))
@@ -77,7 +78,8 @@ def policy(gpu, name, socket_path):
     weighted    shares by weight; an idle guest's time goes to busy ones (default)
     fixed       a hard cap of weight% per guest, even on an otherwise idle card
     shared      side by side (forwarders on MPS), each guest held back only as far
-                as its weight needs; progress, not time, is shared (vmgpud)"""
+                as its weight needs, and a lower priority while a higher one works;
+                progress, not time, is shared (vmgpud)"""
     r = client(socket_path).set_policy(gpu, name)
     click.echo(f"{r.gpu_uuid}: policy {name}" + ("" if r.live else " (from the next forwarder's start)"))
 
