@@ -25,7 +25,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             after --shared-lead seconds (8) of the controller at work
   priority  inference (priority high) beside a trainer (normal): the inference guest's p99
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
-            the inference guest left (1 - its busy share alone)
+            the inference guest left (1 - its busy share alone); again under shared on MPS
+            (sharedprio), side by side, the trainer's work waiting while the inference guest's goes
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -191,6 +192,29 @@ def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str |
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+
+
+def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str) -> None:
+    """The priority scenario under shared on MPS: inference (high) beside a trainer (normal), side
+    by side, the trainer's work waiting while the inference guest's goes; no holds (the busy guests
+    of the highest priority share among themselves, and here that is one guest)."""
+    envs = [(infer, g.env("--priority", "high", "--mps", pipe)), (TRAIN, g.env("--mps", pipe))]
+    g.policy("shared")
+    try:
+        hp, tr = run.together(envs)
+    finally:
+        g.policy("weighted")
+        g.stop()
+    summary["hp_p99_ratio_shared"] = hp["p99_ms"] / infer_alone["p99_ms"]
+    target = 0.8 * (1 - infer_alone["busy"])
+    summary["hp_trainer_vs_target_shared"] = (tr["img_per_s"] / solo) / target
+    rows.append(("priority on shared (MPS): inference p50 / p99", f"{hp['p50_ms']:.2f} / {hp['p99_ms']:.2f} ms"))
+    rows.append(
+        (
+            "priority on shared (MPS): the trainer's share (target)",
+            f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)",
+        )
+    )
 
 
 def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: str, seconds: float) -> None:
@@ -387,7 +411,7 @@ def main() -> int:
         default="",
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
         "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
-        "cap, converge, reclaim)",
+        "sharedprio (the priority scenario under shared on MPS), cap, converge, reclaim)",
     )
     ap.add_argument(
         "--depths",
@@ -545,6 +569,14 @@ def main() -> int:
             rows.append(
                 ("priority: the trainer's share (target)", f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)")
             )
+
+        if "priority" not in skip and "sharedprio" not in skip:
+            mps = mps_start(tmp) if "mps" not in skip else None
+            if mps:
+                try:
+                    shared_priority(g, run, rows, summary, infer, infer_alone, solo, mps["CUDA_MPS_PIPE_DIRECTORY"])
+                finally:
+                    mps_stop(mps)
 
         if "cap" not in skip:
             cap_errs = []
