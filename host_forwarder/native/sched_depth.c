@@ -37,7 +37,8 @@ struct depth {
 	uint32_t cover[VH_DEPTH_MARKS]; /* the calls each stands for */
 	uint32_t head, n;
 	uint32_t calls; /* the calls the markers stand for: those not known to be done */
-	int made;       /* 1: ev[] created in the process's context; -1: could not be */
+	int made;       /* 1: ev[] created in the process's context */
+	uint64_t retry_at; /* they could not all be: not before then again (meanwhile not held) */
 };
 static struct depth depth[VG_MAX_DEVICES];
 
@@ -91,6 +92,21 @@ static int make_event(struct vh_chan *ch, int d, CUevent *ev)
 	return r == CUDA_SUCCESS ? 0 : -1;
 }
 
+/* Destroy n events of the process's context on guest GPU d (made by make_event). */
+static void destroy_events(struct vh_chan *ch, int d, CUevent *ev, int n)
+{
+	const struct vh_backend *B = ch->backend;
+	int other = d != ch->cur_dev;
+	if (n <= 0 || !ch->ctx[d] || (other && B->cuCtxPushCurrent_v2(ch->ctx[d]) != CUDA_SUCCESS))
+		return; /* (they go with the context) */
+	for (int i = 0; i < n; i++)
+		B->cuEventDestroy_v2(ev[i]);
+	if (other) {
+		CUcontext was;
+		B->cuCtxPopCurrent_v2(&was);
+	}
+}
+
 /* Forget markers that have passed (or whose stream failed: the guest sees that error itself). */
 static void retire(struct vh_chan *ch, struct depth *q)
 {
@@ -115,13 +131,19 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 	int capturing = atomic_load(&open_captures) > 0;
 	CUstreamCaptureMode mode = capturing ? relax(ch->backend) : CU_STREAM_CAPTURE_MODE_RELAXED;
 	retire(ch, q);
-	uint64_t t0 = DEPTH_FULL(q) ? vmgpu_now_ns() : 0, spins = 0;
+	uint64_t t0 = DEPTH_FULL(q) ? vmgpu_now_ns() : 0, stuck = t0, spins = 0;
 	while (DEPTH_FULL(q)) {
 		/* a stream held up for a second (a host function, a wait on a value) is the guest's
-		 * own business: its markers are let go rather than its other streams held back */
-		if (vmgpu_now_ns() - t0 > 1000000000ull) {
-			q->n = q->calls = 0;
-			break;
+		 * own business: the oldest marker is let go rather than its other streams held back,
+		 * one a second (letting go of them all let a guest that held a stream for a second
+		 * queue its depth again each second: events 3 s late on the simulated GPU, depth 256,
+		 * 250 calls a second passed where 85 may) */
+		if (vmgpu_now_ns() - stuck > 1000000000ull) {
+			q->calls -= q->cover[q->head];
+			q->head = (q->head + 1) % VH_DEPTH_MARKS;
+			q->n--;
+			stuck = vmgpu_now_ns();
+			continue;
 		}
 		if (++spins > 64) {
 			struct timespec t = {0, 10000};
@@ -142,15 +164,21 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 static void depth_mark(struct vh_chan *ch, CUstream s, uint64_t id)
 {
 	struct depth *q = &depth[ch->gate_dev];
-	if (q->made < 0)
-		return;
 	if (!q->made) {
-		q->made = 1;
-		for (int i = 0; i < VH_DEPTH_MARKS && q->made > 0; i++)
-			if (make_event(ch, ch->gate_dev, &q->ev[i]))
-				q->made = -1; /* not held back; the events made stay with the context */
-		if (q->made < 0)
+		/* events the process's context could not make (its driver memory, say) leave it unheld
+		 * for a second, not for good: a guest must not escape the depth by failing one create */
+		uint64_t now = vmgpu_now_ns();
+		if (now < q->retry_at)
 			return;
+		int i = 0;
+		while (i < VH_DEPTH_MARKS && !make_event(ch, ch->gate_dev, &q->ev[i]))
+			i++;
+		if (i < VH_DEPTH_MARKS) {
+			destroy_events(ch, ch->gate_dev, q->ev, i);
+			q->retry_at = now + 1000000000ull;
+			return;
+		}
+		q->made = 1;
 	}
 	uint32_t last = (q->head + q->n + VH_DEPTH_MARKS - 1) % VH_DEPTH_MARKS;
 	if (q->n && q->on[last] == id && q->cover[last] < stride((uint32_t)ch->fwd->sched_depth)) {

@@ -4,6 +4,8 @@
  * and the memory the process holds as NVML would report it.
  */
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -68,6 +70,13 @@ int sim_event_lag_dev(void)
 {
 	const char *e = getenv("VMGPU_SIM_EVENT_LAG_DEV");
 	return e && *e ? atoi(e) : -1;
+}
+
+int sim_event_create_fails(void)
+{
+	static _Atomic long made;
+	const char *e = getenv("VMGPU_SIM_EVENT_FAIL_FIRST");
+	return e && atomic_fetch_add(&made, 1) < atol(e);
 }
 
 uint64_t sim_ctx_sync_ns(void)

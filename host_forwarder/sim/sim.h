@@ -76,6 +76,8 @@ uint64_t sim_event_lag_ns(void);
 /* VMGPU_SIM_EVENT_LAG_DEV: the lag only for events made in that GPU's context (the others
  * reached at once), as if only that GPU had work queued (default: every GPU's). */
 int sim_event_lag_dev(void);
+/* VMGPU_SIM_EVENT_FAIL_FIRST=N: the first N cuEventCreate calls of a process fail (out of memory). */
+int sim_event_create_fails(void);
 /* VMGPU_SIM_CTX_SYNC_US: how long a context's synchronisation takes (default 0: none), as if it
  * had that much work queued. */
 uint64_t sim_ctx_sync_ns(void);

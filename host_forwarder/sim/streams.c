@@ -80,6 +80,8 @@ EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return CUDA_SUCCESS; }
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f)
 {
+	if (sim_event_create_fails())
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUresult r = sim_new_obj((void **)e, EVENT_MAGIC, (int)f);
 	if (r == CUDA_SUCCESS)
 		((struct sim_obj *)*e)->ctx_dev = sim_current ? sim_ctx_device(sim_current) : -1;
