@@ -306,13 +306,14 @@ def _free_and_under_shared(sched_dir: Path, a: Path, depth: int, lag_us: int, mo
 
 def test_a_deep_depth_holds_with_few_markers_and_switching_streams_does_not_escape_it(sched_dir, tmp_path):
     """A depth deeper than the process's markers (events): 256 calls held with 64 events, a marker
-    standing for up to 8 calls on one stream (events 100 ms late: at most 2,560 memsets a second).
-    A guest that switches stream at every call (two streams by turns, or a new stream for each
-    memset, destroyed after it) needs a marker per call: it is held to the 64 markers (640 a
-    second) rather than let through unmarked once they are all in use."""
-    free, held = _free_and_under_shared(sched_dir, tmp_path / "a", 256, 100000, ["async", "two", "churn"])
-    assert 1500 < held["async"] <= 2800 and free > 4 * held["async"], (free, held)
-    assert held["two"] <= 700 and held["churn"] <= 700, held
+    standing for up to 8 calls on one stream (events 200 ms late: at most 1,280 memsets a second;
+    with a marker per call, 320).  A guest that switches stream at every call (two streams by
+    turns, or a new stream for each memset, destroyed after it) needs a marker per call: it is held
+    to the 64 markers (320 a second) rather than let through unmarked once they are all in use.
+    (The bounds sit well under what a loaded 2-core host lets a guest make: thousands a second.)"""
+    free, held = _free_and_under_shared(sched_dir, tmp_path / "a", 256, 200000, ["async", "two", "churn"])
+    assert 640 < held["async"] <= 1500 and free > 3 * held["async"], (free, held)
+    assert held["two"] <= 400 and held["churn"] <= 400, held
 
 
 def test_a_stream_held_up_for_seconds_lets_go_of_one_marker_a_second_not_the_whole_depth(sched_dir, tmp_path):
@@ -1082,7 +1083,7 @@ def test_under_shared_a_lower_guest_waits_while_a_higher_one_has_work(sched_dir,
             time.sleep(0.3)
             assert _calls(pg)["b"] == c0["b"]  # the higher one is done ...
             after = _ops(_spin(a, 1))
-            assert after > 0.5 * alone, (after, alone)  # ... and the lower one is not held for it
+            assert after > 0.2 * alone, (after, alone)  # ... and the lower one is not held for it
             assert pg.owner < 0 and all(m.turns == 0 for m in pg.members())  # still no turns
 
 
