@@ -8,7 +8,8 @@ sched_held_ns).  This controller sets the holds so that what each guest gets is 
 what the guests get together, measured as tenants measure it: a guest's progress is its rate
 beside the others over its rate alone, its rate is the calls that put work on the GPU per second
 (the page's `work_calls`), and its rate alone is measured now and then by holding the others for
-a moment (a probe), or whenever it is the only busy guest.
+a moment (a probe: every 4 s, and 16 s apart once the rates alone hold steady, since a probe
+moves the shares of the second it falls in), or whenever it is the only busy guest.
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
@@ -45,6 +46,7 @@ from itertools import pairwise
 PERIOD_STEP_S = 0.1  # how often the controller looks
 WINDOW_S = 1.0  # a guest's rate: its calls over this long
 PROBE_EVERY_S = 4.0  # a probe begins this long after the last one ended (with two or more busy guests)
+STEADY_MAX = 2  # probes come at most 2**STEADY_MAX times further apart once rates alone hold steady
 PROBE_S = 0.3  # how long the others are held while one guest's rate alone is measured
 PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
@@ -76,6 +78,7 @@ class _Guest:
     open: float = 1.0  # the part of each period its work may pass
     ceiling: float = 1.0  # what its cap allows of that
     probed_at: float = -math.inf
+    steady: int = 0  # probes in a row that agreed with the one before (within 10%): probed less often
 
 
 @dataclass
@@ -158,7 +161,10 @@ class ShareController:
         # a probe, with others beside it: each guest's rate alone, now and then
         if len(busy) >= 2:
             unmeasured = any(not self.guests[k].alone for k in busy)  # a newcomer is measured soon
-            every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s
+            # probes cost the shares (a probed guest runs alone): once every busy guest's rate
+            # alone has held steady, they come less often, down to one in four times as many
+            steady = min(self.guests[k].steady for k in busy)
+            every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s * 2 ** min(steady, STEADY_MAX)
             if now - self.probe_ended >= every:
                 whose = min(busy, key=lambda k: self.guests[k].probed_at)
                 self.probe = _Probe(whose, now, before=self._rate(self.guests[whose], now) or 0.0)
@@ -185,6 +191,7 @@ class ShareController:
             # kept only if it was busy throughout (calls at every look) and went at least as fast as
             # beside the others: otherwise it was between phases of its work, not alone at work
             if r > 0 and r >= 0.9 * p.before and not p.stalled:
+                g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
                 g.alone = r  # the latest whole measure (an average with an old one kept a stale phase)
                 g.probed_at = now
             else:

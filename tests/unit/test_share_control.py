@@ -100,6 +100,29 @@ def test_a_guest_near_its_rate_alone_because_another_is_held_keeps_it_held():
     assert sum(got.values()) > 1.2, got  # (1.6 with no control at all; time slicing gives 1.0)
 
 
+def test_steady_rates_alone_are_probed_less_often_and_the_shares_hold_second_by_second():
+    # a probe lets one guest run alone for 0.3 s, which moves the parts of the second it falls in
+    # by 10-20 pp: once every guest's rate alone has held steady, probes come 16 s apart, not 4
+    gpu = Gpu({"a": 5000.0, "b": 8000.0})
+    gpu.weight.update(a=30, b=70)
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    within, probes, was = 0, 0, None
+    for _ in range(60):
+        before = dict(gpu.calls)
+        for _ in range(10):
+            gpu.run(ctl, 0.1)
+            probes += ctl.probe is not None and ctl.probe is not was
+            was = ctl.probe
+        second = {n: (gpu.calls[n] - before[n]) / gpu.alone[n] for n in before}
+        within += abs(parts(second)["a"] - 30) <= 2
+    assert probes <= 6 and within >= 50, (probes, within)  # (every 4 s: 15 probes, 42 seconds within)
+    # a guest whose rate alone changes is probed often again until it holds steady once more
+    gpu.alone["a"] = 2500.0
+    gpu.run(ctl, 30)
+    assert abs(ctl.guests[next(k for k in ctl.guests if k[1] == "a")].alone - 2500) < 250
+
+
 def test_equal_weights_are_not_held_when_equal_already():
     gpu = Gpu({"a": 4000.0, "b": 4000.0})
     got = settled(gpu, 10, 20)
