@@ -194,6 +194,19 @@ def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str |
     summary[f"shared_total{key}"] = sum(rates) / solo
 
 
+def priority_rows(rows, summary, hp: dict, tr: dict, infer_alone: dict, solo: float, what: str, key: str) -> None:
+    """The priority scenario's rows and summary: the inference guest's p50 / p99 beside the
+    trainer and its p99 over its p99 alone; the trainer's share against 80% of what the inference
+    guest left (1 - its busy share alone)."""
+    summary[f"hp_p99_ratio{key}"] = hp["p99_ms"] / infer_alone["p99_ms"]
+    target = 0.8 * (1 - infer_alone["busy"])
+    summary[f"hp_trainer_vs_target{key}"] = (tr["img_per_s"] / solo) / target
+    rows.append(
+        (f"{what}: inference p50 / p99{' beside' if not key else ''}", f"{hp['p50_ms']:.2f} / {hp['p99_ms']:.2f} ms")
+    )
+    rows.append((f"{what}: the trainer's share (target)", f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)"))
+
+
 def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str) -> None:
     """The priority scenario under shared on MPS: inference (high) beside a trainer (normal), side
     by side, the trainer's work waiting while the inference guest's goes; no holds (the busy guests
@@ -205,16 +218,7 @@ def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict
     finally:
         g.policy("weighted")
         g.stop()
-    summary["hp_p99_ratio_shared"] = hp["p99_ms"] / infer_alone["p99_ms"]
-    target = 0.8 * (1 - infer_alone["busy"])
-    summary["hp_trainer_vs_target_shared"] = (tr["img_per_s"] / solo) / target
-    rows.append(("priority on shared (MPS): inference p50 / p99", f"{hp['p50_ms']:.2f} / {hp['p99_ms']:.2f} ms"))
-    rows.append(
-        (
-            "priority on shared (MPS): the trainer's share (target)",
-            f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)",
-        )
-    )
+    priority_rows(rows, summary, hp, tr, infer_alone, solo, "priority on shared (MPS)", "_shared")
 
 
 def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: str, seconds: float) -> None:
@@ -223,21 +227,12 @@ def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: 
     page, what the share controller takes for its progress."""
     for depth in depths:
         env = g.env("--mps", pipe, depth=depth)
+        name = g.names[-1]
         g.policy("shared")
-        s, marks = Sampler(g, 0.05), {}
-
-        def during(t0, s=s, marks=marks):
-            marks["t0"] = t0
-            s.start(t0)
-
-        (out,) = run.together([(TRAIN, env)], during)
-        samples = s.done()
+        (out,), h = sampled_held(g, run, [(TRAIN, env)], seconds)
         g.policy("weighted")
         g.stop()
-        a = [x for x in samples if x[0] >= marks["t0"] + 0.5]
-        b = [x for x in samples if x[0] >= marks["t0"] + seconds - 0.5] or samples[-1:]
-        calls = sum(b[0][2].values()) - sum(a[0][2].values()) if a and b and b[0][0] > a[0][0] else 0
-        rate = calls / (b[0][0] - a[0][0]) if calls else float("nan")
+        rate = h[name][2] if h.get(name, (0, 0, 0))[2] else float("nan")
         rows.append(
             (f"alone on MPS under shared, depth {depth}", f"{100 * out['img_per_s'] / solo:.1f}%, {rate:,.0f} calls/s")
         )
@@ -333,25 +328,33 @@ def _share(samples: list, t0: float, t1: float, guest: str) -> float | None:
     return 100 * spent.get(guest, 0) / tot if tot else None
 
 
-def held(samples: list, t0: float, t1: float) -> dict[str, tuple[float, float]]:
-    """Each guest's GPU time on the page between t0 and t1, as a part of the wall time (%), and
-    its turns per second: what the scheduler charged, beside what the guest got done."""
+def held(samples: list, t0: float, t1: float) -> dict[str, tuple[float, float, float]]:
+    """Each guest's GPU time on the page between t0 and t1, as a part of the wall time (%), its
+    turns per second and its work calls per second: what the scheduler charged, beside what the
+    guest got done."""
     a = [s for s in samples if s[0] >= t0]
     b = [s for s in samples if s[0] >= t1] or samples[-1:]
     if not a or not b or b[0][0] <= a[0][0]:
         return {}
-    (ta, ua, _, na), (tb, ub, _, nb) = a[0], b[0]
+    (ta, ua, ca, na), (tb, ub, cb, nb) = a[0], b[0]
     dt = tb - ta
-    return {k: (100 * (ub[k] - ua.get(k, 0)) / 1e9 / dt, (nb.get(k, 0) - na.get(k, 0)) / dt) for k in ub}
+    return {
+        k: (
+            100 * (ub[k] - ua.get(k, 0)) / 1e9 / dt,
+            (nb.get(k, 0) - na.get(k, 0)) / dt,
+            (cb.get(k, 0) - ca.get(k, 0)) / dt,
+        )
+        for k in ub
+    }
 
 
-def held_text(h: dict[str, tuple[float, float]], names: list[str]) -> str:
+def held_text(h: dict[str, tuple[float, float, float]], names: list[str]) -> str:
     return "; held " + " / ".join(f"{h[n][0]:.1f}% ({h[n][1]:.0f} turns/s)" for n in names if n in h) if h else ""
 
 
-def sampled(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dict], str]:
-    """run.together(guests) with the page sampled: their results and what the page charged them."""
-    names = g.names[-len(guests) :]
+def sampled_held(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dict], dict]:
+    """run.together(guests) with the page sampled: their results and what the page charged them
+    (held(), leaving out the first and last half second)."""
     s, marks = Sampler(g, 0.05), {}
 
     def during(t0):
@@ -360,7 +363,14 @@ def sampled(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dic
 
     out = run.together(guests, during)
     samples = s.done()
-    return out, held_text(held(samples, marks["t0"] + 0.5, marks["t0"] + seconds - 0.5), names)
+    return out, held(samples, marks["t0"] + 0.5, marks["t0"] + seconds - 0.5)
+
+
+def sampled(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dict], str]:
+    """sampled_held, what the page charged said as text."""
+    names = g.names[-len(guests) :]
+    out, h = sampled_held(g, run, guests, seconds)
+    return out, held_text(h, names)
 
 
 def converge_s(samples: list, change_at: float, end: float, guest: str, target: float, window: float = 0.25) -> float:
@@ -562,13 +572,7 @@ def main() -> int:
         if "priority" not in skip:
             hp, tr = run.together([(infer, g.env("--priority", "high")), (TRAIN, g.env())])
             g.stop()
-            summary["hp_p99_ratio"] = hp["p99_ms"] / infer_alone["p99_ms"]
-            target = 0.8 * (1 - infer_alone["busy"])
-            summary["hp_trainer_vs_target"] = (tr["img_per_s"] / solo) / target
-            rows.append(("priority: inference p50 / p99 beside", f"{hp['p50_ms']:.2f} / {hp['p99_ms']:.2f} ms"))
-            rows.append(
-                ("priority: the trainer's share (target)", f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)")
-            )
+            priority_rows(rows, summary, hp, tr, infer_alone, solo, "priority", "")
 
         if "priority" not in skip and "sharedprio" not in skip:
             mps = mps_start(tmp) if "mps" not in skip else None

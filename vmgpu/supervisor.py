@@ -455,14 +455,13 @@ class Supervisor:
                     for uuid, (page, ctl) in list(ctls.items()):
                         try:
                             share_control.apply_step(page, ctl, now)  # (off shared: holds lifted)
+                            done = policies.get(uuid) != "shared"
                         except Exception as e:  # noqa: BLE001 - the other GPUs go on
                             # the page is opened afresh at the next look at the ledger: a page that
                             # keeps failing is tried once a second, not ten times
                             _failed(failing, uuid, str(e), now)
-                            page.close()
-                            del ctls[uuid]
-                            continue
-                        if policies.get(uuid) != "shared":
+                            done = True
+                        if done:
                             page.close()
                             del ctls[uuid]
             finally:

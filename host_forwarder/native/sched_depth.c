@@ -76,45 +76,60 @@ static int captured(const struct vh_backend *B, CUstream s)
 	return B->cuStreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* An event of the process's context on guest GPU d (not necessarily the current one: a call may
- * name a stream of another of its GPUs). */
+/* The process's context on guest GPU d made current for a moment (not necessarily the current
+ * one: a call may name a stream of another of its GPUs): 1 pushed, 0 already current, -1 none. */
+static int enter_ctx(struct vh_chan *ch, int d)
+{
+	if (!ch->ctx[d])
+		return -1;
+	if (d == ch->cur_dev)
+		return 0;
+	return ch->backend->cuCtxPushCurrent_v2(ch->ctx[d]) == CUDA_SUCCESS ? 1 : -1;
+}
+
+static void leave_ctx(struct vh_chan *ch, int pushed)
+{
+	if (pushed > 0) {
+		CUcontext was;
+		ch->backend->cuCtxPopCurrent_v2(&was);
+	}
+}
+
+/* An event of the process's context on guest GPU d. */
 static int make_event(struct vh_chan *ch, int d, CUevent *ev)
 {
-	const struct vh_backend *B = ch->backend;
-	int other = d != ch->cur_dev;
-	if (!ch->ctx[d] || (other && B->cuCtxPushCurrent_v2(ch->ctx[d]) != CUDA_SUCCESS))
+	int pushed = enter_ctx(ch, d);
+	if (pushed < 0)
 		return -1;
-	CUresult r = B->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
-	if (other) {
-		CUcontext was;
-		B->cuCtxPopCurrent_v2(&was);
-	}
+	CUresult r = ch->backend->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+	leave_ctx(ch, pushed);
 	return r == CUDA_SUCCESS ? 0 : -1;
 }
 
 /* Destroy n events of the process's context on guest GPU d (made by make_event). */
 static void destroy_events(struct vh_chan *ch, int d, CUevent *ev, int n)
 {
-	const struct vh_backend *B = ch->backend;
-	int other = d != ch->cur_dev;
-	if (n <= 0 || !ch->ctx[d] || (other && B->cuCtxPushCurrent_v2(ch->ctx[d]) != CUDA_SUCCESS))
+	int pushed = n > 0 ? enter_ctx(ch, d) : -1;
+	if (pushed < 0)
 		return; /* (they go with the context) */
 	for (int i = 0; i < n; i++)
-		B->cuEventDestroy_v2(ev[i]);
-	if (other) {
-		CUcontext was;
-		B->cuCtxPopCurrent_v2(&was);
-	}
+		ch->backend->cuEventDestroy_v2(ev[i]);
+	leave_ctx(ch, pushed);
+}
+
+/* The oldest marker is forgotten, and the calls it stood for with it. */
+static void drop_oldest(struct depth *q)
+{
+	q->calls -= q->cover[q->head];
+	q->head = (q->head + 1) % VH_DEPTH_MARKS;
+	q->n--;
 }
 
 /* Forget markers that have passed (or whose stream failed: the guest sees that error itself). */
 static void retire(struct vh_chan *ch, struct depth *q)
 {
-	while (q->n && ch->backend->cuEventQuery(q->ev[q->head]) != CUDA_ERROR_NOT_READY) {
-		q->calls -= q->cover[q->head];
-		q->head = (q->head + 1) % VH_DEPTH_MARKS;
-		q->n--;
-	}
+	while (q->n && ch->backend->cuEventQuery(q->ev[q->head]) != CUDA_ERROR_NOT_READY)
+		drop_oldest(q);
 }
 
 uint64_t vh_depth_wait(struct vh_chan *ch)
@@ -139,9 +154,7 @@ uint64_t vh_depth_wait(struct vh_chan *ch)
 		 * queue its depth again each second: events 3 s late on the simulated GPU, depth 256,
 		 * 250 calls a second passed where 85 may) */
 		if (vmgpu_now_ns() - stuck > 1000000000ull) {
-			q->calls -= q->cover[q->head];
-			q->head = (q->head + 1) % VH_DEPTH_MARKS;
-			q->n--;
+			drop_oldest(q);
 			stuck = vmgpu_now_ns();
 			continue;
 		}
