@@ -210,15 +210,21 @@ def priority_rows(rows, summary, hp: dict, tr: dict, infer_alone: dict, solo: fl
 def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str) -> None:
     """The priority scenario under shared on MPS: inference (high) beside a trainer (normal), side
     by side, the trainer's work waiting while the inference guest's goes; no holds (the busy guests
-    of the highest priority share among themselves, and here that is one guest)."""
-    envs = [(infer, g.env("--priority", "high", "--mps", pipe)), (TRAIN, g.env("--mps", pipe))]
-    g.policy("shared")
-    try:
-        hp, tr = run.together(envs)
-    finally:
-        g.policy("weighted")
-        g.stop()
-    priority_rows(rows, summary, hp, tr, infer_alone, solo, "priority on shared (MPS)", "_shared")
+    of the highest priority share among themselves, and here that is one guest).  Twice: with the
+    MPS client priorities the forwarders set (the trainer's kernels below normal), and without
+    (--no-mps-priority), to show what they add."""
+    for flags, what, key in (
+        ((), "priority on shared (MPS)", "_shared"),
+        (("--no-mps-priority",), "priority on shared (MPS), no client priority", "_shared_no_client_prio"),
+    ):
+        envs = [(infer, g.env("--priority", "high", "--mps", pipe, *flags)), (TRAIN, g.env("--mps", pipe, *flags))]
+        g.policy("shared")
+        try:
+            hp, tr = run.together(envs)
+        finally:
+            g.policy("weighted")
+            g.stop()
+        priority_rows(rows, summary, hp, tr, infer_alone, solo, what, key)
 
 
 def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: str, seconds: float) -> None:

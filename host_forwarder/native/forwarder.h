@@ -77,6 +77,7 @@ struct vh_fwd {
 	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
 	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_sched.c) */
 	int sched_depth;          /* --sched-depth: a process's unfinished calls on a shared GPU (sched_depth.c) */
+	int mps_priority;         /* --mps without --no-mps-priority: each worker an MPS client of its guest's priority */
 };
 
 /* A GPU's UUID as NVML and nvidia-smi write it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */

@@ -528,6 +528,26 @@ static void shared_holds_only_the_first_part_of_each_period(void)
 	check(!sched_higher_member(&s.pg, A), "under shared priority holds no queue (every queue is held: sched_page.c)");
 }
 
+static void only_a_high_guests_workers_are_normal_mps_clients(void)
+{
+	struct sim s;
+	sim_pair(&s, VMGPU_SCHED_SHARED, 50, 50, 1);
+	struct vmgpu_sched_slot *a = &s.pg.slot[A], *b = &s.pg.slot[B];
+	struct vmgpu_sched_slot *one[1] = {a}, *two[3] = {a, NULL, b}, *none[2] = {NULL, NULL};
+	check(!strcmp(sched_mps_client_priority(one, 1), "1"), "a normal guest: below normal");
+	atomic_store(&a->priority, VMGPU_SCHED_PRIO_LOW);
+	check(!strcmp(sched_mps_client_priority(one, 1), "1"), "a low guest: below normal");
+	atomic_store(&a->priority, VMGPU_SCHED_PRIO_HIGH);
+	check(!strcmp(sched_mps_client_priority(one, 1), "0"), "a high guest: normal");
+	atomic_store(&a->priority, 7);
+	check(!strcmp(sched_mps_client_priority(one, 1), "1"), "an unknown priority is normal: below normal");
+	atomic_store(&b->priority, VMGPU_SCHED_PRIO_HIGH);
+	check(!strcmp(sched_mps_client_priority(two, 3), "0"), "high on one of its GPUs: normal");
+	atomic_store(&b->priority, VMGPU_SCHED_PRIO_LOW);
+	check(!strcmp(sched_mps_client_priority(two, 3), "1"), "high on none: below normal");
+	check(!strcmp(sched_mps_client_priority(none, 2), "1"), "on no page: below normal");
+}
+
 int main(void)
 {
 	weights_share_the_gpu_and_change_live();
@@ -548,6 +568,7 @@ int main(void)
 	the_pages_idle_time_is_how_long_an_idle_holder_keeps_its_turn();
 	a_cap_above_what_a_guest_uses_adds_no_latency();
 	shared_holds_only_the_first_part_of_each_period();
+	only_a_high_guests_workers_are_normal_mps_clients();
 	if (failures) {
 		printf("t_sched_policy: %d failed\n", failures);
 		return 1;
