@@ -22,11 +22,13 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
   shared    the same two through vmgpu at weights 30/70 under the shared policy (side by side,
             held back by vmgpu/share_control.py, run here as vmgpud runs it), with their workers
             clients of one MPS server, and without MPS (the driver's own time slicing); measured
-            after --shared-lead seconds (8) of the controller at work
+            after --shared-lead seconds (8) of the controller at work; on MPS again with the
+            light guest's MPS client priority below normal and the other's normal (sharedbelow)
   priority  inference (priority high) beside a trainer (normal): the inference guest's p99
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
             the inference guest left (1 - its busy share alone); again under shared on MPS
-            (sharedprio), side by side, the trainer's work waiting while the inference guest's goes
+            (sharedprio), side by side, the trainer's work waiting while the inference guest's goes,
+            with the forwarders' MPS client priorities and without (--prio-runs times each)
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -61,6 +63,7 @@ from vmgpu.sched import Page  # noqa: E402
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
+PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
 INFER = ["torch_infer.py"]
 
 
@@ -143,14 +146,19 @@ class Guests:
             pg.policy = name
 
 
-def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str | None = None, trace=None) -> None:
+def shared_pair(
+    g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str | None = None, trace=None, light_below=False
+) -> None:
     """Two trainers at 30/70 under the shared policy (on MPS if mps_pipe), its controller running
     as vmgpud runs it: their row, with the holds it gave them on average (%), and their parts'
     largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
-    MPS); what the controller saw every 0.5 s, and at each look in a probe, to `trace` (a file)."""
+    MPS; `_light_below` where the weight-30 guest's MPS client priority is below normal and the
+    other's normal, so that the SMs run the heavier guest's kernels first and the light one fills
+    what they leave); what the controller saw every 0.5 s, and at each look in a probe, to `trace`."""
     flags = ("--mps", mps_pipe) if mps_pipe else ()
+    light, heavy = (("--mps-priority", "below"), ("--mps-priority", "normal")) if light_below else ((), ())
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
-    envs = [(train, g.env("--weight", "30", *flags)), (train, g.env("--weight", "70", *flags))]
+    envs = [(train, g.env("--weight", "30", *flags, *light)), (train, g.env("--weight", "70", *flags, *heavy))]
     names = g.names[-2:]
     g.policy("shared")
     stop, holds = threading.Event(), {n: [] for n in names}
@@ -188,8 +196,9 @@ def shared_pair(g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str |
         g.stop()
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
     rates = [o["img_per_s"] for o in out]
-    key = "" if mps_pipe else "_no_mps"
+    key = ("" if mps_pipe else "_no_mps") + ("_light_below" if light_below else "")
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
+    what += ", the light guest's MPS client priority below normal" if light_below else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
 
@@ -212,11 +221,15 @@ def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict
     by side, the trainer's work waiting while the inference guest's goes; no holds (the busy guests
     of the highest priority share among themselves, and here that is one guest).  Twice: with the
     MPS client priorities the forwarders set (the trainer's kernels below normal), and without
-    (--no-mps-priority), to show what they add."""
-    for flags, what, key in (
+    (--mps-priority driver), to show what they add; each --prio-runs times, by turns."""
+    ways = (
         ((), "priority on shared (MPS)", "_shared"),
-        (("--no-mps-priority",), "priority on shared (MPS), no client priority", "_shared_no_client_prio"),
-    ):
+        (("--mps-priority", "driver"), "priority on shared (MPS), no client priority", "_shared_no_client_prio"),
+    )
+    for i, (flags, what, key) in enumerate(ways * PRIO_RUNS[0]):
+        if i >= len(ways):  # a run after the first: its own rows and keys
+            n = i // len(ways) + 1
+            what, key = f"{what}, run {n}", f"{key}_{n}"
         envs = [(infer, g.env("--priority", "high", "--mps", pipe, *flags)), (TRAIN, g.env("--mps", pipe, *flags))]
         g.policy("shared")
         try:
@@ -427,7 +440,8 @@ def main() -> int:
         default="",
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
         "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
-        "sharedprio (the priority scenario under shared on MPS), cap, converge, reclaim)",
+        "sharedprio (the priority scenario under shared on MPS), sharedbelow (the shared pair on MPS with the light "
+        "guest's MPS client priority below normal), cap, converge, reclaim)",
     )
     ap.add_argument(
         "--depths",
@@ -440,6 +454,9 @@ def main() -> int:
         default=SHARED_LEAD[0],
         help="seconds the shared pair runs, its controller at work, before its rates are measured (default 8)",
     )
+    ap.add_argument(
+        "--prio-runs", type=int, default=1, help="run the sharedprio scenario this many times each way (default 1)"
+    )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     a = ap.parse_args()
@@ -447,6 +464,7 @@ def main() -> int:
         every, length, settle = (float(x) for x in a.probe.split(","))
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
+    PRIO_RUNS[0] = max(1, a.prio_runs)
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)
@@ -567,6 +585,10 @@ def main() -> int:
                     if "shared" not in skip:
                         shared_pair(g, run, rows, summary, solo, mps["CUDA_MPS_PIPE_DIRECTORY"], trace)
                         agg += f" on MPS {summary['shared_total']:.2f}"
+                    if "shared" not in skip and "sharedbelow" not in skip:
+                        pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
+                        shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True)
+                        agg += f", light guest below normal {summary['shared_total_light_below']:.2f}"
                 finally:
                     mps_stop(mps)
             if "shared" not in skip and "nomps" not in skip:

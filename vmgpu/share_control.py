@@ -229,7 +229,9 @@ class ShareController:
             g = self.guests[k]
             r = self._rate(g, now)
             if r is not None and g.alone > 0:
-                g.alone = max(g.alone, r)  # no guest goes faster beside others than alone: a stale measure
+                if r > g.alone:  # no guest goes faster beside others than alone: a stale measure,
+                    g.alone = r  # and a read the next probe is weighed with (one short then must
+                    g.probes.append(r)  # not bring it below what the guest was seen to do)
                 progress[k] = r / g.alone
         for k in busy:  # a cap: its work passes at most cap% of each period (as under the policies with turns)
             cap = keys[k].cap

@@ -77,8 +77,11 @@ struct vh_fwd {
 	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
 	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_sched.c) */
 	int sched_depth;          /* --sched-depth: a process's unfinished calls on a shared GPU (sched_depth.c) */
-	int mps_priority;         /* --mps without --no-mps-priority: each worker an MPS client of its guest's priority */
+	int mps_priority;         /* --mps-priority: what each worker's MPS client priority is (VH_MPS_PRIO_*) */
 };
+
+/* --mps-priority (without --mps: driver, nothing is set) */
+enum { VH_MPS_PRIO_DRIVER, VH_MPS_PRIO_AUTO, VH_MPS_PRIO_NORMAL, VH_MPS_PRIO_BELOW };
 
 /* A GPU's UUID as NVML and nvidia-smi write it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
 static inline void vh_uuid_str(const uint8_t u[16], char *out, size_t len)

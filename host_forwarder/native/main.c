@@ -79,10 +79,10 @@ static void usage(FILE *f)
 		"                      beside other clients' on the GPU (time them with the GPU's policy:\n"
 		"                      shared lets them run side by side, held to their shares)\n"
 		"  --mps-threads PCT   with --mps: at most PCT %% of the GPU's SMs (1..100, default 100)\n"
-		"  --no-mps-priority   with --mps: leave the MPS client priority as the driver sets it (by\n"
-		"                      default a guest high on any of its GPUs is a normal client and every\n"
-		"                      other one below normal, so the SMs run a high guest's kernels first;\n"
-		"                      read as each guest process starts)\n"
+		"  --mps-priority MODE with --mps: the MPS client priority of the guest's processes, read as\n"
+		"                      each starts: auto (default: normal for a guest high on any of its\n"
+		"                      GPUs, below normal for every other, so the SMs run a high guest's\n"
+		"                      kernels first), normal, below, or driver (as the driver sets it)\n"
 		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
 		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
 		"                      measurement is charged)\n"
@@ -101,7 +101,8 @@ static void usage(FILE *f)
 struct options {
 	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
 	struct sched_share share[VG_MAX_DEVICES];
-	int no_sched, ctx_reserve_set, allow_pageable, mps_threads, no_mps_priority;
+	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
+	const char *mps_priority;
 	const char *mps_dir;
 	uint64_t create;
 	struct vmgpu_shm_params params;
@@ -161,7 +162,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
-		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"no-mps-priority", 0, 0, 'Y'}, {"sched-depth", 1, 0, 'Q'}, {0, 0, 0, 0},
+		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"sched-depth", 1, 0, 'Q'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -231,7 +232,12 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			break;
 		case 'P': o->allow_pageable = 1; break;
 		case 'M': o->mps_dir = optarg; break;
-		case 'Y': o->no_mps_priority = 1; break;
+		case 'Y':
+			if (strcmp(optarg, "auto") && strcmp(optarg, "normal") && strcmp(optarg, "below") &&
+			    strcmp(optarg, "driver"))
+				return vh_die("--mps-priority: '%s' is not auto, normal, below or driver", optarg);
+			o->mps_priority = optarg;
+			break;
 		case 'T':
 			if (vh_parse_size(optarg, &v) || v < 1 || v > 100)
 				return vh_die("--mps-threads: '%s' is not a percentage in 1..100", optarg);
@@ -263,8 +269,8 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 static int use_mps(struct options *o)
 {
 	if (!o->mps_dir) {
-		if (o->mps_threads || o->no_mps_priority)
-			return vh_die("%s needs --mps DIR", o->mps_threads ? "--mps-threads" : "--no-mps-priority");
+		if (o->mps_threads || o->mps_priority)
+			return vh_die("%s needs --mps DIR", o->mps_threads ? "--mps-threads" : "--mps-priority");
 		return 0;
 	}
 	if (BK.simulated)
@@ -280,7 +286,12 @@ static int use_mps(struct options *o)
 	snprintf(pct, sizeof pct, "%d", o->mps_threads ? o->mps_threads : 100);
 	setenv("CUDA_MPS_PIPE_DIRECTORY", o->mps_dir, 1);
 	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct, 1);
-	F.mps_priority = !o->no_mps_priority; /* (set by each worker: vh_worker) */
+	/* (set by each worker: vh_worker) */
+	const char *mode = o->mps_priority ? o->mps_priority : "auto";
+	F.mps_priority = !strcmp(mode, "auto")	  ? VH_MPS_PRIO_AUTO
+			 : !strcmp(mode, "normal") ? VH_MPS_PRIO_NORMAL
+			 : !strcmp(mode, "below")  ? VH_MPS_PRIO_BELOW
+						   : VH_MPS_PRIO_DRIVER;
 	return 0;
 }
 

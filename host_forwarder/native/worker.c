@@ -98,13 +98,15 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 		return 3;
 	}
 	const struct vh_backend *B = &BK;
-	if (F.mps_priority) {
+	if (F.mps_priority == VH_MPS_PRIO_AUTO) {
 		/* an MPS client's priority is read as it opens the driver: its guest's now (a change
 		 * later reaches the guest's processes started after it) */
 		struct vmgpu_sched_slot *slots[VG_MAX_DEVICES];
 		for (int d = 0; d < F.ndev; d++)
 			slots[d] = F.sched[d].pg ? &F.sched[d].pg->slot[F.sched[d].me] : NULL;
 		setenv("CUDA_MPS_CLIENT_PRIORITY", sched_mps_client_priority(slots, F.ndev), 1);
+	} else if (F.mps_priority != VH_MPS_PRIO_DRIVER) {
+		setenv("CUDA_MPS_CLIENT_PRIORITY", F.mps_priority == VH_MPS_PRIO_NORMAL ? "0" : "1", 1);
 	}
 	if (B->cuInit(0) != CUDA_SUCCESS)
 		return 3;
