@@ -9,7 +9,10 @@ what the guests get together, measured as tenants measure it: a guest's progress
 beside the others over its rate alone, its rate is the calls that put work on the GPU per second
 (the page's `work_calls`), and its rate alone is measured now and then by holding the others for
 a moment (a probe: every 4 s, and 16 s apart once the rates alone hold steady, since a probe
-moves the shares of the second it falls in), or whenever it is the only busy guest.
+moves the shares of the second it falls in), or whenever it is the only busy guest.  A probe can
+read a guest short (on an H100, one trainer alone read 21,000 calls/s and 29,000 a few seconds
+later), never long: a guest's rate alone is the more of its last two probes, or what it was seen
+to do beside the others if that is more.
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee

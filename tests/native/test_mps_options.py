@@ -1,7 +1,8 @@
 """The forwarder's --mps DIR (its workers as clients of an MPS control daemon): the pipe directory
 must be a real directory of root's or the forwarder's that no one else can write, since whoever
 could put a pipe there would be served every call of the guest's; --mps-threads is a percentage
-and needs --mps; the simulated backend has no MPS.  (Kernels of MPS clients running side by side
+and --mps-priority one of four modes, each needing --mps; the simulated backend has no MPS.  (The
+client priority each worker sets, by its guest's priority: t_sched_policy.)  (Kernels of MPS clients running side by side
 is measured on a GPU by bench/run_sharing.py.)"""
 
 import os
@@ -47,6 +48,9 @@ def test_an_mps_pipe_directory_others_could_write_or_a_link_is_refused(tmp_path)
         (["--mps", "{good}", "--mps-threads", "0"], "is not a percentage in 1..100"),
         (["--mps", "{good}", "--mps-threads", "101"], "is not a percentage in 1..100"),
         (["--backend", "sim", "--mps", "{good}"], "--mps needs the cuda backend"),
+        (["--mps-priority", "below"], "--mps-priority needs --mps DIR"),
+        (["--mps", "{good}", "--mps-priority", "high"], "is not auto, normal, below or driver"),
+        (["--mps", "{good}", "--mps-priority", ""], "is not auto, normal, below or driver"),
     ],
 )
 def test_mps_options_out_of_range_are_refused_with_a_reason(tmp_path, args, message):
