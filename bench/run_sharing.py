@@ -64,6 +64,7 @@ TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
+LEVER = ["time"]  # how the share controller holds a guest back (--lever)
 INFER = ["torch_infer.py"]
 
 
@@ -162,7 +163,7 @@ def shared_pair(
     names = g.names[-2:]
     g.policy("shared")
     stop, holds = threading.Event(), {n: [] for n in names}
-    ctl = share_control.ShareController(**PROBE)
+    ctl = share_control.ShareController(**PROBE, lever=LEVER[0], depth=g.depth or share_control.DEPTH)
     looks = [0]
 
     def seen(members, ctl):
@@ -172,7 +173,7 @@ def shared_pair(
         if trace is not None and (looks[0] % 5 == 0 or ctl.probe):  # every 0.5 s, and each look in a probe
             state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
             trace.write(
-                f"{time.monotonic():.1f} holds {[m.hold for m in members]} calls "
+                f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} calls "
                 f"{[m.work_calls for m in members]} alone,open {state} parts "
                 f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
             )
@@ -199,6 +200,7 @@ def shared_pair(
     key = ("" if mps_pipe else "_no_mps") + ("_light_below" if light_below else "")
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     what += ", the light guest's MPS client priority below normal" if light_below else ""
+    what += ", held by depth" if LEVER[0] == "depth" else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
 
@@ -457,6 +459,13 @@ def main() -> int:
     ap.add_argument(
         "--prio-runs", type=int, default=1, help="run the sharedprio scenario this many times each way (default 1)"
     )
+    ap.add_argument(
+        "--lever",
+        choices=share_control.LEVERS,
+        default="time",
+        help="how the shared rows' controller holds a guest back: the first part of each period (time, "
+        "as vmgpud does), or how much of its work the GPU has at once (depth: its part of --depth)",
+    )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     a = ap.parse_args()
@@ -465,6 +474,7 @@ def main() -> int:
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
     PRIO_RUNS[0] = max(1, a.prio_runs)
+    LEVER[0] = a.lever
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)

@@ -166,13 +166,14 @@ class SchedSlot(ctypes.Structure):
         ("priority", u32),
         ("guarantee", u32),
         ("hold", u32),
-        ("pad", u8 * (256 - 184)),
+        ("depth", u32),
+        ("pad", u8 * (256 - 188)),
     ]
 
 
 class SchedPage(ctypes.Structure):
     """Python stores only whole aligned 32-bit control words here (policy, a slot's weight, cap,
-    priority, guarantee, hold): a
+    priority, guarantee, hold, depth): a
     ctypes field store, one aligned 4-byte store, as the forwarders' atomic loads expect."""
 
     c_struct = "vmgpu_sched_page"

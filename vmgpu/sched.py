@@ -56,6 +56,7 @@ def page_path(uuid: str, directory: str | Path | None = None) -> Path:
     return Path(directory or sched_dir()) / f"vmgpu-sched-{uuid}"
 
 
+DEPTH_MAX = 1024  # a forwarder's deepest --sched-depth (host_forwarder/native/process.h: VH_DEPTH_MAX)
 PRIORITIES = {"normal": abi.PRIO_NORMAL, "high": abi.PRIO_HIGH, "low": abi.PRIO_LOW}
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
@@ -75,6 +76,7 @@ class Member:
     guarantee: int = 0
     work_calls: int = 0  # calls that put work on the GPU, as the workers publish them
     hold: int = 0  # under shared: per mille of each period its work is held back
+    depth: int = 0  # under shared: its workers' calls unfinished on the GPU at most (0: the forwarder's)
 
 
 class Page:
@@ -152,6 +154,7 @@ class Page:
                     s.guarantee,
                     s.work_calls,
                     s.hold,
+                    s.depth,
                 )
                 out.append(m)
         return out
@@ -199,6 +202,13 @@ class Page:
         if not 0 <= hold <= 1000:
             raise SchedError(f"hold {hold} is not in 0..1000 per mille")
         self.page.slot[slot].hold = hold  # one aligned 4-byte store
+
+    def set_depth(self, slot: int, depth: int) -> None:
+        """Under shared: hold each of the member's workers to `depth` of its work calls unfinished on
+        the GPU, where that is fewer than its forwarder's --sched-depth (1..1024; 0: the forwarder's)."""
+        if not 0 <= depth <= DEPTH_MAX:
+            raise SchedError(f"depth {depth} is not in 0..{DEPTH_MAX} (0: the forwarder's)")
+        self.page.slot[slot].depth = depth  # one aligned 4-byte store
 
     def _store(self, guest: str, field: str, value: int) -> int:
         n = 0

@@ -32,6 +32,11 @@ a guest of a higher priority puts work on the GPU, a lower one's work waits in i
 (sched_page.c), so only the busy guests of the highest priority share here; the lower ones are
 neither held nor probed.
 
+The lever is time (the hold) by default; with `lever="depth"` a guest is held back instead by how
+much of its work the GPU may have at once (the slot's `depth` word: its open part of the
+forwarders' depth), so that it keeps running beside the others rather than taking turns with
+them; a cap still holds by time.  (The depth lever is not yet measured on a GPU; vmgpud uses time.)
+
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
 """
@@ -58,6 +63,9 @@ GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
 RANKS = {"low": 0, "normal": 1, "high": 2}
+LEVERS = ("time", "depth")  # how a guest is held back: the first part of each period, or its depth
+DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
+DEPTH_MAX = 1024  # the deepest a slot's depth may be (vmgpu/sched.py)
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
 
 
@@ -107,8 +115,14 @@ class ShareController:
         probe_every_s: float = PROBE_EVERY_S,
         probe_s: float = PROBE_S,
         settle_s: float = PROBE_SETTLE_S,
+        lever: str = "time",
+        depth: int = DEPTH,
     ):
+        if lever not in LEVERS:
+            raise ValueError(f"lever '{lever}' is not one of {', '.join(LEVERS)}")
         self.window_s, self.probe_every_s, self.probe_s, self.settle_s = window_s, probe_every_s, probe_s, settle_s
+        self.lever, self.depth = lever, max(1, depth)
+        self.depths: dict[int, int] = {}  # under the depth lever: each slot's depth (0: its forwarder's)
         self.guests: dict[tuple[int, str], _Guest] = {}
         self.probe: _Probe | None = None
         self.probe_ended = 0.0
@@ -144,6 +158,7 @@ class ShareController:
             while g.calls and now - g.calls[0][0] > 2 * self.window_s:
                 g.calls.popleft()
         holds = self._probe_step(now, keys) if self.probe is not None else None
+        self.depths = dict.fromkeys((k[0] for k in keys), 0)  # (a probe measures guests at their own depth)
         if holds is None:
             holds = self._plan(now, keys)
         for k in keys:
@@ -175,6 +190,8 @@ class ShareController:
                 self.probe = _Probe(whose, now, before=self._rate(self.guests[whose], now) or 0.0)
                 return self._probe_holds(keys)
         self._control(now, keys, busy)
+        if self.lever == "depth":
+            self.depths.update({k[0]: self._depth(self.guests[k]) for k in busy})
         return {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
 
     def _probe_step(self, now: float, keys: dict) -> dict[int, int] | None:
@@ -279,9 +296,15 @@ class ShareController:
             # its part of every period, the time weighted turns would give it
             g.open = min(1.0, max(LEAST_OPEN, targets[k], g.open / top))
 
-    @staticmethod
-    def _hold(g: _Guest) -> int:
-        return int(round(1000 * (1 - min(g.open, g.ceiling))))
+    def _hold(self, g: _Guest) -> int:
+        """The part of each period its work waits (per mille): what it may not have of it, by its
+        weight and by its cap; under the depth lever by its cap alone (its weight is its depth)."""
+        return int(round(1000 * (1 - (g.ceiling if self.lever == "depth" else min(g.open, g.ceiling)))))
+
+    def _depth(self, g: _Guest) -> int:
+        """Under the depth lever: how much of its work the GPU may have at once, its open part of
+        the forwarders' depth (0: theirs, not held)."""
+        return 0 if g.open >= 1.0 else max(1, int(round(self.depth * g.open)))
 
 
 def seen_on(page) -> list[Seen]:
@@ -316,8 +339,11 @@ def apply_step(page, ctl: ShareController, now: float) -> None:
         for m in members:
             if m.hold:
                 page.set_hold(m.slot, 0)
+            if m.depth:
+                page.set_depth(m.slot, 0)
         ctl.guests.clear()
         ctl.probe = None
         return
     for slot, hold in ctl.step(now, seen_on(page)).items():
         page.set_hold(slot, hold)
+        page.set_depth(slot, min(ctl.depths.get(slot, 0), DEPTH_MAX))

@@ -12,7 +12,9 @@
  * too, return before their work is done), and a call passes only while fewer than
  * --sched-depth of the markers are still to come: the rest of the guest's work waits in its
  * ring, where the forwarder, not the GPU, decides whose goes next.  Otherwise a guest is not
- * held back at all.
+ * held back at all.  Under shared the share controller may hold a guest to less (its slot's
+ * depth word on the page): how much of its work the GPU has at once is how much of the GPU it
+ * takes beside the others.
  *
  * A stream capture the guest has open (serve.c: open_captures) does not lift the depth (it would
  * be a way round it for as long as the guest liked), and is neither joined nor broken by it: no
@@ -132,12 +134,26 @@ static void retire(struct vh_chan *ch, struct depth *q)
 		drop_oldest(q);
 }
 
+/* The depth a call is held to: the forwarder's, or under shared the share controller's for this
+ * guest where that is less (its slot's depth word; 0: none). */
+static uint32_t limit_of(struct vh_chan *ch)
+{
+	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
+	struct vh_sched *s = &ch->fwd->sched[ch->gate_dev];
+	if (s->pg && atomic_load(&s->pg->policy) == VMGPU_SCHED_SHARED) {
+		uint32_t mine = atomic_load(&s->pg->slot[s->me].depth);
+		if (mine && mine < limit)
+			limit = mine;
+	}
+	return limit;
+}
+
 uint64_t vh_depth_wait(struct vh_chan *ch)
 {
 	if (!on(ch))
 		return 0;
 	struct depth *q = &depth[ch->gate_dev];
-	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
+	uint32_t limit = limit_of(ch);
 	/* (a full ring holds the guest too: one that switches stream at every call has a marker per
 	 * call, and is held to VH_DEPTH_MARKS of them rather than let through unmarked) */
 #define DEPTH_FULL(q) ((q)->calls >= limit || (q)->n == VH_DEPTH_MARKS)

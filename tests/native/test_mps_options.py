@@ -2,8 +2,8 @@
 must be a real directory of root's or the forwarder's that no one else can write, since whoever
 could put a pipe there would be served every call of the guest's; --mps-threads is a percentage
 and --mps-priority one of four modes, each needing --mps; the simulated backend has no MPS.  (The
-client priority each worker sets, by its guest's priority: t_sched_policy.)  (Kernels of MPS clients running side by side
-is measured on a GPU by bench/run_sharing.py.)"""
+client priority each worker sets, by its guest's priority: t_sched_policy.  Kernels of MPS
+clients running side by side are measured on a GPU by bench/run_sharing.py.)"""
 
 import os
 import subprocess

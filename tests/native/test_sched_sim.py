@@ -294,6 +294,30 @@ def test_under_shared_every_guest_is_held_to_the_depth(sched_dir, tmp_path):
     assert held["async"] <= 260 and free > 4 * held["async"], (free, held)
 
 
+def test_under_shared_the_share_controller_may_hold_a_guest_to_less_than_its_depth(sched_dir, tmp_path):
+    """The slot's depth word (the share controller's depth lever): under shared a guest is held to
+    it where it is less than its forwarder's --sched-depth (64, events 20 ms late: at most 3,200
+    memsets a second; at a slot depth of 4, 200), never to more, and off shared it means nothing."""
+    a = tmp_path / "a"
+    with forwarder(a, env={"VMGPU_SIM_EVENT_LAG_US": "20000"}, extra=("--sched-depth", "64")):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            (m,) = pg.members()
+            deep = _rate(a, 1)
+            pg.set_depth(m.slot, 4)
+            shallow = _rate(a, 1)
+            with pytest.raises(SchedError, match="not in 0..1024"):
+                pg.set_depth(m.slot, 1025)
+            pg.set_depth(m.slot, 1024)  # more than its own: its own
+            own = _rate(a, 1)
+            pg.set_depth(m.slot, 4)
+            pg.policy = "weighted"  # (alone under weighted: not held at all)
+            off = _rate(a, 1)
+            assert pg.members()[0].depth == 4
+    rates = (deep, shallow, own, off)
+    assert shallow <= 260 and min(deep, own, off) > 3 * shallow and own <= 4000, rates
+
+
 def _free_and_under_shared(sched_dir: Path, a: Path, depth: int, lag_us: int, modes: list[str]) -> tuple[float, dict]:
     """A guest's rate alone (async memsets), then under shared in each of modes, at a depth with
     the simulated GPU's events lag_us late."""

@@ -31,6 +31,7 @@ class Gpu:
         self.short: dict[str, list[float]] = {}  # the part of its rate alone a guest runs at in its probes, by turns
         self.stretches = dict.fromkeys(alone, 0)
         self.alone_since = dict.fromkeys(alone, 0.0)
+        self.depths = dict.fromkeys(alone, 32)  # each guest's depth, as the controller last gave it
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
@@ -48,6 +49,7 @@ class Gpu:
             if i % int(round(0.1 / dt)) == 0:
                 holds = ctl.step(t, self.seen())
                 self.holds = {n: holds[j] for j, n in enumerate(names)}
+                self.depths = {n: ctl.depths.get(j, 0) or ctl.depth for j, n in enumerate(names)}
             into = t % PERIOD
             running = [n for n in names if self.busy[n] and into >= self.holds[n] / 1000 * PERIOD]
             top = max((self.rank[n] for n in running), default=0)
@@ -58,8 +60,11 @@ class Gpu:
                     self.alone_since[n] = t
                 elif t - self.alone_since[n] > PERIOD / 2 >= t - dt - self.alone_since[n]:
                     self.stretches[n] += 1  # alone longer than half a period: a probe (holds are shorter)
+            deep = sum(self.depths[n] for n in running)
             for n in running:
-                rate = self.alone[n] * self.together[len(running)]
+                # side by side, each gets of what they get together the part its depth is of theirs
+                # (equal depths: together[n] each), never more than alone
+                rate = self.alone[n] * min(1.0, self.together[len(running)] * len(running) * self.depths[n] / deep)
                 if n in self.demand:
                     rate = min(rate, self.demand[n])
                 if n in self.gamers and t - self.alone_since[n] > PERIOD:
@@ -73,9 +78,9 @@ class Gpu:
         return {n: (self.calls[n] - start[n]) / (alone[n] * seconds) for n in names}
 
 
-def settled(gpu: Gpu, warm: float = 20, measure: float = 20) -> dict[str, float]:
+def settled(gpu: Gpu, warm: float = 20, measure: float = 20, **kw) -> dict[str, float]:
     """A controller of its own run on gpu for `warm` seconds, then what `measure` more give."""
-    ctl = ShareController()
+    ctl = ShareController(**kw)
     gpu.run(ctl, warm)
     return gpu.run(ctl, measure)
 
@@ -93,6 +98,26 @@ def test_two_guests_at_30_70_get_their_parts_and_keep_most_of_the_overlap():
     assert abs(p["a"] - 30) <= 2 and abs(p["b"] - 70) <= 2, (p, got)
     # time slicing gives at most 1.0 together; side by side with holds, more
     assert sum(got.values()) > 1.05, got
+
+
+def test_under_the_depth_lever_the_parts_hold_and_the_overlap_is_kept():
+    # held back by its depth (how much of its work the GPU has at once) instead of by time, the
+    # light guest keeps running beside the other: on this model (each side by side gets the part
+    # of their together rate its depth is of theirs) the parts hold and the pair keeps its overlap
+    gpu = Gpu({"a": 5000.0, "b": 8000.0})
+    gpu.weight.update(a=30, b=70)
+    got = settled(gpu, 20, 20, lever="depth", depth=64)
+    p = parts(got)
+    assert abs(p["a"] - 30) <= 2, (p, got)
+    by_time = settled(_pair(30, 70), 20, 20)
+    assert sum(got.values()) > sum(by_time.values()) + 0.05, (got, by_time)
+    assert max(gpu.depths.values()) == 64 and 1 <= min(gpu.depths.values()) < 40, gpu.depths
+
+
+def _pair(wa: int, wb: int) -> Gpu:
+    gpu = Gpu({"a": 5000.0, "b": 8000.0})
+    gpu.weight.update(a=wa, b=wb)
+    return gpu
 
 
 def test_a_guest_near_its_rate_alone_because_another_is_held_keeps_it_held():
@@ -351,6 +376,9 @@ def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
             self.stored.append((slot, hold))
             self.m[slot].hold = hold
 
+        def set_depth(self, slot, depth):
+            self.m[slot].depth = depth
+
     page, stop, looks = Page(), threading.Event(), []
 
     def after(members, ctl):
@@ -362,3 +390,16 @@ def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
     assert len(looks) == 8 and {s for s, _ in page.stored} == {0, 1}
     # two busy guests, neither measured alone: a probe begins, holding the other throughout
     assert any(probing and sorted(h) == [0, 1000] for h, probing in looks), looks
+    assert all(m.depth == 0 for m in page.m)  # (the time lever sets no depth)
+    # under the depth lever the depths it gives are stored, and lifted with the holds off shared
+    ctl = share_control.ShareController(lever="depth", depth=64)
+    ctl.depths = {}
+    page.m[0].depth = 0
+    ctl.step = lambda now, seen: (setattr(ctl, "depths", {0: 20, 1: 0}), {0: 0, 1: 0})[1]
+    share_control.apply_step(page, ctl, 0.0)
+    assert [m.depth for m in page.m] == [20, 0]
+    page.policy = "weighted"
+    share_control.apply_step(page, ctl, 0.0)
+    assert [m.depth for m in page.m] == [0, 0] and [m.hold for m in page.m] == [0, 0]
+    with pytest.raises(ValueError):
+        share_control.ShareController(lever="turns")

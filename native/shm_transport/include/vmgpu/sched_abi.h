@@ -87,7 +87,10 @@ struct vmgpu_sched_slot {
 	VMGPU_ATOMIC(uint32_t) guarantee;  /* 176: 0..100: % reserved at admission, given first under weighted */
 	VMGPU_ATOMIC(uint32_t) hold;       /* 180: under shared: per mille of each period its work does not
 	                                          * pass (the period's first part); 0: never held */
-	uint8_t pad[256 - 184];                  /* 184 */
+	VMGPU_ATOMIC(uint32_t) depth;      /* 184: under shared: at most this many of each of its workers'
+	                                          * work calls unfinished on the GPU, where that is fewer than
+	                                          * its forwarder's --sched-depth; 0: the forwarder's */
+	uint8_t pad[256 - 188];                  /* 188 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -124,7 +127,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, cap) == 168, "slot cap");
 _Static_assert(offsetof(struct vmgpu_sched_slot, priority) == 172, "slot priority");
 _Static_assert(offsetof(struct vmgpu_sched_slot, guarantee) == 176, "slot guarantee");
 _Static_assert(offsetof(struct vmgpu_sched_slot, hold) == 180, "slot hold");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 184, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, depth) == 184, "slot depth");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 188, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
