@@ -30,23 +30,32 @@ def share(s) -> dict:
 class ComputeSampler:
     """Each guest's share of each GPU's time between two looks at the GPUs' scheduler pages
     (sched.Page.gpu_time: the turn a guest holds now counts, so a busy guest alone on a GPU
-    shows ~100%).  Under the native policy nothing is metered: its guests get None."""
+    shows ~100%).  Under the native and shared policies no turns are taken and nothing is
+    metered: their guests get None.  Under shared, `held` has what the share controller holds
+    each guest to at the last look: {(GPU UUID, guest): (% of each period held, depth or None)}."""
 
     def __init__(self, uuids: set[str]):
         self.uuids = set(uuids)
         self.last: dict[str, tuple[int, dict[str, int]]] = {}
+        self.held: dict[tuple[str, str], tuple[float, int | None]] = {}
+        self.shares: dict[tuple[str, str], float | None] = {}  # the last take's
 
     def _look(self) -> dict[str, tuple[int, dict[str, int]] | None]:
         from vmgpu import sched
 
         out: dict[str, tuple[int, dict[str, int]] | None] = {}
+        self.held = {}
         for u in self.uuids:
             try:
                 page = sched.Page(sched.page_path(u))
             except sched.SchedError:
                 continue
             with page:
-                out[u] = None if page.policy == "native" else page.gpu_time()
+                policy = page.policy
+                out[u] = None if policy in ("native", "shared") else page.gpu_time()
+                if policy == "shared":
+                    for m in page.members():
+                        self.held[(u, m.guest)] = (m.hold / 10, m.depth or None)
         return out
 
     def take(self) -> dict[tuple[str, str], float | None]:
@@ -55,7 +64,7 @@ class ComputeSampler:
         looks, shares = self._look(), {}
         for u, look in looks.items():
             prev = self.last.get(u)
-            if look is None:  # native: no turns, no GPU time counted
+            if look is None:  # native or shared: no turns, no GPU time counted
                 shares.update({(u, g): None for g in (prev[1] if prev else {})})
                 self.last.pop(u, None)
                 continue
@@ -65,21 +74,26 @@ class ComputeSampler:
                     was = prev[1].get(g, ns)  # a guest that joined since starts counting now
                     shares[(u, g)] = min(100.0, max(0.0, 100 * (ns - was) / (now - prev[0])))
             self.last[u] = look
+        self.shares = shares
         return shares
 
 
-def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> dict[tuple[str, str], float | None]:
-    """Each guest's share of each GPU's time over a short sample, from the schedulers' pages."""
+def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> ComputeSampler:
+    """Each guest's share of each GPU's time over a short sample, from the schedulers' pages: the
+    sampler after its second look (its `shares`, and `held` under shared)."""
     sampler = ComputeSampler(uuids)
     sampler.take()
-    if not sampler.last:
-        return {}
-    time.sleep(sample_s)
-    return sampler.take()
+    if sampler.last:  # (a GPU that meters turns: sample them)
+        time.sleep(sample_s)
+    sampler.take()
+    return sampler
 
 
-def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
-    """A StatusReply with the compute each guest achieved (achieved_compute)."""
+def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = None) -> dict:
+    """A StatusReply with the compute each guest achieved (ComputeSampler.take) and, under the
+    shared policy, what the share controller holds it to (ComputeSampler.held): the % of each
+    period its work waits, and its depth where one is set (held_pct / held_depth, else None)."""
+    held = held or {}
     return {
         "gpus": [
             {
@@ -102,6 +116,8 @@ def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
                 "compute_pct": s.compute_pct,
                 **share(s),
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
+                "held_pct": held.get((s.gpu_uuid, s.guest), (None, None))[0],
+                "held_depth": held.get((s.gpu_uuid, s.guest), (None, None))[1],
                 "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
                 "settings": s.settings,
             }
@@ -135,10 +151,10 @@ def status(reply, achieved: dict[tuple[str, str], float]) -> dict:
     }
 
 
-def top(reply, shares: dict[tuple[str, str], float | None], interval_s: float) -> dict:
+def top(reply, shares: dict[tuple[str, str], float | None], interval_s: float, held: dict | None = None) -> dict:
     """One frame of `vmgpu top`: the status (reply) with the compute each guest held over the
-    last interval_s seconds (ComputeSampler.take)."""
-    return {**status(reply, shares), "interval_s": interval_s}
+    last interval_s seconds (ComputeSampler.take) and, under shared, its hold (.held)."""
+    return {**status(reply, shares, held), "interval_s": interval_s}
 
 
 def breakdown(stats_file: str, interval: float = 0.0) -> dict:

@@ -1,7 +1,8 @@
 """What an operator sees of guests running on the simulated backend through vmgpud: `vmgpu
 status` and `vmgpu top` show a busy guest alone on its GPU holding all of its time (the turn it
 holds counts, though the scheduler charges a turn only when it ends), memory in use against the
-quota, nothing metered under the native policy; `vmgpu release` leaves no region file behind."""
+quota, nothing metered under the native and shared policies (under shared, the controller's hold
+instead); `vmgpu release` leaves no region file behind."""
 
 from __future__ import annotations
 
@@ -73,6 +74,13 @@ def test_a_busy_guest_alone_shows_its_gpu_time_and_memory_and_its_release_leaves
             # native: no turns are taken, so nothing is metered (not 0%)
             assert c.set_policy("0", "native").live
             assert _cli("status", "--socket", str(sock), "--json")["guests"][0]["compute_achieved_pct"] is None
+            # shared: no turns either, and what vmgpud's share controller holds the guest to
+            # (alone: nothing) in their place
+            assert c.set_policy("0", "shared").live
+            (g,) = _cli("status", "--socket", str(sock), "--json")["guests"]
+            assert (g["compute_achieved_pct"], g["held_pct"], g["held_depth"]) == (None, 0.0, None), g
+            r = CliRunner(mix_stderr=False).invoke(cli, ["status", "--socket", str(sock)])
+            assert r.exit_code == 0 and "held" in r.output, r.output + r.stderr
         spin.kill()
         holder.kill()
         r = CliRunner(mix_stderr=False).invoke(cli, ["release", "g", "--socket", str(sock)])

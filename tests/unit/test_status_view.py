@@ -118,3 +118,31 @@ def test_status_shows_the_host_settings_and_what_a_guest_without_a_forwarder_ask
         }
     finally:
         stop_server(server, ledger)
+
+
+def test_under_shared_a_held_column_shows_what_the_controller_holds_each_guest_to():
+    from rich.console import Console
+
+    from vmgpu.cli import render
+
+    g = {"guest": "a", "kind": "vm", "gpu": 0, "mem_mib": 1024, "compute_pct": 30, "weight": 30}
+    g |= {"guarantee_pct": 0, "cap_pct": 0, "priority": "normal", "compute_achieved_pct": None}
+    g |= {"label": "", "settings": ""}
+    gpu = {"index": 0, "uuid": UUID, "name": "H100", "mem_mib": 81559, "mem_reserved_mib": 2048}
+    gpu |= {"compute_reserved_pct": 0, "policy": "shared"}
+    d = {"gpus": [gpu], "forwarders": [], "interval_s": 1.0}
+    d["guests"] = [{**g, "held_pct": 45.0, "held_depth": 8}, {**g, "guest": "b", "held_pct": 0.0, "held_depth": None}]
+
+    def text(table) -> str:
+        con = Console(record=True, width=200)
+        con.print(table)
+        return con.export_text()
+
+    out = text(render.top_frame(d))
+    assert "held" in out and "45%, depth 8" in out, out
+    row_b = next(line for line in out.splitlines() if "│ b " in line)
+    assert " 0% " in row_b, out
+    # off shared (held_pct None everywhere) no such column
+    d["guests"] = [{**g, "held_pct": None, "held_depth": None}]
+    d["gpus"][0]["policy"] = "weighted"
+    assert "held" not in text(render.top_frame(d))

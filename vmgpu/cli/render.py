@@ -130,7 +130,12 @@ def status(d: dict, wide: bool = False) -> None:
         )
     con.print(t)
     share_columns = ("weight", "guarantee", "cap", "priority")
-    t = _table("guests", ("guest", "kind", "gpu", "memory used / quota", *share_columns, "compute now", "forwarder"))
+    held = any_held(d)  # (a column only where a GPU is under shared)
+    t = _table(
+        "guests",
+        ("guest", "kind", "gpu", "memory used / quota", *share_columns, "compute now", *(("held",) if held else ()))
+        + ("forwarder",),
+    )
     for s, f, used in guest_slices(d):
         t.add_row(
             guest_cell(s),
@@ -139,6 +144,7 @@ def status(d: dict, wide: bool = False) -> None:
             f"{used if used is not None else '-'} / {s['mem_mib']} MiB",
             *share_cells(s),
             percent(s["compute_achieved_pct"]),
+            *((held_cell(s),) if held else ()),
             forwarder_cell(f),
         )
     con.print(t)
@@ -199,6 +205,19 @@ def percent(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}%"
 
 
+def held_cell(s: dict) -> str:
+    """What the shared policy's controller holds a guest to now: the % of each period its work
+    waits, and its depth where one is set ("-" off shared)."""
+    if s.get("held_pct") is None:
+        return "-"
+    return percent(s["held_pct"]) + (f", depth {s['held_depth']}" if s.get("held_depth") else "")
+
+
+def any_held(d: dict) -> bool:
+    """Is a guest's GPU under the shared policy (a "held" column then shows its hold)?"""
+    return any(s.get("held_pct") is not None for s in d["guests"])
+
+
 def _bar(fraction: float | None, width: int = 10) -> str:
     if fraction is None:
         return " " * width
@@ -223,6 +242,7 @@ def top_frame(d: dict) -> Table:
         ("", "left"),
         ("compute now", "right"),
         ("", "left"),
+        *((("held", "right"),) if any_held(d) else ()),
         ("weight", "right"),
         ("policy", "left"),
         ("procs", "right"),
@@ -239,6 +259,7 @@ def top_frame(d: dict) -> Table:
             _bar(None if used is None else used / s["mem_mib"]),
             percent(now),
             _bar(None if now is None else now / 100),
+            *((held_cell(s),) if any_held(d) else ()),
             str(s["weight"]),
             policy.get(s["gpu"], "-"),
             str(f["processes"]) if f else "-",

@@ -59,11 +59,12 @@ def release(guest, socket_path):
 def status(socket_path, as_json, wide):
     """Per GPU: memory reserved and free, compute guaranteed, and its policy; per guest: its slices,
     with its memory in use, its weight, guarantee, cap and priority and the share of GPU time it
-    gets now (over 0.3 s; "-" under the native policy, which meters none).  --wide adds the GPUs'
-    UUIDs."""
+    gets now (over 0.3 s; "-" under the native and shared policies, which meter none); under
+    shared, what the share controller holds it to now (the % of each period its work waits, and
+    its depth where one is set).  --wide adds the GPUs' UUIDs."""
     reply = client(socket_path).status()
-    achieved = reports.achieved_compute({g.uuid for g in reply.gpus})
-    render.emit(reports.status(reply, achieved), as_json, render.status, wide)
+    sampled = reports.achieved_compute({g.uuid for g in reply.gpus})
+    render.emit(reports.status(reply, sampled.shares, sampled.held), as_json, render.status, wide)
 
 
 COMMANDS = (gpus, admit, release, status)

@@ -27,8 +27,8 @@ from vmgpu.cli.common import SOCKET, WIDE, as_json, client
 @WIDE
 def top(interval, once, socket_path, as_json, wide):
     """A live table of each guest's memory (in use / quota) and compute (its share of the GPU's
-    time over the last interval; "-" under the native policy), refreshed every --interval
-    seconds until Ctrl-C."""
+    time over the last interval; "-" under the native and shared policies; under shared, what
+    the share controller holds it to), refreshed every --interval seconds until Ctrl-C."""
     if as_json and not once:
         raise click.UsageError("--json prints one frame: add --once")
     c = client(socket_path)
@@ -39,7 +39,7 @@ def top(interval, once, socket_path, as_json, wide):
         time.sleep(interval)
         reply = c.status()
         sampler.uuids = {g.uuid for g in reply.gpus}
-        return reports.top(reply, sampler.take(), interval)
+        return reports.top(reply, sampler.take(), interval, sampler.held)
 
     if once:
         render.emit(frame(), as_json, render.top, wide)
