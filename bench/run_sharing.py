@@ -183,7 +183,7 @@ def shared_pair(
             share_control.run(pg, stop, controller=ctl, after=seen)
 
     if trace is not None:
-        trace.write(f"== shared {' '.join(flags)}: {names}\n")
+        trace.write(f"== shared {' '.join(flags)}{' (light guest below normal)' if light_below else ''}: {names}\n")
     t = threading.Thread(target=control, daemon=True)
     t.start()  # from the start: guests are measured alone while they warm up too, as in a host's life
     try:
@@ -561,6 +561,8 @@ def main() -> int:
                     g.stop()
                     if "shared" not in skip:
                         shared_pair(g, run, rows, summary, solo, pipe, trace)
+                    if "shared" not in skip and "sharedbelow" not in skip:
+                        shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True)
                 finally:
                     mps_stop(mps)
                 mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo

@@ -12,7 +12,8 @@ a moment (a probe: every 4 s, and 16 s apart once the rates alone hold steady, s
 moves the shares of the second it falls in), or whenever it is the only busy guest.  A probe can
 read a guest short (on an H100, one trainer alone read 21,000 calls/s and 29,000 a few seconds
 later), never long: a guest's rate alone is the more of its last two probes, or what it was seen
-to do beside the others if that is more.
+to do beside the others if that is more; a read well short of it is believed once the guest's
+next probe (the next of all) agrees.
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
@@ -92,6 +93,7 @@ class _Guest:
     probed_at: float = -math.inf
     steady: int = 0  # probes in a row that agreed with the one before (within 10%): probed less often
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
+    short: float | None = None  # its last probe read well short of what was kept: to be checked
 
 
 @dataclass
@@ -178,6 +180,9 @@ class ShareController:
             recent = [how for t, _, how in g.calls if now - t <= self.window_s + 1e-9][1:]
             if r and recent and all(how == FREE for how in recent):
                 g.alone = r if not g.alone else 0.8 * g.alone + 0.2 * r
+                g.probes.clear()  # (measured alone for a whole window: what probes read before is old)
+                g.probes.append(g.alone)
+                g.short = None
         # a probe, with others beside it: each guest's rate alone, now and then
         if len(busy) >= 2:
             unmeasured = any(not self.guests[k].alone for k in busy)  # a newcomer is measured soon
@@ -213,16 +218,21 @@ class ShareController:
             # kept only if it was busy throughout (calls at every look) and went at least as fast as
             # beside the others: otherwise it was between phases of its work, not alone at work
             if r > 0 and r >= 0.9 * p.before and not p.stalled:
-                g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
                 # the more of its last two whole measures: a probe reads a guest's rate alone
                 # short, never long (on an H100 the same trainer read 21,000 calls/s in one probe
                 # and 29,000 in another, beside a steady 21,000 with the other guest), and an
-                # average with older ones kept a stale phase
-                # (a read well short of the last is checked by the next probe, its guest's)
-                short = bool(g.probes) and r < 0.9 * max(g.probes)
+                # average with older ones kept a stale phase.  A read well short of the kept
+                # rate is checked by the next probe, its guest's again: if that one agrees (within
+                # 10%), the guest has slowed and the two reads are its rate alone from then on
+                kept = max(g.probes, default=0.0)
+                confirmed = g.short is not None and abs(r - g.short) <= 0.1 * g.short
+                g.short = r if kept and r < 0.9 * kept and not confirmed else None
+                if confirmed:
+                    g.probes.clear()
+                g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
                 g.probes.append(r)
                 g.alone = max(g.probes)
-                g.probed_at = -math.inf if short else now
+                g.probed_at = -math.inf if g.short is not None else now
             else:
                 g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
             self.probe, self.probe_ended = None, now

@@ -78,6 +78,7 @@ struct vh_fwd {
 	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_sched.c) */
 	int sched_depth;          /* --sched-depth: a process's unfinished calls on a shared GPU (sched_depth.c) */
 	int mps_priority;         /* --mps-priority: what each worker's MPS client priority is (VH_MPS_PRIO_*) */
+	int high_opt[VG_MAX_DEVICES]; /* --priority high on that GPU (auto, where no page says: --no-sched) */
 };
 
 /* --mps-priority (without --mps: driver, nothing is set) */

@@ -82,7 +82,9 @@ static void usage(FILE *f)
 		"  --mps-priority MODE with --mps: the MPS client priority of the guest's processes, read as\n"
 		"                      each starts: auto (default: normal for a guest high on any of its\n"
 		"                      GPUs, below normal for every other, so the SMs run a high guest's\n"
-		"                      kernels first), normal, below, or driver (as the driver sets it)\n"
+		"                      kernels first; other clients of the MPS daemon are normal), normal,\n"
+		"                      below, or driver (CUDA_MPS_CLIENT_PRIORITY as the forwarder's\n"
+		"                      environment has it, else the driver's default)\n"
 		"  --ctx-reserve SIZE  what each guest process's context is charged where NVML cannot measure\n"
 		"                      it (default 544M, 0 on the simulated backend; where NVML can, the\n"
 		"                      measurement is charged)\n"
@@ -286,6 +288,8 @@ static int use_mps(struct options *o)
 	snprintf(pct, sizeof pct, "%d", o->mps_threads ? o->mps_threads : 100);
 	setenv("CUDA_MPS_PIPE_DIRECTORY", o->mps_dir, 1);
 	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct, 1);
+	for (int d = 0; d < VG_MAX_DEVICES; d++)
+		F.high_opt[d] = o->share[d].priority == VMGPU_SCHED_PRIO_HIGH;
 	/* (set by each worker: vh_worker) */
 	const char *mode = o->mps_priority ? o->mps_priority : "auto";
 	F.mps_priority = !strcmp(mode, "auto")	  ? VH_MPS_PRIO_AUTO

@@ -57,10 +57,10 @@ int sched_rank(struct vmgpu_sched_slot *g)
 	return p == VMGPU_SCHED_PRIO_HIGH ? 2 : p == VMGPU_SCHED_PRIO_LOW ? 0 : 1;
 }
 
-const char *sched_mps_client_priority(struct vmgpu_sched_slot *const *slots, int n)
+const char *sched_mps_client_priority(struct vmgpu_sched_slot *const *slots, const int *high_opt, int n)
 {
 	for (int i = 0; i < n; i++)
-		if (slots[i] && sched_rank(slots[i]) == 2)
+		if (slots[i] ? sched_rank(slots[i]) == 2 : high_opt[i])
 			return "0";
 	return "1";
 }

@@ -68,12 +68,13 @@ int sched_others_wait(struct vmgpu_sched_page *pg, int me, uint64_t now, uint64_
 int sched_rank(struct vmgpu_sched_slot *g);
 
 /* The MPS client priority (CUDA_MPS_CLIENT_PRIORITY, read when a client opens the driver) of a
- * worker whose guest has these n slots, one per GPU (NULL: not on that GPU's page): the MPS server
- * has two levels, "0" (normal) and "1" (below normal), and runs the blocks of a normal client's
- * kernels before those of a client below normal as SMs free up.  "0" for a guest that is high on
- * any of its GPUs, "1" for every other, so that a high guest's kernels go ahead of what lower
- * guests already have on the GPU (the gate keeps the rest of their work in their rings). */
-const char *sched_mps_client_priority(struct vmgpu_sched_slot *const *slots, int n);
+ * worker whose guest has these n slots, one per GPU (NULL: not on that GPU's page, whose priority
+ * is then high_opt[i], the forwarder's --priority): the MPS server has two levels, "0" (normal)
+ * and "1" (below normal), and runs the blocks of a normal client's kernels before those of a
+ * client below normal as SMs free up.  "0" for a guest that is high on any of its GPUs, "1" for
+ * every other, so that a high guest's kernels go ahead of what lower guests already have on the
+ * GPU (the gate keeps the rest of their work in their rings). */
+const char *sched_mps_client_priority(struct vmgpu_sched_slot *const *slots, const int *high_opt, int n);
 
 /* Do members other than `me` wait for the GPU that may have it now, all of a lower priority? */
 int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now);

@@ -104,7 +104,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 		struct vmgpu_sched_slot *slots[VG_MAX_DEVICES];
 		for (int d = 0; d < F.ndev; d++)
 			slots[d] = F.sched[d].pg ? &F.sched[d].pg->slot[F.sched[d].me] : NULL;
-		setenv("CUDA_MPS_CLIENT_PRIORITY", sched_mps_client_priority(slots, F.ndev), 1);
+		setenv("CUDA_MPS_CLIENT_PRIORITY", sched_mps_client_priority(slots, F.high_opt, F.ndev), 1);
 	} else if (F.mps_priority != VH_MPS_PRIO_DRIVER) {
 		setenv("CUDA_MPS_CLIENT_PRIORITY", F.mps_priority == VH_MPS_PRIO_NORMAL ? "0" : "1", 1);
 	}

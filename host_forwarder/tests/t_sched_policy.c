@@ -534,18 +534,21 @@ static void only_a_high_guests_workers_are_normal_mps_clients(void)
 	sim_pair(&s, VMGPU_SCHED_SHARED, 50, 50, 1);
 	struct vmgpu_sched_slot *a = &s.pg.slot[A], *b = &s.pg.slot[B];
 	struct vmgpu_sched_slot *one[1] = {a}, *two[3] = {a, NULL, b}, *none[2] = {NULL, NULL};
-	check(!strcmp(sched_mps_client_priority(one, 1), "1"), "a normal guest: below normal");
+	int opt[3] = {0, 0, 0}, opt_high[3] = {0, 1, 0}, opt_paged[3] = {1, 0, 1};
+	check(!strcmp(sched_mps_client_priority(one, opt, 1), "1"), "a normal guest: below normal");
 	atomic_store(&a->priority, VMGPU_SCHED_PRIO_LOW);
-	check(!strcmp(sched_mps_client_priority(one, 1), "1"), "a low guest: below normal");
+	check(!strcmp(sched_mps_client_priority(one, opt, 1), "1"), "a low guest: below normal");
 	atomic_store(&a->priority, VMGPU_SCHED_PRIO_HIGH);
-	check(!strcmp(sched_mps_client_priority(one, 1), "0"), "a high guest: normal");
+	check(!strcmp(sched_mps_client_priority(one, opt, 1), "0"), "a high guest: normal");
 	atomic_store(&a->priority, 7);
-	check(!strcmp(sched_mps_client_priority(one, 1), "1"), "an unknown priority is normal: below normal");
+	check(!strcmp(sched_mps_client_priority(one, opt, 1), "1"), "an unknown priority is normal: below normal");
 	atomic_store(&b->priority, VMGPU_SCHED_PRIO_HIGH);
-	check(!strcmp(sched_mps_client_priority(two, 3), "0"), "high on one of its GPUs: normal");
+	check(!strcmp(sched_mps_client_priority(two, opt, 3), "0"), "high on one of its GPUs: normal");
 	atomic_store(&b->priority, VMGPU_SCHED_PRIO_LOW);
-	check(!strcmp(sched_mps_client_priority(two, 3), "1"), "high on none: below normal");
-	check(!strcmp(sched_mps_client_priority(none, 2), "1"), "on no page: below normal");
+	check(!strcmp(sched_mps_client_priority(two, opt, 3), "1"), "high on none: below normal");
+	check(!strcmp(sched_mps_client_priority(none, opt, 2), "1"), "on no page (--no-sched), not --priority high: below normal");
+	check(!strcmp(sched_mps_client_priority(none, opt_high, 2), "0"), "on no page, --priority high on one GPU: normal");
+	check(!strcmp(sched_mps_client_priority(two, opt_paged, 3), "1"), "a page's priority wins over the option");
 }
 
 int main(void)
