@@ -23,7 +23,9 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             held back by vmgpu/share_control.py, run here as vmgpud runs it), with their workers
             clients of one MPS server, and without MPS (the driver's own time slicing); measured
             after --shared-lead seconds (8) of the controller at work; on MPS again with the
-            light guest's MPS client priority below normal and the other's normal (sharedbelow)
+            light guest's MPS client priority below normal and the other's normal (sharedbelow);
+            where the weights rows are skipped, their references no-sched and native MPS 30/70 are
+            run for the shared rows alone (refs)
   priority  inference (priority high) beside a trainer (normal): the inference guest's p99
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
             the inference guest left (1 - its busy share alone); again under shared on MPS
@@ -203,6 +205,39 @@ def shared_pair(
     what += ", held by depth" if LEVER[0] == "depth" else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+
+
+def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_solo: float, tmp: Path, mps: bool) -> str:
+    """Where the weighted rows are skipped, the shared rows' references in the same run: the two
+    trainers through vmgpu with --no-sched, and natively under MPS at 30/70 active-thread
+    percentages (what users would pick instead); the shared totals over each in the summary
+    (aggregate_shared_vs_nosched, aggregate_shared_vs_mps, and _light_below).  The text for the
+    aggregate row."""
+    n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
+    g.stop()
+    nosched = (n1["img_per_s"] + n2["img_per_s"]) / solo
+    text = f", no-sched {nosched:.2f}"
+    env = mps_start(tmp) if mps else None
+    mps_total = None
+    if env:
+        try:
+            m30, m70 = run.together(
+                [
+                    (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
+                    (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
+                ]
+            )
+        finally:
+            mps_stop(env)
+        pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
+        mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
+        text += f", MPS (native) {mps_total:.2f}"
+    for key in ("", "_light_below", "_no_mps"):
+        if f"shared_total{key}" in summary:
+            summary[f"aggregate_shared_vs_nosched{key}"] = summary[f"shared_total{key}"] / nosched
+            if mps_total:
+                summary[f"aggregate_shared_vs_mps{key}"] = summary[f"shared_total{key}"] / mps_total
+    return text
 
 
 def priority_rows(rows, summary, hp: dict, tr: dict, infer_alone: dict, solo: float, what: str, key: str) -> None:
@@ -443,7 +478,8 @@ def main() -> int:
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
         "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
         "sharedprio (the priority scenario under shared on MPS), sharedbelow (the shared pair on MPS with the light "
-        "guest's MPS client priority below normal), cap, converge, reclaim)",
+        "guest's MPS client priority below normal), refs (where weights are skipped: the shared rows' references, "
+        "no-sched and native MPS 30/70), cap, converge, reclaim)",
     )
     ap.add_argument(
         "--depths",
@@ -606,6 +642,8 @@ def main() -> int:
             if "shared" not in skip and "nomps" not in skip:
                 shared_pair(g, run, rows, summary, solo, trace=trace)
                 agg += f", without MPS {summary['shared_total_no_mps']:.2f}"
+            if "shared" not in skip and "refs" not in skip:
+                agg += shared_references(g, run, rows, summary, solo, native_solo, tmp, "mps" not in skip)
             if "shared" not in skip:
                 rows.append(("aggregate, of one guest alone", agg))
 
