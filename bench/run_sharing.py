@@ -207,26 +207,36 @@ def shared_pair(
     summary[f"shared_total{key}"] = sum(rates) / solo
 
 
+def nosched_pair(g: Guests, run: Run) -> float:
+    """The two trainers through vmgpu with --no-sched, side by side: their img/s together."""
+    n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
+    g.stop()
+    return n1["img_per_s"] + n2["img_per_s"]
+
+
+def native_mps_pair(run: Run, env: dict) -> list[dict]:
+    """The two trainers natively under MPS (env: mps_start's) at 30/70 active-thread percentages."""
+    return run.together(
+        [
+            (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
+            (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
+        ]
+    )
+
+
 def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_solo: float, tmp: Path, mps: bool) -> str:
     """Where the weighted rows are skipped, the shared rows' references in the same run: the two
     trainers through vmgpu with --no-sched, and natively under MPS at 30/70 active-thread
     percentages (what users would pick instead); the shared totals over each in the summary
     (aggregate_shared_vs_nosched, aggregate_shared_vs_mps, and _light_below).  The text for the
     aggregate row."""
-    n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
-    g.stop()
-    nosched = (n1["img_per_s"] + n2["img_per_s"]) / solo
+    nosched = nosched_pair(g, run) / solo
     text = f", no-sched {nosched:.2f}"
     env = mps_start(tmp) if mps else None
     mps_total = None
     if env:
         try:
-            m30, m70 = run.together(
-                [
-                    (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
-                    (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
-                ]
-            )
+            m30, m70 = native_mps_pair(run, env)
         finally:
             mps_stop(env)
         pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
@@ -568,9 +578,7 @@ def main() -> int:
                 )
             summary["share_max_err_pp"] = max(errs)
 
-            n1, n2 = run.together([(TRAIN, g.env("--no-sched")), (TRAIN, g.env("--no-sched"))])
-            g.stop()
-            nosched_total = n1["img_per_s"] + n2["img_per_s"]
+            nosched_total = nosched_pair(g, run)
             summary["aggregate_vs_nosched"] = weighted_total / nosched_total
             x1, x2 = run.together([(TRAIN, native_env()), (TRAIN, native_env())])
             native_pair = (x1["img_per_s"] + x2["img_per_s"]) / native_solo
@@ -580,12 +588,7 @@ def main() -> int:
             mps = mps_start(tmp) if "mps" not in skip else None
             if mps:
                 try:
-                    m30, m70 = run.together(
-                        [
-                            (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
-                            (TRAIN, {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
-                        ]
-                    )
+                    m30, m70 = native_mps_pair(run, mps)
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
                     envs = [
                         (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),

@@ -52,6 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from vmgpu.sched import DEPTH_MAX
+
 PERIOD_STEP_S = 0.1  # how often the controller looks
 WINDOW_S = 1.0  # a guest's rate: its calls over this long
 PROBE_EVERY_S = 4.0  # a probe begins this long after the last one ended (with two or more busy guests)
@@ -66,7 +68,6 @@ FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sha
 RANKS = {"low": 0, "normal": 1, "high": 2}
 LEVERS = ("time", "depth")  # how a guest is held back: the first part of each period, or its depth
 DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
-DEPTH_MAX = 1024  # the deepest a slot's depth may be (vmgpu/sched.py)
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
 
 
@@ -123,7 +124,7 @@ class ShareController:
         if lever not in LEVERS:
             raise ValueError(f"lever '{lever}' is not one of {', '.join(LEVERS)}")
         self.window_s, self.probe_every_s, self.probe_s, self.settle_s = window_s, probe_every_s, probe_s, settle_s
-        self.lever, self.depth = lever, max(1, depth)
+        self.lever, self.depth = lever, min(max(1, depth), DEPTH_MAX)  # (a depth it gives is at most this)
         self.depths: dict[int, int] = {}  # under the depth lever: each slot's depth (0: its forwarder's)
         self.guests: dict[tuple[int, str], _Guest] = {}
         self.probe: _Probe | None = None
@@ -356,4 +357,4 @@ def apply_step(page, ctl: ShareController, now: float) -> None:
         return
     for slot, hold in ctl.step(now, seen_on(page)).items():
         page.set_hold(slot, hold)
-        page.set_depth(slot, min(ctl.depths.get(slot, 0), DEPTH_MAX))
+        page.set_depth(slot, ctl.depths.get(slot, 0))

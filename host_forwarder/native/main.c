@@ -104,7 +104,7 @@ struct options {
 	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
 	struct sched_share share[VG_MAX_DEVICES];
 	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
-	const char *mps_priority;
+	int mps_priority; /* VH_MPS_PRIO_*, or -1: not given */
 	const char *mps_dir;
 	uint64_t create;
 	struct vmgpu_shm_params params;
@@ -235,10 +235,13 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		case 'P': o->allow_pageable = 1; break;
 		case 'M': o->mps_dir = optarg; break;
 		case 'Y':
-			if (strcmp(optarg, "auto") && strcmp(optarg, "normal") && strcmp(optarg, "below") &&
-			    strcmp(optarg, "driver"))
+			o->mps_priority = !strcmp(optarg, "auto")     ? VH_MPS_PRIO_AUTO
+					  : !strcmp(optarg, "normal") ? VH_MPS_PRIO_NORMAL
+					  : !strcmp(optarg, "below")  ? VH_MPS_PRIO_BELOW
+					  : !strcmp(optarg, "driver") ? VH_MPS_PRIO_DRIVER
+								      : -1;
+			if (o->mps_priority < 0)
 				return vh_die("--mps-priority: '%s' is not auto, normal, below or driver", optarg);
-			o->mps_priority = optarg;
 			break;
 		case 'T':
 			if (vh_parse_size(optarg, &v) || v < 1 || v > 100)
@@ -271,7 +274,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 static int use_mps(struct options *o)
 {
 	if (!o->mps_dir) {
-		if (o->mps_threads || o->mps_priority)
+		if (o->mps_threads || o->mps_priority >= 0)
 			return vh_die("%s needs --mps DIR", o->mps_threads ? "--mps-threads" : "--mps-priority");
 		return 0;
 	}
@@ -290,12 +293,7 @@ static int use_mps(struct options *o)
 	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct, 1);
 	for (int d = 0; d < VG_MAX_DEVICES; d++)
 		F.high_opt[d] = o->share[d].priority == VMGPU_SCHED_PRIO_HIGH;
-	/* (set by each worker: vh_worker) */
-	const char *mode = o->mps_priority ? o->mps_priority : "auto";
-	F.mps_priority = !strcmp(mode, "auto")	  ? VH_MPS_PRIO_AUTO
-			 : !strcmp(mode, "normal") ? VH_MPS_PRIO_NORMAL
-			 : !strcmp(mode, "below")  ? VH_MPS_PRIO_BELOW
-						   : VH_MPS_PRIO_DRIVER;
+	F.mps_priority = o->mps_priority >= 0 ? o->mps_priority : VH_MPS_PRIO_AUTO; /* (set by each worker: vh_worker) */
 	return 0;
 }
 
@@ -384,7 +382,7 @@ static int map_shared_rows(uint32_t nchannels)
 
 int main(int argc, char **argv)
 {
-	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR")};
+	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR"), .mps_priority = -1};
 	for (int i = 0; i < VG_MAX_DEVICES; i++)
 		o.share[i] = (struct sched_share){.weight = 100, .priority = VMGPU_SCHED_PRIO_NORMAL};
 	vmgpu_shm_params_default(&o.params);

@@ -229,6 +229,7 @@ def top_frame(d: dict) -> Table:
     """One frame of `vmgpu top`: per guest and GPU, memory in use against the quota and the
     share of the GPU's time it held over the last interval (reports.top)."""
     policy = {g["index"]: g["policy"] for g in d["gpus"]}
+    held = any_held(d)  # (a column only where a GPU is under shared)
     t = Table(
         title=f"vmgpu top: {len(d['gpus'])} GPU(s), {len({s['guest'] for s in d['guests']})} guest(s); "
         f"compute over the last {d['interval_s']:g} s",
@@ -242,7 +243,7 @@ def top_frame(d: dict) -> Table:
         ("", "left"),
         ("compute now", "right"),
         ("", "left"),
-        *((("held", "right"),) if any_held(d) else ()),
+        *((("held", "right"),) if held else ()),
         ("weight", "right"),
         ("policy", "left"),
         ("procs", "right"),
@@ -259,7 +260,7 @@ def top_frame(d: dict) -> Table:
             _bar(None if used is None else used / s["mem_mib"]),
             percent(now),
             _bar(None if now is None else now / 100),
-            *((held_cell(s),) if any_held(d) else ()),
+            *((held_cell(s),) if held else ()),
             str(s["weight"]),
             policy.get(s["gpu"], "-"),
             str(f["processes"]) if f else "-",
