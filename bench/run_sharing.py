@@ -66,7 +66,7 @@ TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
-LEVER = ["time"]  # how the share controller holds a guest back (--lever)
+LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
 INFER = ["torch_infer.py"]
 
 
@@ -150,14 +150,23 @@ class Guests:
 
 
 def shared_pair(
-    g: Guests, run: Run, rows, summary, solo: float, mps_pipe: str | None = None, trace=None, light_below=False
+    g: Guests,
+    run: Run,
+    rows,
+    summary,
+    solo: float,
+    mps_pipe: str | None = None,
+    trace=None,
+    light_below=False,
+    lever: str = "time",
 ) -> None:
     """Two trainers at 30/70 under the shared policy (on MPS if mps_pipe), its controller running
     as vmgpud runs it: their row, with the holds it gave them on average (%), and their parts'
     largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
-    MPS; `_light_below` where the weight-30 guest's MPS client priority is below normal and the
-    other's normal, so that the SMs run the heavier guest's kernels first and the light one fills
-    what they leave); what the controller saw every 0.5 s, and at each look in a probe, to `trace`."""
+    MPS; `_depth` held by the depth lever; `_light_below` where the weight-30 guest's MPS client
+    priority is below normal and the other's normal, so that the SMs run the heavier guest's
+    kernels first and the light one fills what they leave); what the controller saw every 0.5 s,
+    and at each look in a probe, to `trace`."""
     flags = ("--mps", mps_pipe) if mps_pipe else ()
     light, heavy = (("--mps-priority", "below"), ("--mps-priority", "normal")) if light_below else ((), ())
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
@@ -165,7 +174,7 @@ def shared_pair(
     names = g.names[-2:]
     g.policy("shared")
     stop, holds = threading.Event(), {n: [] for n in names}
-    ctl = share_control.ShareController(**PROBE, lever=LEVER[0], depth=g.depth or share_control.DEPTH)
+    ctl = share_control.ShareController(**PROBE, lever=lever, depth=g.depth or share_control.DEPTH)
     looks = [0]
 
     def seen(members, ctl):
@@ -185,7 +194,8 @@ def shared_pair(
             share_control.run(pg, stop, controller=ctl, after=seen)
 
     if trace is not None:
-        trace.write(f"== shared {' '.join(flags)}{' (light guest below normal)' if light_below else ''}: {names}\n")
+        below = " (light guest below normal)" if light_below else ""
+        trace.write(f"== shared {' '.join(flags)}{below}, lever {lever}: {names}\n")
     t = threading.Thread(target=control, daemon=True)
     t.start()  # from the start: guests are measured alone while they warm up too, as in a host's life
     try:
@@ -199,10 +209,14 @@ def shared_pair(
         g.stop()
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
     rates = [o["img_per_s"] for o in out]
-    key = ("" if mps_pipe else "_no_mps") + ("_light_below" if light_below else "")
+    key = (
+        ("" if mps_pipe else "_no_mps")
+        + ("_depth" if lever == "depth" else "")
+        + ("_light_below" if light_below else "")
+    )
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     what += ", the light guest's MPS client priority below normal" if light_below else ""
-    what += ", held by depth" if LEVER[0] == "depth" else ""
+    what += ", held by depth" if lever == "depth" else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
 
@@ -242,7 +256,7 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
         pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
         mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
         text += f", MPS (native) {mps_total:.2f}"
-    for key in ("", "_light_below", "_no_mps"):
+    for key in ("", "_light_below", "_no_mps", "_depth", "_depth_light_below", "_no_mps_depth"):
         if f"shared_total{key}" in summary:
             summary[f"aggregate_shared_vs_nosched{key}"] = summary[f"shared_total{key}"] / nosched
             if mps_total:
@@ -507,10 +521,10 @@ def main() -> int:
     )
     ap.add_argument(
         "--lever",
-        choices=share_control.LEVERS,
         default="time",
         help="how the shared rows' controller holds a guest back: the first part of each period (time, "
-        "as vmgpud does), or how much of its work the GPU has at once (depth: its part of --depth)",
+        "as vmgpud does), or how much of its work the GPU has at once (depth: its part of --depth); "
+        "time,depth runs the shared rows once with each, beside the same references",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
@@ -520,7 +534,9 @@ def main() -> int:
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
     PRIO_RUNS[0] = max(1, a.prio_runs)
-    LEVER[0] = a.lever
+    LEVERS[:] = a.lever.split(",")
+    if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
+        ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")
     skip = set(filter(None, a.skip.split(",")))
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)
@@ -598,10 +614,10 @@ def main() -> int:
                     v30, v70 = run.together(envs)
                     g.policy("weighted")
                     g.stop()
-                    if "shared" not in skip:
-                        shared_pair(g, run, rows, summary, solo, pipe, trace)
-                    if "shared" not in skip and "sharedbelow" not in skip:
-                        shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True)
+                    for lever in LEVERS if "shared" not in skip else ():
+                        shared_pair(g, run, rows, summary, solo, pipe, trace, lever=lever)
+                        if "sharedbelow" not in skip:
+                            shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True, lever=lever)
                 finally:
                     mps_stop(mps)
                 mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
@@ -633,13 +649,16 @@ def main() -> int:
                     if a.depths:
                         depths = [int(d) for d in a.depths.split(",")]
                         depth_rows(g, run, rows, solo, depths, mps["CUDA_MPS_PIPE_DIRECTORY"], a.seconds)
-                    if "shared" not in skip:
-                        shared_pair(g, run, rows, summary, solo, mps["CUDA_MPS_PIPE_DIRECTORY"], trace)
-                        agg += f" on MPS {summary['shared_total']:.2f}"
-                    if "shared" not in skip and "sharedbelow" not in skip:
-                        pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
-                        shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True)
-                        agg += f", light guest below normal {summary['shared_total_light_below']:.2f}"
+                    pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
+                    for lever in LEVERS if "shared" not in skip else ():
+                        by = "_depth" if lever == "depth" else ""
+                        shared_pair(g, run, rows, summary, solo, pipe, trace, lever=lever)
+                        agg += (
+                            f"{',' if lever != LEVERS[0] else ''} on MPS by {lever} {summary[f'shared_total{by}']:.2f}"
+                        )
+                        if "sharedbelow" not in skip:
+                            shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True, lever=lever)
+                            agg += f", light guest below normal {summary[f'shared_total{by}_light_below']:.2f}"
                 finally:
                     mps_stop(mps)
             if "shared" not in skip and "nomps" not in skip:
