@@ -30,7 +30,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
             the inference guest left (1 - its busy share alone); again under shared on MPS
             (sharedprio), side by side, the trainer's work waiting while the inference guest's goes,
-            with the forwarders' MPS client priorities and without (--prio-runs times each)
+            with the forwarders' MPS client priorities and without, and with the trainer's
+            --yield-depth at each of --yield-depths (--prio-runs times each)
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -66,6 +67,7 @@ TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
+YIELD_DEPTHS: list[int] = []  # the sharedprio scenario again with the forwarders' --yield-depth at each
 LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
 INFER = ["torch_infer.py"]
 
@@ -282,10 +284,15 @@ def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict
     by side, the trainer's work waiting while the inference guest's goes; no holds (the busy guests
     of the highest priority share among themselves, and here that is one guest).  Twice: with the
     MPS client priorities the forwarders set (the trainer's kernels below normal), and without
-    (--mps-priority driver), to show what they add; each --prio-runs times, by turns."""
+    (--mps-priority driver), to show what they add; and with each --yield-depths (the trainer held
+    to that depth for half a second after the inference guest's last work); each --prio-runs
+    times, by turns."""
     ways = (
         ((), "priority on shared (MPS)", "_shared"),
         (("--mps-priority", "driver"), "priority on shared (MPS), no client priority", "_shared_no_client_prio"),
+    ) + tuple(
+        (("--yield-depth", str(y)), f"priority on shared (MPS), yield depth {y}", f"_shared_yield{y}")
+        for y in YIELD_DEPTHS
     )
     for i, (flags, what, key) in enumerate(ways * PRIO_RUNS[0]):
         if i >= len(ways):  # a run after the first: its own rows and keys
@@ -520,6 +527,11 @@ def main() -> int:
         "--prio-runs", type=int, default=1, help="run the sharedprio scenario this many times each way (default 1)"
     )
     ap.add_argument(
+        "--yield-depths",
+        default="",
+        help="comma-separated depths: the sharedprio scenario again with the forwarders' --yield-depth at each",
+    )
+    ap.add_argument(
         "--lever",
         default="time",
         help="how the shared rows' controller holds a guest back: the first part of each period (time, "
@@ -534,6 +546,7 @@ def main() -> int:
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
     PRIO_RUNS[0] = max(1, a.prio_runs)
+    YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
     LEVERS[:] = a.lever.split(",")
     if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
         ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")

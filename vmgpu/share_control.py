@@ -33,10 +33,14 @@ a guest of a higher priority puts work on the GPU, a lower one's work waits in i
 (sched_page.c), so only the busy guests of the highest priority share here; the lower ones are
 neither held nor probed.
 
-The lever is time (the hold) by default; with `lever="depth"` a guest is held back instead by how
-much of its work the GPU may have at once (the slot's `depth` word: its open part of the
-forwarders' depth), so that it keeps running beside the others rather than taking turns with
-them; a cap still holds by time.  (The depth lever is not yet measured on a GPU; vmgpud uses time.)
+The lever is time (the hold) by default.  With `lever="depth"` a guest is held back first by how
+much of its work the GPU may have at once (the slot's `depth` word), so that it keeps running
+beside the others rather than taking turns with them, and by time only where that is not enough:
+its open part from 1 down to DEPTH_PART narrows its depth from the forwarders' down to one
+unfinished piece of work, on a log scale (a depth matters only once it is small: on an H100 a
+trainer at 19 of 64 still took half the GPU beside another); below DEPTH_PART it runs at depth
+one and is held the first part of each period as under time, open/DEPTH_PART of it left open.
+A cap holds by time under either lever.
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
@@ -68,6 +72,7 @@ FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sha
 RANKS = {"low": 0, "normal": 1, "high": 2}
 LEVERS = ("time", "depth")  # how a guest is held back: the first part of each period, or its depth
 DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
+DEPTH_PART = 0.5  # under the depth lever: an open part above this narrows the depth; below, time holds too
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
 
 
@@ -291,9 +296,11 @@ class ShareController:
             )
         # a capped guest its weight would open past its cap is held by its cap alone, and nobody
         # else is held for a part it cannot take (its cap, not its weight, is then its share)
-        bound = [k for k in shared if self.guests[k].ceiling < 1 and self.guests[k].open >= self.guests[k].ceiling]
-        for k in bound:
-            self.guests[k].open = self.guests[k].ceiling
+        bound = [
+            k for k in shared if self.guests[k].ceiling < 1 and self._open(self.guests[k]) >= self.guests[k].ceiling
+        ]
+        for k in bound:  # (under the depth lever at its full depth: its cap's hold is all that holds it)
+            self.guests[k].open = self.guests[k].ceiling if self.lever == "time" else 1.0
         free = [k for k in shared if k not in bound]
         if not free:
             return
@@ -304,18 +311,29 @@ class ShareController:
             # progress or another's is measured: a guest can choose its calls (many cheap ones
             # while alone, few large ones beside the others) and so look short of its part, but
             # what it can take from another that way is bounded: the other still runs at least
-            # its part of every period, the time weighted turns would give it
-            g.open = min(1.0, max(LEAST_OPEN, targets[k], g.open / top))
+            # its part of every period, the time weighted turns would give it (under the depth
+            # lever at depth one for the rest)
+            floor = targets[k] * (DEPTH_PART if self.lever == "depth" else 1.0)
+            g.open = min(1.0, max(LEAST_OPEN, floor, g.open / top))
+
+    def _open(self, g: _Guest) -> float:
+        """The part of each period its weight leaves its work (before its cap): its open part under
+        time; under the depth lever all of it down to DEPTH_PART, less below."""
+        return g.open if self.lever == "time" else min(1.0, g.open / DEPTH_PART)
 
     def _hold(self, g: _Guest) -> int:
         """The part of each period its work waits (per mille): what it may not have of it, by its
-        weight and by its cap; under the depth lever by its cap alone (its weight is its depth)."""
-        return int(round(1000 * (1 - (g.ceiling if self.lever == "depth" else min(g.open, g.ceiling)))))
+        weight and by its cap."""
+        return int(round(1000 * (1 - min(self._open(g), g.ceiling))))
 
     def _depth(self, g: _Guest) -> int:
-        """Under the depth lever: how much of its work the GPU may have at once, its open part of
-        the forwarders' depth (0: theirs, not held)."""
-        return 0 if g.open >= 1.0 else max(1, int(round(self.depth * g.open)))
+        """Under the depth lever: how much of its work the GPU may have at once (0: the
+        forwarders' depth, not held), from theirs at an open part of 1 down to one at DEPTH_PART,
+        evenly on a log scale."""
+        if g.open >= 1.0:
+            return 0
+        x = max(0.0, (g.open - DEPTH_PART) / (1 - DEPTH_PART))
+        return max(1, int(round(self.depth**x)))
 
 
 def seen_on(page) -> list[Seen]:

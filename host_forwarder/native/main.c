@@ -74,6 +74,10 @@ static void usage(FILE *f)
 		"  --sched-depth N     beside a guest of a higher priority, at most N of a guest process's calls\n"
 		"                      that put work on the GPU may be unfinished there (0..1024, default 32;\n"
 		"                      0: no limit): the higher guest waits behind no more of its work than that\n"
+		"  --yield-depth N     under shared, for half a second after a guest of a higher priority last\n"
+		"                      put work on the GPU, at most N of a process's calls may be unfinished\n"
+		"                      there where N is less than --sched-depth (0..1024, default 0: none), so\n"
+		"                      that the higher guest's next work finds little of this one's ahead of it\n"
 		"  --mps DIR           serve the guest as a client of the MPS control daemon whose pipe\n"
 		"                      directory is DIR (root's, writable by no one else): its kernels run\n"
 		"                      beside other clients' on the GPU (time them with the GPU's policy:\n"
@@ -164,7 +168,8 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
-		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"sched-depth", 1, 0, 'Q'}, {0, 0, 0, 0},
+		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"sched-depth", 1, 0, 'Q'},
+		{"yield-depth", 1, 0, 'y'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -252,6 +257,11 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			if (vh_parse_size(optarg, &v) || v > VH_DEPTH_MAX)
 				return vh_die("--sched-depth: '%s' is not a number in 0..%d", optarg, VH_DEPTH_MAX);
 			F.sched_depth = (int)v;
+			break;
+		case 'y':
+			if (vh_parse_size(optarg, &v) || v > VH_DEPTH_MAX)
+				return vh_die("--yield-depth: '%s' is not a number in 0..%d", optarg, VH_DEPTH_MAX);
+			F.yield_depth = (int)v;
 			break;
 		case 'h': usage(stdout); *status = 0; return -1;
 		default: usage(stderr); *status = 2; return -1;

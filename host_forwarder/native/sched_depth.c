@@ -135,7 +135,8 @@ static void retire(struct vh_chan *ch, struct depth *q)
 }
 
 /* The depth a call is held to: the forwarder's, or under shared the share controller's for this
- * guest where that is less (its slot's depth word; 0: none). */
+ * guest where that is less (its slot's depth word; 0: none), and --yield-depth where that is less
+ * while a guest of a higher priority is near (vh_sched.h, near_higher). */
 static uint32_t limit_of(struct vh_chan *ch)
 {
 	uint32_t limit = (uint32_t)ch->fwd->sched_depth;
@@ -144,6 +145,9 @@ static uint32_t limit_of(struct vh_chan *ch)
 		uint32_t mine = atomic_load(&s->pg->slot[s->me].depth);
 		if (mine && mine < limit)
 			limit = mine;
+		uint32_t near = (uint32_t)ch->fwd->yield_depth;
+		if (near && near < limit && atomic_load(&s->near_higher))
+			limit = near;
 	}
 	return limit;
 }

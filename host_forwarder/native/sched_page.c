@@ -397,6 +397,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * measures (unheld, a trainer ran ahead at its rate alone while the GPU did half as much) */
 	atomic_store(&s->bounded, shared || sched_higher_member(pg, s->me));
 	atomic_store(&s->yield, shared && higher_at_work(s, now));
+	atomic_store(&s->near_higher, shared && s->higher_at && now - s->higher_at < VH_NEAR_HIGHER_NS);
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {

@@ -33,6 +33,9 @@
 /* under shared, a guest of a higher priority whose work calls have not moved for this long no
  * longer holds the lower ones back (its requests' kernels come closer together than that) */
 #define VH_YIELD_QUIET_NS 3000000ull
+/* under shared, for this long after a guest of a higher priority last put work on the GPU, a lower
+ * one is held to its forwarder's --yield-depth (the higher guest's next request is near) */
+#define VH_NEAR_HIGHER_NS 500000000ull
 
 struct vh_fwd;
 
@@ -53,6 +56,9 @@ struct vh_sched {
 	 * VH_YIELD_QUIET_NS (its work_calls moved, as this worker's tick saw them), so this one's work
 	 * waits in its ring (set by the tick, read at the gate) */
 	_Atomic int yield;
+	/* under shared: such a guest put work on the GPU within the last VH_NEAR_HIGHER_NS, so this
+	 * one's work is held to --yield-depth (set by the tick, read at the depth: sched_depth.c) */
+	_Atomic int near_higher;
 	uint64_t higher_seen[VMGPU_SCHED_SLOTS], higher_at;
 	uint64_t swept_at;         /* the supervisor's last look for members that are gone */
 };

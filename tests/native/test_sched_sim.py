@@ -461,7 +461,8 @@ def test_a_refused_end_of_capture_does_not_end_the_count_of_open_captures(sched_
     assert p.returncode == 0 and "capture ok" in p.stdout, p.stdout + p.stderr
 
 
-def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
+@pytest.mark.parametrize("flag", ["--sched-depth", "--yield-depth"])
+def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path, flag):
     for bad in ("1025", "-1", "deep"):
         p = subprocess.run(
             [
@@ -470,14 +471,14 @@ def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path):
                 str(tmp_path / "r"),
                 "--backend",
                 "sim",
-                "--sched-depth",
+                flag,
                 bad,
             ],
             capture_output=True,
             text=True,
             timeout=30,
         )
-        assert p.returncode != 0 and f"--sched-depth: '{bad}' is not a number in 0..1024" in p.stderr, p.stderr
+        assert p.returncode != 0 and f"{flag}: '{bad}' is not a number in 0..1024" in p.stderr, p.stderr
 
 
 ACROSS = r"""
@@ -1109,6 +1110,31 @@ def test_under_shared_a_lower_guest_waits_while_a_higher_one_has_work(sched_dir,
             after = _ops(_spin(a, 1))
             assert after > 0.2 * alone, (after, alone)  # ... and the lower one is not held for it
             assert pg.owner < 0 and all(m.turns == 0 for m in pg.members())  # still no turns
+
+
+def test_under_shared_a_lower_guest_near_a_higher_one_is_held_to_its_yield_depth(sched_dir, tmp_path):
+    """--yield-depth: for half a second after a higher guest last put work on the GPU, a lower one
+    has at most that much of its work unfinished there (4, events 20 ms late: at most 200 memsets
+    a second; its --sched-depth of 64 allows 3,200), so that the higher guest's next request finds
+    little ahead of it; after that the lower one goes at its own depth again."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    low = ("--priority", "low", "--sched-depth", "64", "--yield-depth", "4")
+    with forwarder(a, env={"VMGPU_SIM_EVENT_LAG_US": "20000"}, extra=low), forwarder(b, extra=("--priority", "high")):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            lo = _spin(a, 4)
+            assert wait_for(lambda: _calls(pg)["a"] > 0, timeout=10)
+            assert _ops(_spin(b, 0.2)) > 0  # the higher guest works a moment, then is gone
+            c0, t0 = _calls(pg)["a"], time.monotonic()
+            time.sleep(0.35)
+            c1, t1 = _calls(pg)["a"], time.monotonic()
+            near = (c1 - c0) / (t1 - t0)  # (from its last call: within 0.5 s of it throughout)
+            time.sleep(0.4)
+            c2, t2 = _calls(pg)["a"], time.monotonic()
+            time.sleep(0.5)
+            far = (_calls(pg)["a"] - c2) / (time.monotonic() - t2)
+            assert _ops(lo) > 0
+    assert near <= 260 and far > 3 * near, (near, far)
 
 
 def test_the_share_controller_probes_live_forwarders_and_lifts_its_holds_off_shared(sched_dir, tmp_path):
