@@ -67,6 +67,7 @@ TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
+SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
 YIELD_DEPTHS: list[int] = []  # the sharedprio scenario again with the forwarders' --yield-depth at each
 LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
 INFER = ["torch_infer.py"]
@@ -161,16 +162,21 @@ def shared_pair(
     trace=None,
     light_below=False,
     lever: str = "time",
+    threads: tuple[int, int] | None = None,
 ) -> None:
     """Two trainers at 30/70 under the shared policy (on MPS if mps_pipe), its controller running
     as vmgpud runs it: their row, with the holds it gave them on average (%), and their parts'
     largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
     MPS; `_depth` held by the depth lever; `_light_below` where the weight-30 guest's MPS client
     priority is below normal and the other's normal, so that the SMs run the heavier guest's
-    kernels first and the light one fills what they leave); what the controller saw every 0.5 s,
+    kernels first and the light one fills what they leave; `_threads{N}` where the light guest's
+    MPS active-thread percentage is threads[0] and the other's threads[1]: partitions that the
+    controller corrects); what the controller saw every 0.5 s,
     and at each look in a probe, to `trace`."""
     flags = ("--mps", mps_pipe) if mps_pipe else ()
     light, heavy = (("--mps-priority", "below"), ("--mps-priority", "normal")) if light_below else ((), ())
+    if threads:
+        light, heavy = (*light, "--mps-threads", str(threads[0])), (*heavy, "--mps-threads", str(threads[1]))
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
     envs = [(train, g.env("--weight", "30", *flags, *light)), (train, g.env("--weight", "70", *flags, *heavy))]
     names = g.names[-2:]
@@ -215,10 +221,12 @@ def shared_pair(
         ("" if mps_pipe else "_no_mps")
         + ("_depth" if lever == "depth" else "")
         + ("_light_below" if light_below else "")
+        + (f"_threads{threads[0]}" if threads else "")
     )
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     what += ", the light guest's MPS client priority below normal" if light_below else ""
     what += ", held by depth" if lever == "depth" else ""
+    what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
 
@@ -258,7 +266,7 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
         pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
         mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
         text += f", MPS (native) {mps_total:.2f}"
-    for key in ("", "_light_below", "_no_mps", "_depth", "_depth_light_below", "_no_mps_depth"):
+    for key in [k.removeprefix("shared_total") for k in list(summary) if k.startswith("shared_total")]:
         if f"shared_total{key}" in summary:
             summary[f"aggregate_shared_vs_nosched{key}"] = summary[f"shared_total{key}"] / nosched
             if mps_total:
@@ -527,6 +535,12 @@ def main() -> int:
         "--prio-runs", type=int, default=1, help="run the sharedprio scenario this many times each way (default 1)"
     )
     ap.add_argument(
+        "--shared-threads",
+        default="",
+        help="LIGHT/HEAVY,...: the shared pair on MPS again (time lever) with the light and heavy guests' MPS "
+        "active-thread percentages at each (where the weights rows are skipped)",
+    )
+    ap.add_argument(
         "--yield-depths",
         default="",
         help="comma-separated depths: the sharedprio scenario again with the forwarders' --yield-depth at each",
@@ -547,6 +561,7 @@ def main() -> int:
     SHARED_LEAD[0] = a.shared_lead
     PRIO_RUNS[0] = max(1, a.prio_runs)
     YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
+    SHARED_THREADS[:] = [tuple(int(x) for x in t.split("/")) for t in a.shared_threads.split(",") if t]
     LEVERS[:] = a.lever.split(",")
     if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
         ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")
@@ -672,6 +687,9 @@ def main() -> int:
                         if "sharedbelow" not in skip:
                             shared_pair(g, run, rows, summary, solo, pipe, trace, light_below=True, lever=lever)
                             agg += f", light guest below normal {summary[f'shared_total{by}_light_below']:.2f}"
+                    for th in SHARED_THREADS if "shared" not in skip else ():
+                        shared_pair(g, run, rows, summary, solo, pipe, trace, threads=th)
+                        agg += f", threads {th[0]}/{th[1]} {summary[f'shared_total_threads{th[0]}']:.2f}"
                 finally:
                     mps_stop(mps)
             if "shared" not in skip and "nomps" not in skip:
