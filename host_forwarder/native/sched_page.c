@@ -245,7 +245,7 @@ static int pass_now(struct vh_sched *s, struct vmgpu_sched_slot *g)
 	if (policy == VMGPU_SCHED_SHARED) { /* no turns: held only the part of the period the controller says, */
 		if (atomic_load(&s->yield))    /* and while a guest of a higher priority has work */
 			return 0;
-		if (atomic_load(&g->hold) && sched_held_ns(pg, g, now_ns()))
+		if (atomic_load(&g->hold) && sched_held_ns(pg, g, now_ns(), atomic_load(&s->alone)))
 			return 0;
 	} else if (policy != VMGPU_SCHED_NATIVE && (atomic_load(&pg->owner) != s->me || atomic_load(&g->draining))) {
 		return 0;
@@ -290,7 +290,7 @@ uint64_t vh_sched_enter(struct vh_sched *s)
 			nanosleep(&t, NULL);
 			continue;
 		}
-		uint64_t held = sched_held_ns(pg, g, now_ns());
+		uint64_t held = sched_held_ns(pg, g, now_ns(), atomic_load(&s->alone));
 		if (held) { /* shared: until the held part of the period is over, looking again at least
 			     * every 2 ms (the controller may lift the hold) */
 			struct timespec t = {0, (long)(held < 2000000 ? held : 2000000)};
@@ -372,6 +372,28 @@ static int higher_at_work(struct vh_sched *s, uint64_t now)
 	return s->higher_at && now - s->higher_at < VH_YIELD_QUIET_NS;
 }
 
+/* Under shared: is any other member of this one's priority or above at work?  One with work
+ * waiting is; so is one whose work calls moved within VH_PEERS_QUIET_NS, as this worker's ticks
+ * saw them (a member first seen with calls counts as at work). */
+static int peers_at_work(struct vh_sched *s, uint64_t now)
+{
+	struct vmgpu_sched_page *pg = s->pg;
+	int mine = sched_rank(&pg->slot[s->me]), at_work = 0;
+	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
+		struct vmgpu_sched_slot *g = &pg->slot[i];
+		if (i == s->me || !atomic_load(&g->pid) || sched_rank(g) < mine)
+			continue;
+		uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
+		if (calls != s->peer_seen[i]) {
+			s->peer_seen[i] = calls;
+			s->peer_at[i] = now;
+		}
+		if (atomic_load(&g->waiters) || (s->peer_at[i] && now - s->peer_at[i] < VH_PEERS_QUIET_NS))
+			at_work = 1;
+	}
+	return at_work;
+}
+
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx)
 {
 	struct vmgpu_sched_page *pg = s->pg;
@@ -398,6 +420,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	atomic_store(&s->bounded, shared || sched_higher_member(pg, s->me));
 	atomic_store(&s->yield, shared && higher_at_work(s, now));
 	atomic_store(&s->near_higher, shared && s->higher_at && now - s->higher_at < VH_NEAR_HIGHER_NS);
+	atomic_store(&s->alone, shared && !peers_at_work(s, now));
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {

@@ -292,10 +292,14 @@ int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now)
 	return lower;
 }
 
-uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
+uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now, int alone)
 {
-	uint32_t hold = atomic_load(&g->hold);
+	uint32_t hold = atomic_load(&g->hold), cap = atomic_load(&g->cap);
 	uint64_t period = period_ns(pg);
+	if (alone) {
+		uint32_t by_cap = cap && cap < 100 ? 1000 - 10 * cap : 0;
+		hold = hold < by_cap ? hold : by_cap;
+	}
 	if (atomic_load(&pg->policy) != VMGPU_SCHED_SHARED || !hold)
 		return 0;
 	if (!period)

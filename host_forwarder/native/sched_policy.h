@@ -99,9 +99,12 @@ void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_
 
 /* Under the shared policy: how long from now until g's work may pass (0: at once).  g is held the
  * first hold per mille of every period (the page's period_us, on the common CLOCK_MONOTONIC, so
- * every guest's period begins together); at 1000 and above, held throughout.  Under every other
+ * every guest's period begins together); at 1000 and above, held throughout.  alone: no other
+ * guest of its priority or above is at work (vh_sched.h, alone), so that it is held only as far
+ * as its cap holds it (1000 - 10 x cap; not at all without one): a hold is there to give the
+ * others the GPU, and an idle guest's share goes to the busy ones at once.  Under every other
  * policy, 0: turns decide. */
-uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now);
+uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now, int alone);
 
 /* A worker thread of member me begins to wait for the GPU at now: counted a waiter; the first
  * waiter of a guest that neither holds the GPU nor had a turn for SCHED_RECENT_NS marks it back

@@ -503,25 +503,36 @@ static void shared_holds_only_the_first_part_of_each_period(void)
 	sim_pair(&s, VMGPU_SCHED_SHARED, 30, 70, 1);
 	struct vmgpu_sched_slot *a = &s.pg.slot[A];
 	uint64_t period = SCHED_DEFAULT_PERIOD_US * 1000ull, start = 1000 * SEC; /* a period begins at 1000 s */
-	check(sched_held_ns(&s.pg, a, start) == 0, "shared, hold 0: passes at once");
+	check(sched_held_ns(&s.pg, a, start, 0) == 0, "shared, hold 0: passes at once");
 	atomic_store(&a->hold, 250);
 	uint64_t passes = 0, steps = 0;
 	for (uint64_t t = start; t < start + 10 * period; t += TICK, steps++)
-		passes += sched_held_ns(&s.pg, a, t) == 0;
+		passes += sched_held_ns(&s.pg, a, t, 0) == 0;
 	check(passes * 1000 / steps == 750, "hold 250: passes %llu of 1000 looks", (unsigned long long)(passes * 1000 / steps));
-	check(sched_held_ns(&s.pg, a, start) == period / 4, "held at a period's start until a quarter in (%llu ns)",
-	      (unsigned long long)sched_held_ns(&s.pg, a, start));
-	check(sched_held_ns(&s.pg, a, start + period / 4) == 0, "open from a quarter in");
-	check(sched_held_ns(&s.pg, &s.pg.slot[B], start) == 0, "the other guest, not held, passes");
+	check(sched_held_ns(&s.pg, a, start, 0) == period / 4, "held at a period's start until a quarter in (%llu ns)",
+	      (unsigned long long)sched_held_ns(&s.pg, a, start, 0));
+	check(sched_held_ns(&s.pg, a, start + period / 4, 0) == 0, "open from a quarter in");
+	check(sched_held_ns(&s.pg, &s.pg.slot[B], start, 0) == 0, "the other guest, not held, passes");
 	atomic_store(&a->hold, 1000);
-	check(sched_held_ns(&s.pg, a, start + period / 2) == period / 2, "hold 1000: held to the period's end");
+	check(sched_held_ns(&s.pg, a, start + period / 2, 0) == period / 2, "hold 1000: held to the period's end");
 	atomic_store(&a->hold, 5000);
-	check(sched_held_ns(&s.pg, a, start + period - 1) == 1, "a hold past 1000 is 1000");
+	check(sched_held_ns(&s.pg, a, start + period - 1, 0) == 1, "a hold past 1000 is 1000");
 	atomic_store(&s.pg.period_us, 0);
 	atomic_store(&a->hold, 500);
-	check(sched_held_ns(&s.pg, a, start) == period / 2, "period 0 on the page: the default period");
+	check(sched_held_ns(&s.pg, a, start, 0) == period / 2, "period 0 on the page: the default period");
+	/* alone (no other guest at work): held only as far as its cap holds it */
+	check(sched_held_ns(&s.pg, a, start, 1) == 0, "alone without a cap: not held");
+	atomic_store(&a->cap, 30);
+	check(sched_held_ns(&s.pg, a, start, 1) == period / 2, "alone, hold 500 and cap 30: the hold (less than the cap's 700)");
+	atomic_store(&a->hold, 900);
+	check(sched_held_ns(&s.pg, a, start, 1) == period * 7 / 10, "alone, hold 900 and cap 30: the cap's 700");
+	check(sched_held_ns(&s.pg, a, start, 0) == period * 9 / 10, "beside others at work: the hold, 900");
+	atomic_store(&a->cap, 100);
+	check(sched_held_ns(&s.pg, a, start, 1) == 0, "alone with a cap of 100: not held");
+	atomic_store(&a->cap, 0);
+	atomic_store(&a->hold, 500);
 	atomic_store(&s.pg.policy, VMGPU_SCHED_WEIGHTED);
-	check(sched_held_ns(&s.pg, a, start) == 0, "under weighted a hold means nothing (turns decide)");
+	check(sched_held_ns(&s.pg, a, start, 0) == 0, "under weighted a hold means nothing (turns decide)");
 	atomic_store(&s.pg.policy, VMGPU_SCHED_SHARED);
 	atomic_store(&a->priority, VMGPU_SCHED_PRIO_LOW);
 	atomic_store(&s.pg.slot[B].priority, VMGPU_SCHED_PRIO_HIGH);

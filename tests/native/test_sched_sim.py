@@ -1090,6 +1090,56 @@ def test_shared_takes_no_turns_and_holds_a_guest_as_its_hold_says(sched_dir, tmp
                 pg.set_hold(slot["a"], 1001)
 
 
+def test_under_shared_a_held_guest_is_let_go_while_no_other_is_at_work(sched_dir, tmp_path):
+    """A hold is there to give the others the GPU: while none of them has work (their calls still
+    for 20 ms, nothing waiting) a held guest goes on, held only by its cap, and it is held again
+    once another works.  a is held throughout (1000) and b idle: a goes on; b works: a stops; b is
+    done: a goes on within a second (20 ms here, with the ticks)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with forwarder(a), forwarder(b):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            slot = {m.guest: m.slot for m in pg.members()}
+            pg.set_hold(slot["a"], 1000)
+            pa = _spin(a, 6)
+            assert wait_for(lambda: _calls(pg)["a"] > 0, timeout=10)  # b idle: a's hold does not hold it
+            pb = _spin(b, 1.5)
+            assert wait_for(lambda: _calls(pg)["b"] > 0, timeout=10)
+            time.sleep(0.2)
+            c0 = _calls(pg)
+            time.sleep(0.8)
+            c1 = _calls(pg)
+            assert c1["a"] == c0["a"] and c1["b"] > c0["b"], (c0, c1)  # b at work: a held throughout
+            assert _ops(pb) > 0
+            c2 = _calls(pg)
+            assert wait_for(lambda: _calls(pg)["a"] > c2["a"], timeout=1), (c2, _calls(pg))  # b done: a goes on
+            assert _ops(pa) > 0
+
+
+def test_under_shared_a_held_guest_with_no_other_at_work_is_still_held_by_its_cap(sched_dir, tmp_path):
+    """Alone, a guest held throughout is held only for its cap: at cap 30, the first 70% of each
+    period.  Its rate is then well above none (held throughout) and well below its rate unheld
+    (not held at all); on the simulated GPU, 10-20% of it (a guest held 70% of each period ramps
+    up again in each open part)."""
+    a = tmp_path / "a"
+    with forwarder(a, extra=("--cap", "30")):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            (m,) = pg.members()
+            pa = _spin(a, 4)
+            assert wait_for(lambda: _calls(pg)["a"] > 0, timeout=10)
+            c0, t0 = _calls(pg)["a"], time.monotonic()
+            time.sleep(1)
+            free = (_calls(pg)["a"] - c0) / (time.monotonic() - t0)
+            pg.set_hold(m.slot, 1000)
+            time.sleep(0.2)
+            c1, t1 = _calls(pg)["a"], time.monotonic()
+            time.sleep(1.5)
+            capped = (_calls(pg)["a"] - c1) / (time.monotonic() - t1)
+            assert _ops(pa) > 0
+    assert 0.03 * free < capped < 0.5 * free, (free, capped)
+
+
 def test_under_shared_a_lower_guest_waits_while_a_higher_one_has_work(sched_dir, tmp_path):
     """No turns under shared, but a high-priority guest's work is never queued behind a lower
     one's: while the higher one's work calls move, the lower one's wait in its ring (what it

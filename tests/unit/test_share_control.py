@@ -43,6 +43,13 @@ class Gpu:
             for i, n in enumerate(self.alone)
         ]
 
+    def _hold(self, n: str) -> int:
+        """n's hold as the gate applies it: while no other guest of its priority or above is busy,
+        only as far as its cap holds it (sched_held_ns, alone)."""
+        if any(self.busy[m] and m != n and self.rank[m] >= self.rank[n] for m in self.alone):
+            return self.holds[n]
+        return min(self.holds[n], 1000 - 10 * self.cap[n] if 0 < self.cap[n] < 100 else 0)
+
     def run(self, ctl: ShareController, seconds: float, dt: float = 0.001) -> dict[str, float]:
         """Run; each guest's calls in this stretch over what it would make alone."""
         start = dict(self.calls)
@@ -54,7 +61,7 @@ class Gpu:
                 self.holds = {n: holds[j] for j, n in enumerate(names)}
                 self.depths = {n: ctl.depths.get(j, 0) or ctl.depth for j, n in enumerate(names)}
             into = t % PERIOD
-            running = [n for n in names if self.busy[n] and into >= self.holds[n] / 1000 * PERIOD]
+            running = [n for n in names if self.busy[n] and into >= self._hold(n) / 1000 * PERIOD]
             top = max((self.rank[n] for n in running), default=0)
             running = [n for n in running if self.rank[n] == top]  # (the gate's yield to a higher guest)
             for n in names:
