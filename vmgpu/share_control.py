@@ -20,9 +20,14 @@ as parts of the whole, p_i / sum(p), against their targets, the weighted policy'
 first, the rest by weight among the busy guests.  A guest ahead of its part is held more, one
 behind held less (a multiplicative step, a tenth of the error's log each look), and the holds are then
 lowered together until the guest held least is not held at all: nobody is held for nothing, and
-an idle guest's share goes to the busy ones.  A guest at 90% of its rate alone is not held; at
-97% it is left out altogether (holding others could not speed it).  No guest is held for more than the rest of its
-target part of each period (a guest at 30% runs at least 30 ms of every 100): progress is
+an idle guest's share goes to the busy ones (at once at the gate, which lets a held guest go
+while no other of its priority or above is at work: sched_held_ns; here at the next look).  A
+change of targets among the same guests (a weight changed live) moves each guest's open part at
+once by its new target over its old, and those holds stand for half a window while rates at them
+are measured (the window's older rates would push past the new targets).  A guest at 90% of its
+rate alone is not held; at 97% it is left out altogether (holding others could not speed it).
+No guest is held for more than the rest of its target part of each period (a guest at 30% runs
+at least 30 ms of every 100): progress is
 measured in calls, which a guest chooses, so a guest can make itself look short of its part and
 have the others held; this bounds what it can take.  A guest's own cap holds its work back all
 but cap% of each period, however the others go: a bound on its time, as under the policies with
@@ -100,6 +105,7 @@ class _Guest:
     steady: int = 0  # probes in a row that agreed with the one before (within 10%): probed less often
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
     short: float | None = None  # its last probe read well short of what was kept: to be checked
+    target: float = 0.0  # its target part at the last look it shared at (0: none yet)
 
 
 @dataclass
@@ -135,6 +141,8 @@ class ShareController:
         self.probe: _Probe | None = None
         self.probe_ended = 0.0
         self.last: dict[str, float] = {}  # each guest's last progress as parts (for traces and tests)
+        self.settle_until = -math.inf  # after a change of targets: the holds it made stand until then,
+        self.settling: set = set()  # while these guests are the busy ones
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -260,6 +268,8 @@ class ShareController:
         return {k: v / total for k, v in raw.items()}
 
     def _control(self, now: float, keys: dict, busy: list) -> None:
+        if now < self.settle_until and set(busy) == self.settling:
+            return  # (the holds a change of targets made, while their rates are measured: _retarget)
         progress = {}
         for k in busy:
             g = self.guests[k]
@@ -287,6 +297,8 @@ class ShareController:
         if not shared:
             return
         targets = self._targets(keys, shared)
+        if self._retarget(now, shared, targets):
+            return  # (stands while half a window of rates at the new holds is measured)
         total = sum(progress[k] for k in shared)
         for k in shared:
             g, part = self.guests[k], progress[k] / total
@@ -313,13 +325,37 @@ class ShareController:
             # what it can take from another that way is bounded: the other still runs at least
             # its part of every period, the time weighted turns would give it (under the depth
             # lever at depth one for the rest)
-            floor = targets[k] * (DEPTH_PART if self.lever == "depth" else 1.0)
-            g.open = min(1.0, max(LEAST_OPEN, floor, g.open / top))
+            g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
 
     def _open(self, g: _Guest) -> float:
         """The part of each period its weight leaves its work (before its cap): its open part under
         time; under the depth lever all of it down to DEPTH_PART, less below."""
         return g.open if self.lever == "time" else min(1.0, g.open / DEPTH_PART)
+
+    def _retarget(self, now: float, shared: list, targets: dict) -> bool:
+        """A weight (or guarantee) changed among the same guests sharing: each guest's open part
+        moves at once by its new target over its old (the least held then not held), and stands
+        while half a window of rates at the new holds is measured (the rates over the window
+        before are the old holds' and would push past the new targets: _control); True if so."""
+        gs = {k: self.guests[k] for k in shared}
+        changed = all(g.target for g in gs.values()) and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
+        if changed:
+            for k, g in gs.items():
+                g.open = min(1.0, max(LEAST_OPEN, g.open * targets[k] / g.target))
+            top = max(g.open for g in gs.values())
+            for k, g in gs.items():
+                g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
+                last = g.calls[-1]
+                g.calls.clear()  # (rates from here on: the holds made now)
+                g.calls.append(last)
+            self.settle_until, self.settling = now + self.window_s / 2, set(shared)
+        for k, g in gs.items():
+            g.target = targets[k]
+        return changed
+
+    def _floor_part(self) -> float:
+        """What part of its target each period a held guest keeps open at least (see _control)."""
+        return DEPTH_PART if self.lever == "depth" else 1.0
 
     def _hold(self, g: _Guest) -> int:
         """The part of each period its work waits (per mille): what it may not have of it, by its

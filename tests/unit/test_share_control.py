@@ -273,6 +273,18 @@ def test_a_weight_changed_live_is_reached_within_seconds():
     assert abs(p["a"] - 20) <= 2, p
 
 
+def test_a_weight_changed_live_moves_the_holds_at_once_and_holds_within_a_second():
+    # the holds move by the new targets over the old at the look that sees the change, and stand
+    # while rates at them are measured: the first half second after a change of 50/50 to 20/80 is
+    # within 3 pp of it and the second within 2 (moved step by step, 40/60 and then 28/72)
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    ctl = ShareController()
+    gpu.run(ctl, 15)
+    gpu.weight.update(a=20, b=80)
+    first, second = parts(gpu.run(ctl, 0.5)), parts(gpu.run(ctl, 0.5))
+    assert abs(first["a"] - 20) <= 3 and abs(second["a"] - 20) <= 2, (first, second)
+
+
 def test_an_idle_guests_share_goes_to_the_busy_one():
     gpu = Gpu({"a": 5000.0, "b": 5000.0})
     gpu.weight.update(a=10, b=90)
