@@ -47,6 +47,7 @@ aggregate_vs_mps=… hp_p99_ratio=… hp_trainer_vs_target=… cap_err_pp=… co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -180,9 +181,7 @@ def shared_pair(
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
     envs = [(train, g.env("--weight", "30", *flags, *light)), (train, g.env("--weight", "70", *flags, *heavy))]
     names = g.names[-2:]
-    g.policy("shared")
-    stop, holds = threading.Event(), {n: [] for n in names}
-    ctl = share_control.ShareController(**PROBE, lever=lever, depth=g.depth or share_control.DEPTH)
+    holds = {n: [] for n in names}
     looks = [0]
 
     def seen(members, ctl):
@@ -197,24 +196,11 @@ def shared_pair(
                 f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
             )
 
-    def control():
-        with g.page() as pg:
-            share_control.run(pg, stop, controller=ctl, after=seen)
-
     if trace is not None:
         below = " (light guest below normal)" if light_below else ""
         trace.write(f"== shared {' '.join(flags)}{below}, lever {lever}: {names}\n")
-    t = threading.Thread(target=control, daemon=True)
-    t.start()  # from the start: guests are measured alone while they warm up too, as in a host's life
-    try:
+    with controlled(g, lever, seen):
         out = run.together(envs)
-    finally:
-        stop.set()
-        t.join()
-        g.policy("weighted")
-        with g.page() as pg:
-            share_control.apply_step(pg, ctl, time.monotonic())  # (lifts the holds off shared)
-        g.stop()
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
     rates = [o["img_per_s"] for o in out]
     key = (
@@ -229,6 +215,132 @@ def shared_pair(
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+
+
+@contextlib.contextmanager
+def controlled(g: Guests, lever: str = "time", after=None):
+    """The shared policy on g's page, its controller running as vmgpud runs it from now on (the
+    guests are measured alone while they warm up too, as in a host's life), after(members,
+    controller) after each look; on leaving, the policy back to weighted with the holds lifted,
+    and the forwarders stopped.  Yields the controller."""
+    g.policy("shared")
+    stop = threading.Event()
+    ctl = share_control.ShareController(**PROBE, lever=lever, depth=g.depth or share_control.DEPTH)
+
+    def control():
+        with g.page() as pg:
+            share_control.run(pg, stop, controller=ctl, after=after)
+
+    t = threading.Thread(target=control, daemon=True)
+    t.start()
+    try:
+        yield ctl
+    finally:
+        stop.set()
+        t.join()
+        g.policy("weighted")
+        with g.page() as pg:
+            share_control.apply_step(pg, ctl, time.monotonic())  # (lifts the holds off shared)
+        g.stop()
+
+
+def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None) -> None:
+    """Two trainers at 50/50 under shared (on MPS if pipe), turned to 20/80 live halfway: how long
+    until their parts of the progress are within 2 pp of 20/80 (converge_s_shared).  Progress is
+    work calls per second over each guest's rate alone as the controller measured it, what the
+    controller itself weighs (img/s cannot be had per half second); see converge_parts."""
+    flags = ("--mps", pipe) if pipe else ()
+    envs = [(TRAIN, g.env("--weight", "50", *flags)), (TRAIN, g.env("--weight", "50", *flags))]
+    first, second = g.names[-2:]
+    s = Sampler(g, 0.01)
+    change = [None, lambda pg: (pg.set_weight(first, 20), pg.set_weight(second, 80))]
+    marks = {}
+
+    def during(t0):
+        change[0] = marks["at"] = t0 + seconds / 2
+        marks["end"] = t0 + seconds - 0.2
+        s.start(t0, change)
+
+    with controlled(g) as ctl:
+        run.together(envs, during)
+        alone = {k[1]: c.alone for k, c in ctl.guests.items()}
+    samples = s.done()
+    if not alone.get(first) or not alone.get(second):
+        summary["converge_s_shared"] = float("nan")
+        rows.append(("shared: weights 50/50 -> 20/80 live: converged", "no rate alone measured"))
+        return
+    summary["converge_s_shared"] = converge_parts(samples, marks["at"], marks["end"], first, second, alone, 20)
+    rows.append(("shared: weights 50/50 -> 20/80 live: converged", f"{summary['converge_s_shared']:.2f} s"))
+
+
+def converge_parts(samples: list, at: float, end: float, a: str, b: str, alone: dict, target: float) -> float:
+    """From `at`, the end of the first half-second window (windows 0.1 s apart) in which a's part of
+    the progress ((calls/s) / alone, a's over a's and b's) is within 2 pp of target and so is the
+    next half second's, less `at`; inf if none."""
+
+    def calls_at(t):
+        return next((s[2] for s in samples if s[0] >= t), None)
+
+    def part(t0, t1):
+        c0, c1 = calls_at(t0), calls_at(t1)
+        if c0 is None or c1 is None:
+            return None
+        pa, pb = (c1.get(a, 0) - c0.get(a, 0)) / alone[a], (c1.get(b, 0) - c0.get(b, 0)) / alone[b]
+        return 100 * pa / (pa + pb) if pa + pb > 0 else None
+
+    t = at
+    while t + 1.0 <= end:
+        p1, p2 = part(t, t + 0.5), part(t + 0.5, t + 1.0)
+        if p1 is not None and p2 is not None and abs(p1 - target) <= 2 and abs(p2 - target) <= 2:
+            return t + 0.5 - at
+        t += 0.1
+    return float("inf")
+
+
+def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None) -> None:
+    """A trainer at 30 beside one at 70 under shared (on MPS if pipe), the heavier one stopping
+    halfway: how long from its last work call until the light one goes at its rate alone
+    (reclaim_ms_shared; see reclaim_rate_ms)."""
+    flags = ("--mps", pipe) if pipe else ()
+    envs = [
+        (TRAIN, g.env("--weight", "30", *flags)),
+        (TRAIN + ["--seconds", str(seconds / 2)], g.env("--weight", "70", *flags)),
+    ]
+    stayer, leaver = g.names[-2:]
+    s = Sampler(g, 0.001)
+    with controlled(g):
+        run.together(envs, lambda t0: s.start(t0))
+    summary["reclaim_ms_shared"] = reclaim_rate_ms(s.done(), stayer, leaver)
+    rows.append(("shared: a guest stops: the other at its rate alone after", f"{summary['reclaim_ms_shared']:.1f} ms"))
+
+
+def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01) -> float:
+    """From the leaver's last work call (its work_calls stop moving) to the first 10 ms bin from
+    which the stayer's calls in each of five bins in a row are at least 80% of its rate alone (its
+    calls per bin over the last third of the run, when it was alone); inf if never, nan if the
+    leaver made no call."""
+    last = None
+    for i in range(1, len(samples)):
+        if samples[i][2].get(leaver, 0) > samples[i - 1][2].get(leaver, 0):
+            last = samples[i - 1][0]
+    if last is None or len(samples) < 3:
+        return float("nan")
+    tail = samples[2 * len(samples) // 3 :]
+    span = tail[-1][0] - tail[0][0]
+    if span <= 0:
+        return float("nan")
+    per_bin = (tail[-1][2].get(stayer, 0) - tail[0][2].get(stayer, 0)) / span * bin_s
+
+    def calls_at(t):
+        return next((s[2].get(stayer, 0) for s in samples if s[0] >= t), None)
+
+    t = last
+    while t + 5 * bin_s <= samples[-1][0]:
+        marks = [calls_at(t + i * bin_s) for i in range(6)]
+        if None not in marks and all(b - a >= 0.8 * per_bin for a, b in zip(marks, marks[1:], strict=False)):
+            return 1000 * (t - last)
+        t += bin_s
+    return float("inf")
 
 
 def nosched_pair(g: Guests, run: Run) -> float:
@@ -518,7 +630,8 @@ def main() -> int:
         "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
         "sharedprio (the priority scenario under shared on MPS), sharedbelow (the shared pair on MPS with the light "
         "guest's MPS client priority below normal), refs (where weights are skipped: the shared rows' references, "
-        "no-sched and native MPS 30/70), cap, converge, reclaim)",
+        "no-sched and native MPS 30/70), cap, converge, reclaim, sharedconverge, sharedreclaim (converge and "
+        "reclaim under shared, on MPS where it runs))",
     )
     ap.add_argument(
         "--depths",
@@ -747,6 +860,17 @@ def main() -> int:
             g.stop()
             summary["reclaim_ms"] = reclaim_ms(s.done(), stayer, leaver)
             rows.append(("a guest stops: the other holds the GPU after", f"{summary['reclaim_ms']:.1f} ms"))
+        if "sharedconverge" not in skip or "sharedreclaim" not in skip:
+            mps = mps_start(tmp) if "mps" not in skip else None
+            try:
+                pipe = mps["CUDA_MPS_PIPE_DIRECTORY"] if mps else None
+                if "sharedconverge" not in skip:
+                    shared_converge(g, run, rows, summary, a.seconds, pipe)
+                if "sharedreclaim" not in skip:
+                    shared_reclaim(g, run, rows, summary, a.seconds, pipe)
+            finally:
+                if mps:
+                    mps_stop(mps)
     finally:
         g.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,50 @@
+"""bench/run_sharing.py's measures under the shared policy, on made-up page samples (time, GPU
+time, work calls, turns per guest, as its Sampler records them): how long a live weight change
+takes to converge, and how long a guest takes to go at its rate alone once the other stops."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+_spec = importlib.util.spec_from_file_location("run_sharing", ROOT / "bench" / "run_sharing.py")
+run_sharing = sys.modules.setdefault("run_sharing", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(run_sharing)
+
+
+def _samples(rates, until: float, every: float = 0.001) -> list:
+    """Samples every `every` s up to `until` of guests whose calls/s at time t are rates[g](t)."""
+    out, calls, t = [], {}, 0.0
+    while t <= until + 1e-9:
+        out.append((t, {}, dict(calls), {}))
+        for g, rate in rates.items():
+            calls[g] = calls.get(g, 0) + rate(t) * every
+        t += every
+    return out
+
+
+def test_a_weight_change_converges_when_two_half_seconds_in_a_row_hold_the_new_parts():
+    # equal rates alone; a's part is 50% until 0.3 s after the change at 5 s, then 20%
+    at = 5.0
+    samples = _samples(
+        {"a": lambda t: 500 if t < at + 0.3 else 200, "b": lambda t: 500 if t < at + 0.3 else 800}, 10, 0.01
+    )
+    got = run_sharing.converge_parts(samples, at, 9.8, "a", "b", {"a": 1000.0, "b": 1000.0}, 20)
+    assert 0.75 <= got <= 0.85, got  # the first whole window after the move ends 0.8 s after the change
+    # parts by each guest's rate alone: b twice as fast alone, so the same calls are half its progress
+    uneven = run_sharing.converge_parts(samples, at, 9.8, "a", "b", {"a": 1000.0, "b": 2000.0}, 20)
+    assert uneven == math.inf, uneven  # a at 200/1000 beside b at 800/2000: 33%, never 20
+    never = _samples({"a": lambda t: 500, "b": lambda t: 500}, 10, 0.01)
+    assert run_sharing.converge_parts(never, at, 9.8, "a", "b", {"a": 1000.0, "b": 1000.0}, 20) == math.inf
+
+
+def test_reclaim_is_from_the_leavers_last_call_to_the_stayer_at_its_rate_alone():
+    # the leaver stops at 2 s; the stayer, held to half its rate until 30 ms later, then alone
+    samples = _samples({"stay": lambda t: 5000 if t < 2.03 else 10000, "go": lambda t: 8000 if t < 2.0 else 0}, 4)
+    got = run_sharing.reclaim_rate_ms(samples, "stay", "go")
+    assert 20 <= got <= 40, got
+    slow = _samples({"stay": lambda t: 5000 if t < 2.5 else 10000, "go": lambda t: 8000 if t < 2.0 else 0}, 4)
+    assert 490 <= run_sharing.reclaim_rate_ms(slow, "stay", "go") <= 510
+    idle = _samples({"stay": lambda t: 5000, "go": lambda t: 0}, 4)
+    assert math.isnan(run_sharing.reclaim_rate_ms(idle, "stay", "go"))  # the leaver never worked
