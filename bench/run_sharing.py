@@ -673,9 +673,18 @@ def main() -> int:
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
     PRIO_RUNS[0] = max(1, a.prio_runs)
-    YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
-    SHARED_THREADS[:] = [tuple(int(x) for x in t.split("/")) for t in a.shared_threads.split(",") if t]
-    LEVERS[:] = a.lever.split(",")
+    try:
+        YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
+        SHARED_THREADS[:] = [tuple(int(x) for x in t.split("/")) for t in a.shared_threads.split(",") if t]
+    except ValueError as e:
+        ap.error(f"--yield-depths or --shared-threads: {e}")
+    if not all(1 <= y <= 1024 for y in YIELD_DEPTHS):
+        ap.error("--yield-depths: each in 1..1024")
+    if not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in SHARED_THREADS):
+        ap.error("--shared-threads: LIGHT/HEAVY percentages in 1..100, comma-separated")
+    if len({t[0] for t in SHARED_THREADS}) != len(SHARED_THREADS):
+        ap.error("--shared-threads: one pair per light percentage (their rows are named by it)")
+    LEVERS[:] = list(dict.fromkeys(a.lever.split(",")))  # (each once)
     if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
         ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")
     skip = set(filter(None, a.skip.split(",")))

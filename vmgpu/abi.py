@@ -167,7 +167,8 @@ class SchedSlot(ctypes.Structure):
         ("guarantee", u32),
         ("hold", u32),
         ("depth", u32),
-        ("pad", u8 * (256 - 188)),
+        ("active_ms", u32),
+        ("pad", u8 * (256 - 192)),
     ]
 
 

@@ -403,6 +403,8 @@ int main(int argc, char **argv)
 	int status = 0, r = parse_options(argc, argv, &o, &status);
 	if (r)
 		return r < 0 ? status : r;
+	if (F.yield_depth && !F.sched_depth)
+		return vh_die("--yield-depth %d needs a --sched-depth (0 holds no depth at all)", F.yield_depth);
 	backend_name = o.backend;
 	BK.simulated = !strcmp(o.backend, "sim");
 	if (!o.ctx_reserve_set) /* an H100 context with driver 580, measured; the simulated one has none */

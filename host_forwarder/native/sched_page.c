@@ -373,25 +373,25 @@ static int higher_at_work(struct vh_sched *s, uint64_t now)
 }
 
 /* Under shared: is any other member of this one's priority or above at work?  One with work
- * waiting is; so is one whose work calls moved within VH_PEERS_QUIET_NS, as this worker's ticks
- * saw them (a member first seen with calls counts as at work). */
+ * waiting at its gate is, and so is one a worker of which served a call (however long it took:
+ * a synchronisation waiting for slow kernels, a wait at its depth) or passed the gate within the
+ * last VH_PEERS_QUIET_MS (its active_ms, which its workers' ticks publish), so that a guest whose
+ * work the GPU runs slowly, or which another's work slows, still counts.  A member whose
+ * forwarder publishes no active_ms (0) never counts as at work by it. */
 static int peers_at_work(struct vh_sched *s, uint64_t now)
 {
 	struct vmgpu_sched_page *pg = s->pg;
-	int mine = sched_rank(&pg->slot[s->me]), at_work = 0;
+	int mine = sched_rank(&pg->slot[s->me]);
+	uint32_t now_ms = (uint32_t)(now / 1000000u);
 	for (int i = 0; i < VMGPU_SCHED_SLOTS; i++) {
 		struct vmgpu_sched_slot *g = &pg->slot[i];
 		if (i == s->me || !atomic_load(&g->pid) || sched_rank(g) < mine)
 			continue;
-		uint64_t calls = atomic_load_explicit(&g->work_calls, memory_order_relaxed);
-		if (calls != s->peer_seen[i]) {
-			s->peer_seen[i] = calls;
-			s->peer_at[i] = now;
-		}
-		if (atomic_load(&g->waiters) || (s->peer_at[i] && now - s->peer_at[i] < VH_PEERS_QUIET_NS))
-			at_work = 1;
+		uint32_t active = atomic_load_explicit(&g->active_ms, memory_order_relaxed);
+		if (atomic_load(&g->waiters) || (active && now_ms - active < VH_PEERS_QUIET_MS))
+			return 1;
 	}
-	return at_work;
+	return 0;
 }
 
 void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *ctx)
@@ -404,7 +404,8 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	struct vmgpu_sched_slot *g = &pg->slot[s->me];
 	/* this worker's work calls, for the guest's idle test */
 	uint64_t mine = atomic_load_explicit(&s->calls, memory_order_relaxed);
-	if (mine != s->published) {
+	int passed = mine != s->published;
+	if (passed) {
 		atomic_fetch_add_explicit(&g->work_calls, mine - s->published, memory_order_relaxed);
 		s->published = mine;
 	}
@@ -419,7 +420,13 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * measures (unheld, a trainer ran ahead at its rate alone while the GPU did half as much) */
 	atomic_store(&s->bounded, shared || sched_higher_member(pg, s->me));
 	atomic_store(&s->yield, shared && higher_at_work(s, now));
+	if (!shared)
+		s->higher_at = 0; /* (what it saw before the policy changed is stale when it comes back) */
 	atomic_store(&s->near_higher, shared && s->higher_at && now - s->higher_at < VH_NEAR_HIGHER_NS);
+	if (shared && (passed || atomic_load_explicit(&s->in_call, memory_order_relaxed))) {
+		uint32_t now_ms = (uint32_t)(now / 1000000u);
+		atomic_store_explicit(&g->active_ms, now_ms ? now_ms : 1, memory_order_relaxed);
+	}
 	atomic_store(&s->alone, shared && !peers_at_work(s, now));
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */

@@ -101,7 +101,8 @@ void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_
  * first hold per mille of every period (the page's period_us, on the common CLOCK_MONOTONIC, so
  * every guest's period begins together); at 1000 and above, held throughout.  alone: no other
  * guest of its priority or above is at work (vh_sched.h, alone), so that it is held only as far
- * as its cap holds it (1000 - 10 x cap; not at all without one): a hold is there to give the
+ * as its cap holds it as well (the less of its hold and 1000 - 10 x cap; not at all without a
+ * cap; the share controller's hold includes the cap's): a hold is there to give the
  * others the GPU, and an idle guest's share goes to the busy ones at once.  Under every other
  * policy, 0: turns decide. */
 uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now, int alone);

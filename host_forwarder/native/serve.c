@@ -185,6 +185,7 @@ int vh_serve(struct vh_chan *ch)
 		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
 		uint64_t t0 = vmgpu_now_ns();
 		CUresult r;
+		atomic_store_explicit(&ch->in_call, 1, memory_order_relaxed);
 		/* calls that may take or give memory keep the worker's quota row to themselves */
 		int may_take_memory = !vh_op_gpu_work(hdr.op);
 		if (hdr.op != VG_OP_cuMemAlloc_v2 && hdr.op != VG_OP_cuMemFree_v2)
@@ -255,6 +256,7 @@ int vh_serve(struct vh_chan *ch)
 			 * count up: the drain marks then cost a little, and the drains stay whole. */
 			if (atomic_fetch_sub(&open_captures, 1) == 1)
 				vh_capture_devs = 0;
+		atomic_store_explicit(&ch->in_call, 0, memory_order_relaxed);
 		uint64_t spent = vmgpu_now_ns() - t0;
 		atomic_store_explicit(&ch->ncalls, atomic_load_explicit(&ch->ncalls, memory_order_relaxed) + 1,
 				      memory_order_relaxed);

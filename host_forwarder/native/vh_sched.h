@@ -36,9 +36,10 @@
 /* under shared, for this long after a guest of a higher priority last put work on the GPU, a lower
  * one is held to its forwarder's --yield-depth (the higher guest's next request is near) */
 #define VH_NEAR_HIGHER_NS 500000000ull
-/* under shared, a guest whose work calls have not moved for this long, and that has no work
- * waiting, is not at work: a guest held for the others is let go while none of them is */
-#define VH_PEERS_QUIET_NS 20000000ull
+/* under shared, a guest none of whose workers has served a call or passed the gate for this long,
+ * and that has no work waiting, is not at work: a guest held for the others is let go while none
+ * of them is (in ms: the slot's active_ms) */
+#define VH_PEERS_QUIET_MS 20u
 
 struct vh_fwd;
 
@@ -63,11 +64,14 @@ struct vh_sched {
 	 * one's work is held to --yield-depth (set by the tick, read at the depth: sched_depth.c) */
 	_Atomic int near_higher;
 	/* under shared: no other guest of this one's priority or above is at work (none has work
-	 * waiting, and none's work calls moved within VH_PEERS_QUIET_NS), so its hold, which is there
-	 * to give them the GPU, holds it only for its cap (sched_held_ns; set by the tick) */
+	 * waiting at its gate, and none served a call or passed the gate within VH_PEERS_QUIET_MS: its
+	 * slot's active_ms), so its hold, which is there to give them the GPU, holds it only for its
+	 * cap (sched_held_ns; set by the tick) */
 	_Atomic int alone;
+	/* this worker's serving thread is serving a call, as the scheduler thread last saw it (worker.c;
+	 * published to the slot's active_ms by the tick under shared) */
+	_Atomic int in_call;
 	uint64_t higher_seen[VMGPU_SCHED_SLOTS], higher_at;
-	uint64_t peer_seen[VMGPU_SCHED_SLOTS], peer_at[VMGPU_SCHED_SLOTS];
 	uint64_t swept_at;         /* the supervisor's last look for members that are gone */
 };
 

@@ -481,6 +481,21 @@ def test_the_forwarder_refuses_a_depth_out_of_range(tmp_path, flag):
         assert p.returncode != 0 and f"{flag}: '{bad}' is not a number in 0..1024" in p.stderr, p.stderr
 
 
+def test_the_forwarder_refuses_a_yield_depth_without_a_depth(tmp_path):
+    """--sched-depth 0 holds no depth at all, so a --yield-depth beside it could hold nothing:
+    refused rather than ignored, before anything is made."""
+    region = tmp_path / "r"
+    p = subprocess.run(
+        [str(NATIVE / "vmgpu-forwarder"), "--region", str(region), "--backend", "sim"]
+        + ["--sched-depth", "0", "--yield-depth", "4"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode != 0 and "--yield-depth 4 needs a --sched-depth" in p.stderr, p.stderr
+    assert not region.exists()
+
+
 ACROSS = r"""
 import ctypes, sys, time
 cuda = ctypes.CDLL(sys.argv[1])
@@ -1113,6 +1128,33 @@ def test_under_shared_a_held_guest_is_let_go_while_no_other_is_at_work(sched_dir
             assert _ops(pb) > 0
             c2 = _calls(pg)
             assert wait_for(lambda: _calls(pg)["a"] > c2["a"], timeout=1), (c2, _calls(pg))  # b done: a goes on
+            assert _ops(pa) > 0
+
+
+def test_under_shared_a_guest_whose_work_the_gpu_runs_slowly_still_holds_the_held_one(sched_dir, tmp_path):
+    """Another at work counts though its calls stand still: b's work is slow on the GPU (events
+    40 ms late, depth 4: it waits at its depth most of the time, and a guest's heavy kernels could
+    make it so), so its calls move only every 40 ms; a, held throughout, must stay held, not be let
+    go as if b were idle (it made 12,000 calls in 1.5 s when only b's calls were looked at).  Once
+    b is done, a goes on."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    slow = {"VMGPU_SIM_EVENT_LAG_US": "40000"}
+    with forwarder(a), forwarder(b, env=slow, extra=("--sched-depth", "4")):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            slot = {m.guest: m.slot for m in pg.members()}
+            pg.set_hold(slot["a"], 1000)
+            pb = _spin(b, 3)
+            assert wait_for(lambda: _calls(pg)["b"] > 0, timeout=10)
+            pa = _spin(a, 5)
+            time.sleep(0.5)
+            c0 = _calls(pg)
+            time.sleep(1.5)
+            c1 = _calls(pg)
+            assert c1["a"] == c0["a"] and c1["b"] > c0["b"], (c0, c1)
+            assert _ops(pb) > 0
+            c2 = _calls(pg)
+            assert wait_for(lambda: _calls(pg)["a"] > c2["a"], timeout=2), (c2, _calls(pg))
             assert _ops(pa) > 0
 
 

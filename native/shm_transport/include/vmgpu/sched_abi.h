@@ -90,7 +90,11 @@ struct vmgpu_sched_slot {
 	VMGPU_ATOMIC(uint32_t) depth;      /* 184: under shared: at most this many of each of its workers'
 	                                          * work calls unfinished on the GPU, where that is fewer than
 	                                          * its forwarder's --sched-depth; 0: the forwarder's */
-	uint8_t pad[256 - 188];                  /* 188 */
+	VMGPU_ATOMIC(uint32_t) active_ms;  /* 188: the monotonic clock in ms (low 32 bits) when one of its
+	                                          * workers was last seen serving a call (in the driver, or
+	                                          * waiting at its depth or gate) or passing the gate, as
+	                                          * their scheduler threads publish it under shared; 0: never */
+	uint8_t pad[256 - 192];                  /* 192 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -128,7 +132,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, priority) == 172, "slot priorit
 _Static_assert(offsetof(struct vmgpu_sched_slot, guarantee) == 176, "slot guarantee");
 _Static_assert(offsetof(struct vmgpu_sched_slot, hold) == 180, "slot hold");
 _Static_assert(offsetof(struct vmgpu_sched_slot, depth) == 184, "slot depth");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 188, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, active_ms) == 188, "slot active_ms");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 192, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
