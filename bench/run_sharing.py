@@ -47,6 +47,7 @@ aggregate_vs_mps=… hp_p99_ratio=… hp_trainer_vs_target=… cap_err_pp=… co
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import os
 import shutil
@@ -278,8 +279,11 @@ def converge_parts(samples: list, at: float, end: float, a: str, b: str, alone: 
     the progress ((calls/s) / alone, a's over a's and b's) is within 2 pp of target and so is the
     next half second's, less `at`; inf if none."""
 
-    def calls_at(t):
-        return next((s[2] for s in samples if s[0] >= t), None)
+    times = [s[0] for s in samples]
+
+    def calls_at(t):  # (the first sample at or after t)
+        i = bisect.bisect_left(times, t)
+        return samples[i][2] if i < len(samples) else None
 
     def part(t0, t1):
         c0, c1 = calls_at(t0), calls_at(t1)
@@ -331,8 +335,11 @@ def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01
         return float("nan")
     per_bin = (tail[-1][2].get(stayer, 0) - tail[0][2].get(stayer, 0)) / span * bin_s
 
-    def calls_at(t):
-        return next((s[2].get(stayer, 0) for s in samples if s[0] >= t), None)
+    times = [s[0] for s in samples]
+
+    def calls_at(t):  # (the first sample at or after t)
+        i = bisect.bisect_left(times, t)
+        return samples[i][2].get(stayer, 0) if i < len(samples) else None
 
     t = last
     while t + 5 * bin_s <= samples[-1][0]:
