@@ -265,7 +265,7 @@ def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: st
     with controlled(g) as ctl:
         run.together(envs, during)
         alone = {k[1]: c.alone for k, c in ctl.guests.items()}
-    samples = s.done()
+        samples = s.done()  # (before the forwarders stop and leave the page)
     if not alone.get(first) or not alone.get(second):
         summary["converge_s_shared"] = float("nan")
         rows.append(("shared: weights 50/50 -> 20/80 live: converged", "no rate alone measured"))
@@ -314,26 +314,32 @@ def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str
     s = Sampler(g, 0.001)
     with controlled(g):
         run.together(envs, lambda t0: s.start(t0))
-    summary["reclaim_ms_shared"] = reclaim_rate_ms(s.done(), stayer, leaver)
+        samples = s.done()  # (before the forwarders stop and leave the page)
+    summary["reclaim_ms_shared"] = reclaim_rate_ms(samples, stayer, leaver)
     rows.append(("shared: a guest stops: the other at its rate alone after", f"{summary['reclaim_ms_shared']:.1f} ms"))
 
 
 def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01) -> float:
-    """From the leaver's last work call (its work_calls stop moving) to the first 10 ms bin from
-    which the stayer's calls in each of five bins in a row are at least 80% of its rate alone (its
-    calls per bin over the last third of the run, when it was alone); inf if never, nan if the
-    leaver made no call."""
-    last = None
-    for i in range(1, len(samples)):
-        if samples[i][2].get(leaver, 0) > samples[i - 1][2].get(leaver, 0):
-            last = samples[i - 1][0]
-    if last is None or len(samples) < 3:
+    """From the leaver's last work call (the sample its work_calls were last seen to move at) to
+    the first 10 ms bin from which the stayer's calls in each of five bins in a row are at least 80%
+    of its rate alone (its calls per bin over the second half of its time alone, up to its own
+    last call); inf if never, nan if either made no call after the other."""
+
+    def last_move(who):
+        return max(
+            (i for i in range(1, len(samples)) if samples[i][2].get(who, 0) > samples[i - 1][2].get(who, 0)),
+            default=None,
+        )
+
+    i_leave, i_stay = last_move(leaver), last_move(stayer)
+    if i_leave is None or i_stay is None or i_stay <= i_leave:
         return float("nan")
-    tail = samples[2 * len(samples) // 3 :]
-    span = tail[-1][0] - tail[0][0]
+    last = samples[i_leave][0]
+    i_tail = (i_leave + i_stay) // 2
+    span = samples[i_stay][0] - samples[i_tail][0]
     if span <= 0:
         return float("nan")
-    per_bin = (tail[-1][2].get(stayer, 0) - tail[0][2].get(stayer, 0)) / span * bin_s
+    per_bin = (samples[i_stay][2][stayer] - samples[i_tail][2].get(stayer, 0)) / span * bin_s
 
     times = [s[0] for s in samples]
 
@@ -342,7 +348,7 @@ def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01
         return samples[i][2].get(stayer, 0) if i < len(samples) else None
 
     t = last
-    while t + 5 * bin_s <= samples[-1][0]:
+    while t + 5 * bin_s <= samples[i_stay][0]:
         marks = [calls_at(t + i * bin_s) for i in range(6)]
         if None not in marks and all(b - a >= 0.8 * per_bin for a, b in zip(marks, marks[1:], strict=False)):
             return 1000 * (t - last)

@@ -105,7 +105,8 @@ class _Guest:
     steady: int = 0  # probes in a row that agreed with the one before (within 10%): probed less often
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
     short: float | None = None  # its last probe read well short of what was kept: to be checked
-    target: float = 0.0  # its target part at the last look it shared at (0: none yet)
+    target: float = 0.0  # its target part at the last look it shared at (0: not sharing then)
+    rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
 
 
 @dataclass
@@ -142,7 +143,8 @@ class ShareController:
         self.probe_ended = 0.0
         self.last: dict[str, float] = {}  # each guest's last progress as parts (for traces and tests)
         self.settle_until = -math.inf  # after a change of targets: the holds it made stand until then,
-        self.settling: set = set()  # while these guests are the busy ones
+        self.settling: set = set()  # while these guests are all busy
+        self.sharing: set = set()  # the guests that shared at the last look
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -150,11 +152,11 @@ class ShareController:
         """Calls per second over the window, without the stretches a probe held (a probe speeds
         the probed guest and stops the others)."""
         calls = spent = 0.0
-        pts = [p for p in g.calls if now - p[0] <= self.window_s + 1e-9]
+        pts = [p for p in g.calls if now - p[0] <= self.window_s + 1e-9 and p[0] >= g.rate_from - 1e-9]
         for (t0, c0, _), (t1, c1, how) in pairwise(pts):
             if how != PROBED:
                 calls, spent = calls + c1 - c0, spent + t1 - t0
-        return calls / spent if spent >= self.window_s / 2 else None
+        return calls / spent if spent >= self.window_s / 2 - 1e-9 else None
 
     def _busy(self, g: _Guest, now: float) -> bool:
         recent = [c for t, c, _ in g.calls if now - t <= self.window_s / 2 + 1e-9]
@@ -198,7 +200,7 @@ class ShareController:
                 g.probes.append(g.alone)
                 g.short = None
         # a probe, with others beside it: each guest's rate alone, now and then
-        if len(busy) >= 2:
+        if len(busy) >= 2 and now >= self.settle_until:  # (no probe while a change of targets settles)
             unmeasured = any(not self.guests[k].alone for k in busy)  # a newcomer is measured soon
             # probes cost the shares (a probed guest runs alone): once every busy guest's rate
             # alone has held steady, they come less often, down to one in four times as many
@@ -268,8 +270,10 @@ class ShareController:
         return {k: v / total for k, v in raw.items()}
 
     def _control(self, now: float, keys: dict, busy: list) -> None:
-        if now < self.settle_until and set(busy) == self.settling:
-            return  # (the holds a change of targets made, while their rates are measured: _retarget)
+        if now < self.settle_until:
+            if self.settling <= set(busy):
+                return  # (the holds a change of targets made, while their rates are measured: _retarget)
+            self.settle_until = -math.inf  # one of them stopped: control as ever
         progress = {}
         for k in busy:
             g = self.guests[k]
@@ -295,6 +299,7 @@ class ShareController:
             if k not in shared:
                 self.guests[k].open = 1.0
         if not shared:
+            self._retarget(now, [], {})  # (nobody shares: no targets to change from)
             return
         targets = self._targets(keys, shared)
         if self._retarget(now, shared, targets):
@@ -338,16 +343,21 @@ class ShareController:
         while half a window of rates at the new holds is measured (the rates over the window
         before are the old holds' and would push past the new targets: _control); True if so."""
         gs = {k: self.guests[k] for k in shared}
-        changed = all(g.target for g in gs.values()) and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
+        for k, g in self.guests.items():
+            if k not in gs:
+                g.target = 0.0  # (not sharing: its target when it comes back is no change of weight)
+        # the same guests as at the last look (one come or gone changes the targets too, and is
+        # not a change of weight), each with a target then
+        same = set(shared) == self.sharing and all(g.target for g in gs.values())
+        self.sharing = set(shared)
+        changed = same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
         if changed:
             for k, g in gs.items():
                 g.open = min(1.0, max(LEAST_OPEN, g.open * targets[k] / g.target))
             top = max(g.open for g in gs.values())
             for k, g in gs.items():
                 g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
-                last = g.calls[-1]
-                g.calls.clear()  # (rates from here on: the holds made now)
-                g.calls.append(last)
+                g.rate_from = now  # (rates from here on: the holds made now)
             self.settle_until, self.settling = now + self.window_s / 2, set(shared)
         for k, g in gs.items():
             g.target = targets[k]

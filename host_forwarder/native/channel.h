@@ -81,8 +81,9 @@ struct vh_chan {
 	uint32_t cur_op;     /* the operation being served */
 	int (*stream_gate)(struct vh_chan *ch, int dev);
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
-	_Atomic int in_call;     /* the serving thread is serving a call (in the driver, or waiting at a gate
-				  * or a depth): the scheduler's threads publish it (vh_sched.h, in_call) */
+	_Atomic int in_call;     /* 1 + the current GPU while the serving thread serves a call that puts
+				  * work on the GPU or waits for its work (in the driver, at a gate or a
+				  * depth), else 0: the scheduler's threads publish it (vh_sched.h, in_call) */
 	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */
 	struct vh_texobj *texobjs;    /* texture and surface objects this process made (texture.c) */

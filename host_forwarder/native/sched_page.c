@@ -388,7 +388,8 @@ static int peers_at_work(struct vh_sched *s, uint64_t now)
 		if (i == s->me || !atomic_load(&g->pid) || sched_rank(g) < mine)
 			continue;
 		uint32_t active = atomic_load_explicit(&g->active_ms, memory_order_relaxed);
-		if (atomic_load(&g->waiters) || (active && now_ms - active < VH_PEERS_QUIET_MS))
+		/* (signed: a peer's tick may have read the clock a little after this one) */
+		if (atomic_load(&g->waiters) || (active && (int32_t)(now_ms - active) < (int32_t)VH_PEERS_QUIET_MS))
 			return 1;
 	}
 	return 0;

@@ -185,7 +185,8 @@ int vh_serve(struct vh_chan *ch)
 		struct vh_wr wr = {(uint8_t *)wbuf + sizeof(struct vg_rep_hdr), wcap - sizeof(struct vg_rep_hdr) - 64, 0, 0};
 		uint64_t t0 = vmgpu_now_ns();
 		CUresult r;
-		atomic_store_explicit(&ch->in_call, 1, memory_order_relaxed);
+		if (vh_op_gpu_work(hdr.op) || vh_op_reports_async(hdr.op)) /* (work, or a wait for the GPU's) */
+			atomic_store_explicit(&ch->in_call, ch->cur_dev + 1, memory_order_relaxed);
 		/* calls that may take or give memory keep the worker's quota row to themselves */
 		int may_take_memory = !vh_op_gpu_work(hdr.op);
 		if (hdr.op != VG_OP_cuMemAlloc_v2 && hdr.op != VG_OP_cuMemFree_v2)

@@ -68,8 +68,9 @@ struct vh_sched {
 	 * slot's active_ms), so its hold, which is there to give them the GPU, holds it only for its
 	 * cap (sched_held_ns; set by the tick) */
 	_Atomic int alone;
-	/* this worker's serving thread is serving a call, as the scheduler thread last saw it (worker.c;
-	 * published to the slot's active_ms by the tick under shared) */
+	/* this worker's serving thread is serving a call that puts work on this GPU (the current one)
+	 * or waits for its work, as the scheduler thread last saw it (worker.c; published to the
+	 * slot's active_ms by the tick under shared) */
 	_Atomic int in_call;
 	uint64_t higher_seen[VMGPU_SCHED_SLOTS], higher_at;
 	uint64_t swept_at;         /* the supervisor's last look for members that are gone */

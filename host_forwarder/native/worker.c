@@ -66,7 +66,7 @@ static void *sched_thread(void *arg)
 	uint64_t last_calls = 0, quiet_since = vmgpu_now_ns(), refreshed = quiet_since;
 	while (!atomic_load(&sched_stop)) {
 		uint32_t looked = vh_sched_look(s); /* before the tick: no wake is missed */
-		atomic_store_explicit(&s->in_call, atomic_load_explicit(&ch->in_call, memory_order_relaxed),
+		atomic_store_explicit(&s->in_call, atomic_load_explicit(&ch->in_call, memory_order_relaxed) == a->dev + 1,
 				      memory_order_relaxed);
 		vh_sched_tick(s, sched_drain, NULL);
 		uint64_t now = vmgpu_now_ns(), calls = atomic_load_explicit(&ch->ncalls, memory_order_relaxed);

@@ -48,3 +48,10 @@ def test_reclaim_is_from_the_leavers_last_call_to_the_stayer_at_its_rate_alone()
     assert 490 <= run_sharing.reclaim_rate_ms(slow, "stay", "go") <= 510
     idle = _samples({"stay": lambda t: 5000, "go": lambda t: 0}, 4)
     assert math.isnan(run_sharing.reclaim_rate_ms(idle, "stay", "go"))  # the leaver never worked
+    # the stayer done at 3.5 s and both gone from the page for the last samples (their
+    # forwarders stopped): its rate alone is from its own calls, not the samples after them
+    ended = _samples(
+        {"stay": lambda t: 5000 if t < 2.03 else 10000 if t < 3.5 else 0, "go": lambda t: 8000 if t < 2.0 else 0}, 4
+    )
+    ended += [(4.001 + i / 1000, {}, {}, {}) for i in range(200)]
+    assert 20 <= run_sharing.reclaim_rate_ms(ended, "stay", "go") <= 40

@@ -285,6 +285,34 @@ def test_a_weight_changed_live_moves_the_holds_at_once_and_holds_within_a_second
     assert abs(first["a"] - 20) <= 3 and abs(second["a"] - 20) <= 2, (first, second)
 
 
+def test_a_guest_going_idle_or_coming_back_is_no_change_of_weight():
+    # the targets of the others change when one stops or comes back, but no weight did: the holds
+    # are not moved at once nor left standing (only a change among the same guests is)
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
+    gpu.weight.update(a=20, b=30, c=50)
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    for busy in (False, True):
+        gpu.busy["c"] = busy
+        for _ in range(30):
+            gpu.run(ctl, 0.1)
+            assert ctl.settle_until == float("-inf"), (busy, ctl.settle_until)
+
+
+def test_a_weight_change_beside_a_guest_short_of_nothing_keeps_the_holds_while_it_settles():
+    # c makes few calls (it is short of nothing, left out of the sharing) while a and b share;
+    # a change of a's and b's weights moves their holds, which stand while rates are measured
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0}, demand={"c": 300.0})
+    gpu.weight.update(a=50, b=50)
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    gpu.weight.update(a=20, b=80)
+    for _ in range(5):
+        gpu.run(ctl, 0.1)
+        assert gpu.holds["a"] > 0 and gpu.holds["b"] == 0, gpu.holds
+    assert abs(parts({n: v for n, v in gpu.run(ctl, 1).items() if n != "c"})["a"] - 20) <= 3
+
+
 def test_an_idle_guests_share_goes_to_the_busy_one():
     gpu = Gpu({"a": 5000.0, "b": 5000.0})
     gpu.weight.update(a=10, b=90)
