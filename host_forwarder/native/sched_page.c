@@ -168,6 +168,13 @@ void vh_sched_leave(struct vh_sched *s)
 	s->pg = NULL;
 }
 
+void vh_sched_worker_begins(struct vh_sched *s)
+{
+	if (s->pg)
+		atomic_store(&s->bounded, atomic_load(&s->pg->policy) == VMGPU_SCHED_SHARED ||
+						  sched_higher_member(s->pg, s->me));
+}
+
 void vh_sched_worker(struct vh_sched *s, int start)
 {
 	if (s->pg) {

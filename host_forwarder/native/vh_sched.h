@@ -85,6 +85,10 @@ void vh_sched_leave(struct vh_sched *s);
  * it forks it, and it is counted out once: by itself as it leaves (0), or by the supervisor on
  * its behalf when it is reaped, however it ended (-1). */
 void vh_sched_worker(struct vh_sched *s, int start);
+/* In a worker, before its first call is served and its scheduler thread starts: whether its work
+ * is held to a depth, from the page as it is now (the thread's first tick may come late on a
+ * loaded host, and calls served before it went through unheld and unmarked). */
+void vh_sched_worker_begins(struct vh_sched *s);
 /* Completes a hand-over that workers which are gone left under way, and gives up the GPU if the
  * guest holds it with no worker left to use it: the supervisor every turn of its loop, and a
  * worker as it leaves (so the GPU is free at once when the guest's last process ends).  Once a
