@@ -168,11 +168,17 @@ void vh_sched_leave(struct vh_sched *s)
 	s->pg = NULL;
 }
 
+/* Is this worker's work held to a depth (vh_sched.h, bounded)?  Under shared, or beside a guest
+ * of a higher priority. */
+static int bounded_now(struct vh_sched *s)
+{
+	return atomic_load(&s->pg->policy) == VMGPU_SCHED_SHARED || sched_higher_member(s->pg, s->me);
+}
+
 void vh_sched_worker_begins(struct vh_sched *s)
 {
 	if (s->pg)
-		atomic_store(&s->bounded, atomic_load(&s->pg->policy) == VMGPU_SCHED_SHARED ||
-						  sched_higher_member(s->pg, s->me));
+		atomic_store(&s->bounded, bounded_now(s));
 }
 
 void vh_sched_worker(struct vh_sched *s, int start)
@@ -426,7 +432,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	/* under shared every guest is held to the depth: its calls through the gate are then what the
 	 * GPU has done of its work, give or take the depth, which is what the share controller
 	 * measures (unheld, a trainer ran ahead at its rate alone while the GPU did half as much) */
-	atomic_store(&s->bounded, shared || sched_higher_member(pg, s->me));
+	atomic_store(&s->bounded, bounded_now(s));
 	atomic_store(&s->yield, shared && higher_at_work(s, now));
 	if (!shared)
 		s->higher_at = 0; /* (what it saw before the policy changed is stale when it comes back) */
