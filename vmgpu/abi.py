@@ -168,13 +168,14 @@ class SchedSlot(ctypes.Structure):
         ("hold", u32),
         ("depth", u32),
         ("active_ms", u32),
-        ("pad", u8 * (256 - 192)),
+        ("sm_part", u32),
+        ("pad", u8 * (256 - 196)),
     ]
 
 
 class SchedPage(ctypes.Structure):
     """Python stores only whole aligned 32-bit control words here (policy, a slot's weight, cap,
-    priority, guarantee, hold, depth): a
+    priority, guarantee, hold, depth, sm_part): a
     ctypes field store, one aligned 4-byte store, as the forwarders' atomic loads expect."""
 
     c_struct = "vmgpu_sched_page"
@@ -190,7 +191,8 @@ class SchedPage(ctypes.Structure):
         ("idle_us", u32),
         ("hold_start", u64),
         ("mu_space", u8 * 64),
-        ("pad1", u8 * (128 - 112)),
+        ("sm_groups", u32),
+        ("pad1", u8 * (128 - 116)),
         ("slot", SchedSlot * SCHED_SLOTS),
     ]
 

@@ -77,6 +77,7 @@ class Member:
     work_calls: int = 0  # calls that put work on the GPU, as the workers publish them
     hold: int = 0  # under shared: per mille of each period its work is held back
     depth: int = 0  # under shared: its workers' calls unfinished on the GPU at most (0: the forwarder's)
+    sm_part: int = 0  # under shared: the SMs its work runs on beside others (lo << 16 | hi; 0: all)
 
 
 class Page:
@@ -155,6 +156,7 @@ class Page:
                     s.work_calls,
                     s.hold,
                     s.depth,
+                    s.sm_part,
                 )
                 out.append(m)
         return out
@@ -209,6 +211,20 @@ class Page:
         if not 0 <= depth <= DEPTH_MAX:
             raise SchedError(f"depth {depth} is not in 0..{DEPTH_MAX} (0: the forwarder's)")
         self.page.slot[slot].depth = depth  # one aligned 4-byte store
+
+    @property
+    def sm_groups(self) -> int:
+        """The groups of SMs an SM span counts in (0: the forwarders cannot partition this GPU)."""
+        return self.page.sm_groups
+
+    def set_part(self, slot: int, lo: int, hi: int) -> None:
+        """Under shared, while another guest of its priority or above is at work: run the member's
+        work on the SMs of groups [lo/16, hi/16) of the page's sm_groups (sixteenths of a group: a
+        fractional end takes the next group that part of each period); lo == hi == 0: the whole GPU."""
+        groups = self.sm_groups
+        if (lo, hi) != (0, 0) and not (0 <= lo and lo + 16 <= hi <= 16 * groups):
+            raise SchedError(f"SM span [{lo / 16:g}, {hi / 16:g}) is not at least one group inside 0..{groups}")
+        self.page.slot[slot].sm_part = lo << 16 | hi  # one aligned 4-byte store
 
     def _store(self, guest: str, field: str, value: int) -> int:
         n = 0

@@ -19,6 +19,7 @@
 #include "handles.h"
 
 struct vh_image;
+struct vh_part;
 
 /* A block the guest freed, kept on the GPU for its next cuMemAlloc of the same size (alloc.c). */
 struct vh_kept {
@@ -87,6 +88,9 @@ struct vh_chan {
 	uint64_t nasync;
 	int end_event; /* the channel's state (VMGPU_HC_*) that ended serving */
 	struct vh_texobj *texobjs;    /* texture and surface objects this process made (texture.c) */
+	struct vh_part *part[VG_MAX_DEVICES]; /* its SM partitions per GPU (partition.c), or NULL */
+	int part_green;               /* a green context is current for the call being served */
+	int part_work;                /* the call being served puts work on the GPU (its streams may move) */
 	uint32_t ntexobjs, captexobjs;
 };
 

@@ -21,6 +21,7 @@
 #include "context.h"
 #include "log.h"
 #include "meter.h"
+#include "partition.h"
 #include "process.h"
 #include "quota.h"
 
@@ -73,6 +74,7 @@ static void context_drop(struct vh_chan *ch, int dev)
 {
 	const struct vh_backend *B = ch->backend;
 	struct vh_fwd *f = ch->fwd;
+	vh_part_drop(ch, dev); /* (its green contexts hold the primary context) */
 	B->cuCtxSetCurrent(ch->ctx[dev]);
 	if (f->registered && f->registered_dev == dev)
 		region_unregister(ch);
@@ -126,8 +128,63 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 		}
 	}
 	ctx_unlock(f);
+	vh_part_setup(ch, dev);
 	*out = c;
 	return CUDA_SUCCESS;
+}
+
+/* What a green context is reserved before it is made where the driver cannot be measured. */
+#define GREEN_RESERVE (2ull << 20)
+
+CUresult vh_green_make(struct vh_chan *ch, int dev, CUdevResource *res, unsigned n, CUgreenCtx *g, CUcontext *c,
+		       uint64_t *charge)
+{
+	const struct vh_backend *B = ch->backend;
+	struct vh_fwd *f = ch->fwd;
+	int measured = vh_meter_on(ch, dev);
+	ctx_lock(f);
+	if (vh_quota_reserve(ch, dev, GREEN_RESERVE)) {
+		ctx_unlock(f);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	CUdevResourceDesc desc;
+	*g = NULL;
+	CUresult r = B->cuDevResourceGenerateDesc(&desc, res, n);
+	if (r == CUDA_SUCCESS)
+		r = B->cuGreenCtxCreate(g, desc, f->dev[dev], CU_GREEN_CTX_DEFAULT_STREAM);
+	if (r == CUDA_SUCCESS)
+		r = B->cuCtxFromGreenCtx(c, *g);
+	if (r != CUDA_SUCCESS) {
+		if (*g)
+			B->cuGreenCtxDestroy(*g);
+		vh_quota_release(ch, dev, GREEN_RESERVE);
+		ctx_unlock(f);
+		return r;
+	}
+	*charge = GREEN_RESERVE;
+	if (measured && vh_quota_settle(ch, dev)) { /* (the reservation becomes what the driver says) */
+		B->cuGreenCtxDestroy(*g);
+		vh_quota_settle(ch, dev);
+		ctx_unlock(f);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	ctx_unlock(f);
+	return CUDA_SUCCESS;
+}
+
+void vh_green_drop(struct vh_chan *ch, int dev, CUgreenCtx g, CUcontext c, uint64_t charge, int sync)
+{
+	const struct vh_backend *B = ch->backend;
+	if (sync) { /* its queued work done first (while the process lives: its own work) */
+		B->cuCtxSetCurrent(c);
+		B->cuCtxSynchronize();
+		B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	}
+	B->cuGreenCtxDestroy(g);
+	if (vh_meter_on(ch, dev))
+		vh_quota_settle(ch, dev);
+	else
+		vh_quota_release(ch, dev, charge);
 }
 
 int vh_chan_contexts_drop(struct vh_chan *ch)

@@ -76,6 +76,7 @@ struct vh_fwd {
 	int verbose;
 	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
 	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_sched.c) */
+	int sm_partitions;        /* under shared, a guest's work on the SMs its slot's span names (partition.c) */
 	int sched_depth;          /* --sched-depth: a process's unfinished calls on a shared GPU (sched_depth.c) */
 	int yield_depth;          /* --yield-depth: the same, under shared, near a higher guest at work (0: none) */
 	int mps_priority;         /* --mps-priority: what each worker's MPS client priority is (VH_MPS_PRIO_*) */

@@ -11,7 +11,9 @@
 #include "addresses.h"
 #include "channel.h"
 #include "handles.h"
+#include "partition.h"
 #include "vg_kinds.h"
+#include "vg_ops.h"
 
 #define VH_MAX_HANDLES (1u << 20)
 
@@ -42,7 +44,10 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 				       raw == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)) {
 		ch->work_stream = *v; /* a default stream (sched_depth.c): the current GPU's gate (serve.c) */
 		ch->work_stream_id = raw;
-		return ch->stream_gate ? ch->stream_gate(ch, -1) : 0;
+		if (ch->stream_gate && ch->stream_gate(ch, -1))
+			return -1;
+		vh_part_default(ch, ch->part_work); /* (its context: the span its work goes to) */
+		return 0;
 	}
 	if (raw == 0)
 		return 0;
@@ -53,7 +58,11 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 	if (kind == VG_KIND_GRAPH_EXEC)
 		ch->work_exec = e->ptr; /* a launch passes the gates of the GPUs it reaches (serve.c) */
 	if (kind == VG_KIND_STREAM) {
-		ch->work_stream = e->ptr; /* where a call's work goes: its marker follows it (sched_depth.c) */
+		/* where its work goes: itself, or its twin on the SMs its GPU's scheduler gives now
+		 * (partition.c); the stream itself is what is destroyed */
+		if (ch->cur_op != VG_OP_cuStreamDestroy_v2)
+			*v = vh_part_stream(ch, e, ch->part_work);
+		ch->work_stream = *v; /* where a call's work goes: its marker follows it (sched_depth.c) */
 		ch->work_stream_id = raw;
 		/* the work goes to the GPU the stream was made on (a copy may be issued to a stream of
 		 * another device), so that GPU's scheduler lets it through (serve.c) */
@@ -115,13 +124,15 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 	e->parent = parent;
 	e->kind = (uint8_t)kind;
 	e->dev = (int8_t)dev;
+	e->blocking = -1;
 	e->gen = gen ? gen : 1;
 	*v = (void *)(uintptr_t)encode(free_idx, e);
 	return 0;
 }
 
-static void clear(struct vh_handle *e)
+static void clear(struct vh_chan *ch, struct vh_handle *e)
 {
+	vh_part_forget(ch, e); /* (a stream's twin) */
 	free(e->params);
 	uint32_t gen = e->gen;
 	memset(e, 0, sizeof *e);
@@ -143,7 +154,7 @@ void vh_handle_drop(struct vh_chan *ch, int kind, void *host_ptr)
 			int is_self = e->ptr == host_ptr;
 			if (child_kind == VG_KIND_MODULE || child_kind == VG_KIND_LIBRARY)
 				vh_addr_forget_owner(ch, child); /* its globals are no longer memory to name */
-			clear(e);
+			clear(ch, e);
 			if (i < ch->free_hint)
 				ch->free_hint = i;
 			if (!is_self)
@@ -163,7 +174,7 @@ int vh_device_in(struct vh_chan *ch, CUdevice *d)
 void vh_handles_clear(struct vh_chan *ch)
 {
 	for (uint32_t i = 0; i < ch->nh; i++)
-		clear(&ch->h[i]);
+		clear(ch, &ch->h[i]);
 	free(ch->h);
 	ch->h = NULL;
 	ch->nh = ch->caph = 0;

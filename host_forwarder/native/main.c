@@ -83,6 +83,10 @@ static void usage(FILE *f)
 		"                      beside other clients' on the GPU (time them with the GPU's policy:\n"
 		"                      shared lets them run side by side, held to their shares)\n"
 		"  --mps-threads PCT   with --mps: at most PCT %% of the GPU's SMs (1..100, default 100)\n"
+		"  --sm-partitions MODE  under shared, while another guest of its priority or above is at\n"
+		"                      work, run the guest's work on the SMs the share controller gives it\n"
+		"                      (green contexts; alone it has the whole GPU): auto (default: with\n"
+		"                      --mps, whose clients' partitions run side by side), on, or off\n"
 		"  --mps-priority MODE with --mps: the MPS client priority of the guest's processes, read as\n"
 		"                      each starts: auto (default: normal for a guest high on any of its\n"
 		"                      GPUs, below normal for every other, so the SMs run a high guest's\n"
@@ -109,6 +113,7 @@ struct options {
 	struct sched_share share[VG_MAX_DEVICES];
 	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
 	int mps_priority; /* VH_MPS_PRIO_*, or -1: not given */
+	int sm_partitions; /* 1 on, 0 off, -1 auto (on with --mps) */
 	const char *mps_dir;
 	uint64_t create;
 	struct vmgpu_shm_params params;
@@ -169,7 +174,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
 		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"sched-depth", 1, 0, 'Q'},
-		{"yield-depth", 1, 0, 'y'}, {0, 0, 0, 0},
+		{"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -262,6 +267,11 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			if (vh_parse_size(optarg, &v) || v > VH_DEPTH_MAX)
 				return vh_die("--yield-depth: '%s' is not a number in 0..%d", optarg, VH_DEPTH_MAX);
 			F.yield_depth = (int)v;
+			break;
+		case 'S':
+			o->sm_partitions = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : !strcmp(optarg, "auto") ? -1 : -2;
+			if (o->sm_partitions == -2)
+				return vh_die("--sm-partitions: '%s' is not auto, on or off", optarg);
 			break;
 		case 'h': usage(stdout); *status = 0; return -1;
 		default: usage(stderr); *status = 2; return -1;
@@ -392,7 +402,8 @@ static int map_shared_rows(uint32_t nchannels)
 
 int main(int argc, char **argv)
 {
-	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR"), .mps_priority = -1};
+	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR"), .mps_priority = -1,
+			  .sm_partitions = -1};
 	for (int i = 0; i < VG_MAX_DEVICES; i++)
 		o.share[i] = (struct sched_share){.weight = 100, .priority = VMGPU_SCHED_PRIO_NORMAL};
 	vmgpu_shm_params_default(&o.params);
@@ -413,6 +424,8 @@ int main(int argc, char **argv)
 		return vh_die("unknown backend '%s' (cuda or sim)", o.backend);
 	if (use_mps(&o) || vh_devices_probe(o.gpus, o.mems, o.allow_pageable) || map_stats(o.stats_path))
 		return 1;
+	/* (without MPS, different processes' partitions take turns on the GPU: nothing is gained) */
+	F.sm_partitions = o.sm_partitions >= 0 ? o.sm_partitions : o.mps_dir != NULL;
 
 	int fd = vh_region_open(o.region, o.create); /* never through a link, never someone else's file */
 	if (fd < 0)

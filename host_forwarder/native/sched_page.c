@@ -441,7 +441,9 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		uint32_t now_ms = (uint32_t)(now / 1000000u);
 		atomic_store_explicit(&g->active_ms, now_ms ? now_ms : 1, memory_order_relaxed);
 	}
-	atomic_store(&s->alone, shared && !peers_at_work(s, now));
+	int alone = shared && !peers_at_work(s, now);
+	atomic_store(&s->alone, alone);
+	atomic_store(&s->part, shared && !alone ? sched_span_now(pg, atomic_load(&g->sm_part), now) : 0);
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {

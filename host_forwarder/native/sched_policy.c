@@ -310,6 +310,23 @@ uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, 
 	return into < closed ? closed - into : 0;
 }
 
+uint32_t sched_span_now(struct vmgpu_sched_page *pg, uint32_t span, uint64_t now)
+{
+	uint32_t groups = atomic_load(&pg->sm_groups), lo16 = span >> 16, hi16 = span & 0xffff;
+	if (!span || !groups || groups > 255)
+		return 0;
+	uint64_t period = period_ns(pg);
+	if (!period)
+		period = (uint64_t)SCHED_DEFAULT_PERIOD_US * 1000;
+	uint32_t phase16 = (uint32_t)(now % period * 16 / period); /* 0..15 */
+	uint32_t lo = lo16 / 16 + (phase16 < lo16 % 16), hi = hi16 / 16 + (phase16 < hi16 % 16);
+	if (hi > groups)
+		hi = groups;
+	if (lo >= hi || (lo == 0 && hi == groups))
+		return 0;
+	return lo << 8 | hi;
+}
+
 int sched_higher_member(struct vmgpu_sched_page *pg, int me)
 {
 	uint32_t policy = atomic_load(&pg->policy);

@@ -107,6 +107,13 @@ void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_
  * policy, 0: turns decide. */
 uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now, int alone);
 
+/* Under the shared policy, the groups of SMs a worker's work runs on at now, from its slot's span
+ * word (partition.h: ends in sixteenths of a group, lo << 16 | hi): lo << 8 | hi in whole groups,
+ * an end at n + f/16 rounded up the first f/16 of each period (the page's period_us, on the common
+ * clock: neighbours' ends round alike); 0, the whole GPU, for no span, one empty or past the
+ * page's sm_groups, or one that is the whole GPU. */
+uint32_t sched_span_now(struct vmgpu_sched_page *pg, uint32_t span, uint64_t now);
+
 /* A worker thread of member me begins to wait for the GPU at now: counted a waiter; the first
  * waiter of a guest that neither holds the GPU nor had a turn for SCHED_RECENT_NS marks it back
  * from idle (level with the others at its pick). */

@@ -12,6 +12,7 @@
 
 #include "context.h"
 #include "graph_devs.h"
+#include "partition.h"
 #include "process.h"
 
 /* Make the guest device a call names current, with the process's context on it (made, and
@@ -195,6 +196,7 @@ int vh_serve(struct vh_chan *ch)
 			pthread_mutex_lock(&ch->quota_mu);
 			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
 		}
+		ch->cur_op = hdr.op;
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
 		} else if (vh_op_gpu_work(hdr.op) && ch->cur_dev < 0 && !vh_op_gpu_stream(hdr.op)) {
@@ -209,7 +211,11 @@ int vh_serve(struct vh_chan *ch)
 			ch->work_stream = NULL; /* a call that names no stream works on the default one */
 			ch->work_stream_id = 0;
 			ch->work_exec = NULL;
-			ch->cur_op = hdr.op;
+			/* its work may move to the SMs the GPU's scheduler gives now (partition.h): a
+			 * stream's as it is decoded, the legacy stream's (no stream named) here */
+			ch->part_work = 1;
+			if (!vh_op_gpu_stream(hdr.op))
+				vh_part_default(ch, 1);
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 			if (ch->gates_more && atomic_load(&open_captures) > 0)
 				/* a graph launched into a capture reaches its other GPUs from the graph
@@ -230,6 +236,7 @@ int vh_serve(struct vh_chan *ch)
 				       op_name(hdr.op));
 			}
 			ch->gate_dev = -1;
+			ch->part_work = 0;
 		} else if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) {
 			/* the work queued so far is waited for first (the marks cover only what comes after,
 			 * and a drain while the capture begins waits by marks: a deep queue must not run on
@@ -247,6 +254,7 @@ int vh_serve(struct vh_chan *ch)
 		} else {
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
+		vh_part_after(ch); /* (the process's own context current again, if a span's was) */
 		if (may_take_memory)
 			pthread_mutex_unlock(&ch->quota_mu);
 		if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0 &&

@@ -72,6 +72,10 @@ struct vh_sched {
 	 * or waits for its work, as the scheduler thread last saw it (worker.c; published to the
 	 * slot's active_ms by the tick under shared) */
 	_Atomic int in_call;
+	/* under shared, while another guest of its priority or above is at work: the groups of SMs its
+	 * work runs on now (lo << 8 | hi: sched_span_now), else 0, the whole GPU (set by the tick,
+	 * read where the work goes: partition.c) */
+	_Atomic uint32_t part;
 	uint64_t higher_seen[VMGPU_SCHED_SLOTS], higher_at;
 	uint64_t swept_at;         /* the supervisor's last look for members that are gone */
 };

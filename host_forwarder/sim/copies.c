@@ -51,11 +51,16 @@ static CUresult fill(CUdeviceptr d, const void *v, size_t elsz, size_t n)
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
 	sim_memset_knob();
+	sim_sm_log("memset", sim_sms_of(NULL));
 	return fill(d, &v, 1, n);
 }
 EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return fill(d, &v, 2, n); }
 EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return fill(d, &v, 4, n); }
-EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)s; return fill(d, &v, 1, n); }
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+	sim_sm_log("memset", sim_sms_of(s));
+	return fill(d, &v, 1, n);
+}
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { (void)s; return fill(d, &v, 2, n); }
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { (void)s; return fill(d, &v, 4, n); }
 

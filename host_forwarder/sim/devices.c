@@ -124,7 +124,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 }
 int sim_ctx_device(CUcontext c)
 {
-	return (int *)c >= primary_ctx && (int *)c < primary_ctx + 8 ? (int)((int *)c - primary_ctx) : -1;
+	if ((int *)c >= primary_ctx && (int *)c < primary_ctx + 8)
+		return (int)((int *)c - primary_ctx);
+	return sim_green_device(c); /* (a green context's is its device's) */
 }
 __thread CUcontext sim_current;
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)

@@ -48,6 +48,12 @@ uint64_t sim_ctx_bytes(void)
 	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;
 }
 
+uint64_t sim_green_bytes(void)
+{
+	const char *e = getenv("VMGPU_SIM_GREEN_MIB");
+	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;
+}
+
 uint64_t sim_total_mem(void)
 {
 	const char *e = getenv("VMGPU_SIM_MEM_MIB");

@@ -16,6 +16,9 @@ EXPORT CUresult cuLaunchKernel(CUfunction func, unsigned gx, unsigned gy, unsign
 	CUresult cr;
 	if (sim_capture_launch(s, func, dims, args, &cr))
 		return cr;
+	/* where it would run: its stream's green context's SMs, or, on a default stream, the current
+	 * context's (0: the whole GPU) */
+	sim_sm_log("launch", sim_sms_of(s));
 	/* the driver copies every parameter's bytes into the launch, through args[0..np) */
 	if (f->np && !args) return CUDA_ERROR_INVALID_VALUE;
 	static _Thread_local uint8_t launched[MAX_PARAM_BYTES];

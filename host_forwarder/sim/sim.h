@@ -15,7 +15,7 @@
  * pointer attributes), copies.c (copies and memsets), streams.c (streams, events, stream
  * capture), modules.c (modules from PTX, functions), launch.c (launches and graphs), pools.c
  * (pools and VMM), knobs.c (what tests set through the environment, and the usage NVML would
- * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs), ipc.c (IPC handles between processes: who may open what, no shared bytes), link.c (the linker: one input linked is that input), jit_logs.c (what the linker and module loads write into their JIT options: logs that say SIMULATED, sizes, the wall time).  This header is what the files share; only the CUDA API is exported (EXPORT).
+ * report), tensormap.c (TMA descriptors), peer.c (peer access and peer copies between the GPUs), graphs_explicit.c (graphs built node by node, and what a graph launch runs), ipc.c (IPC handles between processes: who may open what, no shared bytes), link.c (the linker: one input linked is that input), jit_logs.c (what the linker and module loads write into their JIT options: logs that say SIMULATED, sizes, the wall time), green.c (green contexts: SM partitions, and where launches would run).  This header is what the files share; only the CUDA API is exported (EXPORT).
  */
 #ifndef SIM_H
 #define SIM_H
@@ -55,6 +55,13 @@ uint64_t sim_round(uint64_t n);
 
 /* The device of a primary context, or -1 (a created context, or none). */
 int sim_ctx_device(CUcontext c);
+/* Green contexts (green.c): the device of one made into a CUcontext (-1: not one), its SMs (0: not
+ * one), and the launch log a test reads (VMGPU_SIM_SM_LOG: "launch sms=N", "wait"; sms < 0: none). */
+int sim_green_device(CUcontext c);
+int sim_green_sms(CUcontext c);
+void sim_sm_log(const char *what, int sms);
+/* The SMs work on stream s would run on (0: the whole GPU). */
+int sim_sms_of(CUstream s);
 extern __thread CUcontext sim_current; /* this thread's current context (cuCtxSetCurrent) */
 
 /* ---- the test knobs (knobs.c) ------------------------------------------------------ */
@@ -65,6 +72,8 @@ int sim_devices(void);
 uint64_t sim_total_mem(void);
 /* VMGPU_SIM_CTX_MIB: what a context holds (default 0). */
 uint64_t sim_ctx_bytes(void);
+/* VMGPU_SIM_GREEN_MIB (default 0): what a green context takes. */
+uint64_t sim_green_bytes(void);
 /* VMGPU_SIM_NVSWITCH set: an HGX board's GPU, whose driver offers multicast objects and fabric
  * handles. */
 int sim_hgx(void);
@@ -107,6 +116,7 @@ struct sim_obj {
 	uint64_t capture_ctx_syncs; /* streams.c: sim_ctx_synchronized's count when the capture began */
 	int captured;
 	int ctx_dev; /* events: the GPU of the context current when it was made (-1: none) */
+	void *green; /* streams: the green context it was made in (green.c), or NULL */
 };
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u

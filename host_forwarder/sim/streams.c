@@ -77,7 +77,20 @@ void sim_ctx_synchronized(void)
 EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
-EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamGetFlags(CUstream s, unsigned int *f)
+{
+	struct sim_obj *o = sim_stream_obj(s);
+	if (!f) return CUDA_ERROR_INVALID_VALUE;
+	if (!o) return s ? CUDA_ERROR_INVALID_HANDLE : (*f = 0, CUDA_SUCCESS);
+	*f = (unsigned int)o->flags;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f)
+{
+	(void)s; (void)e; (void)f;
+	sim_sm_log("wait", -1);
+	return CUDA_SUCCESS;
+}
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f)
 {
 	if (sim_event_create_fails())

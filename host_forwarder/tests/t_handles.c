@@ -13,6 +13,7 @@
 #include "channel.h"
 #include "check.h"
 #include "log.h"
+#include "partition.h"
 #include "vg_kinds.h"
 
 static int log_lines; /* what the address checks logged (VMGPU_TRACE_ERRORS=1) */
@@ -23,6 +24,24 @@ void vh_log(const char *fmt, ...)
 }
 
 static struct vh_fwd f;
+
+/* (no SM partitions here: a stream's work stays on the stream; partition.c is t_partition's) */
+CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
+{
+	(void)ch;
+	(void)work;
+	return e->ptr;
+}
+void vh_part_default(struct vh_chan *ch, int work)
+{
+	(void)ch;
+	(void)work;
+}
+void vh_part_forget(struct vh_chan *ch, struct vh_handle *e)
+{
+	(void)ch;
+	(void)e;
+}
 
 static struct vh_chan fresh(void)
 {

@@ -562,6 +562,36 @@ static void only_a_high_guests_workers_are_normal_mps_clients(void)
 	check(!strcmp(sched_mps_client_priority(two, opt_paged, 3), "1"), "a page's priority wins over the option");
 }
 
+/* An SM span (partition.h): ends in sixteenths of a group, a fractional one rounded up the first
+ * part of each period, so that two neighbours' spans meet and never overlap. */
+static void an_sm_span_rounds_its_ends_alike_for_neighbours(void)
+{
+	struct sim s;
+	sim_pair(&s, VMGPU_SCHED_SHARED, 30, 70, 1);
+	uint64_t period = SCHED_DEFAULT_PERIOD_US * 1000ull, start = 1000 * SEC;
+	check(sched_span_now(&s.pg, 0 << 16 | 80, start) == 0, "no groups on the page: the whole GPU");
+	atomic_store(&s.pg.sm_groups, 16);
+	check(sched_span_now(&s.pg, 0, start) == 0, "no span: the whole GPU");
+	check(sched_span_now(&s.pg, 0 << 16 | 80, start) == (0 << 8 | 5), "[0, 5): groups 0..4");
+	check(sched_span_now(&s.pg, 80 << 16 | 256, start) == (5 << 8 | 16), "[5, 16): the rest");
+	check(sched_span_now(&s.pg, 0 << 16 | 256, start) == 0, "[0, 16): the whole GPU");
+	check(sched_span_now(&s.pg, 80 << 16 | 4000, start) == (5 << 8 | 16), "an end past the groups: at the last");
+	check(sched_span_now(&s.pg, 80 << 16 | 80, start) == 0, "empty: the whole GPU");
+	check(sched_span_now(&s.pg, 96 << 16 | 80, start) == 0, "backwards: the whole GPU");
+	/* 4.5 groups and the rest: 5 the first half of each period, 4 the second; always apart */
+	uint32_t a = 0 << 16 | 72, b = 72 << 16 | 256;
+	int five = 0, steps = 0, apart = 1;
+	for (uint64_t t = start; t < start + 4 * period; t += TICK, steps++) {
+		uint32_t sa = sched_span_now(&s.pg, a, t), sb = sched_span_now(&s.pg, b, t);
+		five += (sa & 0xff) == 5;
+		apart &= (sa & 0xff) == (sb >> 8) && (sb & 0xff) == 16 && sa >> 8 == 0;
+	}
+	check(apart, "neighbours' spans meet at the same group at every moment");
+	check(five * 2 == steps, "4.5 groups: 5 half of the time (%d of %d looks)", five, steps);
+	check(sched_span_now(&s.pg, a, start) == 5 && sched_span_now(&s.pg, a, start + period - 1) == 4,
+	      "rounded up the first part of the period, down the rest");
+}
+
 int main(void)
 {
 	weights_share_the_gpu_and_change_live();
@@ -583,6 +613,7 @@ int main(void)
 	a_cap_above_what_a_guest_uses_adds_no_latency();
 	shared_holds_only_the_first_part_of_each_period();
 	only_a_high_guests_workers_are_normal_mps_clients();
+	an_sm_span_rounds_its_ends_alike_for_neighbours();
 	if (failures) {
 		printf("t_sched_policy: %d failed\n", failures);
 		return 1;

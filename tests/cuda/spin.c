@@ -6,9 +6,9 @@
  * "capture ok" if it ended whole, "capture broken" if not); with "capture-stray", the same after
  * a cuStreamEndCapture of the first stream, which is not being captured (refused); with "two",
  * async on two streams by turns; with "churn", async on a stream made for each memset and
- * destroyed after it.  IDLE: seconds it then stays without putting work on the GPU before it
+ * destroyed after it; with "blocking", async on a stream made without CU_STREAM_NON_BLOCKING.  IDLE: seconds it then stays without putting work on the GPU before it
  * exits (its output said first).
- *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn] [IDLE]   */
+ *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking] [IDLE]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +35,11 @@ int main(int argc, char **argv)
 	int stray = argc > 3 && !strcmp(argv[3], "capture-stray");
 	int capture = stray || (argc > 3 && !strcmp(argv[3], "capture"));
 	int two = argc > 3 && !strcmp(argv[3], "two"), churn = argc > 3 && !strcmp(argv[3], "churn");
-	int async = capture || two || churn || (argc > 3 && !strcmp(argv[3], "async"));
+	int blocking = argc > 3 && !strcmp(argv[3], "blocking");
+	int async = capture || two || churn || blocking || (argc > 3 && !strcmp(argv[3], "async"));
 	CUstream t = NULL;
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
-	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) ||
+	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
 	    (two && cuStreamCreate(&t, CU_STREAM_NON_BLOCKING)) ||
 	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
 			 cuMemsetD8Async(p, 0, bytes, c)))) {

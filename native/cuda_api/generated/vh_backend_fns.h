@@ -83,12 +83,16 @@
 	X(cuArray3DCreate_v2) \
 	X(cuArrayCreate_v2) \
 	X(cuArrayDestroy) \
+	X(cuCtxFromGreenCtx) \
 	X(cuCtxPopCurrent_v2) \
 	X(cuCtxPushCurrent_v2) \
 	X(cuCtxSetCurrent) \
+	X(cuDevResourceGenerateDesc) \
+	X(cuDevSmResourceSplitByCount) \
 	X(cuDeviceGet) \
 	X(cuDeviceGetAttribute) \
 	X(cuDeviceGetCount) \
+	X(cuDeviceGetDevResource) \
 	X(cuDeviceGetName) \
 	X(cuDeviceGetUuid_v2) \
 	X(cuDeviceGraphMemTrim) \
@@ -113,6 +117,9 @@
 	X(cuGraphInstantiateWithFlags) \
 	X(cuGraphKernelNodeSetParams_v2) \
 	X(cuGraphMemAllocNodeGetParams) \
+	X(cuGreenCtxCreate) \
+	X(cuGreenCtxDestroy) \
+	X(cuGreenCtxStreamCreate) \
 	X(cuInit) \
 	X(cuIpcCloseMemHandle) \
 	X(cuIpcGetEventHandle) \

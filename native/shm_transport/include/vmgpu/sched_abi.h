@@ -13,11 +13,12 @@
  *    speak.  The creator stores the magic last (release), after every other field is written.
  *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
  *    store only whole aligned 32-bit control words: policy, slice_us, period_us, idle_us and a
- *    slot's weight, cap, priority, guarantee and hold.
+ *    slot's weight, cap, priority, guarantee, hold, depth and sm_part.
  *  - cap, priority, guarantee and hold sit where version 1 had padding, and zero means what a slot
  *    without them did (no cap, normal priority, no guarantee, never held): a forwarder that does not know them
- *    leaves them zero, so the page stays version 1.  So does the header's idle_us (zero: the
- *    forwarders' default).
+ *    leaves them zero, so the page stays version 1.  So do the header's idle_us (zero: the
+ *    forwarders' default) and sm_groups, and a slot's depth, active_ms and sm_part (zero: the
+ *    forwarder's depth, never seen at work, the whole GPU).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
  *
@@ -94,7 +95,13 @@ struct vmgpu_sched_slot {
 	                                          * workers was last seen serving a call (in the driver, or
 	                                          * waiting at its depth or gate) or passing the gate, as
 	                                          * their scheduler threads publish it under shared; 0: never */
-	uint8_t pad[256 - 192];                  /* 192 */
+	VMGPU_ATOMIC(uint32_t) sm_part;    /* 192: under shared, while another guest of its priority or
+	                                          * above is at work: the SMs its work runs on, as a span of the
+	                                          * page's sm_groups groups, [lo, hi) in sixteenths of a group
+	                                          * (lo << 16 | hi; a fractional end takes the next group the
+	                                          * first part of each period: host_forwarder/native/partition.h);
+	                                          * 0: the whole GPU */
+	uint8_t pad[256 - 196];                  /* 196 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -111,7 +118,9 @@ struct vmgpu_sched_page {
 	                                         *      waits, gives the GPU up; 0: 2000 (SCHED_IDLE_NS) */
 	uint64_t hold_start;                    /*  40: when the owner's turn began */
 	uint8_t mu_space[64];                   /*  48: pthread_mutex_t (process-shared, robust) */
-	uint8_t pad1[128 - 112];                /* 112 */
+	VMGPU_ATOMIC(uint32_t) sm_groups; /* 112: the groups of SMs a span (slot.sm_part) counts in, as
+	                                         *      the forwarders found the GPU; 0: they cannot partition it */
+	uint8_t pad1[128 - 116];                /* 116 */
 	struct vmgpu_sched_slot slot[VMGPU_SCHED_SLOTS]; /* 128 */
 };
 
@@ -133,7 +142,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, guarantee) == 176, "slot guaran
 _Static_assert(offsetof(struct vmgpu_sched_slot, hold) == 180, "slot hold");
 _Static_assert(offsetof(struct vmgpu_sched_slot, depth) == 184, "slot depth");
 _Static_assert(offsetof(struct vmgpu_sched_slot, active_ms) == 188, "slot active_ms");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 192, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, sm_part) == 192, "slot sm_part");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 196, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
@@ -143,6 +153,7 @@ _Static_assert(offsetof(struct vmgpu_sched_page, gen) == 32, "page futex word");
 _Static_assert(offsetof(struct vmgpu_sched_page, idle_us) == 36, "page idle_us");
 _Static_assert(offsetof(struct vmgpu_sched_page, hold_start) == 40, "page hold_start");
 _Static_assert(offsetof(struct vmgpu_sched_page, mu_space) == 48, "page mutex");
+_Static_assert(offsetof(struct vmgpu_sched_page, sm_groups) == 112, "page sm_groups");
 _Static_assert(offsetof(struct vmgpu_sched_page, slot) == 128, "page slots");
 _Static_assert(sizeof(struct vmgpu_sched_page) == VMGPU_SCHED_PAGE_SIZE, "page size");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * SM partitions (partition.c): under the shared policy, while another guest of its priority or
+ * above is at work, a guest's work runs on the span of the GPU's SMs the share controller gives it
+ * (its slot's sm_part), so that guests run side by side on SMs of their own (as MPS clients)
+ * instead of taking the whole GPU in turns; alone, it has the whole GPU again.
+ *
+ * A span is groups [lo, hi) of the GPU's SMs split into groups of the size the driver co-schedules
+ * (cuDevSmResourceSplitByCount; 8 SMs on an H100 or H200, whose 132 SMs make 16 groups and 4 left
+ * over, which go with the last group).  The page's span word gives each end in sixteenths of a
+ * group: an end at n + f/16 is at n + 1 for the first f/16 of each period and at n for the rest,
+ * so that a share between two whole groups is kept on average; neighbours' ends round alike at the
+ * same moment, so their spans stay apart (sched_span_now, sched_policy.c).
+ *
+ * How the work gets there: the green context of the span (made at its first use, charged to the
+ * quota first: context.c), and for each of the guest's streams a twin stream in it
+ * (cuGreenCtxStreamCreate); a default stream's work runs with the green context current (its own
+ * default streams).  A stream's work moves between itself and its twin only at a call that puts
+ * work on it, after an event recorded on where it went last, so its order holds; calls that wait
+ * for a stream's work (synchronise, query, record an event, wait for one) go where its work last
+ * went, which comes after all of it.  Nothing moves while a stream capture is open.  A process
+ * that makes a stream without CU_STREAM_NON_BLOCKING is not partitioned (its implicit order with
+ * the default stream holds only within one context), nor is one whose green context does not fit
+ * its quota; both stay on the whole GPU, held by time as before.
+ */
+#ifndef VH_PARTITION_H
+#define VH_PARTITION_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <stdint.h>
+
+struct vh_chan;
+struct vh_handle;
+
+#define VH_PART_GROUPS 64 /* at most this many groups of SMs (an H200 has 16) */
+#define VH_PART_GREENS 6  /* green contexts a worker keeps per GPU (a span dithers between two) */
+
+struct vh_green {
+	uint32_t span; /* lo << 8 | hi, whole groups */
+	CUgreenCtx g;
+	CUcontext c;
+	uint64_t used; /* the worker's call count when work last went to it (the least recent goes first) */
+	uint64_t charge;
+};
+
+/* A worker's partitions on one GPU. */
+struct vh_part {
+	int state;  /* 0 not looked at, 1 can partition, -1 cannot (or may not) */
+	int groups; /* G */
+	CUdevResource group[VH_PART_GROUPS], rest; /* the split, and the SMs left over */
+	int has_rest;
+	struct vh_green green[VH_PART_GREENS];
+	int ngreen;
+	uint32_t null_on; /* the span the default streams' work last went to (0: the whole GPU) */
+	CUevent ev[2];    /* for the order across a move (default and per-thread streams) */
+	uint64_t moves;   /* moves of work between spans (the tests count them) */
+};
+
+/* After the process's context on dev is made: the GPU's SMs split into groups, and their number
+ * published on the GPU's scheduler page (where this forwarder partitions: --sm-partitions). */
+void vh_part_setup(struct vh_chan *ch, int dev);
+/* Before the process's context on dev goes: every twin and green context there destroyed. */
+void vh_part_drop(struct vh_chan *ch, int dev);
+/* The real stream a guest stream's call goes to: for a call that puts work on it (work), moved to
+ * the span its GPU's scheduler gives now if that changed; else where its work last went. */
+CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work);
+/* A call on a default stream of the current GPU (or on none: the legacy stream): the green context
+ * of the span its work goes to made current (moved first, as above, if work); vh_part_after makes
+ * the process's own context current again after the call. */
+void vh_part_default(struct vh_chan *ch, int work);
+void vh_part_after(struct vh_chan *ch);
+/* A stream the guest destroyed: its twin goes too. */
+void vh_part_forget(struct vh_chan *ch, struct vh_handle *e);
+
+#endif
