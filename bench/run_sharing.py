@@ -169,8 +169,8 @@ def shared_pair(
     """Two trainers at 30/70 under the shared policy (on MPS if mps_pipe), its controller running
     as vmgpud runs it: their row, with the holds it gave them on average (%), and their parts'
     largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
-    MPS; `_depth` held by the depth lever; `_light_below` where the weight-30 guest's MPS client
-    priority is below normal and the other's normal, so that the SMs run the heavier guest's
+    MPS; `_depth` held by the depth lever, `_sms` on SM partitions (the sms lever); `_light_below`
+    where the weight-30 guest's MPS client priority is below normal and the other's normal, so that the SMs run the heavier guest's
     kernels first and the light one fills what they leave; `_threads{N}` where the light guest's
     MPS active-thread percentage is threads[0] and the other's threads[1]: partitions that the
     controller corrects); what the controller saw every 0.5 s,
@@ -192,7 +192,8 @@ def shared_pair(
         if trace is not None and (looks[0] % 5 == 0 or ctl.probe):  # every 0.5 s, and each look in a probe
             state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
             trace.write(
-                f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} calls "
+                f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} "
+                f"spans {[(m.sm_part >> 16, m.sm_part & 0xFFFF) for m in members]} calls "
                 f"{[m.work_calls for m in members]} alone,open {state} parts "
                 f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
             )
@@ -206,16 +207,21 @@ def shared_pair(
     rates = [o["img_per_s"] for o in out]
     key = (
         ("" if mps_pipe else "_no_mps")
-        + ("_depth" if lever == "depth" else "")
+        + lever_key(lever)
         + ("_light_below" if light_below else "")
         + (f"_threads{threads[0]}" if threads else "")
     )
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     what += ", the light guest's MPS client priority below normal" if light_below else ""
-    what += ", held by depth" if lever == "depth" else ""
+    what += {"depth": ", held by depth", "sms": ", on SM partitions"}.get(lever, "")
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+
+
+def lever_key(lever: str) -> str:
+    """The summary keys' suffix for a lever's shared rows (the time lever's: none)."""
+    return "" if lever == "time" else f"_{lever}"
 
 
 @contextlib.contextmanager
@@ -674,9 +680,10 @@ def main() -> int:
     ap.add_argument(
         "--lever",
         default="time",
-        help="how the shared rows' controller holds a guest back: the first part of each period (time, "
-        "as vmgpud does), or how much of its work the GPU has at once (depth: its part of --depth); "
-        "time,depth runs the shared rows once with each, beside the same references",
+        help="how the shared rows' controller holds a guest back: the first part of each period (time), "
+        "how much of its work the GPU has at once (depth: its part of --depth), or the SMs it runs on beside "
+        "the others (sms: SM partitions, green contexts); time,sms runs the shared rows once with each, "
+        "beside the same references",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
@@ -814,7 +821,7 @@ def main() -> int:
                         depth_rows(g, run, rows, solo, depths, mps["CUDA_MPS_PIPE_DIRECTORY"], a.seconds)
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
                     for lever in LEVERS if "shared" not in skip else ():
-                        by = "_depth" if lever == "depth" else ""
+                        by = lever_key(lever)
                         shared_pair(g, run, rows, summary, solo, pipe, trace, lever=lever)
                         agg += (
                             f"{',' if lever != LEVERS[0] else ''} on MPS by {lever} {summary[f'shared_total{by}']:.2f}"

@@ -45,7 +45,15 @@ its open part from 1 down to DEPTH_PART narrows its depth from the forwarders' d
 unfinished piece of work, on a log scale (a depth matters only once it is small: on an H100 a
 trainer at 19 of 64 still took half the GPU beside another); below DEPTH_PART it runs at depth
 one and is held the first part of each period as under time, open/DEPTH_PART of it left open.
-A cap holds by time under either lever.
+A cap holds by time under every lever.
+
+With `lever="sms"` guests are not held by time at all (but for caps): each sharing guest is given
+a span of the GPU's SMs, its part of them its open part over the sum of the sharing guests'
+(whole groups of the page's `sm_groups`, each guest at least one; the ends in sixteenths of a
+group, which the forwarders round per period: host_forwarder/native/partition.h), and its work
+runs there while another is at work, side by side on SMs of its own (its forwarder's workers MPS
+clients), and on the whole GPU alone.  The same feedback moves the spans as moves the holds.  Where
+the forwarders cannot partition the GPU (no groups on the page) it holds by time.
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
@@ -75,7 +83,7 @@ GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
 RANKS = {"low": 0, "normal": 1, "high": 2}
-LEVERS = ("time", "depth")  # how a guest is held back: the first part of each period, or its depth
+LEVERS = ("time", "depth", "sms")  # how a guest is held back: the first part of each period, its depth, its SMs
 DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
 DEPTH_PART = 0.5  # under the depth lever: an open part above this narrows the depth; below, time holds too
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
@@ -138,6 +146,8 @@ class ShareController:
         self.window_s, self.probe_every_s, self.probe_s, self.settle_s = window_s, probe_every_s, probe_s, settle_s
         self.lever, self.depth = lever, min(max(1, depth), DEPTH_MAX)  # (a depth it gives is at most this)
         self.depths: dict[int, int] = {}  # under the depth lever: each slot's depth (0: its forwarder's)
+        self.spans: dict[int, tuple[int, int]] = {}  # under the sms lever: each slot's span (0, 0: the whole GPU)
+        self.groups = 0  # the groups of SMs the GPU's page says its spans count in (0: none)
         self.guests: dict[tuple[int, str], _Guest] = {}
         self.probe: _Probe | None = None
         self.probe_ended = 0.0
@@ -164,7 +174,10 @@ class ShareController:
 
     # -- one look -----------------------------------------------------------------------------
 
-    def step(self, now: float, seen: list[Seen]) -> dict[int, int]:
+    def step(self, now: float, seen: list[Seen], groups: int = 0) -> dict[int, int]:
+        """The holds (per mille) for each slot at this look; under the sms lever, `groups` is the
+        page's sm_groups and the spans are left in self.spans."""
+        self.groups = groups if self.lever == "sms" else 0
         keys = {(s.slot, s.guest): s for s in seen}
         for k in list(self.guests):
             if k not in keys:
@@ -178,6 +191,7 @@ class ShareController:
         holds = self._probe_step(now, keys) if self.probe is not None else None
         self.depths = dict.fromkeys((k[0] for k in keys), 0)  # (a probe measures guests at their own depth)
         if holds is None:
+            self.spans = dict.fromkeys((k[0] for k in keys), (0, 0))
             holds = self._plan(now, keys)
         for k in keys:
             self.guests[k].hold = holds[k[0]]
@@ -213,7 +227,26 @@ class ShareController:
         self._control(now, keys, busy)
         if self.lever == "depth":
             self.depths.update({k[0]: self._depth(self.guests[k]) for k in busy})
+        if self.groups and len(self.sharing) >= 2:
+            self.spans.update(self._spans(sorted(self.sharing)))
         return {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
+
+    def _spans(self, shared: list) -> dict[int, tuple[int, int]]:
+        """Under the sms lever: the sharing guests' spans side by side in slot order, each its
+        open part over theirs of the GPU's groups (at least one; in sixteenths of a group)."""
+        total, n = 16 * self.groups, len(shared)
+        if n > self.groups:
+            return {}  # (fewer groups than guests: they share by time)
+        opens = [self.guests[k].open for k in shared]
+        out, lo, cum = {}, 0, 0.0
+        for i, k in enumerate(shared):
+            cum += opens[i] / sum(opens)
+            # each end where its part says, but leaving each guest at least one whole group
+            hi = total if i == n - 1 else int(round(cum * total))
+            hi = max(lo + 16, min(hi, total - 16 * (n - 1 - i)))
+            out[k[0]] = (lo, hi)
+            lo = hi
+        return out
 
     def _probe_step(self, now: float, keys: dict) -> dict[int, int] | None:
         """A probe under way: the holds it needs, or None once it is over (its guest gone, or
@@ -317,7 +350,7 @@ class ShareController:
             k for k in shared if self.guests[k].ceiling < 1 and self._open(self.guests[k]) >= self.guests[k].ceiling
         ]
         for k in bound:  # (under the depth lever at its full depth: its cap's hold is all that holds it)
-            self.guests[k].open = self.guests[k].ceiling if self.lever == "time" else 1.0
+            self.guests[k].open = self.guests[k].ceiling if self._by_time() else 1.0
         free = [k for k in shared if k not in bound]
         if not free:
             return
@@ -334,8 +367,11 @@ class ShareController:
 
     def _open(self, g: _Guest) -> float:
         """The part of each period its weight leaves its work (before its cap): its open part under
-        time; under the depth lever all of it down to DEPTH_PART, less below."""
-        return g.open if self.lever == "time" else min(1.0, g.open / DEPTH_PART)
+        time; under the depth lever all of it down to DEPTH_PART, less below; under the sms lever
+        (its open part is its span's) all of it."""
+        if self.lever == "sms" and self.groups:
+            return 1.0
+        return g.open if self.lever in ("time", "sms") else min(1.0, g.open / DEPTH_PART)
 
     def _retarget(self, now: float, shared: list, targets: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
@@ -363,9 +399,15 @@ class ShareController:
             g.target = targets[k]
         return changed
 
+    def _by_time(self) -> bool:
+        """Whether the open part is a part of each period (the time lever, or sms with no groups)."""
+        return self.lever == "time" or (self.lever == "sms" and not self.groups)
+
     def _floor_part(self) -> float:
-        """What part of its target each period a held guest keeps open at least (see _control)."""
-        return DEPTH_PART if self.lever == "depth" else 1.0
+        """What part of its target each period a held guest keeps open at least (see _control);
+        under the sms lever, half of it (a guest runs faster on a part of the SMs than that part of
+        its speed alone: its target may need a span smaller than the target)."""
+        return DEPTH_PART if self.lever == "depth" else 0.5 if self.lever == "sms" and self.groups else 1.0
 
     def _hold(self, g: _Guest) -> int:
         """The part of each period its work waits (per mille): what it may not have of it, by its
@@ -416,9 +458,12 @@ def apply_step(page, ctl: ShareController, now: float) -> None:
                 page.set_hold(m.slot, 0)
             if m.depth:
                 page.set_depth(m.slot, 0)
+            if m.sm_part:
+                page.set_part(m.slot, 0, 0)
         ctl.guests.clear()
         ctl.probe = None
         return
-    for slot, hold in ctl.step(now, seen_on(page)).items():
+    for slot, hold in ctl.step(now, seen_on(page), page.sm_groups).items():
         page.set_hold(slot, hold)
         page.set_depth(slot, ctl.depths.get(slot, 0))
+        page.set_part(slot, *ctl.spans.get(slot, (0, 0)))

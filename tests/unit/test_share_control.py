@@ -35,6 +35,12 @@ class Gpu:
         # a guest's pull on the GPU beside others at depth d is d / (d + depth_k): a depth tells
         # only once it is small (2: at 19 of 64 a trainer kept 48% of the pair, as on an H100)
         self.depth_k = 2.0
+        # SM partitions (the sms lever): the groups of SMs the page offers (0: none), each guest's
+        # span as the controller gave it, and a guest's speed on a part x of the SMs, alone there
+        # (x ** 0.6: 30% of an H100's SMs ran a trainer at about half its speed)
+        self.groups = 0
+        self.spans = dict.fromkeys(alone, (0, 0))
+        self.sm_speed = lambda x: x**0.6
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
@@ -57,9 +63,10 @@ class Gpu:
         for i in range(int(round(seconds / dt))):
             t = self.now + i * dt
             if i % int(round(0.1 / dt)) == 0:
-                holds = ctl.step(t, self.seen())
+                holds = ctl.step(t, self.seen(), self.groups)
                 self.holds = {n: holds[j] for j, n in enumerate(names)}
                 self.depths = {n: ctl.depths.get(j, 0) or ctl.depth for j, n in enumerate(names)}
+                self.spans = {n: ctl.spans.get(j, (0, 0)) for j, n in enumerate(names)}
             into = t % PERIOD
             running = [n for n in names if self.busy[n] and into >= self._hold(n) / 1000 * PERIOD]
             top = max((self.rank[n] for n in running), default=0)
@@ -71,10 +78,16 @@ class Gpu:
                 elif t - self.alone_since[n] > PERIOD / 2 >= t - dt - self.alone_since[n]:
                     self.stretches[n] += 1  # alone longer than half a period: a probe (holds are shorter)
             pull = {n: self.depths[n] / (self.depths[n] + self.depth_k) for n in running}
+            # on spans of their own (each with one: the forwarders partition only while another is
+            # at work), each runs at its speed on its part of the SMs, whatever the others do
+            spans = len(running) > 1 and all(self.spans[n] != (0, 0) for n in running)
             for n in running:
                 # side by side, each gets of what they get together the part its pull is of theirs
                 # (equal depths: together[n] each), never more than alone
                 share = self.together[len(running)] * len(running) * pull[n] / sum(pull.values())
+                if spans:
+                    lo, hi = self.spans[n]
+                    share = self.sm_speed((hi - lo) / (16 * self.groups))
                 rate = self.alone[n] * min(1.0, share)
                 if n in self.demand:
                     rate = min(rate, self.demand[n])
@@ -475,6 +488,11 @@ def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
         def set_depth(self, slot, depth):
             self.m[slot].depth = depth
 
+        sm_groups = 0  # (a GPU the forwarders do not partition)
+
+        def set_part(self, slot, lo, hi):
+            self.m[slot].sm_part = lo << 16 | hi
+
     page, stop, looks = Page(), threading.Event(), []
 
     def after(members, ctl):
@@ -491,7 +509,7 @@ def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
     ctl = share_control.ShareController(lever="depth", depth=64)
     ctl.depths = {}
     page.m[0].depth = 0
-    ctl.step = lambda now, seen: (setattr(ctl, "depths", {0: 20, 1: 0}), {0: 0, 1: 0})[1]
+    ctl.step = lambda now, seen, groups=0: (setattr(ctl, "depths", {0: 20, 1: 0}), {0: 0, 1: 0})[1]
     share_control.apply_step(page, ctl, 0.0)
     assert [m.depth for m in page.m] == [20, 0]
     page.policy = "weighted"
@@ -499,3 +517,52 @@ def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
     assert [m.depth for m in page.m] == [0, 0] and [m.hold for m in page.m] == [0, 0]
     with pytest.raises(ValueError):
         share_control.ShareController(lever="turns")
+
+
+def test_under_the_sms_lever_the_parts_hold_on_spans_of_their_own_and_the_pair_gets_more():
+    # each guest on SMs of its own (its span's part of the GPU's 16 groups), nobody held by time:
+    # the spans move until the parts are 30/70, and the pair gets what partitions give (1.3 on
+    # this model at 30/70), more than holding by time beside each other
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    got = settled(gpu, 20, 20, lever="sms")
+    p = parts(got)
+    assert abs(p["a"] - 30) <= 2 and abs(p["b"] - 70) <= 2, (p, got)
+    assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
+    (alo, ahi), (blo, bhi) = gpu.spans["a"], gpu.spans["b"]
+    assert alo == 0 and ahi == blo and bhi == 16 * 16 and ahi - alo >= 16, gpu.spans  # side by side, all of it
+    assert ahi < bhi - blo, gpu.spans  # the light guest on fewer SMs
+    by_time = settled(_pair(30, 70), 20, 20)
+    assert sum(got.values()) > sum(by_time.values()) + 0.05, (got, by_time)
+
+
+def test_under_the_sms_lever_a_gpu_with_no_groups_is_shared_by_time():
+    # the forwarders cannot partition the GPU (no MPS, an older driver): the page has no groups,
+    # and the same lever holds by time as the time lever does
+    gpu = _pair(30, 70)
+    got = settled(gpu, 20, 20, lever="sms")
+    p = parts(got)
+    assert abs(p["a"] - 30) <= 2, (p, got)
+    assert gpu.spans == {"a": (0, 0), "b": (0, 0)} and gpu.holds["a"] > 0, (gpu.spans, gpu.holds)
+
+
+def test_under_the_sms_lever_a_guest_alone_gets_no_span():
+    # the other gone idle: nobody shares, so nobody is given a span (the forwarders would give the
+    # one at work the whole GPU anyway; the page says so too)
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 10)
+    assert gpu.spans["a"] != (0, 0)
+    gpu.busy["b"] = False
+    got = gpu.run(ctl, 3)
+    assert gpu.spans == {"a": (0, 0), "b": (0, 0)}, gpu.spans
+    assert got["a"] > 0.95, got
+
+
+def test_under_the_sms_lever_a_cap_still_holds_by_time():
+    gpu = _pair(50, 50)
+    gpu.groups = 16
+    gpu.cap["a"] = 20
+    settled(gpu, 10, 5, lever="sms")
+    assert gpu.holds["a"] == 800, gpu.holds  # (its cap's hold: 1000 - 10 x 20)
