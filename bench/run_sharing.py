@@ -171,10 +171,10 @@ def shared_pair(
     largest error and total in the summary (shared_share_err_pp, shared_total; `_no_mps` without
     MPS; `_depth` held by the depth lever, `_sms` on SM partitions (the sms lever); `_light_below`
     where the weight-30 guest's MPS client priority is below normal and the other's normal, so that
-    the SMs run the heavier guest's kernels first and the light one fills what they leave; `_threads{N}` where the light guest's
-    MPS active-thread percentage is threads[0] and the other's threads[1]: partitions that the
-    controller corrects); what the controller saw every 0.5 s,
-    and at each look in a probe, to `trace`."""
+    the SMs run the heavier guest's kernels first and the light one fills what they leave;
+    `_threads{N}` where the light guest's MPS active-thread percentage is threads[0] and the
+    other's threads[1]: partitions that the controller corrects); what the controller saw every
+    0.5 s, and at each look in a probe, to `trace`."""
     flags = ("--mps", mps_pipe) if mps_pipe else ()
     light, heavy = (("--mps-priority", "below"), ("--mps-priority", "normal")) if light_below else ((), ())
     if threads:
