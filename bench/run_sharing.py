@@ -144,9 +144,13 @@ class Guests:
         return Page(next(self.sched.glob("vmgpu-sched-*")))
 
     def stop(self) -> None:
+        keep = os.environ.get("VMGPU_BENCH_LOGS")  # a directory to keep the forwarders' logs in
         for fwd, region in self.fwds:
             fwd.stop()
             region.unlink(missing_ok=True)
+            if keep:
+                with open(Path(keep) / f"{fwd.guest}.log", "a") as f:
+                    f.write(fwd.log())
         self.fwds, self.names = [], []
 
     def policy(self, name: str) -> None:

@@ -324,8 +324,16 @@ class ShareController:
         # goes nearly as fast is not held either, but still counts among those sharing, so that
         # a guest held for it stays held (its speed may be the holds' doing: were they lifted
         # because it looks content, it would fall back, and the holds come and go)
-        # (and with fewer than two to share, nobody is held for anyone)
-        shared = [k for k in busy if k in progress and 0 < progress[k] < FULL]
+        # (and with fewer than two to share, nobody is held for anyone).  On SM spans a guest
+        # already sharing stays in however fast it goes: its speed is its span's doing (a trainer
+        # on 79% of an H200's SMs ran at its speed alone), and were it left out the spans would
+        # be lifted and the others take its SMs back
+        spans = self.lever == "sms" and self.groups
+        shared = [
+            k
+            for k in busy
+            if k in progress and 0 < progress[k] and (progress[k] < FULL or (spans and k in self.sharing))
+        ]
         if len(shared) < 2:
             shared = []
         for k in busy:
@@ -335,6 +343,11 @@ class ShareController:
             self._retarget(now, [], {})  # (nobody shares: no targets to change from)
             return
         targets = self._targets(keys, shared)
+        if spans:  # a guest that begins to share begins on a span of its target's size
+            top_target = max(targets.values())
+            for k in shared:
+                if not self.guests[k].target:
+                    self.guests[k].open = targets[k] / top_target
         if self._retarget(now, shared, targets):
             return  # (stands while half a window of rates at the new holds is measured)
         total = sum(progress[k] for k in shared)

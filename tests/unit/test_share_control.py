@@ -566,3 +566,36 @@ def test_under_the_sms_lever_a_cap_still_holds_by_time():
     gpu.cap["a"] = 20
     settled(gpu, 10, 5, lever="sms")
     assert gpu.holds["a"] == 800, gpu.holds  # (its cap's hold: 1000 - 10 x 20)
+
+
+def test_under_the_sms_lever_a_guest_at_full_speed_on_its_span_keeps_sharing():
+    # SMs a trainer cannot use: on 80% of them the heavy guest runs as fast as alone.  Left out
+    # of the sharing as "short of nothing", its span would be lifted and the light guest take the
+    # SMs back, and so on; it stays in, the spans stand, and the parts hold with much overlap
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    gpu.sm_speed = lambda x: min(1.0, 1.25 * x**0.6)
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 20)
+    spans = []
+    for _ in range(20):
+        got = gpu.run(ctl, 0.5)
+        spans.append(gpu.spans["a"])
+    p = parts(gpu.run(ctl, 10))
+    assert all(s != (0, 0) for s in spans), spans
+    assert abs(p["a"] - 30) <= 2, p
+    assert got["b"] > 0.95 and sum(got.values()) > 1.3, got
+
+
+def test_under_the_sms_lever_the_spans_begin_at_the_targets():
+    # two guests that begin to share begin on spans of their targets' sizes (30/70 of the SMs),
+    # not half each: the first look that gives spans does so
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    ctl = ShareController(lever="sms")
+    for _ in range(100):
+        gpu.run(ctl, 0.1)
+        if gpu.spans["a"] != (0, 0):
+            break
+    lo, hi = gpu.spans["a"]
+    assert abs((hi - lo) / 256 - 0.3) < 0.05, gpu.spans
