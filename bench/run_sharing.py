@@ -223,6 +223,11 @@ def shared_pair(
     summary[f"shared_total{key}"] = sum(rates) / solo
 
 
+def lever_note() -> str:
+    """The sharedconverge and sharedreclaim rows' note of their lever (the last of --lever)."""
+    return "" if LEVERS[-1] == "time" else f" ({LEVERS[-1]} lever)"
+
+
 def lever_key(lever: str) -> str:
     """The summary keys' suffix for a lever's shared rows (the time lever's: none)."""
     return "" if lever == "time" else f"_{lever}"
@@ -272,16 +277,18 @@ def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: st
         marks["end"] = t0 + seconds - 0.2
         s.start(t0, change)
 
-    with controlled(g) as ctl:
+    with controlled(g, LEVERS[-1]) as ctl:  # (the last of --lever)
         run.together(envs, during)
         alone = {k[1]: c.alone for k, c in ctl.guests.items()}
         samples = s.done()  # (before the forwarders stop and leave the page)
     if not alone.get(first) or not alone.get(second):
         summary["converge_s_shared"] = float("nan")
-        rows.append(("shared: weights 50/50 -> 20/80 live: converged", "no rate alone measured"))
+        rows.append((f"shared{lever_note()}: weights 50/50 -> 20/80 live: converged", "no rate alone measured"))
         return
     summary["converge_s_shared"] = converge_parts(samples, marks["at"], marks["end"], first, second, alone, 20)
-    rows.append(("shared: weights 50/50 -> 20/80 live: converged", f"{summary['converge_s_shared']:.2f} s"))
+    rows.append(
+        (f"shared{lever_note()}: weights 50/50 -> 20/80 live: converged", f"{summary['converge_s_shared']:.2f} s")
+    )
 
 
 def converge_parts(samples: list, at: float, end: float, a: str, b: str, alone: dict, target: float) -> float:
@@ -322,11 +329,16 @@ def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str
     ]
     stayer, leaver = g.names[-2:]
     s = Sampler(g, 0.001)
-    with controlled(g):
+    with controlled(g, LEVERS[-1]):  # (the last of --lever)
         run.together(envs, lambda t0: s.start(t0))
         samples = s.done()  # (before the forwarders stop and leave the page)
     summary["reclaim_ms_shared"] = reclaim_rate_ms(samples, stayer, leaver)
-    rows.append(("shared: a guest stops: the other at its rate alone after", f"{summary['reclaim_ms_shared']:.1f} ms"))
+    rows.append(
+        (
+            f"shared{lever_note()}: a guest stops: the other at its rate alone after",
+            f"{summary['reclaim_ms_shared']:.1f} ms",
+        )
+    )
 
 
 def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01) -> float:
