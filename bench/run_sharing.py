@@ -217,7 +217,11 @@ def shared_pair(
     )
     what = ("shared 30/70 on MPS" if mps_pipe else "shared 30/70 without MPS") + f" (after {SHARED_LEAD[0]:g} s)"
     what += ", the light guest's MPS client priority below normal" if light_below else ""
-    what += {"depth": ", held by depth", "sms": ", on SM partitions"}.get(lever, "")
+    what += {
+        "depth": ", held by depth",
+        "sms": ", on SM partitions",
+        "smsfree": ", on SM partitions, the heavy guest on all SMs",
+    }.get(lever, "")
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
@@ -698,7 +702,8 @@ def main() -> int:
         default="time",
         help="how the shared rows' controller holds a guest back: the first part of each period (time), "
         "how much of its work the GPU has at once (depth: its part of --depth), or the SMs it runs on beside "
-        "the others (sms: SM partitions, green contexts); time,sms runs the shared rows once with each, "
+        "the others (sms: SM partitions, green contexts; smsfree: the same but the guest given most left on all of "
+        "the SMs); time,sms runs the shared rows once with each, "
         "beside the same references",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")

@@ -53,7 +53,10 @@ a span of the GPU's SMs, its part of them its open part over the sum of the shar
 group, which the forwarders round per period: host_forwarder/native/partition.h), and its work
 runs there while another is at work, side by side on SMs of its own (its forwarder's workers MPS
 clients), and on the whole GPU alone.  The same feedback moves the spans as moves the holds.  Where
-the forwarders cannot partition the GPU (no groups on the page) it holds by time.
+the forwarders cannot partition the GPU (no groups on the page) it holds by time.  Under
+`lever="smsfree"` the guest given the most is left on the whole GPU and the others have spans as
+under sms: its work may use their SMs too wherever theirs leaves room (as MPS clients' active-thread
+percentages let them), the others' only theirs.
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
@@ -83,7 +86,10 @@ GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
 RANKS = {"low": 0, "normal": 1, "high": 2}
-LEVERS = ("time", "depth", "sms")  # how a guest is held back: the first part of each period, its depth, its SMs
+# how a guest is held back: the first part of each period, its depth, its SMs (apart from the others',
+# or, under smsfree, with the guest given most left on all of them)
+LEVERS = ("time", "depth", "sms", "smsfree")
+SMS_LEVERS = ("sms", "smsfree")
 DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
 DEPTH_PART = 0.5  # under the depth lever: an open part above this narrows the depth; below, time holds too
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
@@ -177,7 +183,7 @@ class ShareController:
     def step(self, now: float, seen: list[Seen], groups: int = 0) -> dict[int, int]:
         """The holds (per mille) for each slot at this look; under the sms lever, `groups` is the
         page's sm_groups and the spans are left in self.spans."""
-        self.groups = groups if self.lever == "sms" else 0
+        self.groups = groups if self.lever in SMS_LEVERS else 0
         keys = {(s.slot, s.guest): s for s in seen}
         for k in list(self.guests):
             if k not in keys:
@@ -238,13 +244,14 @@ class ShareController:
         if n > self.groups:
             return {}  # (fewer groups than guests: they share by time)
         opens = [self.guests[k].open for k in shared]
+        free = shared[opens.index(max(opens))] if self.lever == "smsfree" else None
         out, lo, cum = {}, 0, 0.0
         for i, k in enumerate(shared):
             cum += opens[i] / sum(opens)
             # each end where its part says, but leaving each guest at least one whole group
             hi = total if i == n - 1 else int(round(cum * total))
             hi = max(lo + 16, min(hi, total - 16 * (n - 1 - i)))
-            out[k[0]] = (lo, hi)
+            out[k[0]] = (lo, hi) if k != free else (0, 0)
             lo = hi
         return out
 
@@ -328,7 +335,7 @@ class ShareController:
         # already sharing stays in however fast it goes: its speed is its span's doing (a trainer
         # on 79% of an H200's SMs ran at its speed alone), and were it left out the spans would
         # be lifted and the others take its SMs back
-        spans = self.lever == "sms" and self.groups
+        spans = self.lever in SMS_LEVERS and self.groups
         shared = [
             k
             for k in busy
@@ -382,9 +389,9 @@ class ShareController:
         """The part of each period its weight leaves its work (before its cap): its open part under
         time; under the depth lever all of it down to DEPTH_PART, less below; under the sms lever
         (its open part is its span's) all of it."""
-        if self.lever == "sms" and self.groups:
+        if self.lever in SMS_LEVERS and self.groups:
             return 1.0
-        return g.open if self.lever in ("time", "sms") else min(1.0, g.open / DEPTH_PART)
+        return g.open if self.lever in ("time", *SMS_LEVERS) else min(1.0, g.open / DEPTH_PART)
 
     def _retarget(self, now: float, shared: list, targets: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
@@ -401,8 +408,11 @@ class ShareController:
         self.sharing = set(shared)
         changed = same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
         if changed:
+            # (on SM spans not bounded by 1 before the least held is made 1, below: a span is its
+            # open part over the others', and one bounded first would keep the old proportion)
+            bound = math.inf if self._retarget_pow() != 1.0 else 1.0
             for k, g in gs.items():
-                g.open = min(1.0, max(LEAST_OPEN, g.open * targets[k] / g.target))
+                g.open = min(bound, max(LEAST_OPEN, g.open * (targets[k] / g.target) ** self._retarget_pow()))
             top = max(g.open for g in gs.values())
             for k, g in gs.items():
                 g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
@@ -412,15 +422,21 @@ class ShareController:
             g.target = targets[k]
         return changed
 
+    def _retarget_pow(self) -> float:
+        """How far a change of targets moves an open part at once: by new over old, and on SM spans
+        by that to the power 1 / 0.6 (a trainer ran at about x ** 0.6 of its speed alone on a part
+        x of an H200's SMs: 36.6% on 21.7%, 84.9% on 78.3%), so its part moves as its target did."""
+        return 1 / 0.6 if self.lever in SMS_LEVERS and self.groups else 1.0
+
     def _by_time(self) -> bool:
         """Whether the open part is a part of each period (the time lever, or sms with no groups)."""
-        return self.lever == "time" or (self.lever == "sms" and not self.groups)
+        return self.lever == "time" or (self.lever in SMS_LEVERS and not self.groups)
 
     def _floor_part(self) -> float:
         """What part of its target each period a held guest keeps open at least (see _control);
         under the sms lever, half of it (a guest runs faster on a part of the SMs than that part of
         its speed alone: its target may need a span smaller than the target)."""
-        return DEPTH_PART if self.lever == "depth" else 0.5 if self.lever == "sms" and self.groups else 1.0
+        return DEPTH_PART if self.lever == "depth" else 0.5 if self.lever in SMS_LEVERS and self.groups else 1.0
 
     def _hold(self, g: _Guest) -> int:
         """The part of each period its work waits (per mille): what it may not have of it, by its

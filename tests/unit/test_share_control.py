@@ -81,6 +81,11 @@ class Gpu:
             # on spans of their own (each with one: the forwarders partition only while another is
             # at work), each runs at its speed on its part of the SMs, whatever the others do
             spans = len(running) > 1 and all(self.spans[n] != (0, 0) for n in running)
+            # one left on the whole GPU beside others on spans (smsfree): it takes half of their
+            # SMs' room as well as the rest, and theirs run at 0.8 of their speed there
+            parted = [n for n in running if self.spans[n] != (0, 0)]
+            free = len(running) > 1 and len(parted) == len(running) - 1
+            taken = sum((self.spans[n][1] - self.spans[n][0]) / (16 * max(self.groups, 1)) for n in parted)
             for n in running:
                 # side by side, each gets of what they get together the part its pull is of theirs
                 # (equal depths: together[n] each), never more than alone
@@ -88,6 +93,13 @@ class Gpu:
                 if spans:
                     lo, hi = self.spans[n]
                     share = self.sm_speed((hi - lo) / (16 * self.groups))
+                elif free and self.groups:
+                    lo, hi = self.spans[n]
+                    share = (
+                        0.8 * self.sm_speed((hi - lo) / (16 * self.groups))
+                        if n in parted
+                        else self.sm_speed(1 - taken / 2)
+                    )
                 rate = self.alone[n] * min(1.0, share)
                 if n in self.demand:
                     rate = min(rate, self.demand[n])
@@ -599,3 +611,26 @@ def test_under_the_sms_lever_the_spans_begin_at_the_targets():
             break
     lo, hi = gpu.spans["a"]
     assert abs((hi - lo) / 256 - 0.3) < 0.05, gpu.spans
+
+
+def test_under_the_smsfree_lever_the_heavy_guest_keeps_the_whole_gpu_and_the_parts_hold():
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    got = settled(gpu, 20, 20, lever="smsfree")
+    p = parts(got)
+    assert abs(p["a"] - 30) <= 2, (p, got)
+    assert gpu.spans["b"] == (0, 0) and gpu.spans["a"][1] - gpu.spans["a"][0] >= 16, gpu.spans
+    assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
+
+
+def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
+    # on spans, a guest's speed goes as its part of the SMs to the power 0.6: moving its span by
+    # the new target over the old would move its part far less than that; moved by that to the
+    # power 1 / 0.6, 50/50 turned 20/80 holds within 2 pp in the second half second
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.groups = 16
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 15)
+    gpu.weight.update(a=20, b=80)
+    first, second = parts(gpu.run(ctl, 0.5)), parts(gpu.run(ctl, 0.5))
+    assert abs(first["a"] - 20) <= 4 and abs(second["a"] - 20) <= 2, (first, second)
