@@ -449,7 +449,9 @@ class Supervisor:
                         looked = now
                         for uuid in [u for u, p in policies.items() if p == "shared" and u not in ctls]:
                             try:
-                                ctls[uuid] = (sched.Page(sched.page_path(uuid)), share_control.ShareController())
+                                # on SM spans where the forwarders partition the GPU (on MPS), else by time
+                                ctl = share_control.ShareController(lever="sms")
+                                ctls[uuid] = (sched.Page(sched.page_path(uuid)), ctl)
                             except sched.SchedError:
                                 continue  # no forwarder has run on it yet
                     for uuid, (page, ctl) in list(ctls.items()):
