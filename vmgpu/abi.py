@@ -169,7 +169,8 @@ class SchedSlot(ctypes.Structure):
         ("depth", u32),
         ("active_ms", u32),
         ("sm_part", u32),
-        ("pad", u8 * (256 - 196)),
+        ("whole_ms", u32),
+        ("pad", u8 * (256 - 200)),
     ]
 
 

@@ -78,6 +78,7 @@ class Member:
     hold: int = 0  # under shared: per mille of each period its work is held back
     depth: int = 0  # under shared: its workers' calls unfinished on the GPU at most (0: the forwarder's)
     sm_part: int = 0  # under shared: the SMs its work runs on beside others (lo << 16 | hi; 0: all)
+    whole_ms: int = 0  # when one of its workers last worked on the whole GPU though its span said otherwise
 
 
 class Page:
@@ -157,6 +158,7 @@ class Page:
                     s.hold,
                     s.depth,
                     s.sm_part,
+                    s.whole_ms,
                 )
                 out.append(m)
         return out

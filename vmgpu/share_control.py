@@ -106,6 +106,7 @@ class Seen:
     guarantee: int = 0
     cap: int = 0  # % of its progress alone, 0: none
     rank: int = 1  # its priority: 2 high, 1 normal, 0 low
+    whole: bool = False  # one of its workers worked on the whole GPU in the last second though given a span
 
 
 @dataclass
@@ -183,7 +184,10 @@ class ShareController:
     def step(self, now: float, seen: list[Seen], groups: int = 0) -> dict[int, int]:
         """The holds (per mille) for each slot at this look; under the sms lever, `groups` is the
         page's sm_groups and the spans are left in self.spans."""
-        self.groups = groups if self.lever in SMS_LEVERS else 0
+        # a guest whose work does not keep to its span (a process that is not partitioned: a
+        # blocking stream, a partition over its quota, a forwarder that does not partition; or one
+        # a capture keeps where it was) would be held by nobody: then all are held by time
+        self.groups = groups if self.lever in SMS_LEVERS and not any(s.whole for s in seen) else 0
         keys = {(s.slot, s.guest): s for s in seen}
         for k in list(self.guests):
             if k not in keys:
@@ -210,6 +214,8 @@ class ShareController:
         # nor probed, and nobody is held for it
         top = max((keys[k].rank for k in busy), default=0)
         busy = [k for k in busy if keys[k].rank == top]
+        if len(busy) > self.groups:
+            self.groups = 0  # (more to share than groups of SMs: by time)
         if len(busy) == 1:  # alone and not held all the window: its rate is its rate alone
             g = self.guests[busy[0]]
             r = self._rate(g, now)
@@ -453,10 +459,21 @@ class ShareController:
         return max(1, int(round(self.depth**x)))
 
 
-def seen_on(page) -> list[Seen]:
-    """What a live scheduler page (vmgpu.sched.Page) shows the controller."""
+def seen_on(page, now: float | None = None) -> list[Seen]:
+    """What a live scheduler page (vmgpu.sched.Page) shows the controller at `now` (time.monotonic,
+    the forwarders' CLOCK_MONOTONIC)."""
+    now_ms = int(1000 * (time.monotonic() if now is None else now)) & 0xFFFFFFFF
     return [
-        Seen(m.slot, m.guest, m.work_calls, m.weight, m.guarantee, m.cap, RANKS.get(m.priority, 1))
+        Seen(
+            m.slot,
+            m.guest,
+            m.work_calls,
+            m.weight,
+            m.guarantee,
+            m.cap,
+            RANKS.get(m.priority, 1),
+            bool(m.whole_ms) and ((now_ms - m.whole_ms + 2**31) & 0xFFFFFFFF) - 2**31 < 1000,
+        )
         for m in page.members()
     ]
 
@@ -492,7 +509,7 @@ def apply_step(page, ctl: ShareController, now: float) -> None:
         ctl.guests.clear()
         ctl.probe = None
         return
-    for slot, hold in ctl.step(now, seen_on(page), page.sm_groups).items():
+    for slot, hold in ctl.step(now, seen_on(page, now), page.sm_groups).items():
         page.set_hold(slot, hold)
         page.set_depth(slot, ctl.depths.get(slot, 0))
         page.set_part(slot, *ctl.spans.get(slot, (0, 0)))

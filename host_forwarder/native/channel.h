@@ -91,6 +91,7 @@ struct vh_chan {
 	struct vh_part *part[VG_MAX_DEVICES]; /* its SM partitions per GPU (partition.c), or NULL */
 	int part_green;               /* a green context is current for the call being served */
 	int part_work;                /* the call being served puts work on the GPU (its streams may move) */
+	int part_home;                /* it is a cooperative launch: its stream goes to the whole GPU (launch.c) */
 	uint32_t ntexobjs, captexobjs;
 };
 

@@ -127,6 +127,8 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 	e->blocking = -1;
 	e->gen = gen ? gen : 1;
 	*v = (void *)(uintptr_t)encode(free_idx, e);
+	if (kind == VG_KIND_STREAM)
+		vh_part_stream_made(ch, e); /* (a blocking one: the process is not partitioned) */
 	return 0;
 }
 

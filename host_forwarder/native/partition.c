@@ -10,110 +10,194 @@
 #include "partition.h"
 #include "process.h"
 #include "vg_kinds.h"
+#include "vg_ops.h"
 #include "vh_sched.h"
+#include "vmgpu/shm.h"
 
 static struct vh_part *part_of(struct vh_chan *ch, int dev)
 {
 	return dev >= 0 && dev < ch->fwd->ndev ? ch->part[dev] : NULL;
 }
 
-/* Partitioning stops for this process on dev (and says why, once): its work goes back to the
- * whole GPU at its next call on each stream. */
+/* The GPU a stream's work goes to: the one it was made on. */
+static int stream_dev(struct vh_chan *ch, const struct vh_handle *e)
+{
+	return e->dev >= 0 ? e->dev : ch->cur_dev;
+}
+
+enum { VH_PART_WHERE, VH_PART_WORK, VH_PART_HOME };
+
+static int begins_capture(uint32_t op)
+{
+	return op == VG_OP_cuStreamBeginCapture_v2 || op == VG_OP_cuStreamBeginCaptureToGraph;
+}
+
+/* Whether a call in this mode may move work now: not while a stream capture is open (its work
+ * stays where it began), but for the stream a capture begins on, which goes home first.  A call
+ * whose work is then not where its span says tells the share controller (vh_sched.h, part_stuck),
+ * as a process that is not partitioned does. */
+static int may_move(struct vh_chan *ch, int dev, int mode, int misplaced)
+{
+	if (atomic_load(&open_captures) == 0 || (mode == VH_PART_HOME && begins_capture(ch->cur_op)))
+		return 1;
+	if (misplaced)
+		atomic_store_explicit(&ch->fwd->sched[dev].part_stuck, vmgpu_now_ns(), memory_order_relaxed);
+	return 0;
+}
+
+static CUcontext ctx_of(struct vh_chan *ch, int dev, uint32_t span)
+{
+	struct vh_part *p = ch->part[dev];
+	for (int i = 0; span && i < p->ngreen; i++)
+		if (p->green[i].span == span)
+			return p->green[i].c;
+	return ch->ctx[dev];
+}
+
+/* The default streams' work moves to span `want` (context `to`): the new context's legacy stream
+ * and this thread's own wait first for what was put on those of the context their work went to. */
+static void move_default(struct vh_chan *ch, int dev, uint32_t want, CUcontext to)
+{
+	const struct vh_backend *B = ch->backend;
+	struct vh_part *p = ch->part[dev];
+	B->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
+	B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
+	B->cuEventRecord(p->ev[1], CU_STREAM_PER_THREAD);
+	B->cuCtxSetCurrent(to);
+	B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0);
+	B->cuStreamWaitEvent(CU_STREAM_PER_THREAD, p->ev[1], 0);
+	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	p->null_on = want;
+	p->moves++;
+}
+
+/* Partitioning stops for this process on dev (and says why, once): its default streams' work goes
+ * back to the whole GPU now (so that a blocking stream's implicit order with them holds from its
+ * first call), each stream's at its next call; and the GPU's scheduler tells the share controller,
+ * which then holds the guests by time (vh_sched.h, part_off). */
 static void refuse(struct vh_chan *ch, int dev, const char *why)
 {
 	struct vh_part *p = part_of(ch, dev);
-	if (p && p->state == 1) {
-		p->state = -1;
-		vh_log("channel %u: GPU %d: the guest process's work stays on the whole GPU: %s", ch->index, dev, why);
-	}
+	if (!p || p->state != 1)
+		return;
+	p->state = -1;
+	if (p->null_on)
+		move_default(ch, dev, 0, ch->ctx[dev]);
+	atomic_store(&ch->fwd->sched[dev].part_off, 1);
+	vh_log("channel %u: GPU %d: the guest process's work stays on the whole GPU: %s", ch->index, dev, why);
 }
 
-void vh_part_setup(struct vh_chan *ch, int dev)
+/* Whether the GPU's SMs split into groups here (p->group, p->rest), with the events for moves. */
+static int split(struct vh_chan *ch, int dev, struct vh_part *p)
 {
 	const struct vh_backend *B = ch->backend;
-	if (!ch->fwd->sm_partitions || ch->part[dev])
-		return;
-	struct vh_part *p = calloc(1, sizeof *p);
-	if (!p)
-		return;
-	ch->part[dev] = p;
-	p->state = -1;
 	CUdevResource all;
 	unsigned int n = VH_PART_GROUPS;
 	if (B->cuDeviceGetDevResource(ch->fwd->dev[dev], &all, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS ||
 	    !all.sm.smCoscheduledAlignment)
-		return; /* (an older driver: no green contexts) */
+		return 0; /* (an older driver: no green contexts) */
 	/* as many groups of the co-scheduled size as there are, the rest left over */
 	if (B->cuDevSmResourceSplitByCount(NULL, &n, &all, NULL, 0, all.sm.smCoscheduledAlignment) != CUDA_SUCCESS ||
 	    n < 2 || n > VH_PART_GROUPS)
-		return;
+		return 0;
 	if (B->cuDevSmResourceSplitByCount(p->group, &n, &all, &p->rest, 0, all.sm.smCoscheduledAlignment) !=
 	    CUDA_SUCCESS)
-		return;
+		return 0;
 	p->groups = (int)n;
 	p->has_rest = p->rest.type == CU_DEV_RESOURCE_TYPE_SM && p->rest.sm.smCount > 0;
-	CUcontext c = ch->ctx[dev];
-	B->cuCtxSetCurrent(c);
+	B->cuCtxSetCurrent(ch->ctx[dev]);
 	int ok = B->cuEventCreate(&p->ev[0], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
 		 B->cuEventCreate(&p->ev[1], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
 	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
-	if (!ok)
+	return ok;
+}
+
+void vh_part_setup(struct vh_chan *ch, int dev)
+{
+	if (!ch->fwd->sm_partitions || ch->part[dev])
 		return;
-	p->state = 1;
+	struct vh_part *p = calloc(1, sizeof *p);
+	if (!p) {
+		atomic_store(&ch->fwd->sched[dev].part_off, 1);
+		return;
+	}
+	ch->part[dev] = p;
+	p->state = split(ch, dev, p) ? 1 : -1;
+	if (p->state != 1) {
+		atomic_store(&ch->fwd->sched[dev].part_off, 1); /* (its work keeps to no span) */
+		return;
+	}
 	struct vmgpu_sched_page *pg = ch->fwd->sched[dev].pg;
 	if (pg)
-		atomic_store(&pg->sm_groups, (uint32_t)n);
+		atomic_store(&pg->sm_groups, (uint32_t)p->groups);
+}
+
+/* A green context this worker keeps on dev goes (its streams' twins first): the least recently
+ * used that no work is on now; 0 if work is on every one. */
+static int evict(struct vh_chan *ch, int dev)
+{
+	struct vh_part *p = ch->part[dev];
+	struct vh_green *old = NULL;
+	for (int i = 0; i < p->ngreen; i++) {
+		struct vh_green *c = &p->green[i];
+		int busy = c->span == p->null_on;
+		for (uint32_t j = 0; !busy && j < ch->nh; j++)
+			busy = ch->h[j].kind == VG_KIND_STREAM && ch->h[j].on_span == c->span &&
+			       stream_dev(ch, &ch->h[j]) == dev;
+		if (!busy && (!old || c->used < old->used))
+			old = c;
+	}
+	if (!old)
+		return 0;
+	for (uint32_t j = 0; j < ch->nh; j++)
+		if (ch->h[j].kind == VG_KIND_STREAM && ch->h[j].twin && ch->h[j].twin_span == old->span &&
+		    stream_dev(ch, &ch->h[j]) == dev)
+			vh_part_forget(ch, &ch->h[j]); /* (no work is on it: checked above) */
+	pthread_mutex_lock(&ch->quota_mu); /* (as every call that gives memory back) */
+	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
+	vh_green_drop(ch, dev, old->g, old->c, old->charge, 1);
+	pthread_mutex_unlock(&ch->quota_mu);
+	*old = p->green[--p->ngreen];
+	return 1;
 }
 
 /* The green context of span (lo << 8 | hi), made and charged at its first use; NULL if it cannot
- * be (partitioning then stops for the process on dev). */
+ * be now (a span this process's split does not have, or work on every one it keeps), or at all
+ * (partitioning then stops for the process on dev). */
 static struct vh_green *green_of(struct vh_chan *ch, int dev, uint32_t span)
 {
 	struct vh_part *p = ch->part[dev];
-	struct vh_green *gr = NULL;
+	uint64_t now = atomic_load_explicit(&ch->ncalls, memory_order_relaxed);
 	for (int i = 0; i < p->ngreen; i++)
-		if (p->green[i].span == span)
-			gr = &p->green[i];
-	if (!gr) {
-		if (p->ngreen == VH_PART_GREENS) {
-			/* the least recently used that no work is on now goes (its twins first) */
-			struct vh_green *old = NULL;
-			for (int i = 0; i < p->ngreen; i++)
-				if (p->green[i].span != p->null_on && (!old || p->green[i].used < old->used))
-					old = &p->green[i];
-			int busy = 0;
-			for (uint32_t i = 0; old && i < ch->nh; i++)
-				busy |= ch->h[i].kind == VG_KIND_STREAM && ch->h[i].on_span == old->span &&
-					(int)ch->h[i].dev == dev;
-			if (!old || busy)
-				return NULL; /* (every one has work on it now: this span waits) */
-			for (uint32_t i = 0; i < ch->nh; i++)
-				if (ch->h[i].kind == VG_KIND_STREAM && ch->h[i].twin && ch->h[i].twin_span == old->span)
-					vh_part_forget(ch, &ch->h[i]);
-			vh_green_drop(ch, dev, old->g, old->c, old->charge, 1);
-			*old = p->green[--p->ngreen];
+		if (p->green[i].span == span) {
+			p->green[i].used = now;
+			return &p->green[i];
 		}
-		unsigned lo = span >> 8, hi = span & 0xff;
-		if (lo >= hi || hi > (unsigned)p->groups)
-			return NULL;
-		CUdevResource use[VH_PART_GROUPS + 1];
-		unsigned n = 0;
-		for (unsigned i = lo; i < hi; i++)
-			use[n++] = p->group[i];
-		if (hi == (unsigned)p->groups && p->has_rest)
-			use[n++] = p->rest; /* (the SMs left over go with the last group) */
-		gr = &p->green[p->ngreen];
-		CUresult r = vh_green_make(ch, dev, use, n, &gr->g, &gr->c, &gr->charge);
-		if (r != CUDA_SUCCESS) {
-			refuse(ch, dev,
-			       r == CUDA_ERROR_OUT_OF_MEMORY ? "its SM partition does not fit its memory quota"
-							     : "the driver would not make its SM partition");
-			return NULL;
-		}
-		gr->span = span;
-		p->ngreen++;
+	unsigned lo = span >> 8, hi = span & 0xff;
+	if (lo >= hi || hi > (unsigned)p->groups)
+		return NULL;
+	if (p->ngreen == VH_PART_GREENS && !evict(ch, dev))
+		return NULL;
+	CUdevResource use[VH_PART_GROUPS + 1];
+	unsigned n = 0;
+	for (unsigned i = lo; i < hi; i++)
+		use[n++] = p->group[i];
+	if (hi == (unsigned)p->groups && p->has_rest)
+		use[n++] = p->rest; /* (the SMs left over go with the last group) */
+	struct vh_green *gr = &p->green[p->ngreen];
+	pthread_mutex_lock(&ch->quota_mu); /* (as every call that takes memory: vh_quota_refresh) */
+	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
+	CUresult r = vh_green_make(ch, dev, use, n, &gr->g, &gr->c, &gr->charge);
+	pthread_mutex_unlock(&ch->quota_mu);
+	if (r != CUDA_SUCCESS) {
+		refuse(ch, dev,
+		       r == CUDA_ERROR_OUT_OF_MEMORY ? "its SM partition does not fit its memory quota"
+						     : "the driver would not make its SM partition");
+		return NULL;
 	}
-	gr->used = atomic_load_explicit(&ch->ncalls, memory_order_relaxed);
+	gr->span = span;
+	gr->used = now;
+	p->ngreen++;
 	return gr;
 }
 
@@ -134,30 +218,34 @@ static void order(struct vh_chan *ch, CUevent ev, CUstream from, CUstream to)
 	B->cuStreamWaitEvent(to, ev, 0);
 }
 
+/* What a call does to where its stream's work goes: nothing (it waits for that work, or asks of
+ * the stream), follow the span (it puts work there), or go home to the whole GPU first (a capture
+ * begins there, whose graph must not be a green context's, which may go before it; or a
+ * cooperative launch, sized for the whole GPU). */
+static int mode_of(struct vh_chan *ch, int work)
+{
+	if (begins_capture(ch->cur_op) || ch->part_home)
+		return VH_PART_HOME;
+	return work ? VH_PART_WORK : VH_PART_WHERE;
+}
+
 CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
 {
+	int mode = mode_of(ch, work);
 	const struct vh_backend *B = ch->backend;
 	CUstream cur = e->on_span ? e->twin : e->ptr;
-	int dev = e->dev >= 0 ? e->dev : ch->cur_dev;
+	int dev = stream_dev(ch, e);
 	struct vh_part *p = part_of(ch, dev);
-	if (!p || !work || atomic_load(&open_captures) > 0)
-		return cur; /* (no move while a capture is open: its work stays where it began) */
-	uint32_t want = wanted(ch, dev);
-	if (want && e->blocking < 0) {
-		unsigned int fl = 0; /* (one the driver cannot say of is taken as blocking) */
-		e->blocking = B->cuStreamGetFlags(e->ptr, &fl) != CUDA_SUCCESS || !(fl & CU_STREAM_NON_BLOCKING);
-	}
-	if (want && e->blocking == 1) {
-		refuse(ch, dev, "it made a stream without CU_STREAM_NON_BLOCKING");
-		want = 0;
-	}
-	if (want == e->on_span)
+	if (!p || mode == VH_PART_WHERE)
+		return cur;
+	uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
+	if (want == e->on_span || !may_move(ch, dev, mode, 1))
 		return cur;
 	CUstream next = e->ptr;
 	void *dead = NULL;
 	if (want) {
 		struct vh_green *gr = green_of(ch, dev, want);
-		if (!gr)
+		if (!gr || p->state != 1)
 			return cur;
 		if (e->twin_span != want) {
 			int prio = 0;
@@ -179,42 +267,36 @@ CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
 	return next;
 }
 
-static CUcontext ctx_of(struct vh_chan *ch, int dev, uint32_t span)
+void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e)
 {
-	struct vh_part *p = ch->part[dev];
-	for (int i = 0; span && i < p->ngreen; i++)
-		if (p->green[i].span == span)
-			return p->green[i].c;
-	return ch->ctx[dev];
+	int dev = stream_dev(ch, e);
+	struct vh_part *p = part_of(ch, dev);
+	unsigned int fl = 0;
+	if (!p || p->state != 1)
+		return;
+	/* (one the driver cannot say of is taken as blocking) */
+	e->blocking = ch->backend->cuStreamGetFlags(e->ptr, &fl) != CUDA_SUCCESS || !(fl & CU_STREAM_NON_BLOCKING);
+	if (e->blocking)
+		refuse(ch, dev, "it made a stream without CU_STREAM_NON_BLOCKING");
 }
 
 void vh_part_default(struct vh_chan *ch, int work)
 {
-	const struct vh_backend *B = ch->backend;
+	int mode = mode_of(ch, work);
 	int dev = ch->cur_dev;
 	struct vh_part *p = part_of(ch, dev);
 	if (!p)
 		return;
-	uint32_t want = work && atomic_load(&open_captures) == 0 ? wanted(ch, dev) : p->null_on;
-	if (want != p->null_on) {
-		struct vh_green *gr = want ? green_of(ch, dev, want) : NULL;
-		if (!want || gr) {
-			/* the default streams of the context their work went to, then the new one's wait
-			 * for them: the legacy stream's and this thread's own */
-			CUcontext from = ctx_of(ch, dev, p->null_on), to = gr ? gr->c : ch->ctx[dev];
-			B->cuCtxSetCurrent(from);
-			B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
-			B->cuEventRecord(p->ev[1], CU_STREAM_PER_THREAD);
-			B->cuCtxSetCurrent(to);
-			B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0);
-			B->cuStreamWaitEvent(CU_STREAM_PER_THREAD, p->ev[1], 0);
-			B->cuCtxSetCurrent(ch->ctx[dev]);
-			p->null_on = want;
-			p->moves++;
+	if (mode != VH_PART_WHERE) {
+		uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
+		if (want != p->null_on && may_move(ch, dev, mode, 1)) {
+			struct vh_green *gr = want ? green_of(ch, dev, want) : NULL;
+			if (!want || (gr && p->state == 1))
+				move_default(ch, dev, want, gr ? gr->c : ch->ctx[dev]);
 		}
 	}
 	if (p->null_on) {
-		B->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
+		ch->backend->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
 		ch->part_green = 1;
 	}
 }
@@ -247,7 +329,7 @@ void vh_part_drop(struct vh_chan *ch, int dev)
 	const struct vh_backend *B = ch->backend;
 	for (uint32_t i = 0; i < ch->nh; i++) {
 		struct vh_handle *e = &ch->h[i];
-		if (e->kind == VG_KIND_STREAM && e->twin && (e->dev == dev || (e->dev < 0 && ch->cur_dev == dev))) {
+		if (e->kind == VG_KIND_STREAM && e->twin && stream_dev(ch, e) == dev) {
 			B->cuStreamDestroy_v2(e->twin);
 			e->twin = NULL;
 			e->twin_span = e->on_span = 0;

@@ -18,10 +18,12 @@
  * default streams).  A stream's work moves between itself and its twin only at a call that puts
  * work on it, after an event recorded on where it went last, so its order holds; calls that wait
  * for a stream's work (synchronise, query, record an event, wait for one) go where its work last
- * went, which comes after all of it.  Nothing moves while a stream capture is open.  A process
- * that makes a stream without CU_STREAM_NON_BLOCKING is not partitioned (its implicit order with
- * the default stream holds only within one context), nor is one whose green context does not fit
- * its quota; both stay on the whole GPU, held by time as before.
+ * went, which comes after all of it.  Nothing moves while a stream capture is open; a stream a
+ * capture begins on, and one a cooperative launch goes to, go home first.  A process that makes a
+ * stream without CU_STREAM_NON_BLOCKING is not partitioned (its implicit order with the default
+ * stream holds only within one context), nor is one whose green context does not fit its quota:
+ * they stay on the whole GPU, and the guest's slot says so (whole_ms), so that the share
+ * controller holds the guests by time instead.
  */
 #ifndef VH_PARTITION_H
 #define VH_PARTITION_H
@@ -63,8 +65,12 @@ void vh_part_setup(struct vh_chan *ch, int dev);
 /* Before the process's context on dev goes: every twin and green context there destroyed. */
 void vh_part_drop(struct vh_chan *ch, int dev);
 /* The real stream a guest stream's call goes to: for a call that puts work on it (work), moved to
- * the span its GPU's scheduler gives now if that changed; else where its work last went. */
+ * the span its GPU's scheduler gives now if that changed; else where its work last went.  A call
+ * that begins a stream capture, or a cooperative launch (ch->part_home), moves it home first. */
 CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work);
+/* A stream the guest just made: one made without CU_STREAM_NON_BLOCKING stops partitioning for
+ * the process on its GPU. */
+void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e);
 /* A call on a default stream of the current GPU (or on none: the legacy stream): the green context
  * of the span its work goes to made current (moved first, as above, if work); vh_part_after makes
  * the process's own context current again after the call. */

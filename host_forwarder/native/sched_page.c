@@ -440,6 +440,11 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	if (shared && (passed || atomic_load_explicit(&s->in_call, memory_order_relaxed))) {
 		uint32_t now_ms = (uint32_t)(now / 1000000u);
 		atomic_store_explicit(&g->active_ms, now_ms ? now_ms : 1, memory_order_relaxed);
+		/* at work off its span (not partitioned, or kept where it was by a capture): the share
+		 * controller is told, and holds by time (partition.h) */
+		uint64_t stuck = atomic_load_explicit(&s->part_stuck, memory_order_relaxed);
+		if (atomic_load(&s->part_off) || (stuck && now - stuck < VH_PEERS_QUIET_MS * 1000000ull))
+			atomic_store_explicit(&g->whole_ms, now_ms ? now_ms : 1, memory_order_relaxed);
 	}
 	int alone = shared && !peers_at_work(s, now);
 	atomic_store(&s->alone, alone);

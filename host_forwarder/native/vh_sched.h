@@ -76,6 +76,11 @@ struct vh_sched {
 	 * work runs on now (lo << 8 | hi: sched_span_now), else 0, the whole GPU (set by the tick,
 	 * read where the work goes: partition.c) */
 	_Atomic uint32_t part;
+	/* this worker's guest process is not partitioned on this GPU (partition.c, refuse), or a call
+	 * of it last left work off its span at part_stuck (ns: a stream capture was open); the tick
+	 * publishes either to the slot's whole_ms while another is at work */
+	_Atomic int part_off;
+	_Atomic uint64_t part_stuck;
 	uint64_t higher_seen[VMGPU_SCHED_SLOTS], higher_at;
 	uint64_t swept_at;         /* the supervisor's last look for members that are gone */
 };

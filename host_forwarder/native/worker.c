@@ -128,8 +128,12 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	pthread_t st[VG_MAX_DEVICES];
 	struct sched_arg sa[VG_MAX_DEVICES];
 	int nthreads = 0;
-	for (int d = 0; d < F.ndev; d++)
+	for (int d = 0; d < F.ndev; d++) {
 		vh_sched_worker_begins(&F.sched[d]);
+		/* a forwarder that does not partition never follows a span: the share controller must
+		 * know, should another on the GPU offer spans (partition.h) */
+		atomic_store(&F.sched[d].part_off, !F.sm_partitions);
+	}
 	for (int d = 0; d < F.ndev; d++) {
 		sa[d] = (struct sched_arg){&ch, d};
 		if (pthread_create(&st[nthreads], NULL, sched_thread, &sa[d]) == 0)

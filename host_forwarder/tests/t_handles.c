@@ -37,6 +37,11 @@ void vh_part_default(struct vh_chan *ch, int work)
 	(void)ch;
 	(void)work;
 }
+void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e)
+{
+	(void)ch;
+	(void)e;
+}
 void vh_part_forget(struct vh_chan *ch, struct vh_handle *e)
 {
 	(void)ch;

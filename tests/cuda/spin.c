@@ -6,9 +6,11 @@
  * "capture ok" if it ended whole, "capture broken" if not); with "capture-stray", the same after
  * a cuStreamEndCapture of the first stream, which is not being captured (refused); with "two",
  * async on two streams by turns; with "churn", async on a stream made for each memset and
- * destroyed after it; with "blocking", async on a stream made without CU_STREAM_NON_BLOCKING.  IDLE: seconds it then stays without putting work on the GPU before it
+ * destroyed after it; with "blocking", async on a stream made without CU_STREAM_NON_BLOCKING; with
+ * "late-capture", async, and halfway one memset captured on that stream (a capture begun and ended
+ * there, its graph destroyed).  IDLE: seconds it then stays without putting work on the GPU before it
  * exits (its output said first).
- *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking] [IDLE]   */
+ *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|late-capture] [IDLE]   */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +38,8 @@ int main(int argc, char **argv)
 	int capture = stray || (argc > 3 && !strcmp(argv[3], "capture"));
 	int two = argc > 3 && !strcmp(argv[3], "two"), churn = argc > 3 && !strcmp(argv[3], "churn");
 	int blocking = argc > 3 && !strcmp(argv[3], "blocking");
-	int async = capture || two || churn || blocking || (argc > 3 && !strcmp(argv[3], "async"));
+	int late = argc > 3 && !strcmp(argv[3], "late-capture");
+	int async = capture || two || churn || blocking || late || (argc > 3 && !strcmp(argv[3], "async"));
 	CUstream t = NULL;
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
 	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
@@ -63,6 +66,16 @@ int main(int argc, char **argv)
 		    CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuMemsetD8 failed\n");
 			return 1;
+		}
+		if (late && now() > start + secs / 2) {
+			CUgraph g = NULL;
+			late = 0;
+			if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS ||
+			    cuMemsetD8Async(p, 7, bytes, s) != CUDA_SUCCESS || cuStreamEndCapture(s, &g) != CUDA_SUCCESS ||
+			    !g || cuGraphDestroy(g) != CUDA_SUCCESS) {
+				fprintf(stderr, "spin: the late capture failed\n");
+				return 1;
+			}
 		}
 		if (churn && cuStreamDestroy(on) != CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuStreamDestroy failed\n");

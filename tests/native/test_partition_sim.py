@@ -45,34 +45,43 @@ def _slots(pg: Page) -> dict[str, int]:
     return {m.guest: m.slot for m in pg.members()}
 
 
+def _side_by_side(sched_dir, tmp_path, spans, how=("async", "async"), secs=(2.0, 2.0), env_a=None, mem_a=None):
+    """Guests a and b (spin, `how` each, for `secs`) under shared with --sm-partitions on, given
+    `spans` (a's and b's, in sixteenths of a group) once the page has its groups: the lines each
+    one's simulated driver logged, a's forwarder's log, and a's slot's whole_ms at the end."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    la, lb = tmp_path / "a.log", tmp_path / "b.log"
+    with (
+        forwarder(a, mem=mem_a, extra=PART, env={"VMGPU_SIM_SM_LOG": str(la), **(env_a or {})}) as fa,
+        forwarder(b, extra=PART, env={"VMGPU_SIM_SM_LOG": str(lb)}),
+    ):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            pa, pb = _spin(a, secs[0], how[0]), _spin(b, secs[1], how[1])
+            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)  # (published as their contexts were made)
+            slot = _slots(pg)
+            pg.set_part(slot["a"], *spans[0])
+            pg.set_part(slot["b"], *spans[1])
+            assert _done(pb) > 0
+            assert _done(pa) > 0
+            whole = next(m.whole_ms for m in pg.members() if m.guest == "a")
+        return _log(la), _log(lb), fa.log(), whole
+
+
 def test_beside_another_at_work_a_guests_work_runs_on_its_span_and_alone_on_the_whole_gpu(sched_dir, tmp_path):
     """a at [0, 5) (40 SMs), b at [5, 16) (92: its last group takes the 4 left over).  Beside each
     other, a's memsets on its own stream (a twin in the green context) and b's on the legacy
     stream (the green context current) run on their spans; once b is done, a's go back to the
     whole GPU, and each move of a's stream comes after a wait on an event."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    la, lb = tmp_path / "a.log", tmp_path / "b.log"
-    with (
-        forwarder(a, extra=PART, env={"VMGPU_SIM_SM_LOG": str(la)}),
-        forwarder(b, extra=PART, env={"VMGPU_SIM_SM_LOG": str(lb)}),
-    ):
-        with _page(sched_dir) as pg:
-            pg.policy = "shared"
-            pa = _spin(a, 4, "async")
-            pb = _spin(b, 1.5, "sync")
-            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)  # (published as their contexts were made)
-            slot = _slots(pg)
-            pg.set_part(slot["a"], 0, 5 * 16)
-            pg.set_part(slot["b"], 5 * 16, 16 * 16)
-            assert _done(pb) > 0
-            assert _done(pa) > 0
-    sa, sb = _sms(_log(la)), _sms(_log(lb))
+    la, lb, _, whole = _side_by_side(sched_dir, tmp_path, [(0, 80), (80, 256)], ("async", "sync"), (4.0, 1.5))
+    sa, sb = _sms(la), _sms(lb)
     assert 40 in sa and 92 in sb, (set(sa), set(sb))
     assert set(sa) <= {0, 40} and set(sb) <= {0, 92}, (set(sa), set(sb))
     assert sa[-1] == 0, "alone at the end: a's work is back on the whole GPU"
+    assert not whole, "a kept to its span: its slot must not say otherwise"
     # each move of a's stream (0 -> 40, 40 -> 0) comes after a wait on an event
     prev, waited, moves = None, False, 0
-    for line in _log(la):
+    for line in la:
         if line == "wait":
             waited = True
         elif line.startswith("memset"):
@@ -86,18 +95,8 @@ def test_beside_another_at_work_a_guests_work_runs_on_its_span_and_alone_on_the_
 
 def test_a_fractional_span_end_takes_the_next_group_that_part_of_each_period(sched_dir, tmp_path):
     """a at [0, 4.5) beside b: 5 groups (40 SMs) the first half of each period, 4 (32) the second."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    la = tmp_path / "a.log"
-    with forwarder(a, extra=PART, env={"VMGPU_SIM_SM_LOG": str(la)}), forwarder(b, extra=PART):
-        with _page(sched_dir) as pg:
-            pg.policy = "shared"
-            pa, pb = _spin(a, 3, "async"), _spin(b, 3, "async")
-            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
-            slot = _slots(pg)
-            pg.set_part(slot["a"], 0, 72)
-            pg.set_part(slot["b"], 72, 256)
-            _done(pa), _done(pb)
-    sa = _sms(_log(la))
+    la, _, _, _ = _side_by_side(sched_dir, tmp_path, [(0, 72), (72, 256)], secs=(3.0, 3.0))
+    sa = _sms(la)
     n32, n40 = sa.count(32), sa.count(40)
     assert n32 and n40, set(sa)
     assert 0.25 < n40 / (n32 + n40) < 0.75, (n32, n40)
@@ -107,41 +106,21 @@ def test_a_process_with_a_blocking_stream_stays_on_the_whole_gpu(sched_dir, tmp_
     """A stream made without CU_STREAM_NON_BLOCKING keeps an implicit order with the default
     stream that holds only within one context: such a process is not partitioned (said once in
     the log), and its work still runs."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    la = tmp_path / "a.log"
-    with forwarder(a, extra=PART, env={"VMGPU_SIM_SM_LOG": str(la)}) as fa, forwarder(b, extra=PART):
-        with _page(sched_dir) as pg:
-            pg.policy = "shared"
-            pa, pb = _spin(a, 2, "blocking"), _spin(b, 2, "async")
-            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
-            slot = _slots(pg)
-            pg.set_part(slot["a"], 0, 80)
-            pg.set_part(slot["b"], 80, 256)
-            assert _done(pa) > 0
-            _done(pb)
-        assert "without CU_STREAM_NON_BLOCKING" in fa.log()
-    assert set(_sms(_log(la))) == {0}
+    la, _, log, whole = _side_by_side(sched_dir, tmp_path, [(0, 80), (80, 256)], ("blocking", "async"))
+    assert "without CU_STREAM_NON_BLOCKING" in log
+    assert set(_sms(la)) == {0}
+    assert whole, "the slot says a's work kept to no span (the share controller then holds by time)"
 
 
 def test_a_span_whose_green_context_does_not_fit_the_quota_is_refused_and_the_work_goes_on(sched_dir, tmp_path):
     """A green context is charged before it is made (what the driver says it takes, measured):
     at 200 MiB in a 64 MiB quota it does not fit, nothing is left of it, and the guest's work
     stays on the whole GPU."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    la = tmp_path / "a.log"
-    big = {"VMGPU_SIM_SM_LOG": str(la), "VMGPU_SIM_GREEN_MIB": "200"}
-    with forwarder(a, mem="64M", extra=PART, env=big) as fa, forwarder(b, extra=PART):
-        with _page(sched_dir) as pg:
-            pg.policy = "shared"
-            pa, pb = _spin(a, 2, "async"), _spin(b, 2, "async")
-            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
-            slot = _slots(pg)
-            pg.set_part(slot["a"], 0, 80)
-            pg.set_part(slot["b"], 80, 256)
-            assert _done(pa) > 0
-            _done(pb)
-        assert "does not fit its memory quota" in fa.log()
-    assert set(_sms(_log(la))) == {0}
+    big = {"VMGPU_SIM_GREEN_MIB": "200"}
+    la, _, log, whole = _side_by_side(sched_dir, tmp_path, [(0, 80), (80, 256)], env_a=big, mem_a="64M")
+    assert "does not fit its memory quota" in log
+    assert set(_sms(la)) == {0}
+    assert whole
 
 
 def test_without_sm_partitions_the_span_is_not_used(sched_dir, tmp_path):
@@ -161,3 +140,19 @@ def test_without_sm_partitions_the_span_is_not_used(sched_dir, tmp_path):
                 pass
             _done(pa), _done(pb)
     assert set(_sms(_log(la))) == {0}
+
+
+def test_a_capture_begins_on_the_stream_itself_not_its_twin(sched_dir, tmp_path):
+    """A graph captured on a twin would be its green context's, which may go before the graph: a
+    stream whose work is on its twin goes home (after a wait) when a capture begins on it, and
+    back to its span after the capture.  a's memset captured halfway runs (is recorded) on the
+    whole GPU between memsets on its 40 SMs, each move after a wait."""
+    la, _, _, _ = _side_by_side(sched_dir, tmp_path, [(0, 80), (80, 256)], ("late-capture", "async"), (3.0, 4.0))
+    lines = [x for x in la if x.startswith(("memset", "wait"))]
+    spans = _sms(lines)
+    # the captured memset: one on the whole GPU with memsets on the span before and after it
+    at = [i for i in range(1, len(spans) - 1) if spans[i] == 0 and spans[i - 1] == 40 and spans[i + 1] == 40]
+    assert len(at) == 1, [(i, spans[i - 2 : i + 3]) for i in at][:5]
+    memsets = [i for i, x in enumerate(lines) if x.startswith("memset")]
+    k = memsets[at[0]]
+    assert lines[k - 1] == "wait" and lines[k + 1] == "wait", lines[k - 3 : k + 4]

@@ -41,11 +41,12 @@ class Gpu:
         self.groups = 0
         self.spans = dict.fromkeys(alone, (0, 0))
         self.sm_speed = lambda x: x**0.6
+        self.whole: set[str] = set()  # guests whose work does not keep to a span (not partitioned)
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
         return [
-            Seen(i, n, int(self.calls[n]), self.weight[n], 0, self.cap[n], self.rank[n])
+            Seen(i, n, int(self.calls[n]), self.weight[n], 0, self.cap[n], self.rank[n], n in self.whole)
             for i, n in enumerate(self.alone)
         ]
 
@@ -634,3 +635,45 @@ def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
     gpu.weight.update(a=20, b=80)
     first, second = parts(gpu.run(ctl, 0.5)), parts(gpu.run(ctl, 0.5))
     assert abs(first["a"] - 20) <= 4 and abs(second["a"] - 20) <= 2, (first, second)
+
+
+def test_under_the_sms_lever_a_guest_off_its_span_makes_all_held_by_time():
+    # a guest whose work keeps to no span (a process with a blocking stream, a forwarder that does
+    # not partition: its slot's whole_ms) would run on the whole GPU held by nobody while the other
+    # keeps to its span; instead nobody is given a span and both are held by time, and 30/70 holds
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    gpu.whole = {"a"}
+    got = settled(gpu, 20, 20, lever="sms")
+    p = parts(got)
+    assert gpu.spans == {"a": (0, 0), "b": (0, 0)} and gpu.holds["a"] > 0, (gpu.spans, gpu.holds)
+    assert abs(p["a"] - 30) <= 2, (p, got)
+
+
+def test_under_the_sms_lever_more_guests_than_groups_are_held_by_time():
+    # three to share and two groups of SMs: no spans (each needs a group), held by time instead
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
+    gpu.weight.update(a=10, b=10, c=80)
+    gpu.groups = 2
+    got = settled(gpu, 20, 20, lever="sms")
+    p = parts(got)
+    assert all(s == (0, 0) for s in gpu.spans.values()), gpu.spans
+    assert abs(p["c"] - 80) <= 3, (p, got)
+
+
+def test_seen_on_a_page_tells_a_guest_off_its_span_for_a_second():
+    from vmgpu.sched import Member
+    from vmgpu.share_control import seen_on
+
+    class Page:
+        def __init__(self, whole_ms):
+            self.m = [Member(0, "a", 1, 30, 0, 0, 0, 1, whole_ms=whole_ms)]
+
+        def members(self):
+            return self.m
+
+    now = 5000.0  # 5,000,000 ms
+    assert seen_on(Page(0), now)[0].whole is False  # never
+    assert seen_on(Page(5_000_000 - 400), now)[0].whole is True
+    assert seen_on(Page(5_000_000 + 3), now)[0].whole is True  # (a tick that read the clock just after)
+    assert seen_on(Page(5_000_000 - 1500), now)[0].whole is False  # over a second ago

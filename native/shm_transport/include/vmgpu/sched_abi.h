@@ -17,8 +17,8 @@
  *  - cap, priority, guarantee and hold sit where version 1 had padding, and zero means what a slot
  *    without them did (no cap, normal priority, no guarantee, never held): a forwarder that does not know them
  *    leaves them zero, so the page stays version 1.  So do the header's idle_us (zero: the
- *    forwarders' default) and sm_groups, and a slot's depth, active_ms and sm_part (zero: the
- *    forwarder's depth, never seen at work, the whole GPU).
+ *    forwarders' default) and sm_groups, and a slot's depth, active_ms, sm_part and whole_ms (zero:
+ *    the forwarder's depth, never seen at work, the whole GPU, never off its span).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
  *
@@ -101,7 +101,12 @@ struct vmgpu_sched_slot {
 	                                          * (lo << 16 | hi; a fractional end takes the next group the
 	                                          * first part of each period: host_forwarder/native/partition.h);
 	                                          * 0: the whole GPU */
-	uint8_t pad[256 - 196];                  /* 196 */
+	VMGPU_ATOMIC(uint32_t) whole_ms;   /* 196: the monotonic clock in ms (low 32 bits) when one of its
+	                                          * workers last had work on the whole GPU beside another at
+	                                          * work though its span said otherwise (a process that is not
+	                                          * partitioned, or one whose work a stream capture keeps where
+	                                          * it was): the share controller then holds by time; 0: never */
+	uint8_t pad[256 - 200];                  /* 200 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -143,7 +148,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, hold) == 180, "slot hold");
 _Static_assert(offsetof(struct vmgpu_sched_slot, depth) == 184, "slot depth");
 _Static_assert(offsetof(struct vmgpu_sched_slot, active_ms) == 188, "slot active_ms");
 _Static_assert(offsetof(struct vmgpu_sched_slot, sm_part) == 192, "slot sm_part");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 196, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, whole_ms) == 196, "slot whole_ms");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 200, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
