@@ -187,21 +187,7 @@ def shared_pair(
     envs = [(train, g.env("--weight", "30", *flags, *light)), (train, g.env("--weight", "70", *flags, *heavy))]
     names = g.names[-2:]
     holds = {n: [] for n in names}
-    looks = [0]
-
-    def seen(members, ctl):
-        for m in members:
-            holds.get(m.guest, []).append(m.hold)
-        looks[0] += 1
-        if trace is not None and (looks[0] % 5 == 0 or ctl.probe):  # every 0.5 s, and each look in a probe
-            state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
-            trace.write(
-                f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} "
-                f"spans {[(m.sm_part >> 16, m.sm_part & 0xFFFF) for m in members]} calls "
-                f"{[m.work_calls for m in members]} alone,open {state} parts "
-                f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
-            )
-
+    seen = tracer(trace, holds)
     if trace is not None:
         below = " (light guest below normal)" if light_below else ""
         trace.write(f"== shared {' '.join(flags)}{below}, lever {lever}: {names}\n")
@@ -225,6 +211,28 @@ def shared_pair(
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+
+
+def tracer(trace, holds: dict | None = None):
+    """An after(members, controller) for `controlled`: each member's hold appended to holds[guest]
+    at every look (where given), and what the controller saw every 0.5 s, and at each look in a
+    probe, written to `trace` (where given)."""
+    looks = [0]
+
+    def seen(members, ctl):
+        for m in members:
+            (holds or {}).get(m.guest, []).append(m.hold)
+        looks[0] += 1
+        if trace is not None and (looks[0] % 5 == 0 or ctl.probe):
+            state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
+            trace.write(
+                f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} "
+                f"spans {[(m.sm_part >> 16, m.sm_part & 0xFFFF) for m in members]} calls "
+                f"{[m.work_calls for m in members]} alone,open {state} parts "
+                f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
+            )
+
+    return seen
 
 
 def lever_note() -> str:
@@ -264,11 +272,12 @@ def controlled(g: Guests, lever: str = "time", after=None):
         g.stop()
 
 
-def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None) -> None:
+def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None, trace=None) -> None:
     """Two trainers at 50/50 under shared (on MPS if pipe), turned to 20/80 live halfway: how long
     until their parts of the progress are within 2 pp of 20/80 (converge_s_shared).  Progress is
     work calls per second over each guest's rate alone as the controller measured it, what the
-    controller itself weighs (img/s cannot be had per half second); see converge_parts."""
+    controller itself weighs (img/s cannot be had per half second); see converge_parts.  What the
+    controller saw, to `trace` (--trace)."""
     flags = ("--mps", pipe) if pipe else ()
     envs = [(TRAIN, g.env("--weight", "50", *flags)), (TRAIN, g.env("--weight", "50", *flags))]
     first, second = g.names[-2:]
@@ -281,7 +290,9 @@ def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: st
         marks["end"] = t0 + seconds - 0.2
         s.start(t0, change)
 
-    with controlled(g, LEVERS[-1]) as ctl:  # (the last of --lever)
+    if trace is not None:
+        trace.write(f"== sharedconverge, lever {LEVERS[-1]}: {[first, second]}, 50/50 -> 20/80 halfway\n")
+    with controlled(g, LEVERS[-1], tracer(trace)) as ctl:  # (the last of --lever)
         run.together(envs, during)
         alone = {k[1]: c.alone for k, c in ctl.guests.items()}
         samples = s.done()  # (before the forwarders stop and leave the page)
@@ -915,7 +926,7 @@ def main() -> int:
             try:
                 pipe = mps["CUDA_MPS_PIPE_DIRECTORY"] if mps else None
                 if "sharedconverge" not in skip:
-                    shared_converge(g, run, rows, summary, a.seconds, pipe)
+                    shared_converge(g, run, rows, summary, a.seconds, pipe, trace)
                 if "sharedreclaim" not in skip:
                     shared_reclaim(g, run, rows, summary, a.seconds, pipe)
             finally:

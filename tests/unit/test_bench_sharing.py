@@ -55,3 +55,23 @@ def test_reclaim_is_from_the_leavers_last_call_to_the_stayer_at_its_rate_alone()
     )
     ended += [(4.001 + i / 1000, {}, {}, {}) for i in range(200)]
     assert 20 <= run_sharing.reclaim_rate_ms(ended, "stay", "go") <= 40
+
+
+def test_the_tracer_keeps_the_holds_and_writes_what_the_controller_saw_every_half_second_and_in_probes():
+    import io
+
+    from vmgpu.sched import Member
+    from vmgpu.share_control import ShareController, _Probe
+
+    members = [Member(0, "a", 1, 30, 0, 0, 0, 1, hold=300, sm_part=0 << 16 | 48), Member(1, "b", 2, 70, 0, 0, 0, 1)]
+    ctl, out, holds = ShareController(lever="sms"), io.StringIO(), {"a": [], "b": []}
+    seen = run_sharing.tracer(out, holds)
+    for _ in range(10):
+        seen(members, ctl)
+    assert holds == {"a": [300] * 10, "b": [0] * 10}
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "spans [(0, 48), (0, 0)]" in lines[0], lines  # every fifth look
+    ctl.probe = _Probe((0, "a"), 0.0)
+    seen(members, ctl)
+    assert len(out.getvalue().splitlines()) == 3  # and at each look in a probe
+    run_sharing.tracer(None)(members, ctl)  # (no trace, no holds: nothing kept, nothing fails)
