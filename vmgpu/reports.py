@@ -32,12 +32,13 @@ class ComputeSampler:
     (sched.Page.gpu_time: the turn a guest holds now counts, so a busy guest alone on a GPU
     shows ~100%).  Under the native and shared policies no turns are taken and nothing is
     metered: their guests get None.  Under shared, `held` has what the share controller holds
-    each guest to at the last look: {(GPU UUID, guest): (% of each period held, depth or None)}."""
+    each guest to at the last look: {(GPU UUID, guest): (% of each period held, depth or None, %
+    of the SMs its span is or None)}."""
 
     def __init__(self, uuids: set[str]):
         self.uuids = set(uuids)
         self.last: dict[str, tuple[int, dict[str, int]]] = {}
-        self.held: dict[tuple[str, str], tuple[float, int | None]] = {}
+        self.held: dict[tuple[str, str], tuple[float, int | None, float | None]] = {}
         self.shares: dict[tuple[str, str], float | None] = {}  # the last take's
 
     def _look(self) -> dict[str, tuple[int, dict[str, int]] | None]:
@@ -54,8 +55,11 @@ class ComputeSampler:
                 policy = page.policy
                 out[u] = None if policy in ("native", "shared") else page.gpu_time()
                 if policy == "shared":
+                    groups = page.sm_groups
                     for m in page.members():
-                        self.held[(u, m.guest)] = (m.hold / 10, m.depth or None)
+                        lo, hi = m.sm_part >> 16, m.sm_part & 0xFFFF
+                        sms = 100 * (hi - lo) / (16 * groups) if groups and hi > lo else None
+                        self.held[(u, m.guest)] = (m.hold / 10, m.depth or None, sms)
         return out
 
     def take(self) -> dict[tuple[str, str], float | None]:
@@ -92,7 +96,8 @@ def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> ComputeSampler:
 def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = None) -> dict:
     """A StatusReply with the compute each guest achieved (ComputeSampler.take) and, under the
     shared policy, what the share controller holds it to (ComputeSampler.held): the % of each
-    period its work waits, and its depth where one is set (held_pct / held_depth, else None)."""
+    period its work waits, its depth where one is set, and the % of the GPU's SMs its span is where
+    it has one (held_pct / held_depth / held_sms_pct, else None)."""
     held = held or {}
     return {
         "gpus": [
@@ -116,8 +121,9 @@ def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = No
                 "compute_pct": s.compute_pct,
                 **share(s),
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
-                "held_pct": held.get((s.gpu_uuid, s.guest), (None, None))[0],
-                "held_depth": held.get((s.gpu_uuid, s.guest), (None, None))[1],
+                "held_pct": held.get((s.gpu_uuid, s.guest), (None, None, None))[0],
+                "held_depth": held.get((s.gpu_uuid, s.guest), (None, None, None))[1],
+                "held_sms_pct": held.get((s.gpu_uuid, s.guest), (None, None, None))[2],
                 "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
                 "settings": s.settings,
             }

@@ -90,7 +90,15 @@ def test_cli_against_the_daemon(daemon):
     r = run(cli, ["status", "--socket", daemon, "--json"])
     guest = {"guest": "c1", "kind": "container", "gpu": 0, "mem_mib": 2048, "compute_pct": 10, "weight": 10}
     guest |= {"guarantee_pct": 0, "cap_pct": 0, "priority": "normal"}
-    want = {**guest, "compute_achieved_pct": None, "held_pct": None, "held_depth": None, "label": "", "settings": ""}
+    want = {
+        **guest,
+        "compute_achieved_pct": None,
+        "held_pct": None,
+        "held_depth": None,
+        "held_sms_pct": None,
+        "label": "",
+        "settings": "",
+    }
     assert json.loads(r.output)["guests"] == [want]  # no forwarder runs
     assert json.loads(r.output)["gpus"][0]["policy"] == "weighted"
     # compute weight and policy, kept by vmgpud (a forwarder started later gets them)

@@ -131,7 +131,10 @@ def test_under_shared_a_held_column_shows_what_the_controller_holds_each_guest_t
     gpu = {"index": 0, "uuid": UUID, "name": "H100", "mem_mib": 81559, "mem_reserved_mib": 2048}
     gpu |= {"compute_reserved_pct": 0, "policy": "shared"}
     d = {"gpus": [gpu], "forwarders": [], "interval_s": 1.0}
-    d["guests"] = [{**g, "held_pct": 45.0, "held_depth": 8}, {**g, "guest": "b", "held_pct": 0.0, "held_depth": None}]
+    d["guests"] = [
+        {**g, "held_pct": 45.0, "held_depth": 8},
+        {**g, "guest": "b", "held_pct": 0.0, "held_depth": None, "held_sms_pct": 77.5},
+    ]
 
     def text(table) -> str:
         con = Console(record=True, width=200)
@@ -141,8 +144,39 @@ def test_under_shared_a_held_column_shows_what_the_controller_holds_each_guest_t
     out = text(render.top_frame(d))
     assert "held" in out and "45%, depth 8" in out, out
     row_b = next(line for line in out.splitlines() if "│ b " in line)
-    assert " 0% " in row_b, out
+    assert " 0%, on 78% of SMs " in row_b, out  # (on a span of the SMs: the sms lever)
     # off shared (held_pct None everywhere) no such column
     d["guests"] = [{**g, "held_pct": None, "held_depth": None}]
     d["gpus"][0]["policy"] = "weighted"
     assert "held" not in text(render.top_frame(d))
+
+
+def test_the_sampler_reads_a_guests_hold_depth_and_span_off_a_shared_page(monkeypatch):
+    from vmgpu import reports, sched
+    from vmgpu.sched import Member
+
+    class Page:  # the parts of vmgpu.sched.Page the sampler reads
+        policy, sm_groups = "shared", 15
+
+        def __init__(self, path):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def members(self):
+            return [
+                Member(0, "a", 1, 30, 0, 0, 0, 1, hold=250, sm_part=0 << 16 | 52),
+                Member(1, "b", 2, 70, 0, 0, 0, 1, depth=8, sm_part=52 << 16 | 240),
+                Member(2, "c", 3, 70, 0, 0, 0, 1),
+            ]
+
+    monkeypatch.setattr(sched, "Page", Page)
+    s = reports.ComputeSampler([UUID])
+    s.take()
+    a, b, c = (s.held[(UUID, n)] for n in "abc")
+    assert a == (25.0, None, 100 * 52 / 240) and b == (0.0, 8, 100 * 188 / 240), s.held
+    assert c == (0.0, None, None), s.held  # no span: the whole GPU

@@ -207,10 +207,13 @@ def percent(v: float | None) -> str:
 
 def held_cell(s: dict) -> str:
     """What the shared policy's controller holds a guest to now: the % of each period its work
-    waits, and its depth where one is set ("-" off shared)."""
+    waits, its depth where one is set, and the part of the SMs its span is where it has one ("-"
+    off shared)."""
     if s.get("held_pct") is None:
         return "-"
-    return percent(s["held_pct"]) + (f", depth {s['held_depth']}" if s.get("held_depth") else "")
+    depth = f", depth {s['held_depth']}" if s.get("held_depth") else ""
+    sms = f", on {s['held_sms_pct']:.0f}% of SMs" if s.get("held_sms_pct") else ""
+    return percent(s["held_pct"]) + depth + sms
 
 
 def any_held(d: dict) -> bool:
