@@ -8,14 +8,19 @@
  * async on two streams by turns; with "churn", async on a stream made for each memset and
  * destroyed after it; with "blocking", async on a stream made without CU_STREAM_NON_BLOCKING; with
  * "late-capture", async, and halfway one memset captured on that stream (a capture begun and ended
- * there, its graph destroyed).  IDLE: seconds it then stays without putting work on the GPU before it
+ * there, its graph destroyed); with "launch", a kernel launched by cuLaunchKernelEx on a stream of
+ * its own instead of each memset, and with "coop" the same launch cooperative.  IDLE: seconds it then stays without putting work on the GPU before it
  * exits (its output said first).
- *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|late-capture] [IDLE]   */
+ *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|late-capture|launch|coop] [IDLE] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* A kernel that does nothing here (vadd over no elements: the simulated driver runs vadd). */
+static const char PTX[] = ".version 7.0\n.target sm_70\n.address_size 64\n"
+			  ".visible .entry vadd(.param .u64 a, .param .u64 b, .param .u64 c, .param .u32 n)\n{\n ret;\n}\n";
 
 static double now(void)
 {
@@ -39,7 +44,8 @@ int main(int argc, char **argv)
 	int two = argc > 3 && !strcmp(argv[3], "two"), churn = argc > 3 && !strcmp(argv[3], "churn");
 	int blocking = argc > 3 && !strcmp(argv[3], "blocking");
 	int late = argc > 3 && !strcmp(argv[3], "late-capture");
-	int async = capture || two || churn || blocking || late || (argc > 3 && !strcmp(argv[3], "async"));
+	int coop = argc > 3 && !strcmp(argv[3], "coop"), launch = coop || (argc > 3 && !strcmp(argv[3], "launch"));
+	int async = capture || two || churn || blocking || late || launch || (argc > 3 && !strcmp(argv[3], "async"));
 	CUstream t = NULL;
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
 	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
@@ -47,6 +53,12 @@ int main(int argc, char **argv)
 	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
 			 cuMemsetD8Async(p, 0, bytes, c)))) {
 		fprintf(stderr, "spin: CUDA setup failed\n");
+		return 1;
+	}
+	CUmodule mod = NULL;
+	CUfunction fn = NULL;
+	if (launch && (cuModuleLoadData(&mod, PTX) != CUDA_SUCCESS || cuModuleGetFunction(&fn, mod, "vadd") != CUDA_SUCCESS)) {
+		fprintf(stderr, "spin: the kernel did not load\n");
 		return 1;
 	}
 	CUgraph none = NULL;
@@ -62,7 +74,17 @@ int main(int argc, char **argv)
 			fprintf(stderr, "spin: cuStreamCreate failed\n");
 			return 1;
 		}
-		if ((async ? cuMemsetD8Async(p, (unsigned char)ops, bytes, on) : cuMemsetD8(p, (unsigned char)ops, bytes)) !=
+		if (launch) {
+			int n = 0;
+			void *args[] = {&p, &p, &p, &n};
+			CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE, .value.cooperative = 1};
+			CUlaunchConfig cfg = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1,
+					      .blockDimZ = 1, .hStream = on, .attrs = &at, .numAttrs = coop ? 1 : 0};
+			if (cuLaunchKernelEx(&cfg, fn, args, NULL) != CUDA_SUCCESS) {
+				fprintf(stderr, "spin: cuLaunchKernelEx failed\n");
+				return 1;
+			}
+		} else if ((async ? cuMemsetD8Async(p, (unsigned char)ops, bytes, on) : cuMemsetD8(p, (unsigned char)ops, bytes)) !=
 		    CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuMemsetD8 failed\n");
 			return 1;

@@ -156,3 +156,20 @@ def test_a_capture_begins_on_the_stream_itself_not_its_twin(sched_dir, tmp_path)
     memsets = [i for i, x in enumerate(lines) if x.startswith("memset")]
     k = memsets[at[0]]
     assert lines[k - 1] == "wait" and lines[k + 1] == "wait", lines[k - 3 : k + 4]
+
+
+def test_a_cooperative_launch_goes_to_the_whole_gpu_though_a_span_is_given(sched_dir, tmp_path):
+    """A cooperative grid is sized for the whole GPU (its SM count, which the guest is told): on a
+    span the driver would refuse it as too large, so its stream goes home first.  The same launch
+    without the attribute runs on the span."""
+
+    def launches(lines: list[str]) -> set[int]:
+        return {int(x.split("=")[1]) for x in lines if x.startswith("launch")}
+
+    (tmp_path / "coop").mkdir()
+    (tmp_path / "plain").mkdir()
+    spans = [(0, 80), (80, 256)]
+    coop, _, _, _ = _side_by_side(sched_dir, tmp_path / "coop", spans, ("coop", "async"), (2.0, 3.0))
+    plain, _, _, _ = _side_by_side(sched_dir, tmp_path / "plain", spans, ("launch", "async"), (2.0, 3.0))
+    assert launches(coop) == {0}, launches(coop)
+    assert 40 in launches(plain), launches(plain)
