@@ -93,6 +93,9 @@ def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> ComputeSampler:
     return sampler
 
 
+HELD_KEYS = ("held_pct", "held_depth", "held_sms_pct")  # a guest's ComputeSampler.held, in status()
+
+
 def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = None) -> dict:
     """A StatusReply with the compute each guest achieved (ComputeSampler.take) and, under the
     shared policy, what the share controller holds it to (ComputeSampler.held): the % of each
@@ -121,9 +124,7 @@ def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = No
                 "compute_pct": s.compute_pct,
                 **share(s),
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
-                "held_pct": held.get((s.gpu_uuid, s.guest), (None, None, None))[0],
-                "held_depth": held.get((s.gpu_uuid, s.guest), (None, None, None))[1],
-                "held_sms_pct": held.get((s.gpu_uuid, s.guest), (None, None, None))[2],
+                **dict(zip(HELD_KEYS, held.get((s.gpu_uuid, s.guest), (None,) * 3), strict=True)),
                 "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
                 "settings": s.settings,
             }

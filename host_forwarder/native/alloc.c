@@ -20,6 +20,7 @@
  * kept block is memory the worker holds, charged as such.
  */
 #include "channel.h"
+#include "context.h"
 #include "protocol.h"
 #include "quota.h"
 #include "vh_dispatch.h"
@@ -96,7 +97,7 @@ static void kept_release(struct vh_chan *ch, const struct vh_kept *k)
 		B->cuCtxSetCurrent(ch->ctx[k->dev]);
 	B->cuMemFree_v2(k->p);
 	if (other)
-		B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+		vh_context_back(ch);
 	vh_quota_bounded_free(ch, k->dev, k->est);
 }
 

@@ -86,6 +86,11 @@ static void context_drop(struct vh_chan *ch, int dev)
 		ch->cur_dev = -1;
 }
 
+void vh_context_back(struct vh_chan *ch)
+{
+	ch->backend->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+}
+
 CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 {
 	if (ch->ctx[dev]) {
@@ -112,7 +117,7 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 	ch->ctx[dev] = c;
 	B->cuCtxSetCurrent(c);
 	region_register(ch, dev);
-	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	vh_context_back(ch);
 	if (measured) {
 		/* the reservation becomes what the driver says the worker holds now */
 		int over = vh_quota_settle(ch, dev);
@@ -178,7 +183,7 @@ void vh_green_drop(struct vh_chan *ch, int dev, CUgreenCtx g, CUcontext c, uint6
 	if (sync) { /* its queued work done first (while the process lives: its own work) */
 		B->cuCtxSetCurrent(c);
 		B->cuCtxSynchronize();
-		B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+		vh_context_back(ch);
 	}
 	B->cuGreenCtxDestroy(g);
 	if (vh_meter_on(ch, dev))

@@ -21,6 +21,9 @@ int vh_context_in(struct vh_chan *ch, CUcontext *c);
 CUresult vh_green_make(struct vh_chan *ch, int dev, CUdevResource *res, unsigned n, CUgreenCtx *g, CUcontext *c,
 		       uint64_t *charge);
 void vh_green_drop(struct vh_chan *ch, int dev, CUgreenCtx g, CUcontext c, uint64_t charge, int sync);
+/* The process's context on its current GPU (none if no GPU is current) made current again, after
+ * a call that made another one current for a while. */
+void vh_context_back(struct vh_chan *ch);
 /* Destroy every context the process has (at its end); nonzero if it had any. */
 int vh_chan_contexts_drop(struct vh_chan *ch);
 

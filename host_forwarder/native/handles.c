@@ -124,7 +124,6 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 	e->parent = parent;
 	e->kind = (uint8_t)kind;
 	e->dev = (int8_t)dev;
-	e->blocking = -1;
 	e->gen = gen ? gen : 1;
 	*v = (void *)(uintptr_t)encode(free_idx, e);
 	if (kind == VG_KIND_STREAM)

@@ -24,7 +24,6 @@ struct vh_handle {
 		     * function: its module's */
 	/* a stream's twin on an SM partition (partition.c): the stream of the green context of span
 	 * twin_span that stands for it there, and the span its work last went to (0: itself) */
-	int8_t blocking;  /* made without CU_STREAM_NON_BLOCKING: 1; 0 not; -1 not asked yet */
 	void *twin;
 	uint32_t twin_span, on_span;
 };

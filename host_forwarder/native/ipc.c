@@ -51,6 +51,7 @@
 
 #include "allocations.h"
 #include "channel.h"
+#include "context.h"
 #include "fd_broker.h"
 #include "ipc.h"
 #include "quota.h"
@@ -179,7 +180,7 @@ static int take_ctx(struct vh_chan *ch, int dev)
 static void put_ctx(struct vh_chan *ch, int other)
 {
 	if (other)
-		ch->backend->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+		vh_context_back(ch);
 }
 
 CUresult guarded_cuIpcGetMemHandle(struct vh_chan *ch, CUipcMemHandle *pHandle, CUdeviceptr dptr)

@@ -32,16 +32,15 @@ static int begins_capture(uint32_t op)
 	return op == VG_OP_cuStreamBeginCapture_v2 || op == VG_OP_cuStreamBeginCaptureToGraph;
 }
 
-/* Whether a call in this mode may move work now: not while a stream capture is open (its work
+/* Whether a call in this mode may move work that is not where it should be now: not while a stream capture is open (its work
  * stays where it began), but for the stream a capture begins on, which goes home first.  A call
  * whose work is then not where its span says tells the share controller (vh_sched.h, part_stuck),
  * as a process that is not partitioned does. */
-static int may_move(struct vh_chan *ch, int dev, int mode, int misplaced)
+static int may_move(struct vh_chan *ch, int dev, int mode)
 {
 	if (atomic_load(&open_captures) == 0 || (mode == VH_PART_HOME && begins_capture(ch->cur_op)))
 		return 1;
-	if (misplaced)
-		atomic_store_explicit(&ch->fwd->sched[dev].part_stuck, vmgpu_now_ns(), memory_order_relaxed);
+	atomic_store_explicit(&ch->fwd->sched[dev].part_stuck, vmgpu_now_ns(), memory_order_relaxed);
 	return 0;
 }
 
@@ -66,9 +65,8 @@ static void move_default(struct vh_chan *ch, int dev, uint32_t want, CUcontext t
 	B->cuCtxSetCurrent(to);
 	B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0);
 	B->cuStreamWaitEvent(CU_STREAM_PER_THREAD, p->ev[1], 0);
-	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	vh_context_back(ch);
 	p->null_on = want;
-	p->moves++;
 }
 
 /* Partitioning stops for this process on dev (and says why, once): its default streams' work goes
@@ -108,7 +106,7 @@ static int split(struct vh_chan *ch, int dev, struct vh_part *p)
 	B->cuCtxSetCurrent(ch->ctx[dev]);
 	int ok = B->cuEventCreate(&p->ev[0], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
 		 B->cuEventCreate(&p->ev[1], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
-	B->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	vh_context_back(ch);
 	return ok;
 }
 
@@ -239,7 +237,7 @@ CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
 	if (!p || mode == VH_PART_WHERE)
 		return cur;
 	uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
-	if (want == e->on_span || !may_move(ch, dev, mode, 1))
+	if (want == e->on_span || !may_move(ch, dev, mode))
 		return cur;
 	CUstream next = e->ptr;
 	void *dead = NULL;
@@ -263,7 +261,6 @@ CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
 	if (dead)
 		B->cuStreamDestroy_v2(dead); /* (the driver lets queued work finish first) */
 	e->on_span = want;
-	p->moves++;
 	return next;
 }
 
@@ -275,8 +272,7 @@ void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e)
 	if (!p || p->state != 1)
 		return;
 	/* (one the driver cannot say of is taken as blocking) */
-	e->blocking = ch->backend->cuStreamGetFlags(e->ptr, &fl) != CUDA_SUCCESS || !(fl & CU_STREAM_NON_BLOCKING);
-	if (e->blocking)
+	if (ch->backend->cuStreamGetFlags(e->ptr, &fl) != CUDA_SUCCESS || !(fl & CU_STREAM_NON_BLOCKING))
 		refuse(ch, dev, "it made a stream without CU_STREAM_NON_BLOCKING");
 }
 
@@ -289,7 +285,7 @@ void vh_part_default(struct vh_chan *ch, int work)
 		return;
 	if (mode != VH_PART_WHERE) {
 		uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
-		if (want != p->null_on && may_move(ch, dev, mode, 1)) {
+		if (want != p->null_on && may_move(ch, dev, mode)) {
 			struct vh_green *gr = want ? green_of(ch, dev, want) : NULL;
 			if (!want || (gr && p->state == 1))
 				move_default(ch, dev, want, gr ? gr->c : ch->ctx[dev]);
@@ -306,14 +302,15 @@ void vh_part_after(struct vh_chan *ch)
 	if (!ch->part_green)
 		return;
 	ch->part_green = 0;
-	ch->backend->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
+	vh_context_back(ch);
 }
 
 void vh_part_forget(struct vh_chan *ch, struct vh_handle *e)
 {
 	if (e->kind != VG_KIND_STREAM || !e->twin)
 		return;
-	/* (no work is on it: the stream was destroyed, or its work is on another span) */
+	/* (no work is on it but what may run to its end: the stream was destroyed, its work is on another
+	 * span, or the context goes; the driver lets queued work finish first) */
 	ch->backend->cuStreamDestroy_v2(e->twin);
 	if (e->on_span == e->twin_span)
 		e->on_span = 0;
@@ -329,11 +326,8 @@ void vh_part_drop(struct vh_chan *ch, int dev)
 	const struct vh_backend *B = ch->backend;
 	for (uint32_t i = 0; i < ch->nh; i++) {
 		struct vh_handle *e = &ch->h[i];
-		if (e->kind == VG_KIND_STREAM && e->twin && stream_dev(ch, e) == dev) {
-			B->cuStreamDestroy_v2(e->twin);
-			e->twin = NULL;
-			e->twin_span = e->on_span = 0;
-		}
+		if (e->kind == VG_KIND_STREAM && stream_dev(ch, e) == dev)
+			vh_part_forget(ch, e); /* (the context goes: its twins with it) */
 	}
 	for (int i = 0; i < p->ngreen; i++)
 		vh_green_drop(ch, dev, p->green[i].g, p->green[i].c, p->green[i].charge, 0);

@@ -56,7 +56,6 @@ struct vh_part {
 	int ngreen;
 	uint32_t null_on; /* the span the default streams' work last went to (0: the whole GPU) */
 	CUevent ev[2];    /* for the order across a move (default and per-thread streams) */
-	uint64_t moves;   /* moves of work between spans (the tests count them) */
 };
 
 /* After the process's context on dev is made: the GPU's SMs split into groups, and their number
