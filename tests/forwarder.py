@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -158,6 +159,31 @@ def wait_for(pred, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+# poll(2) and ppoll(2) by machine: the calls a process waits in between its turns
+_POLL_CALLS = {"x86_64": {7, 271}, "aarch64": {73}}
+
+
+def stop_at_rest(pid: int, tries: int = 500) -> None:
+    """SIGSTOP pid at a moment every thread of it waits in poll, so that it holds none of the locks
+    it shares with its workers (a supervisor stopped inside its 16 ms sweep of the IPC table would
+    hang a worker on that table's lock, not on the supervisor's socket, which is what tests of a
+    silent supervisor mean).  Stopped elsewhere, it is let go and stopped again."""
+    calls = _POLL_CALLS[os.uname().machine]
+    for _ in range(tries):
+        os.kill(pid, signal.SIGSTOP)
+        tasks = Path(f"/proc/{pid}/task")
+        assert wait_for(lambda: all(_state(t) == "T" for t in tasks.iterdir()), 5), "the process did not stop"
+        if all(int((t / "syscall").read_text().split()[0]) in calls for t in tasks.iterdir()):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} was never stopped at rest in {tries} tries")
+
+
+def _state(task: Path) -> str:
+    return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def start_daemon(sock: Path, db: Path, inventory: Path) -> subprocess.Popen:

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests.forwarder import forwarder, wait_for, worker_pids
+from tests.forwarder import forwarder, stop_at_rest, wait_for, worker_pids
 from tests.native.test_generator import raw
 from tests.native.test_ipc_sim import asan_forwarder
 from tests.native.test_vmm_share_sim import GUEST as VMM_GUEST
@@ -420,7 +420,7 @@ def test_an_exporters_worker_killed_while_the_supervisor_has_not_taken_its_descr
     with forwarder(shm_path, extra=["--gpus", "0,1", "--peer-timeout", "60"], asan=True) as fwd:
         a, w = start(guests, fwd, shm_path, 0)
         h = a.ok("create", 2 * MiB, POSIX_FD)
-        os.kill(fwd.proc.pid, signal.SIGSTOP)
+        stop_at_rest(fwd.proc.pid)
         try:
             send(a, "export", h, POSIX_FD)
             assert wait_for(lambda: sim_fds(w) == 1, 4), "the worker never held the driver's descriptor"
@@ -472,7 +472,7 @@ def test_exports_and_imports_the_supervisor_answers_too_late_are_refused_and_lea
             h0, h1 = _create(r1, 1), _create(r1, 2)
             r, g0 = raw(r1, 185, q(h0, POSIX_FD, 0), 3)
             assert r == SUCCESS and len(g0) == 64, (r, g0)
-            os.kill(fwd.proc.pid, signal.SIGSTOP)
+            stop_at_rest(fwd.proc.pid)
             try:
                 _request(r1, 185, q(h1, POSIX_FD, 0), 4)
                 _request(r2, 186, q(POSIX_FD) + g0, 5)
