@@ -171,9 +171,9 @@ def stop_at_rest(pid: int, tries: int = 500) -> None:
     hang a worker on that table's lock, not on the supervisor's socket, which is what tests of a
     silent supervisor mean).  Stopped elsewhere, it is let go and stopped again."""
     calls = _POLL_CALLS[os.uname().machine]
+    tasks = Path(f"/proc/{pid}/task")
     for _ in range(tries):
         os.kill(pid, signal.SIGSTOP)
-        tasks = Path(f"/proc/{pid}/task")
         assert wait_for(lambda: all(_state(t) == "T" for t in tasks.iterdir()), 5), "the process did not stop"
         if all(int((t / "syscall").read_text().split()[0]) in calls for t in tasks.iterdir()):
             return
