@@ -224,11 +224,11 @@ def tracer(trace, holds: dict | None = None):
             (holds or {}).get(m.guest, []).append(m.hold)
         looks[0] += 1
         if trace is not None and (looks[0] % 5 == 0 or ctl.probe):
-            state = {k[1]: (round(c.alone), round(c.open, 2)) for k, c in ctl.guests.items()}
+            state = {k[1]: (round(c.alone), round(c.open, 2), round(c.curve, 2)) for k, c in ctl.guests.items()}
             trace.write(
                 f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} "
                 f"spans {[(m.sm_part >> 16, m.sm_part & 0xFFFF) for m in members]} calls "
-                f"{[m.work_calls for m in members]} alone,open {state} parts "
+                f"{[m.work_calls for m in members]} alone,open,curve {state} parts "
                 f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
             )
 

@@ -52,8 +52,13 @@ a span of the GPU's SMs, its part of them its open part over the sum of the shar
 (whole groups of the page's `sm_groups`, each guest at least one; the ends in sixteenths of a
 group, which the forwarders round per period: host_forwarder/native/partition.h), and its work
 runs there while another is at work, side by side on SMs of its own (its forwarder's workers MPS
-clients), and on the whole GPU alone.  The same feedback moves the spans as moves the holds.  Where
-the forwarders cannot partition the GPU (no groups on the page) it holds by time.  Under
+clients), and on the whole GPU alone.  The same feedback moves the spans as moves the holds.  Each
+guest's speed on a part x of the SMs is taken as x ** its curve, learned from its progress on its
+span (0.6 until seen; a trainer went as about x ** 0.66 on an H200): a change of targets puts the
+spans where the curves say the new parts are, and once those spans have stood half a window,
+where the curves each guest then showed say (a curve is no exact power: the second solve starts
+from the nearest point), before the feedback goes on.  Where the forwarders cannot partition the
+GPU (no groups on the page) it holds by time.  Under
 `lever="smsfree"` the guest given the most is left on the whole GPU and the others have spans as
 under sms: its work may use their SMs too wherever theirs leaves room (as MPS clients' active-thread
 percentages let them), the others' only theirs.
@@ -91,6 +96,9 @@ RANKS = {"low": 0, "normal": 1, "high": 2}
 LEVERS = ("time", "depth", "sms", "smsfree")
 SMS_LEVERS = ("sms", "smsfree")
 DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
+SPAN_POW = 0.6  # a guest's speed on a part x of the SMs is taken as x ** its curve: this, until measured
+CURVE_LIMITS = (0.25, 1.2)  # a curve measured outside these is taken as the nearer
+CURVE_LEARN = 0.3  # each look moves a sharing guest's curve this part of the way to what it showed
 DEPTH_PART = 0.5  # under the depth lever: an open part above this narrows the depth; below, time holds too
 FREE, HELD, PROBED = range(3)  # a stretch between two looks, for one guest: not held, held, in a probe
 
@@ -122,6 +130,8 @@ class _Guest:
     short: float | None = None  # its last probe read well short of what was kept: to be checked
     target: float = 0.0  # its target part at the last look it shared at (0: not sharing then)
     rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
+    given: deque = field(default_factory=deque)  # (t, the part of the SMs its span gave it from t: 0 none)
+    curve: float = SPAN_POW  # on a span: its speed on a part x of the SMs as x ** curve (_learn)
 
 
 @dataclass
@@ -162,6 +172,7 @@ class ShareController:
         self.settle_until = -math.inf  # after a change of targets: the holds it made stand until then,
         self.settling: set = set()  # while these guests are all busy
         self.sharing: set = set()  # the guests that shared at the last look
+        self.resolving: set = set()  # on spans: these guests' spans are solved again once they settle
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -174,6 +185,38 @@ class ShareController:
             if how != PROBED:
                 calls, spent = calls + c1 - c0, spent + t1 - t0
         return calls / spent if spent >= self.window_s / 2 - 1e-9 else None
+
+    def _span_seen(self, g: _Guest, now: float) -> float | None:
+        """The part of the SMs its span gave it over the stretches its rate counts (_rate), on
+        average; None if it had no span in one of them, or spans more than a quarter apart."""
+        given = dict(g.given)
+        pts = [p for p in g.calls if now - p[0] <= self.window_s + 1e-9 and p[0] >= g.rate_from - 1e-9]
+        xs = [(given.get(t0, 0.0), t1 - t0) for (t0, _, _), (t1, _, how) in pairwise(pts) if how != PROBED]
+        if not xs or min(x for x, _ in xs) <= 0 or max(x for x, _ in xs) > 1.25 * min(x for x, _ in xs):
+            return None
+        return sum(x * dt for x, dt in xs) / sum(dt for _, dt in xs)
+
+    def _learn(self, k, progress: float, now: float, rate: float = CURVE_LEARN) -> None:
+        """Its curve moved `rate` of the way to what its progress on its span showed: a speed p on
+        a part x of the SMs is x ** (log p / log x)."""
+        g = self.guests[k]
+        x = self._span_seen(g, now)
+        if x is not None and 0.02 < x < 0.95 and 0.02 < progress < 0.98:
+            seen = min(max(math.log(progress) / math.log(x), CURVE_LIMITS[0]), CURVE_LIMITS[1])
+            g.curve += rate * (seen - g.curve)
+
+    def _solve(self, shared: list, targets: dict) -> dict:
+        """The parts of the SMs at which the sharing guests' curves put their progress in their
+        target proportions: x_k = (c t_k) ** (1 / curve_k), c such that they add up to all of them."""
+
+        def parts(log_c: float) -> dict:
+            return {k: math.exp((log_c + math.log(targets[k])) / self.guests[k].curve) for k in shared}
+
+        lo, hi = -60.0, 60.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if sum(parts(mid).values()) < 1 else (lo, mid)
+        return parts((lo + hi) / 2)
 
     def _busy(self, g: _Guest, now: float) -> bool:
         recent = [c for t, c, _ in g.calls if now - t <= self.window_s / 2 + 1e-9]
@@ -204,7 +247,12 @@ class ShareController:
             self.spans = dict.fromkeys((k[0] for k in keys), (0, 0))
             holds = self._plan(now, keys)
         for k in keys:
-            self.guests[k].hold = holds[k[0]]
+            g = self.guests[k]
+            g.hold = holds[k[0]]
+            lo, hi = self.spans.get(k[0], (0, 0))
+            g.given.append((now, (hi - lo) / (16 * self.groups) if self.groups else 0.0))
+            while g.given and now - g.given[0][0] > 2 * self.window_s:
+                g.given.popleft()
         return holds
 
     def _plan(self, now: float, keys: dict) -> dict[int, int]:
@@ -363,6 +411,13 @@ class ShareController:
                     self.guests[k].open = targets[k] / top_target
         if self._retarget(now, shared, targets):
             return  # (stands while half a window of rates at the new holds is measured)
+        if self._solved():  # each guest's curve from what its span shows
+            again, self.resolving = self.resolving == set(shared), set()
+            for k in shared:  # (after a change of targets, from the new spans alone: the nearest)
+                self._learn(k, progress[k], now, 1.0 if again else CURVE_LEARN)
+            if again:  # the spans a change of targets gave have settled: solved again, once
+                self._set_spans(now, shared, targets)
+                return
         total = sum(progress[k] for k in shared)
         for k in shared:
             g, part = self.guests[k], progress[k] / total
@@ -401,7 +456,8 @@ class ShareController:
 
     def _retarget(self, now: float, shared: list, targets: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
-        moves at once by its new target over its old (the least held then not held), and stands
+        moves at once by its new target over its old (on spans: where the curves put the new
+        targets, _solve; the least held then not held), and stands
         while half a window of rates at the new holds is measured (the rates over the window
         before are the old holds' and would push past the new targets: _control); True if so."""
         gs = {k: self.guests[k] for k in shared}
@@ -414,19 +470,46 @@ class ShareController:
         self.sharing = set(shared)
         changed = same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
         if changed:
-            # (on SM spans not bounded by 1 before the least held is made 1, below: a span is its
-            # open part over the others', and one bounded first would keep the old proportion)
-            bound = math.inf if self._retarget_pow() != 1.0 else 1.0
-            for k, g in gs.items():
-                g.open = min(bound, max(LEAST_OPEN, g.open * (targets[k] / g.target) ** self._retarget_pow()))
-            top = max(g.open for g in gs.values())
-            for k, g in gs.items():
-                g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
-                g.rate_from = now  # (rates from here on: the holds made now)
-            self.settle_until, self.settling = now + self.window_s / 2, set(shared)
+            if self._solved():  # on spans: where the guests' curves say the new targets are
+                self._set_spans(now, shared, targets)
+                self.resolving = set(shared)  # (and again from what the spans show once they settle)
+            else:
+                self._scale(now, shared, targets)
         for k, g in gs.items():
             g.target = targets[k]
         return changed
+
+    def _scale(self, now: float, shared: list, targets: dict) -> None:
+        """Each sharing guest's open part moved by its new target over its old (on spans without
+        curves, by that to the power 1 / 0.6), standing half a window."""
+        # (on SM spans not bounded by 1 before the least held is made 1, below: a span is its open
+        # part over the others', and one bounded first would keep the old proportion)
+        bound = math.inf if self._retarget_pow() != 1.0 else 1.0
+        for k in shared:
+            g = self.guests[k]
+            g.open = min(bound, max(LEAST_OPEN, g.open * (targets[k] / g.target) ** self._retarget_pow()))
+        self._stand(now, shared, targets)
+
+    def _set_spans(self, now: float, shared: list, targets: dict) -> None:
+        """Each sharing guest's open part where _solve puts it, standing half a window."""
+        for k, x in self._solve(shared, targets).items():
+            self.guests[k].open = x
+        self._stand(now, shared, targets)
+
+    def _stand(self, now: float, shared: list, targets: dict) -> None:
+        """The open parts as they are, the least held made 1 (none below its floor), standing
+        while half a window of rates at them is measured."""
+        top = max(self.guests[k].open for k in shared)
+        for k in shared:
+            g = self.guests[k]
+            g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
+            g.rate_from = now  # (rates from here on: the holds made now)
+        self.settle_until, self.settling = now + self.window_s / 2, set(shared)
+
+    def _solved(self) -> bool:
+        """Whether spans are set from the guests' curves (the sms lever with groups; under smsfree
+        one guest has the whole GPU, whose curve no span shows)."""
+        return self.lever == "sms" and bool(self.groups)
 
     def _retarget_pow(self) -> float:
         """How far a change of targets moves an open part at once: by new over old, and on SM spans
