@@ -404,9 +404,13 @@ class ShareController:
             self._retarget(now, [], {})  # (nobody shares: no targets to change from)
             return
         targets = self._targets(keys, shared)
-        if spans:  # a guest that begins to share begins on a span of its target's size
+        if spans and any(not self.guests[k].target for k in shared):
+            if self._solved():  # a guest begins to share: every span where the curves put the targets
+                self._set_spans(now, shared, targets)
+                self._retarget(now, shared, targets)  # (who shares, and their targets: no change of weight)
+                return  # (stands while half a window of rates at the new spans is measured)
             top_target = max(targets.values())
-            for k in shared:
+            for k in shared:  # (smsfree: on a span of its target's size)
                 if not self.guests[k].target:
                     self.guests[k].open = targets[k] / top_target
         if self._retarget(now, shared, targets):
