@@ -209,8 +209,8 @@ class ShareController:
         """The parts of the SMs at which the sharing guests' curves put their progress in their
         target proportions: x_k = (c t_k) ** (1 / curve_k), c such that they add up to all of them."""
 
-        def parts(log_c: float) -> dict:
-            return {k: math.exp((log_c + math.log(targets[k])) / self.guests[k].curve) for k in shared}
+        def parts(log_c: float) -> dict:  # (a target of 0, where guarantees take all: the least)
+            return {k: math.exp((log_c + math.log(max(targets[k], 1e-3))) / self.guests[k].curve) for k in shared}
 
         lo, hi = -60.0, 60.0
         for _ in range(80):
@@ -367,7 +367,9 @@ class ShareController:
         if now < self.settle_until:
             if self.settling <= set(busy):
                 return  # (the holds a change of targets made, while their rates are measured: _retarget)
-            self.settle_until = -math.inf  # one of them stopped: control as ever
+            self.settle_until, self.resolving = -math.inf, set()  # one of them stopped: control as ever,
+            for g in self.guests.values():  # on rates over whole windows (the others have had
+                g.rate_from = -math.inf  # less than half a window since: they would share no more)
         progress = {}
         for k in busy:
             g = self.guests[k]
@@ -404,8 +406,8 @@ class ShareController:
             self._retarget(now, [], {})  # (nobody shares: no targets to change from)
             return
         targets = self._targets(keys, shared)
-        if spans and any(not self.guests[k].target for k in shared):
-            if self._solved():  # a guest begins to share: every span where the curves put the targets
+        if spans and any(k not in self.sharing for k in shared):
+            if self._solved(shared):  # a guest begins to share: every span where the curves put the targets
                 self._set_spans(now, shared, targets)
                 self._retarget(now, shared, targets)  # (who shares, and their targets: no change of weight)
                 return  # (stands while half a window of rates at the new spans is measured)
@@ -415,7 +417,7 @@ class ShareController:
                     self.guests[k].open = targets[k] / top_target
         if self._retarget(now, shared, targets):
             return  # (stands while half a window of rates at the new holds is measured)
-        if self._solved():  # each guest's curve from what its span shows
+        if self._solved(shared):  # each guest's curve from what its span shows
             again, self.resolving = self.resolving == set(shared), set()
             for k in shared:  # (after a change of targets, from the new spans alone: the nearest)
                 self._learn(k, progress[k], now, 1.0 if again else CURVE_LEARN)
@@ -474,7 +476,7 @@ class ShareController:
         self.sharing = set(shared)
         changed = same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
         if changed:
-            if self._solved():  # on spans: where the guests' curves say the new targets are
+            if self._solved(shared):  # on spans: where the guests' curves say the new targets are
                 self._set_spans(now, shared, targets)
                 self.resolving = set(shared)  # (and again from what the spans show once they settle)
             else:
@@ -510,10 +512,12 @@ class ShareController:
             g.rate_from = now  # (rates from here on: the holds made now)
         self.settle_until, self.settling = now + self.window_s / 2, set(shared)
 
-    def _solved(self) -> bool:
-        """Whether spans are set from the guests' curves (the sms lever with groups; under smsfree
-        one guest has the whole GPU, whose curve no span shows)."""
-        return self.lever == "sms" and bool(self.groups)
+    def _solved(self, shared: list) -> bool:
+        """Whether spans are set from the sharing guests' curves (the sms lever with groups; under
+        smsfree one guest has the whole GPU, whose curve no span shows), and their curves learned:
+        not while one is capped (its cap holds it by time, off its span's doing, and the others run
+        on more than their spans meanwhile; and its span is all its weight gives, not its curve's)."""
+        return self.lever == "sms" and bool(self.groups) and all(self.guests[k].ceiling >= 1 for k in shared)
 
     def _retarget_pow(self) -> float:
         """How far a change of targets moves an open part at once: by new over old, and on SM spans

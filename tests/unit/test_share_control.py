@@ -23,6 +23,8 @@ class Gpu:
         self.calls = dict.fromkeys(alone, 0.0)
         self.weight = dict.fromkeys(alone, 100)
         self.cap = dict.fromkeys(alone, 0)
+        self.guarantee = dict.fromkeys(alone, 0)
+        self.gone: set[str] = set()  # guests whose slots are not on the page
         self.busy = dict.fromkeys(alone, True)
         self.holds = dict.fromkeys(alone, 0)
         self.held_ms = dict.fromkeys(alone, 0)
@@ -47,8 +49,11 @@ class Gpu:
 
     def seen(self) -> list[Seen]:
         return [
-            Seen(i, n, int(self.calls[n]), self.weight[n], 0, self.cap[n], self.rank[n], n in self.whole)
+            Seen(
+                i, n, int(self.calls[n]), self.weight[n], self.guarantee[n], self.cap[n], self.rank[n], n in self.whole
+            )
             for i, n in enumerate(self.alone)
+            if n not in self.gone
         ]
 
     def _hold(self, n: str) -> int:
@@ -66,7 +71,7 @@ class Gpu:
             t = self.now + i * dt
             if i % int(round(0.1 / dt)) == 0:
                 holds = ctl.step(t, self.seen(), self.groups)
-                self.holds = {n: holds[j] for j, n in enumerate(names)}
+                self.holds = {n: holds.get(j, 0) for j, n in enumerate(names)}
                 self.depths = {n: ctl.depths.get(j, 0) or ctl.depth for j, n in enumerate(names)}
                 self.spans = {n: ctl.spans.get(j, (0, 0)) for j, n in enumerate(names)}
             into = t % PERIOD
@@ -672,6 +677,61 @@ def test_under_the_sms_lever_spans_a_curve_put_wrong_are_solved_again_once_they_
     gpu.weight.update(a=20, b=80)
     got = [parts(gpu.run(ctl, 0.5))["a"] for _ in range(4)]
     assert all(abs(p - 20) <= 2 for p in got[1:]), got
+
+
+def test_under_the_sms_lever_guarantees_that_take_all_leave_a_guest_of_weight_alone_the_least():
+    # guarantees of 60 and 40 leave a third guest, of a weight only, a target of 0: the spans are
+    # still solved (no log of 0), it gets the least (one group), and the guaranteed two share the
+    # rest in their order; nobody's spans are solved again at every look
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
+    gpu.groups = 16
+    gpu.guarantee.update(a=60, b=40)
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 10)
+    got, spans = [], []
+    for _ in range(20):
+        got.append(parts(gpu.run(ctl, 0.5)))
+        spans.append(gpu.spans["c"])
+    given = [s for s in spans if s != (0, 0)]  # (none during a probe)
+    assert len(given) >= 15 and all(s[1] - s[0] == 16 for s in given), spans
+    assert all(p["a"] > p["b"] > p["c"] for p in got[-4:]), got[-4:]
+
+
+def test_under_the_sms_lever_a_guest_gone_while_the_spans_it_joined_stand_leaves_the_others_theirs():
+    # a and b share at 30/70; c comes, and the spans are solved for three and stand; c's slot goes
+    # within that half second: a and b keep spans (on rates over whole windows), never none
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
+    gpu.groups = 16
+    gpu.weight.update(a=30, b=70)
+    gpu.gone, gpu.busy["c"] = {"c"}, False
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 10)
+    gpu.gone, gpu.busy["c"] = set(), True
+    for _ in range(60):
+        gpu.run(ctl, 0.1)
+        if gpu.spans["c"] != (0, 0):
+            break
+    assert gpu.spans["c"] != (0, 0), gpu.spans
+    gpu.run(ctl, 0.2)
+    gpu.gone, gpu.busy["c"] = {"c"}, False
+    seen = []
+    for _ in range(10):
+        gpu.run(ctl, 0.1)
+        seen.append((gpu.spans["a"], gpu.spans["b"]))
+    assert all((0, 0) not in s for s in seen), seen
+
+
+def test_under_the_sms_lever_a_capped_guests_curve_and_its_partners_are_not_learned():
+    # a cap holds its guest by time, and its partner then runs on more than its span: neither's
+    # progress is its span's doing, and no curve is learned from it (the model's curves are 0.6)
+    gpu = _pair(20, 80)
+    gpu.groups = 16
+    gpu.cap["a"] = 60
+    ctl = ShareController(lever="sms")
+    gpu.sm_speeds = {"a": lambda x: x**0.9, "b": lambda x: x**0.9}
+    gpu.run(ctl, 15)
+    assert gpu.holds["a"] == 400, gpu.holds
+    assert [round(g.curve, 2) for g in ctl.guests.values()] == [0.6, 0.6]
 
 
 def test_under_the_sms_lever_a_guest_off_its_span_makes_all_held_by_time():
