@@ -207,6 +207,7 @@ def shared_pair(
         "depth": ", held by depth",
         "sms": ", on SM partitions",
         "smsfree": ", on SM partitions, the heavy guest on all SMs",
+        "smsover": ", on SM partitions reaching into each other's",
     }.get(lever, "")
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
@@ -714,8 +715,8 @@ def main() -> int:
         help="how the shared rows' controller holds a guest back: the first part of each period (time), "
         "how much of its work the GPU has at once (depth: its part of --depth), or the SMs it runs on beside "
         "the others (sms: SM partitions, green contexts; smsfree: the same but the guest given most left on all of "
-        "the SMs); time,sms runs the shared rows once with each, "
-        "beside the same references",
+        "the SMs; smsover: partitions each reaching an eighth of the SMs into its neighbours'); time,sms runs "
+        "the shared rows once with each, beside the same references",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")

@@ -61,7 +61,11 @@ from the nearest point), before the feedback goes on.  Where the forwarders cann
 GPU (no groups on the page) it holds by time.  Under
 `lever="smsfree"` the guest given the most is left on the whole GPU and the others have spans as
 under sms: its work may use their SMs too wherever theirs leaves room (as MPS clients' active-thread
-percentages let them), the others' only theirs.
+percentages let them), the others' only theirs.  Under `lever="smsover"` each span reaches OVERLAP of
+the SMs into each neighbour's: there two guests' work shares SMs as it comes (the room one leaves
+is the other's), and the feedback sizes the spans as ever (no curves: a guest's speed there is not
+its span's alone).  Both are experiments (make bench-sharing --lever) for the throughput that MPS's
+thread limits get beside each other.
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `run` is the loop vmgpud (and the sharing benchmark) run on a live page.
@@ -93,8 +97,9 @@ FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sha
 RANKS = {"low": 0, "normal": 1, "high": 2}
 # how a guest is held back: the first part of each period, its depth, its SMs (apart from the others',
 # or, under smsfree, with the guest given most left on all of them)
-LEVERS = ("time", "depth", "sms", "smsfree")
-SMS_LEVERS = ("sms", "smsfree")
+LEVERS = ("time", "depth", "sms", "smsfree", "smsover")
+SMS_LEVERS = ("sms", "smsfree", "smsover")
+OVERLAP = 0.125  # under smsover: how far each span reaches into its neighbours', as a part of the SMs
 DEPTH = 32  # the forwarders' --sched-depth, which the depth lever's parts are of
 SPAN_POW = 0.6  # a guest's speed on a part x of the SMs is taken as x ** its curve: this, until measured
 CURVE_LIMITS = (0.25, 1.2)  # a curve measured outside these is taken as the nearer
@@ -307,6 +312,9 @@ class ShareController:
             hi = max(lo + 16, min(hi, total - 16 * (n - 1 - i)))
             out[k[0]] = (lo, hi) if k != free else (0, 0)
             lo = hi
+        if self.lever == "smsover":  # each reaching into its neighbours'
+            m = int(round(OVERLAP * total))
+            out = {slot: (max(0, a - m), min(total, b + m)) for slot, (a, b) in out.items()}
         return out
 
     def _probe_step(self, now: float, keys: dict) -> dict[int, int] | None:

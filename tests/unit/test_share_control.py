@@ -634,6 +634,22 @@ def test_under_the_smsfree_lever_the_heavy_guest_keeps_the_whole_gpu_and_the_par
     assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
 
 
+def test_under_the_smsover_lever_each_span_reaches_into_its_neighbours_and_the_parts_hold():
+    # the spans side by side as under sms, each then reaching 2 of the 16 groups (an eighth of the
+    # SMs) into its neighbour's, and the feedback holds 30/70 on them (what the overlap gives on a
+    # GPU is what the experiment is for: this model only makes a wider span faster)
+    gpu = _pair(30, 70)
+    gpu.groups = 16
+    ctl = ShareController(lever="smsover")
+    gpu.run(ctl, 20)
+    got = gpu.run(ctl, 20)
+    p = parts(got)
+    assert abs(p["a"] - 30) <= 2, (p, got)
+    (alo, ahi), (blo, bhi) = gpu.spans["a"], gpu.spans["b"]
+    assert alo == 0 and bhi == 256 and ahi - blo == 2 * 32, gpu.spans  # (each 32 sixteenths into the other's)
+    assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
+
+
 def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
     # on spans, a guest's speed goes as its part of the SMs to the power 0.6: moving its span by
     # the new target over the old would move its part far less than that; solved on each guest's
