@@ -654,13 +654,22 @@ def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
     # on spans, a guest's speed goes as its part of the SMs to the power 0.6: moving its span by
     # the new target over the old would move its part far less than that; solved on each guest's
     # curve, 50/50 turned 20/80 holds within 2 pp in the second half second
+    first, second = _turned_20_80(2)
+    assert abs(first - 20) <= 4 and abs(second - 20) <= 2, (first, second)
+
+
+def _turned_20_80(halves: int, speeds: dict | None = None, speed=None) -> list[float]:
+    """Two equal guests sharing at 50/50 on spans (their speeds on a part of the SMs: speeds by
+    guest, or speed for both, or the model's), turned 20/80: the light one's parts of each half
+    second after."""
     gpu = Gpu({"a": 5000.0, "b": 5000.0})
     gpu.groups = 16
+    gpu.sm_speeds = speeds or {}
+    gpu.sm_speed = speed or gpu.sm_speed
     ctl = ShareController(lever="sms")
     gpu.run(ctl, 15)
     gpu.weight.update(a=20, b=80)
-    first, second = parts(gpu.run(ctl, 0.5)), parts(gpu.run(ctl, 0.5))
-    assert abs(first["a"] - 20) <= 4 and abs(second["a"] - 20) <= 2, (first, second)
+    return [parts(gpu.run(ctl, 0.5))["a"] for _ in range(halves)]
 
 
 def test_under_the_sms_lever_a_weight_change_is_reached_at_once_on_each_guests_own_curve():
@@ -669,14 +678,8 @@ def test_under_the_sms_lever_a_weight_change_is_reached_at_once_on_each_guests_o
     # and the spans for 20/80 are solved from them; the first half second after the change is
     # already within 2 pp (moved by one power 1 / 0.6 for both, it is 2.4 pp short and takes
     # seconds of feedback)
-    gpu = Gpu({"a": 5000.0, "b": 5000.0})
-    gpu.groups = 16
-    gpu.sm_speeds = {"a": lambda x: x**0.75, "b": lambda x: x**0.5}
-    ctl = ShareController(lever="sms")
-    gpu.run(ctl, 15)
-    gpu.weight.update(a=20, b=80)
-    first, second = parts(gpu.run(ctl, 0.5)), parts(gpu.run(ctl, 0.5))
-    assert abs(first["a"] - 20) <= 1 and abs(second["a"] - 20) <= 1, (first, second)
+    got = _turned_20_80(2, speeds={"a": lambda x: x**0.75, "b": lambda x: x**0.5})
+    assert all(abs(p - 20) <= 1 for p in got), got
 
 
 def test_under_the_sms_lever_spans_a_curve_put_wrong_are_solved_again_once_they_settle():
@@ -685,13 +688,7 @@ def test_under_the_sms_lever_spans_a_curve_put_wrong_are_solved_again_once_they_
     # guest 4 pp short, and the half second they stand shows its curve there; solved again from
     # it, the parts are within 2 pp from the second half second on (by feedback alone, 1.9 pp
     # short after a second and a half)
-    gpu = Gpu({"a": 5000.0, "b": 5000.0})
-    gpu.groups = 16
-    gpu.sm_speed = lambda x: 1 - (1 - x) ** 2.2
-    ctl = ShareController(lever="sms")
-    gpu.run(ctl, 15)
-    gpu.weight.update(a=20, b=80)
-    got = [parts(gpu.run(ctl, 0.5))["a"] for _ in range(4)]
+    got = _turned_20_80(4, speed=lambda x: 1 - (1 - x) ** 2.2)
     assert all(abs(p - 20) <= 2 for p in got[1:]), got
 
 
