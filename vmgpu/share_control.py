@@ -24,7 +24,9 @@ an idle guest's share goes to the busy ones (at once at the gate, which lets a h
 while no other of its priority or above is at work: sched_held_ns; here at the next look).  A
 change of targets among the same guests (a weight changed live) moves each guest's open part at
 once by its new target over its old, and those holds stand for half a window while rates at them
-are measured (the window's older rates would push past the new targets).  A guest at 90% of its
+are measured (the window's older rates would push past the new targets); then each open part so
+moved is moved once more, by its target over its part to the power one over how far its part moved
+for the move of its open part (as logs: a secant), and stands again.  A guest at 90% of its
 rate alone is not held; at 97% it is left out altogether (holding others could not speed it).
 No guest is held for more than the rest of its target part of each period (a guest at 30% runs
 at least 30 ms of every 100): progress is
@@ -177,7 +179,8 @@ class ShareController:
         self.settle_until = -math.inf  # after a change of targets: the holds it made stand until then,
         self.settling: set = set()  # while these guests are all busy
         self.sharing: set = set()  # the guests that shared at the last look
-        self.resolving: set = set()  # on spans: these guests' spans are solved again once they settle
+        self.resolving: set = set()  # after a change of targets: corrected once these guests settle
+        self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -425,13 +428,16 @@ class ShareController:
                     self.guests[k].open = targets[k] / top_target
         if self._retarget(now, shared, targets):
             return  # (stands while half a window of rates at the new holds is measured)
+        again, self.resolving = self.resolving == set(shared), set()  # (a change of targets has settled)
         if self._solved(shared):  # each guest's curve from what its span shows
-            again, self.resolving = self.resolving == set(shared), set()
             for k in shared:  # (after a change of targets, from the new spans alone: the nearest)
                 self._learn(k, progress[k], now, 1.0 if again else CURVE_LEARN)
             if again:  # the spans a change of targets gave have settled: solved again, once
                 self._set_spans(now, shared, targets)
                 return
+        elif again and self._by_time():  # by time: each open part corrected once by how its part moved
+            self._secant(now, shared, targets, progress)
+            return
         total = sum(progress[k] for k in shared)
         for k in shared:
             g, part = self.guests[k], progress[k] / total
@@ -471,9 +477,10 @@ class ShareController:
     def _retarget(self, now: float, shared: list, targets: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
         moves at once by its new target over its old (on spans: where the curves put the new
-        targets, _solve; the least held then not held), and stands
-        while half a window of rates at the new holds is measured (the rates over the window
-        before are the old holds' and would push past the new targets: _control); True if so."""
+        targets, _solve; the least held then not held), and stands while half a window of rates
+        at the new holds is measured (the rates over the window before are the old holds' and would
+        push past the new targets: _control), then is corrected once (_secant; on spans, solved
+        again from the curves the new spans showed); True if so."""
         gs = {k: self.guests[k] for k in shared}
         for k, g in self.guests.items():
             if k not in gs:
@@ -488,10 +495,28 @@ class ShareController:
                 self._set_spans(now, shared, targets)
                 self.resolving = set(shared)  # (and again from what the spans show once they settle)
             else:
+                self.before = {k: (g.open, self.last.get(k[1], 0.0)) for k, g in gs.items()}
                 self._scale(now, shared, targets)
+                self.resolving = set(shared)  # (corrected once they settle: _secant)
         for k, g in gs.items():
             g.target = targets[k]
         return changed
+
+    def _secant(self, now: float, shared: list, targets: dict, progress: dict) -> None:
+        """A change of targets has settled (by time): each guest whose open part it moved is moved
+        again, by its target over its part now to the power one over how far its part moved for
+        the move of its open part (both as logs, from before the change to now), standing half a
+        window again; a move that took its part the other way, or no move, is left to the feedback."""
+        total = sum(progress[k] for k in shared)
+        for k in shared:
+            g, (o0, p0) = self.guests[k], self.before.get(k, (0.0, 0.0))
+            p1 = progress[k] / total
+            if o0 <= 0 or p0 <= 0 or p1 <= 0 or g.ceiling < 1 or abs(math.log(g.open / o0)) < 0.05:
+                continue
+            e = math.log(p1 / p0) / math.log(g.open / o0)
+            if e > 0:
+                g.open *= (targets[k] / p1) ** (1 / min(max(e, 0.3), 3.0))
+        self._stand(now, shared, targets)
 
     def _scale(self, now: float, shared: list, targets: dict) -> None:
         """Each sharing guest's open part moved by its new target over its old (on spans without

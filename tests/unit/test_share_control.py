@@ -317,6 +317,20 @@ def test_a_weight_changed_live_moves_the_holds_at_once_and_holds_within_a_second
     assert abs(first["a"] - 20) <= 3 and abs(second["a"] - 20) <= 2, (first, second)
 
 
+def test_by_time_a_weight_change_is_corrected_once_from_how_far_the_parts_moved():
+    # two guests that each go at 0.7 of their speed beside the other: the holds moved by new
+    # target over old put the light one 4 pp over 20/80 (a held guest gains from the other's
+    # holds too); once they have stood half a second, its open part is moved again by how far its
+    # part moved for the move of its open part, and from the second half second on the parts are
+    # within 1 pp (moved by the feedback alone, 3.3 pp over then, and 1.6 a second later)
+    gpu = Gpu({"a": 5000.0, "b": 5000.0}, together={1: 1.0, 2: 0.7, 3: 0.5, 4: 0.4})
+    ctl = ShareController()
+    gpu.run(ctl, 15)
+    gpu.weight.update(a=20, b=80)
+    got = [parts(gpu.run(ctl, 0.5))["a"] for _ in range(4)]
+    assert all(abs(p - 20) <= 1 for p in got[1:]), got
+
+
 def test_a_guest_going_idle_or_coming_back_is_no_change_of_weight():
     # the targets of the others change when one stops or comes back, but no weight did: the holds
     # are not moved at once nor left standing (only a change among the same guests is)
