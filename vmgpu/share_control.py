@@ -226,6 +226,10 @@ class ShareController:
             lo, hi = (mid, hi) if sum(parts(mid).values()) < 1 else (lo, mid)
         return parts((lo + hi) / 2)
 
+    def _short_window(self, g: _Guest, now: float) -> bool:
+        """Whether its rate is over less than a whole window (rates since a change of targets)."""
+        return now - g.rate_from < self.window_s - 1e-9
+
     def _busy(self, g: _Guest, now: float) -> bool:
         recent = [c for t, c, _ in g.calls if now - t <= self.window_s / 2 + 1e-9]
         return len(recent) >= 2 and recent[-1] > recent[0]
@@ -403,10 +407,15 @@ class ShareController:
         # on 79% of an H200's SMs ran at its speed alone), and were it left out the spans would
         # be lifted and the others take its SMs back
         spans = self.lever in SMS_LEVERS and self.groups
+        # (nor is a guest sharing left out on rates over less than a window, after a change of
+        # targets: half a window's rates are too few to tell 97% from 95%, and left out on them
+        # it would have the others' holds lifted and come back a look later)
         shared = [
             k
             for k in busy
-            if k in progress and 0 < progress[k] and (progress[k] < FULL or (spans and k in self.sharing))
+            if k in progress
+            and 0 < progress[k]
+            and (progress[k] < FULL or (k in self.sharing and (spans or self._short_window(self.guests[k], now))))
         ]
         if len(shared) < 2:
             shared = []
@@ -415,6 +424,7 @@ class ShareController:
                 self.guests[k].open = 1.0
         if not shared:
             self._retarget(now, [], {})  # (nobody shares: no targets to change from)
+            self.resolving, self.before = set(), {}  # (nor a change to correct when they share again)
             return
         targets = self._targets(keys, shared)
         if spans and any(k not in self.sharing for k in shared):
@@ -426,7 +436,7 @@ class ShareController:
             for k in shared:  # (smsfree: on a span of its target's size)
                 if not self.guests[k].target:
                     self.guests[k].open = targets[k] / top_target
-        if self._retarget(now, shared, targets):
+        if self._retarget(now, shared, targets, progress):
             return  # (stands while half a window of rates at the new holds is measured)
         again, self.resolving = self.resolving == set(shared), set()  # (a change of targets has settled)
         if self._solved(shared):  # each guest's curve from what its span shows
@@ -435,7 +445,9 @@ class ShareController:
             if again:  # the spans a change of targets gave have settled: solved again, once
                 self._set_spans(now, shared, targets)
                 return
-        elif again and self._by_time():  # by time: each open part corrected once by how its part moved
+        elif again and self._by_time() and all(self.guests[k].ceiling >= 1 for k in shared):
+            # by time (and none capped: a cap's hold is not its weight's): each open part corrected
+            # once by how its part moved
             self._secant(now, shared, targets, progress)
             return
         total = sum(progress[k] for k in shared)
@@ -474,7 +486,7 @@ class ShareController:
             return 1.0
         return g.open if self.lever in ("time", *SMS_LEVERS) else min(1.0, g.open / DEPTH_PART)
 
-    def _retarget(self, now: float, shared: list, targets: dict) -> bool:
+    def _retarget(self, now: float, shared: list, targets: dict, progress: dict | None = None) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
         moves at once by its new target over its old (on spans: where the curves put the new
         targets, _solve; the least held then not held), and stands while half a window of rates
@@ -495,7 +507,8 @@ class ShareController:
                 self._set_spans(now, shared, targets)
                 self.resolving = set(shared)  # (and again from what the spans show once they settle)
             else:
-                self.before = {k: (g.open, self.last.get(k[1], 0.0)) for k, g in gs.items()}
+                total = sum((progress or {}).get(k, 0.0) for k in gs) or 1.0  # (its part at its open part)
+                self.before = {k: (g.open, (progress or {}).get(k, 0.0) / total) for k, g in gs.items()}
                 self._scale(now, shared, targets)
                 self.resolving = set(shared)  # (corrected once they settle: _secant)
         for k, g in gs.items():
@@ -506,16 +519,18 @@ class ShareController:
         """A change of targets has settled (by time): each guest whose open part it moved is moved
         again, by its target over its part now to the power one over how far its part moved for
         the move of its open part (both as logs, from before the change to now), standing half a
-        window again; a move that took its part the other way, or no move, is left to the feedback."""
+        window again.  Left to the feedback: a move that took its part the other way, and one too small
+        to tell from the noise of half a window's rates (its open part moved less than 5%, or its
+        part less than 10%); and no correction is more than twice or half."""
         total = sum(progress[k] for k in shared)
         for k in shared:
             g, (o0, p0) = self.guests[k], self.before.get(k, (0.0, 0.0))
             p1 = progress[k] / total
-            if o0 <= 0 or p0 <= 0 or p1 <= 0 or g.ceiling < 1 or abs(math.log(g.open / o0)) < 0.05:
+            if o0 <= 0 or p0 <= 0 or p1 <= 0 or abs(math.log(g.open / o0)) < 0.05 or abs(math.log(p1 / p0)) < 0.1:
                 continue
             e = math.log(p1 / p0) / math.log(g.open / o0)
             if e > 0:
-                g.open *= (targets[k] / p1) ** (1 / min(max(e, 0.3), 3.0))
+                g.open *= min(2.0, max(0.5, (targets[k] / p1) ** (1 / min(max(e, 0.5), 3.0))))
         self._stand(now, shared, targets)
 
     def _scale(self, now: float, shared: list, targets: dict) -> None:
