@@ -27,7 +27,8 @@ once by its new target over its old, and those holds stand for half a window whi
 are measured (the window's older rates would push past the new targets); then each open part so
 moved is moved once more, by its target over its part to the power one over how far its part moved
 for the move of its open part (as logs: a secant), and stands again.  A guest at 90% of its
-rate alone is not held; at 97% it is left out altogether (holding others could not speed it).
+rate alone is not held; at 97% it is left out altogether (holding others could not speed it;
+by time, a guest that shares again within a window is held where it was).
 No guest is held for more than the rest of its target part of each period (a guest at 30% runs
 at least 30 ms of every 100): progress is
 measured in calls, which a guest chooses, so a guest can make itself look short of its part and
@@ -139,6 +140,8 @@ class _Guest:
     rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
     given: deque = field(default_factory=deque)  # (t, the part of the SMs its span gave it from t: 0 none)
     curve: float = SPAN_POW  # on a span: its speed on a part x of the SMs as x ** curve (_learn)
+    left_open: float = 1.0  # its open part when it last stopped sharing,
+    left_at: float = -math.inf  # and when
 
 
 @dataclass
@@ -420,8 +423,16 @@ class ShareController:
         if len(shared) < 2:
             shared = []
         for k in busy:
+            g = self.guests[k]
             if k not in shared:
-                self.guests[k].open = 1.0
+                if k in self.sharing:  # (what it had, should it share again soon)
+                    g.left_open, g.left_at = g.open, now
+                g.open = 1.0
+            elif k not in self.sharing and self._by_time() and now - g.left_at <= self.window_s:
+                # back within a window (the guest at full speed that left it took the others' holds
+                # with it, and came back once it was not): where it was, not held for nothing and
+                # then step by step back to where it was
+                g.open = g.left_open
         if not shared:
             self._retarget(now, [], {})  # (nobody shares: no targets to change from)
             self.resolving, self.before = set(), {}  # (nor a change to correct when they share again)
