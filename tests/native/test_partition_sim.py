@@ -93,6 +93,15 @@ def test_beside_another_at_work_a_guests_work_runs_on_its_span_and_alone_on_the_
     assert moves >= 2, moves
 
 
+def test_spans_that_reach_into_each_other_are_each_used_as_given(sched_dir, tmp_path):
+    """The smsover lever's spans: a at [0, 7) (56 SMs) and b at [5, 16) (92), groups 5 and 6 in
+    both: each guest's work runs on its own span, nothing assuming the spans are apart."""
+    la, lb, _, _ = _side_by_side(sched_dir, tmp_path, [(0, 112), (80, 256)], secs=(2.0, 2.0))
+    sa, sb = _sms(la), _sms(lb)
+    assert 56 in sa and 92 in sb, (set(sa), set(sb))
+    assert set(sa) <= {0, 56} and set(sb) <= {0, 92}, (set(sa), set(sb))
+
+
 def test_a_fractional_span_end_takes_the_next_group_that_part_of_each_period(sched_dir, tmp_path):
     """a at [0, 4.5) beside b: 5 groups (40 SMs) the first half of each period, 4 (32) the second."""
     la, _, _, _ = _side_by_side(sched_dir, tmp_path, [(0, 72), (72, 256)], secs=(3.0, 3.0))
