@@ -187,22 +187,24 @@ class ShareController:
 
     # -- rates ------------------------------------------------------------------------------
 
-    def _rate(self, g: _Guest, now: float) -> float | None:
-        """Calls per second over the window, without the stretches a probe held (a probe speeds
-        the probed guest and stops the others)."""
-        calls = spent = 0.0
+    def _stretches(self, g: _Guest, now: float) -> list[tuple[float, float, float]]:
+        """The stretches between looks its rate counts, (start, length, calls): over the window
+        (since rate_from), without those a probe held (a probe speeds the probed guest and stops
+        the others)."""
         pts = [p for p in g.calls if now - p[0] <= self.window_s + 1e-9 and p[0] >= g.rate_from - 1e-9]
-        for (t0, c0, _), (t1, c1, how) in pairwise(pts):
-            if how != PROBED:
-                calls, spent = calls + c1 - c0, spent + t1 - t0
+        return [(t0, t1 - t0, c1 - c0) for (t0, c0, _), (t1, c1, how) in pairwise(pts) if how != PROBED]
+
+    def _rate(self, g: _Guest, now: float) -> float | None:
+        """Calls per second over its stretches (_stretches), if they make half a window."""
+        stretches = self._stretches(g, now)
+        calls, spent = sum(c for _, _, c in stretches), sum(dt for _, dt, _ in stretches)
         return calls / spent if spent >= self.window_s / 2 - 1e-9 else None
 
     def _span_seen(self, g: _Guest, now: float) -> float | None:
-        """The part of the SMs its span gave it over the stretches its rate counts (_rate), on
-        average; None if it had no span in one of them, or spans more than a quarter apart."""
+        """The part of the SMs its span gave it over the stretches its rate counts, on average;
+        None if it had no span in one of them, or spans more than a quarter apart."""
         given = dict(g.given)
-        pts = [p for p in g.calls if now - p[0] <= self.window_s + 1e-9 and p[0] >= g.rate_from - 1e-9]
-        xs = [(given.get(t0, 0.0), t1 - t0) for (t0, _, _), (t1, _, how) in pairwise(pts) if how != PROBED]
+        xs = [(given.get(t0, 0.0), dt) for t0, dt, _ in self._stretches(g, now)]
         if not xs or min(x for x, _ in xs) <= 0 or max(x for x, _ in xs) > 1.25 * min(x for x, _ in xs):
             return None
         return sum(x * dt for x, dt in xs) / sum(dt for _, dt in xs)
@@ -434,14 +436,14 @@ class ShareController:
                 # then step by step back to where it was
                 g.open = g.left_open
         if not shared:
-            self._retarget(now, [], {})  # (nobody shares: no targets to change from)
+            self._retarget(now, [], {}, {})  # (nobody shares: no targets to change from)
             self.resolving, self.before = set(), {}  # (nor a change to correct when they share again)
             return
         targets = self._targets(keys, shared)
         if spans and any(k not in self.sharing for k in shared):
             if self._solved(shared):  # a guest begins to share: every span where the curves put the targets
                 self._set_spans(now, shared, targets)
-                self._retarget(now, shared, targets)  # (who shares, and their targets: no change of weight)
+                self._retarget(now, shared, targets, progress)  # (who shares, and their targets: no change)
                 return  # (stands while half a window of rates at the new spans is measured)
             top_target = max(targets.values())
             for k in shared:  # (smsfree: on a span of its target's size)
@@ -497,7 +499,7 @@ class ShareController:
             return 1.0
         return g.open if self.lever in ("time", *SMS_LEVERS) else min(1.0, g.open / DEPTH_PART)
 
-    def _retarget(self, now: float, shared: list, targets: dict, progress: dict | None = None) -> bool:
+    def _retarget(self, now: float, shared: list, targets: dict, progress: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
         moves at once by its new target over its old (on spans: where the curves put the new
         targets, _solve; the least held then not held), and stands while half a window of rates
@@ -518,8 +520,8 @@ class ShareController:
                 self._set_spans(now, shared, targets)
                 self.resolving = set(shared)  # (and again from what the spans show once they settle)
             else:
-                total = sum((progress or {}).get(k, 0.0) for k in gs) or 1.0  # (its part at its open part)
-                self.before = {k: (g.open, (progress or {}).get(k, 0.0) / total) for k, g in gs.items()}
+                total = sum(progress[k] for k in gs)  # (its part at its open part: for _secant)
+                self.before = {k: (g.open, progress[k] / total) for k, g in gs.items()}
                 self._scale(now, shared, targets)
                 self.resolving = set(shared)  # (corrected once they settle: _secant)
         for k, g in gs.items():

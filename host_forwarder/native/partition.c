@@ -10,7 +10,7 @@
 #include "partition.h"
 #include "process.h"
 #include "vg_kinds.h"
-#include "vg_ops.h"
+#include "vh_dispatch.h"
 #include "vh_sched.h"
 #include "vmgpu/shm.h"
 
@@ -27,18 +27,14 @@ static int stream_dev(struct vh_chan *ch, const struct vh_handle *e)
 
 enum { VH_PART_WHERE, VH_PART_WORK, VH_PART_HOME };
 
-static int begins_capture(uint32_t op)
-{
-	return op == VG_OP_cuStreamBeginCapture_v2 || op == VG_OP_cuStreamBeginCaptureToGraph;
-}
-
-/* Whether a call in this mode may move work that is not where it should be now: not while a stream capture is open (its work
- * stays where it began), but for the stream a capture begins on, which goes home first.  A call
+/* Whether a call in this mode may move work that is not where it should be now: not while a
+ * stream capture is open (its work stays where it began), but for the stream a capture begins on,
+ * which goes home first.  A call
  * whose work is then not where its span says tells the share controller (vh_sched.h, part_stuck),
  * as a process that is not partitioned does. */
 static int may_move(struct vh_chan *ch, int dev, int mode)
 {
-	if (atomic_load(&open_captures) == 0 || (mode == VH_PART_HOME && begins_capture(ch->cur_op)))
+	if (atomic_load(&open_captures) == 0 || (mode == VH_PART_HOME && vh_op_begins_capture(ch->cur_op)))
 		return 1;
 	atomic_store_explicit(&ch->fwd->sched[dev].part_stuck, vmgpu_now_ns(), memory_order_relaxed);
 	return 0;
@@ -222,7 +218,7 @@ static void order(struct vh_chan *ch, CUevent ev, CUstream from, CUstream to)
  * cooperative launch, sized for the whole GPU). */
 static int mode_of(struct vh_chan *ch, int work)
 {
-	if (begins_capture(ch->cur_op) || ch->part_home)
+	if (vh_op_begins_capture(ch->cur_op) || ch->part_home)
 		return VH_PART_HOME;
 	return work ? VH_PART_WORK : VH_PART_WHERE;
 }

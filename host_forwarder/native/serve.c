@@ -237,7 +237,7 @@ int vh_serve(struct vh_chan *ch)
 			}
 			ch->gate_dev = -1;
 			ch->part_work = ch->part_home = 0;
-		} else if (hdr.op == VG_OP_cuStreamBeginCapture_v2 || hdr.op == VG_OP_cuStreamBeginCaptureToGraph) {
+		} else if (vh_op_begins_capture(hdr.op)) {
 			/* the work queued so far is waited for first (the marks cover only what comes after,
 			 * and a drain while the capture begins waits by marks: a deep queue must not run on
 			 * into another guest's turn under cover of a begin); then no context-wide drain may

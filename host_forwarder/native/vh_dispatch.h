@@ -36,6 +36,11 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 int vh_op_reports_async(uint32_t op);
 int vh_op_gpu_work(uint32_t op);
 int vh_op_gpu_stream(uint32_t op); /* a work call that names its stream */
+/* Whether a call begins a stream capture. */
+static inline int vh_op_begins_capture(uint32_t op)
+{
+	return op == VG_OP_cuStreamBeginCapture_v2 || op == VG_OP_cuStreamBeginCaptureToGraph;
+}
 
 /* launch.c: a launch configuration from the request (api.toml's launch_config): dims, the stream,
  * up to VG_MAX_LAUNCH_ATTRS attributes into attrs, their events translated, unknown ones refused. */
