@@ -510,6 +510,33 @@ def test_a_guest_gaming_its_calls_cannot_hold_another_below_its_part_of_each_per
     assert got["victim"] >= 0.5 * TOGETHER[2] * 0.95, got  # beside the attacker all of that time
 
 
+def test_on_spans_a_guest_gaming_its_calls_cannot_take_its_victim_below_half_its_part_of_the_sms():
+    # the attacker's rate alone reads five times its real one, so it looks far short of its part
+    # and its curve is learned steep; it also goes idle and comes back, so that the spans are
+    # solved from the curves again and again.  Its victim's span is never below half its target
+    # (a quarter beside the attacker's whole: a fifth of the SMs, less the sixteenths they round to)
+    gpu = Gpu({"mal": 5000.0, "victim": 5000.0})
+    gpu.groups = 16
+    gpu.gamers.add("mal")
+    ctl = ShareController(lever="sms")
+    spans = []
+
+    def run(seconds):
+        for _ in range(int(round(seconds / 0.1))):
+            gpu.run(ctl, 0.1)
+            lo, hi = gpu.spans["victim"]
+            if hi > lo:
+                spans.append((hi - lo) / 256)
+
+    run(20)
+    for _ in range(10):
+        gpu.busy["mal"] = False
+        run(0.7)
+        gpu.busy["mal"] = True
+        run(1.5)
+    assert spans and min(spans) >= 0.25 / 1.25 - 1 / 256, min(spans)
+
+
 def test_only_the_highest_priority_shares_and_a_lower_guest_is_neither_held_nor_probed():
     # two normal guests and a low one, all making calls (the low one in the gaps the gate leaves
     # it): the low one's work waits at the gate while theirs goes, so the controller leaves it
