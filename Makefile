@@ -70,6 +70,7 @@ native: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 	$(CC) -O1 -g -Wall -o $(NATIVE)/hold tests/cuda/hold.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/multi tests/cuda/multi.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/spin tests/cuda/spin.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
+	$(CC) -O1 -g -Wall -o $(NATIVE)/blocking_order tests/cuda/blocking_order.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/memquota tests/cuda/memquota.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/reuse tests/cuda/reuse.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda
 	$(CC) -O1 -g -Wall -o $(NATIVE)/hostfn tests/cuda/hostfn.c -I$(CUDA_INCLUDE) -L$(NATIVE)/guest -lcuda

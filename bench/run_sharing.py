@@ -293,10 +293,16 @@ def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: st
 
     if trace is not None:
         trace.write(f"== sharedconverge, lever {LEVERS[-1]}: {[first, second]}, 50/50 -> 20/80 halfway\n")
-    with controlled(g, LEVERS[-1], tracer(trace)) as ctl:  # (the last of --lever)
+    traced, seen = tracer(trace), []
+
+    def look(members, ctl):  # (each guest's rate alone as the controller knew it, at each look)
+        traced(members, ctl)
+        seen.append((time.monotonic(), {k[1]: c.alone for k, c in ctl.guests.items()}))
+
+    with controlled(g, LEVERS[-1], look):  # (the last of --lever)
         run.together(envs, during)
-        alone = {k[1]: c.alone for k, c in ctl.guests.items()}
         samples = s.done()  # (before the forwarders stop and leave the page)
+    alone = alone_at(seen, marks.get("end", 0))
     if not alone.get(first) or not alone.get(second):
         summary["converge_s_shared"] = float("nan")
         rows.append((f"shared{lever_note()}: weights 50/50 -> 20/80 live: converged", "no rate alone measured"))
@@ -305,6 +311,13 @@ def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: st
     rows.append(
         (f"shared{lever_note()}: weights 50/50 -> 20/80 live: converged", f"{summary['converge_s_shared']:.2f} s")
     )
+
+
+def alone_at(seen: list, end: float) -> dict:
+    """Of the controller's rates alone per guest at each look ((time, {guest: rate})), the last
+    known by `end` with every guest's measured: not one from after, where one guest has stopped
+    and the other's is measured again as its run winds down."""
+    return next((a for t, a in reversed(seen) if t <= end and a and all(a.values())), {})
 
 
 def converge_parts(samples: list, at: float, end: float, a: str, b: str, alone: dict, target: float) -> float:
@@ -334,10 +347,11 @@ def converge_parts(samples: list, at: float, end: float, a: str, b: str, alone: 
     return float("inf")
 
 
-def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None) -> None:
+def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None, trace=None) -> None:
     """A trainer at 30 beside one at 70 under shared (on MPS if pipe), the heavier one stopping
     halfway: how long from its last work call until the light one goes at its rate alone
-    (reclaim_ms_shared; see reclaim_rate_ms)."""
+    (reclaim_ms_shared; see reclaim_rate_ms).  To `trace` (--trace): from 100 ms before the
+    leaver's last work call to 500 ms after, every 10 ms, each guest's calls since, span and hold."""
     flags = ("--mps", pipe) if pipe else ()
     envs = [
         (TRAIN, g.env("--weight", "30", *flags)),
@@ -349,12 +363,34 @@ def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str
         run.together(envs, lambda t0: s.start(t0))
         samples = s.done()  # (before the forwarders stop and leave the page)
     summary["reclaim_ms_shared"] = reclaim_rate_ms(samples, stayer, leaver)
+    if trace is not None:
+        trace_leave(trace, samples, stayer, leaver)
     rows.append(
         (
             f"shared{lever_note()}: a guest stops: the other at its rate alone after",
             f"{summary['reclaim_ms_shared']:.1f} ms",
         )
     )
+
+
+def trace_leave(trace, samples: list, stayer: str, leaver: str) -> None:
+    """The samples around the leaver's last work call, as shared_reclaim says."""
+    moved = [i for i in range(1, len(samples)) if samples[i][2].get(leaver, 0) > samples[i - 1][2].get(leaver, 0)]
+    if not moved:
+        return
+    last = samples[moved[-1]][0]
+    trace.write(f"== sharedreclaim: {stayer} stays, {leaver} leaves; ms from its last work call\n")
+    prev = None
+    for t, _, calls, *rest in samples:
+        where = rest[1] if len(rest) > 1 else {}
+        if last - 0.1 <= t <= last + 0.5 and (prev is None or t - prev[0] >= 0.01):
+            if prev is not None:
+                trace.write(
+                    f"{1000 * (t - last):7.1f} calls "
+                    f"{[calls.get(n, 0) - prev[1].get(n, 0) for n in (stayer, leaver)]} span,hold "
+                    f"{[where.get(n) for n in (stayer, leaver)]}\n"
+                )
+            prev = (t, calls)
 
 
 def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01) -> float:
@@ -559,7 +595,8 @@ class Sampler:
                     members = pg.members()
                     calls = {m.guest: pg.page.slot[m.slot].work_calls for m in members}
                     turns = {m.guest: m.turns for m in members}
-                    self.samples.append((now / 1e9, used, calls, turns))
+                    where = {m.guest: (m.sm_part, m.hold) for m in members}
+                    self.samples.append((now / 1e9, used, calls, turns, where))
                     if at and at[0] is not None and now / 1e9 >= at[0]:
                         at[1](pg)
                         at[0] = None
@@ -929,7 +966,7 @@ def main() -> int:
                 if "sharedconverge" not in skip:
                     shared_converge(g, run, rows, summary, a.seconds, pipe, trace)
                 if "sharedreclaim" not in skip:
-                    shared_reclaim(g, run, rows, summary, a.seconds, pipe)
+                    shared_reclaim(g, run, rows, summary, a.seconds, pipe, trace)
             finally:
                 if mps:
                     mps_stop(mps)

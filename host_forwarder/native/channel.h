@@ -80,6 +80,7 @@ struct vh_chan {
 	uint32_t gates_more; /* the other GPUs whose gates the call holds (a graph's launch: graph_devs.h) */
 	void *work_exec;     /* the executable graph the call being served named last, NULL if none */
 	uint32_t cur_op;     /* the operation being served */
+	uint32_t cur_flags;  /* and its header's flags (VG_F_*) */
 	int (*stream_gate)(struct vh_chan *ch, int dev);
 	_Atomic uint64_t ncalls; /* written by the serving thread only; read by the scheduler's */
 	_Atomic int in_call;     /* 1 + the current GPU while the serving thread serves a call that puts

@@ -62,6 +62,8 @@ int vh_handle_in(struct vh_chan *ch, int kind, void **v)
 		 * (partition.c); the stream itself is what is destroyed */
 		if (ch->cur_op != VG_OP_cuStreamDestroy_v2)
 			*v = vh_part_stream(ch, e, ch->part_work);
+		else
+			vh_part_stream_ends(ch, e); /* (a blocking one's order with the legacy stream) */
 		ch->work_stream = *v; /* where a call's work goes: its marker follows it (sched_depth.c) */
 		ch->work_stream_id = raw;
 		/* the work goes to the GPU the stream was made on (a copy may be issued to a stream of
@@ -127,7 +129,7 @@ int vh_handle_new(struct vh_chan *ch, int kind, void **v, void *parent)
 	e->gen = gen ? gen : 1;
 	*v = (void *)(uintptr_t)encode(free_idx, e);
 	if (kind == VG_KIND_STREAM)
-		vh_part_stream_made(ch, e); /* (a blocking one: the process is not partitioned) */
+		vh_part_stream_made(ch, e); /* (a blocking one: its order with the legacy stream kept) */
 	return 0;
 }
 

@@ -26,6 +26,11 @@ struct vh_handle {
 	 * twin_span that stands for it there, and the span its work last went to (0: itself) */
 	void *twin;
 	uint32_t twin_span, on_span;
+	/* a blocking stream's implicit order with the legacy stream where they run in different
+	 * contexts (partition.c): the legacy stream's work count it last waited for, and whether it
+	 * has work since that the legacy stream has not waited for */
+	uint32_t legacy_seen;
+	uint8_t blocking, unfenced;
 };
 
 /* The entry a guest value names, if it is live and of that kind (a kernel passes for a

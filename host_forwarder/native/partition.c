@@ -66,9 +66,8 @@ static void move_default(struct vh_chan *ch, int dev, uint32_t want, CUcontext t
 }
 
 /* Partitioning stops for this process on dev (and says why, once): its default streams' work goes
- * back to the whole GPU now (so that a blocking stream's implicit order with them holds from its
- * first call), each stream's at its next call; and the GPU's scheduler tells the share controller,
- * which then holds the guests by time (vh_sched.h, part_off). */
+ * back to the whole GPU now, each stream's at its next call; and the GPU's scheduler tells the
+ * share controller, which then holds the guests by time (vh_sched.h, part_off). */
 static void refuse(struct vh_chan *ch, int dev, const char *why)
 {
 	struct vh_part *p = part_of(ch, dev);
@@ -223,13 +222,88 @@ static int mode_of(struct vh_chan *ch, int work)
 	return work ? VH_PART_WORK : VH_PART_WHERE;
 }
 
-CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
+/* The context that is current for the call being served, current again (after a wait put in). */
+static void current_again(struct vh_chan *ch)
 {
-	int mode = mode_of(ch, work);
+	struct vh_part *p = part_of(ch, ch->cur_dev);
+	if (ch->part_green && p && p->null_on)
+		ch->backend->cuCtxSetCurrent(ctx_of(ch, ch->cur_dev, p->null_on));
+	else
+		vh_context_back(ch);
+}
+
+/* Whether a stream's work now (on span `on`) and the legacy stream's run in different contexts,
+ * where the driver does not keep a blocking stream's order with the legacy stream. */
+static int apart(const struct vh_part *p, uint32_t on)
+{
+	return on || p->null_on;
+}
+
+/* Work about to go on blocking stream e (now on its real stream s) waits for the legacy stream's
+ * work since it last did, and is work the legacy stream's next work waits for (partition.h). */
+static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct vh_handle *e, CUstream s)
+{
+	const struct vh_backend *B = ch->backend;
+	if (!e->unfenced) {
+		e->unfenced = 1;
+		p->nunfenced++;
+	}
+	if (e->legacy_seen == p->legacy_gen || atomic_load(&open_captures) > 0)
+		return;
+	if (apart(p, e->on_span)) {
+		B->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
+		B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
+		B->cuStreamWaitEvent(s, p->ev[0], 0);
+		current_again(ch);
+	}
+	e->legacy_seen = p->legacy_gen;
+}
+
+/* The legacy stream's next work (its context current) waits for blocking stream e's so far. */
+static void legacy_waits_for(struct vh_chan *ch, struct vh_part *p, struct vh_handle *e)
+{
+	const struct vh_backend *B = ch->backend;
+	if (apart(p, e->on_span)) {
+		B->cuEventRecord(p->ev[0], e->on_span ? e->twin : e->ptr);
+		B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0);
+	}
+	e->unfenced = 0;
+}
+
+/* Work about to go on the legacy stream of dev (its context current) waits for each blocking
+ * stream's work since it last did (partition.h). */
+static void legacy_work(struct vh_chan *ch, int dev, struct vh_part *p)
+{
+	p->legacy_gen++;
+	if (!p->nunfenced || atomic_load(&open_captures) > 0)
+		return;
+	for (uint32_t i = 0; i < ch->nh; i++) {
+		struct vh_handle *e = &ch->h[i];
+		if (e->ptr && e->kind == VG_KIND_STREAM && e->unfenced && stream_dev(ch, e) == dev)
+			legacy_waits_for(ch, p, e);
+	}
+	p->nunfenced = 0;
+}
+
+/* Whether the call being served names the legacy stream (not the per-thread one). */
+static int on_legacy(const struct vh_chan *ch)
+{
+	uint64_t s = ch->work_stream_id;
+	return s == (uint64_t)(uintptr_t)CU_STREAM_LEGACY || (s == 0 && !(ch->cur_flags & VG_F_PTDS));
+}
+
+/* Whether the call being served queues something on its stream (work, or an async call: an event
+ * recorded, a wait for one), which a blocking stream's order covers. */
+static int queues(const struct vh_chan *ch, int work)
+{
+	return work || vh_op_async(ch->cur_op);
+}
+
+/* Where a stream's work goes now (vh_part_stream, but for a blocking stream's order). */
+static CUstream place(struct vh_chan *ch, struct vh_handle *e, struct vh_part *p, int dev, int mode)
+{
 	const struct vh_backend *B = ch->backend;
 	CUstream cur = e->on_span ? e->twin : e->ptr;
-	int dev = stream_dev(ch, e);
-	struct vh_part *p = part_of(ch, dev);
 	if (!p || mode == VH_PART_WHERE)
 		return cur;
 	uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
@@ -260,16 +334,35 @@ CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
 	return next;
 }
 
+CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work)
+{
+	int mode = mode_of(ch, work), dev = stream_dev(ch, e);
+	struct vh_part *p = part_of(ch, dev);
+	CUstream s = place(ch, e, p, dev, mode);
+	if (p && e->blocking && queues(ch, work))
+		blocking_work(ch, dev, p, e, s);
+	return s;
+}
+
 void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e)
+{
+	struct vh_part *p = part_of(ch, stream_dev(ch, e));
+	unsigned int fl = 0;
+	if (!p)
+		return;
+	/* (one the driver cannot say of is taken as blocking) */
+	e->blocking = ch->backend->cuStreamGetFlags(e->ptr, &fl) != CUDA_SUCCESS || !(fl & CU_STREAM_NON_BLOCKING);
+}
+
+void vh_part_stream_ends(struct vh_chan *ch, struct vh_handle *e)
 {
 	int dev = stream_dev(ch, e);
 	struct vh_part *p = part_of(ch, dev);
-	unsigned int fl = 0;
-	if (!p || p->state != 1)
+	if (!p || !e->blocking || !e->unfenced || atomic_load(&open_captures) > 0)
 		return;
-	/* (one the driver cannot say of is taken as blocking) */
-	if (ch->backend->cuStreamGetFlags(e->ptr, &fl) != CUDA_SUCCESS || !(fl & CU_STREAM_NON_BLOCKING))
-		refuse(ch, dev, "it made a stream without CU_STREAM_NON_BLOCKING");
+	ch->backend->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
+	legacy_waits_for(ch, p, e);
+	current_again(ch);
 }
 
 void vh_part_default(struct vh_chan *ch, int work)
@@ -291,6 +384,8 @@ void vh_part_default(struct vh_chan *ch, int work)
 		ch->backend->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
 		ch->part_green = 1;
 	}
+	if (queues(ch, work) && on_legacy(ch))
+		legacy_work(ch, dev, p);
 }
 
 void vh_part_after(struct vh_chan *ch)

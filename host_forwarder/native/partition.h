@@ -19,11 +19,20 @@
  * work on it, after an event recorded on where it went last, so its order holds; calls that wait
  * for a stream's work (synchronise, query, record an event, wait for one) go where its work last
  * went, which comes after all of it.  Nothing moves while a stream capture is open; a stream a
- * capture begins on, and one a cooperative launch goes to, go home first.  A process that makes a
- * stream without CU_STREAM_NON_BLOCKING is not partitioned (its implicit order with the default
- * stream holds only within one context), nor is one whose green context does not fit its quota:
- * they stay on the whole GPU, and the guest's slot says so (whole_ms), so that the share
- * controller holds the guests by time instead.
+ * capture begins on, and one a cooperative launch goes to, go home first.
+ *
+ * A blocking stream (made without CU_STREAM_NON_BLOCKING) has an implicit order with the legacy
+ * stream that the driver keeps only within one context: each waits for what was put on the other
+ * before.  Where the two run in different contexts (either on a span), that order is kept by
+ * events, lazily: work on a blocking stream first waits for the legacy stream's work if there was
+ * any since it last did; work on the legacy stream first waits for the blocking streams that had
+ * work since it last did (those waits only ever point to work put there earlier, so they add no
+ * cycle).  Both wait while no stream capture is open (an event recorded on the legacy stream would
+ * break a capture under way); what was not waited for then is waited for at the next call after.
+ *
+ * A process whose green context does not fit its quota is not partitioned: it stays on the whole
+ * GPU, and the guest's slot says so (whole_ms), so that the share controller holds the guests by
+ * time instead.
  */
 #ifndef VH_PARTITION_H
 #define VH_PARTITION_H
@@ -56,6 +65,10 @@ struct vh_part {
 	int ngreen;
 	uint32_t null_on; /* the span the default streams' work last went to (0: the whole GPU) */
 	CUevent ev[2];    /* for the order across a move (default and per-thread streams) */
+	uint32_t legacy_gen; /* calls that put work on the legacy stream so far */
+	/* the handle indices of blocking streams with work the legacy stream has not waited for (each
+	 * once; an entry whose handle is no longer such a stream is passed over) */
+	uint32_t *unfenced, nunfenced, capunfenced;
 };
 
 /* After the process's context on dev is made: the GPU's SMs split into groups, and their number
@@ -67,9 +80,12 @@ void vh_part_drop(struct vh_chan *ch, int dev);
  * the span its GPU's scheduler gives now if that changed; else where its work last went.  A call
  * that begins a stream capture, or a cooperative launch (ch->part_home), moves it home first. */
 CUstream vh_part_stream(struct vh_chan *ch, struct vh_handle *e, int work);
-/* A stream the guest just made: one made without CU_STREAM_NON_BLOCKING stops partitioning for
- * the process on its GPU. */
+/* A stream the guest just made: one made without CU_STREAM_NON_BLOCKING is marked blocking (its
+ * order with the legacy stream is kept as above). */
 void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e);
+/* A stream the guest destroys, before the driver does: the legacy stream waits for its work if it
+ * had to (as it would have in one context). */
+void vh_part_stream_ends(struct vh_chan *ch, struct vh_handle *e);
 /* A call on a default stream of the current GPU (or on none: the legacy stream): the green context
  * of the span its work goes to made current (moved first, as above, if work); vh_part_after makes
  * the process's own context current again after the call. */

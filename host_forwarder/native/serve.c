@@ -197,6 +197,7 @@ int vh_serve(struct vh_chan *ch)
 			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
 		}
 		ch->cur_op = hdr.op;
+		ch->cur_flags = hdr.flags;
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
 		} else if (vh_op_gpu_work(hdr.op) && ch->cur_dev < 0 && !vh_op_gpu_stream(hdr.op)) {

@@ -36,6 +36,7 @@ CUresult vh_dispatch_proto(struct vh_chan *ch, uint32_t op, uint32_t flags, stru
 int vh_op_reports_async(uint32_t op);
 int vh_op_gpu_work(uint32_t op);
 int vh_op_gpu_stream(uint32_t op); /* a work call that names its stream */
+int vh_op_async(uint32_t op);      /* a call of the async class (queued on a stream) */
 /* Whether a call begins a stream capture. */
 static inline int vh_op_begins_capture(uint32_t op)
 {

@@ -58,7 +58,7 @@ EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { retu
 EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return fill(d, &v, 4, n); }
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
-	sim_sm_log("memset", sim_sms_of(s));
+	sim_sm_log(sim_stream_obj(s) ? "memset" : "memset default", sim_sms_of(s));
 	return fill(d, &v, 1, n);
 }
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { (void)s; return fill(d, &v, 2, n); }

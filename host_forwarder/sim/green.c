@@ -3,7 +3,8 @@
  * Green contexts: an H200's SMs (132, co-scheduled in groups of 8) split and combined into
  * partitions, green contexts of them, and streams in those.  Nothing runs faster or slower; what
  * a test can see is where each launch would have run: with VMGPU_SIM_SM_LOG=FILE every launch
- * appends "launch sms=N" (0: the whole GPU) and every wait for an event "wait" to FILE.
+ * appends "launch sms=N" (0: the whole GPU), every memset "memset sms=N" ("memset default sms=N"
+ * for an async one on a default stream) and every wait for an event "wait" to FILE.
  */
 #include <fcntl.h>
 #include <stdio.h>

@@ -42,6 +42,11 @@ void vh_part_stream_made(struct vh_chan *ch, struct vh_handle *e)
 	(void)ch;
 	(void)e;
 }
+void vh_part_stream_ends(struct vh_chan *ch, struct vh_handle *e)
+{
+	(void)ch;
+	(void)e;
+}
 void vh_part_forget(struct vh_chan *ch, struct vh_handle *e)
 {
 	(void)ch;

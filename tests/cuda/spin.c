@@ -6,7 +6,8 @@
  * "capture ok" if it ended whole, "capture broken" if not); with "capture-stray", the same after
  * a cuStreamEndCapture of the first stream, which is not being captured (refused); with "two",
  * async on two streams by turns; with "churn", async on a stream made for each memset and
- * destroyed after it; with "blocking", async on a stream made without CU_STREAM_NON_BLOCKING; with
+ * destroyed after it; with "blocking", async by turns on a stream made without CU_STREAM_NON_BLOCKING
+ * and on the legacy stream; with
  * "late-capture", async, and halfway one memset captured on that stream (a capture begun and ended
  * there, its graph destroyed); with "launch", a kernel launched by cuLaunchKernelEx on a stream of
  * its own instead of each memset, and with "coop" the same launch cooperative.  IDLE: seconds it then stays without putting work on the GPU before it
@@ -69,7 +70,7 @@ int main(int argc, char **argv)
 	unsigned long long ops = 0;
 	double start = now(), end = start + secs;
 	while (now() < end) {
-		CUstream on = two && (ops & 1) ? t : s;
+		CUstream on = two && (ops & 1) ? t : blocking && (ops & 1) ? CU_STREAM_LEGACY : s;
 		if (churn && cuStreamCreate(&on, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuStreamCreate failed\n");
 			return 1;

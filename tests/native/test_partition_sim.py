@@ -111,14 +111,29 @@ def test_a_fractional_span_end_takes_the_next_group_that_part_of_each_period(sch
     assert 0.25 < n40 / (n32 + n40) < 0.75, (n32, n40)
 
 
-def test_a_process_with_a_blocking_stream_stays_on_the_whole_gpu(sched_dir, tmp_path):
-    """A stream made without CU_STREAM_NON_BLOCKING keeps an implicit order with the default
-    stream that holds only within one context: such a process is not partitioned (said once in
-    the log), and its work still runs."""
+def test_a_blocking_stream_keeps_its_order_with_the_legacy_stream_on_a_span(sched_dir, tmp_path):
+    """A stream made without CU_STREAM_NON_BLOCKING waits for the legacy stream's work before it,
+    and the legacy stream for its, which the driver keeps only within one context.  a puts its
+    memsets by turns on such a stream and on the legacy stream: beside b, both run on a's span
+    (the stream's twin, and the green context's own legacy stream), and each memset that follows
+    one on the other stream comes after a wait on an event (tests/cuda/blocking_order.c checks
+    the values on a GPU)."""
     la, _, log, whole = _side_by_side(sched_dir, tmp_path, [(0, 80), (80, 256)], ("blocking", "async"))
-    assert "without CU_STREAM_NON_BLOCKING" in log
-    assert set(_sms(la)) == {0}
-    assert whole, "the slot says a's work kept to no span (the share controller then holds by time)"
+    assert "stays on the whole GPU" not in log, log
+    assert not whole, "a kept to its span: its slot must not say otherwise"
+    memsets = [x for x in la if x.startswith("memset")]
+    assert sum(1 for x in memsets if x.endswith("sms=40")) > 20, set(memsets)
+    prev, waited, checked = None, False, 0
+    for line in la:
+        if line == "wait":
+            waited = True
+            continue
+        on, sms = line.rsplit(" ", 1)
+        if prev is not None and on != prev[0] and (sms != "sms=0" or prev[1] != "sms=0"):
+            assert waited, f"{line} followed {' '.join(prev)} (apart) with no wait before it"
+            checked += 1
+        prev, waited = (on, sms), False
+    assert checked > 20, checked
 
 
 def test_a_span_whose_green_context_does_not_fit_the_quota_is_refused_and_the_work_goes_on(sched_dir, tmp_path):

@@ -75,3 +75,14 @@ def test_the_tracer_keeps_the_holds_and_writes_what_the_controller_saw_every_hal
     seen(members, ctl)
     assert len(out.getvalue().splitlines()) == 3  # and at each look in a probe
     run_sharing.tracer(None)(members, ctl)  # (no trace, no holds: nothing kept, nothing fails)
+
+
+def test_converge_weighs_progress_by_the_rates_alone_known_at_the_windows_end_not_after():
+    # the light guest's rate alone read anew after the heavy one stopped (its run winding down):
+    # a's part by that rate would be 23%, by the one known during the window 20%
+    seen = [(4.0, {"a": 1000.0, "b": 0}), (6.0, {"a": 1000.0, "b": 1000.0}), (9.9, {"a": 830.0, "b": 1000.0})]
+    assert run_sharing.alone_at(seen, 9.8) == {"a": 1000.0, "b": 1000.0}
+    assert run_sharing.alone_at(seen, 5.0) == {}  # (b's not yet measured)
+    samples = _samples({"a": lambda t: 200, "b": lambda t: 800}, 10, 0.01)
+    assert run_sharing.converge_parts(samples, 5.0, 9.8, "a", "b", run_sharing.alone_at(seen, 9.8), 20) < 1
+    assert run_sharing.converge_parts(samples, 5.0, 9.8, "a", "b", seen[-1][1], 20) == math.inf

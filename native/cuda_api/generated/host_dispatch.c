@@ -2969,3 +2969,30 @@ int vh_op_gpu_stream(uint32_t op)
 		return 0;
 	}
 }
+
+/* Calls of the async class (api.toml): what they do is queued on a stream, as work is (an
+ * event recorded, a wait for one); a blocking stream's order covers them (partition.c). */
+int vh_op_async(uint32_t op)
+{
+	switch (op) {
+	case VG_OP_cuMemsetD8Async:
+	case VG_OP_cuMemsetD16Async:
+	case VG_OP_cuMemsetD32Async:
+	case VG_OP_cuMemcpyDtoDAsync_v2:
+	case VG_OP_cuEventRecord:
+	case VG_OP_cuEventRecordWithFlags:
+	case VG_OP_cuStreamWaitEvent:
+	case VG_OP_cuGraphLaunch:
+	case VG_OP_cuGraphUpload:
+	case VG_OP_cuMemFreeAsync:
+	case VG_OP_cuMemcpyPeerAsync:
+	case VG_OP_cuMemsetD2D8Async:
+	case VG_OP_cuMemsetD2D16Async:
+	case VG_OP_cuMemsetD2D32Async:
+	case VG_OP_cuMemcpy2DAsync_v2:
+	case VG_OP_cuMemcpy3DAsync_v2:
+		return 1;
+	default:
+		return 0;
+	}
+}

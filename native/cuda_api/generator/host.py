@@ -214,6 +214,13 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
     lines.append("int vh_op_gpu_stream(uint32_t op)\n{\n\tswitch (op) {")
     lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work") and names_stream(f)]
     lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
+    lines.append(
+        "\n/* Calls of the async class (api.toml): what they do is queued on a stream, as work is (an"
+        "\n * event recorded, a wait for one); a blocking stream's order covers them (partition.c). */"
+    )
+    lines.append("int vh_op_async(uint32_t op)\n{\n\tswitch (op) {")
+    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.cls == "async"]
+    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
     return "\n".join(lines) + "\n"
 
 
