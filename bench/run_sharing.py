@@ -631,7 +631,7 @@ def held(samples: list, t0: float, t1: float) -> dict[str, tuple[float, float, f
     b = [s for s in samples if s[0] >= t1] or samples[-1:]
     if not a or not b or b[0][0] <= a[0][0]:
         return {}
-    (ta, ua, ca, na), (tb, ub, cb, nb) = a[0], b[0]
+    (ta, ua, ca, na), (tb, ub, cb, nb) = a[0][:4], b[0][:4]
     dt = tb - ta
     return {
         k: (

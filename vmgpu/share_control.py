@@ -26,7 +26,8 @@ change of targets among the same guests (a weight changed live) moves each guest
 once by its new target over its old, and those holds stand for half a window while rates at them
 are measured (the window's older rates would push past the new targets); then each open part so
 moved is moved once more, by its target over its part to the power one over how far its part moved
-for the move of its open part (as logs: a secant), and stands again.  A guest at 90% of its
+for the move of its open part (as logs: a secant), and stands again; no probe comes for two windows
+after it (one then would run a guest alone just as the parts reach the new targets).  A guest at 90% of its
 rate alone is not held; at 97% it is left out altogether (holding others could not speed it;
 by time, a guest that shares again within a window is held where it was).
 No guest is held for more than the rest of its target part of each period (a guest at 30% runs
@@ -92,6 +93,8 @@ PROBE_EVERY_S = 4.0  # a probe begins this long after the last one ended (with t
 STEADY_MAX = 2  # probes come at most 2**STEADY_MAX times further apart once rates alone hold steady
 PROBE_S = 0.3  # how long the others are held while one guest's rate alone is measured
 PROBES_KEPT = 2  # a guest's rate alone is the more of its last two probes
+QUIET_WINDOWS = 2.0  # after a change of weight, no probe for this many windows (it stands, is
+# corrected, stands again, and then has its new parts)
 PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
@@ -183,6 +186,7 @@ class ShareController:
         self.settling: set = set()  # while these guests are all busy
         self.sharing: set = set()  # the guests that shared at the last look
         self.resolving: set = set()  # after a change of targets: corrected once these guests settle
+        self.quiet_until = -math.inf  # after a change of weight: no probe until then (QUIET_WINDOWS)
         self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
 
     # -- rates ------------------------------------------------------------------------------
@@ -291,7 +295,12 @@ class ShareController:
                 g.probes.append(g.alone)
                 g.short = None
         # a probe, with others beside it: each guest's rate alone, now and then
-        if len(busy) >= 2 and now >= self.settle_until:  # (no probe while a change of targets settles)
+        # (no probe while a change of targets settles, nor while one of weight is corrected and its
+        # parts are first had: a probe then runs one guest alone for a third of a second, just as
+        # the parts reach the new targets; on an H200 it put 50/50 turned 20/80 off for a second)
+        if self._weights_changed(keys, busy):  # (seen before _retarget sees it, below)
+            self.quiet_until = now + QUIET_WINDOWS * self.window_s
+        if len(busy) >= 2 and now >= max(self.settle_until, self.quiet_until):
             unmeasured = any(not self.guests[k].alone for k in busy)  # a newcomer is measured soon
             # probes cost the shares (a probed guest runs alone): once every busy guest's rate
             # alone has held steady, they come less often, down to one in four times as many
@@ -499,6 +508,15 @@ class ShareController:
             return 1.0
         return g.open if self.lever in ("time", *SMS_LEVERS) else min(1.0, g.open / DEPTH_PART)
 
+    def _weights_changed(self, keys: dict, busy: list) -> bool:
+        """Whether the targets of the guests that shared at the last look, all busy still, moved
+        since (a weight or guarantee changed live: what _retarget then acts on)."""
+        shared = [k for k in busy if k in self.sharing]
+        if len(shared) < 2 or len(shared) != len(self.sharing) or not all(self.guests[k].target for k in shared):
+            return False
+        targets = self._targets(keys, shared)
+        return any(abs(targets[k] - self.guests[k].target) > 0.005 for k in shared)
+
     def _retarget(self, now: float, shared: list, targets: dict, progress: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
         moves at once by its new target over its old (on spans: where the curves put the new
@@ -516,6 +534,7 @@ class ShareController:
         self.sharing = set(shared)
         changed = same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
         if changed:
+            self.quiet_until = now + QUIET_WINDOWS * self.window_s
             if self._solved(shared):  # on spans: where the guests' curves say the new targets are
                 self._set_spans(now, shared, targets)
                 self.resolving = set(shared)  # (and again from what the spans show once they settle)

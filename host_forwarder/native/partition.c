@@ -255,6 +255,7 @@ static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct
 		B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
 		B->cuStreamWaitEvent(s, p->ev[0], 0);
 		current_again(ch);
+		p->kept++;
 	}
 	e->legacy_seen = p->legacy_gen;
 }
@@ -266,6 +267,7 @@ static void legacy_waits_for(struct vh_chan *ch, struct vh_part *p, struct vh_ha
 	if (apart(p, e->on_span)) {
 		B->cuEventRecord(p->ev[0], e->on_span ? e->twin : e->ptr);
 		B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0);
+		p->kept++;
 	}
 	e->unfenced = 0;
 }
@@ -425,6 +427,10 @@ void vh_part_drop(struct vh_chan *ch, int dev)
 	for (int i = 0; i < 2; i++)
 		if (p->ev[i])
 			B->cuEventDestroy_v2(p->ev[i]);
+	if (p->kept)
+		vh_log("channel %u: GPU %d: %llu waits kept its blocking streams in order with the legacy stream "
+		       "across SM partitions",
+		       ch->index, dev, (unsigned long long)p->kept);
 	free(p);
 	ch->part[dev] = NULL;
 }

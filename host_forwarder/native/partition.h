@@ -66,9 +66,9 @@ struct vh_part {
 	uint32_t null_on; /* the span the default streams' work last went to (0: the whole GPU) */
 	CUevent ev[2];    /* for the order across a move (default and per-thread streams) */
 	uint32_t legacy_gen; /* calls that put work on the legacy stream so far */
-	/* the handle indices of blocking streams with work the legacy stream has not waited for (each
-	 * once; an entry whose handle is no longer such a stream is passed over) */
-	uint32_t *unfenced, nunfenced, capunfenced;
+	/* blocking streams marked with work the legacy stream has not waited for (at most) */
+	uint32_t nunfenced;
+	uint64_t kept; /* waits put in for that order (said when the process's context goes) */
 };
 
 /* After the process's context on dev is made: the GPU's SMs split into groups, and their number

@@ -788,6 +788,24 @@ def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
     assert abs(first - 20) <= 4 and abs(second - 20) <= 2, (first, second)
 
 
+@pytest.mark.parametrize("lever", ["time", "sms"])
+def test_no_probe_comes_within_two_windows_of_a_weight_change_though_one_is_due(lever):
+    # probes every 0.5 s, so that one falls due while the change stands and is corrected: none
+    # begins until two windows after it (on an H200 one 0.4 s after put 20/80 off for a second),
+    # and they begin again after that
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.groups = 16
+    ctl = ShareController(lever=lever, probe_every_s=0.5)
+    gpu.run(ctl, 15)
+    gpu.weight.update(a=20, b=80)
+    changed, began = gpu.now, set()
+    for _ in range(40):
+        gpu.run(ctl, 0.1)
+        if ctl.probe is not None and ctl.probe.began >= changed:  # (one under way then may end)
+            began.add(round(ctl.probe.began - changed, 1))
+    assert began and 2.0 <= min(began) <= 3.0, sorted(began)
+
+
 def _turned_20_80(halves: int, speeds: dict | None = None, speed=None) -> list[float]:
     """Two equal guests sharing at 50/50 on spans (their speeds on a part of the SMs: speeds by
     guest, or speed for both, or the model's), turned 20/80: the light one's parts of each half
