@@ -246,6 +246,8 @@ static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct
 	const struct vh_backend *B = ch->backend;
 	if (!e->unfenced) {
 		e->unfenced = 1;
+		if (p->nunfenced < VH_PART_UNFENCED)
+			p->unfenced[p->nunfenced] = (uint32_t)(e - ch->h);
 		p->nunfenced++;
 	}
 	if (e->legacy_seen == p->legacy_gen || atomic_load(&open_captures) > 0)
@@ -279,9 +281,13 @@ static void legacy_work(struct vh_chan *ch, int dev, struct vh_part *p)
 	p->legacy_gen++;
 	if (!p->nunfenced || atomic_load(&open_captures) > 0)
 		return;
-	for (uint32_t i = 0; i < ch->nh; i++) {
-		struct vh_handle *e = &ch->h[i];
-		if (e->ptr && e->kind == VG_KIND_STREAM && e->unfenced && stream_dev(ch, e) == dev)
+	int named = p->nunfenced <= VH_PART_UNFENCED; /* (else every stream is looked at) */
+	uint32_t n = named ? p->nunfenced : ch->nh;
+	for (uint32_t j = 0; j < n; j++) {
+		uint32_t i = named ? p->unfenced[j] : j;
+		struct vh_handle *e = i < ch->nh ? &ch->h[i] : NULL;
+		/* (one destroyed since, or its slot reused, is no longer marked) */
+		if (e && e->ptr && e->kind == VG_KIND_STREAM && e->unfenced && stream_dev(ch, e) == dev)
 			legacy_waits_for(ch, p, e);
 	}
 	p->nunfenced = 0;

@@ -46,6 +46,7 @@ struct vh_handle;
 
 #define VH_PART_GROUPS 64 /* at most this many groups of SMs (an H200 has 16) */
 #define VH_PART_GREENS 6  /* green contexts a worker keeps per GPU (a span dithers between two) */
+#define VH_PART_UNFENCED 8 /* blocking streams with work the legacy stream waits for, kept by name */
 
 struct vh_green {
 	uint32_t span; /* lo << 8 | hi, whole groups */
@@ -66,8 +67,9 @@ struct vh_part {
 	uint32_t null_on; /* the span the default streams' work last went to (0: the whole GPU) */
 	CUevent ev[2];    /* for the order across a move (default and per-thread streams) */
 	uint32_t legacy_gen; /* calls that put work on the legacy stream so far */
-	/* blocking streams marked with work the legacy stream has not waited for (at most) */
-	uint32_t nunfenced;
+	/* the handle indices of blocking streams marked with work the legacy stream has not waited
+	 * for (the first VH_PART_UNFENCED; more: every stream is looked at) */
+	uint32_t unfenced[VH_PART_UNFENCED], nunfenced;
 	uint64_t kept; /* waits put in for that order (said when the process's context goes) */
 };
 
