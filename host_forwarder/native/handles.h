@@ -29,8 +29,8 @@ struct vh_handle {
 	/* a blocking stream's implicit order with the legacy stream where they run in different
 	 * contexts (partition.c): the legacy stream's work count it last waited for, and whether it
 	 * has work since that the legacy stream has not waited for */
-	uint32_t legacy_seen;
-	uint8_t blocking, unfenced;
+	uint64_t legacy_seen;
+	uint8_t blocking, unfenced, twin_work; /* (twin_work: some of that work went to its twin) */
 };
 
 /* The entry a guest value names, if it is live and of that kind (a kernel passes for a

@@ -232,15 +232,26 @@ static void current_again(struct vh_chan *ch)
 		vh_context_back(ch);
 }
 
-/* Whether a stream's work now (on span `on`) and the legacy stream's run in different contexts,
- * where the driver does not keep a blocking stream's order with the legacy stream. */
-static int apart(const struct vh_part *p, uint32_t on)
+/* Whether a wait may be put on the legacy stream of the context its work goes to now: on a green
+ * context's always (it has no blocking stream, so it joins no capture); on the process's own only
+ * while no stream capture is open (one on a blocking stream of that context would take it in). */
+static int legacy_free(const struct vh_part *p)
 {
-	return on || p->null_on;
+	return p->null_on || atomic_load(&open_captures) == 0;
+}
+
+/* Whether stream s is being captured (one the driver cannot say of is taken as captured): no
+ * event of ours is recorded on it or waited for in it then. */
+static int capturing(struct vh_chan *ch, CUstream s)
+{
+	CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+	return ch->backend->cuStreamIsCapturing(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Work about to go on blocking stream e (now on its real stream s) waits for the legacy stream's
- * work since it last did, and is work the legacy stream's next work waits for (partition.h). */
+ * work since it last did, and is work the legacy stream's next work waits for (partition.h).
+ * Where both are in the process's own context, and the legacy stream did no work on a span since
+ * e last waited, the driver keeps the order itself. */
 static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct vh_handle *e, CUstream s)
 {
 	const struct vh_backend *B = ch->backend;
@@ -248,49 +259,67 @@ static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct
 		e->unfenced = 1;
 		if (p->nunfenced < VH_PART_UNFENCED)
 			p->unfenced[p->nunfenced] = (uint32_t)(e - ch->h);
-		p->nunfenced++;
+		if (p->nunfenced <= VH_PART_UNFENCED)
+			p->nunfenced++; /* (past the names: every stream is looked at) */
 	}
-	if (e->legacy_seen == p->legacy_gen || atomic_load(&open_captures) > 0)
+	e->twin_work |= e->on_span != 0;
+	if (e->legacy_seen == p->legacy_gen)
 		return;
-	if (apart(p, e->on_span)) {
+	if (e->on_span || p->null_on || p->legacy_green > e->legacy_seen) {
+		if (!legacy_free(p) || capturing(ch, s))
+			return; /* (left to its next call) */
 		B->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
-		B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
-		B->cuStreamWaitEvent(s, p->ev[0], 0);
+		CUresult r = B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
+		if (r == CUDA_SUCCESS)
+			r = B->cuStreamWaitEvent(s, p->ev[0], 0);
 		current_again(ch);
+		if (r != CUDA_SUCCESS)
+			return;
 		p->kept++;
 	}
 	e->legacy_seen = p->legacy_gen;
 }
 
-/* The legacy stream's next work (its context current) waits for blocking stream e's so far. */
-static void legacy_waits_for(struct vh_chan *ch, struct vh_part *p, struct vh_handle *e)
+/* The legacy stream's next work (its context current) waits for blocking stream e's so far; 0 if
+ * it cannot now (e is marked still). */
+static int legacy_waits_for(struct vh_chan *ch, struct vh_part *p, struct vh_handle *e)
 {
 	const struct vh_backend *B = ch->backend;
-	if (apart(p, e->on_span)) {
-		B->cuEventRecord(p->ev[0], e->on_span ? e->twin : e->ptr);
-		B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0);
+	CUstream s = e->on_span ? e->twin : e->ptr;
+	if (e->on_span || e->twin_work || p->null_on) {
+		if (!legacy_free(p) || capturing(ch, s))
+			return 0;
+		if (B->cuEventRecord(p->ev[0], s) != CUDA_SUCCESS ||
+		    B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0) != CUDA_SUCCESS)
+			return 0;
 		p->kept++;
 	}
-	e->unfenced = 0;
+	e->unfenced = e->twin_work = 0;
+	return 1;
 }
 
-/* Work about to go on the legacy stream of dev (its context current) waits for each blocking
- * stream's work since it last did (partition.h). */
-static void legacy_work(struct vh_chan *ch, int dev, struct vh_part *p)
+/* A call about to go on the legacy stream of dev (its context current): it waits for each blocking
+ * stream's work since it last did (partition.h); queued: it puts something there. */
+static void legacy_work(struct vh_chan *ch, int dev, struct vh_part *p, int queued)
 {
-	p->legacy_gen++;
-	if (!p->nunfenced || atomic_load(&open_captures) > 0)
+	if (queued) {
+		p->legacy_gen++;
+		if (p->null_on)
+			p->legacy_green = p->legacy_gen;
+	}
+	if (!p->nunfenced)
 		return;
 	int named = p->nunfenced <= VH_PART_UNFENCED; /* (else every stream is looked at) */
-	uint32_t n = named ? p->nunfenced : ch->nh;
+	uint32_t n = named ? p->nunfenced : ch->nh, left = 0;
 	for (uint32_t j = 0; j < n; j++) {
 		uint32_t i = named ? p->unfenced[j] : j;
 		struct vh_handle *e = i < ch->nh ? &ch->h[i] : NULL;
 		/* (one destroyed since, or its slot reused, is no longer marked) */
-		if (e && e->ptr && e->kind == VG_KIND_STREAM && e->unfenced && stream_dev(ch, e) == dev)
-			legacy_waits_for(ch, p, e);
+		if (e && e->ptr && e->kind == VG_KIND_STREAM && e->unfenced && stream_dev(ch, e) == dev &&
+		    !legacy_waits_for(ch, p, e))
+			left++;
 	}
-	p->nunfenced = 0;
+	p->nunfenced = left ? VH_PART_UNFENCED + 1 : 0; /* (those left: looked for among all next time) */
 }
 
 /* Whether the call being served names the legacy stream (not the per-thread one). */
@@ -366,10 +395,10 @@ void vh_part_stream_ends(struct vh_chan *ch, struct vh_handle *e)
 {
 	int dev = stream_dev(ch, e);
 	struct vh_part *p = part_of(ch, dev);
-	if (!p || !e->blocking || !e->unfenced || atomic_load(&open_captures) > 0)
+	if (!p || !e->blocking || !e->unfenced)
 		return;
 	ch->backend->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
-	legacy_waits_for(ch, p, e);
+	legacy_waits_for(ch, p, e); /* (where it cannot now, as where the driver would not order it) */
 	current_again(ch);
 }
 
@@ -392,8 +421,8 @@ void vh_part_default(struct vh_chan *ch, int work)
 		ch->backend->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
 		ch->part_green = 1;
 	}
-	if (queues(ch, work) && on_legacy(ch))
-		legacy_work(ch, dev, p);
+	if (on_legacy(ch))
+		legacy_work(ch, dev, p, queues(ch, work));
 }
 
 void vh_part_after(struct vh_chan *ch)

@@ -25,10 +25,12 @@
  * stream that the driver keeps only within one context: each waits for what was put on the other
  * before.  Where the two run in different contexts (either on a span), that order is kept by
  * events, lazily: work on a blocking stream first waits for the legacy stream's work if there was
- * any since it last did; work on the legacy stream first waits for the blocking streams that had
- * work since it last did (those waits only ever point to work put there earlier, so they add no
- * cycle).  Both wait while no stream capture is open (an event recorded on the legacy stream would
- * break a capture under way); what was not waited for then is waited for at the next call after.
+ * any since it last did; a call on the legacy stream (work, or any other: a synchronisation then
+ * covers the blocking streams' work too) first waits for the blocking streams that had work since
+ * it last did (those waits only ever point to work put there earlier, so they add no cycle).  No
+ * event of ours is recorded on or waited for in a stream being captured, nor on the process's own
+ * legacy stream while any capture is open (a capture on a blocking stream of that context would
+ * take it in); what was not waited for then is waited for at the next call after.
  *
  * A process whose green context does not fit its quota is not partitioned: it stays on the whole
  * GPU, and the guest's slot says so (whole_ms), so that the share controller holds the guests by
@@ -66,7 +68,8 @@ struct vh_part {
 	int ngreen;
 	uint32_t null_on; /* the span the default streams' work last went to (0: the whole GPU) */
 	CUevent ev[2];    /* for the order across a move (default and per-thread streams) */
-	uint32_t legacy_gen; /* calls that put work on the legacy stream so far */
+	uint64_t legacy_gen;   /* calls that put something on the legacy stream so far */
+	uint64_t legacy_green; /* legacy_gen at the last of them on a span */
 	/* the handle indices of blocking streams marked with work the legacy stream has not waited
 	 * for (the first VH_PART_UNFENCED; more: every stream is looked at) */
 	uint32_t unfenced[VH_PART_UNFENCED], nunfenced;

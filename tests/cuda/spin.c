@@ -7,12 +7,15 @@
  * a cuStreamEndCapture of the first stream, which is not being captured (refused); with "two",
  * async on two streams by turns; with "churn", async on a stream made for each memset and
  * destroyed after it; with "blocking", async by turns on a stream made without CU_STREAM_NON_BLOCKING
- * and on the legacy stream; with
+ * and on the legacy stream, and with "blocking-many" on each of ten such streams and then the legacy
+ * stream, and with "blocking-capture" as "blocking", a capture open on a third stream from halfway
+ * (ended at the end: "capture ok" or "capture broken"); with
  * "late-capture", async, and halfway one memset captured on that stream (a capture begun and ended
  * there, its graph destroyed); with "launch", a kernel launched by cuLaunchKernelEx on a stream of
  * its own instead of each memset, and with "coop" the same launch cooperative.  IDLE: seconds it then stays without putting work on the GPU before it
  * exits (its output said first).
- *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|late-capture|launch|coop] [IDLE] */
+ *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|blocking-many|blocking-capture|late-capture|
+ *    launch|coop] [IDLE] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +46,10 @@ int main(int argc, char **argv)
 	int stray = argc > 3 && !strcmp(argv[3], "capture-stray");
 	int capture = stray || (argc > 3 && !strcmp(argv[3], "capture"));
 	int two = argc > 3 && !strcmp(argv[3], "two"), churn = argc > 3 && !strcmp(argv[3], "churn");
-	int blocking = argc > 3 && !strcmp(argv[3], "blocking");
+	int many = argc > 3 && !strcmp(argv[3], "blocking-many");
+	int bcap = argc > 3 && !strcmp(argv[3], "blocking-capture");
+	int blocking = many || bcap || (argc > 3 && !strcmp(argv[3], "blocking"));
+	CUstream ten[10] = {NULL};
 	int late = argc > 3 && !strcmp(argv[3], "late-capture");
 	int coop = argc > 3 && !strcmp(argv[3], "coop"), launch = coop || (argc > 3 && !strcmp(argv[3], "launch"));
 	int async = capture || two || churn || blocking || late || launch || (argc > 3 && !strcmp(argv[3], "async"));
@@ -56,6 +62,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "spin: CUDA setup failed\n");
 		return 1;
 	}
+	for (int i = 0; many && i < 10; i++)
+		if (cuStreamCreate(&ten[i], CU_STREAM_DEFAULT) != CUDA_SUCCESS) {
+			fprintf(stderr, "spin: cuStreamCreate failed\n");
+			return 1;
+		}
 	CUmodule mod = NULL;
 	CUfunction fn = NULL;
 	if (launch && (cuModuleLoadData(&mod, PTX) != CUDA_SUCCESS || cuModuleGetFunction(&fn, mod, "vadd") != CUDA_SUCCESS)) {
@@ -71,6 +82,8 @@ int main(int argc, char **argv)
 	double start = now(), end = start + secs;
 	while (now() < end) {
 		CUstream on = two && (ops & 1) ? t : blocking && (ops & 1) ? CU_STREAM_LEGACY : s;
+		if (many)
+			on = ops % 11 == 10 ? CU_STREAM_LEGACY : ten[ops % 11];
 		if (churn && cuStreamCreate(&on, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuStreamCreate failed\n");
 			return 1;
@@ -88,6 +101,12 @@ int main(int argc, char **argv)
 		} else if ((async ? cuMemsetD8Async(p, (unsigned char)ops, bytes, on) : cuMemsetD8(p, (unsigned char)ops, bytes)) !=
 		    CUDA_SUCCESS) {
 			fprintf(stderr, "spin: cuMemsetD8 failed\n");
+			return 1;
+		}
+		if (bcap && !c && now() > start + secs / 2 &&
+		    (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
+		     cuMemsetD8Async(p, 0, bytes, c))) {
+			fprintf(stderr, "spin: the capture did not begin\n");
 			return 1;
 		}
 		if (late && now() > start + secs / 2) {
@@ -119,7 +138,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("ops %llu secs %.3f\n", ops, now() - start); /* secs: until the last op is done */
-	if (capture) {
+	if (capture || (bcap && c)) {
 		CUgraph g = NULL;
 		CUresult r = cuStreamEndCapture(c, &g);
 		printf("capture %s\n", r == CUDA_SUCCESS ? "ok" : "broken");

@@ -75,5 +75,10 @@ def test_a_blocking_stream_keeps_its_order_with_the_legacy_stream_on_a_span(sche
             busy.kill()
             busy.wait()
         assert "stays on the whole GPU" not in fa.log()
+        # the order was kept by waits of ours (a's work ran apart from its legacy stream's), said
+        # once its context goes
+        assert wait_for(lambda: "waits kept" in fa.log(), timeout=20), "a's work never ran on its span"
+        kept = [ln for ln in fa.log().splitlines() if "waits kept" in ln]
+        assert int(kept[0].split("waits kept")[0].split()[-1]) > 0, kept
     assert verdict == f"order ok {ROUNDS}"
     assert not whole, "a's work kept to its span"

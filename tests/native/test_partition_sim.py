@@ -136,6 +136,55 @@ def test_a_blocking_stream_keeps_its_order_with_the_legacy_stream_on_a_span(sche
     assert checked > 20, checked
 
 
+def test_a_blocking_streams_order_on_a_span_is_kept_while_a_capture_is_open_on_another_stream(sched_dir, tmp_path):
+    """As above, with a capture (global mode) open on a third stream from halfway: the legacy
+    stream's work is on a green context, which has no blocking stream for the capture to take in,
+    and neither stream is captured, so the waits go on; the capture ends whole."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    la = tmp_path / "a.log"
+    with forwarder(a, extra=PART, env={"VMGPU_SIM_SM_LOG": str(la)}), forwarder(b, extra=PART):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            pa, pb = _spin(a, 3.0, "blocking-capture"), _spin(b, 3.0, "async")
+            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
+            slot = _slots(pg)
+            pg.set_part(slot["a"], 0, 80)
+            pg.set_part(slot["b"], 80, 256)
+            out, _ = pa.communicate(timeout=60)
+            assert _done(pb) > 0
+    assert pa.returncode == 0 and "capture ok" in out, out
+    lines = _log(la)
+    prev, waited, checked = None, False, 0
+    for line in lines[len(lines) // 2 :]:  # (the second half: the capture open)
+        if line == "wait":
+            waited = True
+            continue
+        on, sms = line.rsplit(" ", 1)
+        if prev is not None and on != prev[0] and sms == prev[1] == "sms=40":
+            assert waited, f"{line} followed {' '.join(prev)} with no wait before it"
+            checked += 1
+        prev, waited = (on, sms), False
+    assert checked > 20, checked
+
+
+def test_the_legacy_stream_waits_for_every_blocking_stream_with_work_past_the_eight_kept_by_name(sched_dir, tmp_path):
+    """a puts a memset on each of ten blocking streams, then one on the legacy stream, again and
+    again: on its span, each legacy memset comes after ten waits, one for each stream (the worker
+    keeps eight by name; past that it looks at every stream)."""
+    la, _, log, whole = _side_by_side(sched_dir, tmp_path, [(0, 80), (80, 256)], ("blocking-many", "async"))
+    assert "stays on the whole GPU" not in log, log
+    waits, checked, prev = 0, 0, None
+    for line in la:
+        if line == "wait":
+            waits += 1
+            continue
+        if line == "memset default sms=40" and prev == "memset sms=40":
+            assert waits >= 10, f"the legacy stream's memset came after {waits} waits, not one per stream"
+            checked += 1
+        prev, waits = line, 0
+    assert checked > 10, checked
+
+
 def test_a_span_whose_green_context_does_not_fit_the_quota_is_refused_and_the_work_goes_on(sched_dir, tmp_path):
     """A green context is charged before it is made (what the driver says it takes, measured):
     at 200 MiB in a 64 MiB quota it does not fit, nothing is left of it, and the guest's work
