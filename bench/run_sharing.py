@@ -373,12 +373,20 @@ def shared_reclaim(g: Guests, run: Run, rows, summary, seconds: float, pipe: str
     )
 
 
+def last_call(samples: list, who: str) -> int | None:
+    """The index of the last sample at which who's work_calls were seen to move, or None."""
+    return max(
+        (i for i in range(1, len(samples)) if samples[i][2].get(who, 0) > samples[i - 1][2].get(who, 0)),
+        default=None,
+    )
+
+
 def trace_leave(trace, samples: list, stayer: str, leaver: str) -> None:
     """The samples around the leaver's last work call, as shared_reclaim says."""
-    moved = [i for i in range(1, len(samples)) if samples[i][2].get(leaver, 0) > samples[i - 1][2].get(leaver, 0)]
-    if not moved:
+    i_leave = last_call(samples, leaver)
+    if i_leave is None:
         return
-    last = samples[moved[-1]][0]
+    last = samples[i_leave][0]
     trace.write(f"== sharedreclaim: {stayer} stays, {leaver} leaves; ms from its last work call\n")
     prev = None
     for t, _, calls, *rest in samples:
@@ -399,13 +407,7 @@ def reclaim_rate_ms(samples: list, stayer: str, leaver: str, bin_s: float = 0.01
     of its rate alone (its calls per bin over the second half of its time alone, up to its own
     last call); inf if never, nan if either made no call after the other."""
 
-    def last_move(who):
-        return max(
-            (i for i in range(1, len(samples)) if samples[i][2].get(who, 0) > samples[i - 1][2].get(who, 0)),
-            default=None,
-        )
-
-    i_leave, i_stay = last_move(leaver), last_move(stayer)
+    i_leave, i_stay = last_call(samples, leaver), last_call(samples, stayer)
     if i_leave is None or i_stay is None or i_stay <= i_leave:
         return float("nan")
     last = samples[i_leave][0]
@@ -686,12 +688,10 @@ def reclaim_ms(samples: list, stayer: str, leaver: str) -> float:
     """From the leaver's last call that put work on the GPU (its work_calls on the page stop
     moving) to the first sample after it where the stayer's GPU time grows as fast as the clock
     (90%)."""
-    last = None
-    for i in range(1, len(samples)):
-        if samples[i][2].get(leaver, 0) > samples[i - 1][2].get(leaver, 0):
-            last = samples[i - 1][0]
-    if last is None:
+    i_leave = last_call(samples, leaver)
+    if i_leave is None:
         return float("nan")
+    last = samples[i_leave - 1][0]
     for i in range(1, len(samples)):
         (t0, u0), (t1, u1) = samples[i - 1][:2], samples[i][:2]
         if t0 >= last and t1 > t0 and (u1.get(stayer, 0) - u0.get(stayer, 0)) / 1e9 >= 0.9 * (t1 - t0):

@@ -515,10 +515,15 @@ class ShareController:
         """Whether the targets of the guests that shared at the last look, all busy still, moved
         since (a weight or guarantee changed live: what _retarget then acts on)."""
         shared = [k for k in busy if k in self.sharing]
-        if len(shared) < 2 or len(shared) != len(self.sharing) or not all(self.guests[k].target for k in shared):
-            return False
-        targets = self._targets(keys, shared)
-        return any(abs(targets[k] - self.guests[k].target) > 0.005 for k in shared)
+        return len(shared) >= 2 and self._moved(shared, self._targets(keys, shared))
+
+    def _moved(self, shared: list, targets: dict) -> bool:
+        """Whether `targets` are a change of weight: the same guests as at the last look (one come
+        or gone changes the targets too, and is not a change of weight), each with a target then,
+        and one of them moved."""
+        gs = {k: self.guests[k] for k in shared}
+        same = set(shared) == self.sharing and all(g.target for g in gs.values())
+        return same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
 
     def _retarget(self, now: float, shared: list, targets: dict, progress: dict) -> bool:
         """A weight (or guarantee) changed among the same guests sharing: each guest's open part
@@ -531,11 +536,8 @@ class ShareController:
         for k, g in self.guests.items():
             if k not in gs:
                 g.target = 0.0  # (not sharing: its target when it comes back is no change of weight)
-        # the same guests as at the last look (one come or gone changes the targets too, and is
-        # not a change of weight), each with a target then
-        same = set(shared) == self.sharing and all(g.target for g in gs.values())
+        changed = self._moved(shared, targets)
         self.sharing = set(shared)
-        changed = same and any(abs(targets[k] - g.target) > 0.005 for k, g in gs.items())
         if changed:
             if self._solved(shared):  # on spans: where the guests' curves say the new targets are
                 self._set_spans(now, shared, targets)

@@ -203,12 +203,13 @@ static uint32_t wanted(struct vh_chan *ch, int dev)
 	return atomic_load_explicit(&ch->fwd->sched[dev].part, memory_order_relaxed);
 }
 
-/* Work on `to` waits for what was put on `from` so far (ev: an event of the process's context). */
-static void order(struct vh_chan *ch, CUevent ev, CUstream from, CUstream to)
+/* Work on `to` waits for what was put on `from` so far (ev: an event of the process's context);
+ * the first failure of the two calls, if any. */
+static CUresult order(struct vh_chan *ch, CUevent ev, CUstream from, CUstream to)
 {
 	const struct vh_backend *B = ch->backend;
-	B->cuEventRecord(ev, from);
-	B->cuStreamWaitEvent(to, ev, 0);
+	CUresult r = B->cuEventRecord(ev, from), w = B->cuStreamWaitEvent(to, ev, 0);
+	return r != CUDA_SUCCESS ? r : w;
 }
 
 /* What a call does to where its stream's work goes: nothing (it waits for that work, or asks of
@@ -269,9 +270,7 @@ static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct
 		if (!legacy_free(p) || capturing(ch, s))
 			return; /* (left to its next call) */
 		B->cuCtxSetCurrent(ctx_of(ch, dev, p->null_on));
-		CUresult r = B->cuEventRecord(p->ev[0], CU_STREAM_LEGACY);
-		if (r == CUDA_SUCCESS)
-			r = B->cuStreamWaitEvent(s, p->ev[0], 0);
+		CUresult r = order(ch, p->ev[0], CU_STREAM_LEGACY, s);
 		current_again(ch);
 		if (r != CUDA_SUCCESS)
 			return;
@@ -284,13 +283,9 @@ static void blocking_work(struct vh_chan *ch, int dev, struct vh_part *p, struct
  * it cannot now (e is marked still). */
 static int legacy_waits_for(struct vh_chan *ch, struct vh_part *p, struct vh_handle *e)
 {
-	const struct vh_backend *B = ch->backend;
 	CUstream s = e->on_span ? e->twin : e->ptr;
 	if (e->on_span || e->twin_work || p->null_on) {
-		if (!legacy_free(p) || capturing(ch, s))
-			return 0;
-		if (B->cuEventRecord(p->ev[0], s) != CUDA_SUCCESS ||
-		    B->cuStreamWaitEvent(CU_STREAM_LEGACY, p->ev[0], 0) != CUDA_SUCCESS)
+		if (!legacy_free(p) || capturing(ch, s) || order(ch, p->ev[0], s, CU_STREAM_LEGACY) != CUDA_SUCCESS)
 			return 0;
 		p->kept++;
 	}
