@@ -200,28 +200,35 @@ def emit_host(funcs: list[Func], handles: dict[str, str]) -> str:
         elif fn.cls == "custom":
             lines.append(f"\tcase VG_OP_{fn.name}:\n\t\treturn handwritten_{fn.name}(ch, vg_flags, rd, wr);")
     lines.append("\tdefault:\n\t\treturn vh_dispatch_proto(ch, op, vg_flags, rd, wr);\n\t}\n}\n")
-    lines.append("int vh_op_reports_async(uint32_t op)\n{\n\tswitch (op) {")
-    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("reports_async")]
-    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
-    lines.append("\n/* Calls that put work on the GPU: the compute scheduler gates them (sched_page.c). */")
-    lines.append("int vh_op_gpu_work(uint32_t op)\n{\n\tswitch (op) {")
-    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work")]
-    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
-    lines.append(
+    lines += op_set("vh_op_reports_async", "", [f for f in funcs if f.spec.get("reports_async")])
+    lines += op_set(
+        "vh_op_gpu_work",
+        "\n/* Calls that put work on the GPU: the compute scheduler gates them (sched_page.c). */",
+        [f for f in funcs if f.spec.get("gpu_work")],
+    )
+    lines += op_set(
+        "vh_op_gpu_stream",
         "\n/* Of those, the calls that name the stream their work goes to (a CUstream, or a launch"
-        "\n * configuration's): the GPU of that stream, not the current one, gates them (serve.c). */"
+        "\n * configuration's): the GPU of that stream, not the current one, gates them (serve.c). */",
+        [f for f in funcs if f.spec.get("gpu_work") and names_stream(f)],
     )
-    lines.append("int vh_op_gpu_stream(uint32_t op)\n{\n\tswitch (op) {")
-    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.spec.get("gpu_work") and names_stream(f)]
-    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
-    lines.append(
+    lines += op_set(
+        "vh_op_async",
         "\n/* Calls of the async class (api.toml): what they do is queued on a stream, as work is (an"
-        "\n * event recorded, a wait for one); a blocking stream's order covers them (partition.c). */"
+        "\n * event recorded, a wait for one); a blocking stream's order covers them (partition.c). */",
+        [f for f in funcs if f.cls == "async"],
     )
-    lines.append("int vh_op_async(uint32_t op)\n{\n\tswitch (op) {")
-    lines += [f"\tcase VG_OP_{f.name}:" for f in funcs if f.cls == "async"]
-    lines.append("\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}")
     return "\n".join(lines) + "\n"
+
+
+def op_set(name: str, comment: str, members: list[Func]) -> list[str]:
+    """int name(uint32_t op): 1 for the members' operations, 0 for any other (after comment, if any)."""
+    return [
+        *([comment] if comment else []),
+        f"int {name}(uint32_t op)\n{{\n\tswitch (op) {{",
+        *(f"\tcase VG_OP_{f.name}:" for f in members),
+        "\t\treturn 1;\n\tdefault:\n\t\treturn 0;\n\t}\n}",
+    ]
 
 
 def names_stream(fn: Func) -> bool:
