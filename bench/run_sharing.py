@@ -31,7 +31,9 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             the inference guest left (1 - its busy share alone); again under shared on MPS
             (sharedprio), side by side, the trainer's work waiting while the inference guest's goes,
             with the forwarders' MPS client priorities and without, and with the trainer's
-            --yield-depth at each of --yield-depths (--prio-runs times each)
+            --yield-depth at each of --yield-depths (--prio-runs times each); and with the share
+            controller on the sms lever, the trainer on the SMs the inference guest's weight leaves
+            (the priority reserve), at each of --prio-reserve weights of the inference guest
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -71,6 +73,8 @@ SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--sha
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
 SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
 YIELD_DEPTHS: list[int] = []  # the sharedprio scenario again with the forwarders' --yield-depth at each
+CLIENT_PRIO_OFF = [True]  # the sharedprio scenario also without the forwarders' MPS client priorities
+PRIO_RESERVE: list[int] = []  # the priority scenario on SM spans, the inference guest's weight at each (--prio-reserve)
 LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
 INFER = ["torch_infer.py"]
 
@@ -497,11 +501,13 @@ def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict
     to that depth for half a second after the inference guest's last work); each --prio-runs
     times, by turns."""
     ways = (
-        ((), "priority on shared (MPS)", "_shared"),
-        (("--mps-priority", "driver"), "priority on shared (MPS), no client priority", "_shared_no_client_prio"),
-    ) + tuple(
-        (("--yield-depth", str(y)), f"priority on shared (MPS), yield depth {y}", f"_shared_yield{y}")
-        for y in YIELD_DEPTHS
+        (((), "priority on shared (MPS)", "_shared"),)
+        + ((("--mps-priority", "driver"), "priority on shared (MPS), no client priority", "_shared_no_client_prio"),)
+        * CLIENT_PRIO_OFF[0]
+        + tuple(
+            (("--yield-depth", str(y)), f"priority on shared (MPS), yield depth {y}", f"_shared_yield{y}")
+            for y in YIELD_DEPTHS
+        )
     )
     for i, (flags, what, key) in enumerate(ways * PRIO_RUNS[0]):
         if i >= len(ways):  # a run after the first: its own rows and keys
@@ -515,6 +521,36 @@ def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict
             g.policy("weighted")
             g.stop()
         priority_rows(rows, summary, hp, tr, infer_alone, solo, what, key)
+
+
+def reserve_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str) -> None:
+    """The priority scenario under shared on MPS with the share controller on the sms lever: the
+    trainer, while the inference guest (high) is busy, on a span of the SMs that leaves the
+    inference guest its weight's part free, its work going on beside it (the priority reserve:
+    vmgpu/share_control.py); for each --prio-reserve weight of the inference guest (the trainer's
+    100 minus it), with the part of the controller's looks at which the trainer had a span."""
+    for w in PRIO_RESERVE:
+        envs = [
+            (infer, g.env("--priority", "high", "--weight", str(w), "--mps", pipe)),
+            (TRAIN, g.env("--weight", str(100 - w), "--mps", pipe)),
+        ]
+        trainer = g.names[-1]
+        looks = []
+
+        def after(members, ctl, trainer=trainer, looks=looks):
+            slot = next((m.slot for m in members if m.guest == trainer), None)
+            looks.append(ctl.spans.get(slot, (0, 0)) != (0, 0))
+
+        with controlled(g, "sms", after):
+            hp, tr = run.together(envs)
+        key = f"_reserve{w}"
+        priority_rows(rows, summary, hp, tr, infer_alone, solo, f"priority on SM spans, reserve {w}%", key)
+        rows.append(
+            (
+                f"priority on SM spans, reserve {w}%: looks the trainer had a span",
+                f"{100 * sum(looks) / max(1, len(looks)):.0f}%",
+            )
+        )
 
 
 def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: str, seconds: float) -> None:
@@ -716,8 +752,9 @@ def main() -> int:
         default="",
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
         "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
-        "sharedprio (the priority scenario under shared on MPS), sharedbelow (the shared pair on MPS with the light "
-        "guest's MPS client priority below normal), refs (where weights are skipped: the shared rows' references, "
+        "sharedprio (the priority scenario under shared on MPS), noclientprio (its row without MPS client "
+        "priorities), sharedbelow (the shared pair on MPS with the light guest's MPS client priority below normal), "
+        "refs (where weights are skipped: the shared rows' references, "
         "no-sched and native MPS 30/70), cap, converge, reclaim, sharedconverge, sharedreclaim (converge and "
         "reclaim under shared, on MPS where it runs))",
     )
@@ -747,6 +784,13 @@ def main() -> int:
         help="comma-separated depths: the sharedprio scenario again with the forwarders' --yield-depth at each",
     )
     ap.add_argument(
+        "--prio-reserve",
+        default="",
+        help="comma-separated weights: the priority scenario under shared on MPS with the controller on the sms "
+        "lever (the trainer on the SMs the inference guest's weight leaves it), the inference guest at each "
+        "weight and the trainer at 100 minus it",
+    )
+    ap.add_argument(
         "--lever",
         default="time",
         help="how the shared rows' controller holds a guest back: the first part of each period (time), "
@@ -766,10 +810,13 @@ def main() -> int:
     try:
         YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
         SHARED_THREADS[:] = [tuple(int(x) for x in t.split("/")) for t in a.shared_threads.split(",") if t]
+        PRIO_RESERVE[:] = [int(w) for w in a.prio_reserve.split(",") if w]
     except ValueError as e:
-        ap.error(f"--yield-depths or --shared-threads: {e}")
+        ap.error(f"--yield-depths, --shared-threads or --prio-reserve: {e}")
     if not all(1 <= y <= 1024 for y in YIELD_DEPTHS):
         ap.error("--yield-depths: each in 1..1024")
+    if not all(1 <= w <= 99 for w in PRIO_RESERVE):
+        ap.error("--prio-reserve: each weight in 1..99")
     if not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in SHARED_THREADS):
         ap.error("--shared-threads: LIGHT/HEAVY percentages in 1..100, comma-separated")
     if len({t[0] for t in SHARED_THREADS}) != len(SHARED_THREADS):
@@ -778,6 +825,7 @@ def main() -> int:
     if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
         ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")
     skip = set(filter(None, a.skip.split(",")))
+    CLIENT_PRIO_OFF[0] = "noclientprio" not in skip
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)
     ms = {"slice_us": a.slice_ms, "idle_us": a.idle_ms, "period_us": a.period_ms}
@@ -921,7 +969,9 @@ def main() -> int:
             mps = mps_start(tmp) if "mps" not in skip else None
             if mps:
                 try:
-                    shared_priority(g, run, rows, summary, infer, infer_alone, solo, mps["CUDA_MPS_PIPE_DIRECTORY"])
+                    pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
+                    reserve_priority(g, run, rows, summary, infer, infer_alone, solo, pipe)
+                    shared_priority(g, run, rows, summary, infer, infer_alone, solo, pipe)
                 finally:
                     mps_stop(mps)
 

@@ -127,6 +127,7 @@ class Seen:
     cap: int = 0  # % of its progress alone, 0: none
     rank: int = 1  # its priority: 2 high, 1 normal, 0 low
     whole: bool = False  # one of its workers worked on the whole GPU in the last second though given a span
+    waiting: bool = False  # one of its workers waits at its gate to put work on the GPU
 
 
 @dataclass
@@ -283,6 +284,8 @@ class ShareController:
         # gate while a higher one's goes (sched_page.c, higher_at_work), so it is neither held
         # nor probed, and nobody is held for it
         top = max((keys[k].rank for k in busy), default=0)
+        # (a lower guest at work, or waiting at its gate while the higher one's work goes)
+        lower = [k for k in keys if keys[k].rank < top and (k in busy or keys[k].waiting)]
         busy = [k for k in busy if keys[k].rank == top]
         if len(busy) > self.groups:
             self.groups = 0  # (more to share than groups of SMs: by time)
@@ -318,7 +321,35 @@ class ShareController:
             self.depths.update({k[0]: self._depth(self.guests[k]) for k in busy})
         if self.groups and len(self.sharing) >= 2:
             self.spans.update(self._spans(sorted(self.sharing)))
-        return {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
+        elif self.groups and len(busy) == 1 and lower:
+            self.spans.update(self._reserve(keys, busy[0], lower))
+        holds = {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
+        # (a lower guest is held by nobody's share, but its cap holds it still)
+        holds.update({k[0]: 1000 - 10 * min(keys[k].cap, 100) for k in lower if keys[k].cap})
+        return holds
+
+    def _reserve(self, keys: dict, higher, lower: list) -> dict[int, tuple[int, int]]:
+        """The priority reserve, on SM spans: while one guest of a higher priority is busy, the
+        lower busy guests run side by side on spans at the far end of the SMs, leaving the higher
+        one the part its weight (or guarantee) gives it among them all, where no other guest's work
+        is; it runs on the whole GPU, and its work finds those SMs free at once (a lower guest's
+        work, unlike under time, then goes on beside it: sched_page.c).  The lower guests' spans are
+        their parts of the rest by their weights, each at least one group; none where the rest
+        cannot give each one (then they wait in their rings while it works, as by time)."""
+        total = 16 * self.groups
+        start = max(16, int(round(total * self._targets(keys, [higher, *lower])[higher])))
+        rest, n = total - start, len(lower)
+        if rest < 16 * n:
+            return {}
+        parts = self._targets(keys, lower)
+        out, lo, cum = {}, start, 0.0
+        for i, k in enumerate(sorted(lower)):
+            cum += parts[k]
+            hi = total if i == n - 1 else start + int(round(cum * rest))
+            hi = max(lo + 16, min(hi, total - 16 * (n - 1 - i)))
+            out[k[0]] = (lo, hi)
+            lo = hi
+        return out
 
     def _spans(self, shared: list) -> dict[int, tuple[int, int]]:
         """Under the sms lever: the sharing guests' spans side by side in slot order, each its
@@ -648,6 +679,7 @@ def seen_on(page, now: float | None = None) -> list[Seen]:
             m.cap,
             RANKS.get(m.priority, 1),
             bool(m.whole_ms) and ((now_ms - m.whole_ms + 2**31) & 0xFFFFFFFF) - 2**31 < 1000,
+            m.waiting > 0,
         )
         for m in page.members()
     ]

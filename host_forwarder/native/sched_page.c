@@ -433,22 +433,32 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * GPU has done of its work, give or take the depth, which is what the share controller
 	 * measures (unheld, a trainer ran ahead at its rate alone while the GPU did half as much) */
 	atomic_store(&s->bounded, bounded_now(s));
-	atomic_store(&s->yield, shared && higher_at_work(s, now));
+	int higher = shared && higher_at_work(s, now);
 	if (!shared)
 		s->higher_at = 0; /* (what it saw before the policy changed is stale when it comes back) */
-	atomic_store(&s->near_higher, shared && s->higher_at && now - s->higher_at < VH_NEAR_HIGHER_NS);
+	int near = shared && s->higher_at && now - s->higher_at < VH_NEAR_HIGHER_NS;
+	atomic_store(&s->near_higher, near);
+	/* at work off its span (not partitioned, or kept where it was by a capture) */
+	uint64_t stuck = atomic_load_explicit(&s->part_stuck, memory_order_relaxed);
+	int off_span = atomic_load(&s->part_off) || (stuck && now - stuck < VH_PEERS_QUIET_MS * 1000000ull);
 	if (shared && (passed || atomic_load_explicit(&s->in_call, memory_order_relaxed))) {
 		uint32_t now_ms = (uint32_t)(now / 1000000u);
 		atomic_store_explicit(&g->active_ms, now_ms ? now_ms : 1, memory_order_relaxed);
-		/* at work off its span (not partitioned, or kept where it was by a capture): the share
-		 * controller is told, and holds by time (partition.h) */
-		uint64_t stuck = atomic_load_explicit(&s->part_stuck, memory_order_relaxed);
-		if (atomic_load(&s->part_off) || (stuck && now - stuck < VH_PEERS_QUIET_MS * 1000000ull))
+		/* the share controller is told, and holds by time (partition.h) */
+		if (off_span)
 			atomic_store_explicit(&g->whole_ms, now_ms ? now_ms : 1, memory_order_relaxed);
 	}
+	/* a span the controller gives a guest while one of a higher priority is busy leaves the higher
+	 * one's part of the SMs free (share_control.py, the priority reserve): while that guest is
+	 * near, this one's work keeps to its span even between the higher one's requests, and is not
+	 * held in its ring, since it cannot be queued ahead of the higher one's on SMs it does not
+	 * have.  Off its span (not partitioned, a capture open) it waits in its ring as ever. */
+	uint32_t span = shared ? atomic_load(&g->sm_part) : 0;
+	int apart = near && span && !off_span;
+	atomic_store(&s->yield, higher && !apart);
 	int alone = shared && !peers_at_work(s, now);
 	atomic_store(&s->alone, alone);
-	atomic_store(&s->part, shared && !alone ? sched_span_now(pg, atomic_load(&g->sm_part), now) : 0);
+	atomic_store(&s->part, shared && (!alone || apart) ? sched_span_now(pg, span, now) : 0);
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {

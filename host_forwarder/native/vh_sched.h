@@ -58,7 +58,8 @@ struct vh_sched {
 	uint64_t seen_calls, seen_at; /* work_calls as this worker's tick last saw it change */
 	/* under shared: a guest of a higher priority put work on the GPU within the last
 	 * VH_YIELD_QUIET_NS (its work_calls moved, as this worker's tick saw them), so this one's work
-	 * waits in its ring (set by the tick, read at the gate) */
+	 * waits in its ring, unless it keeps to a span that leaves the higher one's SMs free
+	 * (sched_page.c, the priority reserve; set by the tick, read at the gate) */
 	_Atomic int yield;
 	/* under shared: such a guest put work on the GPU within the last VH_NEAR_HIGHER_NS, so this
 	 * one's work is held to --yield-depth (set by the tick, read at the depth: sched_depth.c) */

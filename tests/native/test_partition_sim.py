@@ -183,6 +183,49 @@ def test_the_legacy_stream_waits_for_every_blocking_stream_with_work_past_the_ei
     assert checked > 10, checked
 
 
+def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high") -> tuple[int, int, list[int]]:
+    """a (priority low) spins a second alone, then a second while b (b_prio) works, with a given the
+    span [5, 16) that the share controller's priority reserve gives it: a's memsets alone and
+    beside b, and the SMs its memsets beside b ran on."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    la = tmp_path / "a.log"
+    with (
+        forwarder(a, extra=(*part_a, "--priority", "low"), env={"VMGPU_SIM_SM_LOG": str(la)}),
+        forwarder(b, extra=(*PART, "--priority", b_prio)),
+    ):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            alone = _done(_spin(a, 1))
+            hi = _spin(b, 4)
+            assert wait_for(lambda: pg.sm_groups == 16 and {m.guest: m.work_calls for m in pg.members()}["b"] > 0)
+            pg.set_part(_slots(pg)["a"], 80, 256)
+            n0 = len(_log(la))
+            beside = _done(_spin(a, 1))
+            sms = _sms(_log(la)[n0:])
+            assert _done(hi) > 0
+    return alone, beside, sms
+
+
+def test_a_lower_guest_on_a_span_beside_a_higher_one_runs_there_and_is_not_held_in_its_ring(sched_dir, tmp_path):
+    """The priority reserve: a span given to a lower guest while a higher one works leaves the
+    higher one's SMs free, so the lower one's work goes on there beside it (92 SMs) instead of
+    waiting in its ring as it does with no span (test_sched_sim.py): about as fast as beside a
+    guest of its own priority (on this 2-core host a busy simulated guest beside it takes most of
+    the CPU either way)."""
+    alone, beside, sms = _beside_higher(sched_dir, tmp_path)
+    _, equal, _ = _beside_higher(sched_dir, tmp_path, b_prio="low")
+    assert beside > 0.5 * equal and beside > 0.05 * alone, (beside, equal, alone)
+    assert sms and sms.count(92) >= 0.9 * len(sms), set(sms)
+
+
+def test_a_lower_guest_given_a_span_it_cannot_keep_to_still_waits_for_the_higher_one(sched_dir, tmp_path):
+    """The same guest whose forwarder does not partition: its work would run on the whole GPU, so
+    it waits in its ring while the higher one works, span or no span."""
+    alone, beside, sms = _beside_higher(sched_dir, tmp_path, part_a=())
+    assert beside < 0.05 * alone, (beside, alone)
+    assert set(sms) <= {0}, set(sms)
+
+
 def test_a_span_whose_green_context_does_not_fit_the_quota_is_refused_and_the_work_goes_on(sched_dir, tmp_path):
     """A green context is charged before it is made (what the driver says it takes, measured):
     at 200 MiB in a 64 MiB quota it does not fit, nothing is left of it, and the guest's work

@@ -45,12 +45,21 @@ class Gpu:
         self.sm_speed = lambda x: x**0.6
         self.sm_speeds: dict = {}  # a guest's own curve, where it is not sm_speed
         self.whole: set[str] = set()  # guests whose work does not keep to a span (not partitioned)
+        self.waiting: set[str] = set()  # guests with work that did not run at the last millisecond
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
         return [
             Seen(
-                i, n, int(self.calls[n]), self.weight[n], self.guarantee[n], self.cap[n], self.rank[n], n in self.whole
+                i,
+                n,
+                int(self.calls[n]),
+                self.weight[n],
+                self.guarantee[n],
+                self.cap[n],
+                self.rank[n],
+                n in self.whole,
+                n in self.waiting,
             )
             for i, n in enumerate(self.alone)
             if n not in self.gone
@@ -77,7 +86,10 @@ class Gpu:
             into = t % PERIOD
             running = [n for n in names if self.busy[n] and into >= self._hold(n) / 1000 * PERIOD]
             top = max((self.rank[n] for n in running), default=0)
-            running = [n for n in running if self.rank[n] == top]  # (the gate's yield to a higher guest)
+            # (the gate's yield to a higher guest, but for a lower one on a span of its own: the
+            # priority reserve, where it runs beside the higher one, left on the whole GPU)
+            running = [n for n in running if self.rank[n] == top or (self.groups and self.spans[n] != (0, 0))]
+            self.waiting = {n for n in names if self.busy[n] and n not in running}
             for n in names:
                 self.held_ms[n] += self.busy[n] and n not in running
                 if len(running) != 1 or n not in running:
@@ -925,6 +937,76 @@ def test_under_the_sms_lever_more_guests_than_groups_are_held_by_time():
     p = parts(got)
     assert all(s == (0, 0) for s in gpu.spans.values()), gpu.spans
     assert abs(p["c"] - 80) <= 3, (p, got)
+
+
+def _ranked(weights: dict[str, int], ranks: dict[str, int], groups: int = 16) -> Gpu:
+    gpu = Gpu(dict.fromkeys(weights, 5000.0))
+    gpu.weight.update(weights)
+    gpu.rank.update(ranks)
+    gpu.groups = groups
+    return gpu
+
+
+def test_under_the_sms_lever_a_higher_guest_has_its_part_of_the_sms_left_free_and_a_lower_one_runs_beside_it():
+    # the priority reserve: an inference guest (high, weight 30) always at work beside a trainer
+    # (normal, 70).  By time the trainer waits while the higher guest works, here all the time; on
+    # spans it runs on the far 70% of the SMs, the higher guest on the whole GPU with its 30% free
+    gpu = _ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1})
+    got = settled(gpu, 5, 10, lever="sms")
+    assert gpu.spans == {"hp": (0, 0), "tr": (77, 256)}, gpu.spans  # (0.3 of 256 sixteenths: 77)
+    assert gpu.holds == {"hp": 0, "tr": 0}, gpu.holds
+    assert got["tr"] > 0.6 and got["hp"] > 0.7, got  # (the model: the higher guest shares the lower one's SMs)
+    by_time = settled(_ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1}, groups=0), 5, 10, lever="sms")
+    assert by_time["tr"] < 0.05, by_time  # (the reserve is what lets it run)
+
+
+def test_the_priority_reserve_splits_the_rest_among_the_lower_guests_by_weight_each_at_least_a_group():
+    gpu = _ranked({"hp": 20, "a": 30, "b": 50}, {"hp": 2, "a": 1, "b": 0})
+    settled(gpu, 3, 1, lever="sms")
+    (alo, ahi), (blo, bhi) = gpu.spans["a"], gpu.spans["b"]
+    assert gpu.spans["hp"] == (0, 0) and alo == 51 and ahi == blo and bhi == 256, gpu.spans
+    assert abs((ahi - alo) / (bhi - blo) - 30 / 50) < 0.02, gpu.spans
+    # a guarantee that takes all but a group leaves the lower guests one group together: too few
+    gpu = _ranked({"hp": 100, "a": 100, "b": 100}, {"hp": 2, "a": 1, "b": 1}, groups=16)
+    gpu.guarantee["hp"] = 95
+    settled(gpu, 3, 1, lever="sms")
+    assert all(s == (0, 0) for s in gpu.spans.values()), gpu.spans
+
+
+@pytest.mark.parametrize("lever", ["time", "depth"])
+def test_no_priority_reserve_off_the_sms_levers(lever):
+    gpu = _ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1})
+    settled(gpu, 3, 1, lever=lever)
+    assert all(s == (0, 0) for s in gpu.spans.values()), gpu.spans
+
+
+def test_no_priority_reserve_where_higher_guests_share_among_themselves():
+    # two high guests on spans of their own over the whole GPU: no part of it is free of them, so
+    # the lower guest is given none and waits in its ring while they work, as by time
+    gpu = _ranked({"h1": 30, "h2": 70, "tr": 100}, {"h1": 2, "h2": 2, "tr": 1})
+    settled(gpu, 10, 1, lever="sms")
+    assert gpu.spans["tr"] == (0, 0) and gpu.spans["h1"] != (0, 0), gpu.spans
+
+
+def test_the_priority_reserve_goes_when_the_higher_guest_does():
+    gpu = _ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1})
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 3)
+    assert gpu.spans["tr"] != (0, 0)
+    gpu.busy["hp"] = False
+    got = gpu.run(ctl, 2)
+    assert gpu.spans == {"hp": (0, 0), "tr": (0, 0)}, gpu.spans
+    assert got["tr"] > 0.9, got
+
+
+@pytest.mark.parametrize("lever", ["time", "sms"])
+def test_a_capped_lower_guest_is_held_by_its_cap_beside_a_higher_one(lever):
+    # nobody's share holds a lower guest, but its cap does (before, it was given no hold at all,
+    # and ran uncapped whenever the higher guest was at work)
+    gpu = _ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1})
+    gpu.cap["tr"] = 40
+    settled(gpu, 3, 1, lever=lever)
+    assert gpu.holds["tr"] == 600, gpu.holds
 
 
 def test_seen_on_a_page_tells_a_guest_off_its_span_for_a_second():
