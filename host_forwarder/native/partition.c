@@ -32,11 +32,16 @@ enum { VH_PART_WHERE, VH_PART_WORK, VH_PART_HOME };
  * which goes home first.  A call
  * whose work is then not where its span says tells the share controller (vh_sched.h, part_stuck),
  * as a process that is not partitioned does. */
+static void off_span(struct vh_chan *ch, int dev)
+{
+	atomic_store_explicit(&ch->fwd->sched[dev].part_stuck, vmgpu_now_ns(), memory_order_relaxed);
+}
+
 static int may_move(struct vh_chan *ch, int dev, int mode)
 {
 	if (atomic_load(&open_captures) == 0 || (mode == VH_PART_HOME && vh_op_begins_capture(ch->cur_op)))
 		return 1;
-	atomic_store_explicit(&ch->fwd->sched[dev].part_stuck, vmgpu_now_ns(), memory_order_relaxed);
+	off_span(ch, dev);
 	return 0;
 }
 
@@ -223,6 +228,18 @@ static int mode_of(struct vh_chan *ch, int work)
 	return work ? VH_PART_WORK : VH_PART_WHERE;
 }
 
+/* Whether the call's work goes home (mode_of).  A cooperative launch's work is then off the span
+ * it was given (a capture's begin puts none there): the share controller is told, and a guest of a
+ * lower priority waits in its ring while a higher one works (sched_page.c). */
+static int going_home(struct vh_chan *ch, int dev, int mode)
+{
+	if (mode != VH_PART_HOME)
+		return 0;
+	if (ch->part_home && wanted(ch, dev))
+		off_span(ch, dev);
+	return 1;
+}
+
 /* The context that is current for the call being served, current again (after a wait put in). */
 static void current_again(struct vh_chan *ch)
 {
@@ -338,21 +355,25 @@ static CUstream place(struct vh_chan *ch, struct vh_handle *e, struct vh_part *p
 	CUstream cur = e->on_span ? e->twin : e->ptr;
 	if (!p || mode == VH_PART_WHERE)
 		return cur;
-	uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
+	uint32_t want = going_home(ch, dev, mode) ? 0 : wanted(ch, dev);
 	if (want == e->on_span || !may_move(ch, dev, mode))
 		return cur;
 	CUstream next = e->ptr;
 	void *dead = NULL;
 	if (want) {
 		struct vh_green *gr = green_of(ch, dev, want);
-		if (!gr || p->state != 1)
+		if (!gr || p->state != 1) {
+			off_span(ch, dev);
 			return cur;
+		}
 		if (e->twin_span != want) {
 			int prio = 0;
 			CUstream t = NULL;
 			B->cuStreamGetPriority(e->ptr, &prio);
-			if (B->cuGreenCtxStreamCreate(&t, gr->g, CU_STREAM_NON_BLOCKING, prio) != CUDA_SUCCESS)
+			if (B->cuGreenCtxStreamCreate(&t, gr->g, CU_STREAM_NON_BLOCKING, prio) != CUDA_SUCCESS) {
+				off_span(ch, dev);
 				return cur;
+			}
 			dead = e->twin; /* (destroyed once the move is queued: work on it may still run) */
 			e->twin = t;
 			e->twin_span = want;
@@ -405,11 +426,13 @@ void vh_part_default(struct vh_chan *ch, int work)
 	if (!p)
 		return;
 	if (mode != VH_PART_WHERE) {
-		uint32_t want = mode == VH_PART_HOME ? 0 : wanted(ch, dev);
+		uint32_t want = going_home(ch, dev, mode) ? 0 : wanted(ch, dev);
 		if (want != p->null_on && may_move(ch, dev, mode)) {
 			struct vh_green *gr = want ? green_of(ch, dev, want) : NULL;
 			if (!want || (gr && p->state == 1))
 				move_default(ch, dev, want, gr ? gr->c : ch->ctx[dev]);
+			else
+				off_span(ch, dev);
 		}
 	}
 	if (p->null_on) {

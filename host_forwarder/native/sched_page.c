@@ -248,6 +248,13 @@ void vh_sched_unheld(struct vh_sched *s)
 		end_turn(pg, g, 0); /* holding the GPU with no worker to use it or give it up */
 }
 
+/* Under shared: whether the call at the gate waits for a guest of a higher priority at work (its
+ * work would go where the higher one's is). */
+static int yields(struct vh_sched *s)
+{
+	return atomic_load(&s->yield) || (s->whole_call && atomic_load(&s->higher));
+}
+
 /* Through the gate now if the turn allows: 1 (in flight), else 0 (nothing changed).  It touches
  * only this worker's own counters: the scheduler thread publishes them to the page
  * (vh_sched_tick). */
@@ -256,7 +263,7 @@ static int pass_now(struct vh_sched *s, struct vmgpu_sched_slot *g)
 	struct vmgpu_sched_page *pg = s->pg;
 	uint32_t policy = atomic_load(&pg->policy);
 	if (policy == VMGPU_SCHED_SHARED) { /* no turns: held only the part of the period the controller says, */
-		if (atomic_load(&s->yield))    /* and while a guest of a higher priority has work */
+		if (yields(s))                 /* and while a guest of a higher priority has work */
 			return 0;
 		if (atomic_load(&g->hold) && sched_held_ns(pg, g, now_ns(), atomic_load(&s->alone)))
 			return 0;
@@ -298,7 +305,7 @@ uint64_t vh_sched_enter(struct vh_sched *s)
 			if (holder >= 0 && holder < VMGPU_SCHED_SLOTS && sched_rank(&pg->slot[holder]) < sched_rank(g))
 				wake(pg);
 		}
-		if (atomic_load(&s->yield)) { /* shared, a higher guest at work: look again as the tick does */
+		if (yields(s)) { /* shared, a higher guest at work: look again as the tick does */
 			struct timespec t = {0, 250000};
 			nanosleep(&t, NULL);
 			continue;
@@ -455,6 +462,7 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	 * have.  Off its span (not partitioned, a capture open) it waits in its ring as ever. */
 	uint32_t span = shared ? atomic_load(&g->sm_part) : 0;
 	int apart = near && span && !off_span;
+	atomic_store(&s->higher, higher);
 	atomic_store(&s->yield, higher && !apart);
 	int alone = shared && !peers_at_work(s, now);
 	atomic_store(&s->alone, alone);

@@ -53,6 +53,7 @@ static void throttled(struct vh_chan *ch, int dev, uint64_t waited)
 static void gate_enter(struct vh_chan *ch, int dev)
 {
 	ch->gate_dev = dev;
+	ch->fwd->sched[dev].whole_call = ch->part_home; /* (a cooperative launch: partition.h) */
 	throttled(ch, dev, vh_depth_wait(ch) + vh_sched_enter(&ch->fwd->sched[dev]));
 }
 
@@ -67,6 +68,9 @@ static void gates_enter(struct vh_chan *ch, int dev, vh_devs more)
 	ch->gate_dev = dev;
 	throttled(ch, dev, vh_depth_wait(ch));
 	vh_devs want = more | (vh_devs)1 << dev, held = 0;
+	for (int d = 0; d < ch->fwd->ndev; d++) /* (a graph's launch is no cooperative launch) */
+		if (want & ((vh_devs)1 << d))
+			ch->fwd->sched[d].whole_call = 0;
 	for (int wait_on = -1;;) {
 		if (wait_on >= 0) {
 			throttled(ch, wait_on, vh_sched_enter(&ch->fwd->sched[wait_on]));

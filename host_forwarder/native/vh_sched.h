@@ -61,6 +61,13 @@ struct vh_sched {
 	 * waits in its ring, unless it keeps to a span that leaves the higher one's SMs free
 	 * (sched_page.c, the priority reserve; set by the tick, read at the gate) */
 	_Atomic int yield;
+	/* under shared: a guest of a higher priority put work on the GPU within VH_YIELD_QUIET_NS,
+	 * whether or not this one yields to it (set by the tick) */
+	_Atomic int higher;
+	/* the call at the gate puts its work on the whole GPU whatever span this guest has (a
+	 * cooperative launch): it waits while a higher guest works even where the span would let it
+	 * go on (set by the serving thread before it enters the gate; read there) */
+	int whole_call;
 	/* under shared: such a guest put work on the GPU within the last VH_NEAR_HIGHER_NS, so this
 	 * one's work is held to --yield-depth (set by the tick, read at the depth: sched_depth.c) */
 	_Atomic int near_higher;

@@ -183,10 +183,10 @@ def test_the_legacy_stream_waits_for_every_blocking_stream_with_work_past_the_ei
     assert checked > 10, checked
 
 
-def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high") -> tuple[int, int, list[int]]:
+def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high", how="sync") -> tuple[int, int, list[int]]:
     """a (priority low) spins a second alone, then a second while b (b_prio) works, with a given the
-    span [5, 16) that the share controller's priority reserve gives it: a's memsets alone and
-    beside b, and the SMs its memsets beside b ran on."""
+    span [5, 16) that the share controller's priority reserve gives it: a's memsets (or launches,
+    by `how`) alone and beside b, and the SMs its memsets (launches) beside b ran on."""
     a, b = tmp_path / "a", tmp_path / "b"
     la = tmp_path / "a.log"
     with (
@@ -195,13 +195,13 @@ def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high") -> tuple[int
     ):
         with _page(sched_dir) as pg:
             pg.policy = "shared"
-            alone = _done(_spin(a, 1))
+            alone = _done(_spin(a, 1, how))
             hi = _spin(b, 4)
             assert wait_for(lambda: pg.sm_groups == 16 and {m.guest: m.work_calls for m in pg.members()}["b"] > 0)
             pg.set_part(_slots(pg)["a"], 80, 256)
             n0 = len(_log(la))
-            beside = _done(_spin(a, 1))
-            sms = _sms(_log(la)[n0:])
+            beside = _done(_spin(a, 1, how))
+            sms = [int(x.split("=")[1]) for x in _log(la)[n0:] if x.startswith(("memset", "launch"))]
             assert _done(hi) > 0
     return alone, beside, sms
 
@@ -223,6 +223,18 @@ def test_a_lower_guest_given_a_span_it_cannot_keep_to_still_waits_for_the_higher
     it waits in its ring while the higher one works, span or no span."""
     alone, beside, sms = _beside_higher(sched_dir, tmp_path, part_a=())
     assert beside < 0.05 * alone, (beside, alone)
+    assert set(sms) <= {0}, set(sms)
+
+
+def test_a_lower_guests_cooperative_launch_waits_for_the_higher_one_though_it_has_a_span(sched_dir, tmp_path):
+    """A cooperative launch goes to the whole GPU, span or not, where the higher guest's work is:
+    it waits in its ring while the higher one works, as a guest with no span does (else a lower
+    guest could put its work beside the higher one's on every SM by asking for cooperative grids).
+    Each such launch also tells the gate its work is off its span for a while, which alone let 6%
+    of its launches through here (one each time that lapsed); none but the gaps of the higher
+    guest's calls now (0.5%)."""
+    alone, beside, sms = _beside_higher(sched_dir, tmp_path, how="coop")
+    assert beside < 0.02 * alone, (beside, alone)
     assert set(sms) <= {0}, set(sms)
 
 
