@@ -41,7 +41,9 @@ others while its weight asks less than its cap, and held by its cap alone once i
 more (nobody else is held for what its cap keeps it from taking).  Priority is the gate's: while
 a guest of a higher priority puts work on the GPU, a lower one's work waits in its ring
 (sched_page.c), so only the busy guests of the highest priority share here; the lower ones are
-neither held nor probed.
+neither held (but by their caps) nor probed.  On SM spans, while one guest of a higher priority is
+busy, the lower ones are given spans that leave it its weight's part of the SMs free (the priority
+reserve, _reserve), where their work goes on beside it instead of waiting.
 
 The lever is time (the hold) by default.  With `lever="depth"` a guest is held back first by how
 much of its work the GPU may have at once (the slot's `depth` word), so that it keeps running
