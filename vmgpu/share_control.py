@@ -192,6 +192,7 @@ class ShareController:
         self.resolving: set = set()  # after a change of targets: corrected once these guests settle
         self.quiet_until = -math.inf  # after a change of weight: no probe until then (QUIET_WINDOWS)
         self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
+        self.reserved_at = -math.inf  # when lower guests last had spans beside a higher one (_reserve)
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -291,7 +292,9 @@ class ShareController:
         busy = [k for k in busy if keys[k].rank == top]
         if len(busy) > self.groups:
             self.groups = 0  # (more to share than groups of SMs: by time)
-        if len(busy) == 1:  # alone and not held all the window: its rate is its rate alone
+        # alone and not held all the window: its rate is its rate alone (not while lower guests
+        # worked beside it in the window, on the spans of a priority reserve)
+        if len(busy) == 1 and now - self.reserved_at > self.window_s + 1e-9:
             g = self.guests[busy[0]]
             r = self._rate(g, now)
             recent = [how for t, _, how in g.calls if now - t <= self.window_s + 1e-9][1:]
@@ -324,7 +327,9 @@ class ShareController:
         if self.groups and len(self.sharing) >= 2:
             self.spans.update(self._spans(sorted(self.sharing)))
         elif self.groups and len(busy) == 1 and lower:
-            self.spans.update(self._reserve(keys, busy[0], lower))
+            reserve = self._reserve(keys, busy[0], lower)
+            self.spans.update(reserve)
+            self.reserved_at = now if reserve else self.reserved_at
         holds = {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
         # (a lower guest is held by nobody's share, but its cap holds it still)
         holds.update({k[0]: 1000 - 10 * min(keys[k].cap, 100) for k in lower if keys[k].cap})
@@ -332,14 +337,16 @@ class ShareController:
 
     def _reserve(self, keys: dict, higher, lower: list) -> dict[int, tuple[int, int]]:
         """The priority reserve, on SM spans: while one guest of a higher priority is busy, the
-        lower busy guests run side by side on spans at the far end of the SMs, leaving the higher
-        one the part its weight (or guarantee) gives it among them all, where no other guest's work
-        is; it runs on the whole GPU, and its work finds those SMs free at once (a lower guest's
-        work, unlike under time, then goes on beside it: sched_page.c).  The lower guests' spans are
-        their parts of the rest by their weights, each at least one group; none where the rest
-        cannot give each one (then they wait in their rings while it works, as by time)."""
+        lower busy (or waiting) guests run side by side on spans at the far end of the SMs, leaving
+        the higher one the part its weight (or guarantee) gives it among them all, in whole groups
+        (rounded up: an end between two groups would give the next one to the lower guests part of
+        each period), where no other guest's work is; it runs on the whole GPU, and its work finds
+        those SMs free at once (a lower guest's work, unlike under time, then goes on beside it:
+        sched_page.c).  The lower guests' spans are their parts of the rest by their weights, each
+        at least one group; none where the rest cannot give each one (then they wait in their rings
+        while it works, as by time)."""
         total = 16 * self.groups
-        start = max(16, int(round(total * self._targets(keys, [higher, *lower])[higher])))
+        start = 16 * max(1, math.ceil(self.groups * self._targets(keys, [higher, *lower])[higher] - 1e-9))
         rest, n = total - start, len(lower)
         if rest < 16 * n:
             return {}

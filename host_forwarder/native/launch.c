@@ -104,7 +104,9 @@ CUresult vh_launch_config_in(struct vh_chan *ch, uint32_t flags, struct vh_rd *r
 	cfg->blockDimY = dims[4];
 	cfg->blockDimZ = dims[5];
 	cfg->sharedMemBytes = dims[6];
-	for (uint64_t i = 0; i < n; i++) /* (sized for the whole GPU: its stream goes there, partition.h) */
+	/* a cooperative launch is sized for the whole GPU: its stream goes there (partition.h); a query
+	 * of a configuration (occupancy) puts no work anywhere and moves nothing */
+	for (uint64_t i = 0; i < n && ch->part_work; i++)
 		if (in[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && in[i].value.cooperative)
 			ch->part_home = 1;
 	cfg->hStream = vh_stream_in(ch, flags, sraw, &bad);

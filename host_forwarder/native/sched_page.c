@@ -457,16 +457,24 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 	}
 	/* a span the controller gives a guest while one of a higher priority is busy leaves the higher
 	 * one's part of the SMs free (share_control.py, the priority reserve): while that guest is
-	 * near, this one's work keeps to its span even between the higher one's requests, and is not
-	 * held in its ring, since it cannot be queued ahead of the higher one's on SMs it does not
-	 * have.  Off its span (not partitioned, a capture open) it waits in its ring as ever. */
-	uint32_t span = shared ? atomic_load(&g->sm_part) : 0;
+	 * near, this one's work keeps to its span even between the higher one's requests, and does
+	 * not wait in its ring while the higher one works (it is still held to --yield-depth), since
+	 * it cannot be queued ahead of the higher one's on SMs it does not have.  Off its span (not
+	 * partitioned, a capture open, a cooperative launch) it waits in its ring as ever.  Work is
+	 * held before its span goes, and let go after it comes, so that what passes the gate finds
+	 * the span the gate let it go for (a call already past the gate when the span changes goes
+	 * where the new one says). */
+	uint32_t span = shared ? sched_span_now(pg, atomic_load(&g->sm_part), now) : 0;
 	int apart = near && span && !off_span;
-	atomic_store(&s->higher, higher);
-	atomic_store(&s->yield, higher && !apart);
 	int alone = shared && !peers_at_work(s, now);
+	int yield = higher && !apart;
 	atomic_store(&s->alone, alone);
-	atomic_store(&s->part, shared && (!alone || apart) ? sched_span_now(pg, span, now) : 0);
+	if (yield)
+		atomic_store(&s->yield, 1);
+	atomic_store(&s->part, !alone || apart ? span : 0);
+	atomic_store(&s->higher, higher);
+	if (!yield)
+		atomic_store(&s->yield, 0);
 	if (shared)
 		return; /* no turns to hand over (one held when the policy changed waits for it to change back) */
 	if (owner != s->me) {

@@ -202,6 +202,7 @@ int vh_serve(struct vh_chan *ch)
 		}
 		ch->cur_op = hdr.op;
 		ch->cur_flags = hdr.flags;
+		ch->part_work = ch->part_home = 0; /* (set for this call's work alone, below and in launch.c) */
 		if ((r = set_device(ch, hdr.dev)) != CUDA_SUCCESS) {
 			/* no device, or its context does not fit the quota */
 		} else if (vh_op_gpu_work(hdr.op) && ch->cur_dev < 0 && !vh_op_gpu_stream(hdr.op)) {

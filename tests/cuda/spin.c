@@ -12,10 +12,12 @@
  * (ended at the end: "capture ok" or "capture broken"); with
  * "late-capture", async, and halfway one memset captured on that stream (a capture begun and ended
  * there, its graph destroyed); with "launch", a kernel launched by cuLaunchKernelEx on a stream of
- * its own instead of each memset, and with "coop" the same launch cooperative.  IDLE: seconds it then stays without putting work on the GPU before it
+ * its own instead of each memset, and with "coop" the same launch cooperative, and with "coop-query" the plain launch
+ * after a cuOccupancyMaxActiveClusters of the cooperative configuration on its stream (a query: nothing moves).
+ * IDLE: seconds it then stays without putting work on the GPU before it
  * exits (its output said first).
  *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|blocking-many|blocking-capture|late-capture|
- *    launch|coop] [IDLE] */
+ *    launch|coop|coop-query] [IDLE] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +53,8 @@ int main(int argc, char **argv)
 	int blocking = many || bcap || (argc > 3 && !strcmp(argv[3], "blocking"));
 	CUstream ten[10] = {NULL};
 	int late = argc > 3 && !strcmp(argv[3], "late-capture");
-	int coop = argc > 3 && !strcmp(argv[3], "coop"), launch = coop || (argc > 3 && !strcmp(argv[3], "launch"));
+	int coop = argc > 3 && !strcmp(argv[3], "coop"), query = argc > 3 && !strcmp(argv[3], "coop-query");
+	int launch = coop || query || (argc > 3 && !strcmp(argv[3], "launch"));
 	int async = capture || two || churn || blocking || late || launch || (argc > 3 && !strcmp(argv[3], "async"));
 	CUstream t = NULL;
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
@@ -93,7 +96,13 @@ int main(int argc, char **argv)
 			void *args[] = {&p, &p, &p, &n};
 			CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE, .value.cooperative = 1};
 			CUlaunchConfig cfg = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32, .blockDimY = 1,
-					      .blockDimZ = 1, .hStream = on, .attrs = &at, .numAttrs = coop ? 1 : 0};
+					      .blockDimZ = 1, .hStream = on, .attrs = &at, .numAttrs = coop || query ? 1 : 0};
+			int clusters = 0;
+			if (query && cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) != CUDA_SUCCESS) {
+				fprintf(stderr, "spin: cuOccupancyMaxActiveClusters failed\n");
+				return 1;
+			}
+			cfg.numAttrs = coop ? 1 : 0;
 			if (cuLaunchKernelEx(&cfg, fn, args, NULL) != CUDA_SUCCESS) {
 				fprintf(stderr, "spin: cuLaunchKernelEx failed\n");
 				return 1;

@@ -183,10 +183,11 @@ def test_the_legacy_stream_waits_for_every_blocking_stream_with_work_past_the_ei
     assert checked > 10, checked
 
 
-def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high", how="sync") -> tuple[int, int, list[int]]:
+def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high", how="sync") -> tuple[int, int, list[int], int]:
     """a (priority low) spins a second alone, then a second while b (b_prio) works, with a given the
     span [5, 16) that the share controller's priority reserve gives it: a's memsets (or launches,
-    by `how`) alone and beside b, and the SMs its memsets (launches) beside b ran on."""
+    by `how`) alone and beside b, the SMs its memsets (launches) beside b ran on, and its slot's
+    whole_ms then (its work off its span)."""
     a, b = tmp_path / "a", tmp_path / "b"
     la = tmp_path / "a.log"
     with (
@@ -202,8 +203,9 @@ def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high", how="sync") 
             n0 = len(_log(la))
             beside = _done(_spin(a, 1, how))
             sms = [int(x.split("=")[1]) for x in _log(la)[n0:] if x.startswith(("memset", "launch"))]
+            whole = next(m.whole_ms for m in pg.members() if m.guest == "a")
             assert _done(hi) > 0
-    return alone, beside, sms
+    return alone, beside, sms, whole
 
 
 def test_a_lower_guest_on_a_span_beside_a_higher_one_runs_there_and_is_not_held_in_its_ring(sched_dir, tmp_path):
@@ -212,16 +214,17 @@ def test_a_lower_guest_on_a_span_beside_a_higher_one_runs_there_and_is_not_held_
     waiting in its ring as it does with no span (test_sched_sim.py): about as fast as beside a
     guest of its own priority (on this 2-core host a busy simulated guest beside it takes most of
     the CPU either way)."""
-    alone, beside, sms = _beside_higher(sched_dir, tmp_path)
-    _, equal, _ = _beside_higher(sched_dir, tmp_path, b_prio="low")
+    alone, beside, sms, whole = _beside_higher(sched_dir, tmp_path)
+    _, equal, _, _ = _beside_higher(sched_dir, tmp_path, b_prio="low")
     assert beside > 0.5 * equal and beside > 0.05 * alone, (beside, equal, alone)
     assert sms and sms.count(92) >= 0.9 * len(sms), set(sms)
+    assert not whole, "a kept to its span: its slot must not say otherwise"
 
 
 def test_a_lower_guest_given_a_span_it_cannot_keep_to_still_waits_for_the_higher_one(sched_dir, tmp_path):
     """The same guest whose forwarder does not partition: its work would run on the whole GPU, so
     it waits in its ring while the higher one works, span or no span."""
-    alone, beside, sms = _beside_higher(sched_dir, tmp_path, part_a=())
+    alone, beside, sms, _ = _beside_higher(sched_dir, tmp_path, part_a=())
     assert beside < 0.05 * alone, (beside, alone)
     assert set(sms) <= {0}, set(sms)
 
@@ -230,12 +233,13 @@ def test_a_lower_guests_cooperative_launch_waits_for_the_higher_one_though_it_ha
     """A cooperative launch goes to the whole GPU, span or not, where the higher guest's work is:
     it waits in its ring while the higher one works, as a guest with no span does (else a lower
     guest could put its work beside the higher one's on every SM by asking for cooperative grids).
-    Each such launch also tells the gate its work is off its span for a while, which alone let 6%
-    of its launches through here (one each time that lapsed); none but the gaps of the higher
-    guest's calls now (0.5%)."""
-    alone, beside, sms = _beside_higher(sched_dir, tmp_path, how="coop")
+    Each such launch also says its work is off its span (its slot's whole_ms: the controller then
+    holds by time), which alone let 6% of its launches through here (one each time that lapsed);
+    with the gate's own check none but in the gaps of the higher guest's calls (0.5%)."""
+    alone, beside, sms, whole = _beside_higher(sched_dir, tmp_path, how="coop")
     assert beside < 0.02 * alone, (beside, alone)
     assert set(sms) <= {0}, set(sms)
+    assert whole, "a's cooperative launches went off its span: its slot must say so"
 
 
 def test_a_span_whose_green_context_does_not_fit_the_quota_is_refused_and_the_work_goes_on(sched_dir, tmp_path):
@@ -295,7 +299,13 @@ def test_a_cooperative_launch_goes_to_the_whole_gpu_though_a_span_is_given(sched
     (tmp_path / "coop").mkdir()
     (tmp_path / "plain").mkdir()
     spans = [(0, 80), (80, 256)]
+    (tmp_path / "query").mkdir()
     coop, _, _, _ = _side_by_side(sched_dir, tmp_path / "coop", spans, ("coop", "async"), (2.0, 3.0))
     plain, _, _, _ = _side_by_side(sched_dir, tmp_path / "plain", spans, ("launch", "async"), (2.0, 3.0))
     assert launches(coop) == {0}, launches(coop)
     assert 40 in launches(plain), launches(plain)
+    # a query of the cooperative configuration before each plain launch moves nothing, and the
+    # launch after it is no cooperative one (the query's mark used to stay for the next call)
+    queried, _, _, whole = _side_by_side(sched_dir, tmp_path / "query", spans, ("coop-query", "async"), (2.0, 3.0))
+    assert 40 in launches(queried) and launches(queried) <= {0, 40}, launches(queried)
+    assert not whole, "a kept to its span: its slot must not say otherwise"
