@@ -712,13 +712,20 @@ def test_under_the_sms_lever_a_guest_alone_gets_no_span():
     # one at work the whole GPU anyway; the page says so too)
     gpu = _pair(30, 70)
     gpu.groups = 16
-    ctl = ShareController(lever="sms")
-    gpu.run(ctl, 10)
-    assert gpu.spans["a"] != (0, 0)
-    gpu.busy["b"] = False
-    got = gpu.run(ctl, 3)
-    assert gpu.spans == {"a": (0, 0), "b": (0, 0)}, gpu.spans
+    got = _spans_lifted_when_idle(gpu, "a", "b", 10, 3)
     assert got["a"] > 0.95, got
+
+
+def _spans_lifted_when_idle(gpu: Gpu, stays: str, goes: str, first: float, then: float) -> dict[str, float]:
+    """Under the sms lever: `stays` has a span after `first` seconds; `goes` goes idle, and after
+    `then` more nobody has one; what `then` gave."""
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, first)
+    assert gpu.spans[stays] != (0, 0), gpu.spans
+    gpu.busy[goes] = False
+    got = gpu.run(ctl, then)
+    assert set(gpu.spans.values()) == {(0, 0)}, gpu.spans
+    return got
 
 
 def test_under_the_sms_lever_a_cap_still_holds_by_time():
@@ -1006,13 +1013,7 @@ def test_a_higher_guests_rate_beside_lower_guests_on_a_reserve_is_not_taken_for_
 
 
 def test_the_priority_reserve_goes_when_the_higher_guest_does():
-    gpu = _ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1})
-    ctl = ShareController(lever="sms")
-    gpu.run(ctl, 3)
-    assert gpu.spans["tr"] != (0, 0)
-    gpu.busy["hp"] = False
-    got = gpu.run(ctl, 2)
-    assert gpu.spans == {"hp": (0, 0), "tr": (0, 0)}, gpu.spans
+    got = _spans_lifted_when_idle(_ranked({"hp": 30, "tr": 70}, {"hp": 2, "tr": 1}), "tr", "hp", 3, 2)
     assert got["tr"] > 0.9, got
 
 
