@@ -176,7 +176,7 @@ bench-isolation: cuda-programs
 # tenants' throughput shares, priority and caps beside the no-sched and MPS references
 bench-sharing: cuda-programs
 	@mkdir -p $(BUILD)/bench
-	python3 bench/run_sharing.py | tee $(BUILD)/bench/sharing.txt
+	python3 bench/run_sharing.py --prio-reserve 30 | tee $(BUILD)/bench/sharing.txt
 
 # every GPU test program natively under the driver-call census (CENSUS_DIR: the census tool's
 # directory, built into build/census/): what each uses that vmgpu does not serve (CENSUS_ARGS: e.g. --strict)
