@@ -347,18 +347,12 @@ class ShareController:
         while it works, as by time)."""
         total = 16 * self.groups
         start = 16 * max(1, math.ceil(self.groups * self._targets(keys, [higher, *lower])[higher] - 1e-9))
-        rest, n = total - start, len(lower)
-        if rest < 16 * n:
+        if total - start < 16 * len(lower):
             return {}
+        lower = sorted(lower)
         parts = self._targets(keys, lower)
-        out, lo, cum = {}, start, 0.0
-        for i, k in enumerate(sorted(lower)):
-            cum += parts[k]
-            hi = total if i == n - 1 else start + int(round(cum * rest))
-            hi = max(lo + 16, min(hi, total - 16 * (n - 1 - i)))
-            out[k[0]] = (lo, hi)
-            lo = hi
-        return out
+        spans = side_by_side([parts[k] for k in lower], start, total)
+        return {k[0]: span for k, span in zip(lower, spans, strict=True)}
 
     def _spans(self, shared: list) -> dict[int, tuple[int, int]]:
         """Under the sms lever: the sharing guests' spans side by side in slot order, each its
@@ -368,14 +362,8 @@ class ShareController:
             return {}  # (fewer groups than guests: they share by time)
         opens = [self.guests[k].open for k in shared]
         free = shared[opens.index(max(opens))] if self.lever == "smsfree" else None
-        out, lo, cum = {}, 0, 0.0
-        for i, k in enumerate(shared):
-            cum += opens[i] / sum(opens)
-            # each end where its part says, but leaving each guest at least one whole group
-            hi = total if i == n - 1 else int(round(cum * total))
-            hi = max(lo + 16, min(hi, total - 16 * (n - 1 - i)))
-            out[k[0]] = (lo, hi) if k != free else (0, 0)
-            lo = hi
+        spans = side_by_side([x / sum(opens) for x in opens], 0, total)
+        out = {k[0]: span if k != free else (0, 0) for k, span in zip(shared, spans, strict=True)}
         if self.lever == "smsover":  # each reaching into its neighbours'
             m = int(round(OVERLAP * total))
             out = {slot: (max(0, a - m), min(total, b + m)) for slot, (a, b) in out.items()}
@@ -672,6 +660,20 @@ class ShareController:
             return 0
         x = max(0.0, (g.open - DEPTH_PART) / (1 - DEPTH_PART))
         return max(1, int(round(self.depth**x)))
+
+
+def side_by_side(parts: list[float], start: int, end: int) -> list[tuple[int, int]]:
+    """Spans [lo, hi) in sixteenths of a group, one after another from start to end, each the
+    given part (parts add up to 1) of that stretch: each end where its part says, but leaving each
+    at least one whole group."""
+    out, lo, cum, n = [], start, 0.0, len(parts)
+    for i, part in enumerate(parts):
+        cum += part
+        hi = end if i == n - 1 else start + int(round(cum * (end - start)))
+        hi = max(lo + 16, min(hi, end - 16 * (n - 1 - i)))
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 def seen_on(page, now: float | None = None) -> list[Seen]:

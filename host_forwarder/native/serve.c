@@ -242,7 +242,6 @@ int vh_serve(struct vh_chan *ch)
 				       op_name(hdr.op));
 			}
 			ch->gate_dev = -1;
-			ch->part_work = ch->part_home = 0;
 		} else if (vh_op_begins_capture(hdr.op)) {
 			/* the work queued so far is waited for first (the marks cover only what comes after,
 			 * and a drain while the capture begins waits by marks: a deep queue must not run on
