@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # ---- vmgpud ------------------------------------------------------------------------------
 SOCKET = "/run/vmgpu/vmgpud.sock"  # owner-only, in an owner-only directory (vmgpu/daemon.py)
 VMGPUD_CONF = "/etc/vmgpu/vmgpud.toml"  # vmgpud's configuration file (optional; `vmgpu daemon --config`)
+MPS_DIR = "/run/vmgpu/mps"  # vmgpud --mps: its MPS control daemon's pipes and logs (vmgpu/mps.py)
 LEDGER_DB = "/var/lib/vmgpu/ledger.db"  # its directory is the state directory: forwarders/ logs
 METRICS_PORT = 9400  # Prometheus on 127.0.0.1
 KINDS = ("vm", "container", "process")  # what an admitted guest is

@@ -168,6 +168,15 @@ class DaemonRunning(VmgpuError):
     exit_code = 15
 
 
+class MpsError(VmgpuError):
+    """The host's MPS control daemon (vmgpud --mps) could not be started: its program is missing,
+    or it exited; the message says which, and where its log is."""
+
+    code = "MPS"
+    exit_code = 17
+    grpc_status = "FAILED_PRECONDITION"
+
+
 BY_CODE = {cls.code: cls for cls in ALL}
 # the code table: code -> (exit status, gRPC status, help)
 CODES = {cls.code: cls.row() for cls in ALL}

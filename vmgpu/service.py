@@ -66,12 +66,15 @@ class Service:
     @classmethod
     def open(cls, ledger: Ledger, inventory, state_dir: Path, settings: HostSettings | None = None) -> Service:
         """The service of a starting vmgpud: the host's forwarder settings checked, the ledger's
-        GPUs synced with the inventory, the forwarders still running adopted (the dead ones
-        restarted, with the settings of now), their watch and the share controller started."""
+        GPUs synced with the inventory, its MPS control daemon running (--mps), the forwarders
+        still running adopted (the dead ones restarted, with the settings of now), their watch and
+        the share controller started."""
         settings = (settings or HostSettings()).check()
         ledger.sync_gpus(gpu.inventory(inventory))
         lock = threading.Lock()
         supervisor = Supervisor(ledger, lock, state_dir, settings=settings)
+        if supervisor.mps:
+            supervisor.mps.ensure()  # (vmgpud does not start with an MPS daemon it was told to run and cannot)
         with lock:
             supervisor.adopt()
         supervisor.watch()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tenacity
 
-from vmgpu import config, sched, share_control, shm, spec
+from vmgpu import config, mps, sched, share_control, shm, spec
 from vmgpu.errors import Conflict, ForwarderError, InvalidArgument, NotFound, UnsafePath, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
@@ -170,6 +170,9 @@ class HostSettings:
     # tenant (a container's VMGPU=, ALIYUN_COM_GPU_HIGH_PRIO, a domain's metadata), so the host
     # bounds what a tenant can ask for itself
     max_priority: str = "high"
+    # vmgpud's MPS control daemon's directory (vmgpu/mps.py), "" for none: the guests' processes of a
+    # GPU that is shared as they start become its clients and run side by side on spans of its SMs
+    mps_dir: str = ""
 
     def check(self) -> HostSettings:
         """Refuse settings out of range, or an OOM script that cannot be run safely."""
@@ -179,6 +182,8 @@ class HostSettings:
             raise InvalidArgument(f"ctx-reserve {self.ctx_reserve} is outside 0..{config.CTX_RESERVE_MAX} bytes")
         if self.peer_timeout_s:
             spec.peer_timeout(str(self.peer_timeout_s))
+        if self.mps_dir and not Path(self.mps_dir).is_absolute():
+            raise InvalidArgument(f"mps {self.mps_dir!r} is not an absolute path (e.g. {config.MPS_DIR})")
         if self.oom_script:
             oom_script_path(self.oom_scripts_dir, self.oom_script)
         return self
@@ -252,6 +257,8 @@ class Supervisor:
         self.policy = dict(policy or RESTART_POLICY)
         self.log = get_logger(component="supervisor")
         self._stop = threading.Event()
+        self.mps = mps.Mps(self.settings.mps_dir) if self.settings.mps_dir else None
+        self._mps_error = ""  # (the last restart failure logged)
 
     def start(self, guest: str, region: str, backend: str, size: str, wait: str = "futex") -> int:
         """Start guest's forwarder on its reserved GPUs, each with its reserved memory as quota.
@@ -285,6 +292,7 @@ class Supervisor:
                 "--priority", ",".join(s.priority for s in slices),
                 "--sched-id", ",".join(s.gpu_uuid for s in slices),
                 *settings_args(managed),
+                *(("--mps", str(self.mps.pipe), "--mps-when", "shared") if self.mps else ()),
             ),
         ).start()  # fmt: skip
         policies = self.ledger.policies()
@@ -418,6 +426,7 @@ class Supervisor:
                 with self.lock:
                     if self._stop.is_set():
                         return
+                    self._watch_mps()
                     try:
                         for guest, pid, region, backend, _size in self.ledger.forwarders():
                             if guest in self.restarts:
@@ -430,6 +439,22 @@ class Supervisor:
                         self.log.error("forwarder check failed", error=str(e))
 
         threading.Thread(target=loop, name="forwarder-watch", daemon=True).start()
+
+    def _watch_mps(self) -> None:
+        """Start the MPS control daemon again if it died (its clients' contexts went with its
+        server; the guests' processes started from now on are clients again).  A failure is
+        logged when it first comes and when it changes, and tried again at each look."""
+        if self.mps is None or self.mps.pid():
+            return
+        self.log.warning("mps control daemon restarting", reason="it was not running")
+        try:
+            self.mps.ensure()
+            self._mps_error = ""
+        except Exception as e:  # noqa: BLE001 - tried again at the next look
+            error = getattr(e, "message", str(e))
+            if error != self._mps_error:
+                self.log.error("mps control daemon restart failed", error=error)
+            self._mps_error = error
 
     def control_shares(self, every: float = share_control.PERIOD_STEP_S, look_every: float = 1.0) -> None:
         """Run the share controller (vmgpu/share_control.py) of each GPU whose policy is shared

@@ -76,12 +76,22 @@ struct vh_fwd {
 	int verbose;
 	char image_dir[256];      /* module images by content, shared by the workers (images.c) */
 	struct vh_sched sched[VG_MAX_DEVICES]; /* each GPU's compute scheduler (vh_sched.c) */
-	int sm_partitions;        /* under shared, a guest's work on the SMs its slot's span names (partition.c) */
+	int sm_partitions;        /* under shared, a guest's work on the SMs its slot's span names (partition.c);
+	                           * -1 (auto) until a worker knows whether it is an MPS client */
+	int mps;                  /* --mps: whose processes are MPS clients (VH_MPS_*) */
 	int sched_depth;          /* --sched-depth: a process's unfinished calls on a shared GPU (sched_depth.c) */
 	int yield_depth;          /* --yield-depth: the same, under shared, near a higher guest at work (0: none) */
 	int mps_priority;         /* --mps-priority: what each worker's MPS client priority is (VH_MPS_PRIO_*) */
 	int high_opt[VG_MAX_DEVICES]; /* --priority high on that GPU (auto, where no page says: --no-sched) */
 };
+
+/* --mps and --mps-when: no process is an MPS client, every one is, or one that starts while one of
+ * its GPUs' policy is shared (vh_mps_client) */
+enum { VH_MPS_NEVER, VH_MPS_ALWAYS, VH_MPS_SHARED };
+
+/* CUDA_MPS_PIPE_DIRECTORY of a process that is no MPS client: a name no one can make (nothing can be
+ * created in /proc), so no control daemon is found there, whoever started one where */
+#define VH_NO_MPS_DIR "/proc/vmgpu-no-mps"
 
 /* --mps-priority (without --mps: driver, nothing is set) */
 enum { VH_MPS_PRIO_DRIVER, VH_MPS_PRIO_AUTO, VH_MPS_PRIO_NORMAL, VH_MPS_PRIO_BELOW };

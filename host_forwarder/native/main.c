@@ -82,6 +82,10 @@ static void usage(FILE *f)
 		"                      directory is DIR (root's, writable by no one else): its kernels run\n"
 		"                      beside other clients' on the GPU (time them with the GPU's policy:\n"
 		"                      shared lets them run side by side, held to their shares)\n"
+		"  --mps-when WHEN     with --mps: which guest processes are its clients: always (default), or\n"
+		"                      shared: those that start while one of their GPUs' policy is shared\n"
+		"                      (the others keep a context of their own, out of reach of MPS's shared\n"
+		"                      fault domain)\n"
 		"  --mps-threads PCT   with --mps: at most PCT %% of the GPU's SMs (1..100, default 100)\n"
 		"  --sm-partitions MODE  under shared, while another guest of its priority or above is at\n"
 		"                      work, run the guest's work on the SMs the share controller gives it\n"
@@ -113,6 +117,7 @@ struct options {
 	struct sched_share share[VG_MAX_DEVICES];
 	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
 	int mps_priority; /* VH_MPS_PRIO_*, or -1: not given */
+	int mps_when;     /* VH_MPS_*, or -1: not given */
 	int sm_partitions; /* 1 on, 0 off, -1 auto (on with --mps) */
 	const char *mps_dir;
 	uint64_t create;
@@ -173,7 +178,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
-		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"sched-depth", 1, 0, 'Q'},
+		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"mps-when", 1, 0, 'H'}, {"sched-depth", 1, 0, 'Q'},
 		{"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {0, 0, 0, 0},
 	};
 	int c;
@@ -253,6 +258,11 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			if (o->mps_priority < 0)
 				return vh_die("--mps-priority: '%s' is not auto, normal, below or driver", optarg);
 			break;
+		case 'H':
+			o->mps_when = !strcmp(optarg, "always") ? VH_MPS_ALWAYS : !strcmp(optarg, "shared") ? VH_MPS_SHARED : -1;
+			if (o->mps_when < 0)
+				return vh_die("--mps-when: '%s' is not always or shared", optarg);
+			break;
 		case 'T':
 			if (vh_parse_size(optarg, &v) || v < 1 || v > 100)
 				return vh_die("--mps-threads: '%s' is not a percentage in 1..100", optarg);
@@ -294,12 +304,15 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 static int use_mps(struct options *o)
 {
 	if (!o->mps_dir) {
-		if (o->mps_threads || o->mps_priority >= 0)
-			return vh_die("%s needs --mps DIR", o->mps_threads ? "--mps-threads" : "--mps-priority");
+		if (o->mps_threads || o->mps_priority >= 0 || o->mps_when >= 0)
+			return vh_die("%s needs --mps DIR", o->mps_threads ? "--mps-threads"
+							   : o->mps_when >= 0 ? "--mps-when"
+									      : "--mps-priority");
+		/* no MPS: the driver would otherwise look for a control daemon in /tmp/nvidia-mps, a
+		 * directory any local user can make, and have every guest process served by it */
+		setenv("CUDA_MPS_PIPE_DIRECTORY", VH_NO_MPS_DIR, 1);
 		return 0;
 	}
-	if (BK.simulated)
-		return vh_die("--mps needs the cuda backend");
 	struct stat st;
 	if (lstat(o->mps_dir, &st) != 0)
 		return vh_die("--mps: %s: %s", o->mps_dir, strerror(errno));
@@ -314,6 +327,9 @@ static int use_mps(struct options *o)
 	for (int d = 0; d < VG_MAX_DEVICES; d++)
 		F.high_opt[d] = o->share[d].priority == VMGPU_SCHED_PRIO_HIGH;
 	F.mps_priority = o->mps_priority >= 0 ? o->mps_priority : VH_MPS_PRIO_AUTO; /* (set by each worker: vh_worker) */
+	F.mps = o->mps_when >= 0 ? o->mps_when : VH_MPS_ALWAYS; /* (each worker decides: vh_mps_client) */
+	if (BK.simulated)
+		vh_log("--mps: the simulated backend opens no MPS client: its workers only act as clients would");
 	return 0;
 }
 
@@ -403,7 +419,7 @@ static int map_shared_rows(uint32_t nchannels)
 int main(int argc, char **argv)
 {
 	struct options o = {.backend = "cuda", .gpus = "0", .sched_dir = getenv("VMGPU_SCHED_DIR"), .mps_priority = -1,
-			  .sm_partitions = -1};
+			  .mps_when = -1, .sm_partitions = -1};
 	for (int i = 0; i < VG_MAX_DEVICES; i++)
 		o.share[i] = (struct sched_share){.weight = 100, .priority = VMGPU_SCHED_PRIO_NORMAL};
 	vmgpu_shm_params_default(&o.params);
@@ -424,8 +440,9 @@ int main(int argc, char **argv)
 		return vh_die("unknown backend '%s' (cuda or sim)", o.backend);
 	if (use_mps(&o) || vh_devices_probe(o.gpus, o.mems, o.allow_pageable) || map_stats(o.stats_path))
 		return 1;
-	/* (without MPS, different processes' partitions take turns on the GPU: nothing is gained) */
-	F.sm_partitions = o.sm_partitions >= 0 ? o.sm_partitions : o.mps_dir != NULL;
+	/* (without MPS, different processes' partitions take turns on the GPU: nothing is gained; under
+	 * auto each worker partitions if it is an MPS client: vh_worker) */
+	F.sm_partitions = o.sm_partitions;
 
 	int fd = vh_region_open(o.region, o.create); /* never through a link, never someone else's file */
 	if (fd < 0)

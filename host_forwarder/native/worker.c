@@ -85,6 +85,21 @@ static void *sched_thread(void *arg)
 	return NULL;
 }
 
+/* Whether this worker's guest process is an MPS client (--mps): always, or under --mps-when shared
+ * if one of its GPUs' policy is shared as it starts.  A process that is not one keeps a context of
+ * its own, outside the MPS server's fault domain; a policy changed to shared later reaches the guest's
+ * processes started after it (until then the share controller holds this one by time: it follows no
+ * span, partition.h). */
+static int mps_client(void)
+{
+	if (F.mps != VH_MPS_SHARED)
+		return F.mps == VH_MPS_ALWAYS;
+	for (int d = 0; d < F.ndev; d++)
+		if (F.sched[d].pg && atomic_load(&F.sched[d].pg->policy) == VMGPU_SCHED_SHARED)
+			return 1;
+	return 0;
+}
+
 /* In a worker: open the driver, serve one channel, free what the guest process held. */
 int vh_worker(uint32_t idx, pid_t supervisor)
 {
@@ -100,14 +115,21 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 		return 3;
 	}
 	const struct vh_backend *B = &BK;
-	if (F.mps_priority == VH_MPS_PRIO_AUTO) {
+	int client = mps_client();
+	if (F.mps && !client) {
+		setenv("CUDA_MPS_PIPE_DIRECTORY", VH_NO_MPS_DIR, 1);
+		vh_log("channel %u: not an MPS client: none of its GPUs is shared as it starts (--mps-when shared)", idx);
+	}
+	if (F.sm_partitions < 0) /* (auto: only an MPS client's partitions run beside other processes' work) */
+		F.sm_partitions = client;
+	if (client && F.mps_priority == VH_MPS_PRIO_AUTO) {
 		/* an MPS client's priority is read as it opens the driver: its guest's now (a change
 		 * later reaches the guest's processes started after it) */
 		struct vmgpu_sched_slot *slots[VG_MAX_DEVICES];
 		for (int d = 0; d < F.ndev; d++)
 			slots[d] = F.sched[d].pg ? &F.sched[d].pg->slot[F.sched[d].me] : NULL;
 		setenv("CUDA_MPS_CLIENT_PRIORITY", sched_mps_client_priority(slots, F.high_opt, F.ndev), 1);
-	} else if (F.mps_priority != VH_MPS_PRIO_DRIVER) {
+	} else if (client && F.mps_priority != VH_MPS_PRIO_DRIVER) {
 		setenv("CUDA_MPS_CLIENT_PRIORITY", F.mps_priority == VH_MPS_PRIO_NORMAL ? "0" : "1", 1);
 	}
 	if (B->cuInit(0) != CUDA_SUCCESS)

@@ -537,7 +537,10 @@ def test_vmgpu_daemon_takes_its_settings_from_its_file_the_environment_and_the_c
     seen = {}
     monkeypatch.setattr("vmgpu.daemon.run", lambda *a: seen.update(args=a))
     conf = tmp_path / "vmgpud.toml"
-    conf.write_text('oom-scripts-dir = "/srv/oom"\noom_script = "notify"\nctx-reserve = "600M"\npeer-timeout = 9\n')
+    conf.write_text(
+        'oom-scripts-dir = "/srv/oom"\noom_script = "notify"\nctx-reserve = "600M"\npeer-timeout = 9\n'
+        'mps = "/run/vmgpu/mps"\nmax-priority = "normal"\n'
+    )
     run = CliRunner(mix_stderr=False).invoke
     r = run(cli, ["daemon", "--config", str(conf)])
     assert r.exit_code == 0, r.output + r.stderr
@@ -548,6 +551,7 @@ def test_vmgpu_daemon_takes_its_settings_from_its_file_the_environment_and_the_c
         600 << 20,
         9,
     )
+    assert (settings.mps_dir, settings.max_priority) == ("/run/vmgpu/mps", "normal")
     r = run(cli, ["daemon", "--config", str(conf), "--peer-timeout", "20"], env={"VMGPU_CTX_RESERVE": "0"})
     assert r.exit_code == 0 and (seen["args"][-1].peer_timeout_s, seen["args"][-1].ctx_reserve) == (20, 0)
     conf.write_text('oom-script = "notify"\nexec = "/bin/sh"\n')

@@ -74,6 +74,7 @@ def test_the_code_table_has_one_row_per_error_with_an_exit_code_a_grpc_status_an
         "CONFLICT": "ALREADY_EXISTS",
         "GPU": "FAILED_PRECONDITION",
         "SCHEDULER": "FAILED_PRECONDITION",
+        "MPS": "FAILED_PRECONDITION",
     }
     assert {c: r.grpc_status for c, r in errors.CODES.items() if r.grpc_status != "INTERNAL"} == want
 

@@ -20,8 +20,10 @@ FILE_KEYS = (
     "oom-script",
     "ctx-reserve",
     "peer-timeout",
+    "max-priority",
+    "mps",
 )
-_PARAMS = {"socket": "socket_path", "db": "db_path"}  # key -> click parameter, where they differ
+_PARAMS = {"socket": "socket_path", "db": "db_path", "mps": "mps_dir"}  # key -> click parameter, where they differ
 
 
 def _config_file(ctx, param, value):
@@ -144,8 +146,29 @@ def _peer_timeout(ctx, param, value):
     "ALIYUN_COM_GPU_HIGH_PRIO, ONLINE) is refused at admission, and so is `vmgpu priority` above it "
     "(a tenant writes its own share spec).  [env: VMGPU_MAX_PRIORITY]",
 )
+@click.option(
+    "--mps",
+    "mps_dir",
+    metavar="DIR",
+    envvar="VMGPU_MPS",
+    default="",
+    help="Run an MPS control daemon with its pipes and logs in DIR (made root's, 0700; e.g. "
+    f"{config.MPS_DIR}) and make a guest's processes its clients when they start while one of their GPUs' "
+    "policy is shared, so that those guests run side by side on spans of the SMs; the others keep "
+    "contexts of their own.  The daemon outlives vmgpud, as the forwarders do, and is started again if "
+    "it dies.  Default: none (guests of a shared GPU are then held by time).  [env: VMGPU_MPS]",
+)
 def daemon(
-    socket_path, db_path, inventory, metrics_port, oom_scripts_dir, oom_script, ctx_reserve, peer_timeout, max_priority
+    socket_path,
+    db_path,
+    inventory,
+    metrics_port,
+    oom_scripts_dir,
+    oom_script,
+    ctx_reserve,
+    peer_timeout,
+    max_priority,
+    mps_dir,
 ):
     """Run vmgpud in the foreground: the ledger, on a unix socket (JSON logs on stderr)."""
     from vmgpu import daemon as vmgpud
@@ -153,7 +176,7 @@ def daemon(
     from vmgpu.supervisor import HostSettings
 
     configure(json=True)
-    settings = HostSettings(oom_scripts_dir, oom_script, ctx_reserve, peer_timeout, max_priority)
+    settings = HostSettings(oom_scripts_dir, oom_script, ctx_reserve, peer_timeout, max_priority, mps_dir)
     vmgpud.run(socket_path, db_path, inventory, None if metrics_port < 0 else metrics_port, settings)
 
 

@@ -1,0 +1,168 @@
+"""vmgpud's MPS control daemon (vmgpu/mps.py, `vmgpu daemon --mps DIR`), with a stand-in for
+nvidia-cuda-mps-control on PATH (this machine has no GPU): its directories made root's and reachable
+by no one else, or refused; one daemon started and kept, started again if it dies; a pid file that
+names another process not taken for it; and vmgpud's forwarders told to make a guest process an MPS
+client only while its GPU is shared.  The real daemon on a GPU: tests/gpu/test_partition_gpu.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.forwarder import NATIVE, guest_env, stop_server, wait_for
+from vmgpu.errors import MpsError, UnsafePath
+from vmgpu.mps import PID_FILE, Mps
+
+# a stand-in for the control program: `-d` leaves a daemon behind (stdio closed, its pid in the pipe
+# directory) that notes its start and its pipe directory in the log directory and then waits
+FAKE = f"""#!{sys.executable}
+import os, sys, time
+pipe, logs = os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"]
+if sys.argv[1:] != ["-d"] or os.environ.get("FAKE_MPS_FAIL"):
+    print("cannot start: no GPU here", file=sys.stderr)
+    sys.exit(1)
+if os.fork():
+    sys.exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+fd = os.open(os.devnull, os.O_RDWR)
+for i in (0, 1, 2):
+    os.dup2(fd, i)
+with open(os.path.join(logs, "control.log"), "a") as f:
+    f.write("started " + pipe + "\\n")
+with open(os.path.join(pipe, "{PID_FILE}"), "w") as f:
+    f.write(str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.fixture
+def control(tmp_path, monkeypatch):
+    """The stand-in on PATH; every daemon it left is killed at the end."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    prog = bin_dir / "nvidia-cuda-mps-control"
+    prog.write_text(FAKE)
+    prog.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    started: list[Mps] = []
+    yield started
+    for m in started:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((m.pipe / PID_FILE).read_text()), signal.SIGKILL)
+
+
+def _starts(m: Mps) -> int:
+    log = m.logs / "control.log"
+    return sum(line.startswith("started ") for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_the_daemon_is_started_once_in_directories_only_root_can_reach_and_again_once_it_dies(tmp_path, control):
+    m = Mps(tmp_path / "mps")
+    control.append(m)
+    pid = m.ensure()
+    assert pid == m.pid() and _starts(m) == 1
+    assert (m.logs / "control.log").read_text() == f"started {m.pipe}\n"
+    for d in (m.dir, m.pipe, m.logs):
+        st = os.lstat(d)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    assert m.ensure() == pid and _starts(m) == 1  # (running: kept, not started again)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: m.pid() is None, timeout=5)
+    again = m.ensure()
+    assert again != pid and _starts(m) == 2
+
+
+def test_a_pid_file_naming_another_process_or_garbage_is_not_a_running_daemon(tmp_path, control):
+    m = Mps(tmp_path / "mps")
+    m.prepare()
+    (m.pipe / PID_FILE).write_text(str(os.getpid()))  # (this test's process: not the control program)
+    assert m.pid() is None
+    (m.pipe / PID_FILE).write_text("12ab\n")
+    assert m.pid() is None
+    control.append(m)
+    assert m.ensure() and _starts(m) == 1  # (so one is started)
+
+
+@pytest.mark.parametrize("case", ["open", "link", "file"])
+def test_an_mps_directory_others_could_reach_or_a_link_or_a_file_is_refused(tmp_path, case):
+    d = tmp_path / "mps"
+    if case == "open":
+        d.mkdir(mode=0o700)
+        d.chmod(0o755)  # (others could reach the control pipe and stop the daemon)
+    elif case == "link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "elsewhere")
+    else:
+        d.write_text("")
+    with pytest.raises(UnsafePath, match="0755|not a directory"):
+        Mps(d).prepare()
+    assert not (tmp_path / "elsewhere" / "pipe").exists()
+
+
+def test_no_control_program_or_one_that_fails_is_one_clear_error(tmp_path, control, monkeypatch):
+    m = Mps(tmp_path / "mps")
+    monkeypatch.setenv("FAKE_MPS_FAIL", "1")
+    with pytest.raises(MpsError, match=r"did not start \(.*-d exited 1: cannot start: no GPU here\)"):
+        m.ensure()
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(MpsError, match="nvidia-cuda-mps-control is not on PATH"):
+        m.ensure()
+
+
+def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_and_restarts_it(tmp_path, control):
+    """vmgpud --mps on the simulated backend: the daemon runs as vmgpud starts; a guest's forwarder
+    is started with --mps and --mps-when shared, so its process started under weighted is no
+    client and one started under shared is; the daemon killed is started again by the watch, and
+    it outlives vmgpud."""
+    from vmgpu.client import Client
+    from vmgpu.daemon import serve
+    from vmgpu.supervisor import HostSettings
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text('[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-00000000000a"\nname = "t"\nmemory = "8G"\n')
+    sock, db, region = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db", tmp_path / "region"
+    m = Mps(tmp_path / "mps")
+    control.append(m)
+    server, ledger = serve(sock, db, inv, settings=HostSettings(mps_dir=str(m.dir)))
+    c = Client(str(sock))
+    try:
+        first = m.pid()
+        assert first and _starts(m) == 1
+        c.admit("g", "process", "gpu=0,mem=1G")
+        pid = c.start_forwarder("g", str(region), "sim", "256M")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        i = argv.index(b"--mps")
+        assert argv[i + 1 : i + 4] == [str(m.pipe).encode(), b"--mps-when", b"shared"], argv
+        log = tmp_path / "lib" / "forwarders" / "g.log"
+
+        def spin():
+            p = subprocess.run(
+                [str(NATIVE / "spin"), "0.2", "1", "async"], env=guest_env(region), capture_output=True, timeout=60
+            )
+            assert p.returncode == 0, p.stdout + p.stderr
+
+        spin()
+        assert wait_for(lambda: "not an MPS client" in log.read_text(), timeout=10), log.read_text()
+        c.set_policy("0", "shared")
+        spin()
+        time.sleep(0.3)
+        assert log.read_text().count("not an MPS client") == 1, log.read_text()
+
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: m.pid() not in (None, first), timeout=10), "the watch starts it again"
+        assert _starts(m) == 2
+    finally:
+        c.close()
+        stop_server(server, ledger)
+    assert m.pid(), "the daemon outlives vmgpud (its clients are the running guests' processes)"
