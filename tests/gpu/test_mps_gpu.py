@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,12 +112,10 @@ def test_no_mps_daemon_another_user_started_in_the_drivers_default_directory_ser
     A forwarder without --mps names a pipe directory no one can make, so its guest's work runs in
     a context of its own and that daemon hears from nobody; a root CUDA program that names none
     reaches it (what the forwarder is kept from)."""
-    logs = tmp_path / "nobody-log"
-    logs.mkdir()
+    logs = Path(tempfile.mkdtemp(prefix="vmgpu-test-mps-log-"))  # (in /tmp: nobody reaches it)
     DEFAULT_PIPE.mkdir(mode=0o700)
     for d in (DEFAULT_PIPE, logs):
         os.chown(d, NOBODY, NOBODY)
-    tmp_path.chmod(0o755)
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(DEFAULT_PIPE), "CUDA_MPS_LOG_DIRECTORY": str(logs)}
     as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     try:
@@ -145,3 +144,4 @@ def test_no_mps_daemon_another_user_started_in_the_drivers_default_directory_ser
     finally:
         subprocess.run(["sh", "-c", f"echo quit | {CONTROL}"], env=env, timeout=20, check=False)
         shutil.rmtree(DEFAULT_PIPE, ignore_errors=True)
+        shutil.rmtree(logs, ignore_errors=True)
