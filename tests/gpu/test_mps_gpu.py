@@ -69,8 +69,8 @@ def test_vmgpud_with_mps_serves_the_guests_of_a_shared_gpu_as_its_daemons_client
             pids[g] = c.start_forwarder(g, str(tmp_path / g), "cuda", "256M")
         c.set_policy("0", "shared")
         procs = [_spin(tmp_path / "a", "20"), _spin(tmp_path / "b", "20")]
-        page = wait_for(lambda: next(sched_dir.glob("vmgpu-sched-*"), None), timeout=30)
-        with Page(page) as pg:
+        assert wait_for(lambda: list(sched_dir.glob("vmgpu-sched-*")), timeout=30)
+        with Page(next(sched_dir.glob("vmgpu-sched-*"))) as pg:
             assert wait_for(lambda: pg.sm_groups > 4, timeout=30), "no SM groups published"
 
             def spans() -> dict:
@@ -136,10 +136,15 @@ def test_no_mps_daemon_another_user_started_in_the_drivers_default_directory_ser
         assert "NEW CLIENT" not in heard.upper(), heard
         # the same program natively, as root, naming no pipe directory: the driver goes to that daemon
         native_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS")}
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run([str(NATIVE / "spin"), "0.5", "1", "async"], env=native_env, capture_output=True, timeout=30)
+        try:
+            p = subprocess.run(
+                [str(NATIVE / "spin"), "0.5", "1", "async"], env=native_env, capture_output=True, timeout=30
+            )
+            native = f"exit {p.returncode}: {(p.stdout + p.stderr).decode(errors='replace').strip()[:300]}"
+        except subprocess.TimeoutExpired:
+            native = "still waiting after 30 s"
         heard = control_log.read_text() if control_log.exists() else ""
-        print("nobody's control daemon's log after a native root program:\n" + heard)
+        print(f"the native root program: {native}; nobody's control daemon's log:\n{heard}")
         assert "NEW CLIENT" in heard.upper(), "the check cannot fail: the driver did not look in the default directory"
     finally:
         subprocess.run(["sh", "-c", f"echo quit | {CONTROL}"], env=env, timeout=20, check=False)
