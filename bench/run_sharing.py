@@ -71,6 +71,7 @@ TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
+MPS_REFS: list[tuple[int, int]] = [(30, 70)]  # the native MPS references of the shared rows: light/heavy (--mps-refs)
 SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
 YIELD_DEPTHS: list[int] = []  # the sharedprio scenario again with the forwarders' --yield-depth at each
 CLIENT_PRIO_OFF = [True]  # the sharedprio scenario also without the forwarders' MPS client priorities
@@ -443,14 +444,10 @@ def nosched_pair(g: Guests, run: Run) -> float:
     return n1["img_per_s"] + n2["img_per_s"]
 
 
-def native_mps_pair(run: Run, env: dict) -> list[dict]:
-    """The two trainers natively under MPS (env: mps_start's) at 30/70 active-thread percentages."""
-    return run.together(
-        [
-            (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}),
-            (TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}),
-        ]
-    )
+def native_mps_pair(run: Run, env: dict, split: tuple[int, int] = (30, 70)) -> list[dict]:
+    """The two trainers natively under MPS (env: mps_start's) at `split` active-thread percentages
+    (light / heavy; by default the weights, 30/70)."""
+    return run.together([(TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}) for pct in split])
 
 
 def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_solo: float, tmp: Path, mps: bool) -> str:
@@ -462,20 +459,23 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
     nosched = nosched_pair(g, run) / solo
     text = f", no-sched {nosched:.2f}"
     env = mps_start(tmp) if mps else None
-    mps_total = None
+    mps_totals = {}  # (light, heavy) -> the pair's total, of one alone natively
     if env:
         try:
-            m30, m70 = native_mps_pair(run, env)
+            for split in MPS_REFS:
+                light, heavy = native_mps_pair(run, env, split)
+                rates = [light["img_per_s"], heavy["img_per_s"]]
+                pair_row(rows, f"MPS {split[0]}/{split[1]} (native)", rates, native_solo)
+                mps_totals[split] = sum(rates) / native_solo
+                text += f", MPS {split[0]}/{split[1]} (native) {mps_totals[split]:.2f}"
         finally:
             mps_stop(env)
-        pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
-        mps_total = (m30["img_per_s"] + m70["img_per_s"]) / native_solo
-        text += f", MPS (native) {mps_total:.2f}"
     for key in [k.removeprefix("shared_total") for k in list(summary) if k.startswith("shared_total")]:
         if f"shared_total{key}" in summary:
             summary[f"aggregate_shared_vs_nosched{key}"] = summary[f"shared_total{key}"] / nosched
-            if mps_total:
-                summary[f"aggregate_shared_vs_mps{key}"] = summary[f"shared_total{key}"] / mps_total
+            for (lo, hi), total in mps_totals.items():  # (at the weights: the name the summary always had)
+                at = "" if (lo, hi) == (30, 70) else f"_at{lo}"
+                summary[f"aggregate_shared_vs_mps{at}{key}"] = summary[f"shared_total{key}"] / total
     return text
 
 
@@ -773,6 +773,12 @@ def main() -> int:
         "--prio-runs", type=int, default=1, help="run the sharedprio scenario this many times each way (default 1)"
     )
     ap.add_argument(
+        "--mps-refs",
+        default="30/70",
+        help="the shared rows' native MPS references, LIGHT/HEAVY active-thread percentages, comma-separated "
+        "(default 30/70, the weights; a split whose parts come out at 30/70 compares equal delivered shares)",
+    )
+    ap.add_argument(
         "--shared-threads",
         default="",
         help="LIGHT/HEAVY,...: the shared pair on MPS again (time lever) with the light and heavy guests' MPS "
@@ -810,13 +816,16 @@ def main() -> int:
     try:
         YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
         SHARED_THREADS[:] = [tuple(int(x) for x in t.split("/")) for t in a.shared_threads.split(",") if t]
+        MPS_REFS[:] = list(dict.fromkeys(tuple(int(x) for x in t.split("/")) for t in a.mps_refs.split(",") if t))
         PRIO_RESERVE[:] = [int(w) for w in a.prio_reserve.split(",") if w]
     except ValueError as e:
-        ap.error(f"--yield-depths, --shared-threads or --prio-reserve: {e}")
+        ap.error(f"--yield-depths, --shared-threads, --mps-refs or --prio-reserve: {e}")
     if not all(1 <= y <= 1024 for y in YIELD_DEPTHS):
         ap.error("--yield-depths: each in 1..1024")
     if not all(1 <= w <= 99 for w in PRIO_RESERVE):
         ap.error("--prio-reserve: each weight in 1..99")
+    if not MPS_REFS or not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in MPS_REFS):
+        ap.error("--mps-refs: LIGHT/HEAVY percentages in 1..100, comma-separated")
     if not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in SHARED_THREADS):
         ap.error("--shared-threads: LIGHT/HEAVY percentages in 1..100, comma-separated")
     if len({t[0] for t in SHARED_THREADS}) != len(SHARED_THREADS):
@@ -892,7 +901,7 @@ def main() -> int:
             mps = mps_start(tmp) if "mps" not in skip else None
             if mps:
                 try:
-                    m30, m70 = native_mps_pair(run, mps)
+                    m30, m70 = native_mps_pair(run, mps)  # (at the weights)
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
                     envs = [
                         (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),

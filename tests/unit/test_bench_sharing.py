@@ -86,3 +86,30 @@ def test_converge_weighs_progress_by_the_rates_alone_known_at_the_windows_end_no
     samples = _samples({"a": lambda t: 200, "b": lambda t: 800}, 10, 0.01)
     assert run_sharing.converge_parts(samples, 5.0, 9.8, "a", "b", run_sharing.alone_at(seen, 9.8), 20) < 1
     assert run_sharing.converge_parts(samples, 5.0, 9.8, "a", "b", seen[-1][1], 20) == math.inf
+
+
+def test_the_shared_rows_are_compared_with_each_native_mps_split_named_by_its_light_part(monkeypatch):
+    """--mps-refs 30/70,22/78: each split's native pair is a row, and the shared totals are
+    compared with each (the weights' split under the summary's old name, another under _atLIGHT)."""
+    rates = {(30, 70): (500.0, 900.0), (22, 78): (400.0, 1000.0)}  # img/s, light and heavy
+    monkeypatch.setattr(run_sharing, "MPS_REFS", [(30, 70), (22, 78)])
+    monkeypatch.setattr(run_sharing, "nosched_pair", lambda g, run: 1200.0)
+    monkeypatch.setattr(run_sharing, "mps_start", lambda tmp: {"CUDA_MPS_PIPE_DIRECTORY": "/x"})
+    monkeypatch.setattr(run_sharing, "mps_stop", lambda env: None)
+    seen = []
+    monkeypatch.setattr(
+        run_sharing,
+        "native_mps_pair",
+        lambda run, env, split: seen.append(split) or [{"img_per_s": r} for r in rates[split]],
+    )
+    rows, summary = [], {"shared_total": 1.26}
+    text = run_sharing.shared_references(None, None, rows, summary, 1000.0, 1000.0, Path("/tmp"), True)
+    assert seen == [(30, 70), (22, 78)]
+    assert [r[0] for r in rows] == [
+        "MPS 30/70 (native): shares (normalised)",
+        "MPS 22/78 (native): shares (normalised)",
+    ]
+    assert text == ", no-sched 1.20, MPS 30/70 (native) 1.40, MPS 22/78 (native) 1.40"
+    assert math.isclose(summary["aggregate_shared_vs_mps"], 1.26 / 1.4)
+    assert math.isclose(summary["aggregate_shared_vs_mps_at22"], 1.26 / 1.4)
+    assert math.isclose(summary["aggregate_shared_vs_nosched"], 1.26 / 1.2)
