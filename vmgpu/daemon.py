@@ -110,6 +110,8 @@ class Servicer(pb_grpc.VmgpudServicer):
                 oom_script=st.settings.oom_script,
                 ctx_reserve_bytes=-1 if st.settings.ctx_reserve is None else st.settings.ctx_reserve,
                 peer_timeout_s=st.settings.peer_timeout_s,
+                mps_dir=st.settings.mps_dir,
+                mps_pid=st.mps_pid,
             ),
         )
 

@@ -103,6 +103,17 @@ def _daemon(socket_path: str) -> list[Check]:
         )
     else:
         checks.append(Check("vmgpud socket", "ok", "owner only"))
+    if st.settings.mps_dir:
+        checks.append(
+            Check("MPS control daemon", "ok", f"pid {st.settings.mps_pid} in {st.settings.mps_dir}")
+            if st.settings.mps_pid
+            else Check(
+                "MPS control daemon",
+                "fail",
+                f"vmgpud --mps {st.settings.mps_dir}: not running (guests of a shared GPU take turns by time)",
+                "see vmgpud's log (it tries to start it every second) and the daemon's logs in DIR/log",
+            )
+        )
     return checks
 
 

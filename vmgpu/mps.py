@@ -12,6 +12,9 @@ could put a pipe there would be served every call of the guests'.
 vmgpud starts the daemon if none runs there, keeps one that does (vmgpud stopping leaves it running,
 as it leaves the forwarders: their guests' processes are its clients), and starts it again if it
 dies (Supervisor.watch).  The daemon writes its pid to DIR/pipe/nvidia-cuda-mps-control.pid.
+The guest processes that start after it is back are its clients; what becomes of the running
+clients of a daemon that died was not measured.  To stop it (a driver upgrade): `echo quit |
+CUDA_MPS_PIPE_DIRECTORY=DIR/pipe nvidia-cuda-mps-control` with vmgpud stopped.
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ class Mps:
         return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.logs)}
 
     def prepare(self) -> None:
-        """Make the directories (root's, 0700), or refuse ones someone else could reach."""
+        """Make the directories (root's, 0700), or refuse ones someone else could reach or swap."""
+        if not self.dir.is_absolute():
+            raise UnsafePath(f"the MPS directory {self.dir} is not an absolute path")
+        files.check_path_above(self.dir, "the MPS directory")
         for d in (self.dir, self.pipe, self.logs):
             files.private_dir(d)
             mode = stat.S_IMODE(os.lstat(d).st_mode)
@@ -55,15 +61,17 @@ class Mps:
                 )
 
     def pid(self) -> int | None:
-        """The running daemon's pid, or None: the pid its file names, if that process is the
-        control program (a pid reused by another process is not it)."""
+        """The running daemon's pid, or None: the pid its file names, if that process is ours (root's:
+        another user's cannot pass for it) and was started with this pipe directory (a stale file
+        naming a pid reused by another process, or another daemon's, does not pass)."""
         try:
             pid = int((self.pipe / PID_FILE).read_text().strip() or 0)
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if pid <= 0 or os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+                return None
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             return None
-        # (its own argv[0], or a script's path after its interpreter)
-        return pid if pid > 0 and any(os.path.basename(a) == CONTROL.encode() for a in argv[:2]) else None
+        return pid if f"CUDA_MPS_PIPE_DIRECTORY={self.pipe}".encode() in env else None
 
     def ensure(self) -> int:
         """The daemon's pid, started first if none runs (the directories checked each time)."""

@@ -154,6 +154,8 @@ def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = No
             "oom_script": reply.settings.oom_script,
             "ctx_reserve_bytes": None if reply.settings.ctx_reserve_bytes < 0 else reply.settings.ctx_reserve_bytes,
             "peer_timeout_s": reply.settings.peer_timeout_s or None,
+            "mps_dir": reply.settings.mps_dir or None,
+            "mps_pid": reply.settings.mps_pid or None,
         },
     }
 

@@ -48,6 +48,7 @@ class Status:
     slices: list[Reservation]
     forwarders: list[ForwarderStatus]
     settings: HostSettings = field(default_factory=HostSettings)
+    mps_pid: int = 0  # vmgpud --mps: its MPS control daemon's pid now (0: none, or not running)
 
 
 def _one_of(what: str, value: str, allowed: tuple[str, ...], words: str) -> str:
@@ -176,6 +177,7 @@ class Service:
             slices,
             [self._forwarder(g, pid, region, b, managed[g]) for g, pid, region, b, _ in fwds],
             self.supervisor.settings,
+            (self.supervisor.mps.pid() or 0) if self.supervisor.mps else 0,
         )
 
     def _forwarder(self, guest: str, pid: int, region: str, backend: str, managed: dict) -> ForwarderStatus:

@@ -423,10 +423,10 @@ class Supervisor:
 
         def loop():
             while not self._stop.wait(interval):
+                self._watch_mps()  # (not under the lock: a start may take START_S)
                 with self.lock:
                     if self._stop.is_set():
                         return
-                    self._watch_mps()
                     try:
                         for guest, pid, region, backend, _size in self.ledger.forwarders():
                             if guest in self.restarts:
@@ -446,7 +446,8 @@ class Supervisor:
         logged when it first comes and when it changes, and tried again at each look."""
         if self.mps is None or self.mps.pid():
             return
-        self.log.warning("mps control daemon restarting", reason="it was not running")
+        if not self._mps_error:  # (once an outage, not at every look while it lasts)
+            self.log.warning("mps control daemon restarting", reason="it was not running")
         try:
             self.mps.ensure()
             self._mps_error = ""

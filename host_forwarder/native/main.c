@@ -89,8 +89,9 @@ static void usage(FILE *f)
 		"  --mps-threads PCT   with --mps: at most PCT %% of the GPU's SMs (1..100, default 100)\n"
 		"  --sm-partitions MODE  under shared, while another guest of its priority or above is at\n"
 		"                      work, run the guest's work on the SMs the share controller gives it\n"
-		"                      (green contexts; alone it has the whole GPU): auto (default: with\n"
-		"                      --mps, whose clients' partitions run side by side), on, or off\n"
+		"                      (green contexts; alone it has the whole GPU): auto (default: in the\n"
+		"                      guest processes that are MPS clients, whose partitions run side by\n"
+		"                      side), on, or off\n"
 		"  --mps-priority MODE with --mps: the MPS client priority of the guest's processes, read as\n"
 		"                      each starts: auto (default: normal for a guest high on any of its\n"
 		"                      GPUs, below normal for every other, so the SMs run a high guest's\n"
@@ -316,9 +317,10 @@ static int use_mps(struct options *o)
 	struct stat st;
 	if (lstat(o->mps_dir, &st) != 0)
 		return vh_die("--mps: %s: %s", o->mps_dir, strerror(errno));
-	if (!S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != geteuid()) || (st.st_mode & 022))
+	if (!S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != geteuid()) || (st.st_mode & 077))
 		return vh_die("--mps: %s must be a directory (not a link) of root's or ours that no one else can "
-			      "write: a pipe put there by someone else would be served every call of the guest's",
+			      "reach (0700): a pipe put there by someone else would be served every call of the "
+			      "guest's, and anyone who reaches the daemon's control pipe can stop it",
 			      o->mps_dir);
 	char pct[8];
 	snprintf(pct, sizeof pct, "%d", o->mps_threads ? o->mps_threads : 100);

@@ -3,9 +3,26 @@
  * Devices and contexts: VMGPU_SIM_DEVICES GPUs told apart by UUID and PCI bus, each with its
  * primary context; the last release of a primary context frees the memory allocated in it.
  */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "sim.h"
 
-EXPORT CUresult cuInit(unsigned int flags) { return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
+/* VMGPU_SIM_MPS_LOG=FILE: each cuInit appends "mps DIR" (its CUDA_MPS_PIPE_DIRECTORY, where a
+ * driver would look for an MPS control daemon; "-" if none is set): which processes would be MPS
+ * clients, and of whose daemon. */
+EXPORT CUresult cuInit(unsigned int flags)
+{
+	const char *log = getenv("VMGPU_SIM_MPS_LOG"), *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	if (log && *log) {
+		FILE *f = fopen(log, "a");
+		if (f) {
+			fprintf(f, "mps %s\n", dir && *dir ? dir : "-");
+			fclose(f);
+		}
+	}
+	return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
 EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 13000; return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGetCount(int *n) { if (!n) return CUDA_ERROR_INVALID_VALUE; *n = sim_devices(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ord)

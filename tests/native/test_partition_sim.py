@@ -15,6 +15,7 @@ from tests.forwarder import NATIVE, forwarder, guest_env, wait_for
 from vmgpu.sched import Page, SchedError
 
 PART = ("--sm-partitions", "on")
+NO_MPS = "/proc/vmgpu-no-mps"  # a forwarder's MPS pipe directory where it must reach no MPS daemon
 
 
 def _page(d: Path) -> Page:
@@ -317,13 +318,15 @@ def test_under_mps_when_shared_only_a_process_started_while_its_gpu_is_shared_is
     """--mps DIR --mps-when shared (what vmgpud runs its forwarders with): a guest process that
     starts while its GPU's policy is weighted keeps a context of its own (no MPS client, so no
     partitions: its work stays on the whole GPU); one that starts once the GPU is shared is a client
-    and its work runs on its span beside the other guest's."""
+    and its work runs on its span beside the other guest's.  Each cuInit's MPS pipe directory (the
+    simulated driver's VMGPU_SIM_MPS_LOG): the forwarder's probe and the first process, none anyone
+    can make; the second, the daemon's."""
     mps = tmp_path / "mps"
     mps.mkdir(mode=0o700)
     extra = ("--mps", str(mps), "--mps-when", "shared")  # (partitions: auto, as vmgpud leaves them)
-    a, b, la = tmp_path / "a", tmp_path / "b", tmp_path / "a.log"
+    a, b, la, ma = tmp_path / "a", tmp_path / "b", tmp_path / "a.log", tmp_path / "a.mps"
     with (
-        forwarder(a, extra=extra, env={"VMGPU_SIM_SM_LOG": str(la)}) as fa,
+        forwarder(a, extra=extra, env={"VMGPU_SIM_SM_LOG": str(la), "VMGPU_SIM_MPS_LOG": str(ma)}) as fa,
         forwarder(b, extra=extra),
         _page(sched_dir) as pg,
     ):
@@ -342,6 +345,19 @@ def test_under_mps_when_shared_only_a_process_started_while_its_gpu_is_shared_is
         assert _done(pb) > 0 and _done(pa) > 0
         assert fa.log().count("not an MPS client") == 1, fa.log()
         assert 40 in _sms(_log(la)[before:]), "the process started under shared runs on its span"
+    assert _log(ma) == [f"mps {NO_MPS}", f"mps {NO_MPS}", f"mps {mps}"]
+
+
+def test_a_forwarder_without_mps_names_an_mps_directory_no_one_can_make_whatever_its_environment_says(tmp_path):
+    """The driver looks for an MPS control daemon in CUDA_MPS_PIPE_DIRECTORY, by default
+    /tmp/nvidia-mps, which any local user can make (on an H200 a root program then connected to
+    nobody's daemon there: tests/gpu/test_mps_gpu.py).  Without --mps, the forwarder's probe and its
+    workers name /proc/vmgpu-no-mps, even when its own environment names another directory."""
+    region, log = tmp_path / "r", tmp_path / "mps.log"
+    env = {"VMGPU_SIM_MPS_LOG": str(log), "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
+    with forwarder(region, env=env):
+        assert _done(_spin(region, 0.1, "async")) > 0
+    assert _log(log) == [f"mps {NO_MPS}", f"mps {NO_MPS}"]
 
 
 def test_mps_options_are_refused_without_mps_and_a_bad_when_is_named(tmp_path):

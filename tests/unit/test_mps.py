@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,8 +91,30 @@ def test_a_pid_file_naming_another_process_or_garbage_is_not_a_running_daemon(tm
     assert m.pid() is None
     (m.pipe / PID_FILE).write_text("12ab\n")
     assert m.pid() is None
+    # a process started for another pipe directory (another daemon's) is not it; one for this is
+    for pipe, ours in (("/run/other/pipe", False), (str(m.pipe), True)):
+        p = subprocess.Popen(["sleep", "30"], env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe})
+        try:
+            (m.pipe / PID_FILE).write_text(str(p.pid))
+            assert (m.pid() == p.pid) == ours, pipe
+        finally:
+            p.kill()
+            p.wait()
     control.append(m)
     assert m.ensure() and _starts(m) == 1  # (so one is started)
+
+
+def test_an_mps_directory_below_one_others_can_write_is_refused(tmp_path):
+    """Someone who can write a directory above it could swap the MPS directory for one of theirs
+    after it was checked (not so below a sticky one, such as /tmp)."""
+    above = tmp_path / "open"
+    above.mkdir()
+    above.chmod(0o777)
+    with pytest.raises(UnsafePath, match=r"above the MPS directory .* mode 0777"):
+        Mps(above / "mps").prepare()
+    assert not (above / "mps").exists()
+    with pytest.raises(UnsafePath, match="not an absolute path"):
+        Mps("run/mps").prepare()
 
 
 @pytest.mark.parametrize("case", ["open", "link", "file"])
@@ -125,8 +148,12 @@ def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_an
     is started with --mps and --mps-when shared, so its process started under weighted is no
     client and one started under shared is; the daemon killed is started again by the watch, and
     it outlives vmgpud."""
+    from click.testing import CliRunner
+
+    from vmgpu.cli.main import cli
     from vmgpu.client import Client
     from vmgpu.daemon import serve
+    from vmgpu.doctor import run_doctor
     from vmgpu.supervisor import HostSettings
 
     inv = tmp_path / "inventory.toml"
@@ -139,6 +166,9 @@ def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_an
     try:
         first = m.pid()
         assert first and _starts(m) == 1
+        assert (c.status().settings.mps_dir, c.status().settings.mps_pid) == (str(m.dir), first)
+        out = CliRunner().invoke(cli, ["status", "--socket", str(sock)]).output
+        assert f"MPS control daemon (shared GPUs' guests): {m.dir}, pid {first}" in out, out
         c.admit("g", "process", "gpu=0,mem=1G")
         pid = c.start_forwarder("g", str(region), "sim", "256M")
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -160,9 +190,40 @@ def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_an
         assert log.read_text().count("not an MPS client") == 1, log.read_text()
 
         os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: m.pid() is None, timeout=5)
+        doctor = {x["name"]: x for x in run_doctor(str(sock))}
+        if m.pid() is None:  # (unless the watch was quicker)
+            assert doctor["MPS control daemon"]["status"] == "fail", doctor
         assert wait_for(lambda: m.pid() not in (None, first), timeout=10), "the watch starts it again"
         assert _starts(m) == 2
+        doctor = {x["name"]: x for x in run_doctor(str(sock))}
+        assert doctor["MPS control daemon"]["status"] == "ok", doctor
     finally:
         c.close()
         stop_server(server, ledger)
     assert m.pid(), "the daemon outlives vmgpud (its clients are the running guests' processes)"
+
+
+def test_a_daemon_that_cannot_be_started_again_is_logged_once_per_outage_not_every_look(tmp_path, monkeypatch):
+    """The watch tries every second; while the start keeps failing the same way it says so once."""
+    from structlog.testing import capture_logs
+
+    from vmgpu.ledger import Ledger
+    from vmgpu.supervisor import HostSettings, Supervisor
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    ledger = Ledger(tmp_path / "ledger.db")
+    try:
+        sup = Supervisor(
+            ledger, threading.Lock(), tmp_path / "state", settings=HostSettings(mps_dir=str(tmp_path / "m"))
+        )
+        with capture_logs() as logs:
+            for _ in range(5):
+                sup._watch_mps()
+        events = [(e["log_level"], e["event"]) for e in logs]
+        assert events == [
+            ("warning", "mps control daemon restarting"),
+            ("error", "mps control daemon restart failed"),
+        ], events
+    finally:
+        ledger.close()

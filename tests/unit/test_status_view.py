@@ -115,6 +115,8 @@ def test_status_shows_the_host_settings_and_what_a_guest_without_a_forwarder_ask
             "oom_script": "",
             "ctx_reserve_bytes": 256 << 20,
             "peer_timeout_s": 12,
+            "mps_dir": None,  # (no --mps: tests/unit/test_mps.py)
+            "mps_pid": None,
         }
     finally:
         stop_server(server, ledger)

@@ -152,11 +152,14 @@ def _peer_timeout(ctx, param, value):
     metavar="DIR",
     envvar="VMGPU_MPS",
     default="",
-    help="Run an MPS control daemon with its pipes and logs in DIR (made root's, 0700; e.g. "
-    f"{config.MPS_DIR}) and make a guest's processes its clients when they start while one of their GPUs' "
-    "policy is shared, so that those guests run side by side on spans of the SMs; the others keep "
-    "contexts of their own.  The daemon outlives vmgpud, as the forwarders do, and is started again if "
-    "it dies.  Default: none (guests of a shared GPU are then held by time).  [env: VMGPU_MPS]",
+    help="Run an MPS control daemon with its pipes in DIR/pipe and its logs in DIR/log (all made root's, "
+    f"0700; e.g. {config.MPS_DIR}) and make a guest's processes its clients when they start while one of "
+    "their GPUs' policy is shared, so that those guests run side by side on spans of the SMs (a process "
+    "that is a client is one on all its GPUs); the others keep contexts of their own.  MPS clients of a "
+    "GPU share one fault domain: a fatal fault in one guest's kernel can end the others' work there, so "
+    "share a GPU this way only among guests that accept that.  The daemon outlives vmgpud, as the "
+    "forwarders do, and is started again if it dies.  Default: none (guests of a shared GPU are then "
+    "held by time).  [env: VMGPU_MPS]",
 )
 def daemon(
     socket_path,

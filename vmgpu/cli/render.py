@@ -170,6 +170,9 @@ def settings(d: dict) -> None:
             f"forwarder settings (host): {settings_text(h['oom_script'], h['ctx_reserve_bytes'], h['peer_timeout_s'])}"
             f"; OOM scripts in {h['oom_scripts_dir'] or '-'}"
         )
+        if h.get("mps_dir"):
+            daemon = f"pid {h['mps_pid']}" if h.get("mps_pid") else "NOT RUNNING (vmgpud starts it again)"
+            click.echo(f"MPS control daemon (shared GPUs' guests): {h['mps_dir']}, {daemon}")
     running = {f["guest"] for f in d["forwarders"]}
     for f in d["forwarders"]:
         click.echo(

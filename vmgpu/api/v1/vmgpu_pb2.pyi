@@ -204,16 +204,20 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., mem_mib: _Optional[int] = ..., mem_reserved_mib: _Optional[int] = ..., compute_reserved_pct: _Optional[int] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class HostSettings(_message.Message):
-    __slots__ = ("oom_scripts_dir", "oom_script", "ctx_reserve_bytes", "peer_timeout_s")
+    __slots__ = ("oom_scripts_dir", "oom_script", "ctx_reserve_bytes", "peer_timeout_s", "mps_dir", "mps_pid")
     OOM_SCRIPTS_DIR_FIELD_NUMBER: _ClassVar[int]
     OOM_SCRIPT_FIELD_NUMBER: _ClassVar[int]
     CTX_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MPS_DIR_FIELD_NUMBER: _ClassVar[int]
+    MPS_PID_FIELD_NUMBER: _ClassVar[int]
     oom_scripts_dir: str
     oom_script: str
     ctx_reserve_bytes: int
     peer_timeout_s: int
-    def __init__(self, oom_scripts_dir: _Optional[str] = ..., oom_script: _Optional[str] = ..., ctx_reserve_bytes: _Optional[int] = ..., peer_timeout_s: _Optional[int] = ...) -> None: ...
+    mps_dir: str
+    mps_pid: int
+    def __init__(self, oom_scripts_dir: _Optional[str] = ..., oom_script: _Optional[str] = ..., ctx_reserve_bytes: _Optional[int] = ..., peer_timeout_s: _Optional[int] = ..., mps_dir: _Optional[str] = ..., mps_pid: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("gpus", "slices", "forwarders", "settings")
