@@ -580,7 +580,7 @@ def mps_start(tmp: Path) -> dict | None:
         return None
     env = native_env({"CUDA_MPS_PIPE_DIRECTORY": str(tmp / "mps-pipe"), "CUDA_MPS_LOG_DIRECTORY": str(tmp / "mps-log")})
     for d in ("mps-pipe", "mps-log"):
-        (tmp / d).mkdir(exist_ok=True)
+        (tmp / d).mkdir(mode=0o700, exist_ok=True)  # (a forwarder refuses a pipe directory others reach)
     if subprocess.run([ctl, "-d"], env=env).returncode != 0:
         return None
     return env
