@@ -201,7 +201,9 @@ void vh_image_put(struct vh_fwd *f, struct vh_image *img)
 /* ---- the cache directory's life ----------------------------------------------------- */
 
 /* Remove the regular files in directory fd (taken), then the directory name in parent. */
-static void remove_dir(int parent, const char *name, int fd)
+/* Empty the directory fd (closed here) of its files and, to a depth of 8, of its directories (the
+ * driver's JIT cache is a tree): never through a link, never a directory of someone else's. */
+static void remove_tree(int fd, int depth)
 {
 	DIR *d = fdopendir(fd);
 	if (!d) {
@@ -210,11 +212,25 @@ static void remove_dir(int parent, const char *name, int fd)
 	}
 	struct dirent *e;
 	struct stat st;
-	while ((e = readdir(d)))
-		if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
-		    !fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISREG(st.st_mode))
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW))
+			continue;
+		if (S_ISDIR(st.st_mode) && depth < 8 && st.st_uid == geteuid()) {
+			int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub >= 0)
+				remove_tree(sub, depth + 1);
+			unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+		} else if (!S_ISDIR(st.st_mode)) {
 			unlinkat(dirfd(d), e->d_name, 0);
+		}
+	}
 	closedir(d); /* and its lock, if it was held */
+}
+
+static void remove_dir(int parent, const char *name, int fd)
+{
+	remove_tree(fd, 0);
 	unlinkat(parent, name, AT_REMOVEDIR);
 }
 
@@ -301,6 +317,18 @@ void vh_images_open(struct vh_fwd *f)
 	close(lock);
 	cache_fd = fd;
 	snprintf(f->image_dir, sizeof f->image_dir, "%s", path);
+}
+
+void vh_images_jit_cache(const struct vh_fwd *f)
+{
+	char path[sizeof f->image_dir + 8];
+	if (f->image_dir[0] && snprintf(path, sizeof path, "%s/jit", f->image_dir) < (int)sizeof path) {
+		setenv("CUDA_CACHE_PATH", path, 1);
+		setenv("CUDA_CACHE_MAXSIZE", VH_JIT_CACHE_MAX, 1);
+		unsetenv("CUDA_CACHE_DISABLE");
+	} else {
+		setenv("CUDA_CACHE_DISABLE", "1", 1);
+	}
 }
 
 void vh_images_close(struct vh_fwd *f)

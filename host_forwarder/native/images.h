@@ -36,6 +36,14 @@ enum vh_image_kind vh_image_kind(const uint8_t *p, uint64_t n);
 void vh_images_open(struct vh_fwd *f);
 void vh_images_close(struct vh_fwd *f);
 
+/* The driver's JIT cache (the PTX it compiles, by content) is the guest's own: in its image cache
+ * directory (jit/, at most VH_JIT_CACHE_MAX bytes, gone with the forwarder), none where there is
+ * no such directory.  By default it is root's ~/.nv/ComputeCache, shared by every guest, where a
+ * guest could tell by how fast its PTX loads whether another had loaded the same.  Called by the
+ * supervisor before it forks workers. */
+void vh_images_jit_cache(const struct vh_fwd *f);
+#define VH_JIT_CACHE_MAX "134217728" /* 128 MiB, in memory (/dev/shm) */
+
 /* The cache's images (images.c).  find: the image of that size and hash, if cached (a reference
  * the caller puts back).  add: take bytes (malloc'd, size + VH_IMAGE_GUARD, the guard zeroed) as
  * an image, kept for others if their hash is `claimed`; NULL if the claim was false (the caller

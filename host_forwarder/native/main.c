@@ -461,6 +461,7 @@ int main(int argc, char **argv)
 	if (vmgpu_host_attach(F.region, F.region_size, &o.params, &o.wopts, &F.host) != 0)
 		return vh_die("cannot serve region %s: %s", o.region, vmgpu_shm_errmsg());
 	vh_images_open(&F); /* none: every image crosses */
+	vh_images_jit_cache(&F);
 	if (join_schedulers(&o))
 		return 1;
 

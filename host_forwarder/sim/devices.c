@@ -5,19 +5,22 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sim.h"
 
-/* VMGPU_SIM_MPS_LOG=FILE: each cuInit appends "mps DIR" (its CUDA_MPS_PIPE_DIRECTORY, where a
- * driver would look for an MPS control daemon; "-" if none is set): which processes would be MPS
- * clients, and of whose daemon. */
+/* VMGPU_SIM_INIT_LOG=FILE: each cuInit appends "mps DIR cache PATH": its CUDA_MPS_PIPE_DIRECTORY
+ * (where a driver would look for an MPS control daemon) and its CUDA_CACHE_PATH (where it would
+ * keep the PTX it compiles; "off" with CUDA_CACHE_DISABLE=1), "-" for one not set. */
 EXPORT CUresult cuInit(unsigned int flags)
 {
-	const char *log = getenv("VMGPU_SIM_MPS_LOG"), *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	const char *log = getenv("VMGPU_SIM_INIT_LOG"), *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	const char *cache = getenv("CUDA_CACHE_PATH"), *off = getenv("CUDA_CACHE_DISABLE");
 	if (log && *log) {
 		FILE *f = fopen(log, "a");
 		if (f) {
-			fprintf(f, "mps %s\n", dir && *dir ? dir : "-");
+			fprintf(f, "mps %s cache %s\n", mps && *mps ? mps : "-",
+				off && !strcmp(off, "1") ? "off" : cache && *cache ? cache : "-");
 			fclose(f);
 		}
 	}

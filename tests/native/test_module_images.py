@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, log_text, wait_for, worker_pids
+from tests.forwarder import NATIVE, forwarder, guest_env, log_text, wait_for, worker_pids
 
 pytestmark = pytest.mark.native
 GUEST = NATIVE / "tests" / "image_guest"
@@ -206,3 +206,35 @@ def test_the_cache_sweep_leaves_another_users_directory(shm_path):
     finally:
         (foreign / "theirs").unlink()
         foreign.rmdir()
+
+
+def test_each_forwarders_jit_cache_is_its_own_and_goes_with_it(tmp_path):
+    """The driver keeps the PTX it compiles in a JIT cache, by default root's ~/.nv/ComputeCache,
+    shared by every guest: one guest could tell by how fast its PTX loads whether another loaded
+    the same.  Each forwarder's workers are given one of their own, jit/ in the forwarder's image
+    cache directory, whatever the forwarder's environment says (the simulated driver logs each
+    cuInit's CUDA_CACHE_PATH); at the forwarder's end it goes, its tree too (the driver makes
+    subdirectories), without following a link out of it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the cache's")
+    seen = {}
+    for name in ("a", "b"):
+        region, log = tmp_path / name, tmp_path / f"{name}.init"
+        env = {"VMGPU_SIM_INIT_LOG": str(log), "CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}
+        with forwarder(region, env=env) as fwd:
+            p = subprocess.run(
+                [str(NATIVE / "spin"), "0.1", "1", "async"], env=guest_env(region), capture_output=True, timeout=60
+            )
+            assert p.returncode == 0, p.stdout + p.stderr
+            (cache,) = _caches(fwd.proc.pid)
+            jit = cache / "jit"
+            assert [line.split()[3] for line in log.read_text().splitlines()][-1] == str(jit)
+            (jit / "0" / "1").mkdir(parents=True)  # (what the driver makes there)
+            (jit / "0" / "1" / "entry").write_bytes(b"compiled")
+            (jit / "index").write_bytes(b"index")
+            (jit / "0" / "out").symlink_to(outside)
+            seen[name] = jit
+        assert not cache.exists(), sorted(str(p) for p in cache.rglob("*"))
+    assert seen["a"] != seen["b"]
+    assert (outside / "keep").read_text() == "not the cache's"
