@@ -106,6 +106,8 @@ def test_cli_against_the_daemon(daemon):
     assert r.exit_code == 0 and "weight 40 (from its forwarder's next start)" in r.output, r.output
     r = run(cli, ["policy", "GPU-00000000-0000-0000-0000-000000000000", "fixed", "--socket", daemon])
     assert r.exit_code == 0 and "policy fixed" in r.output, r.output
+    r = run(cli, ["policy", "1", "shared", "--socket", daemon])  # (no --mps: the operator is told what that means)
+    assert r.exit_code == 0 and "vmgpud runs no MPS daemon (vmgpu daemon --mps DIR)" in r.output, r.output
     # cap and priority, the same way
     r = run(cli, ["cap", "c1", "0", "25%", "--socket", daemon])
     assert r.exit_code == 0 and "c1 on GPU-00000000-0000-0000-0000-000000000000: cap 25% (from" in r.output, r.output

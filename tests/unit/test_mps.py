@@ -184,7 +184,8 @@ def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_an
 
         spin()
         assert wait_for(lambda: "not an MPS client" in log.read_text(), timeout=10), log.read_text()
-        c.set_policy("0", "shared")
+        out = CliRunner().invoke(cli, ["policy", "0", "shared", "--socket", str(sock)]).output
+        assert "guest processes started from now on run side by side on spans of the SMs" in out, out
         spin()
         time.sleep(0.3)
         assert log.read_text().count("not an MPS client") == 1, log.read_text()

@@ -79,9 +79,26 @@ def policy(gpu, name, socket_path):
     fixed       a hard cap of weight% per guest, even on an otherwise idle card
     shared      side by side (forwarders on MPS), each guest held back only as far
                 as its weight needs, and a lower priority while a higher one works;
-                progress, not time, is shared (vmgpud)"""
-    r = client(socket_path).set_policy(gpu, name)
+                progress, not time, is shared (vmgpud); with `vmgpu daemon --mps`
+                the guest processes that start from now on run on spans of the SMs,
+                without it guests are held by time"""
+    c = client(socket_path)
+    r = c.set_policy(gpu, name)
     click.echo(f"{r.gpu_uuid}: policy {name}" + ("" if r.live else " (from the next forwarder's start)"))
+    if name == "shared":
+        settings = c.status().settings
+        if not settings.mps_dir:
+            click.echo(
+                "note: vmgpud runs no MPS daemon (vmgpu daemon --mps DIR), so the guests take turns by time, "
+                "held to their shares; side by side needs it"
+            )
+        elif not settings.mps_pid:
+            click.echo(f"note: vmgpud's MPS daemon ({settings.mps_dir}) is not running: see vmgpu doctor")
+        else:
+            click.echo(
+                "note: guest processes started from now on run side by side on spans of the SMs; until the ones "
+                "running now end, the GPU's guests are held by time"
+            )
 
 
 COMMANDS = (weight, cap, priority, policy)
