@@ -42,6 +42,15 @@ def _sms(lines: list[str]) -> list[int]:
     return [int(x.split("=")[1]) for x in lines if x.startswith("memset")]
 
 
+def _spans_40_92(pg: Page) -> None:
+    """Once the page has its groups (published as the guests' contexts are made): a at [0, 5)
+    (40 SMs), b at [5, 16) (92: its last group takes the 4 left over)."""
+    assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
+    slot = _slots(pg)
+    pg.set_part(slot["a"], 0, 80)
+    pg.set_part(slot["b"], 80, 256)
+
+
 def _mps(path: Path) -> list[str]:
     """Each cuInit's MPS pipe directory, as the simulated driver logged them (VMGPU_SIM_INIT_LOG)."""
     return [line.split()[1] for line in _log(path)]
@@ -159,10 +168,7 @@ def test_a_blocking_streams_order_on_a_span_is_kept_while_a_capture_is_open_on_a
         with _page(sched_dir) as pg:
             pg.policy = "shared"
             pa, pb = _spin(a, 3.0, "blocking-capture"), _spin(b, 3.0, "async")
-            assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
-            slot = _slots(pg)
-            pg.set_part(slot["a"], 0, 80)
-            pg.set_part(slot["b"], 80, 256)
+            _spans_40_92(pg)
             out, _ = pa.communicate(timeout=60)
             assert _done(pb) > 0
     assert pa.returncode == 0 and "capture ok" in out, out
@@ -343,10 +349,7 @@ def test_under_mps_when_shared_only_a_process_started_while_its_gpu_is_shared_is
 
         pg.policy = "shared"
         pa, pb = _spin(a, 2.0, "async"), _spin(b, 2.0, "async")
-        assert wait_for(lambda: pg.sm_groups == 16, timeout=10)
-        slot = _slots(pg)
-        pg.set_part(slot["a"], 0, 80)
-        pg.set_part(slot["b"], 80, 256)
+        _spans_40_92(pg)
         assert _done(pb) > 0 and _done(pa) > 0
         assert fa.log().count("not an MPS client") == 1, fa.log()
         assert 40 in _sms(_log(la)[before:]), "the process started under shared runs on its span"
