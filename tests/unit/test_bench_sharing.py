@@ -113,3 +113,22 @@ def test_the_shared_rows_are_compared_with_each_native_mps_split_named_by_its_li
     assert math.isclose(summary["aggregate_shared_vs_mps"], 1.26 / 1.4)
     assert math.isclose(summary["aggregate_shared_vs_mps_at22"], 1.26 / 1.4)
     assert math.isclose(summary["aggregate_shared_vs_nosched"], 1.26 / 1.2)
+
+
+def test_the_work_a_stayer_lost_is_the_time_it_was_held_back_whatever_its_bins_do():
+    """reclaim_lost_ms: a stayer held to half its rate for 30 ms after the leaver stops lost 15 ms
+    of work; one at its rate alone at once, but in bursts (10 ms bins alternating 40% and 160% of its
+    rate, which five bins in a row at 80% never see), lost none."""
+    samples = _samples({"stay": lambda t: 5000 if t < 2.03 else 10000, "go": lambda t: 8000 if t < 2.0 else 0}, 4)
+    assert 13 <= run_sharing.reclaim_lost_ms(samples, "stay", "go") <= 17
+    bursty = _samples(
+        {
+            "stay": lambda t: 5000 if t < 2.0 else (4000 if int(t * 100) % 2 else 16000),
+            "go": lambda t: 8000 if t < 2.0 else 0,
+        },
+        4,
+    )
+    assert abs(run_sharing.reclaim_lost_ms(bursty, "stay", "go")) <= 5
+    assert run_sharing.reclaim_rate_ms(bursty, "stay", "go") == float("inf")
+    idle = _samples({"stay": lambda t: 5000, "go": lambda t: 0}, 4)
+    assert math.isnan(run_sharing.reclaim_lost_ms(idle, "stay", "go"))
