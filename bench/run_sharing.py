@@ -24,8 +24,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             clients of one MPS server, and without MPS (the driver's own time slicing); measured
             after --shared-lead seconds (8) of the controller at work; on MPS again with the
             light guest's MPS client priority below normal and the other's normal (sharedbelow);
-            where the weights rows are skipped, their references no-sched and native MPS 30/70 are
-            run for the shared rows alone (refs)
+            where the weights rows are skipped, their references no-sched and native MPS (30/70,
+            or each --mps-refs split) are run for the shared rows alone (refs)
   priority  inference (priority high) beside a trainer (normal): the inference guest's p99
             beside the trainer over its p99 alone, and the trainer's share against 80% of what
             the inference guest left (1 - its busy share alone); again under shared on MPS
@@ -105,7 +105,7 @@ class Run:
             during(time.monotonic())
         out = []
         for p in procs:
-            stdout, stderr = p.communicate(timeout=self.seconds + 120)
+            stdout, stderr = p.communicate(timeout=self.seconds + SHARED_LEAD[0] + 120)  # (a lead first, some)
             if p.returncode != 0:
                 sys.exit(f"a guest failed: {stderr[-2000:]}")
             out.append({k: float(v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
@@ -484,9 +484,10 @@ def native_mps_pair(run: Run, env: dict, split: tuple[int, int] = (30, 70)) -> l
 
 def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_solo: float, tmp: Path, mps: bool) -> str:
     """Where the weighted rows are skipped, the shared rows' references in the same run: the two
-    trainers through vmgpu with --no-sched, and natively under MPS at 30/70 active-thread
-    percentages (what users would pick instead); the shared totals over each in the summary
-    (aggregate_shared_vs_nosched, aggregate_shared_vs_mps, and _light_below).  The text for the
+    trainers through vmgpu with --no-sched, and natively under MPS at each --mps-refs split of
+    active-thread percentages (30/70 by default: what users would pick instead); the shared
+    totals over each in the summary (aggregate_shared_vs_nosched, aggregate_shared_vs_mps at
+    30/70, aggregate_shared_vs_mps_atLIGHT at another split, and _light_below).  The text for the
     aggregate row."""
     nosched = nosched_pair(g, run) / solo
     text = f", no-sched {nosched:.2f}"
@@ -859,6 +860,8 @@ def main() -> int:
         ap.error("--prio-reserve: each weight in 1..99")
     if not MPS_REFS or not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in MPS_REFS):
         ap.error("--mps-refs: LIGHT/HEAVY percentages in 1..100, comma-separated")
+    if len({t[0] for t in MPS_REFS}) != len(MPS_REFS):
+        ap.error("--mps-refs: one split per light percentage (their summary keys are named by it)")
     if not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in SHARED_THREADS):
         ap.error("--shared-threads: LIGHT/HEAVY percentages in 1..100, comma-separated")
     if len({t[0] for t in SHARED_THREADS}) != len(SHARED_THREADS):

@@ -44,7 +44,14 @@ class Mps:
         self.log = get_logger(component="mps")
 
     def env(self) -> dict:
-        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.logs)}
+        """The daemon's environment (and its servers'): its directories, and no JIT cache (were its
+        server to compile a guest's PTX, root's shared ~/.nv/ComputeCache would keep it for all)."""
+        return {
+            **os.environ,
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.logs),
+            "CUDA_CACHE_DISABLE": "1",
+        }
 
     def prepare(self) -> None:
         """Make the directories (root's, 0700), or refuse ones someone else could reach or swap."""

@@ -200,12 +200,13 @@ void vh_image_put(struct vh_fwd *f, struct vh_image *img)
 
 /* ---- the cache directory's life ----------------------------------------------------- */
 
-/* Remove the regular files in directory fd (taken), then the directory name in parent. */
 /* Empty the directory fd (closed here) of its files and, to a depth of 8, of its directories (the
- * driver's JIT cache is a tree): never through a link, never a directory of someone else's. */
+ * driver's JIT cache is a tree, 3 deep): never through a link, never into a directory of someone
+ * else's or on another file system (a mount). */
 static void remove_tree(int fd, int depth)
 {
-	DIR *d = fdopendir(fd);
+	struct stat top;
+	DIR *d = fstat(fd, &top) ? NULL : fdopendir(fd);
 	if (!d) {
 		close(fd);
 		return;
@@ -216,7 +217,7 @@ static void remove_tree(int fd, int depth)
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
 		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW))
 			continue;
-		if (S_ISDIR(st.st_mode) && depth < 8 && st.st_uid == geteuid()) {
+		if (S_ISDIR(st.st_mode) && depth < 8 && st.st_uid == geteuid() && st.st_dev == top.st_dev) {
 			int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 			if (sub >= 0)
 				remove_tree(sub, depth + 1);
@@ -228,10 +229,12 @@ static void remove_tree(int fd, int depth)
 	closedir(d); /* and its lock, if it was held */
 }
 
+/* Empty directory fd (taken: remove_tree), then remove its name in parent. */
 static void remove_dir(int parent, const char *name, int fd)
 {
 	remove_tree(fd, 0);
-	unlinkat(parent, name, AT_REMOVEDIR);
+	if (unlinkat(parent, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+		vh_log("the module image cache %s/%s is left: %s", VH_IMAGE_CACHE_PARENT, name, strerror(errno));
 }
 
 /* The pid in a cache directory's name ("vmgpu-images-<pid>.XXXXXX"), or -1. */
@@ -292,7 +295,7 @@ void vh_images_open(struct vh_fwd *f)
 	f->image_dir[0] = '\0';
 	int parent = open(VH_IMAGE_CACHE_PARENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (parent < 0) {
-		vh_log("no module image cache: cannot open %s: %s", VH_IMAGE_CACHE_PARENT, strerror(errno));
+		vh_log("no module image cache (nor JIT cache): cannot open %s: %s", VH_IMAGE_CACHE_PARENT, strerror(errno));
 		return;
 	}
 	sweep(parent);
@@ -300,7 +303,7 @@ void vh_images_open(struct vh_fwd *f)
 	char path[sizeof f->image_dir];
 	snprintf(path, sizeof path, "%s/%s%d.XXXXXX", VH_IMAGE_CACHE_PARENT, VH_IMAGE_CACHE_PREFIX, (int)getpid());
 	if (!mkdtemp(path)) {
-		vh_log("no module image cache: cannot make %s: %s", path, strerror(errno));
+		vh_log("no module image cache (nor JIT cache): cannot make %s: %s", path, strerror(errno));
 		return;
 	}
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -308,7 +311,7 @@ void vh_images_open(struct vh_fwd *f)
 	int lock = -1;
 	if (fd < 0 || fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & 077) || flock(fd, LOCK_SH) ||
 	    (lock = openat(fd, LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)) < 0) {
-		vh_log("no module image cache: %s is not a private directory of this user", path);
+		vh_log("no module image cache (nor JIT cache): %s is not a private directory of this user", path);
 		if (fd >= 0)
 			close(fd);
 		rmdir(path);

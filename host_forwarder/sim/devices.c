@@ -9,18 +9,20 @@
 
 #include "sim.h"
 
-/* VMGPU_SIM_INIT_LOG=FILE: each cuInit appends "mps DIR cache PATH": its CUDA_MPS_PIPE_DIRECTORY
- * (where a driver would look for an MPS control daemon) and its CUDA_CACHE_PATH (where it would
- * keep the PTX it compiles; "off" with CUDA_CACHE_DISABLE=1), "-" for one not set. */
+/* VMGPU_SIM_INIT_LOG=FILE: each cuInit appends "mps DIR cache PATH MAX": its
+ * CUDA_MPS_PIPE_DIRECTORY (where a driver would look for an MPS control daemon), its
+ * CUDA_CACHE_PATH (where it would keep the PTX it compiles; "off" with CUDA_CACHE_DISABLE=1) and
+ * CUDA_CACHE_MAXSIZE, "-" for one not set. */
 EXPORT CUresult cuInit(unsigned int flags)
 {
 	const char *log = getenv("VMGPU_SIM_INIT_LOG"), *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
 	const char *cache = getenv("CUDA_CACHE_PATH"), *off = getenv("CUDA_CACHE_DISABLE");
+	const char *max = getenv("CUDA_CACHE_MAXSIZE");
 	if (log && *log) {
 		FILE *f = fopen(log, "a");
 		if (f) {
-			fprintf(f, "mps %s cache %s\n", mps && *mps ? mps : "-",
-				off && !strcmp(off, "1") ? "off" : cache && *cache ? cache : "-");
+			fprintf(f, "mps %s cache %s %s\n", mps && *mps ? mps : "-",
+				off && !strcmp(off, "1") ? "off" : cache && *cache ? cache : "-", max && *max ? max : "-");
 			fclose(f);
 		}
 	}

@@ -212,8 +212,9 @@ def test_each_forwarders_jit_cache_is_its_own_and_goes_with_it(tmp_path):
     """The driver keeps the PTX it compiles in a JIT cache, by default root's ~/.nv/ComputeCache,
     shared by every guest: one guest could tell by how fast its PTX loads whether another loaded
     the same.  Each forwarder's workers are given one of their own, jit/ in the forwarder's image
-    cache directory, whatever the forwarder's environment says (the simulated driver logs each
-    cuInit's CUDA_CACHE_PATH); at the forwarder's end it goes, its tree too (the driver makes
+    cache directory, at most 128 MiB, whatever the forwarder's environment says (a cache path of
+    its own, caching off: the simulated driver logs each cuInit's CUDA_CACHE_PATH and
+    CUDA_CACHE_MAXSIZE); at the forwarder's end it goes, its tree too (the driver makes
     subdirectories), without following a link out of it."""
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -221,7 +222,7 @@ def test_each_forwarders_jit_cache_is_its_own_and_goes_with_it(tmp_path):
     seen = {}
     for name in ("a", "b"):
         region, log = tmp_path / name, tmp_path / f"{name}.init"
-        env = {"VMGPU_SIM_INIT_LOG": str(log), "CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}
+        env = {"VMGPU_SIM_INIT_LOG": str(log), "CUDA_CACHE_PATH": "/root/.nv/ComputeCache", "CUDA_CACHE_DISABLE": "1"}
         with forwarder(region, env=env) as fwd:
             p = subprocess.run(
                 [str(NATIVE / "spin"), "0.1", "1", "async"], env=guest_env(region), capture_output=True, timeout=60
@@ -229,12 +230,12 @@ def test_each_forwarders_jit_cache_is_its_own_and_goes_with_it(tmp_path):
             assert p.returncode == 0, p.stdout + p.stderr
             (cache,) = _caches(fwd.proc.pid)
             jit = cache / "jit"
-            assert [line.split()[3] for line in log.read_text().splitlines()][-1] == str(jit)
+            assert log.read_text().splitlines()[-1].split()[3:] == [str(jit), str(128 << 20)]  # (the worker's)
             (jit / "0" / "1").mkdir(parents=True)  # (what the driver makes there)
             (jit / "0" / "1" / "entry").write_bytes(b"compiled")
             (jit / "index").write_bytes(b"index")
             (jit / "0" / "out").symlink_to(outside)
             seen[name] = jit
         assert not cache.exists(), sorted(str(p) for p in cache.rglob("*"))
-    assert seen["a"] != seen["b"]
+    assert seen["a"].parent.name != seen["b"].parent.name
     assert (outside / "keep").read_text() == "not the cache's"

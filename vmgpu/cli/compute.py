@@ -86,7 +86,10 @@ def policy(gpu, name, socket_path):
     r = c.set_policy(gpu, name)
     click.echo(f"{r.gpu_uuid}: policy {name}" + ("" if r.live else " (from the next forwarder's start)"))
     if name == "shared":
-        settings = c.status().settings
+        try:
+            settings = c.status().settings
+        except errors.VmgpuError:  # (the policy is set: only the note is lost)
+            return
         if not settings.mps_dir:
             click.echo(
                 "note: vmgpud runs no MPS daemon (vmgpu daemon --mps DIR), so the guests take turns by time, "
