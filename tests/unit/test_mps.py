@@ -228,3 +228,51 @@ def test_a_daemon_that_cannot_be_started_again_is_logged_once_per_outage_not_eve
         ], events
     finally:
         ledger.close()
+
+
+def test_vmgpud_with_mps_gives_two_guests_of_a_shared_gpu_spans_of_its_sms(tmp_path, control, sched_dir):
+    """The chain the GPU test runs (tests/gpu/test_mps_gpu.py), on the simulated backend: vmgpud
+    --mps, two guests' forwarders, the GPU's policy shared before their processes start; their
+    workers are (simulated) MPS clients, so they partition, the page publishes its groups, and
+    vmgpud's share controller gives each guest a span, which their work keeps to."""
+    from vmgpu.client import Client
+    from vmgpu.daemon import serve
+    from vmgpu.sched import Page
+    from vmgpu.supervisor import HostSettings
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text('[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-00000000000b"\nname = "t"\nmemory = "8G"\n')
+    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
+    m = Mps(tmp_path / "mps")
+    control.append(m)
+    server, ledger = serve(sock, db, inv, settings=HostSettings(mps_dir=str(m.dir)))
+    c, procs = Client(str(sock)), []
+    try:
+        for g in ("a", "b"):
+            c.admit(g, "process", "gpu=0,mem=1G")
+            c.start_forwarder(g, str(tmp_path / g), "sim", "256M")
+        c.set_policy("0", "shared")
+        procs = [
+            subprocess.Popen(
+                [str(NATIVE / "spin"), "8", "1", "async"], env=guest_env(tmp_path / g), stdout=subprocess.PIPE
+            )
+            for g in ("a", "b")
+        ]
+        assert wait_for(lambda: list(sched_dir.glob("vmgpu-sched-*")), timeout=10)
+        with Page(next(sched_dir.glob("vmgpu-sched-*"))) as pg:
+
+            def spans() -> bool:
+                parts = [x.sm_part for x in pg.members()]
+                return pg.sm_groups > 0 and len(parts) == 2 and all(parts)
+
+            assert wait_for(spans, timeout=8), (pg.sm_groups, pg.members())
+            assert all(x.whole_ms == 0 for x in pg.members()), pg.members()
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 0 and int(out.split()[1]) > 0, out
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        c.close()
+        stop_server(server, ledger)
