@@ -441,8 +441,8 @@ class Supervisor:
         threading.Thread(target=loop, name="forwarder-watch", daemon=True).start()
 
     def _watch_mps(self) -> None:
-        """Start the MPS control daemon again if it died (its clients' contexts went with its
-        server; the guests' processes started from now on are clients again).  A failure is
+        """Start the MPS control daemon again if it died (the guests' processes started from then
+        on are its clients; what becomes of the running ones was not measured).  A failure is
         logged when it first comes and when it changes, and tried again at each look."""
         if self.mps is None or self.mps.pid():
             return

@@ -119,7 +119,7 @@ struct options {
 	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
 	int mps_priority; /* VH_MPS_PRIO_*, or -1: not given */
 	int mps_when;     /* VH_MPS_*, or -1: not given */
-	int sm_partitions; /* 1 on, 0 off, -1 auto (on with --mps) */
+	int sm_partitions; /* 1 on, 0 off, -1 auto (on in the workers that are MPS clients) */
 	const char *mps_dir;
 	uint64_t create;
 	struct vmgpu_shm_params params;
@@ -179,8 +179,8 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"compute", 1, 0, 'W'}, {"weight", 1, 0, 'W'}, {"cap", 1, 0, 'K'}, {"guarantee", 1, 0, 'G'},
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
-		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"mps-when", 1, 0, 'H'}, {"sched-depth", 1, 0, 'Q'},
-		{"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {0, 0, 0, 0},
+		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"mps-when", 1, 0, 'H'},
+		{"sched-depth", 1, 0, 'Q'}, {"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -329,7 +329,7 @@ static int use_mps(struct options *o)
 	for (int d = 0; d < VG_MAX_DEVICES; d++)
 		F.high_opt[d] = o->share[d].priority == VMGPU_SCHED_PRIO_HIGH;
 	F.mps_priority = o->mps_priority >= 0 ? o->mps_priority : VH_MPS_PRIO_AUTO; /* (set by each worker: vh_worker) */
-	F.mps = o->mps_when >= 0 ? o->mps_when : VH_MPS_ALWAYS; /* (each worker decides: vh_mps_client) */
+	F.mps = o->mps_when >= 0 ? o->mps_when : VH_MPS_ALWAYS; /* (each worker decides: mps_client in worker.c) */
 	if (BK.simulated)
 		vh_log("--mps: the simulated backend opens no MPS client: its workers only act as clients would");
 	return 0;

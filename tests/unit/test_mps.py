@@ -276,3 +276,20 @@ def test_vmgpud_with_mps_gives_two_guests_of_a_shared_gpu_spans_of_its_sms(tmp_p
             p.wait()
         c.close()
         stop_server(server, ledger)
+
+
+def test_vmgpud_told_to_run_an_mps_daemon_it_cannot_start_does_not_start(tmp_path, monkeypatch):
+    """vmgpud does not start with settings it cannot apply: --mps with no control program is
+    [MPS], and the socket is let go (a vmgpud without --mps then starts on it)."""
+    from vmgpu.daemon import serve
+    from vmgpu.supervisor import HostSettings
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text('[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-00000000000c"\nname = "t"\nmemory = "8G"\n')
+    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(MpsError, match="nvidia-cuda-mps-control is not on PATH"):
+        serve(sock, db, inv, settings=HostSettings(mps_dir=str(tmp_path / "mps")))
+    assert not sock.exists()
+    server, ledger = serve(sock, db, inv)
+    stop_server(server, ledger)
