@@ -57,6 +57,7 @@ class Mps:
         """Make the directories (root's, 0700), or refuse ones someone else could reach or swap."""
         if not self.dir.is_absolute():
             raise UnsafePath(f"the MPS directory {self.dir} is not an absolute path")
+        self.dir.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         files.check_path_above(self.dir, "the MPS directory")
         for d in (self.dir, self.pipe, self.logs):
             files.private_dir(d)

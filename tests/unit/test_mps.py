@@ -69,7 +69,7 @@ def _starts(m: Mps) -> int:
 
 
 def test_the_daemon_is_started_once_in_directories_only_root_can_reach_and_again_once_it_dies(tmp_path, control):
-    m = Mps(tmp_path / "mps")
+    m = Mps(tmp_path / "run" / "vmgpu" / "mps")  # (the directories above made too)
     control.append(m)
     pid = m.ensure()
     assert pid == m.pid() and _starts(m) == 1
