@@ -561,29 +561,34 @@ def reserve_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dic
     trainer, while the inference guest (high) is busy, on a span of the SMs that leaves the
     inference guest its weight's part free, its work going on beside it (the priority reserve:
     vmgpu/share_control.py); for each --prio-reserve weight of the inference guest (the trainer's
-    100 minus it), with the part of the controller's looks at which the trainer had a span."""
+    100 minus it), with the part of the controller's looks within the measured seconds at which the
+    trainer had a span (span_looks)."""
     for w in PRIO_RESERVE:
         envs = [
             (infer, g.env("--priority", "high", "--weight", str(w), "--mps", pipe)),
             (TRAIN, g.env("--weight", str(100 - w), "--mps", pipe)),
         ]
         trainer = g.names[-1]
-        looks = []
+        looks, marks = [], {}
 
         def after(members, ctl, trainer=trainer, looks=looks):
             slot = next((m.slot for m in members if m.guest == trainer), None)
-            looks.append(ctl.spans.get(slot, (0, 0)) != (0, 0))
+            looks.append((time.monotonic(), ctl.spans.get(slot, (0, 0)) != (0, 0)))
 
         with controlled(g, "sms", after):
-            hp, tr = run.together(envs)
+            hp, tr = run.together(envs, lambda t0, marks=marks: marks.update(t0=t0))
         key = f"_reserve{w}"
         priority_rows(rows, summary, hp, tr, infer_alone, solo, f"priority on SM spans, reserve {w}%", key)
-        rows.append(
-            (
-                f"priority on SM spans, reserve {w}%: looks the trainer had a span",
-                f"{100 * sum(looks) / max(1, len(looks)):.0f}%",
-            )
-        )
+        had = span_looks(looks, marks["t0"], marks["t0"] + run.seconds)
+        rows.append((f"priority on SM spans, reserve {w}%: looks the trainer had a span", f"{100 * had:.0f}%"))
+
+
+def span_looks(looks: list[tuple[float, bool]], t0: float, t1: float) -> float:
+    """Of the controller's looks ((time, whether the trainer had a span)) within the measured
+    seconds [t0, t1], the part at which it had one (not the guests' start before, when the
+    inference guest may not be at work yet, nor their end); nan if none fell there."""
+    inside = [had for t, had in looks if t0 <= t <= t1]
+    return sum(inside) / len(inside) if inside else float("nan")
 
 
 def depth_rows(g: Guests, run: Run, rows, solo: float, depths: list[int], pipe: str, seconds: float) -> None:

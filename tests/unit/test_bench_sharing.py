@@ -132,3 +132,11 @@ def test_the_work_a_stayer_lost_is_the_time_it_was_held_back_whatever_its_bins_d
     assert run_sharing.reclaim_rate_ms(bursty, "stay", "go") == float("inf")
     idle = _samples({"stay": lambda t: 5000, "go": lambda t: 0}, 4)
     assert math.isnan(run_sharing.reclaim_lost_ms(idle, "stay", "go"))
+
+
+def test_the_reserve_looks_are_counted_within_the_measured_seconds_only():
+    """Looks before the go (the guests starting, the reserve not yet in force) and after the end
+    do not count."""
+    looks = [(0.5, False), (0.9, False), (1.0, True), (1.5, True), (2.0, False), (3.0, True), (3.5, False)]
+    assert math.isclose(run_sharing.span_looks(looks, 1.0, 3.0), 3 / 4)
+    assert math.isnan(run_sharing.span_looks(looks, 5.0, 6.0))
