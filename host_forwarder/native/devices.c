@@ -111,8 +111,6 @@ static int probe_in_child(const char *gpus, const char *mems)
 	pid_t pid = fork();
 	if (pid == 0) {
 		char err[512];
-		/* (no MPS client: it serves no guest, and the MPS daemon should hear only from those that do) */
-		setenv("CUDA_MPS_PIPE_DIRECTORY", VH_NO_MPS_DIR, 1);
 		if (vh_backend_load(&BK, backend_name, err, sizeof err))
 			_exit(vh_die("%s", err));
 		if (open_devices(gpus, mems))

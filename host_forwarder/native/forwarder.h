@@ -79,6 +79,7 @@ struct vh_fwd {
 	int sm_partitions;        /* under shared, a guest's work on the SMs its slot's span names (partition.c);
 	                           * -1 (auto) until a worker knows whether it is an MPS client */
 	int mps;                  /* --mps: whose processes are MPS clients (VH_MPS_*) */
+	const char *mps_dir;      /* --mps DIR, the clients' CUDA_MPS_PIPE_DIRECTORY */
 	int sched_depth;          /* --sched-depth: a process's unfinished calls on a shared GPU (sched_depth.c) */
 	int yield_depth;          /* --yield-depth: the same, under shared, near a higher guest at work (0: none) */
 	int mps_priority;         /* --mps-priority: what each worker's MPS client priority is (VH_MPS_PRIO_*) */

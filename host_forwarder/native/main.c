@@ -304,14 +304,15 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
  * back only as the share controller says; under the policies with turns, it takes turns. */
 static int use_mps(struct options *o)
 {
+	/* no MPS but in the workers that are clients (vh_worker names DIR there): the driver would
+	 * otherwise look for a control daemon in /tmp/nvidia-mps, a directory any local user can make,
+	 * and have every guest process (and the forwarder's probe of its GPUs) served by it */
+	setenv("CUDA_MPS_PIPE_DIRECTORY", VH_NO_MPS_DIR, 1);
 	if (!o->mps_dir) {
 		if (o->mps_threads || o->mps_priority >= 0 || o->mps_when >= 0)
 			return vh_die("%s needs --mps DIR", o->mps_threads ? "--mps-threads"
 							   : o->mps_when >= 0 ? "--mps-when"
 									      : "--mps-priority");
-		/* no MPS: the driver would otherwise look for a control daemon in /tmp/nvidia-mps, a
-		 * directory any local user can make, and have every guest process served by it */
-		setenv("CUDA_MPS_PIPE_DIRECTORY", VH_NO_MPS_DIR, 1);
 		return 0;
 	}
 	struct stat st;
@@ -324,7 +325,7 @@ static int use_mps(struct options *o)
 			      o->mps_dir);
 	char pct[8];
 	snprintf(pct, sizeof pct, "%d", o->mps_threads ? o->mps_threads : 100);
-	setenv("CUDA_MPS_PIPE_DIRECTORY", o->mps_dir, 1);
+	F.mps_dir = o->mps_dir;
 	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", pct, 1);
 	for (int d = 0; d < VG_MAX_DEVICES; d++)
 		F.high_opt[d] = o->share[d].priority == VMGPU_SCHED_PRIO_HIGH;

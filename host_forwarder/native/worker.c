@@ -116,10 +116,10 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	}
 	const struct vh_backend *B = &BK;
 	int client = mps_client();
-	if (F.mps && !client) {
-		setenv("CUDA_MPS_PIPE_DIRECTORY", VH_NO_MPS_DIR, 1);
+	if (client) /* (everywhere else the pipe directory is one no one can make: use_mps) */
+		setenv("CUDA_MPS_PIPE_DIRECTORY", F.mps_dir, 1);
+	else if (F.mps)
 		vh_log("channel %u: not an MPS client: none of its GPUs is shared as it starts (--mps-when shared)", idx);
-	}
 	if (F.sm_partitions < 0) /* (auto: only an MPS client's partitions run beside other processes' work) */
 		F.sm_partitions = client;
 	if (client && F.mps_priority == VH_MPS_PRIO_AUTO) {
