@@ -57,20 +57,31 @@ def private_dir(path: str | os.PathLike, create: bool = True) -> Path:
     return path
 
 
+def check_trusted_dir(path: str | os.PathLike, where: str, why: str, last: bool = True) -> None:
+    """path must be a real directory (no link) of root's or this user's that no one else can change:
+    not writable by group or others, but for a sticky one such as /tmp above the last directory
+    checked (last False: no one else can rename what is in it).  where: what path is, why: why it
+    matters, for the message.  FileNotFoundError if it is missing."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{path} ({where}) is not a directory but a link or a file: {why}")
+    writable = st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX)
+    if st.st_uid not in (0, os.geteuid()) or writable:
+        raise UnsafePath(f"{path} ({where}) belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: {why}")
+
+
 def check_path_above(path: str | os.PathLike, what: str) -> None:
-    """Every directory above path, down from /, must be a real directory (no link) of root's or
-    this user's that no one else can change (a sticky one such as /tmp allowed: no one else can
-    rename what is in it), or someone could swap path for a directory of theirs after it was
-    checked.  what: path's purpose, for the message."""
+    """Every directory above path, down from /, checked as check_trusted_dir says: otherwise
+    someone could swap path for a directory of theirs after it was checked.  what: path's
+    purpose, for the message."""
     for parent in reversed(Path(path).parents):
-        st = os.lstat(parent)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise UnsafePath(f"{parent}, above {what} {path}, is a link or not a directory: give a real path")
-        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise UnsafePath(
-                f"{parent}, above {what} {path}, belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}: "
-                "someone else could replace what is below it; it must be root's and writable by no one else"
-            )
+        check_trusted_dir(
+            parent,
+            f"above {what} {path}",
+            "someone else could replace what is below it; it must be a real directory, root's and writable by "
+            "no one else",
+            last=False,
+        )
 
 
 def check_ours(fd: int, path: str | os.PathLike, others: int = 0o077) -> os.stat_result:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tenacity
 
-from vmgpu import config, mps, sched, share_control, shm, spec
+from vmgpu import config, files, mps, sched, share_control, shm, spec
 from vmgpu.errors import Conflict, ForwarderError, InvalidArgument, NotFound, UnsafePath, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
@@ -90,27 +90,20 @@ def _trusted(st: os.stat_result) -> bool:
 
 
 def _check_dir(path: Path, last: bool) -> None:
-    """path must be a real directory of root's (or this user's) that no one else can change:
-    not writable by group or others (above the scripts' own directory, a sticky one such as
-    /tmp is allowed: no one else can rename what is in it)."""
+    """path, on the OOM-script directory's path, as files.check_trusted_dir says (above the
+    scripts' own directory, a sticky one such as /tmp is allowed)."""
     try:
-        st = os.lstat(path)
+        files.check_trusted_dir(
+            path,
+            "on the OOM-script directory's path",
+            "OOM scripts run as root, so their directory's path must be real directories, root's and writable by "
+            "no one else (chown root, chmod go-w)",
+            last,
+        )
     except FileNotFoundError:
         raise NotFound(
             f"the OOM-script directory {path} does not exist: make it (root's, mode 0755) and put the scripts there"
         ) from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafePath(
-            f"{path} (on the OOM-script directory's path) is not a directory but a link or a file: "
-            "OOM scripts run as root, so their directory's path must be real directories"
-        )
-    writable = st.st_mode & 0o022 and (last or not st.st_mode & stat.S_ISVTX)
-    if not _trusted(st) or writable:
-        raise UnsafePath(
-            f"{path} (on the OOM-script directory's path) belongs to uid {st.st_uid} with mode "
-            f"{stat.S_IMODE(st.st_mode):04o}: OOM scripts run as root, so it must be root's and writable by no "
-            "one else (chown root, chmod go-w)"
-        )
 
 
 def oom_script_path(directory: str | Path, name: str) -> Path:
