@@ -256,6 +256,28 @@ def memquota(fwd: Forwarder, region: Path, seed: int, rounds: int, cubin: Path, 
     return refused
 
 
+@contextlib.contextmanager
+def vmgpud_in_process(tmp_path: Path, inventory, settings=None):
+    """vmgpud (vmgpu.daemon.serve) on tmp_path/run/vmgpud.sock, its ledger and forwarders' logs
+    under tmp_path/lib, and a client of it: yields (socket path, client, procs), procs a list for
+    the test's guest processes; at the end they are killed, the client closed and vmgpud stopped
+    with every forwarder it started."""
+    from vmgpu.client import Client
+    from vmgpu.daemon import serve
+
+    sock = tmp_path / "run" / "vmgpud.sock"
+    server, ledger = serve(sock, tmp_path / "lib" / "ledger.db", inventory, settings=settings)
+    c, procs = Client(str(sock)), []
+    try:
+        yield sock, c, procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        c.close()
+        stop_server(server, ledger)
+
+
 def stop_server(server, ledger) -> None:
     """Stop an in-process vmgpud (vmgpu.daemon.serve) and every forwarder it started."""
     server.stop(grace=None).wait()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, stop_server, wait_for
+from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, vmgpud_in_process, wait_for
 from vmgpu.forwarder import gpu_present
 from vmgpu.mps import CONTROL, Mps
 from vmgpu.sched import Page
@@ -53,51 +53,42 @@ def test_vmgpud_with_mps_serves_the_guests_of_a_shared_gpu_as_its_daemons_client
     start.  Each guest process is a client of vmgpud's MPS server (the daemon lists the two
     forwarders' workers), the share controller gives each a span of the SMs, and neither worker
     leaves the spans for the whole GPU."""
-    from vmgpu.client import Client
-    from vmgpu.daemon import serve
     from vmgpu.supervisor import HostSettings
 
     m = Mps(tmp_path / "mps")
-    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
-    server, ledger = serve(sock, db, None, settings=HostSettings(mps_dir=str(m.dir)))
-    c, procs = Client(str(sock)), []
     try:
-        assert m.pid(), "vmgpud started no MPS control daemon"
-        pids = {}
-        for g in ("a", "b"):
-            c.admit(g, "process", "gpu=0,mem=8G")
-            pids[g] = c.start_forwarder(g, str(tmp_path / g), "cuda", "256M")
-        c.set_policy("0", "shared")
-        procs = [_spin(tmp_path / "a", "20"), _spin(tmp_path / "b", "20")]
-        assert wait_for(lambda: list(sched_dir.glob("vmgpu-sched-*")), timeout=30)
-        with Page(next(sched_dir.glob("vmgpu-sched-*"))) as pg:
-            assert wait_for(lambda: pg.sm_groups > 4, timeout=30), "no SM groups published"
+        with vmgpud_in_process(tmp_path, None, HostSettings(mps_dir=str(m.dir))) as (_, c, procs):
+            assert m.pid(), "vmgpud started no MPS control daemon"
+            pids = {}
+            for g in ("a", "b"):
+                c.admit(g, "process", "gpu=0,mem=8G")
+                pids[g] = c.start_forwarder(g, str(tmp_path / g), "cuda", "256M")
+            c.set_policy("0", "shared")
+            procs += [_spin(tmp_path / "a", "20"), _spin(tmp_path / "b", "20")]
+            assert wait_for(lambda: list(sched_dir.glob("vmgpu-sched-*")), timeout=30)
+            with Page(next(sched_dir.glob("vmgpu-sched-*"))) as pg:
+                assert wait_for(lambda: pg.sm_groups > 4, timeout=30), "no SM groups published"
 
-            def spans() -> dict:
-                parts = {x.guest: x.sm_part for x in pg.members()}
-                return parts if len(parts) == 2 and all(parts.values()) else {}
+                def spans() -> dict:
+                    parts = {x.guest: x.sm_part for x in pg.members()}
+                    return parts if len(parts) == 2 and all(parts.values()) else {}
 
-            assert wait_for(spans, timeout=30), f"the share controller gave no spans: {pg.members()}"
-            servers = _control(m.env(), "get_server_list").split()
-            assert len(servers) == 1, servers
-            clients = {int(p) for p in _control(m.env(), f"get_client_list {servers[0]}").split()}
-            workers = _children(pids["a"]) | _children(pids["b"])
-            assert len(clients & workers) == 2, (clients, workers)
-            time.sleep(2)
-            assert all(x.whole_ms == 0 for x in pg.members()), pg.members()
-        for p in procs:
-            out, _ = p.communicate(timeout=120)
-            assert p.returncode == 0 and int(out.split()[1]) > 0, out
-        logs = tmp_path / "lib" / "forwarders"
-        for g in ("a", "b"):
-            text = (logs / f"{g}.log").read_text()
-            assert "not an MPS client" not in text and "stays on the whole GPU" not in text, text
+                assert wait_for(spans, timeout=30), f"the share controller gave no spans: {pg.members()}"
+                servers = _control(m.env(), "get_server_list").split()
+                assert len(servers) == 1, servers
+                clients = {int(p) for p in _control(m.env(), f"get_client_list {servers[0]}").split()}
+                workers = _children(pids["a"]) | _children(pids["b"])
+                assert len(clients & workers) == 2, (clients, workers)
+                time.sleep(2)
+                assert all(x.whole_ms == 0 for x in pg.members()), pg.members()
+            for p in procs:
+                out, _ = p.communicate(timeout=120)
+                assert p.returncode == 0 and int(out.split()[1]) > 0, out
+            logs = tmp_path / "lib" / "forwarders"
+            for g in ("a", "b"):
+                text = (logs / f"{g}.log").read_text()
+                assert "not an MPS client" not in text and "stays on the whole GPU" not in text, text
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        c.close()
-        stop_server(server, ledger)
         _control(m.env(), "quit")
 
 

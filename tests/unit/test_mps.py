@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, guest_env, stop_server, wait_for
+from tests.forwarder import NATIVE, guest_env, stop_server, vmgpud_in_process, wait_for
 from vmgpu.errors import MpsError, UnsafePath
 from vmgpu.mps import PID_FILE, Mps
 
@@ -151,19 +151,15 @@ def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_an
     from click.testing import CliRunner
 
     from vmgpu.cli.main import cli
-    from vmgpu.client import Client
-    from vmgpu.daemon import serve
     from vmgpu.doctor import run_doctor
     from vmgpu.supervisor import HostSettings
 
     inv = tmp_path / "inventory.toml"
     inv.write_text('[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-00000000000a"\nname = "t"\nmemory = "8G"\n')
-    sock, db, region = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db", tmp_path / "region"
+    region = tmp_path / "region"
     m = Mps(tmp_path / "mps")
     control.append(m)
-    server, ledger = serve(sock, db, inv, settings=HostSettings(mps_dir=str(m.dir)))
-    c = Client(str(sock))
-    try:
+    with vmgpud_in_process(tmp_path, inv, HostSettings(mps_dir=str(m.dir))) as (sock, c, _):
         first = m.pid()
         assert first and _starts(m) == 1
         assert (c.status().settings.mps_dir, c.status().settings.mps_pid) == (str(m.dir), first)
@@ -199,9 +195,6 @@ def test_vmgpud_with_mps_starts_the_daemon_makes_clients_only_on_a_shared_gpu_an
         assert _starts(m) == 2
         doctor = {x["name"]: x for x in run_doctor(str(sock))}
         assert doctor["MPS control daemon"]["status"] == "ok", doctor
-    finally:
-        c.close()
-        stop_server(server, ledger)
     assert m.pid(), "the daemon outlives vmgpud (its clients are the running guests' processes)"
 
 
@@ -235,24 +228,19 @@ def test_vmgpud_with_mps_gives_two_guests_of_a_shared_gpu_spans_of_its_sms(tmp_p
     --mps, two guests' forwarders, the GPU's policy shared before their processes start; their
     workers are (simulated) MPS clients, so they partition, the page publishes its groups, and
     vmgpud's share controller gives each guest a span, which their work keeps to."""
-    from vmgpu.client import Client
-    from vmgpu.daemon import serve
     from vmgpu.sched import Page
     from vmgpu.supervisor import HostSettings
 
     inv = tmp_path / "inventory.toml"
     inv.write_text('[[gpu]]\nindex = 0\nuuid = "GPU-00000000-0000-0000-0000-00000000000b"\nname = "t"\nmemory = "8G"\n')
-    sock, db = tmp_path / "run" / "vmgpud.sock", tmp_path / "lib" / "ledger.db"
     m = Mps(tmp_path / "mps")
     control.append(m)
-    server, ledger = serve(sock, db, inv, settings=HostSettings(mps_dir=str(m.dir)))
-    c, procs = Client(str(sock)), []
-    try:
+    with vmgpud_in_process(tmp_path, inv, HostSettings(mps_dir=str(m.dir))) as (_, c, procs):
         for g in ("a", "b"):
             c.admit(g, "process", "gpu=0,mem=1G")
             c.start_forwarder(g, str(tmp_path / g), "sim", "256M")
         c.set_policy("0", "shared")
-        procs = [
+        procs += [
             subprocess.Popen(
                 [str(NATIVE / "spin"), "30", "1", "async"], env=guest_env(tmp_path / g), stdout=subprocess.PIPE
             )
@@ -270,12 +258,6 @@ def test_vmgpud_with_mps_gives_two_guests_of_a_shared_gpu_spans_of_its_sms(tmp_p
             time.sleep(0.5)
             assert all(x.whole_ms == 0 and x.work_calls > calls[x.guest] for x in pg.members()), pg.members()
         assert all(p.poll() is None for p in procs), "both guests were at work throughout"
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        c.close()
-        stop_server(server, ledger)
 
 
 def test_vmgpud_told_to_run_an_mps_daemon_it_cannot_start_does_not_start(tmp_path, monkeypatch):
