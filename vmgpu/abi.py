@@ -170,13 +170,14 @@ class SchedSlot(ctypes.Structure):
         ("active_ms", u32),
         ("sm_part", u32),
         ("whole_ms", u32),
-        ("pad", u8 * (256 - 200)),
+        ("cap_pm", u32),
+        ("pad", u8 * (256 - 204)),
     ]
 
 
 class SchedPage(ctypes.Structure):
     """Python stores only whole aligned 32-bit control words here (policy, a slot's weight, cap,
-    priority, guarantee, hold, depth, sm_part): a
+    priority, guarantee, hold, depth, sm_part, cap_pm): a
     ctypes field store, one aligned 4-byte store, as the forwarders' atomic loads expect."""
 
     c_struct = "vmgpu_sched_page"

@@ -79,6 +79,7 @@ class Member:
     depth: int = 0  # under shared: its workers' calls unfinished on the GPU at most (0: the forwarder's)
     sm_part: int = 0  # under shared: the SMs its work runs on beside others (lo << 16 | hi; 0: all)
     whole_ms: int = 0  # when one of its workers last worked on the whole GPU though its span said otherwise
+    cap_pm: int = 0  # where capped: the part of each period (per mille) the cap controller leaves it (0: cap%)
 
 
 class Page:
@@ -159,6 +160,7 @@ class Page:
                     s.depth,
                     s.sm_part,
                     s.whole_ms,
+                    s.cap_pm,
                 )
                 out.append(m)
         return out
@@ -213,6 +215,13 @@ class Page:
         if not 0 <= depth <= DEPTH_MAX:
             raise SchedError(f"depth {depth} is not in 0..{DEPTH_MAX} (0: the forwarder's)")
         self.page.slot[slot].depth = depth  # one aligned 4-byte store
+
+    def set_cap_pm(self, slot: int, pm: int) -> None:
+        """Where the member in `slot` is capped: let its work have `pm` per mille of each period in
+        place of its cap% (1..1000; 0: its cap% again), as the cap controller sets it."""
+        if not 0 <= pm <= 1000:
+            raise SchedError(f"cap part {pm} is not in 0..1000 per mille")
+        self.page.slot[slot].cap_pm = pm  # one aligned 4-byte store
 
     @property
     def sm_groups(self) -> int:

@@ -130,6 +130,15 @@ class Seen:
     rank: int = 1  # its priority: 2 high, 1 normal, 0 low
     whole: bool = False  # one of its workers worked on the whole GPU in the last second though given a span
     waiting: bool = False  # one of its workers waits at its gate to put work on the GPU
+    cap_pm: int = 0  # where capped: the part of each period the cap controller leaves it (0: cap%)
+
+    @property
+    def cap_part(self) -> float:
+        """The part of each period its cap leaves its work (1.0: not capped): the cap
+        controller's (vmgpu/cap_control.py) where it set one, else cap%."""
+        if self.cap_pm:
+            return min(self.cap_pm, 1000) / 1000
+        return min(100, self.cap) / 100 if self.cap else 1.0
 
 
 @dataclass
@@ -338,7 +347,7 @@ class ShareController:
             self.reserved_at = now if reserve else self.reserved_at
         holds = {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
         # (a lower guest is held by nobody's share, but its cap holds it still)
-        holds.update({k[0]: 1000 - 10 * min(keys[k].cap, 100) for k in lower if keys[k].cap})
+        holds.update({k[0]: int(round(1000 * (1 - keys[k].cap_part))) for k in lower if keys[k].cap_part < 1})
         return holds
 
     def _reserve(self, keys: dict, higher, lower: list) -> dict[int, tuple[int, int]]:
@@ -446,8 +455,7 @@ class ShareController:
                     g.probes.append(r)  # not bring it below what the guest was seen to do)
                 progress[k] = r / g.alone
         for k in busy:  # a cap: its work passes at most cap% of each period (as under the policies with turns)
-            cap = keys[k].cap
-            self.guests[k].ceiling = min(100, cap) / 100 if cap else 1.0
+            self.guests[k].ceiling = keys[k].cap_part
         # a guest that goes as fast as alone is short of nothing: it is left out (not held, and
         # the others share by weight what it leaves: holding them could not speed it); one that
         # goes nearly as fast is not held either, but still counts among those sharing, so that
@@ -697,6 +705,7 @@ def seen_on(page, now: float | None = None) -> list[Seen]:
             RANKS.get(m.priority, 1),
             bool(m.whole_ms) and ((now_ms - m.whole_ms + 2**31) & 0xFFFFFFFF) - 2**31 < 1000,
             m.waiting > 0,
+            m.cap_pm,
         )
         for m in page.members()
     ]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tenacity
 
-from vmgpu import config, files, mps, sched, share_control, shm, spec
+from vmgpu import cap_control, config, files, mps, sched, share_control, shm, spec
 from vmgpu.errors import Conflict, ForwarderError, InvalidArgument, NotFound, UnsafePath, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
 from vmgpu.ledger import Ledger
@@ -226,6 +226,16 @@ class Restart:
     attempt: int = 0
     error: str = ""
     cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Controlled:
+    """A GPU's page under vmgpud's controllers: its cap controller always, its share controller
+    while its policy is shared."""
+
+    page: sched.Page
+    caps: cap_control.CapController = field(default_factory=cap_control.CapController)
+    shares: share_control.ShareController | None = None
 
 
 class Supervisor:
@@ -451,12 +461,14 @@ class Supervisor:
             self._mps_error = error
 
     def control_shares(self, every: float = share_control.PERIOD_STEP_S, look_every: float = 1.0) -> None:
-        """Run the share controller (vmgpu/share_control.py) of each GPU whose policy is shared
-        (a thread, until close()); a GPU that leaves shared has its holds lifted once.  The ledger
-        is read, and pages not open are opened, every look_every seconds."""
+        """Run each GPU's controllers (a thread, until close()): the share controller
+        (vmgpu/share_control.py) of a GPU whose policy is shared, the cap controller
+        (vmgpu/cap_control.py) of every GPU not native; a GPU that leaves shared has its holds
+        lifted once, and one that turns native its caps' parts.  The ledger is read, and pages
+        not open are opened, every look_every seconds."""
 
         def loop():
-            ctls: dict[str, tuple[sched.Page, share_control.ShareController]] = {}
+            ctls: dict[str, _Controlled] = {}
             policies, looked = {}, 0.0
             failing: dict[str, tuple[str, float, int]] = {}  # per GPU: its last error logged, when, repeats since
             try:
@@ -466,28 +478,34 @@ class Supervisor:
                         with self.lock:
                             policies = self.ledger.policies()
                         looked = now
-                        for uuid in [u for u, p in policies.items() if p == "shared" and u not in ctls]:
+                        for uuid in [u for u, p in policies.items() if p != "native" and u not in ctls]:
                             try:
-                                # on SM spans where the forwarders partition the GPU (on MPS), else by time
-                                ctl = share_control.ShareController(lever="sms")
-                                ctls[uuid] = (sched.Page(sched.page_path(uuid)), ctl)
+                                ctls[uuid] = _Controlled(sched.Page(sched.page_path(uuid)))
                             except sched.SchedError:
                                 continue  # no forwarder has run on it yet
-                    for uuid, (page, ctl) in list(ctls.items()):
+                    for uuid, c in list(ctls.items()):
+                        policy = policies.get(uuid, "native")
                         try:
-                            share_control.apply_step(page, ctl, now)  # (off shared: holds lifted)
-                            done = policies.get(uuid) != "shared"
+                            if policy == "shared" and c.shares is None:
+                                # on SM spans where the forwarders partition the GPU (on MPS), else by time
+                                c.shares = share_control.ShareController(lever="sms")
+                            if c.shares is not None:
+                                share_control.apply_step(c.page, c.shares, now)  # (off shared: holds lifted)
+                            cap_control.apply_step(c.page, c.caps, now)  # (native: caps' parts withdrawn)
+                            if policy != "shared":
+                                c.shares = None
+                            done = policy == "native"
                         except Exception as e:  # noqa: BLE001 - the other GPUs go on
                             # the page is opened afresh at the next look at the ledger: a page that
                             # keeps failing is tried once a second, not ten times
                             _failed(failing, uuid, str(e), now)
                             done = True
                         if done:
-                            page.close()
+                            c.page.close()
                             del ctls[uuid]
             finally:
-                for page, _ in ctls.values():
-                    page.close()
+                for c in ctls.values():
+                    c.page.close()
 
         def _failed(failing: dict, uuid: str, error: str, now: float) -> None:
             """Log a GPU's share-control failure: a new error at once, the same one again at

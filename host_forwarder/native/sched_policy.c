@@ -78,19 +78,28 @@ static uint64_t period_ns(struct vmgpu_sched_page *pg)
 	return (uint64_t)atomic_load(&pg->period_us) * 1000;
 }
 
+/* The part of each period (per mille) g's cap leaves its work: what vmgpud's cap controller set
+ * (cap_pm, so that its progress is its cap's part of its rate alone), else its cap% and under
+ * fixed its weight%, whichever is less; 1000: not capped. */
+static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
+{
+	uint32_t pm = atomic_load(&g->cap_pm), cap = atomic_load(&g->cap), w = atomic_load(&g->weight);
+	if (pm)
+		return pm > 1000 ? 1000 : pm;
+	uint32_t part = cap ? 10 * (cap > 100 ? 100 : cap) : 1000;
+	if (atomic_load(&pg->policy) == VMGPU_SCHED_FIXED && 10 * (w > 100 ? 100 : w) < part)
+		part = 10 * w;
+	return part;
+}
+
 uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
 {
-	uint64_t period = period_ns(pg), budget = period;
-	uint32_t policy = atomic_load(&pg->policy), w = atomic_load(&g->weight), cap = atomic_load(&g->cap);
-	if (policy == VMGPU_SCHED_EQUAL) {
+	uint64_t period = period_ns(pg), budget = period, by_cap = period * cap_part_pm(pg, g) / 1000;
+	if (atomic_load(&pg->policy) == VMGPU_SCHED_EQUAL) {
 		int n = nmembers(pg);
 		budget = period / (uint64_t)(n ? n : 1);
-	} else if (policy == VMGPU_SCHED_FIXED) {
-		budget = period * (w > 100 ? 100 : w) / 100;
 	}
-	if (cap && period * (cap > 100 ? 100 : cap) / 100 < budget) /* its own cap, where tighter */
-		budget = period * (cap > 100 ? 100 : cap) / 100;
-	return budget;
+	return by_cap < budget ? by_cap : budget; /* its cap (or fixed's weight), where tighter */
 }
 
 /* Start a new period for g if its last one is over; unspent budget is not kept, an overrun
@@ -294,10 +303,10 @@ int sched_only_lower_wait(struct vmgpu_sched_page *pg, int me, uint64_t now)
 
 uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now, int alone)
 {
-	uint32_t hold = atomic_load(&g->hold), cap = atomic_load(&g->cap);
+	uint32_t hold = atomic_load(&g->hold);
 	uint64_t period = period_ns(pg);
 	if (alone) {
-		uint32_t by_cap = cap && cap < 100 ? 1000 - 10 * cap : 0;
+		uint32_t by_cap = 1000 - cap_part_pm(pg, g);
 		hold = hold < by_cap ? hold : by_cap;
 	}
 	if (atomic_load(&pg->policy) != VMGPU_SCHED_SHARED || !hold)

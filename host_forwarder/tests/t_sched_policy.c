@@ -422,6 +422,48 @@ static void a_cap_holds_one_guest_while_the_others_stay_weighted(void)
 	      "cap lifted: weights 100/30/70 of 200 (a's weight is worth 50%%): a %u‰ b %u‰ c %u‰", p[a], p[b], p[c]);
 }
 
+/* vmgpud's cap controller sets a capped guest's part of each period (cap_pm) so that its progress
+ * is its cap's part of its rate alone: that part holds in place of cap% (and of fixed's weight%),
+ * under turns and under shared alike; 0 there is cap% again. */
+static void the_cap_controllers_part_replaces_cap_percent(void)
+{
+	struct sim s;
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	int a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 10}, 1);
+	atomic_store(&s.pg.slot[a].cap_pm, 73);
+	sim_run(&s, 5 * SEC, p);
+	check(near(p[a], 73, 2), "cap 10 with the controller's 73 per mille, alone and busy: holds %u‰", p[a]);
+	atomic_store(&s.pg.slot[a].cap_pm, 1000); /* its rate alone measured: not held */
+	sim_run(&s, 2 * SEC, p);
+	check(near(p[a], 1000, 2), "cap 10 with the controller's 1000 per mille: holds %u‰", p[a]);
+	atomic_store(&s.pg.slot[a].cap_pm, 0);
+	sim_run(&s, 5 * SEC, p);
+	check(near(p[a], 100, 2), "the controller's part withdrawn: cap 10 holds %u‰", p[a]);
+
+	sim_init(&s, VMGPU_SCHED_FIXED);
+	a = sim_join_share(&s, "a", (struct sched_share){.weight = 40}, 1);
+	sim_run(&s, 5 * SEC, p);
+	check(near(p[a], 400, 3), "fixed 40 without the controller: holds %u‰", p[a]);
+	atomic_store(&s.pg.slot[a].cap_pm, 350);
+	sim_run(&s, 5 * SEC, p);
+	check(near(p[a], 350, 3), "fixed 40 with the controller's 350 per mille: holds %u‰", p[a]);
+	atomic_store(&s.pg.slot[a].cap_pm, 5000);
+	sim_run(&s, 2 * SEC, p);
+	check(near(p[a], 1000, 2), "a part past 1000 per mille is the whole period: holds %u‰", p[a]);
+
+	sim_init(&s, VMGPU_SCHED_SHARED);
+	struct vmgpu_sched_slot *g = &s.pg.slot[sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 30}, 1)];
+	uint64_t period = SCHED_DEFAULT_PERIOD_US * 1000ull, start = 1000 * SEC;
+	atomic_store(&s.pg.period_us, SCHED_DEFAULT_PERIOD_US);
+	atomic_store(&g->hold, 900);
+	check(sched_held_ns(&s.pg, g, start, 1) == period * 7 / 10, "shared, alone, cap 30: the cap's 700");
+	atomic_store(&g->cap_pm, 240);
+	check(sched_held_ns(&s.pg, g, start, 1) == period * 76 / 100, "shared, alone, the controller's 240: held 760");
+	atomic_store(&g->cap_pm, 1000);
+	check(sched_held_ns(&s.pg, g, start, 1) == 0, "shared, alone, the controller's 1000: not held");
+}
+
 static void a_guarantee_is_given_first_and_the_rest_by_weight(void)
 {
 	struct sim s;
@@ -608,6 +650,7 @@ int main(void)
 	a_holder_knows_when_only_lower_guests_wait();
 	equal_priorities_stay_weighted();
 	a_cap_holds_one_guest_while_the_others_stay_weighted();
+	the_cap_controllers_part_replaces_cap_percent();
 	a_guarantee_is_given_first_and_the_rest_by_weight();
 	the_pages_idle_time_is_how_long_an_idle_holder_keeps_its_turn();
 	a_cap_above_what_a_guest_uses_adds_no_latency();

@@ -13,12 +13,12 @@
  *    speak.  The creator stores the magic last (release), after every other field is written.
  *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
  *    store only whole aligned 32-bit control words: policy, slice_us, period_us, idle_us and a
- *    slot's weight, cap, priority, guarantee, hold, depth and sm_part.
+ *    slot's weight, cap, priority, guarantee, hold, depth, sm_part and cap_pm.
  *  - cap, priority, guarantee and hold sit where version 1 had padding, and zero means what a slot
  *    without them did (no cap, normal priority, no guarantee, never held): a forwarder that does not know them
  *    leaves them zero, so the page stays version 1.  So do the header's idle_us (zero: the
- *    forwarders' default) and sm_groups, and a slot's depth, active_ms, sm_part and whole_ms (zero:
- *    the forwarder's depth, never seen at work, the whole GPU, never off its span).
+ *    forwarders' default) and sm_groups, and a slot's depth, active_ms, sm_part, whole_ms and cap_pm (zero:
+ *    the forwarder's depth, never seen at work, the whole GPU, never off its span, cap% of the time).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
  *
@@ -106,7 +106,12 @@ struct vmgpu_sched_slot {
 	                                          * work though its span said otherwise (a process that is not
 	                                          * partitioned, or one whose work a stream capture keeps where
 	                                          * it was): the share controller then holds by time; 0: never */
-	uint8_t pad[256 - 200];                  /* 200 */
+	VMGPU_ATOMIC(uint32_t) cap_pm;     /* 200: where it is capped (its cap, or its weight under fixed):
+	                                          * the part of each period its work may have, per mille, as
+	                                          * vmgpud's cap controller sets it so that its progress is
+	                                          * cap% of its rate alone (vmgpu/cap_control.py); 1000
+	                                          * while its rate alone is measured; 0: cap% itself */
+	uint8_t pad[256 - 204];                  /* 204 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -149,7 +154,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, depth) == 184, "slot depth");
 _Static_assert(offsetof(struct vmgpu_sched_slot, active_ms) == 188, "slot active_ms");
 _Static_assert(offsetof(struct vmgpu_sched_slot, sm_part) == 192, "slot sm_part");
 _Static_assert(offsetof(struct vmgpu_sched_slot, whole_ms) == 196, "slot whole_ms");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 200, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, cap_pm) == 200, "slot cap_pm");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 204, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");

@@ -1,0 +1,241 @@
+"""The cap controller of a GPU: a capped guest's progress held to its cap.
+
+A cap (`cap=` in a share, `vmgpu cap`; under the fixed policy a guest's weight as well) bounds
+what a guest gets of a GPU.  The forwarders hold it by time: its work passes at most its part of
+each period (host_forwarder/native/sched_policy.c: sched_budget_ns under turns, sched_held_ns
+under shared).  What its tenant sees is its progress, and that is not its time: a guest whose own
+CPU leaves the GPU idle part of the time alone (a trainer's Python between steps) packs its work
+into its part of the period when capped, and makes more than cap% of its rate alone; at a small
+cap, the hand-over at the end of each part costs more than that gains.  On an H100 a trainer held
+to 10% and 50% of the time made 7-10% and 42-56% of its rate alone.
+
+This controller makes a cap a cap of progress, as tenants measure it: a capped guest's rate (its
+calls that put work on the GPU per second, the page's work_calls) over its rate alone is held to
+its cap, by the part of each period its work may have (the slot's cap_pm, which the forwarders
+take in place of cap%).
+
+Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S while it is the
+only guest at work on the GPU, the first PROBE_SETTLE_S not counted (the work its cap held back
+goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 80%
+of the best of them (a read while it warms up).  Probes come PROBE_FIRST_S apart until it has
+PROBES_KEPT, then PROBE_EVERY_S apart.
+
+What it made is kept against what its cap allows as a debt, in seconds at its rate alone: each look
+adds its calls since the last over its rate alone, less its cap times the time between (a
+probe's stretch too, so a probe is paid back).  What it falls short is owed back only up to
+CREDIT_S at its cap: a guest that could not use its part is not owed a burst later.  Its part of
+each period is then (cap - debt / PAYBACK_S) / k, where k is the progress a part of the period
+has been seen to give it (learned over the looks between probes: a second at a time), kept in
+[1 per mille, OVER x its cap]: a probe is paid back within about PAYBACK_S after it.
+
+A cap binds a guest only where it slows it: the controller takes a guest up once its rate over
+the last second (no probe in it) is short of its rate alone by BIND or more, and lets it go when
+it is idle.  A guest whose work fits in cap% of the time (one that is seldom at work, or waits on
+its own CPU most of the time) goes at its rate alone there, and is left held by time (cap_pm 0:
+cap%), which it does not reach; so, as on time alone, is a guest whose cap is near what it uses
+of the GPU alone (a trainer busy 90% of the time, capped at 90).  Until its rate alone is
+measured a guest is held by time too; a guest whose GPU always has another guest at work is never
+probed, and stays held by time.
+
+Hostile guests: progress is counted in calls, which the guest chooses.  One that makes its calls
+look slower than they are (many cheap ones in a probe, few heavy ones after) is owed more than its
+cap of time, but never more than OVER x its cap of each period, and a probe's PROBE_S uncapped
+every PROBE_EVERY_S at most; one that makes them look faster is held tighter, which hurts only
+itself.  A slot reused by another guest starts afresh (members are keyed by slot and name).
+
+Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
+fake clock; `apply_step` is one look at a live page, as vmgpud's share-control thread makes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from vmgpu.share_control import Seen, seen_on
+
+PERIOD_STEP_S = 0.1  # how often the controller looks
+PROBE_S = 0.3  # a probe: the cap lifted this long
+PROBE_SETTLE_S = 0.08  # its first part not counted: the work its cap held back goes first
+PROBE_FIRST_S = 2.0  # a guest's first FIRST_READS probes this far apart (before it is taken up)
+FIRST_READS = 2
+PROBE_EVERY_S = 10.0  # then this far apart at least,
+PROBE_COST = 0.05  # and so far apart that a probe gives it at most this part of its cap more
+PROBES_KEPT = 4
+SHORT_READ = 0.9  # a read short of this part of the best kept is left out of the rate alone
+PAYBACK_S = 1.0  # a debt is paid back over about this long
+PREPAY_PART = 0.25  # a bound guest pays for its next probe ahead, at this part of its cap (in a second at least)
+CREDIT_S = 0.2  # what a guest fell short of its cap is owed back up to this long at its cap
+OVER = 1.5  # a capped guest's part of each period is at most this many times its cap
+K_EVERY_S = 1.0  # k (progress per part of the period) is read over this long,
+K_LEARN = 0.5  # and moves this part of the way to each read
+K_LIMITS = (0.3, 4.0)
+IDLE_S = 0.3  # a guest whose calls have not moved for this long, and none of whose work waits, is idle
+BIND = 0.05  # a guest whose rate is short of its rate alone by this part is slowed by its cap
+RATE_S = 1.0  # a guest's rate: over this long
+
+
+@dataclass
+class _Capped:
+    cap: float  # the part of its rate alone it may make (0..1)
+    calls: int = 0  # at the last look
+    at: float = 0.0  # the last look
+    seen: deque = field(default_factory=deque)  # (t, calls) since its last probe, over RATE_S
+    reads: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its probes' rates
+    alone: float = 0.0  # calls/s alone (0: not measured)
+    bound: bool = False  # taken up: its cap slows it, and it has not been idle since
+    debt: float = 0.0  # progress past its cap so far, in seconds at its rate alone
+    k: float = 1.0  # progress per part of the period
+    k_sum: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (progress, part x time, time) since k was last read
+    pm: int = 0  # the part it was last given (0: cap%)
+    probe_at: float | None = None  # its probe under way began then
+    settled: tuple[float, int] | None = None  # (when, its calls) its probe's measure began
+    probed_at: float = -math.inf  # its last probe ended then
+
+
+class CapController:
+    """One GPU's cap controller.  `step(now, seen, policy)` returns each member's cap_pm by slot."""
+
+    def __init__(
+        self, *, probe_s: float = PROBE_S, settle_s: float = PROBE_SETTLE_S, probe_every_s: float = PROBE_EVERY_S
+    ):
+        self.probe_s, self.settle_s, self.probe_every_s = probe_s, settle_s, probe_every_s
+        self.guests: dict[tuple[int, str], _Capped] = {}
+        self.moved: dict[tuple[int, str], tuple[int, float]] = {}  # every member's (calls, when they last moved)
+
+    @staticmethod
+    def cap_of(s: Seen, policy: str) -> int:
+        """The % of its rate alone a member may make: its cap, under fixed its weight too (100: none)."""
+        cap = min(s.cap, 100) if s.cap else 100
+        return min(cap, s.weight) if policy == "fixed" else cap
+
+    def step(self, now: float, seen: list[Seen], policy: str) -> dict[int, int]:
+        """One look: each member's cap_pm (0 for the uncapped, and for the capped it holds by time)."""
+        keys = {(s.slot, s.guest): s for s in seen}
+        self.moved = {k: self._moved(k, s, now) for k, s in keys.items()}
+        busy = {k for k, s in keys.items() if s.waiting or now - self.moved[k][1] < IDLE_S}
+        out = {s.slot: 0 for s in seen}
+        capped = {k: self.cap_of(s, policy) for k, s in keys.items()}
+        self.guests = {k: g for k, g in self.guests.items() if capped.get(k, 100) < 100 and policy != "native"}
+        if policy == "native":
+            return out
+        probing = any(g.probe_at is not None for g in self.guests.values())
+        for k, s in keys.items():
+            if capped[k] >= 100:
+                continue
+            g = self.guests.setdefault(k, _Capped(capped[k] / 100, s.calls, now))
+            g.cap = capped[k] / 100
+            out[s.slot] = self._look(g, now, s, k in busy, alone_on_gpu=busy <= {k}, probing=probing)
+            probing |= g.probe_at is not None
+        return out
+
+    def _moved(self, k, s: Seen, now: float) -> tuple[int, float]:
+        calls, at = self.moved.get(k, (s.calls, now))
+        return s.calls, now if s.calls != calls else at
+
+    def _look(self, g: _Capped, now: float, s: Seen, busy: bool, alone_on_gpu: bool, probing: bool) -> int:
+        dt, made = now - g.at, s.calls - g.calls
+        g.calls, g.at = s.calls, now
+        if g.probe_at is not None:
+            return self._probing(g, now, s, made, dt, alone_on_gpu)
+        g.seen.append((now, s.calls))
+        while len(g.seen) > 2 and g.seen[1][0] <= now - RATE_S:
+            g.seen.popleft()
+        if not busy:  # idle: its cap is taken up afresh when it works again
+            g.bound, g.debt, g.k_sum = False, 0.0, (0.0, 0.0, 0.0)
+        elif g.alone > 0 and dt > 0:
+            if g.bound:
+                progress = made / g.alone
+                g.debt = max(g.debt + progress - g.cap * dt, -CREDIT_S * g.cap - self._excess(g))
+                self._learn(g, progress, dt)
+            else:
+                g.bound = len(g.reads) >= FIRST_READS and self._rate(g) < (1 - BIND) * g.alone
+        # (no probe before it is paid for, nor while the last one is being paid back)
+        paid = g.debt + self._prepaid(g, now) <= g.cap * PERIOD_STEP_S + self._excess(g) / 4
+        if busy and alone_on_gpu and not probing and paid and now >= self._due(g):
+            g.probe_at, g.settled, g.pm = now, None, 1000
+            return 1000
+        return self._part(g, now)
+
+    def _due(self, g: _Capped) -> float:
+        """When its next probe is due: a guest's first probes PROBE_FIRST_S apart; later ones
+        PROBE_EVERY_S apart at least, further where a probe would give more than PROBE_COST of
+        what its cap gives it between two (at a cap of 10%, a minute apart)."""
+        if len(g.reads) < FIRST_READS:
+            return g.probed_at + PROBE_FIRST_S
+        return g.probed_at + max(self.probe_every_s, (1 - g.cap) * self.probe_s / (PROBE_COST * g.cap))
+
+    def _excess(self, g: _Capped) -> float:
+        """What a probe gives a bound guest past its cap, in seconds at its rate alone."""
+        return (1 - g.cap) * self.probe_s if g.bound else 0.0
+
+    def _prepaid(self, g: _Capped, now: float) -> float:
+        """The part of its next probe's excess it pays for by now: from none some time before the
+        probe is due (long enough to pay it at PREPAY_PART of its cap, a second at least) to all of
+        it then, so that a stretch with a probe in it, and the time about it, is the cap's on the
+        whole, not only a long one."""
+        excess = self._excess(g)
+        ahead = (self._due(g) - now) / max(1.0, excess / (PREPAY_PART * g.cap))
+        return excess * min(1.0, max(0.0, 1 - ahead))
+
+    def _rate(self, g: _Capped) -> float:
+        """Its calls per second over the last RATE_S since its last probe (inf until it has that long)."""
+        (t0, c0), (t1, c1) = g.seen[0], g.seen[-1]
+        return (c1 - c0) / (t1 - t0) if t1 - t0 >= RATE_S else math.inf
+
+    def _probing(self, g: _Capped, now: float, s: Seen, made: int, dt: float, alone_on_gpu: bool) -> int:
+        """A look during g's probe: its measure begun after the settle, read at the end (and left
+        unread if another guest came to work meanwhile, or g stopped)."""
+        if g.alone > 0 and g.bound:
+            g.debt += made / g.alone - g.cap * dt
+        if not alone_on_gpu or (made == 0 and not s.waiting):
+            return self._probe_over(g, now)  # (spoilt: tried again at its time)
+        if g.settled is None:
+            if now - g.probe_at >= self.settle_s:
+                g.settled = (now, s.calls)
+            return 1000
+        if now - g.probe_at < self.probe_s:
+            return 1000
+        t0, c0 = g.settled
+        if s.calls > c0 and now > t0:
+            g.reads.append((s.calls - c0) / (now - t0))
+            best = max(g.reads)
+            kept = [r for r in g.reads if r >= SHORT_READ * best]
+            g.alone = sum(kept) / len(kept)
+        return self._probe_over(g, now)
+
+    def _probe_over(self, g: _Capped, now: float) -> int:
+        g.probe_at, g.probed_at, g.k_sum = None, now, (0.0, 0.0, 0.0)
+        g.seen = deque([(now, g.calls)])
+        return self._part(g, now)
+
+    def _part(self, g: _Capped, now: float) -> int:
+        """Its part of each period (per mille): its cap less what it owes (and what it pays ahead
+        for its next probe), per the progress a part has been seen to give it; 0 (cap% of the
+        time) while its cap is not taken up."""
+        if g.alone <= 0 or not g.bound:
+            g.pm = 0
+            return 0
+        part = (g.cap - (g.debt + self._prepaid(g, now)) / PAYBACK_S) / g.k
+        g.pm = int(round(1000 * min(OVER * g.cap, 1.0, max(0.001, part))))
+        return g.pm
+
+    def _learn(self, g: _Capped, progress: float, dt: float) -> None:
+        """k from the progress g made on the parts it was given, read every K_EVERY_S."""
+        p, x, t = g.k_sum
+        p, x, t = p + progress, x + (g.pm / 1000 if g.pm else g.cap) * dt, t + dt
+        if t >= K_EVERY_S and x > 0:
+            lo, hi = K_LIMITS
+            g.k = min(hi, max(lo, g.k + K_LEARN * (p / x - g.k)))
+            p, x, t = 0.0, 0.0, 0.0
+        g.k_sum = (p, x, t)
+
+
+def apply_step(page, ctl: CapController, now: float) -> None:
+    """One look at a live page (vmgpu.sched.Page): each capped member's part of the period, stored
+    where it changed."""
+    members = {m.slot: m for m in page.members()}
+    for slot, pm in ctl.step(now, seen_on(page, now), page.policy).items():
+        if slot in members and members[slot].cap_pm != pm:
+            page.set_cap_pm(slot, pm)
