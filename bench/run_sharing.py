@@ -34,7 +34,10 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             --yield-depth at each of --yield-depths (--prio-runs times each); and with the share
             controller on the sms lever, the trainer on the SMs the inference guest's weight leaves
             (the priority reserve), at each of --prio-reserve weights of the inference guest
-  cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate
+  cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate,
+            its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
+            after --cap-lead seconds, 8, of the controller at work), and by time alone (cap% of each
+            period, as the forwarders hold it without vmgpud: cap_err_pp_time)
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
             then on to the end)
@@ -63,13 +66,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from vmgpu import share_control  # noqa: E402
+from vmgpu import cap_control, share_control  # noqa: E402
 from vmgpu.forwarder import Forwarder, guest_env  # noqa: E402
 from vmgpu.sched import Page  # noqa: E402
 
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
+CAP_LEAD = [8.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
 MPS_REFS: list[tuple[int, int]] = [(30, 70)]  # the native MPS references of the shared rows: light/heavy (--mps-refs)
 SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
@@ -723,9 +727,52 @@ def held_text(h: dict[str, tuple[float, float, float]], names: list[str]) -> str
     return "; held " + " / ".join(f"{h[n][0]:.1f}% ({h[n][1]:.0f} turns/s)" for n in names if n in h) if h else ""
 
 
-def sampled_held(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dict], dict]:
+@contextlib.contextmanager
+def cap_controlled(g: Guests):
+    """vmgpud's cap controller on g's page from now on (as it runs there from the forwarder's start:
+    the guest is measured alone while it warms up too); on leaving, the forwarders stopped."""
+    stop = threading.Event()
+    ctl = cap_control.CapController()
+
+    def control():
+        with g.page() as pg:
+            while not stop.wait(cap_control.PERIOD_STEP_S):
+                cap_control.apply_step(pg, ctl, time.monotonic())
+
+    t = threading.Thread(target=control, daemon=True)
+    t.start()
+    try:
+        yield ctl
+    finally:
+        stop.set()
+        t.join()
+        g.stop()
+
+
+def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float) -> None:
+    """A trainer alone capped at 10% and at 50%: under the cap controller, measured after its
+    --cap-lead (cap_err_pp), and by time alone (cap_err_pp_time); each row with the GPU time the
+    page charged it."""
+    errs: dict[str, list[float]] = {"": [], "_time": []}
+    for cap in (10, 50):
+        guest = ([*TRAIN, "--lead", str(CAP_LEAD[0])], g.env("--cap", str(cap)))
+        with cap_controlled(g):
+            (c,), c_held = sampled(g, run, [guest], seconds, CAP_LEAD[0])
+        share = 100 * c["img_per_s"] / solo
+        errs[""].append(abs(share - cap))
+        rows.append((f"cap {cap}% alone, its progress held (cap controller): share", f"{share:.1f}%" + c_held))
+        (c,), c_held = sampled(g, run, [(TRAIN, g.env("--cap", str(cap)))], seconds)
+        g.stop()
+        share = 100 * c["img_per_s"] / solo
+        errs["_time"].append(abs(share - cap))
+        rows.append((f"cap {cap}% alone, its time held (no controller): share", f"{share:.1f}%" + c_held))
+    for suffix, e in errs.items():
+        summary[f"cap_err_pp{suffix}"] = max(e)
+
+
+def sampled_held(g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0) -> tuple[list[dict], dict]:
     """run.together(guests) with the page sampled: their results and what the page charged them
-    (held(), leaving out the first and last half second)."""
+    over their measured seconds, after a lead (held(), leaving out the first and last half second)."""
     s, marks = Sampler(g, 0.05), {}
 
     def during(t0):
@@ -734,13 +781,13 @@ def sampled_held(g: Guests, run: Run, guests: list, seconds: float) -> tuple[lis
 
     out = run.together(guests, during)
     samples = s.done()
-    return out, held(samples, marks["t0"] + 0.5, marks["t0"] + seconds - 0.5)
+    return out, held(samples, marks["t0"] + lead + 0.5, marks["t0"] + lead + seconds - 0.5)
 
 
-def sampled(g: Guests, run: Run, guests: list, seconds: float) -> tuple[list[dict], str]:
+def sampled(g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0) -> tuple[list[dict], str]:
     """sampled_held, what the page charged said as text."""
     names = g.names[-len(guests) :]
-    out, h = sampled_held(g, run, guests, seconds)
+    out, h = sampled_held(g, run, guests, seconds, lead)
     return out, held_text(h, names)
 
 
@@ -802,6 +849,12 @@ def main() -> int:
         "(what the depth costs one guest alone; run before the shared rows)",
     )
     ap.add_argument(
+        "--cap-lead",
+        type=float,
+        default=CAP_LEAD[0],
+        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 8)",
+    )
+    ap.add_argument(
         "--shared-lead",
         type=float,
         default=SHARED_LEAD[0],
@@ -851,6 +904,7 @@ def main() -> int:
         every, length, settle = (float(x) for x in a.probe.split(","))
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
+    CAP_LEAD[0] = a.cap_lead
     PRIO_RUNS[0] = max(1, a.prio_runs)
     try:
         YIELD_DEPTHS[:] = [int(y) for y in a.yield_depths.split(",") if y]
@@ -1026,13 +1080,7 @@ def main() -> int:
                     mps_stop(mps)
 
         if "cap" not in skip:
-            cap_errs = []
-            for cap in (10, 50):
-                (c,), c_held = sampled(g, run, [(TRAIN, g.env("--cap", str(cap)))], a.seconds)
-                g.stop()
-                cap_errs.append(abs(100 * c["img_per_s"] / solo - cap))
-                rows.append((f"cap {cap}% alone: share", f"{100 * c['img_per_s'] / solo:.1f}%" + c_held))
-            summary["cap_err_pp"] = max(cap_errs)
+            caps(g, run, rows, summary, solo, a.seconds)
 
         if "converge" not in skip:
             envs = [(TRAIN, g.env("--weight", "50")), (TRAIN, g.env("--weight", "50"))]

@@ -94,7 +94,7 @@ class Reading:
     count: int | None = None  # how many GPUs the dialect asks for, when it says
     count_from: str = ""  # the variable that says it
     settings: share.Settings = share.Settings()  # the guest's forwarder settings it gives
-    cap: int = 0  # % of each GPU's time at most, 0: none
+    cap: int = 0  # % of its throughput alone on each GPU at most, 0: none
     priority: str = "normal"
 
 

@@ -116,7 +116,7 @@ class Reservation:
     weight: int = 0  # compute weight: compute_pct unless set
     label: str = ""  # what the operator knows the guest by (a container's docker name)
     guarantee_pct: int = 0  # compute reserved for it, 0: none
-    cap_pct: int = 0  # at most this % of the GPU's time, 0: none
+    cap_pct: int = 0  # at most this % of its throughput alone, 0: none
     priority: str = "normal"
     settings: str = ""  # the guest's own forwarder settings, text form (spec.Settings.to_text)
 
@@ -340,7 +340,7 @@ class Ledger:
 
     @_guarded
     def set_cap(self, guest: str, gpu: str, cap: int) -> str:
-        """The cap (% of the GPU's time; 0 lifts it) of guest's slice on gpu; the GPU's UUID."""
+        """The cap (% of its throughput alone; 0 lifts it) of guest's slice on gpu; the GPU's UUID."""
         if not 0 <= cap <= 100:
             raise InvalidArgument(f"cap {cap}% is not in 0..100 (0: none)")
         return self._set_slice(guest, gpu, "cap_pct", cap, "cap")

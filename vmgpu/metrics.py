@@ -54,7 +54,7 @@ class LedgerCollector:
         )
         cap = GaugeMetricFamily(
             "vmgpu_guest_compute_cap_percent",
-            "The most of a GPU's time a guest may have (only guests with a cap appear)",
+            "The most of its throughput alone on a GPU a guest may have (only guests with a cap appear)",
             labels=["guest", "gpu"],
         )
         priority = GaugeMetricFamily(

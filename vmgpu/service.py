@@ -147,7 +147,7 @@ class Service:
         return uuid, sched.apply(uuid, weights={guest: weight})
 
     def cap(self, guest: str, gpu_ref: str, cap: int) -> tuple[str, bool]:
-        """Set guest's cap (% of the GPU's time, 0: none) on a GPU: (its UUID, whether its page took it now)."""
+        """Set guest's cap (% of its throughput alone, 0: none) on a GPU: (its UUID, whether its page took it now)."""
         names.check_guest(guest)
         with self.lock:
             uuid = self.ledger.set_cap(guest, gpu_ref, cap)

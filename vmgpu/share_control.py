@@ -35,7 +35,8 @@ No guest is held for more than the rest of its target part of each period (a gue
 at least 30 ms of every 100): progress is
 measured in calls, which a guest chooses, so a guest can make itself look short of its part and
 have the others held; this bounds what it can take.  A guest's own cap holds its work back all
-but cap% of each period, however the others go: a bound on its time, as under the policies with
+but cap% of each period (or the part vmgpud's cap controller sets: vmgpu/cap_control.py),
+however the others go: a bound on its time, as under the policies with
 turns, which alone on the GPU is about cap% of its progress; a capped guest is weighted like the
 others while its weight asks less than its cap, and held by its cap alone once it would ask
 more (nobody else is held for what its cap keeps it from taking).  Priority is the gate's: while

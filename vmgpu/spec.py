@@ -14,8 +14,9 @@ Text form (e.g. ``VMGPU="gpu=0,mem=8G,weight=50,priority=high;gpu=1,mem=25%,guar
                                                 (a GPU's guarantees never sum past 100%) and, under
                                                 the weighted policy, given first while the guest is busy
              | "cap=" PERCENT                   optional, 1..100, default none: at most this share of
-                                                the GPU's time, even on an idle card; the guests
-                                                beside it stay weighted
+                                                its throughput alone, even on an idle card
+                                                (vmgpu/cap_control.py; N% of the GPU's time
+                                                without vmgpud); the guests beside it stay weighted
              | "priority=" ("high"|"normal"|"low")  optional, default normal: a waiting guest of a
                                                 higher priority has the GPU before any lower one
              | "compute=" N                     the old name of weight (compute=50 is weight=50:
@@ -92,7 +93,7 @@ class Slice:
     mem_fraction: float | None = None  # of the card, 0 < f <= 1
     weight: int = DEFAULT_WEIGHT  # relative, 1..100
     guarantee: int = 0  # percent reserved at admission, 0: none
-    cap: int = 0  # percent of the GPU's time at most, 0: none
+    cap: int = 0  # percent of its throughput alone at most (vmgpu/cap_control.py), 0: none
     priority: str = "normal"  # high, normal or low
 
     def mem_for(self, card_mib: int) -> int:

@@ -200,3 +200,56 @@ def test_native_and_uncapped_members_get_no_part_and_a_gone_guest_is_forgotten()
     ctl.step(1.7, [Seen(0, "a", 300, cap=50)], "weighted")
     ctl.step(1.8, [Seen(0, "c", 0, cap=50)], "weighted")  # another guest in a's slot: afresh
     assert list(ctl.guests) == [(0, "c")]
+
+
+def test_vmgpud_runs_the_cap_controller_of_a_capped_guests_gpu(tmp_path):
+    """On the simulated backend (a memset is forwarder CPU time there, what the gate shares out):
+    a guest capped at 30 spinning alone has its cap lifted for a probe and then its part set by
+    vmgpud's controller, and the policy turned native withdraws the part.  (Without the controller
+    in vmgpud the slot's cap_pm stays 0.)"""
+    import subprocess
+    import time
+
+    from tests.forwarder import NATIVE, guest_env, vmgpud_in_process
+    from vmgpu import sched
+
+    uuid = "GPU-00000000-0000-0000-0000-00000000000a"
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(f'[[gpu]]\nindex = 0\nuuid = "{uuid}"\nname = "t"\nmemory = "8G"\n')
+    region = tmp_path / "region"
+    with vmgpud_in_process(tmp_path, inv) as (_, c, procs):
+        c.admit("g", "process", "gpu=0,mem=1G,cap=30%")
+        c.start_forwarder("g", str(region), "sim", "256M")
+        spin = subprocess.Popen(
+            [str(NATIVE / "spin"), "8", "1", "sync"], env=guest_env(region), stdout=subprocess.PIPE, text=True
+        )
+        procs.append(spin)
+        parts = set()
+        deadline = time.monotonic() + 30
+        page = None
+        while spin.poll() is None and time.monotonic() < deadline:
+            try:
+                page = page or sched.Page(sched.page_path(uuid))
+            except sched.SchedError:
+                time.sleep(0.05)  # (the forwarder makes the page at the guest's first call)
+                continue
+            parts |= {m.cap_pm for m in page.members() if m.guest == "g"}
+            time.sleep(0.02)
+        assert spin.wait(timeout=30) == 0, spin.stdout.read()
+        assert 1000 in parts, parts  # its probe
+        assert parts - {0, 1000}, parts  # its part, taken up once its rate was seen short of alone
+        c.set_policy("0", "native")
+        assert wait_for_part(page, "g", 0), [m.cap_pm for m in page.members()]
+        page.close()
+
+
+def wait_for_part(page, guest: str, pm: int, timeout: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        mine = [m.cap_pm for m in page.members() if m.guest == guest]
+        if mine and all(x == pm for x in mine):
+            return True
+        time.sleep(0.05)
+    return False
