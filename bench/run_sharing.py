@@ -36,7 +36,7 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             (the priority reserve), at each of --prio-reserve weights of the inference guest
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate,
             its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
-            after --cap-lead seconds, 8, of the controller at work), and by time alone (cap% of each
+            after --cap-lead seconds, 10, of the controller at work), and by time alone (cap% of each
             period, as the forwarders hold it without vmgpud: cap_err_pp_time)
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -73,7 +73,7 @@ from vmgpu.sched import Page  # noqa: E402
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
-CAP_LEAD = [8.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
+CAP_LEAD = [10.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
 MPS_REFS: list[tuple[int, int]] = [(30, 70)]  # the native MPS references of the shared rows: light/heavy (--mps-refs)
 SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
@@ -728,16 +728,27 @@ def held_text(h: dict[str, tuple[float, float, float]], names: list[str]) -> str
 
 
 @contextlib.contextmanager
-def cap_controlled(g: Guests):
+def cap_controlled(g: Guests, trace=None):
     """vmgpud's cap controller on g's page from now on (as it runs there from the forwarder's start:
-    the guest is measured alone while it warms up too); on leaving, the forwarders stopped."""
+    the guest is measured alone while it warms up too), what it holds every 0.5 s to `trace`; on
+    leaving, the forwarders stopped."""
     stop = threading.Event()
     ctl = cap_control.CapController()
 
     def control():
+        t0, last = time.monotonic(), -1.0
         with g.page() as pg:
             while not stop.wait(cap_control.PERIOD_STEP_S):
-                cap_control.apply_step(pg, ctl, time.monotonic())
+                now = time.monotonic()
+                cap_control.apply_step(pg, ctl, now)
+                if trace is not None and now - last >= 0.5:
+                    last = now
+                    for (_, name), c in ctl.guests.items():
+                        trace.write(
+                            f"{now - t0:6.1f} {name} part {c.pm} alone {c.alone:.0f} reads "
+                            f"{[round(r) for r in c.reads]} k {c.k:.3f} debt {c.debt:+.4f} bound {c.bound}"
+                            f"{' probe' if c.probe_at is not None else ''}\n"
+                        )
 
     t = threading.Thread(target=control, daemon=True)
     t.start()
@@ -749,21 +760,30 @@ def cap_controlled(g: Guests):
         g.stop()
 
 
-def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float) -> None:
+def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=None) -> None:
     """A trainer alone capped at 10% and at 50%: under the cap controller, measured after its
     --cap-lead (cap_err_pp), and by time alone (cap_err_pp_time); each row with the GPU time the
-    page charged it."""
+    page charged it.  Each cap's share is of the mean of two rates alone: the run's first
+    (`solo`) and one measured just before that cap's rows (a trainer alone varied by some percent
+    from one 12 s sample to the next)."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
     for cap in (10, 50):
+        (c,), _ = sampled(g, run, [(TRAIN, g.env())], seconds)
+        g.stop()
+        ref = (solo + c["img_per_s"]) / 2
+        alone = f"{c['img_per_s']:.1f} ({solo:.1f}) img/s"
+        rows.append((f"cap {cap}%: trainer alone just before (and the first)", alone))
         guest = ([*TRAIN, "--lead", str(CAP_LEAD[0])], g.env("--cap", str(cap)))
-        with cap_controlled(g):
+        if trace is not None:
+            trace.write(f"== cap {cap}% under the cap controller\n")
+        with cap_controlled(g, trace):
             (c,), c_held = sampled(g, run, [guest], seconds, CAP_LEAD[0])
-        share = 100 * c["img_per_s"] / solo
+        share = 100 * c["img_per_s"] / ref
         errs[""].append(abs(share - cap))
         rows.append((f"cap {cap}% alone, its progress held (cap controller): share", f"{share:.1f}%" + c_held))
         (c,), c_held = sampled(g, run, [(TRAIN, g.env("--cap", str(cap)))], seconds)
         g.stop()
-        share = 100 * c["img_per_s"] / solo
+        share = 100 * c["img_per_s"] / ref
         errs["_time"].append(abs(share - cap))
         rows.append((f"cap {cap}% alone, its time held (no controller): share", f"{share:.1f}%" + c_held))
     for suffix, e in errs.items():
@@ -852,7 +872,7 @@ def main() -> int:
         "--cap-lead",
         type=float,
         default=CAP_LEAD[0],
-        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 8)",
+        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 10)",
     )
     ap.add_argument(
         "--shared-lead",
@@ -1080,7 +1100,7 @@ def main() -> int:
                     mps_stop(mps)
 
         if "cap" not in skip:
-            caps(g, run, rows, summary, solo, a.seconds)
+            caps(g, run, rows, summary, solo, a.seconds, trace)
 
         if "converge" not in skip:
             envs = [(TRAIN, g.env("--weight", "50")), (TRAIN, g.env("--weight", "50"))]

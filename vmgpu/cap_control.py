@@ -16,9 +16,11 @@ take in place of cap%).
 
 Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S while it is the
 only guest at work on the GPU, the first PROBE_SETTLE_S not counted (the work its cap held back
-goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 80%
-of the best of them (a read while it warms up).  Probes come PROBE_FIRST_S apart until it has
-PROBES_KEPT, then PROBE_EVERY_S apart.
+goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 90%
+of the best of them.  Probes come PROBE_FIRST_S apart until its last PROBES_KEPT reads agree
+within STEADY (a guest that warms up reads short or long; it is not taken up before: held by
+time, its first probes cost it nothing), then PROBE_EVERY_S apart, and at a small cap further
+(a probe gives a guest at most PROBE_COST of its cap more between two).
 
 What it made is kept against what its cap allows as a debt, in seconds at its rate alone: each look
 adds its calls since the last over its rate alone, less its cap times the time between (a
@@ -58,8 +60,9 @@ from vmgpu.share_control import Seen, seen_on
 PERIOD_STEP_S = 0.1  # how often the controller looks
 PROBE_S = 0.3  # a probe: the cap lifted this long
 PROBE_SETTLE_S = 0.08  # its first part not counted: the work its cap held back goes first
-PROBE_FIRST_S = 2.0  # a guest's first FIRST_READS probes this far apart (before it is taken up)
-FIRST_READS = 2
+PROBE_FIRST_S = 2.0  # a guest's first probes this far apart, before it is taken up, until its
+STEADY = 0.08  # last PROBES_KEPT reads are within this part of their mean (a guest still warming up
+FIRST_MAX = 8  # reads short or long), or it has had this many
 PROBE_EVERY_S = 10.0  # then this far apart at least,
 PROBE_COST = 0.05  # and so far apart that a probe gives it at most this part of its cap more
 PROBES_KEPT = 4
@@ -83,6 +86,7 @@ class _Capped:
     at: float = 0.0  # the last look
     seen: deque = field(default_factory=deque)  # (t, calls) since its last probe, over RATE_S
     reads: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its probes' rates
+    probes: int = 0  # its probes read
     alone: float = 0.0  # calls/s alone (0: not measured)
     bound: bool = False  # taken up: its cap slows it, and it has not been idle since
     debt: float = 0.0  # progress past its cap so far, in seconds at its rate alone
@@ -150,7 +154,7 @@ class CapController:
                 g.debt = max(g.debt + progress - g.cap * dt, -CREDIT_S * g.cap - self._excess(g))
                 self._learn(g, progress, dt)
             else:
-                g.bound = len(g.reads) >= FIRST_READS and self._rate(g) < (1 - BIND) * g.alone
+                g.bound = self._steady(g) and self._rate(g) < (1 - BIND) * g.alone
         # (no probe before it is paid for, nor while the last one is being paid back)
         paid = g.debt + self._prepaid(g, now) <= g.cap * PERIOD_STEP_S + self._excess(g) / 4
         if busy and alone_on_gpu and not probing and paid and now >= self._due(g):
@@ -162,9 +166,21 @@ class CapController:
         """When its next probe is due: a guest's first probes PROBE_FIRST_S apart; later ones
         PROBE_EVERY_S apart at least, further where a probe would give more than PROBE_COST of
         what its cap gives it between two (at a cap of 10%, a minute apart)."""
-        if len(g.reads) < FIRST_READS:
+        if not self._steady(g):
             return g.probed_at + PROBE_FIRST_S
         return g.probed_at + max(self.probe_every_s, (1 - g.cap) * self.probe_s / (PROBE_COST * g.cap))
+
+    @staticmethod
+    def _steady(g: _Capped) -> bool:
+        """Whether its rate alone is known well enough to hold it by: its last PROBES_KEPT reads
+        within STEADY of their mean, or FIRST_MAX reads had (a guest that keeps its reads apart is
+        not probed every PROBE_FIRST_S for ever)."""
+        if g.probes >= FIRST_MAX:
+            return True
+        if len(g.reads) < PROBES_KEPT:
+            return False
+        mean = sum(g.reads) / len(g.reads)
+        return all(abs(r - mean) <= STEADY * mean for r in g.reads)
 
     def _excess(self, g: _Capped) -> float:
         """What a probe gives a bound guest past its cap, in seconds at its rate alone."""
@@ -200,6 +216,7 @@ class CapController:
         t0, c0 = g.settled
         if s.calls > c0 and now > t0:
             g.reads.append((s.calls - c0) / (now - t0))
+            g.probes += 1
             best = max(g.reads)
             kept = [r for r in g.reads if r >= SHORT_READ * best]
             g.alone = sum(kept) / len(kept)
