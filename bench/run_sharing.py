@@ -36,7 +36,7 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             (the priority reserve), at each of --prio-reserve weights of the inference guest
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate,
             its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
-            after --cap-lead seconds, 10, of the controller at work), and by time alone (cap% of each
+            after --cap-lead seconds, 24, of the controller at work), and by time alone (cap% of each
             period, as the forwarders hold it without vmgpud: cap_err_pp_time)
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -73,7 +73,7 @@ from vmgpu.sched import Page  # noqa: E402
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
-CAP_LEAD = [10.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
+CAP_LEAD = [24.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
 MPS_REFS: list[tuple[int, int]] = [(30, 70)]  # the native MPS references of the shared rows: light/heavy (--mps-refs)
 SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
@@ -872,7 +872,7 @@ def main() -> int:
         "--cap-lead",
         type=float,
         default=CAP_LEAD[0],
-        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 10)",
+        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 24)",
     )
     ap.add_argument(
         "--shared-lead",

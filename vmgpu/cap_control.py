@@ -16,8 +16,8 @@ take in place of cap%).
 
 Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S while it is the
 only guest at work on the GPU, the first PROBE_SETTLE_S not counted (the work its cap held back
-goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 90%
-of the best of them.  Probes come PROBE_FIRST_S apart until its last PROBES_KEPT reads agree
+goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 80%
+of their median (a read as it begins its work).  Probes come PROBE_FIRST_S apart until its last PROBES_KEPT reads agree
 within STEADY (a guest that warms up reads short or long; it is not taken up before: held by
 time, its first probes cost it nothing), then PROBE_EVERY_S apart, and at a small cap further
 (a probe gives a guest at most PROBE_COST of its cap more between two).
@@ -58,15 +58,16 @@ from dataclasses import dataclass, field
 from vmgpu.share_control import Seen, seen_on
 
 PERIOD_STEP_S = 0.1  # how often the controller looks
-PROBE_S = 0.3  # a probe: the cap lifted this long
-PROBE_SETTLE_S = 0.08  # its first part not counted: the work its cap held back goes first
-PROBE_FIRST_S = 2.0  # a guest's first probes this far apart, before it is taken up, until its
-STEADY = 0.08  # last PROBES_KEPT reads are within this part of their mean (a guest still warming up
-FIRST_MAX = 8  # reads short or long), or it has had this many
+PROBE_S = 0.6  # a probe: the cap lifted this long (a trainer's calls come in bursts: read over 0.22 s
+# they were 12% apart from one probe to the next on an H200; a longer probe costs more to pay back)
+PROBE_SETTLE_S = 0.1  # its first part not counted: the work its cap held back goes first
+PROBE_FIRST_S = 2.5  # a guest's first probes this far apart, before it is taken up, until its
+STEADY = 0.1  # last PROBES_KEPT reads are within this part of their mean (a guest still warming up
+FIRST_MAX = 10  # reads short or long), or it has had this many
 PROBE_EVERY_S = 10.0  # then this far apart at least,
 PROBE_COST = 0.05  # and so far apart that a probe gives it at most this part of its cap more
-PROBES_KEPT = 4
-SHORT_READ = 0.9  # a read short of this part of the best kept is left out of the rate alone
+PROBES_KEPT = 6
+SHORT_READ = 0.8  # a read short of this part of the median kept is left out of the rate alone
 PAYBACK_S = 1.0  # a debt is paid back over about this long
 PREPAY_PART = 0.25  # a bound guest pays for its next probe ahead, at this part of its cap (in a second at least)
 CREDIT_S = 0.2  # what a guest fell short of its cap is owed back up to this long at its cap
@@ -217,8 +218,8 @@ class CapController:
         if s.calls > c0 and now > t0:
             g.reads.append((s.calls - c0) / (now - t0))
             g.probes += 1
-            best = max(g.reads)
-            kept = [r for r in g.reads if r >= SHORT_READ * best]
+            median = sorted(g.reads)[len(g.reads) // 2]
+            kept = [r for r in g.reads if r >= SHORT_READ * median]
             g.alone = sum(kept) / len(kept)
         return self._probe_over(g, now)
 

@@ -21,6 +21,8 @@ from vmgpu.share_control import Seen
 PERIOD_MS = 100
 BUSY = 0.8
 LOSS_MS = 6
+BURST_MS = 85  # its calls are seen in bursts, one every this long of its work (a trainer that synchronises
+# every 4 steps: read over 0.22 s, an H200's probes of one were 12% apart; this gives about that)
 QUEUE = 200  # calls its CPU gets ahead of the GPU at most (10 ms of its work: drained in 40 ms alone)
 RATE = 20_000.0  # calls/s alone
 
@@ -29,6 +31,8 @@ class Guest:
     def __init__(self, name: str, cap: int, rate: float = RATE, demand: float = 1.0, weight: int = 100):
         self.name, self.cap, self.rate, self.demand, self.weight = name, cap, rate, demand, weight
         self.queue, self.calls, self.pm = 0.0, 0.0, 0
+        self.shown = 0  # its calls as the page shows them: in bursts
+        self.work_ms = 0.0  # its work so far (a burst is shown every BURST_MS of it)
         self.period_ms = 0.0  # its work's time in the period under way
         self.used_ms = 0.0  # all its work's time
         self.probe_calls = 1.0  # calls counted per call run while its cap is lifted (a gamer: more)
@@ -47,7 +51,7 @@ class Model:
 
     def seen(self) -> list[Seen]:
         out = [
-            Seen(i, g.name, int(g.calls), g.weight, 0, g.cap, 1, False, g.busy and g.queue >= QUEUE)
+            Seen(i, g.name, g.shown, g.weight, 0, g.cap, 1, False, g.busy and g.queue >= QUEUE)
             for i, g in enumerate(self.guests)
         ]
         out.append(Seen(len(self.guests), "other", self.other_calls))
@@ -86,6 +90,9 @@ class Model:
                     busy_ms = run if done >= rate / 1000 * run else done / (rate / 1000)  # (charged for work only)
                     g.period_ms += busy_ms
                     g.used_ms += busy_ms
+                    before, g.work_ms = g.work_ms, g.work_ms + done / (g.rate / 1000)
+                    if int(g.work_ms // BURST_MS) != int(before // BURST_MS) or g.demand < 1:
+                        g.shown = int(g.calls)
             self.now_ms += 1
             if ctl is not None and self.now_ms % 100 == 0:
                 parts = ctl.step(self.now_ms / 1000, self.seen(), self.policy)
@@ -111,18 +118,18 @@ def share(m: Model, ctl: CapController | None, seconds: float, name: str = "a") 
 def test_a_trainer_capped_alone_makes_its_cap_of_its_rate_alone(cap):
     m = Model([Guest("a", cap)])
     ctl = CapController()
-    m.run(ctl, 12.0)  # (its rate alone measured, steady, and its part found)
+    m.run(ctl, 30.0)  # (its rate alone measured, steady, and its part found)
     got = share(m, ctl, 24.0)
-    assert abs(got - cap) <= 1.0, got
+    assert abs(got - cap) <= 1.5, got  # (its calls seen in bursts: the reads of its rate alone are some % apart)
     # without the controller its time is cap% and its progress is not (what the controller is for)
     untuned = share(Model([Guest("a", cap)]), None, 24.0)
-    assert abs(untuned - cap) > 1.0, untuned
+    assert abs(untuned - cap) > 2 * abs(got - cap), (untuned, got)
 
 
 def test_under_fixed_the_weight_is_a_cap_of_progress_too():
     m = Model([Guest("a", 0, weight=30)], policy="fixed")
     ctl = CapController()
-    m.run(ctl, 12.0)
+    m.run(ctl, 30.0)
     got = share(m, ctl, 24.0)
     assert abs(got - 30) <= 1.0, got
 
@@ -130,7 +137,7 @@ def test_under_fixed_the_weight_is_a_cap_of_progress_too():
 def test_probes_are_paid_back_even_when_they_come_often():
     m = Model([Guest("a", 20)])
     ctl = CapController(probe_every_s=2.0)
-    m.run(ctl, 12.0)
+    m.run(ctl, 30.0)
     got = share(m, ctl, 30.0)
     assert abs(got - 20) <= 1.0, got
 
@@ -164,7 +171,7 @@ def test_a_guest_that_looks_slow_gets_at_most_over_its_cap_of_the_time():
     g.probe_calls = 3.0
     m = Model([g])
     ctl = CapController()
-    m.run(ctl, 12.0)
+    m.run(ctl, 30.0)  # (its first probes, 2.5 s apart while its reads are not yet steady, are over)
     used0 = g.used_ms
     parts = []
     for _ in range(200):
@@ -179,7 +186,7 @@ def test_an_idle_guest_is_let_go_and_taken_up_again():
     g = Guest("a", 50)
     m = Model([g])
     ctl = CapController()
-    m.run(ctl, 10.0)
+    m.run(ctl, 30.0)
     assert ctl.guests[(0, "a")].bound and g.pm not in (0, 1000)
     g.busy = False
     m.run(ctl, 1.0)
