@@ -36,7 +36,7 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             (the priority reserve), at each of --prio-reserve weights of the inference guest
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate,
             its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
-            after --cap-lead seconds, 24, of the controller at work), and by time alone (cap% of each
+            after --cap-lead seconds, 36, of the controller at work), and by time alone (cap% of each
             period, as the forwarders hold it without vmgpud: cap_err_pp_time)
   converge  two trainers at 50/50 turned to 20/80 live: how long until the GPU-time shares on
             the scheduler's page are within 2 pp of the new weights (in a 250 ms window, and from
@@ -73,7 +73,9 @@ from vmgpu.sched import Page  # noqa: E402
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
-CAP_LEAD = [24.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
+CAP_LEAD = [36.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
+CAPS = [10, 50]  # the caps the cap rows hold a trainer to (--caps)
+SKIP: set[str] = set()  # the scenarios --skip leaves out
 PRIO_RUNS = [1]  # how many times the sharedprio scenario runs each way (--prio-runs)
 MPS_REFS: list[tuple[int, int]] = [(30, 70)]  # the native MPS references of the shared rows: light/heavy (--mps-refs)
 SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS partitions: light/heavy (--shared-threads)
@@ -767,12 +769,14 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
     (`solo`) and one measured just before that cap's rows (a trainer alone varied by some percent
     from one 12 s sample to the next)."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
-    for cap in (10, 50):
-        (c,), _ = sampled(g, run, [(TRAIN, g.env())], seconds)
-        g.stop()
-        ref = (solo + c["img_per_s"]) / 2
-        alone = f"{c['img_per_s']:.1f} ({solo:.1f}) img/s"
-        rows.append((f"cap {cap}%: trainer alone just before (and the first)", alone))
+    for cap in CAPS:
+        ref = solo
+        if "capsolo" not in SKIP:
+            (c,), _ = sampled(g, run, [(TRAIN, g.env())], seconds)
+            g.stop()
+            ref = (solo + c["img_per_s"]) / 2
+            alone = f"{c['img_per_s']:.1f} ({solo:.1f}) img/s"
+            rows.append((f"cap {cap}%: trainer alone just before (and the first)", alone))
         guest = ([*TRAIN, "--lead", str(CAP_LEAD[0])], g.env("--cap", str(cap)))
         if trace is not None:
             trace.write(f"== cap {cap}% under the cap controller\n")
@@ -781,13 +785,16 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
         share = 100 * c["img_per_s"] / ref
         errs[""].append(abs(share - cap))
         rows.append((f"cap {cap}% alone, its progress held (cap controller): share", f"{share:.1f}%" + c_held))
+        if "captime" in SKIP:
+            continue
         (c,), c_held = sampled(g, run, [(TRAIN, g.env("--cap", str(cap)))], seconds)
         g.stop()
         share = 100 * c["img_per_s"] / ref
         errs["_time"].append(abs(share - cap))
         rows.append((f"cap {cap}% alone, its time held (no controller): share", f"{share:.1f}%" + c_held))
     for suffix, e in errs.items():
-        summary[f"cap_err_pp{suffix}"] = max(e)
+        if e:
+            summary[f"cap_err_pp{suffix}"] = max(e)
 
 
 def sampled_held(g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0) -> tuple[list[dict], dict]:
@@ -861,18 +868,20 @@ def main() -> int:
         "priorities), sharedbelow (the shared pair on MPS with the light guest's MPS client priority below normal), "
         "refs (where weights are skipped: the shared rows' references, "
         "no-sched and native MPS 30/70), cap, converge, reclaim, sharedconverge, sharedreclaim (converge and "
-        "reclaim under shared, on MPS where it runs))",
+        "reclaim under shared, on MPS where it runs), capsolo (the rate alone measured next to each cap's "
+        "rows), captime (the cap rows by time alone))",
     )
     ap.add_argument(
         "--depths",
         help="comma-separated depths: a trainer alone on MPS under shared held to each, and with --no-sched "
         "(what the depth costs one guest alone; run before the shared rows)",
     )
+    ap.add_argument("--caps", default="10,50", help="the caps of the cap rows, comma-separated %% (default 10,50)")
     ap.add_argument(
         "--cap-lead",
         type=float,
         default=CAP_LEAD[0],
-        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 24)",
+        help="seconds a trainer capped under the cap controller runs before its rate is measured (default 36)",
     )
     ap.add_argument(
         "--shared-lead",
@@ -949,6 +958,8 @@ def main() -> int:
     if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
         ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")
     skip = set(filter(None, a.skip.split(",")))
+    SKIP.update(skip)
+    CAPS[:] = [int(x) for x in a.caps.split(",") if x]
     CLIENT_PRIO_OFF[0] = "noclientprio" not in skip
     tmp = Path(tempfile.mkdtemp(prefix="vmgpu-sharing-"))
     run = Run(tmp, a.seconds)

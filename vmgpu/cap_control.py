@@ -18,8 +18,9 @@ Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S 
 only guest at work on the GPU, the first PROBE_SETTLE_S not counted (the work its cap held back
 goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 80%
 of their median (a read as it begins its work).  Probes come PROBE_FIRST_S apart until its last PROBES_KEPT reads agree
-within STEADY (a guest that warms up reads short or long; it is not taken up before: held by
-time, its first probes cost it nothing), then PROBE_EVERY_S apart, and at a small cap further
+within STEADY, or it has had FIRST_MAX (a guest that warms up reads short or long; it is not
+taken up before: held by time, and its first probes are not paid back: on an H200 a trainer was
+taken up some 25 s after its first work), then PROBE_EVERY_S apart, and at a small cap further
 (a probe gives a guest at most PROBE_COST of its cap more between two).
 
 What it made is kept against what its cap allows as a debt, in seconds at its rate alone: each look
@@ -62,8 +63,8 @@ PROBE_S = 0.6  # a probe: the cap lifted this long (a trainer's calls come in bu
 # they were 12% apart from one probe to the next on an H200; a longer probe costs more to pay back)
 PROBE_SETTLE_S = 0.1  # its first part not counted: the work its cap held back goes first
 PROBE_FIRST_S = 2.5  # a guest's first probes this far apart, before it is taken up, until its
-STEADY = 0.1  # last PROBES_KEPT reads are within this part of their mean (a guest still warming up
-FIRST_MAX = 10  # reads short or long), or it has had this many
+STEADY = 0.15  # last PROBES_KEPT reads are within this part of their mean (a guest still warming up
+FIRST_MAX = 8  # reads short or long), or it has had this many
 PROBE_EVERY_S = 10.0  # then this far apart at least,
 PROBE_COST = 0.05  # and so far apart that a probe gives it at most this part of its cap more
 PROBES_KEPT = 6
@@ -103,9 +104,15 @@ class CapController:
     """One GPU's cap controller.  `step(now, seen, policy)` returns each member's cap_pm by slot."""
 
     def __init__(
-        self, *, probe_s: float = PROBE_S, settle_s: float = PROBE_SETTLE_S, probe_every_s: float = PROBE_EVERY_S
+        self,
+        *,
+        probe_s: float = PROBE_S,
+        settle_s: float = PROBE_SETTLE_S,
+        probe_every_s: float = PROBE_EVERY_S,
+        probe_cost: float = PROBE_COST,
     ):
         self.probe_s, self.settle_s, self.probe_every_s = probe_s, settle_s, probe_every_s
+        self.probe_cost = probe_cost
         self.guests: dict[tuple[int, str], _Capped] = {}
         self.moved: dict[tuple[int, str], tuple[int, float]] = {}  # every member's (calls, when they last moved)
 
@@ -169,7 +176,7 @@ class CapController:
         what its cap gives it between two (at a cap of 10%, a minute apart)."""
         if not self._steady(g):
             return g.probed_at + PROBE_FIRST_S
-        return g.probed_at + max(self.probe_every_s, (1 - g.cap) * self.probe_s / (PROBE_COST * g.cap))
+        return g.probed_at + max(self.probe_every_s, (1 - g.cap) * self.probe_s / (self.probe_cost * g.cap))
 
     @staticmethod
     def _steady(g: _Capped) -> bool:
@@ -180,8 +187,9 @@ class CapController:
             return True
         if len(g.reads) < PROBES_KEPT:
             return False
-        mean = sum(g.reads) / len(g.reads)
-        return all(abs(r - mean) <= STEADY * mean for r in g.reads)
+        kept = _kept(g.reads)
+        mean = sum(kept) / len(kept)
+        return len(kept) >= PROBES_KEPT - 1 and all(abs(r - mean) <= STEADY * mean for r in kept)
 
     def _excess(self, g: _Capped) -> float:
         """What a probe gives a bound guest past its cap, in seconds at its rate alone."""
@@ -218,8 +226,7 @@ class CapController:
         if s.calls > c0 and now > t0:
             g.reads.append((s.calls - c0) / (now - t0))
             g.probes += 1
-            median = sorted(g.reads)[len(g.reads) // 2]
-            kept = [r for r in g.reads if r >= SHORT_READ * median]
+            kept = _kept(g.reads)
             g.alone = sum(kept) / len(kept)
         return self._probe_over(g, now)
 
@@ -248,6 +255,13 @@ class CapController:
             g.k = min(hi, max(lo, g.k + K_LEARN * (p / x - g.k)))
             p, x, t = 0.0, 0.0, 0.0
         g.k_sum = (p, x, t)
+
+
+def _kept(reads) -> list[float]:
+    """The reads a rate alone is made of: those not short of SHORT_READ of their median (a read
+    as a guest begins its work, or is stopped within a probe)."""
+    median = sorted(reads)[len(reads) // 2]
+    return [r for r in reads if r >= SHORT_READ * median]
 
 
 def apply_step(page, ctl: CapController, now: float) -> None:
