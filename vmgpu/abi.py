@@ -176,7 +176,7 @@ class SchedSlot(ctypes.Structure):
 
 
 class SchedPage(ctypes.Structure):
-    """Python stores only whole aligned 32-bit control words here (policy, a slot's weight, cap,
+    """Python stores only whole aligned 32-bit control words here (policy, caps_ms, a slot's weight, cap,
     priority, guarantee, hold, depth, sm_part, cap_pm): a
     ctypes field store, one aligned 4-byte store, as the forwarders' atomic loads expect."""
 
@@ -194,7 +194,8 @@ class SchedPage(ctypes.Structure):
         ("hold_start", u64),
         ("mu_space", u8 * 64),
         ("sm_groups", u32),
-        ("pad1", u8 * (128 - 116)),
+        ("caps_ms", u32),
+        ("pad1", u8 * (128 - 120)),
         ("slot", SchedSlot * SCHED_SLOTS),
     ]
 

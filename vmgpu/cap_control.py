@@ -46,6 +46,10 @@ cap of time, but never more than OVER x its cap of each period, and a probe's PR
 every PROBE_EVERY_S at most; one that makes them look faster is held tighter, which hurts only
 itself.  A slot reused by another guest starts afresh (members are keyed by slot and name).
 
+The parts it sets hold only while it looks: each look stamps the page (caps_ms), and the
+forwarders take a slot's cap_pm only within 2 s of the last stamp (VMGPU_SCHED_CAPS_FRESH_MS), so a
+vmgpud that dies, in a probe or not, leaves every guest to its cap% of the time.
+
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `apply_step` is one look at a live page, as vmgpud's share-control thread makes them.
 """
@@ -268,6 +272,8 @@ def apply_step(page, ctl: CapController, now: float) -> None:
     """One look at a live page (vmgpu.sched.Page): each capped member's part of the period, stored
     where it changed."""
     members = {m.slot: m for m in page.members()}
-    for slot, pm in ctl.step(now, seen_on(page, now), page.policy).items():
+    parts = ctl.step(now, seen_on(page, now), page.policy)
+    page.mark_caps_look(now)  # (the parts below hold for VMGPU_SCHED_CAPS_FRESH_MS from this look)
+    for slot, pm in parts.items():
         if slot in members and members[slot].cap_pm != pm:
             page.set_cap_pm(slot, pm)

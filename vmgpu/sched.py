@@ -223,6 +223,12 @@ class Page:
             raise SchedError(f"cap part {pm} is not in 0..1000 per mille")
         self.page.slot[slot].cap_pm = pm  # one aligned 4-byte store
 
+    def mark_caps_look(self, now: float) -> None:
+        """The cap controller looks at `now` (time.monotonic, the forwarders' CLOCK_MONOTONIC): the
+        slots' cap_pm hold for VMGPU_SCHED_CAPS_FRESH_MS from it (a vmgpud that stops looking, in a
+        probe or not, leaves its guests to their caps' own parts)."""
+        self.page.caps_ms = (int(now * 1000) & 0xFFFFFFFF) or 1  # one aligned 4-byte store; 0 is never
+
     @property
     def sm_groups(self) -> int:
         """The groups of SMs an SM span counts in (0: the forwarders cannot partition this GPU)."""

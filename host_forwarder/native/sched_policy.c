@@ -78,13 +78,16 @@ static uint64_t period_ns(struct vmgpu_sched_page *pg)
 	return (uint64_t)atomic_load(&pg->period_us) * 1000;
 }
 
-/* The part of each period (per mille) g's cap leaves its work: what vmgpud's cap controller set
- * (cap_pm, so that its progress is its cap's part of its rate alone), else its cap% and under
- * fixed its weight%, whichever is less; 1000: not capped. */
-static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
+/* The part of each period (per mille) g's cap leaves its work at now: what vmgpud's cap controller
+ * set (cap_pm, so that its progress is its cap's part of its rate alone) while the controller is
+ * looking (the page's caps_ms recent), else its cap% and under fixed its weight%, whichever is
+ * less; 1000: not capped. */
+static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
 	uint32_t pm = atomic_load(&g->cap_pm), cap = atomic_load(&g->cap), w = atomic_load(&g->weight);
-	if (pm)
+	uint32_t looked = atomic_load(&pg->caps_ms);
+	int32_t age = (int32_t)((uint32_t)(now / 1000000) - looked); /* (both the low 32 bits of ms) */
+	if (pm && looked && age > -VMGPU_SCHED_CAPS_FRESH_MS && age <= VMGPU_SCHED_CAPS_FRESH_MS)
 		return pm > 1000 ? 1000 : pm;
 	uint32_t part = cap ? 10 * (cap > 100 ? 100 : cap) : 1000;
 	if (atomic_load(&pg->policy) == VMGPU_SCHED_FIXED && 10 * (w > 100 ? 100 : w) < part)
@@ -92,9 +95,9 @@ static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot
 	return part;
 }
 
-uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
+uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	uint64_t period = period_ns(pg), budget = period, by_cap = period * cap_part_pm(pg, g) / 1000;
+	uint64_t period = period_ns(pg), budget = period, by_cap = period * cap_part_pm(pg, g, now) / 1000;
 	if (atomic_load(&pg->policy) == VMGPU_SCHED_EQUAL) {
 		int n = nmembers(pg);
 		budget = period / (uint64_t)(n ? n : 1);
@@ -108,7 +111,7 @@ static void roll(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64
 {
 	if (now - g->period_start < period_ns(pg))
 		return;
-	uint64_t b = sched_budget_ns(pg, g), over = g->period_used > b ? g->period_used - b : 0;
+	uint64_t b = sched_budget_ns(pg, g, now), over = g->period_used > b ? g->period_used - b : 0;
 	g->period_used = over < b ? over : b;
 	g->period_start = now;
 }
@@ -117,7 +120,7 @@ static void roll(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64
 static int spent_for_period(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
 	return capped(pg, g) && now - g->period_start < period_ns(pg) &&
-	       g->period_used >= sched_budget_ns(pg, g);
+	       g->period_used >= sched_budget_ns(pg, g, now);
 }
 
 /* Under the lock: may g have a turn now?  Starts its new period if the last one is over. */
@@ -306,7 +309,7 @@ uint64_t sched_held_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, 
 	uint32_t hold = atomic_load(&g->hold);
 	uint64_t period = period_ns(pg);
 	if (alone) {
-		uint32_t by_cap = 1000 - cap_part_pm(pg, g);
+		uint32_t by_cap = 1000 - cap_part_pm(pg, g, now);
 		hold = hold < by_cap ? hold : by_cap;
 	}
 	if (atomic_load(&pg->policy) != VMGPU_SCHED_SHARED || !hold)
@@ -365,7 +368,7 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	uint64_t held = now - pg->hold_start;
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
-	int spent = capped(pg, g) && g->period_used + held >= sched_budget_ns(pg, g);
+	int spent = capped(pg, g) && g->period_used + held >= sched_budget_ns(pg, g, now);
 	/* an idle holder alone on the GPU keeps its turn (a hand-over drains the GPU, and its next
 	 * call would wait for that: a pipeline bubble for nothing), unless a cap counts its turns */
 	int idle_over = idle && (capped(pg, g) || sched_others_wait(pg, me, now, UINT64_MAX));

@@ -49,11 +49,12 @@ void sched_seat(struct vmgpu_sched_slot *g, const char *guest, const struct sche
  * the policies that do not weigh; under weighted, guarantees first: effective_weight). */
 uint64_t sched_vcost(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t held);
 
-/* Held-time budget per period of g under a capping policy (equal: 1/N; fixed: weight%), or of a
- * guest with a cap of its own (cap%, the tighter of the two under a capping policy); where
- * vmgpud's cap controller set the slot's cap_pm, that part of the period in place of cap% and
- * fixed's weight% (so that the guest's progress, not its time, is its cap's part). */
-uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g);
+/* Held-time budget per period of g at now under a capping policy (equal: 1/N; fixed: weight%), or
+ * of a guest with a cap of its own (cap%, the tighter of the two under a capping policy); where
+ * vmgpud's cap controller set the slot's cap_pm and has looked within VMGPU_SCHED_CAPS_FRESH_MS
+ * (the page's caps_ms), that part of the period in place of cap% and fixed's weight% (so that the
+ * guest's progress, not its time, is its cap's part). */
+uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now);
 
 /* Under the lock: the GPU to whoever should have it at now (pick, and begin its turn); the
  * slot index, or -1 for nobody.  The caller wakes the waiters. */
@@ -104,7 +105,7 @@ void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_
  * every guest's period begins together); at 1000 and above, held throughout.  alone: no other
  * guest of its priority or above is at work (vh_sched.h, alone), so that it is held only as far
  * as its cap holds it as well (the less of its hold and 1000 - 10 x cap, or 1000 - cap_pm where
- * the cap controller set it; not at all without a cap; the share controller's hold includes the
+ * the cap controller set it and is looking; not at all without a cap; the share controller's hold includes the
  * cap's): a hold is there to give the
  * others the GPU, and an idle guest's share goes to the busy ones at once.  Under every other
  * policy, 0: turns decide. */

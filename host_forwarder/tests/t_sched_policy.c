@@ -231,7 +231,7 @@ static void an_overrun_is_paid_from_the_next_period(void)
 	sim_init(&s, VMGPU_SCHED_FIXED);
 	int a = sim_join(&s, "a", 30, 1);
 	struct vmgpu_sched_slot *g = &s.pg.slot[a];
-	uint64_t budget = sched_budget_ns(&s.pg, g);
+	uint64_t budget = sched_budget_ns(&s.pg, g, s.now);
 	check(budget == 30 * MS, "fixed 30: budget %llu ms of a 100 ms period", (unsigned long long)(budget / MS));
 	/* a kernel runs 45 ms past the start of a turn: charged in full */
 	sched_wait_begin(&s.pg, a, s.now);
@@ -425,6 +425,12 @@ static void a_cap_holds_one_guest_while_the_others_stay_weighted(void)
 /* vmgpud's cap controller sets a capped guest's part of each period (cap_pm) so that its progress
  * is its cap's part of its rate alone: that part holds in place of cap% (and of fixed's weight%),
  * under turns and under shared alike; 0 there is cap% again. */
+/* The cap controller looking now (the page's caps_ms): the fake clock's ms, never 0. */
+static void caps_look(struct sim *s)
+{
+	atomic_store(&s->pg.caps_ms, (uint32_t)(s->now / 1000000) | 1);
+}
+
 static void the_cap_controllers_part_replaces_cap_percent(void)
 {
 	struct sim s;
@@ -432,11 +438,29 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	sim_init(&s, VMGPU_SCHED_WEIGHTED);
 	int a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 10}, 1);
 	atomic_store(&s.pg.slot[a].cap_pm, 73);
-	sim_run(&s, 5 * SEC, p);
-	check(near(p[a], 73, 2), "cap 10 with the controller's 73 per mille, alone and busy: holds %u‰", p[a]);
-	atomic_store(&s.pg.slot[a].cap_pm, 1000); /* its rate alone measured: not held */
-	sim_run(&s, 2 * SEC, p);
-	check(near(p[a], 1000, 2), "cap 10 with the controller's 1000 per mille: holds %u‰", p[a]);
+	sim_run(&s, 1 * SEC, p);
+	check(near(p[a], 100, 2), "the controller's 73 per mille with no look of its on the page: cap 10 holds %u‰", p[a]);
+	for (int i = 0; i < 50; i++) { /* looking every 100 ms */
+		caps_look(&s);
+		sim_run(&s, SEC / 10, p);
+	}
+	sim_run(&s, 1 * SEC, p); /* (its last look 1 s old: still fresh) */
+	check(near(p[a], 73, 2), "cap 10 with the controller's 73 per mille, looking, alone and busy: holds %u‰", p[a]);
+	caps_look(&s);
+	atomic_store(&s.pg.slot[a].cap_pm, 1000); /* a probe, and then the controller dies: */
+	sim_run(&s, 1 * SEC, p);
+	check(near(p[a], 1000, 2), "a probe (1000 per mille) in the second after its last look: holds %u‰", p[a]);
+	sim_run(&s, 1 * SEC, p); /* (the rest of VMGPU_SCHED_CAPS_FRESH_MS) */
+	sim_run(&s, 4 * SEC, p);
+	check(near(p[a], 100, 2), "the controller gone (its last look 2 s past and more): cap 10 holds %u‰ again", p[a]);
+	atomic_store(&s.pg.slot[a].cap_pm, 73);
+	for (int i = 0; i < 20; i++) {
+		caps_look(&s);
+		sim_run(&s, SEC / 10, p);
+	}
+	sim_run(&s, SEC, p);
+	check(near(p[a], 73, 2), "looking again: the controller's 73 per mille holds %u‰", p[a]);
+	caps_look(&s);
 	atomic_store(&s.pg.slot[a].cap_pm, 0);
 	sim_run(&s, 5 * SEC, p);
 	check(near(p[a], 100, 2), "the controller's part withdrawn: cap 10 holds %u‰", p[a]);
@@ -446,9 +470,11 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	sim_run(&s, 5 * SEC, p);
 	check(near(p[a], 400, 3), "fixed 40 without the controller: holds %u‰", p[a]);
 	atomic_store(&s.pg.slot[a].cap_pm, 350);
-	sim_run(&s, 5 * SEC, p);
+	caps_look(&s);
+	sim_run(&s, 2 * SEC, p);
 	check(near(p[a], 350, 3), "fixed 40 with the controller's 350 per mille: holds %u‰", p[a]);
 	atomic_store(&s.pg.slot[a].cap_pm, 5000);
+	caps_look(&s);
 	sim_run(&s, 2 * SEC, p);
 	check(near(p[a], 1000, 2), "a part past 1000 per mille is the whole period: holds %u‰", p[a]);
 
@@ -459,9 +485,12 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	atomic_store(&g->hold, 900);
 	check(sched_held_ns(&s.pg, g, start, 1) == period * 7 / 10, "shared, alone, cap 30: the cap's 700");
 	atomic_store(&g->cap_pm, 240);
+	check(sched_held_ns(&s.pg, g, start, 1) == period * 7 / 10, "shared, the controller's 240 not looking: the cap's 700");
+	atomic_store(&s.pg.caps_ms, (uint32_t)(start / 1000000));
 	check(sched_held_ns(&s.pg, g, start, 1) == period * 76 / 100, "shared, alone, the controller's 240: held 760");
 	atomic_store(&g->cap_pm, 1000);
 	check(sched_held_ns(&s.pg, g, start, 1) == 0, "shared, alone, the controller's 1000: not held");
+	check(sched_held_ns(&s.pg, g, start + 3 * SEC, 1) == period * 7 / 10, "3 s after its last look: the cap's 700");
 }
 
 static void a_guarantee_is_given_first_and_the_rest_by_weight(void)

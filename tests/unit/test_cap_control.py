@@ -249,6 +249,9 @@ def test_vmgpud_runs_the_cap_controller_of_a_capped_guests_gpu(tmp_path):
         spin.kill()
         assert 1000 in parts, parts  # its probes
         assert parts - {0, 1000}, parts  # its part, once its reads agreed and its rate was seen short of alone
+        # the controller stamps its looks (the forwarders take a part only within 2 s of one)
+        age_ms = (int(time.monotonic() * 1000) - page.page.caps_ms) & 0xFFFFFFFF
+        assert age_ms < 1000, age_ms
         c.set_policy("0", "native")
         assert wait_for_part(page, "g", 0), [m.cap_pm for m in page.members()]
         page.close()

@@ -12,12 +12,12 @@
  *  - magic first, then the version: a reader refuses a page whose magic or version it does not
  *    speak.  The creator stores the magic last (release), after every other field is written.
  *  - Every field is a little-endian fixed-width integer; writers outside the forwarders (Python)
- *    store only whole aligned 32-bit control words: policy, slice_us, period_us, idle_us and a
+ *    store only whole aligned 32-bit control words: policy, slice_us, period_us, idle_us, caps_ms and a
  *    slot's weight, cap, priority, guarantee, hold, depth, sm_part and cap_pm.
  *  - cap, priority, guarantee and hold sit where version 1 had padding, and zero means what a slot
  *    without them did (no cap, normal priority, no guarantee, never held): a forwarder that does not know them
  *    leaves them zero, so the page stays version 1.  So do the header's idle_us (zero: the
- *    forwarders' default) and sm_groups, and a slot's depth, active_ms, sm_part, whole_ms and cap_pm (zero:
+ *    forwarders' default), sm_groups and caps_ms, and a slot's depth, active_ms, sm_part, whole_ms and cap_pm (zero:
  *    the forwarder's depth, never seen at work, the whole GPU, never off its span, cap% of the time).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
@@ -37,6 +37,7 @@
 #define VMGPU_SCHED_MAGIC 0x3144454843534756ull /* "VGSCHED1" in little-endian bytes */
 #define VMGPU_SCHED_VERSION 1
 #define VMGPU_SCHED_SLOTS 64
+#define VMGPU_SCHED_CAPS_FRESH_MS 2000 /* a cap controller's parts (slot.cap_pm) hold this long after its last look */
 #define VMGPU_SCHED_NAME 64
 #define VMGPU_SCHED_DIR "/dev/shm/vmgpu" /* the default directory of the pages (root's, 0700) */
 
@@ -130,7 +131,12 @@ struct vmgpu_sched_page {
 	uint8_t mu_space[64];                   /*  48: pthread_mutex_t (process-shared, robust) */
 	VMGPU_ATOMIC(uint32_t) sm_groups; /* 112: the groups of SMs a span (slot.sm_part) counts in, as
 	                                         *      the forwarders found the GPU; 0: they cannot partition it */
-	uint8_t pad1[128 - 116];                /* 116 */
+	VMGPU_ATOMIC(uint32_t) caps_ms;   /* 116: the monotonic clock in ms (low 32 bits) at the cap
+	                                         *      controller's last look; a slot's cap_pm counts only
+	                                         *      while this is at most VMGPU_SCHED_CAPS_FRESH_MS old (a
+	                                         *      vmgpud that died in a probe leaves nobody uncapped);
+	                                         *      0: never */
+	uint8_t pad1[128 - 120];                /* 120 */
 	struct vmgpu_sched_slot slot[VMGPU_SCHED_SLOTS]; /* 128 */
 };
 
@@ -166,6 +172,7 @@ _Static_assert(offsetof(struct vmgpu_sched_page, idle_us) == 36, "page idle_us")
 _Static_assert(offsetof(struct vmgpu_sched_page, hold_start) == 40, "page hold_start");
 _Static_assert(offsetof(struct vmgpu_sched_page, mu_space) == 48, "page mutex");
 _Static_assert(offsetof(struct vmgpu_sched_page, sm_groups) == 112, "page sm_groups");
+_Static_assert(offsetof(struct vmgpu_sched_page, caps_ms) == 116, "page caps_ms");
 _Static_assert(offsetof(struct vmgpu_sched_page, slot) == 128, "page slots");
 _Static_assert(sizeof(struct vmgpu_sched_page) == VMGPU_SCHED_PAGE_SIZE, "page size");
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
