@@ -33,19 +33,22 @@ class ComputeSampler:
     shows ~100%).  Under the native and shared policies no turns are taken and nothing is
     metered: their guests get None.  Under shared, `held` has what the share controller holds
     each guest to at the last look: {(GPU UUID, guest): (% of each period held, depth or None, %
-    of the SMs its span is or None)}."""
+    of the SMs its span is or None)}; under every policy, `cap_parts` the part of each period
+    vmgpud's cap controller lets a capped guest's work have, where it holds one now: {(GPU UUID,
+    guest): % of each period (100: its rate alone being measured)}."""
 
     def __init__(self, uuids: set[str]):
         self.uuids = set(uuids)
         self.last: dict[str, tuple[int, dict[str, int]]] = {}
         self.held: dict[tuple[str, str], tuple[float, int | None, float | None]] = {}
+        self.cap_parts: dict[tuple[str, str], float] = {}
         self.shares: dict[tuple[str, str], float | None] = {}  # the last take's
 
     def _look(self) -> dict[str, tuple[int, dict[str, int]] | None]:
         from vmgpu import sched
 
         out: dict[str, tuple[int, dict[str, int]] | None] = {}
-        self.held = {}
+        self.held, self.cap_parts = {}, {}
         for u in self.uuids:
             try:
                 page = sched.Page(sched.page_path(u))
@@ -54,6 +57,8 @@ class ComputeSampler:
             with page:
                 policy = page.policy
                 out[u] = None if policy in ("native", "shared") else page.gpu_time()
+                if page.caps_fresh():
+                    self.cap_parts.update({(u, m.guest): m.cap_pm / 10 for m in page.members() if m.cap_pm})
                 if policy == "shared":
                     groups = page.sm_groups
                     for m in page.members():
@@ -96,12 +101,15 @@ def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> ComputeSampler:
 HELD_KEYS = ("held_pct", "held_depth", "held_sms_pct")  # a guest's ComputeSampler.held, in status()
 
 
-def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = None) -> dict:
+def status(
+    reply, achieved: dict[tuple[str, str], float], held: dict | None = None, cap_parts: dict | None = None
+) -> dict:
     """A StatusReply with the compute each guest achieved (ComputeSampler.take) and, under the
     shared policy, what the share controller holds it to (ComputeSampler.held): the % of each
     period its work waits, its depth where one is set, and the % of the GPU's SMs its span is where
-    it has one (held_pct / held_depth / held_sms_pct, else None)."""
-    held = held or {}
+    it has one (held_pct / held_depth / held_sms_pct, else None); and the part of each period the
+    cap controller lets a capped guest have where it holds one (cap_part_pct, else None)."""
+    held, cap_parts = held or {}, cap_parts or {}
     return {
         "gpus": [
             {
@@ -125,6 +133,7 @@ def status(reply, achieved: dict[tuple[str, str], float], held: dict | None = No
                 **share(s),
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
                 **dict(zip(HELD_KEYS, held.get((s.gpu_uuid, s.guest), (None,) * 3), strict=True)),
+                "cap_part_pct": cap_parts.get((s.gpu_uuid, s.guest)),
                 "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
                 "settings": s.settings,
             }

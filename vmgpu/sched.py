@@ -229,6 +229,14 @@ class Page:
         probe or not, leaves its guests to their caps' own parts)."""
         self.page.caps_ms = (int(now * 1000) & 0xFFFFFFFF) or 1  # one aligned 4-byte store; 0 is never
 
+    def caps_fresh(self, now: float | None = None) -> bool:
+        """Whether the cap controller's parts hold now: it looked within VMGPU_SCHED_CAPS_FRESH_MS
+        (as the forwarders judge it: host_forwarder/native/sched_policy.c, cap_part_pm)."""
+        looked = self.page.caps_ms
+        now_ms = int(1000 * (time.monotonic() if now is None else now)) & 0xFFFFFFFF
+        age = ((now_ms - looked + 2**31) & 0xFFFFFFFF) - 2**31
+        return bool(looked) and -abi.SCHED_CAPS_FRESH_MS < age <= abi.SCHED_CAPS_FRESH_MS
+
     @property
     def sm_groups(self) -> int:
         """The groups of SMs an SM span counts in (0: the forwarders cannot partition this GPU)."""

@@ -163,6 +163,9 @@ def test_the_sampler_reads_a_guests_hold_depth_and_span_off_a_shared_page(monkey
         def __init__(self, path):
             pass
 
+        def caps_fresh(self):
+            return False
+
         def __enter__(self):
             return self
 
@@ -182,3 +185,61 @@ def test_the_sampler_reads_a_guests_hold_depth_and_span_off_a_shared_page(monkey
     a, b, c = (s.held[(UUID, n)] for n in "abc")
     assert a == (25.0, None, 100 * 52 / 240) and b == (0.0, 8, 100 * 188 / 240), s.held
     assert c == (0.0, None, None), s.held  # no span: the whole GPU
+
+
+def test_a_cap_the_cap_controller_holds_shows_the_part_of_the_time_it_lets_the_guest_have(monkeypatch):
+    """The sampler reads each capped guest's cap_pm while the controller's looks are fresh (not
+    after: the forwarders then hold the cap% itself), and the table shows it by the cap."""
+    from vmgpu import reports, sched
+    from vmgpu.cli import render
+    from vmgpu.sched import Member
+
+    fresh = [True]
+
+    class Page:
+        policy, sm_groups = "weighted", 0
+
+        def __init__(self, path):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def caps_fresh(self):
+            return fresh[0]
+
+        def gpu_time(self):
+            return 1, {}
+
+        def members(self):
+            return [Member(0, "a", 1, 100, 0, 0, 0, 1, cap=50, cap_pm=473), Member(1, "b", 2, 100, 0, 0, 0, 1, cap=10)]
+
+    monkeypatch.setattr(sched, "Page", Page)
+    s = reports.ComputeSampler([UUID])
+    s.take()
+    assert s.cap_parts == {(UUID, "a"): 47.3}, s.cap_parts
+    fresh[0] = False
+    s.take()
+    assert s.cap_parts == {}, s.cap_parts
+
+    g = {"weight": 100, "guarantee_pct": 0, "cap_pct": 50, "priority": "normal", "cap_part_pct": 47.3}
+    assert render.share_cells(g) == ("100", "-", "50% (47.3% of the time)", "normal")
+    assert render.cap_cell({**g, "cap_pct": 10, "cap_part_pct": 100.0}) == "10% (measuring)"
+    assert render.cap_cell({**g, "cap_part_pct": None}) == "50%"  # (held by time)
+    assert render.cap_cell({**g, "cap_pct": 0, "cap_part_pct": None}) == "-"
+
+
+def test_a_pages_cap_looks_are_fresh_for_two_seconds_across_the_clocks_wrap():
+    from vmgpu import abi, sched
+
+    page = sched.Page.__new__(sched.Page)
+    page.page = abi.SchedPage()
+    assert not page.caps_fresh(100.0)  # never looked
+    page.mark_caps_look(100.0)
+    assert page.caps_fresh(100.0) and page.caps_fresh(101.9) and not page.caps_fresh(102.1)
+    wrap = 2**32 / 1000  # (the low 32 bits of the monotonic clock in ms wrap every 49.7 days)
+    page.mark_caps_look(wrap - 0.5)
+    assert page.caps_fresh(wrap + 1.0) and not page.caps_fresh(wrap + 2.0)

@@ -98,13 +98,26 @@ def gpus(d: list[dict], inventory: str | None, wide: bool = False) -> None:
 
 
 def share_cells(s: dict) -> tuple[str, str, str, str]:
-    """weight, guarantee, cap, priority as a table shows them ("-": none)."""
+    """weight, guarantee, cap, priority as a table shows them ("-": none); a cap the cap controller
+    holds now with the part of each period it lets the guest have."""
     return (
         str(s["weight"]),
         f"{s['guarantee_pct']}%" if s["guarantee_pct"] else "-",
-        f"{s['cap_pct']}%" if s["cap_pct"] else "-",
+        cap_cell(s),
         s["priority"],
     )
+
+
+def cap_cell(s: dict) -> str:
+    """A cap, and where vmgpud's cap controller holds it (cap_part_pct) the part of each period the
+    guest's work may have so that its throughput is the cap's part of its rate alone ("measuring"
+    while its cap is lifted to read that rate)."""
+    if not s["cap_pct"]:
+        return "-"
+    part = s.get("cap_part_pct")
+    if part is None:
+        return f"{s['cap_pct']}%"
+    return f"{s['cap_pct']}% ({'measuring' if part >= 100 else f'{part:.1f}% of the time'})"
 
 
 def admitted(d: list[dict], guest: str, wide: bool = False) -> None:

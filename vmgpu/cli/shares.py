@@ -64,7 +64,7 @@ def status(socket_path, as_json, wide):
     its depth where one is set).  --wide adds the GPUs' UUIDs."""
     reply = client(socket_path).status()
     sampled = reports.achieved_compute({g.uuid for g in reply.gpus})
-    render.emit(reports.status(reply, sampled.shares, sampled.held), as_json, render.status, wide)
+    render.emit(reports.status(reply, sampled.shares, sampled.held, sampled.cap_parts), as_json, render.status, wide)
 
 
 COMMANDS = (gpus, admit, release, status)
