@@ -34,7 +34,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             --yield-depth at each of --yield-depths (--prio-runs times each); and with the share
             controller on the sms lever, the trainer on the SMs the inference guest's weight leaves
             (the priority reserve), at each of --prio-reserve weights of the inference guest
-  cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its solo rate,
+  cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its rate alone in
+            the same process (its cap lifted live after the capped window, and a second window run),
             its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
             after --cap-lead seconds, 36, of the controller at work), and by time alone (cap% of each
             period, as the forwarders hold it without vmgpud: cap_err_pp_time)
@@ -111,7 +112,8 @@ class Run:
             during(time.monotonic())
         out = []
         for p in procs:
-            stdout, stderr = p.communicate(timeout=self.seconds + SHARED_LEAD[0] + 120)  # (a lead first, some)
+            # (a lead first, a second window after a cap is lifted: caps, some)
+            stdout, stderr = p.communicate(timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 120)
             if p.returncode != 0:
                 sys.exit(f"a guest failed: {stderr[-2000:]}")
             out.append({k: float(v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
@@ -765,9 +767,11 @@ def cap_controlled(g: Guests, trace=None):
 def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=None) -> None:
     """A trainer alone capped at 10% and at 50%: under the cap controller, measured after its
     --cap-lead (cap_err_pp), and by time alone (cap_err_pp_time); each row with the GPU time the
-    page charged it.  Each cap's share is of the mean of two rates alone: the run's first
-    (`solo`) and one measured just before that cap's rows (a trainer alone varied by some percent
-    from one 12 s sample to the next)."""
+    page charged it.  A share is the trainer's rate capped over its rate alone in the same process:
+    right after its capped window its cap is lifted live and it runs another (a trainer alone
+    varied by up to 20% from one process's 12-20 s to the next's on an H200, so a rate alone of
+    another process says little of this one's).  The rates over the run's first rate alone and, where
+    measured (not --skip capsolo), one measured just before that cap's rows are in each row too."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
     for cap in CAPS:
         ref = solo
@@ -777,24 +781,54 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
             ref = (solo + c["img_per_s"]) / 2
             alone = f"{c['img_per_s']:.1f} ({solo:.1f}) img/s"
             rows.append((f"cap {cap}%: trainer alone just before (and the first)", alone))
-        guest = ([*TRAIN, "--lead", str(CAP_LEAD[0])], g.env("--cap", str(cap)))
+        env = g.env("--cap", str(cap))
         if trace is not None:
             trace.write(f"== cap {cap}% under the cap controller\n")
         with cap_controlled(g, trace):
-            (c,), c_held = sampled(g, run, [guest], seconds, CAP_LEAD[0])
-        share = 100 * c["img_per_s"] / ref
+            c, c_held = capped_then_alone(g, run, env, CAP_LEAD[0], seconds)
+        share = 100 * c["img_per_s"] / c["img_per_s_then"]
         errs[""].append(abs(share - cap))
-        rows.append((f"cap {cap}% alone, its progress held (cap controller): share", f"{share:.1f}%" + c_held))
+        other = f" (of the other rates alone: {100 * c['img_per_s'] / ref:.1f}%)"
+        rows.append((f"cap {cap}% alone, its progress held (cap controller): share", f"{share:.1f}%{other}" + c_held))
         if "captime" in SKIP:
             continue
-        (c,), c_held = sampled(g, run, [(TRAIN, g.env("--cap", str(cap)))], seconds)
+        c, c_held = capped_then_alone(g, run, g.env("--cap", str(cap)), 0.0, seconds)
         g.stop()
-        share = 100 * c["img_per_s"] / ref
+        share = 100 * c["img_per_s"] / c["img_per_s_then"]
         errs["_time"].append(abs(share - cap))
-        rows.append((f"cap {cap}% alone, its time held (no controller): share", f"{share:.1f}%" + c_held))
+        other = f" (of the other rates alone: {100 * c['img_per_s'] / ref:.1f}%)"
+        rows.append((f"cap {cap}% alone, its time held (no controller): share", f"{share:.1f}%{other}" + c_held))
     for suffix, e in errs.items():
         if e:
             summary[f"cap_err_pp{suffix}"] = max(e)
+
+
+def capped_then_alone(g: Guests, run: Run, env: dict, lead: float, seconds: float) -> tuple[dict, str]:
+    """The last guest of g (capped), a trainer run `lead` untimed, then `seconds` timed, then, its
+    cap lifted live (`vmgpu cap GUEST GPU none`), `seconds` more: its output (img_per_s, and
+    img_per_s_then, its rate alone in the same process) and what the page charged it over the
+    capped window, as text."""
+    name = g.names[-1]
+    s, marks = Sampler(g, 0.05), {}
+
+    def lift():
+        with g.page() as pg:
+            pg.set_cap(name, 0)
+
+    def during(t0):
+        marks["t0"] = t0
+        s.start(t0)
+        marks["timer"] = threading.Timer(lead + seconds, lift)
+        marks["timer"].start()
+
+    try:
+        (out,) = run.together([([*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds)], env)], during)
+    finally:
+        if "timer" in marks:
+            marks["timer"].cancel()
+    samples = s.done()
+    t0 = marks["t0"] + lead
+    return out, held_text(held(samples, t0 + 0.5, t0 + seconds - 0.5), [name])
 
 
 def sampled_held(g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0) -> tuple[list[dict], dict]:

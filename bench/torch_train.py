@@ -1,7 +1,7 @@
 """ResNet-50 training throughput (synthetic data), for native vs vmgpu comparisons.
 
     python3 bench/torch_train.py [--steps 30] [--batch 64] [--bf16] [--no-autotune]
-Prints `img_per_s=X`.
+Prints `img_per_s=X` (and with --then-seconds `img_per_s_then=Y`, its second timed window).
 """
 
 import argparse
@@ -23,6 +23,13 @@ def main() -> None:
     ap.add_argument("--go", help="after warm-up, print 'ready' and wait for this file to exist")
     ap.add_argument(
         "--lead", type=float, default=0.0, help="with --seconds: run this long after the go, untimed, first"
+    )
+    ap.add_argument(
+        "--then-seconds",
+        type=float,
+        default=0.0,
+        help="with --seconds: a second timed window of this long right after the first (bench/run_sharing.py "
+        "lifts a cap between them: the guest's rate alone in the same process)",
     )
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = not a.no_autotune
@@ -53,16 +60,22 @@ def main() -> None:
         if steps % 4 == 0:
             torch.cuda.synchronize()  # as in the timed run: what the controller learns is what is timed
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    steps = 0
-    while (time.perf_counter() - t0 < a.seconds) if a.seconds else steps < a.steps:
-        loss = step()
-        steps += 1
-        if a.seconds and steps % 4 == 0:
-            torch.cuda.synchronize()  # a timed run ends on time, not a queue later
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    print(f"img_per_s={steps * a.batch / dt:.1f} loss={loss.item():.4f}")
+
+    def timed(seconds: float | None):
+        t0, steps, loss = time.perf_counter(), 0, None
+        while (time.perf_counter() - t0 < seconds) if seconds else steps < a.steps:
+            loss = step()
+            steps += 1
+            if seconds and steps % 4 == 0:
+                torch.cuda.synchronize()  # a timed run ends on time, not a queue later
+        torch.cuda.synchronize()
+        return steps * a.batch / (time.perf_counter() - t0), loss
+
+    rate, loss = timed(a.seconds)
+    then = ""
+    if a.seconds and a.then_seconds:
+        then = f" img_per_s_then={timed(a.then_seconds)[0]:.1f}"
+    print(f"img_per_s={rate:.1f}{then} loss={loss.item():.4f}")
 
 
 if __name__ == "__main__":
