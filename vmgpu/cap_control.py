@@ -15,23 +15,29 @@ its cap, by the part of each period its work may have (the slot's cap_pm, which 
 take in place of cap%).
 
 Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S while it is the
-only guest at work on the GPU, the first PROBE_SETTLE_S not counted (the work its cap held back
-goes first).  Its rate alone is the mean of its last PROBES_KEPT reads, less those short of 80%
-of their median (a read as it begins its work).  Probes come PROBE_FIRST_S apart until its last PROBES_KEPT reads agree
-within STEADY, or it has had FIRST_MAX (a guest that warms up reads short or long; it is not
-taken up before: held by time, and its first probes are not paid back: on an H200 a trainer was
-taken up some 25 s after its first work), then PROBE_EVERY_S apart, and at a small cap further
-(a probe gives a guest at most PROBE_COST of its cap more between two).
+only guest at work on the GPU (no other member's calls, GPU time or activity moving, none holding
+the GPU: one long kernel makes no calls), the first PROBE_SETTLE_S not counted (the work its cap
+held back goes first); a probe another guest's work comes into, or in which the guest stops, is
+spoilt and not read.  Its rate alone is the mean of its last PROBES_KEPT reads, less those short
+of 80% of their median (a read as it begins its work).  Probes come PROBE_FIRST_S apart (twice as
+far after each spoilt one) until its last PROBES_KEPT reads agree within STEADY or FIRST_MAX
+have begun (a guest that warms up reads short or long; it is not taken up before: held by time,
+and its first probes are not paid back: on an H200 a trainer was taken up some 25-32 s after its
+first work), then PROBE_EVERY_S apart, and at a small cap further (a probe gives a guest at most
+PROBE_COST of its cap more between two).
 
 What it made is kept against what its cap allows as a debt, in seconds at its rate alone: each look
 adds its calls since the last over its rate alone, less its cap times the time between (a
 probe's stretch too, so a probe is paid back).  What it falls short is owed back only up to
 CREDIT_S at its cap: a guest that could not use its part is not owed a burst later.  Its part of
 each period is then (cap - debt / PAYBACK_S) / k, where k is the progress a part of the period
-has been seen to give it (learned over the looks between probes: a second at a time), kept in
-[1 per mille, OVER x its cap]: a probe is paid back within about PAYBACK_S after it.
+has been seen to give it (learned over the looks between probes while it is alone on the GPU: a
+second at a time), kept in [1 per mille, OVER x its cap] while it is alone on the GPU and in [1
+per mille, its cap] beside others (time past its cap would be theirs): a probe is paid for ahead
+and back at up to its whole cap a second.
 
-A cap binds a guest only where it slows it: the controller takes a guest up once its rate over
+Under the equal policy caps stay parts of the time: there every member is held to 1/N of it
+besides its cap, and no probe could read a rate alone.  A cap binds a guest only where it slows it: the controller takes a guest up once its rate over
 the last second (no probe in it) is short of its rate alone by BIND or more, and lets it go when
 it is idle.  A guest whose work fits in cap% of the time (one that is seldom at work, or waits on
 its own CPU most of the time) goes at its rate alone there, and is left held by time (cap_pm 0:
@@ -42,13 +48,16 @@ probed, and stays held by time.
 
 Hostile guests: progress is counted in calls, which the guest chooses.  One that makes its calls
 look slower than they are (many cheap ones in a probe, few heavy ones after) is owed more than its
-cap of time, but never more than OVER x its cap of each period, and a probe's PROBE_S uncapped
-every PROBE_EVERY_S at most; one that makes them look faster is held tighter, which hurts only
-itself.  A slot reused by another guest starts afresh (members are keyed by slot and name).
+cap of time, but never more than OVER x its cap of each period alone on the GPU (its cap beside
+others), and a probe's PROBE_S uncapped every PROBE_EVERY_S at most besides its first FIRST_MAX
+probes, read or spoilt; one that makes them look faster is held tighter, which hurts only itself.
+A slot reused by another guest starts afresh (members are keyed by slot and name); a counter that
+begins again (its forwarder seated afresh) is seen as no progress, its debt kept.
 
 The parts it sets hold only while it looks: each look stamps the page (caps_ms), and the
 forwarders take a slot's cap_pm only within 2 s of the last stamp (VMGPU_SCHED_CAPS_FRESH_MS), so a
-vmgpud that dies, in a probe or not, leaves every guest to its cap% of the time.
+vmgpud that dies, in a probe or not, leaves every guest to its cap% of the time; one that stops,
+or stops controlling a GPU, takes its parts back at once (withdraw).
 
 Pure arithmetic on what it is given (`step`), so that tests drive it with a model of a GPU on a
 fake clock; `apply_step` is one look at a live page, as vmgpud's share-control thread makes them.
@@ -92,7 +101,8 @@ class _Capped:
     at: float = 0.0  # the last look
     seen: deque = field(default_factory=deque)  # (t, calls) since its last probe, over RATE_S
     reads: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its probes' rates
-    probes: int = 0  # its probes read
+    started: int = 0  # its probes begun (read or spoilt)
+    spoilt: int = 0  # its probes spoilt in a row since its last read (each doubles the wait for the next)
     alone: float = 0.0  # calls/s alone (0: not measured)
     bound: bool = False  # taken up: its cap slows it, and it has not been idle since
     debt: float = 0.0  # progress past its cap so far, in seconds at its rate alone
@@ -119,18 +129,26 @@ class CapController:
         self.probe_cost = probe_cost
         self.guests: dict[tuple[int, str], _Capped] = {}
         self.moved: dict[tuple[int, str], tuple[int, float]] = {}  # every member's (calls, when they last moved)
+        self.marks: dict[int, tuple] = {}  # each slot's (guest, used_ns, active_ms) at the last look (at_work)
 
     @staticmethod
     def cap_of(s: Seen, policy: str) -> int:
-        """The % of its rate alone a member may make: its cap, under fixed its weight too (100: none)."""
+        """The % of its rate alone a member may make: its cap, under fixed its weight too (100: none).
+        Under equal none: there every member is held to 1/N of the time besides its cap (a probe
+        could not read its rate alone), and its cap stays cap% of the time."""
+        if policy == "equal":
+            return 100
         cap = min(s.cap, 100) if s.cap else 100
         return min(cap, s.weight) if policy == "fixed" else cap
 
-    def step(self, now: float, seen: list[Seen], policy: str) -> dict[int, int]:
-        """One look: each member's cap_pm (0 for the uncapped, and for the capped it holds by time)."""
+    def step(self, now: float, seen: list[Seen], policy: str, at_work: set[int] | None = None) -> dict[int, int]:
+        """One look: each member's cap_pm (0 for the uncapped, and for the capped it holds by time).
+        at_work: the slots the page shows at work besides their calls (the GPU's holder, a member
+        whose GPU time or last activity moved: one long kernel makes no calls), busy as well."""
         keys = {(s.slot, s.guest): s for s in seen}
         self.moved = {k: self._moved(k, s, now) for k, s in keys.items()}
-        busy = {k for k, s in keys.items() if s.waiting or now - self.moved[k][1] < IDLE_S}
+        at_work = at_work or set()
+        busy = {k for k, s in keys.items() if s.waiting or now - self.moved[k][1] < IDLE_S or k[0] in at_work}
         out = {s.slot: 0 for s in seen}
         capped = {k: self.cap_of(s, policy) for k, s in keys.items()}
         self.guests = {k: g for k, g in self.guests.items() if capped.get(k, 100) < 100 and policy != "native"}
@@ -146,12 +164,23 @@ class CapController:
             probing |= g.probe_at is not None
         return out
 
+    def at_work(self, owner: int, members) -> set[int]:
+        """The slots a page shows at work besides their calls: the GPU's holder under turns, and a
+        member whose GPU time (used_ns) or last activity (active_ms) moved since the last look."""
+        marks = {m.slot: (m.guest, m.used_ns, m.active_ms) for m in members}
+        out = {slot for slot, mark in marks.items() if slot in self.marks and self.marks[slot] != mark}
+        self.marks = marks
+        return out | ({owner} if owner in marks else set())
+
     def _moved(self, k, s: Seen, now: float) -> tuple[int, float]:
         calls, at = self.moved.get(k, (s.calls, now))
         return s.calls, now if s.calls != calls else at
 
     def _look(self, g: _Capped, now: float, s: Seen, busy: bool, alone_on_gpu: bool, probing: bool) -> int:
         dt, made = now - g.at, s.calls - g.calls
+        if made < 0:  # its counter began again (its forwarder seated afresh): no progress seen, nothing forgiven
+            made = 0
+            g.seen.clear()
         g.calls, g.at = s.calls, now
         if g.probe_at is not None:
             return self._probing(g, now, s, made, dt, alone_on_gpu)
@@ -164,30 +193,33 @@ class CapController:
             if g.bound:
                 progress = made / g.alone
                 g.debt = max(g.debt + progress - g.cap * dt, -CREDIT_S * g.cap - self._excess(g))
-                self._learn(g, progress, dt)
+                if alone_on_gpu:  # (beside others its progress is theirs to share too: not its part's)
+                    self._learn(g, progress, dt)
             else:
                 g.bound = self._steady(g) and self._rate(g) < (1 - BIND) * g.alone
         # (no probe before it is paid for, nor while the last one is being paid back)
         paid = g.debt + self._prepaid(g, now) <= g.cap * PERIOD_STEP_S + self._excess(g) / 4
         if busy and alone_on_gpu and not probing and paid and now >= self._due(g):
             g.probe_at, g.settled, g.pm = now, None, 1000
+            g.started += 1
             return 1000
-        return self._part(g, now)
+        return self._part(g, now, alone_on_gpu)
 
     def _due(self, g: _Capped) -> float:
         """When its next probe is due: a guest's first probes PROBE_FIRST_S apart; later ones
         PROBE_EVERY_S apart at least, further where a probe would give more than PROBE_COST of
         what its cap gives it between two (at a cap of 10%, a minute apart)."""
         if not self._steady(g):
-            return g.probed_at + PROBE_FIRST_S
+            return g.probed_at + PROBE_FIRST_S * 2 ** min(g.spoilt, 6)
         return g.probed_at + max(self.probe_every_s, (1 - g.cap) * self.probe_s / (self.probe_cost * g.cap))
 
     @staticmethod
     def _steady(g: _Capped) -> bool:
         """Whether its rate alone is known well enough to hold it by: its last PROBES_KEPT reads
-        within STEADY of their mean, or FIRST_MAX reads had (a guest that keeps its reads apart is
-        not probed every PROBE_FIRST_S for ever)."""
-        if g.probes >= FIRST_MAX:
+        within STEADY of their mean, or FIRST_MAX probes begun, read or spoilt (a guest that keeps
+        its reads apart, or spoils its probes, is not probed every PROBE_FIRST_S for ever: its first
+        probes are not paid back)."""
+        if g.started >= FIRST_MAX:
             return True
         if len(g.reads) < PROBES_KEPT:
             return False
@@ -219,7 +251,8 @@ class CapController:
         if g.alone > 0 and g.bound:
             g.debt += made / g.alone - g.cap * dt
         if not alone_on_gpu or (made == 0 and not s.waiting):
-            return self._probe_over(g, now)  # (spoilt: tried again at its time)
+            g.spoilt += 1
+            return self._probe_over(g, now)  # (spoilt: tried again at its time, later each time)
         if g.settled is None:
             if now - g.probe_at >= self.settle_s:
                 g.settled = (now, s.calls)
@@ -229,7 +262,7 @@ class CapController:
         t0, c0 = g.settled
         if s.calls > c0 and now > t0:
             g.reads.append((s.calls - c0) / (now - t0))
-            g.probes += 1
+            g.spoilt = 0
             kept = _kept(g.reads)
             g.alone = sum(kept) / len(kept)
         return self._probe_over(g, now)
@@ -237,17 +270,19 @@ class CapController:
     def _probe_over(self, g: _Capped, now: float) -> int:
         g.probe_at, g.probed_at, g.k_sum = None, now, (0.0, 0.0, 0.0)
         g.seen = deque([(now, g.calls)])
-        return self._part(g, now)
+        return self._part(g, now, True)
 
-    def _part(self, g: _Capped, now: float) -> int:
+    def _part(self, g: _Capped, now: float, alone_on_gpu: bool) -> int:
         """Its part of each period (per mille): its cap less what it owes (and what it pays ahead
         for its next probe), per the progress a part has been seen to give it; 0 (cap% of the
-        time) while its cap is not taken up."""
+        time) while its cap is not taken up.  More than cap% only while it is alone on the GPU:
+        beside others, time it is given past its cap would be theirs."""
         if g.alone <= 0 or not g.bound:
             g.pm = 0
             return 0
         part = (g.cap - (g.debt + self._prepaid(g, now)) / PAYBACK_S) / g.k
-        g.pm = int(round(1000 * min(OVER * g.cap, 1.0, max(0.001, part))))
+        most = min(OVER * g.cap, 1.0) if alone_on_gpu else g.cap
+        g.pm = int(round(1000 * min(most, max(0.001, part))))
         return g.pm
 
     def _learn(self, g: _Capped, progress: float, dt: float) -> None:
@@ -270,10 +305,20 @@ def _kept(reads) -> list[float]:
 
 def apply_step(page, ctl: CapController, now: float) -> None:
     """One look at a live page (vmgpu.sched.Page): each capped member's part of the period, stored
-    where it changed."""
-    members = {m.slot: m for m in page.members()}
-    parts = ctl.step(now, seen_on(page, now), page.policy)
-    page.mark_caps_look(now)  # (the parts below hold for VMGPU_SCHED_CAPS_FRESH_MS from this look)
-    for slot, pm in parts.items():
-        if slot in members and members[slot].cap_pm != pm:
-            page.set_cap_pm(slot, pm)
+    where it changed, and then the look stamped (the parts hold for VMGPU_SCHED_CAPS_FRESH_MS from
+    it: a part a vmgpud that died left is not made fresh again before it is replaced)."""
+    members = page.members()
+    parts = ctl.step(now, seen_on(page, now), page.policy, ctl.at_work(page.owner, members))
+    for m in members:
+        pm = parts.get(m.slot, 0)
+        if m.cap_pm != pm:
+            page.set_cap_pm(m.slot, pm)
+    page.mark_caps_look(now)
+
+
+def withdraw(page) -> None:
+    """Every part the cap controller set on a live page taken back (its caps are cap% of the time
+    again at once): when vmgpud stops controlling a GPU."""
+    for m in page.members():
+        if m.cap_pm:
+            page.set_cap_pm(m.slot, 0)

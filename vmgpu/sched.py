@@ -80,6 +80,7 @@ class Member:
     sm_part: int = 0  # under shared: the SMs its work runs on beside others (lo << 16 | hi; 0: all)
     whole_ms: int = 0  # when one of its workers last worked on the whole GPU though its span said otherwise
     cap_pm: int = 0  # where capped: the part of each period (per mille) the cap controller leaves it (0: cap%)
+    active_ms: int = 0  # under shared: when one of its workers was last seen at work (ms, low 32 bits; 0: never)
 
 
 class Page:
@@ -161,6 +162,7 @@ class Page:
                     s.sm_part,
                     s.whole_ms,
                     s.cap_pm,
+                    s.active_ms,
                 )
                 out.append(m)
         return out

@@ -20,6 +20,7 @@ started with is recorded with it; `vmgpu status` shows it."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import signal
@@ -234,7 +235,7 @@ class _Controlled:
     while its policy is shared."""
 
     page: sched.Page
-    caps: cap_control.CapController = field(default_factory=cap_control.CapController)
+    caps: cap_control.CapController
     shares: share_control.ShareController | None = None
 
 
@@ -469,6 +470,7 @@ class Supervisor:
 
         def loop():
             ctls: dict[str, _Controlled] = {}
+            caps: dict[str, cap_control.CapController] = {}  # per GPU, kept while its page is opened afresh
             policies, looked = {}, 0.0
             failing: dict[str, tuple[str, float, int]] = {}  # per GPU: its last error logged, when, repeats since
             try:
@@ -480,9 +482,13 @@ class Supervisor:
                         looked = now
                         for uuid in [u for u, p in policies.items() if p != "native" and u not in ctls]:
                             try:
-                                ctls[uuid] = _Controlled(sched.Page(sched.page_path(uuid)))
+                                page = sched.Page(sched.page_path(uuid))
                             except sched.SchedError:
                                 continue  # no forwarder has run on it yet
+                            except Exception as e:  # noqa: BLE001 - the other GPUs go on
+                                _failed(failing, uuid, str(e), now)
+                                continue
+                            ctls[uuid] = _Controlled(page, caps.setdefault(uuid, cap_control.CapController()))
                     for uuid, c in list(ctls.items()):
                         policy = policies.get(uuid, "native")
                         try:
@@ -495,24 +501,34 @@ class Supervisor:
                             if policy != "shared":
                                 c.shares = None
                             done = policy == "native"
+                            if done:  # (its page's policy may not say so yet)
+                                _close(c)
                         except Exception as e:  # noqa: BLE001 - the other GPUs go on
                             # the page is opened afresh at the next look at the ledger: a page that
                             # keeps failing is tried once a second, not ten times
                             _failed(failing, uuid, str(e), now)
+                            _close(c)
                             done = True
                         if done:
                             c.page.close()
                             del ctls[uuid]
             finally:
-                for c in ctls.values():
+                for c in ctls.values():  # (vmgpud stops: caps are cap% of the time again at once)
+                    _close(c)
                     c.page.close()
 
+        def _close(c: _Controlled) -> None:
+            """Take the cap controller's parts back off a page it stops controlling (where the page
+            still answers; a part left stands at most VMGPU_SCHED_CAPS_FRESH_MS)."""
+            with contextlib.suppress(Exception):
+                cap_control.withdraw(c.page)
+
         def _failed(failing: dict, uuid: str, error: str, now: float) -> None:
-            """Log a GPU's share-control failure: a new error at once, the same one again at
-            most once a minute, with how often it came in between."""
+            """Log a GPU's share or cap control failure: a new error at once, the same one again
+            at most once a minute, with how often it came in between."""
             last, at, repeats = failing.get(uuid, ("", -math.inf, 0))
             if error != last or now - at >= SHARE_ERROR_EVERY_S:
-                self.log.error("share control failed", gpu=uuid, error=error, repeats=repeats)
+                self.log.error("share or cap control failed", gpu=uuid, error=error, repeats=repeats)
                 failing[uuid] = (error, now, 0)
             else:
                 failing[uuid] = (last, at, repeats + 1)

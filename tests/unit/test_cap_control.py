@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from vmgpu.cap_control import OVER, CapController
+from vmgpu.cap_control import FIRST_MAX, OVER, CapController
 from vmgpu.share_control import Seen
 
 PERIOD_MS = 100
@@ -36,6 +36,8 @@ class Guest:
         self.period_ms = 0.0  # its work's time in the period under way
         self.used_ms = 0.0  # all its work's time
         self.probe_calls = 1.0  # calls counted per call run while its cap is lifted (a gamer: more)
+        self.spoil_after_ms: int | None = None  # a spoiler: in a probe, stops working after this long
+        self.probe_ms = 0  # how long its cap has been lifted
         self.busy = True
 
 
@@ -77,6 +79,10 @@ class Model:
             if self.other_busy:
                 self.other_calls += 10
             for g in self.guests:
+                g.probe_ms = g.probe_ms + 1 if g.pm == 1000 else 0
+                if g.spoil_after_ms is not None and g.probe_ms > g.spoil_after_ms:
+                    g.queue = 0.0  # (nothing to do, nothing waiting: the probe sees it stop)
+                    continue
                 if not g.busy:
                     continue
                 g.queue = min(float(QUEUE), g.queue + g.rate * g.demand / 1000)
@@ -267,3 +273,124 @@ def wait_for_part(page, guest: str, pm: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_guest_that_spoils_its_probes_gets_its_first_probes_once_and_then_its_cap():
+    """A hostile guest that stops working 0.45 s into each probe (no call in a look: the probe is
+    spoilt, unread): its probes come further apart each time, count towards FIRST_MAX as if read,
+    and after those it is probed as seldom as a steady guest; over the next two minutes it makes
+    about its cap (before: a probe every 2.5 s for ever, 24% at a cap of 10)."""
+    g = Guest("a", 10)
+    g.spoil_after_ms = 450
+    m = Model([g])
+    ctl = CapController()
+    m.run(ctl, 60.0)
+    c = ctl.guests[(0, "a")]
+    assert c.spoilt >= 3 and not c.reads, (c.started, c.spoilt)  # (2.5, 5, 10, 20 s apart: no read)
+    started = c.started
+    got = share(m, ctl, 120.0)
+    assert got <= 10 + 1.0, got
+    assert c.started - started <= 2, c.started
+    c.spoilt = 0  # (as if it had let one be read) once FIRST_MAX probes are begun it is probed seldom
+    c.started = FIRST_MAX
+    assert ctl._due(c) - c.probed_at >= 100, ctl._due(c) - c.probed_at
+
+
+def test_under_equal_a_cap_stays_a_part_of_the_time():
+    """Under equal every member is held to 1/N of the time besides its cap, so a probe could not
+    read a rate alone: the controller leaves caps there to the forwarders (cap% of the time)."""
+    ctl = CapController()
+    seen = [Seen(0, "a", 0, cap=30), Seen(1, "b", 0)]
+    for i in range(100):
+        seen[0].calls += 100
+        assert ctl.step(1.0 + i / 10, seen, "equal") == {0: 0, 1: 0}
+    assert ctl.guests == {}
+
+
+def test_a_member_at_work_without_calls_keeps_a_probe_from_starting_and_spoils_one():
+    """One long kernel makes no calls: the page's holder, or a member whose GPU time or last
+    activity moved, is at work all the same (at_work), and a capped guest is then not alone."""
+    ctl = CapController()
+    a, b = Seen(0, "a", 0, cap=50), Seen(1, "b", 0)
+    ctl.step(1.0, [a, b], "weighted")
+    for i in range(1, 10):
+        a.calls += 100
+        assert ctl.step(1.0 + i / 10, [a, b], "weighted", at_work={1})[0] != 1000
+    a.calls += 100
+    assert ctl.step(2.0, [a, b], "weighted")[0] == 1000  # b quiet: a's probe begins
+    a.calls += 100
+    ctl.step(2.1, [a, b], "weighted", at_work={1})  # b at work again: spoilt
+    assert ctl.guests[(0, "a")].probe_at is None and ctl.guests[(0, "a")].spoilt == 1
+
+
+def test_the_page_shows_the_holder_and_those_whose_time_or_activity_moved_at_work():
+    from vmgpu.sched import Member
+
+    ctl = CapController()
+    members = [Member(0, "a", 1, 100, 0, 0, 0, 1), Member(1, "b", 2, 100, 5, 0, 0, 1, active_ms=7)]
+    assert ctl.at_work(-1, members) == set()  # (a first look: nothing to compare)
+    assert ctl.at_work(0, members) == {0}  # a holds the GPU
+    members[1] = Member(1, "b", 2, 100, 9, 0, 0, 1, active_ms=7)
+    assert ctl.at_work(-1, members) == {1}  # b's GPU time moved
+    members[1] = Member(1, "b", 2, 100, 9, 0, 0, 1, active_ms=8)
+    assert ctl.at_work(-1, members) == {1}  # b's last activity moved (under shared)
+    assert ctl.at_work(-1, members) == set()
+
+
+def test_a_counter_that_begins_again_forgives_nothing():
+    """A guest's forwarder seated afresh in its slot counts its calls from 0 again: no progress
+    is seen in that look, and what it owes is not forgiven (before: a negative count took its
+    debt to the floor and its k to the least, and it ran at OVER x its cap)."""
+    g = Guest("a", 20)
+    m = Model([g])
+    ctl = CapController()
+    m.run(ctl, 30.0)
+    c = ctl.guests[(0, "a")]
+    assert c.bound
+    debt, k = c.debt, c.k
+    g.calls, g.shown = 0.0, 0
+    m.run(ctl, 0.1)
+    assert c.debt >= debt - 0.2 * 0.1 - 1e-9 and c.k == k, (debt, c.debt, k, c.k)
+
+
+def test_beside_a_busy_guest_a_capped_one_is_given_no_more_than_cap_percent_of_the_time():
+    """Slowed by another guest's work it looks short of its cap; time past cap% would be the
+    other's, so beside others its part is at most its cap (and its k is learned alone only)."""
+    g = Guest("a", 20)
+    m = Model([g])
+    ctl = CapController()
+    m.run(ctl, 30.0)
+    k = ctl.guests[(0, "a")].k
+    m.other_busy = True
+    parts = []
+    for _ in range(100):
+        m.run(ctl, 0.1)
+        parts.append(g.pm)
+    assert parts and max(parts) <= 200, parts
+    assert ctl.guests[(0, "a")].k == k
+
+
+def test_a_look_stores_the_parts_before_it_stamps_and_withdraw_takes_them_back():
+    from vmgpu import cap_control
+    from vmgpu.sched import Member
+
+    calls = []
+
+    class Page:
+        policy, owner = "weighted", -1
+
+        def members(self):
+            return [Member(0, "a", 1, 100, 0, 0, 0, 1, cap=50, work_calls=0, cap_pm=500)]
+
+        def set_cap_pm(self, slot, pm):
+            calls.append(("part", slot, pm))
+
+        def mark_caps_look(self, now):
+            calls.append(("stamp",))
+
+    ctl = CapController()
+    cap_control.apply_step(Page(), ctl, 1.0)
+    assert calls == [("part", 0, 1000), ("stamp",)], calls  # (a part a dead vmgpud left: replaced, then stamped)
+    calls.clear()
+    cap_control.withdraw(Page())
+    assert calls == [("part", 0, 0)]  # (its 500 taken back)

@@ -253,3 +253,43 @@ def test_share_control_failing_on_a_page_reopens_it_and_logs_the_same_error_once
     # opened afresh after each failure, at the looks at the ledger; each error logged once
     assert [kw["error"] for _, kw in errors] == ["the page went away", "another error"], errors
     assert errors[1][1]["repeats"] > 0  # the first error's repeats are counted into the next line
+
+
+def test_a_page_that_cannot_be_opened_is_logged_and_the_other_gpus_stay_controlled(tmp_path, monkeypatch):
+    """vmgpud's controllers run on every GPU not native: one GPU's page failing to open (not for
+    want of a forwarder) is logged once, and the cap controller still looks at the others'
+    pages; a GPU turned native has its caps' parts taken back."""
+    from tests.forwarder import wait_for
+    from vmgpu import cap_control, sched, supervisor
+
+    looked, errors, withdrawn = [], [], []
+    policies = {"GPU-a": "weighted", "GPU-b": "fixed"}
+
+    class Page:
+        def __init__(self, path):
+            if "GPU-a" in str(path):
+                raise OSError("mmap failed")
+            self.path = str(path)
+
+        def close(self):
+            pass
+
+    class Ledger:
+        def policies(self):
+            return dict(policies)
+
+    monkeypatch.setattr(sched, "Page", Page)
+    monkeypatch.setattr(cap_control, "apply_step", lambda page, ctl, now: looked.append(page.path))
+    monkeypatch.setattr(cap_control, "withdraw", lambda page: withdrawn.append(page.path))
+    sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    monkeypatch.setattr(sup.log, "error", lambda event, **kw: errors.append((event, kw)))
+    sup.control_shares(every=0.002, look_every=0.004)
+    try:
+        assert wait_for(lambda: len(looked) >= 20)
+        assert all("GPU-b" in p for p in looked), looked
+        assert errors and errors[0][0] == "share or cap control failed" and errors[0][1]["gpu"] == "GPU-a", errors
+        assert len({kw["error"] for _, kw in errors}) == 1, errors  # (the same error: logged once a minute)
+        policies["GPU-b"] = "native"
+        assert wait_for(lambda: withdrawn), "the parts of a GPU turned native are taken back"
+    finally:
+        sup._stop.set()
