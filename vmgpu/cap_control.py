@@ -37,7 +37,9 @@ per mille, its cap] beside others (time past its cap would be theirs): a probe i
 and back at up to its whole cap a second.
 
 Under the equal policy caps stay parts of the time: there every member is held to 1/N of it
-besides its cap, and no probe could read a rate alone.  A cap binds a guest only where it slows it: the controller takes a guest up once its rate over
+besides its cap, and no probe could read a rate alone.
+
+A cap binds a guest only where it slows it: the controller takes a guest up once its rate over
 the last second (no probe in it) is short of its rate alone by BIND or more, and lets it go when
 it is idle.  A guest whose work fits in cap% of the time (one that is seldom at work, or waits on
 its own CPU most of the time) goes at its rate alone there, and is left held by time (cap_pm 0:
