@@ -18,8 +18,9 @@ Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S 
 only guest at work on the GPU (no other member's calls, GPU time or activity moving, none holding
 the GPU: one long kernel makes no calls), the first PROBE_SETTLE_S not counted (the work its cap
 held back goes first); a probe another guest's work comes into, or in which the guest stops, is
-spoilt and not read.  Its rate alone is the mean of its last PROBES_KEPT reads, less those short
-of 80% of their median (a read as it begins its work).  Probes come PROBE_FIRST_S apart (twice as
+spoilt and not read.  Its rate alone is the mean of its last PROBES_KEPT reads, less those out of
+80% of their median either way (a read as it begins its work); two reads in a row out of that band on the
+same side are its new rate alone (its work changed).  Probes come PROBE_FIRST_S apart (twice as
 far after each spoilt one) until its last PROBES_KEPT reads agree within STEADY or FIRST_MAX
 have begun (a guest that warms up reads short or long; it is not taken up before: held by time,
 and its first probes are not paid back: on an H200 a trainer was taken up some 25-32 s after its
@@ -263,7 +264,7 @@ class CapController:
             return 1000
         t0, c0 = g.settled
         if s.calls > c0 and now > t0:
-            g.reads.append((s.calls - c0) / (now - t0))
+            _add_read(g.reads, (s.calls - c0) / (now - t0))
             g.spoilt = 0
             kept = _kept(g.reads)
             g.alone = sum(kept) / len(kept)
@@ -298,11 +299,28 @@ class CapController:
         g.k_sum = (p, x, t)
 
 
+def _add_read(reads: deque, read: float) -> None:
+    """A probe's read kept; where it and the read before are both out of the band the others
+    make (short of SHORT_READ of their median, or past it by as much) on the same side, the
+    guest's rate alone has moved (its work changed): the reads before them go."""
+    if len(reads) >= 3:
+        *older, last = reads
+        median = sorted(older)[len(older) // 2]
+
+        def side(r: float) -> int:
+            return -1 if r < SHORT_READ * median else 1 if r * SHORT_READ > median else 0
+
+        if side(read) and side(read) == side(last):
+            reads.clear()
+            reads.append(last)
+    reads.append(read)
+
+
 def _kept(reads) -> list[float]:
-    """The reads a rate alone is made of: those not short of SHORT_READ of their median (a read
-    as a guest begins its work, or is stopped within a probe)."""
+    """The reads a rate alone is made of: those within SHORT_READ of their median, either way (a
+    read as a guest begins its work, or a probe that read long)."""
     median = sorted(reads)[len(reads) // 2]
-    return [r for r in reads if r >= SHORT_READ * median]
+    return [r for r in reads if SHORT_READ * median <= r <= median / SHORT_READ]
 
 
 def apply_step(page, ctl: CapController, now: float) -> None:

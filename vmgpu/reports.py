@@ -57,8 +57,13 @@ class ComputeSampler:
             with page:
                 policy = page.policy
                 out[u] = None if policy in ("native", "shared") else page.gpu_time()
-                if page.caps_fresh():
-                    self.cap_parts.update({(u, m.guest): m.cap_pm / 10 for m in page.members() if m.cap_pm})
+                self.cap_parts.update(
+                    {
+                        (u, m.guest): min(m.cap_pm, 1000) / 10
+                        for m in page.members()
+                        if m.cap_pm and page.caps_fresh(probe=m.cap_pm >= 1000)
+                    }
+                )
                 if policy == "shared":
                     groups = page.sm_groups
                     for m in page.members():

@@ -231,13 +231,15 @@ class Page:
         probe or not, leaves its guests to their caps' own parts)."""
         self.page.caps_ms = (int(now * 1000) & 0xFFFFFFFF) or 1  # one aligned 4-byte store; 0 is never
 
-    def caps_fresh(self, now: float | None = None) -> bool:
-        """Whether the cap controller's parts hold now: it looked within VMGPU_SCHED_CAPS_FRESH_MS
-        (as the forwarders judge it: host_forwarder/native/sched_policy.c, cap_part_pm)."""
+    def caps_fresh(self, now: float | None = None, probe: bool = False) -> bool:
+        """Whether the cap controller's parts hold now: it looked within VMGPU_SCHED_CAPS_FRESH_MS,
+        or for a probe's part (1000) VMGPU_SCHED_PROBE_FRESH_MS (as the forwarders judge it:
+        host_forwarder/native/sched_policy.c, cap_part_pm)."""
         looked = self.page.caps_ms
         now_ms = int(1000 * (time.monotonic() if now is None else now)) & 0xFFFFFFFF
         age = ((now_ms - looked + 2**31) & 0xFFFFFFFF) - 2**31
-        return bool(looked) and -abi.SCHED_CAPS_FRESH_MS < age <= abi.SCHED_CAPS_FRESH_MS
+        fresh = abi.SCHED_PROBE_FRESH_MS if probe else abi.SCHED_CAPS_FRESH_MS
+        return bool(looked) and -fresh < age <= fresh
 
     @property
     def sm_groups(self) -> int:

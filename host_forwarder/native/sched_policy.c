@@ -87,7 +87,8 @@ static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot
 	uint32_t pm = atomic_load(&g->cap_pm), cap = atomic_load(&g->cap), w = atomic_load(&g->weight);
 	uint32_t looked = atomic_load(&pg->caps_ms);
 	int32_t age = (int32_t)((uint32_t)(now / 1000000) - looked); /* (both the low 32 bits of ms) */
-	if (pm && looked && age > -VMGPU_SCHED_CAPS_FRESH_MS && age <= VMGPU_SCHED_CAPS_FRESH_MS)
+	int32_t fresh = pm >= 1000 ? VMGPU_SCHED_PROBE_FRESH_MS : VMGPU_SCHED_CAPS_FRESH_MS; /* (a probe: less) */
+	if (pm && looked && age > -fresh && age <= fresh)
 		return pm > 1000 ? 1000 : pm;
 	uint32_t part = cap ? 10 * (cap > 100 ? 100 : cap) : 1000;
 	if (atomic_load(&pg->policy) == VMGPU_SCHED_FIXED && 10 * (w > 100 ? 100 : w) < part)

@@ -450,7 +450,14 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	atomic_store(&s.pg.slot[a].cap_pm, 1000); /* a probe, and then the controller dies: */
 	sim_run(&s, 1 * SEC, p);
 	check(near(p[a], 1000, 2), "a probe (1000 per mille) in the second after its last look: holds %u‰", p[a]);
-	sim_run(&s, 1 * SEC, p); /* (the rest of VMGPU_SCHED_CAPS_FRESH_MS) */
+	sim_run(&s, 4 * SEC, p);
+	check(near(p[a], 100, 2), "the controller gone in a probe (its last look 1 s past and more): cap 10 holds %u‰ again",
+	      p[a]);
+	caps_look(&s);
+	atomic_store(&s.pg.slot[a].cap_pm, 150);
+	sim_run(&s, 1500 * MS, p);
+	check(near(p[a], 150, 3), "a part below 1000 stands 1.5 s after the last look: cap 10 holds %u‰", p[a]);
+	sim_run(&s, 500 * MS, p); /* (the rest of VMGPU_SCHED_CAPS_FRESH_MS) */
 	sim_run(&s, 4 * SEC, p);
 	check(near(p[a], 100, 2), "the controller gone (its last look 2 s past and more): cap 10 holds %u‰ again", p[a]);
 	atomic_store(&s.pg.slot[a].cap_pm, 73);
@@ -475,7 +482,7 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	check(near(p[a], 350, 3), "fixed 40 with the controller's 350 per mille: holds %u‰", p[a]);
 	atomic_store(&s.pg.slot[a].cap_pm, 5000);
 	caps_look(&s);
-	sim_run(&s, 2 * SEC, p);
+	sim_run(&s, 900 * MS, p); /* (within VMGPU_SCHED_PROBE_FRESH_MS: a whole period is a probe's) */
 	check(near(p[a], 1000, 2), "a part past 1000 per mille is the whole period: holds %u‰", p[a]);
 
 	sim_init(&s, VMGPU_SCHED_SHARED);

@@ -394,3 +394,19 @@ def test_a_look_stores_the_parts_before_it_stamps_and_withdraw_takes_them_back()
     calls.clear()
     cap_control.withdraw(Page())
     assert calls == [("part", 0, 0)]  # (its 500 taken back)
+
+
+def test_two_reads_in_a_row_out_of_band_are_the_guests_new_rate_alone():
+    from collections import deque
+
+    from vmgpu.cap_control import _add_read, _kept
+
+    reads = deque(maxlen=6)
+    for r in (100, 102, 98, 101, 55):  # one short read: kept out of the rate alone
+        _add_read(reads, r)
+    assert sorted(_kept(reads)) == [98, 100, 101, 102]
+    _add_read(reads, 52)  # a second: its work changed
+    assert list(reads) == [55, 52] and _kept(reads) == [55, 52]
+    for r in (50, 120):  # (one long read after: kept out again, not a change)
+        _add_read(reads, r)
+    assert list(reads) == [55, 52, 50, 120] and sorted(_kept(reads)) == [50, 52, 55]

@@ -163,7 +163,7 @@ def test_the_sampler_reads_a_guests_hold_depth_and_span_off_a_shared_page(monkey
         def __init__(self, path):
             pass
 
-        def caps_fresh(self):
+        def caps_fresh(self, probe=False):
             return False
 
         def __enter__(self):
@@ -208,7 +208,7 @@ def test_a_cap_the_cap_controller_holds_shows_the_part_of_the_time_it_lets_the_g
         def __exit__(self, *exc):
             return False
 
-        def caps_fresh(self):
+        def caps_fresh(self, probe=False):
             return fresh[0]
 
         def gpu_time(self):
@@ -243,3 +243,4 @@ def test_a_pages_cap_looks_are_fresh_for_two_seconds_across_the_clocks_wrap():
     wrap = 2**32 / 1000  # (the low 32 bits of the monotonic clock in ms wrap every 49.7 days)
     page.mark_caps_look(wrap - 0.5)
     assert page.caps_fresh(wrap + 1.0) and not page.caps_fresh(wrap + 2.0)
+    assert page.caps_fresh(wrap + 0.4, probe=True) and not page.caps_fresh(wrap + 0.6, probe=True)  # (1 s for a probe)

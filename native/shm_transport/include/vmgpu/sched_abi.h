@@ -38,6 +38,7 @@
 #define VMGPU_SCHED_VERSION 1
 #define VMGPU_SCHED_SLOTS 64
 #define VMGPU_SCHED_CAPS_FRESH_MS 2000 /* a cap controller's parts (slot.cap_pm) hold this long after its last look */
+#define VMGPU_SCHED_PROBE_FRESH_MS 1000 /* and a part of 1000 (a probe: the cap lifted) this long */
 #define VMGPU_SCHED_NAME 64
 #define VMGPU_SCHED_DIR "/dev/shm/vmgpu" /* the default directory of the pages (root's, 0700) */
 
