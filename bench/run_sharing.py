@@ -266,24 +266,33 @@ def controlled(g: Guests, lever: str = "time", after=None):
     controller) after each look; on leaving, the policy back to weighted with the holds lifted,
     and the forwarders stopped.  Yields the controller."""
     g.policy("shared")
-    stop = threading.Event()
     ctl = share_control.ShareController(**PROBE, lever=lever, depth=g.depth or share_control.DEPTH)
 
-    def control():
+    def control(stop):
         with g.page() as pg:
             share_control.run(pg, stop, controller=ctl, after=after)
 
-    t = threading.Thread(target=control, daemon=True)
-    t.start()
     try:
-        yield ctl
+        with on_a_thread(control):
+            yield ctl
     finally:
-        stop.set()
-        t.join()
         g.policy("weighted")
         with g.page() as pg:
             share_control.apply_step(pg, ctl, time.monotonic())  # (lifts the holds off shared)
         g.stop()
+
+
+@contextlib.contextmanager
+def on_a_thread(run):
+    """run(stop) on a thread of its own while the block runs; then stop set and the thread joined."""
+    stop = threading.Event()
+    t = threading.Thread(target=run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def shared_converge(g: Guests, run: Run, rows, summary, seconds: float, pipe: str | None, trace=None) -> None:
@@ -736,10 +745,9 @@ def cap_controlled(g: Guests, trace=None):
     """vmgpud's cap controller on g's page from now on (as it runs there from the forwarder's start:
     the guest is measured alone while it warms up too), what it holds every 0.5 s to `trace`; on
     leaving, the forwarders stopped."""
-    stop = threading.Event()
     ctl = cap_control.CapController()
 
-    def control():
+    def control(stop):
         t0, last = time.monotonic(), -1.0
         with g.page() as pg:
             while not stop.wait(cap_control.PERIOD_STEP_S):
@@ -754,13 +762,10 @@ def cap_controlled(g: Guests, trace=None):
                             f"{' probe' if c.probe_at is not None else ''}\n"
                         )
 
-    t = threading.Thread(target=control, daemon=True)
-    t.start()
     try:
-        yield ctl
+        with on_a_thread(control):
+            yield ctl
     finally:
-        stop.set()
-        t.join()
         g.stop()
 
 
