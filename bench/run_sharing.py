@@ -755,7 +755,7 @@ def cap_controlled(g: Guests, trace=None):
                 cap_control.apply_step(pg, ctl, now)
                 if trace is not None and now - last >= 0.5:
                     last = now
-                    for (_, name), c in ctl.guests.items():
+                    for name, c in ctl.guests.items():
                         trace.write(
                             f"{now - t0:6.1f} {name} part {c.pm} alone {c.alone:.0f} reads "
                             f"{[round(r) for r in c.reads]} k {c.k:.3f} debt {c.debt:+.4f} bound {c.bound}"

@@ -20,7 +20,8 @@ the GPU: one long kernel makes no calls), the first PROBE_SETTLE_S not counted (
 held back goes first); a probe another guest's work comes into, or in which the guest stops, is
 spoilt and not read.  Its rate alone is the mean of its last PROBES_KEPT reads, less those out of
 80% of their median either way (a read as it begins its work); two reads in a row out of that band on the
-same side are its new rate alone (its work changed).  Probes come PROBE_FIRST_S apart (twice as
+same side are its new rate alone (its work changed; at a cap of 10% two probes are some 3.6
+minutes).  Probes come PROBE_FIRST_S apart (twice as
 far after each spoilt one) until its last PROBES_KEPT reads agree within STEADY or FIRST_MAX
 have begun (a guest that warms up reads short or long; it is not taken up before: held by time,
 and its first probes are not paid back: on an H200 a trainer was taken up some 25-32 s after its
@@ -54,11 +55,12 @@ look slower than they are (many cheap ones in a probe, few heavy ones after) is 
 cap of time, but never more than OVER x its cap of each period alone on the GPU (its cap beside
 others), and a probe's PROBE_S uncapped every PROBE_EVERY_S at most besides its first FIRST_MAX
 probes, read or spoilt; one that makes them look faster is held tighter, which hurts only itself.
-A slot reused by another guest starts afresh (members are keyed by slot and name); a counter that
-begins again (its forwarder seated afresh) is seen as no progress, its debt kept.
+A guest is known by its name: one whose forwarder is started again, in its slot or another, within
+GRACE_S keeps its debt, its reads and its probes' count (a counter begun again is no progress).
 
-The parts it sets hold only while it looks: each look stamps the page (caps_ms), and the
-forwarders take a slot's cap_pm only within 2 s of the last stamp (VMGPU_SCHED_CAPS_FRESH_MS), so a
+The parts it sets hold only while it looks: each look stores them and then stamps the page
+(caps_ms), and the forwarders take a slot's cap_pm only within 2 s of the last stamp
+(VMGPU_SCHED_CAPS_FRESH_MS; a probe's 1000 within 1 s, VMGPU_SCHED_PROBE_FRESH_MS), so a
 vmgpud that dies, in a probe or not, leaves every guest to its cap% of the time; one that stops,
 or stops controlling a GPU, takes its parts back at once (withdraw).
 
@@ -93,6 +95,8 @@ K_EVERY_S = 1.0  # k (progress per part of the period) is read over this long,
 K_LEARN = 0.5  # and moves this part of the way to each read
 K_LIMITS = (0.3, 4.0)
 IDLE_S = 0.3  # a guest whose calls have not moved for this long, and none of whose work waits, is idle
+GRACE_S = 60.0  # a capped guest that left the page is remembered this long (its forwarder started again)
+GAP_S = 1.0  # a guest not seen for this long: the stretch is not counted (nor a probe under way read)
 BIND = 0.05  # a guest whose rate is short of its rate alone by this part is slowed by its cap
 RATE_S = 1.0  # a guest's rate: over this long
 
@@ -115,6 +119,7 @@ class _Capped:
     probe_at: float | None = None  # its probe under way began then
     settled: tuple[float, int] | None = None  # (when, its calls) its probe's measure began
     probed_at: float = -math.inf  # its last probe ended then
+    left_at: float | None = None  # it left the page then (kept GRACE_S for its forwarder started again)
 
 
 class CapController:
@@ -145,16 +150,22 @@ class CapController:
         return min(cap, s.weight) if policy == "fixed" else cap
 
     def step(self, now: float, seen: list[Seen], policy: str, at_work: set[int] | None = None) -> dict[int, int]:
-        """One look: each member's cap_pm (0 for the uncapped, and for the capped it holds by time).
-        at_work: the slots the page shows at work besides their calls (the GPU's holder, a member
-        whose GPU time or last activity moved: one long kernel makes no calls), busy as well."""
-        keys = {(s.slot, s.guest): s for s in seen}
+        """One look: each member's cap_pm by slot (0 for the uncapped, and for the capped it holds
+        by time).  at_work: the slots the page shows at work besides their calls (at_work()), busy
+        as well.  A guest is known by its name, wherever its slot: one whose forwarder is started
+        again (in the same slot or another) within GRACE_S keeps what it owes and what was
+        measured of it."""
+        keys = {s.guest: s for s in seen}
         self.moved = {k: self._moved(k, s, now) for k, s in keys.items()}
         at_work = at_work or set()
-        busy = {k for k, s in keys.items() if s.waiting or now - self.moved[k][1] < IDLE_S or k[0] in at_work}
+        busy = {k for k, s in keys.items() if s.waiting or now - self.moved[k][1] < IDLE_S or s.slot in at_work}
         out = {s.slot: 0 for s in seen}
         capped = {k: self.cap_of(s, policy) for k, s in keys.items()}
-        self.guests = {k: g for k, g in self.guests.items() if capped.get(k, 100) < 100 and policy != "native"}
+        for k, g in list(self.guests.items()):
+            if k not in keys and g.left_at is None:
+                g.left_at, g.probe_at = now, None
+            if policy == "native" or capped.get(k, 100) >= 100 and k in keys or now - (g.left_at or now) > GRACE_S:
+                del self.guests[k]
         if policy == "native":
             return out
         probing = any(g.probe_at is not None for g in self.guests.values())
@@ -162,18 +173,20 @@ class CapController:
             if capped[k] >= 100:
                 continue
             g = self.guests.setdefault(k, _Capped(capped[k] / 100, s.calls, now))
-            g.cap = capped[k] / 100
+            g.cap, g.left_at = capped[k] / 100, None
             out[s.slot] = self._look(g, now, s, k in busy, alone_on_gpu=busy <= {k}, probing=probing)
             probing |= g.probe_at is not None
         return out
 
-    def at_work(self, owner: int, members) -> set[int]:
-        """The slots a page shows at work besides their calls: the GPU's holder under turns, and a
-        member whose GPU time (used_ns) or last activity (active_ms) moved since the last look."""
+    def at_work(self, owner: int, members, policy: str) -> set[int]:
+        """The slots a page shows at work besides their calls: the GPU's holder under turns (under
+        shared no turn is handed over: the holder is whoever held it when the policy changed), and
+        a member whose GPU time (used_ns) or last activity (active_ms, under shared) moved since the
+        last look."""
         marks = {m.slot: (m.guest, m.used_ns, m.active_ms) for m in members}
         out = {slot for slot, mark in marks.items() if slot in self.marks and self.marks[slot] != mark}
         self.marks = marks
-        return out | ({owner} if owner in marks else set())
+        return out | ({owner} if owner in marks and policy not in ("shared", "native") else set())
 
     def _moved(self, k, s: Seen, now: float) -> tuple[int, float]:
         calls, at = self.moved.get(k, (s.calls, now))
@@ -181,9 +194,14 @@ class CapController:
 
     def _look(self, g: _Capped, now: float, s: Seen, busy: bool, alone_on_gpu: bool, probing: bool) -> int:
         dt, made = now - g.at, s.calls - g.calls
-        if made < 0:  # its counter began again (its forwarder seated afresh): no progress seen, nothing forgiven
-            made = 0
+        if made < 0 or dt > GAP_S:
+            # its counter began again (its forwarder seated afresh), or it was not seen a while
+            # (gone, or the controller not looking): nothing seen of that stretch, nothing forgiven
+            made, dt, g.k_sum = 0, 0.0, (0.0, 0.0, 0.0)
             g.seen.clear()
+            if g.probe_at is not None:
+                g.spoilt += 1
+                g.probe_at, g.probed_at = None, now
         g.calls, g.at = s.calls, now
         if g.probe_at is not None:
             return self._probing(g, now, s, made, dt, alone_on_gpu)
@@ -255,7 +273,7 @@ class CapController:
             g.debt += made / g.alone - g.cap * dt
         if not alone_on_gpu or (made == 0 and not s.waiting):
             g.spoilt += 1
-            return self._probe_over(g, now)  # (spoilt: tried again at its time, later each time)
+            return self._probe_over(g, now, alone_on_gpu)  # (spoilt: tried again at its time, later each time)
         if g.settled is None:
             if now - g.probe_at >= self.settle_s:
                 g.settled = (now, s.calls)
@@ -268,12 +286,12 @@ class CapController:
             g.spoilt = 0
             kept = _kept(g.reads)
             g.alone = sum(kept) / len(kept)
-        return self._probe_over(g, now)
+        return self._probe_over(g, now, alone_on_gpu)
 
-    def _probe_over(self, g: _Capped, now: float) -> int:
+    def _probe_over(self, g: _Capped, now: float, alone_on_gpu: bool) -> int:
         g.probe_at, g.probed_at, g.k_sum = None, now, (0.0, 0.0, 0.0)
         g.seen = deque([(now, g.calls)])
-        return self._part(g, now, True)
+        return self._part(g, now, alone_on_gpu)
 
     def _part(self, g: _Capped, now: float, alone_on_gpu: bool) -> int:
         """Its part of each period (per mille): its cap less what it owes (and what it pays ahead
@@ -328,7 +346,8 @@ def apply_step(page, ctl: CapController, now: float) -> None:
     where it changed, and then the look stamped (the parts hold for VMGPU_SCHED_CAPS_FRESH_MS from
     it: a part a vmgpud that died left is not made fresh again before it is replaced)."""
     members = page.members()
-    parts = ctl.step(now, seen_on(page, now), page.policy, ctl.at_work(page.owner, members))
+    policy = page.policy
+    parts = ctl.step(now, seen_on(page, now), policy, ctl.at_work(page.owner, members, policy))
     for m in members:
         pm = parts.get(m.slot, 0)
         if m.cap_pm != pm:

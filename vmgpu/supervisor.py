@@ -261,6 +261,7 @@ class Supervisor:
         self.policy = dict(policy or RESTART_POLICY)
         self.log = get_logger(component="supervisor")
         self._stop = threading.Event()
+        self._control: threading.Thread | None = None  # the share and cap controllers' thread (control_shares)
         self.mps = mps.Mps(self.settings.mps_dir) if self.settings.mps_dir else None
         self._mps_error = ""  # (the last restart failure logged)
 
@@ -503,6 +504,7 @@ class Supervisor:
                             done = policy == "native"
                             if done:  # (its page's policy may not say so yet)
                                 _close(c)
+                                caps.pop(uuid, None)  # (what it measured is stale when the GPU comes back)
                         except Exception as e:  # noqa: BLE001 - the other GPUs go on
                             # the page is opened afresh at the next look at the ledger: a page that
                             # keeps failing is tried once a second, not ten times
@@ -533,11 +535,16 @@ class Supervisor:
             else:
                 failing[uuid] = (last, at, repeats + 1)
 
-        threading.Thread(target=loop, name="share-control", daemon=True).start()
+        self._control = threading.Thread(target=loop, name="share-control", daemon=True)
+        self._control.start()
 
     def close(self) -> None:
-        """vmgpud stops; the forwarders keep serving their guests and are adopted next time."""
+        """vmgpud stops; the forwarders keep serving their guests and are adopted next time (the
+        cap controller's parts taken back first: their caps are cap% of the time until it looks
+        again)."""
         with self.lock:
             self._stop.set()
             for r in self.restarts.values():
                 r.cancel.set()
+        if self._control is not None:  # (outside the lock: its loop takes it to read the ledger)
+            self._control.join(timeout=5)

@@ -84,8 +84,10 @@ static uint64_t period_ns(struct vmgpu_sched_page *pg)
  * less; 1000: not capped. */
 static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	uint32_t pm = atomic_load(&g->cap_pm), cap = atomic_load(&g->cap), w = atomic_load(&g->weight);
+	/* the stamp first: the controller stores the parts, then stamps (a part older than the stamp
+	 * read is never taken for one the stamp vouches for) */
 	uint32_t looked = atomic_load(&pg->caps_ms);
+	uint32_t pm = atomic_load(&g->cap_pm), cap = atomic_load(&g->cap), w = atomic_load(&g->weight);
 	int32_t age = (int32_t)((uint32_t)(now / 1000000) - looked); /* (both the low 32 bits of ms) */
 	int32_t fresh = pm >= 1000 ? VMGPU_SCHED_PROBE_FRESH_MS : VMGPU_SCHED_CAPS_FRESH_MS; /* (a probe: less) */
 	if (pm && looked && age > -fresh && age <= fresh)

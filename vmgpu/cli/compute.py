@@ -42,8 +42,9 @@ def _cap(ctx, param, value):
 def cap(guest, gpu, cap, socket_path):
     """Set GUEST's CAP on GPU (index or UUID), live: at most CAP% (1..100) of its throughput
     alone, even on an otherwise idle card (vmgpud's cap controller sets the part of each period
-    its work may have; a guest whose work fits in CAP% of the time is left so); "none" (or 0)
-    lifts it.  The guests beside it keep their weighted shares."""
+    its work may have; a guest whose work fits in CAP% of the time is left so; under the equal
+    policy, CAP% of the time); "none" (or 0) lifts it.  The guests beside it keep their weighted
+    shares."""
     r = client(socket_path).set_cap(guest, gpu, cap)
     click.echo(f"{guest} on {r.gpu_uuid}: " + (f"cap {cap}%" if cap else "no cap") + _when(r))
 
