@@ -162,6 +162,15 @@ def assert_python_installed(pid: int, inst: Installed) -> None:
     assert [m for m in maps if _under(m, inst.venv)], f"pid {pid} loaded no extension module of {inst.venv}"
 
 
+def _ended(pid: str) -> bool:
+    """Whether a process has ended: gone, or a zombie its parent has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def assert_serves_installed(client, daemon_pid: int, inst: Installed) -> None:
     """vmgpud is the installed package's, and so are the guest's forwarder and each of its workers
     (a worker runs the guest's CUDA calls on the installed simulated backend): call it while a
@@ -178,8 +187,9 @@ def assert_serves_installed(client, daemon_pid: int, inst: Installed) -> None:
             checked += 1
         except FileNotFoundError:
             # the worker of a guest process that ended a moment ago, gone while it was looked at
-            # (a container's earlier program): only a worker that is gone may be passed over
-            assert not Path(f"/proc/{w}").exists(), f"worker {w} is there but could not be read"
+            # (a container's earlier program), or ended and not yet reaped by its forwarder (a
+            # zombie has no exe): only a worker that has ended may be passed over
+            assert _ended(w), f"worker {w} is there but could not be read"
     assert checked, f"every worker of the forwarder ({children}) ended while they were looked at"
 
 
