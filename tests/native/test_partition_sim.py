@@ -223,12 +223,13 @@ def _beside_higher(sched_dir, tmp_path, part_a=PART, b_prio="high", how="sync") 
 def test_a_lower_guest_on_a_span_beside_a_higher_one_runs_there_and_is_not_held_in_its_ring(sched_dir, tmp_path):
     """The priority reserve: a span given to a lower guest while a higher one works leaves the
     higher one's SMs free, so the lower one's work goes on there beside it (92 SMs) instead of
-    waiting in its ring as it does with no span (test_sched_sim.py): about as fast as beside a
-    guest of its own priority (on this 2-core host a busy simulated guest beside it takes most of
-    the CPU either way)."""
+    waiting in its ring as it does with no span (one memset in the second: the test below, and
+    test_sched_sim.py).  (How fast is not compared with a guest of its own priority: two simulated
+    guests side by side on this 2-core host ran about 8,900 memsets a second in most runs and
+    25,000-39,000 in the others, whatever their priorities, so one run against another failed
+    some 3 times in 10; the reserve's rate on a GPU is make bench-sharing's.)"""
     alone, beside, sms, whole = _beside_higher(sched_dir, tmp_path)
-    _, equal, _, _ = _beside_higher(sched_dir, tmp_path, b_prio="low")
-    assert beside > 0.5 * equal and beside > 0.05 * alone, (beside, equal, alone)
+    assert beside > 0.05 * alone, (beside, alone)  # (8,600 and more of 80,000: held, it is 1)
     assert sms and sms.count(92) >= 0.9 * len(sms), set(sms)
     assert not whole, "a kept to its span: its slot must not say otherwise"
 
