@@ -750,7 +750,7 @@ def cap_controlled(g: Guests, trace=None):
     def control(stop):
         t0, last = time.monotonic(), -1.0
         with g.page() as pg:
-            while not stop.wait(cap_control.PERIOD_STEP_S):
+            while not cap_control.wait(stop, cap_control.PERIOD_STEP_S, [(pg, ctl)]):
                 now = time.monotonic()
                 cap_control.apply_step(pg, ctl, now)
                 if trace is not None and now - last >= 0.5:
@@ -759,7 +759,8 @@ def cap_controlled(g: Guests, trace=None):
                         trace.write(
                             f"{now - t0:6.1f} {name} part {c.pm} alone {c.alone:.0f} reads "
                             f"{[round(r) for r in c.reads]} k {c.k:.3f} debt {c.debt:+.4f} bound {c.bound}"
-                            f"{' probe' if c.probe_at is not None else ''}\n"
+                            f"{' probe' if c.probe_at is not None else ''} last read (ends, bursts) "
+                            f"{c.last_read[0]:.0f} {c.last_read[1]:.0f}\n"
                         )
 
     try:
@@ -813,37 +814,39 @@ def capped_then_alone(g: Guests, run: Run, env: dict, lead: float, seconds: floa
     cap lifted live (`vmgpu cap GUEST GPU none`), `seconds` more: its output (img_per_s, and
     img_per_s_then, its rate alone in the same process) and what the page charged it over the
     capped window, as text."""
-    name = g.names[-1]
-    s, marks = Sampler(g, 0.05), {}
+    name, timer = g.names[-1], []
 
     def lift():
         with g.page() as pg:
             pg.set_cap(name, 0)
 
-    def during(t0):
-        marks["t0"] = t0
-        s.start(t0)
-        marks["timer"] = threading.Timer(lead + seconds, lift)
-        marks["timer"].start()
+    def at_go(_t0):
+        timer.append(threading.Timer(lead + seconds, lift))
+        timer[0].start()
 
     try:
-        (out,) = run.together([([*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds)], env)], during)
+        (out,), h = sampled_held(
+            g, run, [([*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds)], env)], seconds, lead, at_go
+        )
     finally:
-        if "timer" in marks:
-            marks["timer"].cancel()
-    samples = s.done()
-    t0 = marks["t0"] + lead
-    return out, held_text(held(samples, t0 + 0.5, t0 + seconds - 0.5), [name])
+        for t in timer:
+            t.cancel()
+    return out, held_text(h, [name])
 
 
-def sampled_held(g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0) -> tuple[list[dict], dict]:
+def sampled_held(
+    g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0, at_go=None
+) -> tuple[list[dict], dict]:
     """run.together(guests) with the page sampled: their results and what the page charged them
-    over their measured seconds, after a lead (held(), leaving out the first and last half second)."""
+    over their measured seconds, after a lead (held(), leaving out the first and last half second).
+    at_go(t0): run at the go too."""
     s, marks = Sampler(g, 0.05), {}
 
     def during(t0):
         marks["t0"] = t0
         s.start(t0)
+        if at_go:
+            at_go(t0)
 
     out = run.together(guests, during)
     samples = s.done()

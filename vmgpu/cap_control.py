@@ -18,7 +18,13 @@ Its rate alone is measured by a probe: its cap lifted (cap_pm 1000) for PROBE_S 
 only guest at work on the GPU (no other member's calls, GPU time or activity moving, none holding
 the GPU: one long kernel makes no calls), the first PROBE_SETTLE_S not counted (the work its cap
 held back goes first); a probe another guest's work comes into, or in which the guest stops, is
-spoilt and not read.  Its rate alone is the mean of its last PROBES_KEPT reads, less those out of
+spoilt and not read.  A probe is read between whole bursts of its calls: a guest's calls come
+in bursts (a trainer issues some steps, then waits for the GPU at its synchronisation), so its
+calls between the probe's two ends are some part of a burst off (on an H200 a trainer's reads over
+0.5 s were 7% apart); while a probe is under way the controller samples the guest's calls every
+FINE_S (wait()), and reads them from the first burst's start to the last's, a whole number of bursts
+(where it finds fewer than two bursts over half the probe, as in a guest whose calls never pause,
+between the probe's ends).  Its rate alone is the mean of its last PROBES_KEPT reads, less those out of
 80% of their median either way (a read as it begins its work); two reads in a row out of that band on the
 same side are its new rate alone (its work changed; at a cap of 10% two probes are some 3.6
 minutes).  Probes come PROBE_FIRST_S apart (twice as
@@ -71,6 +77,7 @@ fake clock; `apply_step` is one look at a live page, as vmgpud's share-control t
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -91,6 +98,7 @@ PAYBACK_S = 1.0  # a debt is paid back over about this long
 PREPAY_PART = 0.25  # a bound guest pays for its next probe ahead, at this part of its cap (in a second at least)
 CREDIT_S = 0.2  # what a guest fell short of its cap is owed back up to this long at its cap
 OVER = 1.5  # a capped guest's part of each period is at most this many times its cap
+FINE_S = 0.002  # a probing guest's calls sampled this often (the forwarders publish them every 250 us)
 K_EVERY_S = 1.0  # k (progress per part of the period) is read over this long,
 K_LEARN = 0.5  # and moves this part of the way to each read
 K_LIMITS = (0.3, 4.0)
@@ -119,6 +127,9 @@ class _Capped:
     probe_at: float | None = None  # its probe under way began then
     settled: tuple[float, int] | None = None  # (when, its calls) its probe's measure began
     probed_at: float = -math.inf  # its last probe ended then
+    slot: int = -1  # its slot on the page at the last look
+    fine: list = field(default_factory=list)  # (t, calls) every FINE_S in its probe's measure (wait())
+    last_read: tuple[float, float] = (0.0, 0.0)  # its last probe's read: between its ends, between whole bursts
     left_at: float | None = None  # it left the page then (kept GRACE_S for its forwarder started again)
 
 
@@ -164,7 +175,7 @@ class CapController:
         for k, g in list(self.guests.items()):
             if k not in keys and g.left_at is None:
                 g.left_at, g.probe_at = now, None
-            if policy == "native" or capped.get(k, 100) >= 100 and k in keys or now - (g.left_at or now) > GRACE_S:
+            if policy == "native" or (k in keys and capped[k] >= 100) or now - (g.left_at or now) > GRACE_S:
                 del self.guests[k]
         if policy == "native":
             return out
@@ -173,10 +184,22 @@ class CapController:
             if capped[k] >= 100:
                 continue
             g = self.guests.setdefault(k, _Capped(capped[k] / 100, s.calls, now))
-            g.cap, g.left_at = capped[k] / 100, None
+            g.cap, g.left_at, g.slot = capped[k] / 100, None, s.slot
             out[s.slot] = self._look(g, now, s, k in busy, alone_on_gpu=busy <= {k}, probing=probing)
             probing |= g.probe_at is not None
         return out
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe is under way (its guest's calls are to be sampled every FINE_S: watch())."""
+        return any(g.probe_at is not None for g in self.guests.values())
+
+    def watch(self, now: float, calls_of) -> None:
+        """A fine sample of each probing guest's calls (calls_of(slot): its counter now), where its
+        probe's measure has begun."""
+        for g in self.guests.values():
+            if g.probe_at is not None and g.settled is not None and g.left_at is None:
+                g.fine.append((now, calls_of(g.slot)))
 
     def at_work(self, owner: int, members, policy: str) -> set[int]:
         """The slots a page shows at work besides their calls: the GPU's holder under turns (under
@@ -194,18 +217,18 @@ class CapController:
 
     def _look(self, g: _Capped, now: float, s: Seen, busy: bool, alone_on_gpu: bool, probing: bool) -> int:
         dt, made = now - g.at, s.calls - g.calls
+        g.calls, g.at = s.calls, now
         if made < 0 or dt > GAP_S:
             # its counter began again (its forwarder seated afresh), or it was not seen a while
             # (gone, or the controller not looking): nothing seen of that stretch, nothing forgiven
-            made, dt, g.k_sum = 0, 0.0, (0.0, 0.0, 0.0)
-            g.seen.clear()
+            made, dt = 0, 0.0
             if g.probe_at is not None:
                 g.spoilt += 1
-                g.probe_at, g.probed_at = None, now
-        g.calls, g.at = s.calls, now
-        if g.probe_at is not None:
+            self._probe_over(g, now)
+        elif g.probe_at is not None:
             return self._probing(g, now, s, made, dt, alone_on_gpu)
-        g.seen.append((now, s.calls))
+        else:
+            g.seen.append((now, s.calls))
         while len(g.seen) > 2 and g.seen[1][0] <= now - RATE_S:
             g.seen.popleft()
         if not busy:  # idle: its cap is taken up afresh when it works again
@@ -272,26 +295,32 @@ class CapController:
         if g.alone > 0 and g.bound:
             g.debt += made / g.alone - g.cap * dt
         if not alone_on_gpu or (made == 0 and not s.waiting):
-            g.spoilt += 1
-            return self._probe_over(g, now, alone_on_gpu)  # (spoilt: tried again at its time, later each time)
+            g.spoilt += 1  # (spoilt: tried again at its time, later each time)
+            self._probe_over(g, now)
+            return self._part(g, now, alone_on_gpu)
         if g.settled is None:
             if now - g.probe_at >= self.settle_s:
-                g.settled = (now, s.calls)
+                g.settled, g.fine = (now, s.calls), [(now, s.calls)]
             return 1000
         if now - g.probe_at < self.probe_s:
             return 1000
         t0, c0 = g.settled
         if s.calls > c0 and now > t0:
-            _add_read(g.reads, (s.calls - c0) / (now - t0))
+            g.last_read = ((s.calls - c0) / (now - t0), burst_rate([*g.fine, (now, s.calls)]))
+            _add_read(g.reads, g.last_read[1])
             g.spoilt = 0
             kept = _kept(g.reads)
             g.alone = sum(kept) / len(kept)
-        return self._probe_over(g, now, alone_on_gpu)
-
-    def _probe_over(self, g: _Capped, now: float, alone_on_gpu: bool) -> int:
-        g.probe_at, g.probed_at, g.k_sum = None, now, (0.0, 0.0, 0.0)
-        g.seen = deque([(now, g.calls)])
+        self._probe_over(g, now)
         return self._part(g, now, alone_on_gpu)
+
+    @staticmethod
+    def _probe_over(g: _Capped, now: float) -> None:
+        """g's probe (if one is under way) ended, or a stretch of it not seen: its rate and k are
+        measured afresh from now."""
+        if g.probe_at is not None:
+            g.probe_at, g.probed_at = None, now
+        g.k_sum, g.seen, g.fine = (0.0, 0.0, 0.0), deque([(now, g.calls)]), []
 
     def _part(self, g: _Capped, now: float, alone_on_gpu: bool) -> int:
         """Its part of each period (per mille): its cap less what it owes (and what it pays ahead
@@ -315,6 +344,50 @@ class CapController:
             g.k = min(hi, max(lo, g.k + K_LEARN * (p / x - g.k)))
             p, x, t = 0.0, 0.0, 0.0
         g.k_sum = (p, x, t)
+
+
+def burst_rate(samples: list[tuple[float, int]]) -> float:
+    """Calls per second over (t, calls) samples in time order: from the start of the first burst
+    to the start of the last (a burst starts where the calls move after their longest pauses: a
+    pause at least half the longest), where at least two starts span half the samples' time;
+    else from the first sample to the last."""
+    (t_first, c_first), (t_end, c_end) = samples[0], samples[-1]
+    pauses, still = [], 0  # (the pause's length, the sample its calls moved at)
+    for i in range(1, len(samples)):
+        if samples[i][1] != samples[i - 1][1]:
+            if i - 1 > still:  # (the calls stood still from samples[still] to samples[i - 1])
+                pauses.append((samples[i - 1][0] - samples[still][0], i))
+            still = i
+    longest = max((p for p, _ in pauses), default=0.0)
+    starts = [i for p, i in pauses if p >= longest / 2]
+    if len(starts) >= 2:
+        # (a start's time: halfway from the pause's last sample to the first that moved)
+        (a, b) = starts[0], starts[-1]
+        ta = (samples[a - 1][0] + samples[a][0]) / 2
+        tb = (samples[b - 1][0] + samples[b][0]) / 2
+        if tb - ta >= (t_end - t_first) / 2:
+            return (samples[b - 1][1] - samples[a - 1][1]) / (tb - ta)
+    return (c_end - c_first) / (t_end - t_first)
+
+
+def wait(stop, seconds: float, controlled) -> bool:
+    """stop.wait(seconds) for a controlling thread (vmgpud's, the bench's): meanwhile, while a
+    probe is under way on one of `controlled` ((page, CapController) pairs: vmgpu.sched.Page), its
+    guest's calls sampled every FINE_S (CapController.watch).  True where stop was set."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return stop.is_set()
+        probing = [(page, ctl) for page, ctl in controlled if ctl.probing]
+        if stop.wait(min(left, FINE_S) if probing else left):
+            return True
+        now = time.monotonic()
+        for page, ctl in probing:
+            try:
+                ctl.watch(now, page.work_calls)
+            except Exception:  # noqa: BLE001 - a page that fails is dealt with at the next step
+                continue
 
 
 def _add_read(reads: deque, read: float) -> None:

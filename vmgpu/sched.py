@@ -167,6 +167,10 @@ class Page:
                 out.append(m)
         return out
 
+    def work_calls(self, slot: int) -> int:
+        """A slot's work calls now (what the cap controller samples in a probe)."""
+        return self.page.slot[slot].work_calls
+
     def gpu_time(self) -> tuple[int, dict[str, int]]:
         """(now, each member's GPU time so far, ns), counting the turn the owner holds now: a
         turn is charged to used_ns only when it ends, and a guest alone on the GPU keeps its

@@ -475,7 +475,8 @@ class Supervisor:
             policies, looked = {}, 0.0
             failing: dict[str, tuple[str, float, int]] = {}  # per GPU: its last error logged, when, repeats since
             try:
-                while not self._stop.wait(every):
+                # (a probe's guest sampled finely meanwhile: its rate alone read between its bursts)
+                while not cap_control.wait(self._stop, every, [(c.page, c.caps) for c in ctls.values()]):
                     now = time.monotonic()
                     if now - looked >= look_every:  # the ledger and the pages seldom: they change rarely
                         with self.lock:

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from vmgpu.cap_control import GRACE_S, OVER, CapController
+from vmgpu.cap_control import FINE_S, GRACE_S, OVER, CapController, _Capped, burst_rate, wait
 from vmgpu.share_control import Seen
 
 PERIOD_MS = 100
@@ -45,8 +45,10 @@ class Model:
     """Guests on one GPU under turns: each capped guest alone runs as the class docstring says; an
     uncapped `other` guest, when busy, holds half of every period (its calls are not counted)."""
 
-    def __init__(self, guests: list[Guest], other_busy: bool = False, policy: str = "weighted", seed: int = 1):
-        self.guests, self.other_busy, self.policy = guests, other_busy, policy
+    def __init__(
+        self, guests: list[Guest], other_busy: bool = False, policy: str = "weighted", seed: int = 1, fine: bool = True
+    ):
+        self.guests, self.other_busy, self.policy, self.fine = guests, other_busy, policy, fine
         self.rng = random.Random(seed)
         self.now_ms = 0
         self.other_calls = 0
@@ -100,6 +102,8 @@ class Model:
                     if int(g.work_ms // BURST_MS) != int(before // BURST_MS) or g.demand < 1:
                         g.shown = int(g.calls)
             self.now_ms += 1
+            if ctl is not None and self.fine and ctl.probing and self.now_ms % 2 == 0:  # (wait(): every FINE_S)
+                ctl.watch(self.now_ms / 1000, lambda slot: self.guests[slot].shown)
             if ctl is not None and self.now_ms % 100 == 0:
                 parts = ctl.step(self.now_ms / 1000, self.seen(), self.policy)
                 for i, g in enumerate(self.guests):
@@ -443,3 +447,80 @@ def test_a_probe_spoilt_by_another_guest_coming_to_work_leaves_the_capped_one_at
     m.other_busy = True
     m.run(ctl, 0.1)
     assert g.pm <= 200 and ctl.guests["a"].probe_at is None, g.pm
+
+
+def _bursty(phase_s: float, seconds: float = 0.5, period_s: float = 0.087, on_s: float = 0.06, rate: float = 40_000):
+    """A trainer's calls as wait() samples them (every FINE_S): `rate` a second for on_s of every
+    period_s (it issues some steps), then none (it waits for the GPU), from `phase_s` into a period."""
+    out, calls = [], 0.0
+    for i in range(int(seconds / FINE_S) + 1):
+        t = phase_s + i * FINE_S
+        whole, into = divmod(t, period_s)
+        calls = rate * (whole * on_s + min(into, on_s))
+        out.append((i * FINE_S, int(calls)))
+    return out, rate * on_s / period_s
+
+
+def test_a_probe_is_read_between_whole_bursts_of_its_calls():
+    """A guest whose calls come in bursts is read from the start of its first burst in the probe
+    to the start of its last: within 1% at every phase, where its calls between the probe's ends
+    are some 4% off at some; calls that never pause are read between the ends."""
+    worst_ends, worst = 0.0, 0.0
+    for k in range(20):
+        samples, true = _bursty(phase_s=k * 0.087 / 20)
+        (t0, c0), (t1, c1) = samples[0], samples[-1]
+        worst_ends = max(worst_ends, abs((c1 - c0) / (t1 - t0) / true - 1))
+        worst = max(worst, abs(burst_rate(samples) / true - 1))
+    assert worst <= 0.01, worst
+    assert worst_ends >= 0.03, worst_ends
+    steady = [(i * FINE_S, 37 * i) for i in range(250)]
+    assert burst_rate(steady) == pytest.approx(37 / FINE_S)
+    one_pause = [(i * FINE_S, 37 * min(i, 100) + 37 * max(0, i - 120)) for i in range(250)]
+    (t0, c0), (t1, c1) = one_pause[0], one_pause[-1]
+    assert burst_rate(one_pause) == pytest.approx((c1 - c0) / (t1 - t0))
+
+
+@pytest.mark.parametrize("fine", [True, False])
+def test_reads_between_whole_bursts_agree_where_reads_between_a_probes_ends_do_not(fine):
+    """In the model (calls seen in bursts every BURST_MS of work), reads of a capped guest's rate
+    alone sampled every FINE_S in its probes are within 1% of each other (their deviation, on the
+    mean of four runs); its calls between the probes' ends are some 4% apart."""
+    import statistics
+
+    spread = []
+    for seed in range(1, 5):
+        m = Model([Guest("a", 50)], seed=seed, fine=fine)
+        ctl = CapController()
+        m.run(ctl, 30.0)
+        (g,) = ctl.guests.values()
+        spread.append(statistics.pstdev(g.reads) / statistics.mean(g.reads))
+    if fine:
+        assert statistics.mean(spread) <= 0.01, spread
+    else:
+        assert statistics.mean(spread) >= 0.02, spread
+
+
+def test_wait_samples_a_probing_guests_calls_finely_and_nothing_otherwise():
+    import threading
+    import time
+
+    class FakePage:
+        def __init__(self):
+            self.reads = 0
+
+        def work_calls(self, slot):
+            assert slot == 3
+            self.reads += 1
+            return int(time.monotonic() * 1e5)
+
+    ctl, page, stop = CapController(), FakePage(), threading.Event()
+    g = ctl.guests["a"] = _Capped(0.5, slot=3)
+    assert not wait(stop, 0.05, [(page, ctl)]) and page.reads == 0  # (no probe: one wait)
+    g.probe_at = time.monotonic()
+    assert not wait(stop, 0.05, [(page, ctl)]) and page.reads == 0  # (not settled: its measure not begun)
+    g.settled = (time.monotonic(), 0)
+    assert not wait(stop, 0.1, [(page, ctl)])
+    assert page.reads >= 10 and len(g.fine) == page.reads, page.reads  # (every FINE_S: some 50 in 0.1 s)
+    stop.set()
+    t = time.monotonic()
+    assert wait(stop, 5.0, [(page, ctl)]) and time.monotonic() - t < 1.0
