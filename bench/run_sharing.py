@@ -748,11 +748,15 @@ def cap_controlled(g: Guests, trace=None):
     ctl = cap_control.CapController()
 
     def control(stop):
-        t0, last = time.monotonic(), -1.0
+        t0, last, fines = time.monotonic(), -1.0, {}
         with g.page() as pg:
             while not cap_control.wait(stop, cap_control.PERIOD_STEP_S, [(pg, ctl)]):
                 now = time.monotonic()
                 cap_control.apply_step(pg, ctl, now)
+                for name, c in ctl.guests.items() if trace is not None else ():
+                    if c.fine is not fines.get(name, c.fine) and fines[name]:  # (a probe's samples, read)
+                        trace.write(f"{now - t0:6.1f} {name} probe's calls per 10 ms: {per_bin(fines[name], 0.01)}\n")
+                    fines[name] = c.fine
                 if trace is not None and now - last >= 0.5:
                     last = now
                     for name, c in ctl.guests.items():
@@ -791,14 +795,14 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
         if trace is not None:
             trace.write(f"== cap {cap}% under the cap controller\n")
         with cap_controlled(g, trace):
-            c, c_held = capped_then_alone(g, run, env, CAP_LEAD[0], seconds)
+            c, c_held = capped_then_alone(g, run, env, CAP_LEAD[0], seconds, trace)
         share = 100 * c["img_per_s"] / c["img_per_s_then"]
         errs[""].append(abs(share - cap))
         other = f" (of the other rates alone: {100 * c['img_per_s'] / ref:.1f}%)"
         rows.append((f"cap {cap}% alone, its progress held (cap controller): share", f"{share:.1f}%{other}" + c_held))
         if "captime" in SKIP:
             continue
-        c, c_held = capped_then_alone(g, run, g.env("--cap", str(cap)), 0.0, seconds)
+        c, c_held = capped_then_alone(g, run, g.env("--cap", str(cap)), 0.0, seconds, trace)
         g.stop()
         share = 100 * c["img_per_s"] / c["img_per_s_then"]
         errs["_time"].append(abs(share - cap))
@@ -809,37 +813,63 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
             summary[f"cap_err_pp{suffix}"] = max(e)
 
 
-def capped_then_alone(g: Guests, run: Run, env: dict, lead: float, seconds: float) -> tuple[dict, str]:
+def per_bin(samples: list[tuple[float, int]], bin_s: float) -> list[int]:
+    """(t, calls) samples' calls in each bin_s from the first sample on (the last whole bin's end)."""
+    t0, out, at = samples[0][0], [], samples[0][1]
+    for t, c in samples:
+        while t - t0 >= (len(out) + 1) * bin_s:
+            out.append(c - at)
+            at = c
+    return out
+
+
+def capped_then_alone(g: Guests, run: Run, env: dict, lead: float, seconds: float, trace=None) -> tuple[dict, str]:
     """The last guest of g (capped), a trainer run `lead` untimed, then `seconds` timed, then, its
     cap lifted live (`vmgpu cap GUEST GPU none`), `seconds` more: its output (img_per_s, and
     img_per_s_then, its rate alone in the same process) and what the page charged it over the
-    capped window, as text."""
-    name, timer = g.names[-1], []
+    capped window, as text, with its calls per second then and alone after (its calls per half
+    second to `trace`)."""
+    name, timer, samples = g.names[-1], [], []
 
     def lift():
         with g.page() as pg:
             pg.set_cap(name, 0)
 
-    def at_go(_t0):
-        timer.append(threading.Timer(lead + seconds, lift))
-        timer[0].start()
+    def at_go(t0):
+        timer.append((t0, threading.Timer(lead + seconds, lift)))
+        timer[0][1].start()
 
     try:
         (out,), h = sampled_held(
-            g, run, [([*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds)], env)], seconds, lead, at_go
+            g,
+            run,
+            [([*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds)], env)],
+            seconds,
+            lead,
+            at_go,
+            samples,
         )
     finally:
-        for t in timer:
+        for _, t in timer:
             t.cancel()
-    return out, held_text(h, [name])
+    then = held(samples, timer[0][0] + lead + seconds + 0.5, timer[0][0] + lead + 2 * seconds - 0.5)
+    calls = ""
+    if name in h and name in then:  # (what the controller holds: calls, over its calls alone then)
+        capped, alone = h[name][2], then[name][2]
+        calls = f"; calls {capped:.0f}/s capped, {alone:.0f}/s alone then ({100 * capped / alone:.1f}%)"
+    if trace is not None:
+        t0 = timer[0][0]
+        rates = [round(r) for r in per_bin([(t - t0, c[name]) for t, _, c, *_ in samples if name in c], 0.5)]
+        trace.write(f"{name}'s calls per 0.5 s from the go (lead {lead} s, capped {seconds} s, then alone): {rates}\n")
+    return out, held_text(h, [name]) + calls
 
 
 def sampled_held(
-    g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0, at_go=None
+    g: Guests, run: Run, guests: list, seconds: float, lead: float = 0.0, at_go=None, keep: list | None = None
 ) -> tuple[list[dict], dict]:
     """run.together(guests) with the page sampled: their results and what the page charged them
     over their measured seconds, after a lead (held(), leaving out the first and last half second).
-    at_go(t0): run at the go too."""
+    at_go(t0): run at the go too; keep: the samples added to it."""
     s, marks = Sampler(g, 0.05), {}
 
     def during(t0):
@@ -850,6 +880,8 @@ def sampled_held(
 
     out = run.together(guests, during)
     samples = s.done()
+    if keep is not None:
+        keep.extend(samples)
     return out, held(samples, marks["t0"] + lead + 0.5, marks["t0"] + lead + seconds - 0.5)
 
 
