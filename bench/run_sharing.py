@@ -749,6 +749,8 @@ def cap_controlled(g: Guests, trace=None):
 
     def control(stop):
         t0, last, fines = time.monotonic(), -1.0, {}
+        if trace is not None:
+            trace.write(f"(times from {time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d})\n")
         with g.page() as pg:
             while not cap_control.wait(stop, cap_control.PERIOD_STEP_S, [(pg, ctl)]):
                 now = time.monotonic()
@@ -783,6 +785,16 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
     another process says little of this one's).  The rates over the run's first rate alone and, where
     measured (not --skip capsolo), one measured just before that cap's rows are in each row too."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
+    if trace is not None:  # (how its rate alone moves after the go: what the controller's first reads see)
+        trace.write("== the trainer alone, uncapped, its lead and two windows\n")
+        with cap_controlled(g, trace):
+            c, c_held = capped_then_alone(g, run, g.env(), CAP_LEAD[0], seconds, trace)
+        rows.append(
+            (
+                f"trainer alone after {CAP_LEAD[0]:.0f} s, then again",
+                f"{c['img_per_s']:.1f}, {c['img_per_s_then']:.1f} img/s" + c_held,
+            )
+        )
     for cap in CAPS:
         ref = solo
         if "capsolo" not in SKIP:
