@@ -116,8 +116,13 @@ class Run:
             stdout, stderr = p.communicate(timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 120)
             if p.returncode != 0:
                 sys.exit(f"a guest failed: {stderr[-2000:]}")
-            out.append({k: float(v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
+            out.append({k: _value(k, v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
         return out
+
+
+def _value(key: str, text: str):
+    """A guest's output value: a number, or for `each` (torch_train --each) a list of them."""
+    return [float(v) for v in text.split(",") if v] if key == "each" else float(text)
 
 
 def native_env(extra: dict | None = None) -> dict:
@@ -785,16 +790,22 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
     another process says little of this one's).  The rates over the run's first rate alone and, where
     measured (not --skip capsolo), one measured just before that cap's rows are in each row too."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
-    if trace is not None:  # (how its rate alone moves after the go: what the controller's first reads see)
+    if trace is not None:  # (how its rate alone moves after the go, natively and through vmgpu)
         trace.write("== the trainer alone, uncapped, its lead and two windows\n")
         with cap_controlled(g, trace):
-            c, c_held = capped_then_alone(g, run, g.env(), CAP_LEAD[0], seconds, trace)
-        rows.append(
-            (
-                f"trainer alone after {CAP_LEAD[0]:.0f} s, then again",
-                f"{c['img_per_s']:.1f}, {c['img_per_s_then']:.1f} img/s" + c_held,
+            c, c_held = capped_then_alone(g, run, g.env(), CAP_LEAD[0], seconds, trace, each=2.0)
+        args = [*TRAIN, "--lead", str(CAP_LEAD[0]), "--then-seconds", str(seconds), "--each", "2"]
+        (n,) = run.together([(args, native_env())])
+        for what, out, extra in (("vmgpu", c, c_held), ("native", n, "")):
+            each = sorted(out.get("each", [0.0]))
+            trace.write(f"{what} trainer alone, img/s over each 2 s from the go: {out.get('each')}\n")
+            rows.append(
+                (
+                    f"trainer alone ({what}) after {CAP_LEAD[0]:.0f} s, then again",
+                    f"{out['img_per_s']:.1f}, {out['img_per_s_then']:.1f} img/s; over each 2 s from the go "
+                    f"{each[0]:.0f}-{each[len(each) // 2]:.0f}-{each[-1]:.0f} (least, median, most){extra}",
+                )
             )
-        )
     for cap in CAPS:
         ref = solo
         if "capsolo" not in SKIP:
@@ -835,7 +846,9 @@ def per_bin(samples: list[tuple[float, int]], bin_s: float) -> list[int]:
     return out
 
 
-def capped_then_alone(g: Guests, run: Run, env: dict, lead: float, seconds: float, trace=None) -> tuple[dict, str]:
+def capped_then_alone(
+    g: Guests, run: Run, env: dict, lead: float, seconds: float, trace=None, each: float = 0.0
+) -> tuple[dict, str]:
     """The last guest of g (capped), a trainer run `lead` untimed, then `seconds` timed, then, its
     cap lifted live (`vmgpu cap GUEST GPU none`), `seconds` more: its output (img_per_s, and
     img_per_s_then, its rate alone in the same process) and what the page charged it over the
@@ -855,7 +868,19 @@ def capped_then_alone(g: Guests, run: Run, env: dict, lead: float, seconds: floa
         (out,), h = sampled_held(
             g,
             run,
-            [([*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds)], env)],
+            [
+                (
+                    [
+                        *TRAIN,
+                        "--lead",
+                        str(lead),
+                        "--then-seconds",
+                        str(seconds),
+                        *(["--each", str(each)] if each else []),
+                    ],
+                    env,
+                )
+            ],
             seconds,
             lead,
             at_go,

@@ -1,7 +1,8 @@
 """ResNet-50 training throughput (synthetic data), for native vs vmgpu comparisons.
 
     python3 bench/torch_train.py [--steps 30] [--batch 64] [--bf16] [--no-autotune]
-Prints `img_per_s=X` (and with --then-seconds `img_per_s_then=Y`, its second timed window).
+Prints `img_per_s=X` (and with --then-seconds `img_per_s_then=Y`, its second timed window; with
+--each S, `each=R1,R2,...`: its rate over each S seconds from the go, lead and windows alike).
 """
 
 import argparse
@@ -31,6 +32,7 @@ def main() -> None:
         help="with --seconds: a second timed window of this long right after the first (bench/run_sharing.py "
         "lifts a cap between them: the guest's rate alone in the same process)",
     )
+    ap.add_argument("--each", type=float, default=0.0, help="with --seconds: also its rate over each this long")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = not a.no_autotune
     model = torchvision.models.resnet50().cuda()
@@ -53,13 +55,23 @@ def main() -> None:
         print("ready", flush=True)
         while not os.path.exists(a.go):
             time.sleep(0.005)
+    syncs = []  # (when, steps so far) at each synchronisation from the go (--each)
+    done = [0]
+
+    def synced(n: int) -> None:
+        torch.cuda.synchronize()
+        done[0] += n
+        if a.each:
+            syncs.append((time.perf_counter(), done[0]))
+
     t0, steps = time.perf_counter(), 0
+    syncs.append((t0, 0))
     while a.lead and time.perf_counter() - t0 < a.lead:  # (a controller settles meanwhile)
         step()
         steps += 1
         if steps % 4 == 0:
-            torch.cuda.synchronize()  # as in the timed run: what the controller learns is what is timed
-    torch.cuda.synchronize()
+            synced(4)  # as in the timed run: what the controller learns is what is timed
+    synced(steps % 4)
 
     def timed(seconds: float | None):
         t0, steps, loss = time.perf_counter(), 0, None
@@ -67,15 +79,23 @@ def main() -> None:
             loss = step()
             steps += 1
             if seconds and steps % 4 == 0:
-                torch.cuda.synchronize()  # a timed run ends on time, not a queue later
-        torch.cuda.synchronize()
+                synced(4)  # a timed run ends on time, not a queue later
+        synced(steps % 4)
         return steps * a.batch / (time.perf_counter() - t0), loss
 
     rate, loss = timed(a.seconds)
     then = ""
     if a.seconds and a.then_seconds:
         then = f" img_per_s_then={timed(a.then_seconds)[0]:.1f}"
-    print(f"img_per_s={rate:.1f}{then} loss={loss.item():.4f}")
+    each = ""
+    if a.each and len(syncs) > 1:
+        rates, (t_at, n_at) = [], syncs[0]
+        for t, n in syncs[1:]:
+            if t - t_at >= a.each:
+                rates.append(f"{(n - n_at) * a.batch / (t - t_at):.0f}")
+                t_at, n_at = t, n
+        each = " each=" + ",".join(rates)
+    print(f"img_per_s={rate:.1f}{then} loss={loss.item():.4f}{each}")
 
 
 if __name__ == "__main__":
