@@ -817,8 +817,8 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
         env = g.env("--cap", str(cap))
         if trace is not None:
             trace.write(f"== cap {cap}% under the cap controller\n")
-        with cap_controlled(g, trace):
-            c, c_held = capped_then_alone(g, run, env, CAP_LEAD[0], seconds, trace)
+        with cap_controlled(g, trace) as ctl:
+            c, c_held = capped_then_alone(g, run, env, CAP_LEAD[0], seconds, trace, ctl=ctl)
         share = 100 * c["img_per_s"] / c["img_per_s_then"]
         errs[""].append(abs(share - cap))
         other = f" (of the other rates alone: {100 * c['img_per_s'] / ref:.1f}%)"
@@ -847,55 +847,53 @@ def per_bin(samples: list[tuple[float, int]], bin_s: float) -> list[int]:
 
 
 def capped_then_alone(
-    g: Guests, run: Run, env: dict, lead: float, seconds: float, trace=None, each: float = 0.0
+    g: Guests, run: Run, env: dict, lead: float, seconds: float, trace=None, each: float = 0.0, ctl=None
 ) -> tuple[dict, str]:
     """The last guest of g (capped), a trainer run `lead` untimed, then `seconds` timed, then, its
-    cap lifted live (`vmgpu cap GUEST GPU none`), `seconds` more: its output (img_per_s, and
+    cap lifted live (`vmgpu cap GUEST GPU none`) as that window ends, `seconds` more: its output (img_per_s, and
     img_per_s_then, its rate alone in the same process) and what the page charged it over the
     capped window, as text, with its calls per second then and alone after (its calls per half
-    second to `trace`)."""
-    name, timer, samples = g.names[-1], [], []
+    second to `trace`).  ctl: the cap controller holding it, whose read of its rate alone as the
+    cap is lifted is said beside those (what it held the guest to, and how far that read was off)."""
+    name, samples, read, marks, done = g.names[-1], [], [], {}, threading.Event()
+    between = run.tmp / f"between-{name}-{time.monotonic_ns()}"
 
-    def lift():
-        with g.page() as pg:
-            pg.set_cap(name, 0)
+    def lift():  # (once its first window is over: no step of either window runs on the other side)
+        while not done.wait(0.002):
+            if between.with_suffix(".ready").exists():
+                held = ctl.guests.get(name) if ctl is not None else None
+                if held is not None:
+                    read.append(held.alone)
+                with g.page() as pg:
+                    pg.set_cap(name, 0)
+                marks["lift"] = time.monotonic()
+                between.touch()
+                return
 
     def at_go(t0):
-        timer.append((t0, threading.Timer(lead + seconds, lift)))
-        timer[0][1].start()
+        marks["go"] = t0
+        threading.Thread(target=lift, daemon=True).start()
 
+    args = [*TRAIN, "--lead", str(lead), "--then-seconds", str(seconds), "--between", str(between)]
     try:
-        (out,), h = sampled_held(
-            g,
-            run,
-            [
-                (
-                    [
-                        *TRAIN,
-                        "--lead",
-                        str(lead),
-                        "--then-seconds",
-                        str(seconds),
-                        *(["--each", str(each)] if each else []),
-                    ],
-                    env,
-                )
-            ],
-            seconds,
-            lead,
-            at_go,
-            samples,
+        (out,), _ = sampled_held(
+            g, run, [([*args, *(["--each", str(each)] if each else [])], env)], seconds, lead, at_go, samples
         )
     finally:
-        for _, t in timer:
-            t.cancel()
-    then = held(samples, timer[0][0] + lead + seconds + 0.5, timer[0][0] + lead + 2 * seconds - 0.5)
+        done.set()
+    at = marks.get("lift", marks["go"] + lead + seconds)
+    h, then = held(samples, at - seconds + 0.5, at - 0.5), held(samples, at + 0.5, at + seconds - 0.5)
     calls = ""
     if name in h and name in then:  # (what the controller holds: calls, over its calls alone then)
         capped, alone = h[name][2], then[name][2]
         calls = f"; calls {capped:.0f}/s capped, {alone:.0f}/s alone then ({100 * capped / alone:.1f}%)"
+        if read and read[0] > 0:
+            calls += (
+                f"; its rate alone as the controller read it {read[0]:.0f}/s (held to {100 * capped / read[0]:.1f}% "
+                f"of that; the read {100 * read[0] / alone:.1f}% of its rate alone then)"
+            )
     if trace is not None:
-        t0 = timer[0][0]
+        t0 = marks["go"]
         rates = [round(r) for r in per_bin([(t - t0, c[name]) for t, _, c, *_ in samples if name in c], 0.5)]
         trace.write(f"{name}'s calls per 0.5 s from the go (lead {lead} s, capped {seconds} s, then alone): {rates}\n")
     return out, held_text(h, [name]) + calls

@@ -32,6 +32,11 @@ def main() -> None:
         help="with --seconds: a second timed window of this long right after the first (bench/run_sharing.py "
         "lifts a cap between them: the guest's rate alone in the same process)",
     )
+    ap.add_argument(
+        "--between",
+        help="with --then-seconds: after the first window make FILE.ready, and begin the second once FILE "
+        "exists (the bench lifts a cap between the two, and no step of either runs on the other side)",
+    )
     ap.add_argument("--each", type=float, default=0.0, help="with --seconds: also its rate over each this long")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = not a.no_autotune
@@ -86,6 +91,10 @@ def main() -> None:
     rate, loss = timed(a.seconds)
     then = ""
     if a.seconds and a.then_seconds:
+        if a.between:
+            open(a.between + ".ready", "w").close()
+            while not os.path.exists(a.between):
+                time.sleep(0.001)
         then = f" img_per_s_then={timed(a.then_seconds)[0]:.1f}"
     each = ""
     if a.each and len(syncs) > 1:
