@@ -34,6 +34,12 @@ and its first probes are not paid back: on an H200 a trainer was taken up some 2
 first work), then PROBE_EVERY_S apart, and at a small cap further (a probe gives a guest at most
 PROBE_COST of its cap more between two).
 
+A guest is held to its cap of its rate alone as its probes read it: where its rate alone moves
+between probes, its share of what it would make alone moves with it (on an H200 a ResNet-50
+trainer bound by its own Python, natively as much as through vmgpu, moved some 10% over tens of
+seconds; held to 48.8-50.8% of its read rate alone, it made 44.8-54.9% of its rate alone in the 12 s
+after).
+
 What it made is kept against what its cap allows as a debt, in seconds at its rate alone: each look
 adds its calls since the last over its rate alone, less its cap times the time between (a
 probe's stretch too, so a probe is paid back).  What it falls short is owed back only up to
