@@ -430,7 +430,7 @@ def apply_step(page, ctl: CapController, now: float) -> None:
     for m in members:
         pm = parts.get(m.slot, 0)
         if m.cap_pm != pm:
-            page.set_cap_pm(m.slot, pm)
+            page.set_cap_pm(m.slot, pm, m.pid)  # (not where another forwarder took the slot since)
     page.mark_caps_look(now)
 
 
@@ -439,4 +439,4 @@ def withdraw(page) -> None:
     again at once): when vmgpud stops controlling a GPU."""
     for m in page.members():
         if m.cap_pm:
-            page.set_cap_pm(m.slot, 0)
+            page.set_cap_pm(m.slot, 0, m.pid)

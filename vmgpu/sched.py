@@ -222,12 +222,19 @@ class Page:
             raise SchedError(f"depth {depth} is not in 0..{DEPTH_MAX} (0: the forwarder's)")
         self.page.slot[slot].depth = depth  # one aligned 4-byte store
 
-    def set_cap_pm(self, slot: int, pm: int) -> None:
+    def set_cap_pm(self, slot: int, pm: int, pid: int | None = None) -> bool:
         """Where the member in `slot` is capped: let its work have `pm` per mille of each period in
-        place of its cap% (1..1000; 0: its cap% again), as the cap controller sets it."""
+        place of its cap% (1..1000; 0: its cap% again), as the cap controller sets it.  pid: only
+        while the slot is still that forwarder's (False where it is not: a part meant for a guest
+        that left is not left to the one seated after it; the forwarders take a part only where
+        a guest is capped, and the next look puts a stray one right)."""
         if not 0 <= pm <= 1000:
             raise SchedError(f"cap part {pm} is not in 0..1000 per mille")
-        self.page.slot[slot].cap_pm = pm  # one aligned 4-byte store
+        s = self.page.slot[slot]
+        if pid is not None and s.pid != pid:
+            return False
+        s.cap_pm = pm  # one aligned 4-byte store
+        return True
 
     def mark_caps_look(self, now: float) -> None:
         """The cap controller looks at `now` (time.monotonic, the forwarders' CLOCK_MONOTONIC): the

@@ -78,23 +78,25 @@ static uint64_t period_ns(struct vmgpu_sched_page *pg)
 	return (uint64_t)atomic_load(&pg->period_us) * 1000;
 }
 
-/* The part of each period (per mille) g's cap leaves its work at now: what vmgpud's cap controller
- * set (cap_pm, so that its progress is its cap's part of its rate alone) while the controller is
- * looking (the page's caps_ms recent), else its cap% and under fixed its weight%, whichever is
- * less; 1000: not capped. */
+/* The part of each period (per mille) g's cap leaves its work at now: its cap% and under fixed its
+ * weight%, whichever is less (1000: not capped), or, where it is capped, what vmgpud's cap
+ * controller set in place of that (cap_pm, so that its progress is its cap's part of its rate
+ * alone) while the controller is looking (the page's caps_ms recent).  A part in the slot of a
+ * guest that is not capped is not taken: the controller sets none there, and one it stored for
+ * the slot's last guest as a new one was seated lasts only to its next look. */
 static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
 	/* the stamp first: the controller stores the parts, then stamps (a part older than the stamp
 	 * read is never taken for one the stamp vouches for) */
 	uint32_t looked = atomic_load(&pg->caps_ms);
 	uint32_t pm = atomic_load(&g->cap_pm), cap = atomic_load(&g->cap), w = atomic_load(&g->weight);
-	int32_t age = (int32_t)((uint32_t)(now / 1000000) - looked); /* (both the low 32 bits of ms) */
-	int32_t fresh = pm >= 1000 ? VMGPU_SCHED_PROBE_FRESH_MS : VMGPU_SCHED_CAPS_FRESH_MS; /* (a probe: less) */
-	if (pm && looked && age > -fresh && age <= fresh)
-		return pm > 1000 ? 1000 : pm;
 	uint32_t part = cap ? 10 * (cap > 100 ? 100 : cap) : 1000;
 	if (atomic_load(&pg->policy) == VMGPU_SCHED_FIXED && 10 * (w > 100 ? 100 : w) < part)
 		part = 10 * w;
+	int32_t age = (int32_t)((uint32_t)(now / 1000000) - looked); /* (both the low 32 bits of ms) */
+	int32_t fresh = pm >= 1000 ? VMGPU_SCHED_PROBE_FRESH_MS : VMGPU_SCHED_CAPS_FRESH_MS; /* (a probe: less) */
+	if (part < 1000 && pm && looked && age > -fresh && age <= fresh)
+		return pm > 1000 ? 1000 : pm;
 	return part;
 }
 

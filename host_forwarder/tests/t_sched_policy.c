@@ -472,6 +472,23 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	sim_run(&s, 5 * SEC, p);
 	check(near(p[a], 100, 2), "the controller's part withdrawn: cap 10 holds %u‰", p[a]);
 
+	/* a part left in the slot of a guest that is not capped (stored for the slot's last guest as
+	 * this one was seated) is not taken */
+	sim_init(&s, VMGPU_SCHED_EQUAL);
+	a = sim_join_share(&s, "a", (struct sched_share){.weight = 100}, 1);
+	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 100}, 1);
+	atomic_store(&s.pg.slot[a].cap_pm, 100);
+	caps_look(&s);
+	sim_run(&s, 1 * SEC, p);
+	check(near(p[a], 500, 3) && near(p[b], 500, 3),
+	      "equal, uncapped, a stray part of 100 per mille while the controller looks: a %u‰ b %u‰", p[a], p[b]);
+	sim_init(&s, VMGPU_SCHED_FIXED);
+	a = sim_join_share(&s, "a", (struct sched_share){.weight = 100}, 1);
+	atomic_store(&s.pg.slot[a].cap_pm, 100);
+	caps_look(&s);
+	sim_run(&s, 1 * SEC, p);
+	check(near(p[a], 1000, 2), "fixed at weight 100, a stray part of 100 per mille: holds %u‰", p[a]);
+
 	sim_init(&s, VMGPU_SCHED_FIXED);
 	a = sim_join_share(&s, "a", (struct sched_share){.weight = 40}, 1);
 	sim_run(&s, 5 * SEC, p);

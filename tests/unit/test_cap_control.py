@@ -404,7 +404,8 @@ def test_a_look_stores_the_parts_before_it_stamps_and_withdraw_takes_them_back()
         def members(self):
             return [Member(0, "a", 1, 100, 0, 0, 0, 1, cap=50, work_calls=0, cap_pm=500)]
 
-        def set_cap_pm(self, slot, pm):
+        def set_cap_pm(self, slot, pm, pid=None):
+            assert pid == 1  # (the member's: not stored where another forwarder took the slot)
             calls.append(("part", slot, pm))
 
         def mark_caps_look(self, now):

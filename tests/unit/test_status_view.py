@@ -244,3 +244,15 @@ def test_a_pages_cap_looks_are_fresh_for_two_seconds_across_the_clocks_wrap():
     page.mark_caps_look(wrap - 0.5)
     assert page.caps_fresh(wrap + 1.0) and not page.caps_fresh(wrap + 2.0)
     assert page.caps_fresh(wrap + 0.4, probe=True) and not page.caps_fresh(wrap + 0.6, probe=True)  # (1 s for a probe)
+
+
+def test_a_cap_part_is_stored_only_while_the_slot_is_still_the_members_forwarders():
+    from vmgpu import abi, sched
+
+    page = sched.Page.__new__(sched.Page)
+    page.page = abi.SchedPage()
+    page.page.slot[2].pid = 41
+    assert page.set_cap_pm(2, 300, 41) and page.page.slot[2].cap_pm == 300
+    page.page.slot[2].pid = 42  # (its guest left, and another forwarder was seated in the slot)
+    assert not page.set_cap_pm(2, 100, 41) and page.page.slot[2].cap_pm == 300
+    assert page.set_cap_pm(2, 0) and page.page.slot[2].cap_pm == 0  # (no pid: as before)
