@@ -61,7 +61,7 @@ class ComputeSampler:
                     {
                         (u, m.guest): min(m.cap_pm, 1000) / 10
                         for m in page.members()
-                        if m.cap_pm and page.caps_fresh(probe=m.cap_pm >= 1000)
+                        if m.cap_pm and m.capped(policy) and page.caps_fresh(probe=m.cap_pm >= 1000)
                     }
                 )
                 if policy == "shared":

@@ -82,6 +82,11 @@ class Member:
     cap_pm: int = 0  # where capped: the part of each period (per mille) the cap controller leaves it (0: cap%)
     active_ms: int = 0  # under shared: when one of its workers was last seen at work (ms, low 32 bits; 0: never)
 
+    def capped(self, policy: str) -> bool:
+        """Whether a cap holds it below its whole rate: its cap, or under fixed its weight, below 100%
+        (where the forwarders take the cap controller's cap_pm: sched_policy.c cap_part_pm)."""
+        return 0 < self.cap < 100 or (policy == "fixed" and self.weight < 100)
+
 
 class Page:
     """An open scheduler page (a context manager)."""

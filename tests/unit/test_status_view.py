@@ -215,12 +215,21 @@ def test_a_cap_the_cap_controller_holds_shows_the_part_of_the_time_it_lets_the_g
             return 1, {}
 
         def members(self):
-            return [Member(0, "a", 1, 100, 0, 0, 0, 1, cap=50, cap_pm=473), Member(1, "b", 2, 100, 0, 0, 0, 1, cap=10)]
+            return [
+                Member(0, "a", 1, 100, 0, 0, 0, 1, cap=50, cap_pm=473),
+                Member(1, "b", 2, 100, 0, 0, 0, 1, cap=10),
+                Member(2, "c", 3, 30, 0, 0, 0, 1, cap_pm=250),  # (under fixed its weight is a cap)
+            ]
 
     monkeypatch.setattr(sched, "Page", Page)
     s = reports.ComputeSampler([UUID])
     s.take()
+    # (c's part is a stray one under weighted, where c is not capped: the forwarders do not take it)
     assert s.cap_parts == {(UUID, "a"): 47.3}, s.cap_parts
+    Page.policy = "fixed"
+    s.take()
+    assert s.cap_parts == {(UUID, "a"): 47.3, (UUID, "c"): 25.0}, s.cap_parts
+    Page.policy = "weighted"
     fresh[0] = False
     s.take()
     assert s.cap_parts == {}, s.cap_parts
@@ -230,6 +239,8 @@ def test_a_cap_the_cap_controller_holds_shows_the_part_of_the_time_it_lets_the_g
     assert render.cap_cell({**g, "cap_pct": 10, "cap_part_pct": 100.0}) == "10% (measuring)"
     assert render.cap_cell({**g, "cap_part_pct": None}) == "50%"  # (held by time)
     assert render.cap_cell({**g, "cap_pct": 0, "cap_part_pct": None}) == "-"
+    # under fixed a weight is a cap too: held by the controller without a cap of its own
+    assert render.cap_cell({**g, "cap_pct": 0, "cap_part_pct": 27.34}) == "its weight (27.3% of the time)"
 
 
 def test_a_pages_cap_looks_are_fresh_for_two_seconds_across_the_clocks_wrap():

@@ -111,13 +111,13 @@ def share_cells(s: dict) -> tuple[str, str, str, str]:
 def cap_cell(s: dict) -> str:
     """A cap, and where vmgpud's cap controller holds it (cap_part_pct) the part of each period the
     guest's work may have so that its throughput is the cap's part of its rate alone ("measuring"
-    while its cap is lifted to read that rate)."""
-    if not s["cap_pct"]:
-        return "-"
+    while its cap is lifted to read that rate).  Under the fixed policy a guest's weight is a cap
+    too: one with no cap of its own that the controller holds shows "its weight (...)"."""
     part = s.get("cap_part_pct")
-    if part is None:
-        return f"{s['cap_pct']}%"
-    return f"{s['cap_pct']}% ({'measuring' if part >= 100 else f'{part:.1f}% of the time'})"
+    holds = "" if part is None else f" ({'measuring' if part >= 100 else f'{part:.1f}% of the time'})"
+    if not s["cap_pct"]:
+        return f"its weight{holds}" if holds else "-"
+    return f"{s['cap_pct']}%{holds}"
 
 
 def admitted(d: list[dict], guest: str, wide: bool = False) -> None:
