@@ -792,7 +792,9 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
     another process says little of this one's).  The rates over the run's first rate alone and, where
     measured (not --skip capsolo), one measured just before that cap's rows are in each row too."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
-    if trace is not None:  # (how its rate alone moves after the go, natively and through vmgpu)
+    if (
+        trace is not None and "capalone" not in SKIP
+    ):  # (how its rate alone moves after the go, natively and through vmgpu)
         trace.write("== the trainer alone, uncapped, its lead and two windows\n")
         with cap_controlled(g, trace):
             c, c_held = capped_then_alone(g, run, g.env(), CAP_LEAD[0], seconds, trace, each=2.0)
@@ -992,7 +994,8 @@ def main() -> int:
         "refs (where weights are skipped: the shared rows' references, "
         "no-sched and native MPS 30/70), cap, converge, reclaim, sharedconverge, sharedreclaim (converge and "
         "reclaim under shared, on MPS where it runs), capsolo (the rate alone measured next to each cap's "
-        "rows), captime (the cap rows by time alone))",
+        "rows), captime (the cap rows by time alone), capalone (with --trace: the trainer alone over its lead "
+        "and two windows, natively and through vmgpu, before the cap rows))",
     )
     ap.add_argument(
         "--depths",
