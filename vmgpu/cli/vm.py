@@ -52,7 +52,9 @@ def share_from_options(spec_text: str | None, compute: str | None, **given: str 
 @click.option("--weight", help="Compute weight, 1..100, relative to the other guests' (default 100; reserves nothing).")
 @click.option("--compute", help="The old name of --weight.")
 @click.option("--guarantee", help="Share of the GPU's time reserved at admission, 1..100% (default: none).")
-@click.option("--cap", help="The most of the GPU's time the guest may have, 1..100% (default: none).")
+@click.option(
+    "--cap", help="The most of its throughput alone the guest may have, 1..100%, even on an idle card (default: none)."
+)
 @click.option("--priority", type=click.Choice(list(spec.PRIORITIES), case_sensitive=False), help="Default: normal.")
 @click.option("--oom-script", help="The guest's OOM script: a name in the host's OOM-script directory.")
 @click.option("--peer-timeout", help="The guest's peer timeout in seconds, 1..3600 (default: the host's).")
