@@ -56,6 +56,7 @@ import argparse
 import bisect
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -115,7 +116,12 @@ class Run:
         out = []
         for p in procs:
             # (a lead first, a second window after a cap is lifted: caps, some)
-            stdout, stderr = p.communicate(timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 120)
+            try:
+                stdout, stderr = p.communicate(timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 120)
+            except subprocess.TimeoutExpired:
+                for q in procs:  # (none left behind holding the GPU)
+                    q.kill()
+                sys.exit(f"a guest did not finish: {' '.join(map(str, p.args))}")
             if p.returncode != 0:
                 sys.exit(f"a guest failed: {stderr[-2000:]}")
             out.append({k: _value(k, v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
@@ -707,7 +713,8 @@ class Sampler:
 
     def done(self) -> list:
         self.stop.set()
-        self.thread.join()
+        if hasattr(self, "thread"):  # (never started where the guests did not)
+            self.thread.join()
         return self.samples
 
 
@@ -801,7 +808,7 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
         args = [*CAP_TRAIN, "--lead", str(CAP_LEAD[0]), "--then-seconds", str(seconds), "--each", "2"]
         (n,) = run.together([(args, native_env())])
         for what, out, extra in (("vmgpu", c, c_held), ("native", n, "")):
-            each = sorted(out.get("each", [0.0]))
+            each = sorted(out.get("each") or [0.0])
             trace.write(f"{what} trainer alone, img/s over each 2 s from the go: {out.get('each')}\n")
             rows.append(
                 (
@@ -815,7 +822,7 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
         if "capsolo" not in SKIP:
             (c,), _ = sampled(g, run, [(CAP_TRAIN, g.env())], seconds)
             g.stop()
-            ref = (solo + c["img_per_s"]) / 2
+            ref = (solo + c["img_per_s"]) / 2 if CAP_TRAIN == TRAIN else c["img_per_s"]  # (solo: TRAIN's)
             alone = f"{c['img_per_s']:.1f} ({solo:.1f}) img/s"
             rows.append((f"cap {cap}%: trainer alone just before (and the first)", alone))
         shares = []
@@ -853,7 +860,10 @@ def other_rates(c: dict, ref: float) -> str:
 
 
 def per_bin(samples: list[tuple[float, int]], bin_s: float) -> list[int]:
-    """(t, calls) samples' calls in each bin_s from the first sample on (the last whole bin's end)."""
+    """(t, calls) samples' calls in each bin_s from the first sample on (the last whole bin's end; a
+    sample past several bins' ends counts in the first of them)."""
+    if not samples:
+        return []
     t0, out, at = samples[0][0], [], samples[0][1]
     for t, c in samples:
         while t - t0 >= (len(out) + 1) * bin_s:
@@ -876,14 +886,16 @@ def capped_then_alone(
 
     def lift():  # (once its first window is over: no step of either window runs on the other side)
         while not done.wait(0.002):
-            if between.with_suffix(".ready").exists():
-                held = ctl.guests.get(name) if ctl is not None else None
-                if held is not None:
-                    read.append(held.alone)
-                with g.page() as pg:
-                    pg.set_cap(name, 0)
-                marks["lift"] = time.monotonic()
-                between.touch()
+            if Path(f"{between}.ready").exists():
+                try:
+                    held = ctl.guests.get(name) if ctl is not None else None
+                    if held is not None:
+                        read.append(held.alone)
+                    with g.page() as pg:
+                        pg.set_cap(name, 0)
+                    marks["lift"] = time.monotonic()
+                finally:
+                    between.touch()  # (the trainer goes on whatever happened here)
                 return
 
     def at_go(t0):
@@ -929,8 +941,10 @@ def sampled_held(
         if at_go:
             at_go(t0)
 
-    out = run.together(guests, during)
-    samples = s.done()
+    try:
+        out = run.together(guests, during)
+    finally:
+        samples = s.done()
     if keep is not None:
         keep.extend(samples)
     return out, held(samples, marks["t0"] + lead + 0.5, marks["t0"] + lead + seconds - 0.5)
@@ -1068,7 +1082,7 @@ def main() -> int:
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
     CAP_LEAD[0] = a.cap_lead
-    CAP_TRAIN[:] = [TRAIN[0], *a.cap_train.split()]
+    CAP_TRAIN[:] = [TRAIN[0], *shlex.split(a.cap_train)]
     CAP_RUNS[0] = max(1, a.cap_runs)
     PRIO_RUNS[0] = max(1, a.prio_runs)
     try:

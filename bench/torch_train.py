@@ -93,7 +93,10 @@ def main() -> None:
     if a.seconds and a.then_seconds:
         if a.between:
             open(a.between + ".ready", "w").close()
+            deadline = time.monotonic() + 60
             while not os.path.exists(a.between):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{a.between}: not there 60 s after the first window")
                 time.sleep(0.001)
         then = f" img_per_s_then={timed(a.then_seconds)[0]:.1f}"
     each = ""

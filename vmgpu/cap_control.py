@@ -197,15 +197,19 @@ class CapController:
 
     @property
     def probing(self) -> bool:
-        """Whether a probe is under way (its guest's calls are to be sampled every FINE_S: watch())."""
-        return any(g.probe_at is not None for g in self.guests.values())
+        """Whether a probe's measure is under way (its guest's calls are to be sampled every
+        FINE_S: watch())."""
+        return any(g.probe_at is not None and g.settled is not None for g in self.guests.values())
 
     def watch(self, now: float, calls_of) -> None:
         """A fine sample of each probing guest's calls (calls_of(slot): its counter now), where its
-        probe's measure has begun."""
+        probe's measure has begun.  A count below the last is not kept (its slot was taken by
+        another forwarder since the last look, which the next look sees: the probe is not read)."""
         for g in self.guests.values():
             if g.probe_at is not None and g.settled is not None and g.left_at is None:
-                g.fine.append((now, calls_of(g.slot)))
+                calls = calls_of(g.slot)
+                if not g.fine or calls >= g.fine[-1][1]:
+                    g.fine.append((now, calls))
 
     def at_work(self, owner: int, members, policy: str) -> set[int]:
         """The slots a page shows at work besides their calls: the GPU's holder under turns (under
@@ -356,8 +360,12 @@ def burst_rate(samples: list[tuple[float, int]]) -> float:
     """Calls per second over (t, calls) samples in time order: from the start of the first burst
     to the start of the last (a burst starts where the calls move after their longest pauses: a
     pause at least half the longest), where at least two starts span half the samples' time;
-    else from the first sample to the last."""
+    else from the first sample to the last (0 where they span no time).  A start is placed only
+    where the samples about it are FINE_S apart or so (3 x at most): one the sampling stalled
+    across (vmgpud's loop held up) would be placed up to half the stall off."""
     (t_first, c_first), (t_end, c_end) = samples[0], samples[-1]
+    if t_end <= t_first:
+        return 0.0
     pauses, still = [], 0  # (the pause's length, the sample its calls moved at)
     for i in range(1, len(samples)):
         if samples[i][1] != samples[i - 1][1]:
@@ -365,7 +373,7 @@ def burst_rate(samples: list[tuple[float, int]]) -> float:
                 pauses.append((samples[i - 1][0] - samples[still][0], i))
             still = i
     longest = max((p for p, _ in pauses), default=0.0)
-    starts = [i for p, i in pauses if p >= longest / 2]
+    starts = [i for p, i in pauses if p >= longest / 2 and samples[i][0] - samples[i - 1][0] <= 3 * FINE_S]
     if len(starts) >= 2:
         # (a start's time: halfway from the pause's last sample to the first that moved)
         (a, b) = starts[0], starts[-1]

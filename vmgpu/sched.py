@@ -232,7 +232,8 @@ class Page:
         place of its cap% (1..1000; 0: its cap% again), as the cap controller sets it.  pid: only
         while the slot is still that forwarder's (False where it is not: a part meant for a guest
         that left is not left to the one seated after it; the forwarders take a part only where
-        a guest is capped, and the next look puts a stray one right)."""
+        a guest is capped, and the next look puts a stray one right: one seated between the check
+        and the store, microseconds, keeps it until then)."""
         if not 0 <= pm <= 1000:
             raise SchedError(f"cap part {pm} is not in 0..1000 per mille")
         s = self.page.slot[slot]

@@ -136,8 +136,9 @@ class Seen:
     @property
     def cap_part(self) -> float:
         """The part of each period its cap leaves its work (1.0: not capped): the cap
-        controller's (vmgpu/cap_control.py) where it set one, else cap%."""
-        if self.cap_pm:
+        controller's (vmgpu/cap_control.py) where it set one and the guest is capped (as the
+        forwarders take it: one left in the slot of a guest whose cap was lifted is not), else cap%."""
+        if self.cap_pm and 0 < self.cap < 100:
             return min(self.cap_pm, 1000) / 1000
         return min(100, self.cap) / 100 if self.cap else 1.0
 

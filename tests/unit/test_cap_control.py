@@ -481,6 +481,34 @@ def test_a_probe_is_read_between_whole_bursts_of_its_calls():
     assert burst_rate(one_pause) == pytest.approx((c1 - c0) / (t1 - t0))
 
 
+def test_a_burst_start_the_sampling_stalled_across_is_not_placed_and_odd_samples_read_safely():
+    """A stall of vmgpud's loop (up to its gap rule's second) in a probe's samples: a start the
+    stall hides is not placed halfway across it (that put reads 17% off over a 100 ms stall), so
+    the read stays about as good as between the ends; samples that span no time read 0."""
+    worst = 0.0
+    for k in range(40):
+        samples, true = _bursty(phase_s=0.013 * k)
+        hole = (0.05 + 0.01 * k, 0.15 + 0.01 * k)  # (100 ms without a sample)
+        kept = [x for x in samples if not hole[0] < x[0] < hole[1]]
+        worst = max(worst, abs(burst_rate(kept) / true - 1))
+    assert worst <= 0.05, worst
+    assert burst_rate([(1.0, 5)]) == 0.0 and burst_rate([(1.0, 5), (1.0, 9)]) == 0.0
+
+
+def test_a_fine_sample_below_the_last_is_not_kept():
+    ctl = CapController()
+    g = ctl.guests["a"] = _Capped(0.5, slot=1, probe_at=0.0, settled=(0.1, 1000))
+    g.fine = [(0.1, 1000)]
+    ctl.watch(0.102, lambda slot: 1010)
+    ctl.watch(0.104, lambda slot: 3)  # (another forwarder's counter in the slot since the last look)
+    assert g.fine == [(0.1, 1000), (0.102, 1010)]
+
+
+def test_a_part_left_in_the_slot_of_a_guest_whose_cap_was_lifted_is_not_its_part():
+    assert Seen(0, "a", 0, 100, 0, 30, 1, False, False, 240).cap_part == 0.24
+    assert Seen(0, "a", 0, 100, 0, 0, 1, False, False, 240).cap_part == 1.0  # (the forwarders do not take it)
+
+
 @pytest.mark.parametrize("fine", [True, False])
 def test_reads_between_whole_bursts_agree_where_reads_between_a_probes_ends_do_not(fine):
     """In the model (calls seen in bursts every BURST_MS of work), reads of a capped guest's rate
