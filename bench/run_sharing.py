@@ -779,7 +779,8 @@ def cap_controlled(g: Guests, trace=None):
                         trace.write(
                             f"{now - t0:6.1f} {name} part {c.pm} alone {c.alone:.0f} reads "
                             f"{[round(r) for r in c.reads]} k {c.k:.3f} debt {c.debt:+.4f} bound {c.bound}"
-                            f"{' probe' if c.probe_at is not None else ''} last read (ends, bursts) "
+                            f"{' probe' if c.probe_at is not None else ''}"
+                            f"{' changed' if c.out_of_band or ctl.shifted(c) else ''} last read (ends, bursts) "
                             f"{c.last_read[0]:.0f} {c.last_read[1]:.0f}\n"
                         )
 

@@ -26,10 +26,14 @@ FINE_S (wait()), and reads them from the first burst's start to the last's, a wh
 (where it finds fewer than two bursts over half the probe, as in a guest whose calls never pause,
 between the probe's ends).  Its rate alone is the mean of its last PROBES_KEPT reads, less those out of
 80% of their median either way (a read as it begins its work); two reads in a row out of that band on the
-same side are its new rate alone (its work changed; at a cap of 10% two probes are some 3.6
-minutes).  Probes come PROBE_FIRST_S apart (twice as
-far after each spoilt one) until its last PROBES_KEPT reads agree within STEADY or FIRST_MAX
-have begun (a guest that warms up reads short or long; it is not taken up before: held by time,
+same side are its new rate alone (its work changed).  After a read out of band the next probe
+comes four times as soon as it would (PROBE_EVERY_S at least), and so it does while what a part
+of the period makes the guest (its calls per second of its parts, over about SHIFT_TAU_S of them)
+is K_SHIFT or more off what it made after its last read: at a cap of 10%, where probes are 108 s
+apart, a changed rate alone is had in about half a minute (in a model; 3 minutes and more before).
+Probes come PROBE_FIRST_S apart (twice as far after each spoilt one) until its last PROBES_KEPT
+reads agree within STEADY or FIRST_MAX have begun (a guest that warms up reads short or long; it
+is not taken up before: held by time,
 and its first probes are not paid back: on an H200 a trainer was taken up some 25-32 s after its
 first work), then PROBE_EVERY_S apart, and at a small cap further (a probe gives a guest at most
 PROBE_COST of its cap more between two).
@@ -66,7 +70,9 @@ Hostile guests: progress is counted in calls, which the guest chooses.  One that
 look slower than they are (many cheap ones in a probe, few heavy ones after) is owed more than its
 cap of time, but never more than OVER x its cap of each period alone on the GPU (its cap beside
 others), and a probe's PROBE_S uncapped every PROBE_EVERY_S at most besides its first FIRST_MAX
-probes, read or spoilt; one that makes them look faster is held tighter, which hurts only itself.
+probes, read or spoilt (one that keeps its work looking changed gets its probes four times as
+often as its cap's spacing, PROBE_EVERY_S apart at least: at a cap of 10%, 2.2% of the time
+uncapped against 0.55%); one that makes them look faster is held tighter, which hurts only itself.
 A guest is known by its name: one whose forwarder is started again, in its slot or another, within
 GRACE_S keeps its debt, its reads and its probes' count (a counter begun again is no progress).
 
@@ -108,6 +114,8 @@ FINE_S = 0.002  # a probing guest's calls sampled this often (the forwarders pub
 K_EVERY_S = 1.0  # k (progress per part of the period) is read over this long,
 K_LEARN = 0.5  # and moves this part of the way to each read
 K_LIMITS = (0.3, 4.0)
+K_SHIFT = 0.15  # its work looks changed where a part makes it this much more or less than at its last read,
+SHIFT_TAU_S = 4.0  # read over about this long of its parts (at a cap of 10%, 40 s)
 IDLE_S = 0.3  # a guest whose calls have not moved for this long, and none of whose work waits, is idle
 GRACE_S = 60.0  # a capped guest that left the page is remembered this long (its forwarder started again)
 GAP_S = 1.0  # a guest not seen for this long: the stretch is not counted (nor a probe under way read)
@@ -135,6 +143,10 @@ class _Capped:
     probed_at: float = -math.inf  # its last probe ended then
     slot: int = -1  # its slot on the page at the last look
     fine: list = field(default_factory=list)  # (t, calls) every FINE_S in its probe's measure (wait())
+    per_part_now: float = 0.0  # calls a whole period makes it, per second: over about SHIFT_TAU_S of its parts
+    per_part: float = 0.0  # per_part_now SHIFT_TAU_S of its parts after its rate alone was last read (shifted())
+    part_seen: float = 0.0  # of its parts since then, in seconds
+    out_of_band: bool = False  # its last read was out of the band of the others (_add_read)
     last_read: tuple[float, float] = (0.0, 0.0)  # its last probe's read: between its ends, between whole bursts
     left_at: float | None = None  # it left the page then (kept GRACE_S for its forwarder started again)
 
@@ -249,6 +261,14 @@ class CapController:
                 g.debt = max(g.debt + progress - g.cap * dt, -CREDIT_S * g.cap - self._excess(g))
                 if alone_on_gpu:  # (beside others its progress is theirs to share too: not its part's)
                     self._learn(g, progress, dt)
+                    part_s = (g.pm / 1000 if g.pm else g.cap) * dt
+                    if part_s > 0:
+                        now_rate = made / part_s
+                        w = min(1.0, part_s / SHIFT_TAU_S) if g.per_part_now else 1.0
+                        g.per_part_now += w * (now_rate - g.per_part_now)
+                        g.part_seen += part_s
+                        if not g.per_part and g.part_seen >= SHIFT_TAU_S:
+                            g.per_part = g.per_part_now
             else:
                 g.bound = self._steady(g) and self._rate(g) < (1 - BIND) * g.alone
         # (no probe before it is paid for, nor while the last one is being paid back)
@@ -262,10 +282,21 @@ class CapController:
     def _due(self, g: _Capped) -> float:
         """When its next probe is due: a guest's first probes PROBE_FIRST_S apart; later ones
         PROBE_EVERY_S apart at least, further where a probe would give more than PROBE_COST of
-        what its cap gives it between two (at a cap of 10%, a minute apart)."""
+        what its cap gives it between two (at a cap of 10%, 108 s apart); a quarter as far (and
+        PROBE_EVERY_S at least) while its work looks changed: shifted(), or its last read out of
+        the band of the others (a second such read makes its new rate alone)."""
         if not self._steady(g):
             return g.probed_at + PROBE_FIRST_S * 2 ** min(g.spoilt, 6)
-        return g.probed_at + max(self.probe_every_s, (1 - g.cap) * self.probe_s / (self.probe_cost * g.cap))
+        gap = max(self.probe_every_s, (1 - g.cap) * self.probe_s / (self.probe_cost * g.cap))
+        return g.probed_at + (max(self.probe_every_s, gap / 4) if g.out_of_band or self.shifted(g) else gap)
+
+    @staticmethod
+    def shifted(g: _Capped) -> bool:
+        """Whether its work looks changed since its rate alone was last read: the calls a whole
+        period makes it now (per_part_now) more than K_SHIFT off what they were once SHIFT_TAU_S of
+        its parts had been seen after that read (a read of its new rate then comes sooner: at a
+        small cap its probes are far apart)."""
+        return g.per_part > 0 and g.per_part_now > 0 and abs(g.per_part_now / g.per_part - 1) > K_SHIFT
 
     @staticmethod
     def _steady(g: _Capped) -> bool:
@@ -320,6 +351,9 @@ class CapController:
             _add_read(g.reads, g.last_read[1])
             g.spoilt = 0
             kept = _kept(g.reads)
+            g.out_of_band = g.reads[-1] not in kept  # (a second read comes soon: two are its new rate)
+            if not g.out_of_band:  # (out of band, it stays shifted where it was)
+                g.per_part, g.part_seen = 0.0, 0.0  # (taken again once SHIFT_TAU_S of its parts are seen)
             g.alone = sum(kept) / len(kept)
         self._probe_over(g, now)
         return self._part(g, now, alone_on_gpu)
