@@ -25,12 +25,14 @@ calls between the probe's two ends are some part of a burst off (on an H200 a tr
 FINE_S (wait()), and reads them from the first burst's start to the last's, a whole number of bursts
 (where it finds fewer than two bursts over half the probe, as in a guest whose calls never pause,
 between the probe's ends).  Its rate alone is the mean of its last PROBES_KEPT reads, less those out of
-80% of their median either way (a read as it begins its work); two reads in a row out of that band on the
-same side are its new rate alone (its work changed).  After a read out of band the next probe
-comes four times as soon as it would (PROBE_EVERY_S at least), and so it does while what a part
-of the period makes the guest (its calls per second of its parts, over about SHIFT_TAU_S of them)
-is K_SHIFT or more off what it made after its last read: at a cap of 10%, where probes are 108 s
-apart, a changed rate alone is had in about half a minute (in a model; 3 minutes and more before).
+80% of their median either way (a read as it begins its work); two reads in a row K_SHIFT or more
+off the median of the others on the same side are its new rate alone (its work changed).  After
+one such read the next probe comes four times as soon as it would (PROBE_EVERY_S at least), and
+so it does once what a part of the period makes the guest (its calls per second of its parts,
+over about SHIFT_TAU_S of them) is seen K_SHIFT or more off what it made at its last read (then
+as soon as it can be paid for ahead): at a cap of 10%, where probes are 108 s apart, a rate alone
+that moved by x0.5 to x1.6 is had within 8% in 32-128 s in a model (before, over 3 minutes, and
+not at all for x0.8).
 Probes come PROBE_FIRST_S apart (twice as far after each spoilt one) until its last PROBES_KEPT
 reads agree within STEADY or FIRST_MAX have begun (a guest that warms up reads short or long; it
 is not taken up before: held by time,
@@ -71,8 +73,9 @@ look slower than they are (many cheap ones in a probe, few heavy ones after) is 
 cap of time, but never more than OVER x its cap of each period alone on the GPU (its cap beside
 others), and a probe's PROBE_S uncapped every PROBE_EVERY_S at most besides its first FIRST_MAX
 probes, read or spoilt (one that keeps its work looking changed gets its probes four times as
-often as its cap's spacing, PROBE_EVERY_S apart at least: at a cap of 10%, 2.2% of the time
-uncapped against 0.55%); one that makes them look faster is held tighter, which hurts only itself.
+often as its cap's spacing, PROBE_EVERY_S apart at least: a probe lasts up to PROBE_S and a
+look, so at a cap of 10% some 2.6% of the time uncapped against 0.65%); one that makes them look
+faster is held tighter, which hurts only itself.
 A guest is known by its name: one whose forwarder is started again, in its slot or another, within
 GRACE_S keeps its debt, its reads and its probes' count (a counter begun again is no progress).
 
@@ -144,9 +147,10 @@ class _Capped:
     slot: int = -1  # its slot on the page at the last look
     fine: list = field(default_factory=list)  # (t, calls) every FINE_S in its probe's measure (wait())
     per_part_now: float = 0.0  # calls a whole period makes it, per second: over about SHIFT_TAU_S of its parts
-    per_part: float = 0.0  # per_part_now SHIFT_TAU_S of its parts after its rate alone was last read (shifted())
-    part_seen: float = 0.0  # of its parts since then, in seconds
-    out_of_band: bool = False  # its last read was out of the band of the others (_add_read)
+    parts_seen: float = 0.0  # of its parts, in seconds, per_part_now has been read over (up to SHIFT_TAU_S)
+    per_part: float = 0.0  # per_part_now at its last read in band (0: not known yet; shifted())
+    changed_at: float | None = None  # shifted() was first seen then, since its last read
+    out_of_band: bool = False  # its last read was K_SHIFT or more off the others' median (_add_read)
     last_read: tuple[float, float] = (0.0, 0.0)  # its last probe's read: between its ends, between whole bursts
     left_at: float | None = None  # it left the page then (kept GRACE_S for its forwarder started again)
 
@@ -261,14 +265,7 @@ class CapController:
                 g.debt = max(g.debt + progress - g.cap * dt, -CREDIT_S * g.cap - self._excess(g))
                 if alone_on_gpu:  # (beside others its progress is theirs to share too: not its part's)
                     self._learn(g, progress, dt)
-                    part_s = (g.pm / 1000 if g.pm else g.cap) * dt
-                    if part_s > 0:
-                        now_rate = made / part_s
-                        w = min(1.0, part_s / SHIFT_TAU_S) if g.per_part_now else 1.0
-                        g.per_part_now += w * (now_rate - g.per_part_now)
-                        g.part_seen += part_s
-                        if not g.per_part and g.part_seen >= SHIFT_TAU_S:
-                            g.per_part = g.per_part_now
+                    self._watch_parts(g, made, (g.pm / 1000 if g.pm else g.cap) * dt, now)
             else:
                 g.bound = self._steady(g) and self._rate(g) < (1 - BIND) * g.alone
         # (no probe before it is paid for, nor while the last one is being paid back)
@@ -279,6 +276,20 @@ class CapController:
             return 1000
         return self._part(g, now, alone_on_gpu)
 
+    def _watch_parts(self, g: _Capped, made: int, part_s: float, now: float) -> None:
+        """per_part_now moved by a look's calls over the part of the period it had (a mean over
+        the first SHIFT_TAU_S of parts, then a moving one over about as long); per_part taken
+        once it is known; and the first sight of shifted() kept (changed_at: its early probe comes
+        once its excess can be paid ahead, not at once)."""
+        if part_s <= 0:
+            return
+        g.parts_seen = min(SHIFT_TAU_S, g.parts_seen + part_s)
+        g.per_part_now += (part_s / g.parts_seen) * (made / part_s - g.per_part_now)
+        if not g.per_part and g.parts_seen >= SHIFT_TAU_S:
+            g.per_part = g.per_part_now
+        if g.changed_at is None and self.shifted(g):
+            g.changed_at = now
+
     def _due(self, g: _Capped) -> float:
         """When its next probe is due: a guest's first probes PROBE_FIRST_S apart; later ones
         PROBE_EVERY_S apart at least, further where a probe would give more than PROBE_COST of
@@ -288,7 +299,12 @@ class CapController:
         if not self._steady(g):
             return g.probed_at + PROBE_FIRST_S * 2 ** min(g.spoilt, 6)
         gap = max(self.probe_every_s, (1 - g.cap) * self.probe_s / (self.probe_cost * g.cap))
-        return g.probed_at + (max(self.probe_every_s, gap / 4) if g.out_of_band or self.shifted(g) else gap)
+        soon = g.probed_at + max(self.probe_every_s, gap / 4)
+        if g.out_of_band:  # (known at its read: what it pays ahead is paid from there)
+            return soon
+        if g.changed_at is not None:  # (seen since: paid ahead from then)
+            return min(g.probed_at + gap, max(soon, g.changed_at + self._lead(g)))
+        return g.probed_at + gap
 
     @staticmethod
     def shifted(g: _Capped) -> bool:
@@ -321,9 +337,12 @@ class CapController:
         probe is due (long enough to pay it at PREPAY_PART of its cap, a second at least) to all of
         it then, so that a stretch with a probe in it, and the time about it, is the cap's on the
         whole, not only a long one."""
-        excess = self._excess(g)
-        ahead = (self._due(g) - now) / max(1.0, excess / (PREPAY_PART * g.cap))
-        return excess * min(1.0, max(0.0, 1 - ahead))
+        ahead = (self._due(g) - now) / self._lead(g)
+        return self._excess(g) * min(1.0, max(0.0, 1 - ahead))
+
+    def _lead(self, g: _Capped) -> float:
+        """How long before a probe it begins to pay for it (at PREPAY_PART of its cap, a second at least)."""
+        return max(1.0, self._excess(g) / (PREPAY_PART * g.cap))
 
     def _rate(self, g: _Capped) -> float:
         """Its calls per second over the last RATE_S since its last probe (inf until it has that long)."""
@@ -348,13 +367,13 @@ class CapController:
         t0, c0 = g.settled
         if s.calls > c0 and now > t0:
             g.last_read = ((s.calls - c0) / (now - t0), burst_rate([*g.fine, (now, s.calls)]))
-            _add_read(g.reads, g.last_read[1])
+            g.out_of_band = _add_read(g.reads, g.last_read[1])  # (a second comes soon: two are its new rate)
             g.spoilt = 0
             kept = _kept(g.reads)
-            g.out_of_band = g.reads[-1] not in kept  # (a second read comes soon: two are its new rate)
-            if not g.out_of_band:  # (out of band, it stays shifted where it was)
-                g.per_part, g.part_seen = 0.0, 0.0  # (taken again once SHIFT_TAU_S of its parts are seen)
             g.alone = sum(kept) / len(kept)
+            g.changed_at = None
+            if not g.out_of_band:  # (the read has it at this level; out of band, it stays shifted)
+                g.per_part = g.per_part_now if g.parts_seen >= SHIFT_TAU_S else 0.0
         self._probe_over(g, now)
         return self._part(g, now, alone_on_gpu)
 
@@ -438,21 +457,24 @@ def wait(stop, seconds: float, controlled) -> bool:
                 continue
 
 
-def _add_read(reads: deque, read: float) -> None:
-    """A probe's read kept; where it and the read before are both out of the band the others
-    make (short of SHORT_READ of their median, or past it by as much) on the same side, the
-    guest's rate alone has moved (its work changed): the reads before them go."""
+def _add_read(reads: deque, read: float) -> bool:
+    """A probe's read kept; where it and the read before are both off the median of the others
+    by K_SHIFT or more (short of it, or past it) on the same side, the guest's rate alone has
+    moved (its work changed): the reads before them go.  Whether the read was so off."""
+    off = 0
     if len(reads) >= 3:
         *older, last = reads
         median = sorted(older)[len(older) // 2]
 
         def side(r: float) -> int:
-            return -1 if r < SHORT_READ * median else 1 if r * SHORT_READ > median else 0
+            return -1 if r < (1 - K_SHIFT) * median else 1 if r * (1 - K_SHIFT) > median else 0
 
-        if side(read) and side(read) == side(last):
+        off = side(read)
+        if off and off == side(last):
             reads.clear()
             reads.append(last)
     reads.append(read)
+    return bool(off)
 
 
 def _kept(reads) -> list[float]:
