@@ -309,9 +309,9 @@ class CapController:
     @staticmethod
     def shifted(g: _Capped) -> bool:
         """Whether its work looks changed since its rate alone was last read: the calls a whole
-        period makes it now (per_part_now) more than K_SHIFT off what they were once SHIFT_TAU_S of
-        its parts had been seen after that read (a read of its new rate then comes sooner: at a
-        small cap its probes are far apart)."""
+        period makes it now (per_part_now) more than K_SHIFT off what they were at that read (its
+        last in band; per_part, or where that came before SHIFT_TAU_S of its parts were seen, once
+        they were): a read of its new rate then comes sooner (at a small cap probes are far apart)."""
         return g.per_part > 0 and g.per_part_now > 0 and abs(g.per_part_now / g.per_part - 1) > K_SHIFT
 
     @staticmethod
