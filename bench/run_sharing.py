@@ -804,8 +804,9 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
         trace is not None and "capalone" not in SKIP
     ):  # (how its rate alone moves after the go, natively and through vmgpu)
         trace.write("== the trainer alone, uncapped, its lead and two windows\n")
+        env = g.env()  # (its forwarder first: the controller opens its page)
         with cap_controlled(g, trace):
-            c, c_held = capped_then_alone(g, run, g.env(), CAP_LEAD[0], seconds, trace, each=2.0)
+            c, c_held = capped_then_alone(g, run, env, CAP_LEAD[0], seconds, trace, each=2.0)
         args = [*CAP_TRAIN, "--lead", str(CAP_LEAD[0]), "--then-seconds", str(seconds), "--each", "2"]
         (n,) = run.together([(args, native_env())])
         for what, out, extra in (("vmgpu", c, c_held), ("native", n, "")):
@@ -861,14 +862,15 @@ def other_rates(c: dict, ref: float) -> str:
 
 
 def per_bin(samples: list[tuple[float, int]], bin_s: float) -> list[int]:
-    """(t, calls) samples' calls in each bin_s from the first sample on (the last whole bin's end; a
-    sample past several bins' ends counts in the first of them)."""
-    if not samples:
-        return []
-    t0, out, at = samples[0][0], [], samples[0][1]
-    for t, c in samples:
-        while t - t0 >= (len(out) + 1) * bin_s:
-            out.append(c - at)
+    """(t, calls) samples' calls in each bin_s from the first sample on, to the last whole bin's
+    end: the count at each bin's end read between the samples about it (a sample past several
+    bins' ends is spread over them)."""
+    out, at = [], samples[0][1] if samples else 0
+    for (ta, ca), (tb, cb) in zip(samples, samples[1:], strict=False):
+        while tb - samples[0][0] >= (len(out) + 1) * bin_s:
+            end = samples[0][0] + (len(out) + 1) * bin_s
+            c = ca + (cb - ca) * (end - ta) / (tb - ta) if tb > ta else cb
+            out.append(round(c - at))
             at = c
     return out
 

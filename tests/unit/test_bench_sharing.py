@@ -140,3 +140,13 @@ def test_the_reserve_looks_are_counted_within_the_measured_seconds_only():
     looks = [(0.5, False), (0.9, False), (1.0, True), (1.5, True), (2.0, False), (3.0, True), (3.5, False)]
     assert math.isclose(run_sharing.span_looks(looks, 1.0, 3.0), 3 / 4)
     assert math.isnan(run_sharing.span_looks(looks, 5.0, 6.0))
+
+
+def test_calls_per_bin_spread_a_sample_past_several_bins_over_them():
+    """The trace's calls per 10 ms (a probe's) and per 0.5 s: a sample the sampler took late (the
+    controller's look in between) is spread over the bins it spans, not counted in the first."""
+    even = [(i * 0.002, 10 * i) for i in range(60)]
+    assert run_sharing.per_bin(even, 0.01) == [50] * 11
+    late = [(0.0, 0), (0.001, 5), (0.035, 345), (0.04, 400)]  # (34 ms between two samples)
+    assert run_sharing.per_bin(late, 0.01) == [95, 100, 100, 105]
+    assert run_sharing.per_bin([], 0.5) == [] and run_sharing.per_bin([(1.0, 3)], 0.5) == []
