@@ -692,6 +692,7 @@ class Sampler:
 
     def __init__(self, g: Guests, every: float):
         self.g, self.every, self.samples, self.stop = g, every, [], threading.Event()
+        self.thread: threading.Thread | None = None  # (None until started: the guests may fail first)
 
     def start(self, _t0: float, at=None) -> None:
         def loop():
@@ -713,7 +714,7 @@ class Sampler:
 
     def done(self) -> list:
         self.stop.set()
-        if hasattr(self, "thread"):  # (never started where the guests did not)
+        if self.thread is not None:
             self.thread.join()
         return self.samples
 
@@ -800,9 +801,8 @@ def caps(g: Guests, run: Run, rows, summary, solo: float, seconds: float, trace=
     another process says little of this one's).  The rates over the run's first rate alone and, where
     measured (not --skip capsolo), one measured just before that cap's rows are in each row too."""
     errs: dict[str, list[float]] = {"": [], "_time": []}
-    if (
-        trace is not None and "capalone" not in SKIP
-    ):  # (how its rate alone moves after the go, natively and through vmgpu)
+    if trace is not None and "capalone" not in SKIP:
+        # how its rate alone moves after the go, natively and through vmgpu
         trace.write("== the trainer alone, uncapped, its lead and two windows\n")
         env = g.env()  # (its forwarder first: the controller opens its page)
         with cap_controlled(g, trace):
