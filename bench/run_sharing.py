@@ -74,6 +74,7 @@ from vmgpu.sched import Page  # noqa: E402
 
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
 PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
+CAP_PROBE: dict[str, float] = {}  # the cap controller's probe settings (--cap-probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 CAP_LEAD = [36.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
 CAP_TRAIN = [*TRAIN]  # the trainer of the cap rows (--cap-train)
@@ -760,7 +761,7 @@ def cap_controlled(g: Guests, trace=None):
     """vmgpud's cap controller on g's page from now on (as it runs there from the forwarder's start:
     the guest is measured alone while it warms up too), what it holds every 0.5 s to `trace`; on
     leaving, the forwarders stopped."""
-    ctl = cap_control.CapController()
+    ctl = cap_control.CapController(**CAP_PROBE)
 
     def control(stop):
         t0, last, fines = time.monotonic(), -1.0, {}
@@ -1033,6 +1034,11 @@ def main() -> int:
         "rate alone moves some 10%% over tens of seconds on an H200; --cap-train='--batch 64' leaves more of it "
         "to the GPU)",
     )
+    ap.add_argument(
+        "--cap-probe",
+        help=f"the cap controller's probe, LENGTH,SETTLE seconds (default {cap_control.PROBE_S:g},"
+        f"{cap_control.PROBE_SETTLE_S:g}; with --trace each probe's calls per 10 ms after its settle)",
+    )
     ap.add_argument("--cap-runs", type=int, default=1, help="each cap's controller row this many times (default 1)")
     ap.add_argument(
         "--shared-lead",
@@ -1083,6 +1089,14 @@ def main() -> int:
     if a.probe:
         every, length, settle = (float(x) for x in a.probe.split(","))
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
+    if a.cap_probe:
+        try:
+            length, settle = (float(x) for x in a.cap_probe.split(","))
+        except ValueError as e:
+            ap.error(f"--cap-probe: LENGTH,SETTLE seconds ({e})")
+        if not 0 <= settle < length <= 10:
+            ap.error("--cap-probe: 0 <= SETTLE < LENGTH <= 10 seconds")
+        CAP_PROBE.update(probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
     CAP_LEAD[0] = a.cap_lead
     CAP_TRAIN[:] = [TRAIN[0], *shlex.split(a.cap_train)]
