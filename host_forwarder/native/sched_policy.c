@@ -121,17 +121,28 @@ static void roll(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64
 	g->period_start = now;
 }
 
+/* Is g held to a budget now: capped, and its budget less than the whole period.  One whose
+ * budget is the whole period (a cap of 100%, alone under equal, the cap controller's probe: cap_pm
+ * 1000) goes as an uncapped guest does: counting its turns would only end them at each idle moment
+ * and at each period's end, each a drain of the GPU (on an H200 a batch-64 ResNet-50 trainer so
+ * held in its probes ran at 92% of its rate alone, and the controller held it to its cap of that). */
+static int budgeted(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
+{
+	uint64_t period = period_ns(pg);
+	return capped(pg, g) && !(period && sched_budget_ns(pg, g, now) >= period);
+}
+
 /* Has g spent its budget for the period under way?  (Read only: a period over is not spent.) */
 static int spent_for_period(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	return capped(pg, g) && now - g->period_start < period_ns(pg) &&
+	return budgeted(pg, g, now) && now - g->period_start < period_ns(pg) &&
 	       g->period_used >= sched_budget_ns(pg, g, now);
 }
 
 /* Under the lock: may g have a turn now?  Starts its new period if the last one is over. */
 static int eligible(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	if (capped(pg, g))
+	if (budgeted(pg, g, now))
 		roll(pg, g, now);
 	return !spent_for_period(pg, g, now);
 }
@@ -269,7 +280,7 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
 	uint64_t held = now - pg->hold_start;
 	atomic_fetch_add(&g->used_ns, held);
 	g->vtime += sched_vcost(pg, g, held);
-	if (capped(pg, g)) {
+	if (budgeted(pg, g, now)) {
 		g->period_used += held;
 	} else { /* no debt from uncapped time when a cap comes in later */
 		g->period_used = 0;
@@ -373,10 +384,10 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	uint64_t held = now - pg->hold_start;
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
-	int spent = capped(pg, g) && g->period_used + held >= sched_budget_ns(pg, g, now);
+	int spent = budgeted(pg, g, now) && g->period_used + held >= sched_budget_ns(pg, g, now);
 	/* an idle holder alone on the GPU keeps its turn (a hand-over drains the GPU, and its next
-	 * call would wait for that: a pipeline bubble for nothing), unless a cap counts its turns */
-	int idle_over = idle && (capped(pg, g) || sched_others_wait(pg, me, now, UINT64_MAX));
+	 * call would wait for that: a pipeline bubble for nothing), unless a budget counts its turns */
+	int idle_over = idle && (budgeted(pg, g, now) || sched_others_wait(pg, me, now, UINT64_MAX));
 	/* a higher-priority guest waits: the turn ends now, its slice not awaited */
 	int preempted = policy != VMGPU_SCHED_NATIVE && sched_higher_waits(pg, me, now);
 	return idle_over || expired || spent || preempted || policy == VMGPU_SCHED_NATIVE;

@@ -517,6 +517,48 @@ static void the_cap_controllers_part_replaces_cap_percent(void)
 	check(sched_held_ns(&s.pg, g, start + 3 * SEC, 1) == period * 7 / 10, "3 s after its last look: the cap's 700");
 }
 
+/* A capped guest whose budget is the whole period (the cap controller's probe, cap_pm 1000; fixed
+ * at weight 100; a cap of 100) goes as an uncapped one does: its turn does not end when it is idle
+ * alone, nor at a period's end (each a drain of the GPU: an H200's probes so held read a trainer at
+ * 92% of its rate alone).  With less than the whole period its turns are counted as before. */
+static void a_budget_of_the_whole_period_counts_no_turns(void)
+{
+	struct sim s;
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	atomic_store(&s.pg.period_us, SCHED_DEFAULT_PERIOD_US);
+	int a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 50}, 1);
+	struct vmgpu_sched_slot *g = &s.pg.slot[a];
+	sched_wait_begin(&s.pg, a, s.now);
+	check(sched_give_turn(&s.pg, s.now) == a, "the lone waiter gets the turn");
+	sched_wait_end(g);
+	check(sched_turn_over(&s.pg, a, s.now + MS, 1), "cap 50, idle, alone: the turn is over (its budget counts it)");
+	caps_look(&s);
+	atomic_store(&g->cap_pm, 1000); /* a probe */
+	check(!sched_turn_over(&s.pg, a, s.now + MS, 1), "cap 50 in a probe, idle, alone: the turn goes on (no drain)");
+	check(!sched_turn_over(&s.pg, a, s.now + 99 * MS, 0), "in a probe, busy 99 ms: the turn goes on");
+	sched_charge(&s.pg, g, s.now + 99 * MS);
+	s.pg.hold_start = s.now + 99 * MS;
+	check(!sched_turn_over(&s.pg, a, s.now + 105 * MS, 0) && g->period_used == 0,
+	      "in a probe, past a period's end: the turn goes on, nothing counted against a budget (%llu ns)",
+	      (unsigned long long)g->period_used);
+	atomic_store(&g->cap_pm, 500); /* the probe over */
+	caps_look(&s);
+	check(sched_turn_over(&s.pg, a, s.now + 105 * MS, 1), "the probe over, idle: the turn is over again");
+	check(!sched_turn_over(&s.pg, a, s.now + 105 * MS, 0) && sched_turn_over(&s.pg, a, s.now + 150 * MS, 0),
+	      "the probe over, busy: the turn goes on to its 50 ms budget, then is over");
+
+	sim_init(&s, VMGPU_SCHED_FIXED);
+	atomic_store(&s.pg.period_us, SCHED_DEFAULT_PERIOD_US);
+	a = sim_join_share(&s, "a", (struct sched_share){.weight = 100}, 1);
+	sched_wait_begin(&s.pg, a, s.now);
+	sched_give_turn(&s.pg, s.now);
+	sched_wait_end(&s.pg.slot[a]);
+	check(!sched_turn_over(&s.pg, a, s.now + MS, 1), "fixed at weight 100, idle, alone: the turn goes on");
+	check(!sched_turn_over(&s.pg, a, s.now + 150 * MS, 0), "fixed at weight 100, busy past a period: the turn goes on");
+	atomic_store(&s.pg.slot[a].weight, 99);
+	check(sched_turn_over(&s.pg, a, s.now + MS, 1), "fixed at weight 99, idle, alone: the turn is over");
+}
+
 static void a_guarantee_is_given_first_and_the_rest_by_weight(void)
 {
 	struct sim s;
@@ -704,6 +746,7 @@ int main(void)
 	equal_priorities_stay_weighted();
 	a_cap_holds_one_guest_while_the_others_stay_weighted();
 	the_cap_controllers_part_replaces_cap_percent();
+	a_budget_of_the_whole_period_counts_no_turns();
 	a_guarantee_is_given_first_and_the_rest_by_weight();
 	the_pages_idle_time_is_how_long_an_idle_holder_keeps_its_turn();
 	a_cap_above_what_a_guest_uses_adds_no_latency();
