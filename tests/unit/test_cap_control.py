@@ -15,7 +15,19 @@ import random
 
 import pytest
 
-from vmgpu.cap_control import FINE_S, GRACE_S, OVER, CapController, _Capped, burst_rate, wait
+from vmgpu.cap_control import (
+    FINE_S,
+    GRACE_S,
+    OVER,
+    PERIOD_STEP_S,
+    PROBE_COST,
+    PROBE_EVERY_S,
+    PROBE_S,
+    CapController,
+    _Capped,
+    burst_rate,
+    wait,
+)
 from vmgpu.share_control import Seen
 
 PERIOD_MS = 100
@@ -193,6 +205,48 @@ def test_a_guest_that_looks_slow_gets_at_most_over_its_cap_of_the_time():
     assert max(p for p in parts if p != 1000) <= 1000 * OVER * 0.2
     used = (g.used_ms - used0) / 20_000
     assert used <= OVER * 0.2 + 0.02, used
+
+
+@pytest.mark.parametrize(("cap", "factor"), [(10, 0.6), (10, 1.5), (20, 0.6), (20, 1.5), (50, 0.6)])
+def test_a_guest_that_keeps_its_work_looking_changed_gets_its_probes_at_most_four_times_as_often(cap, factor):
+    """A hostile guest that changes its work after each of its probes (its rate alone x0.6 or x1.5,
+    and back after the next), so that every read is off the others and what its parts make it
+    drifts from its last read, and whose calls count three times over in its probes (it looks
+    slow): its probes come early, but never closer than a quarter of its cap's spacing, nor than
+    PROBE_EVERY_S, and so at most four times as many; it has its probes' time uncapped (PROBE_S and
+    a look each) and besides that OVER x its cap of the time, no more.  In the model over 400 s
+    (x0.6; x1.5 a little less): at a cap of 10%, 10 probes 27.7 s apart at least (an honest guest:
+    3, 108.6 s apart), 1.7% of the time uncapped (bound 2.8%) and 16.2% of the GPU's time (one
+    that only looks slow: 15.4%; an honest guest: 10.9%); at 20%, 23 probes 12.6 s apart at least,
+    3.8% uncapped (bound 6.0%) and 32.2%; at 50%, 38 probes 10.6 s apart at least (its cap's
+    spacing is 12 s: an honest guest has 32), 6.4% uncapped (bound 7.2%) and 75.7%."""
+    g = Guest("a", cap)
+    g.probe_calls = 3.0
+    m = Model([g])
+    ctl = CapController()
+    m.run(ctl, 40.0)  # (its first probes over: its reads steady)
+    seconds, used0 = 400.0, g.used_ms
+    starts, uncapped, was = [], 0, g.pm
+    for _ in range(int(seconds / PERIOD_STEP_S)):
+        m.run(ctl, PERIOD_STEP_S)
+        if g.pm == 1000:
+            uncapped += 1
+            if was != 1000:
+                starts.append(m.now_ms / 1000)
+        elif was == 1000:  # (a probe of its own over: its work changed, or changed back)
+            g.rate = RATE * factor if g.rate == RATE else RATE
+        was = g.pm
+    c = cap / 100
+    gap = max(PROBE_EVERY_S, (1 - c) * PROBE_S / (PROBE_COST * c))  # its cap's spacing (CapController._due)
+    soon = max(PROBE_EVERY_S, gap / 4)
+    apart = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert min(apart) < gap, apart  # (its work looks changed: its probes do come early)
+    assert min(apart) >= soon - PERIOD_STEP_S, apart  # (less a look: a probe's start is seen at a look)
+    assert len(starts) <= seconds / soon + 1, starts  # (four times what its cap's spacing gives at most, and one)
+    up = uncapped * PERIOD_STEP_S / seconds
+    assert up <= (PROBE_S + PERIOD_STEP_S) * (seconds / soon + 1) / seconds, up
+    used = (g.used_ms - used0) / (1000 * seconds)
+    assert used <= OVER * c + up + 0.01, (used, up)
 
 
 def test_an_idle_guest_is_let_go_and_taken_up_again():
