@@ -96,6 +96,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from vmgpu.sched import cap_percent
 from vmgpu.share_control import Seen, seen_on
 
 PERIOD_STEP_S = 0.1  # how often the controller looks
@@ -177,10 +178,7 @@ class CapController:
         """The % of its rate alone a member may make: its cap, under fixed its weight too (100: none).
         Under equal none: there every member is held to 1/N of the time besides its cap (a probe
         could not read its rate alone), and its cap stays cap% of the time."""
-        if policy == "equal":
-            return 100
-        cap = min(s.cap, 100) if s.cap else 100
-        return min(cap, s.weight) if policy == "fixed" else cap
+        return 100 if policy == "equal" else cap_percent(s.cap, s.weight, policy)
 
     def step(self, now: float, seen: list[Seen], policy: str, at_work: set[int] | None = None) -> dict[int, int]:
         """One look: each member's cap_pm by slot (0 for the uncapped, and for the capped it holds

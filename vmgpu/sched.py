@@ -61,6 +61,15 @@ PRIORITIES = {"normal": abi.PRIO_NORMAL, "high": abi.PRIO_HIGH, "low": abi.PRIO_
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
 
+def cap_percent(cap: int, weight: int, policy: str) -> int:
+    """The % a member's cap holds it to (100: none): its cap, and under fixed its weight, whichever
+    is less.  The one rule of "capped" for vmgpud, as the forwarders take it
+    (host_forwarder/native/sched_policy.c cap_part_pm): below 100 the cap controller's part
+    (cap_pm) stands in place of it; at 100 there is no budget to hold (sched_policy.c budgeted)."""
+    pct = min(cap, 100) if cap else 100
+    return min(pct, max(weight, 0)) if policy == "fixed" else pct
+
+
 @dataclass
 class Member:
     slot: int
@@ -85,7 +94,7 @@ class Member:
     def capped(self, policy: str) -> bool:
         """Whether a cap holds it below its whole rate: its cap, or under fixed its weight, below 100%
         (where the forwarders take the cap controller's cap_pm: sched_policy.c cap_part_pm)."""
-        return 0 < self.cap < 100 or (policy == "fixed" and self.weight < 100)
+        return cap_percent(self.cap, self.weight, policy) < 100
 
 
 class Page:

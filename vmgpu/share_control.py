@@ -89,7 +89,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from vmgpu.sched import DEPTH_MAX
+from vmgpu.sched import DEPTH_MAX, cap_percent
 
 PERIOD_STEP_S = 0.1  # how often the controller looks
 WINDOW_S = 1.0  # a guest's rate: its calls over this long
@@ -138,9 +138,8 @@ class Seen:
         """The part of each period its cap leaves its work (1.0: not capped): the cap
         controller's (vmgpu/cap_control.py) where it set one and the guest is capped (as the
         forwarders take it: one left in the slot of a guest whose cap was lifted is not), else cap%."""
-        if self.cap_pm and 0 < self.cap < 100:
-            return min(self.cap_pm, 1000) / 1000
-        return min(100, self.cap) / 100 if self.cap else 1.0
+        pct = cap_percent(self.cap, self.weight, "shared")  # (the share controller's policy)
+        return min(self.cap_pm, 1000) / 1000 if self.cap_pm and pct < 100 else pct / 100
 
 
 @dataclass

@@ -83,7 +83,8 @@ static uint64_t period_ns(struct vmgpu_sched_page *pg)
  * controller set in place of that (cap_pm, so that its progress is its cap's part of its rate
  * alone) while the controller is looking (the page's caps_ms recent).  A part in the slot of a
  * guest that is not capped is not taken: the controller sets none there, and one it stored for
- * the slot's last guest as a new one was seated lasts only to its next look. */
+ * the slot's last guest as a new one was seated lasts only to its next look.  vmgpud takes a
+ * guest as capped by the same rule (vmgpu/sched.py cap_percent): a change here is made there too. */
 static uint32_t cap_part_pm(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
 	/* the stamp first: the controller stores the parts, then stamps (a part older than the stamp

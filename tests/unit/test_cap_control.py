@@ -634,3 +634,23 @@ def test_wait_samples_a_probing_guests_calls_finely_and_nothing_otherwise():
     stop.set()
     t = time.monotonic()
     assert wait(stop, 5.0, [(page, ctl)]) and time.monotonic() - t < 1.0
+
+
+def test_one_rule_says_who_is_capped_for_the_page_the_share_controller_and_the_cap_controller():
+    """vmgpu/sched.py cap_percent is the rule host_forwarder's cap_part_pm follows (its cap, under
+    fixed its weight, whichever is less; 100: none); the page's Member.capped, the share
+    controller's Seen.cap_part and the cap controller's cap_of all take it from there."""
+    from vmgpu.sched import Member, cap_percent
+
+    for policy in ("weighted", "fixed", "preemptive", "shared", "equal"):
+        for cap in (0, 1, 10, 99, 100, 150):
+            for weight in (0, 30, 100):
+                pct = cap_percent(cap, weight, policy)
+                want = min(cap or 100, 100, weight if policy == "fixed" else 100)
+                assert pct == want, (policy, cap, weight, pct)
+                member = Member(0, "a", 1, weight, 0, 0, 0, 1, cap=cap, cap_pm=400)
+                assert member.capped(policy) == (pct < 100), (policy, cap, weight)
+                seen = Seen(0, "a", 0, weight, 0, cap, cap_pm=400)
+                assert CapController.cap_of(seen, policy) == (100 if policy == "equal" else pct)
+                if policy == "shared":
+                    assert seen.cap_part == (0.4 if pct < 100 else 1.0), (cap, weight, seen.cap_part)
