@@ -395,7 +395,8 @@ class CapController:
             g.pm = 0
             return 0
         part = (g.cap - (g.debt + self._prepaid(g, now)) / PAYBACK_S) / g.k
-        most = min(OVER * g.cap, 1.0) if alone_on_gpu else g.cap
+        # (999 at most: 1000 is a probe's, which the forwarders neither count nor keep long)
+        most = min(OVER * g.cap, 0.999) if alone_on_gpu else g.cap
         g.pm = int(round(1000 * min(most, max(0.001, part))))
         return g.pm
 

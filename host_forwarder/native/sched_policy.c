@@ -43,8 +43,9 @@ static int capped_policy(uint32_t policy)
 	return policy == VMGPU_SCHED_EQUAL || policy == VMGPU_SCHED_FIXED;
 }
 
-/* Is g held to a budget per period?  Every guest under a capping policy; under the others
- * (native aside) a guest with a cap of its own, while the uncapped beside it stay weighted. */
+/* Is g capped: every guest under a capping policy; under the others (native aside) a guest with a
+ * cap of its own, while the uncapped beside it stay weighted.  Its budget is counted only where it
+ * is less than the whole period (counted_budget). */
 static int capped(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g)
 {
 	uint32_t policy = atomic_load(&pg->policy);
@@ -111,41 +112,46 @@ uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g
 	return by_cap < budget ? by_cap : budget; /* its cap (or fixed's weight), where tighter */
 }
 
-/* Start a new period for g if its last one is over; unspent budget is not kept, an overrun
- * (a kernel that ran past the turn) is paid from the next period, at most one budget. */
-static void roll(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
+/* The budget g's work is counted against in each period at now, or NO_BUDGET: where it is not
+ * capped, and where its budget is the whole period (a cap of 100%, fixed at weight 100, alone under
+ * equal, the cap controller's probe: cap_pm 1000).  Such a guest goes as an uncapped one does:
+ * counting its turns would only end them at each idle moment and at each period's end, each a
+ * drain of the GPU (on an H200 a batch-64 ResNet-50 trainer so held in its probes ran at 92% of its
+ * rate alone, and the controller held it to its cap of that).  Read once per decision: the parts
+ * it depends on may change between two reads. */
+#define NO_BUDGET UINT64_MAX
+static uint64_t counted_budget(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	if (now - g->period_start < period_ns(pg))
-		return;
-	uint64_t b = sched_budget_ns(pg, g, now), over = g->period_used > b ? g->period_used - b : 0;
-	g->period_used = over < b ? over : b;
-	g->period_start = now;
+	if (!capped(pg, g))
+		return NO_BUDGET;
+	uint64_t period = period_ns(pg), b = sched_budget_ns(pg, g, now);
+	return period && b >= period ? NO_BUDGET : b;
 }
 
-/* Is g held to a budget now: capped, and its budget less than the whole period.  One whose
- * budget is the whole period (a cap of 100%, alone under equal, the cap controller's probe: cap_pm
- * 1000) goes as an uncapped guest does: counting its turns would only end them at each idle moment
- * and at each period's end, each a drain of the GPU (on an H200 a batch-64 ResNet-50 trainer so
- * held in its probes ran at 92% of its rate alone, and the controller held it to its cap of that). */
-static int budgeted(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
+/* Has g spent its budget b (counted_budget) for the period under way?  (Read only: a period over
+ * is not spent.) */
+static int budget_spent(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now, uint64_t b)
 {
-	uint64_t period = period_ns(pg);
-	return capped(pg, g) && !(period && sched_budget_ns(pg, g, now) >= period);
+	return b != NO_BUDGET && now - g->period_start < period_ns(pg) && g->period_used >= b;
 }
 
-/* Has g spent its budget for the period under way?  (Read only: a period over is not spent.) */
 static int spent_for_period(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	return budgeted(pg, g, now) && now - g->period_start < period_ns(pg) &&
-	       g->period_used >= sched_budget_ns(pg, g, now);
+	return now - g->period_start < period_ns(pg) && budget_spent(pg, g, now, counted_budget(pg, g, now));
 }
 
-/* Under the lock: may g have a turn now?  Starts its new period if the last one is over. */
+/* Under the lock: may g have a turn now?  Starts its new period if the last one is over: unspent
+ * budget is not kept, an overrun (a kernel that ran past the turn) is paid from the next period,
+ * at most one budget. */
 static int eligible(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	if (budgeted(pg, g, now))
-		roll(pg, g, now);
-	return !spent_for_period(pg, g, now);
+	uint64_t b = counted_budget(pg, g, now);
+	if (b != NO_BUDGET && now - g->period_start >= period_ns(pg)) {
+		uint64_t over = g->period_used > b ? g->period_used - b : 0;
+		g->period_used = over < b ? over : b;
+		g->period_start = now;
+	}
+	return !budget_spent(pg, g, now, b);
 }
 
 /* Is g taking part now: holding the GPU or waiting for it? */
@@ -281,9 +287,9 @@ void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint6
 	uint64_t held = now - pg->hold_start;
 	atomic_fetch_add(&g->used_ns, held);
 	g->vtime += sched_vcost(pg, g, held);
-	if (budgeted(pg, g, now)) {
+	if (counted_budget(pg, g, now) != NO_BUDGET) {
 		g->period_used += held;
-	} else { /* no debt from uncapped time when a cap comes in later */
+	} else { /* no debt from uncounted time when a budget comes in later (but for a turn under way) */
 		g->period_used = 0;
 		g->period_start = now;
 	}
@@ -385,10 +391,11 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	uint64_t held = now - pg->hold_start;
 	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
-	int spent = budgeted(pg, g, now) && g->period_used + held >= sched_budget_ns(pg, g, now);
+	uint64_t b = counted_budget(pg, g, now);
+	int spent = b != NO_BUDGET && g->period_used + held >= b;
 	/* an idle holder alone on the GPU keeps its turn (a hand-over drains the GPU, and its next
 	 * call would wait for that: a pipeline bubble for nothing), unless a budget counts its turns */
-	int idle_over = idle && (budgeted(pg, g, now) || sched_others_wait(pg, me, now, UINT64_MAX));
+	int idle_over = idle && (b != NO_BUDGET || sched_others_wait(pg, me, now, UINT64_MAX));
 	/* a higher-priority guest waits: the turn ends now, its slice not awaited */
 	int preempted = policy != VMGPU_SCHED_NATIVE && sched_higher_waits(pg, me, now);
 	return idle_over || expired || spent || preempted || policy == VMGPU_SCHED_NATIVE;

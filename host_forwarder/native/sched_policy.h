@@ -90,8 +90,9 @@ int sched_higher_member(struct vmgpu_sched_page *pg, int me);
 int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now);
 
 /* Is the turn of `me`, the holder, over at now?  idle: none of its workers has work (the
- * worker's own measure, SCHED_IDLE_NS).  Over when idle while another waits (or under a capping
- * policy; alone it keeps the GPU between calls), when its slice is spent while another
+ * worker's own measure, SCHED_IDLE_NS).  Over when idle while another waits (or where its budget
+ * is counted: capped below the whole period; alone it keeps the GPU between calls), when its slice
+ * is spent while another
  * waits that is behind it, when its cap for the period is spent, as soon as a guest of a higher
  * priority waits, or under the native policy. */
 int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle);

@@ -557,6 +557,27 @@ static void a_budget_of_the_whole_period_counts_no_turns(void)
 	check(!sched_turn_over(&s.pg, a, s.now + 150 * MS, 0), "fixed at weight 100, busy past a period: the turn goes on");
 	atomic_store(&s.pg.slot[a].weight, 99);
 	check(sched_turn_over(&s.pg, a, s.now + MS, 1), "fixed at weight 99, idle, alone: the turn is over");
+
+	/* what a trainer showed: work in bursts (5 ms of work, 3 ms without) through a 0.6 s probe
+	 * keeps one turn (no drain), and at a part of 500 per mille its turns are counted */
+	unsigned p[8];
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 50}, 1);
+	unsigned turns[2];
+	for (int k = 0; k < 2; k++) {
+		atomic_store(&s.pg.slot[a].cap_pm, k ? 500 : 1000);
+		uint32_t t0 = atomic_load(&s.pg.slot[a].turns);
+		for (int i = 0; i < 75; i++) {
+			caps_look(&s);
+			s.busy[a] = 1;
+			sim_run(&s, 5 * MS, p);
+			s.busy[a] = 0;
+			sim_run(&s, 3 * MS, p);
+		}
+		turns[k] = atomic_load(&s.pg.slot[a].turns) - t0;
+	}
+	check(turns[0] <= 1 && turns[1] >= 50, "bursts through a 0.6 s probe: %u turn(s); at a part of 500: %u", turns[0],
+	      turns[1]);
 }
 
 static void a_guarantee_is_given_first_and_the_rest_by_weight(void)

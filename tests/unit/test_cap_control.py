@@ -249,6 +249,17 @@ def test_a_guest_that_keeps_its_work_looking_changed_gets_its_probes_at_most_fou
     assert used <= OVER * c + up + 0.01, (used, up)
 
 
+def test_a_part_outside_a_probe_is_never_a_whole_period():
+    """A whole period (1000 per mille) is a probe's: the forwarders count no turns in it and keep it
+    only VMGPU_SCHED_PROBE_FRESH_MS (sched_policy.c counted_budget).  A guest capped at 80 whose
+    parts have given it half their share of progress (k 0.5) would be given 1.6 of the period, and
+    OVER x its cap allows 1.2: it gets 999 at most, alone on the GPU; beside others, its cap."""
+    ctl = CapController()
+    g = _Capped(0.8, alone=20_000.0, bound=True, k=0.5)
+    assert ctl._part(g, 100.0, alone_on_gpu=True) == 999
+    assert ctl._part(g, 100.0, alone_on_gpu=False) == 800
+
+
 def test_an_idle_guest_is_let_go_and_taken_up_again():
     g = Guest("a", 50)
     m = Model([g])
