@@ -750,8 +750,36 @@ static void an_sm_span_rounds_its_ends_alike_for_neighbours(void)
 	      "rounded up the first part of the period, down the rest");
 }
 
-int main(void)
+/* --table: for a guest alone under each policy (by number), each cap and weight (as its slot has
+ * them: sched_seat holds a weight to 1..100), the % of each
+ * period its cap leaves it and whether its turns are counted (idle alone, its turn is over):
+ * tests/native/test_sched_policy.py holds vmgpud's rule (vmgpu/sched.py cap_percent) to it. */
+static void table(void)
 {
+	static const uint32_t caps[] = {0, 1, 10, 99, 100, 150}, weights[] = {0, 30, 100};
+	for (uint32_t policy = VMGPU_SCHED_EQUAL; policy <= VMGPU_SCHED_SHARED; policy++)
+		for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
+			for (size_t w = 0; w < sizeof weights / sizeof *weights; w++) {
+				struct sim s;
+				sim_init(&s, policy);
+				int a = sim_join_share(&s, "a", (struct sched_share){.weight = weights[w], .cap = caps[c]}, 1);
+				uint64_t period = SCHED_DEFAULT_PERIOD_US * 1000ull;
+				uint64_t pct = sched_budget_ns(&s.pg, &s.pg.slot[a], s.now) * 100 / period;
+				sched_wait_begin(&s.pg, a, s.now);
+				sched_give_turn(&s.pg, s.now);
+				sched_wait_end(&s.pg.slot[a]);
+				int counted = sched_turn_over(&s.pg, a, s.now + MS, 1);
+				printf("%u %u %u %llu %d\n", policy, atomic_load(&s.pg.slot[a].cap),
+				       atomic_load(&s.pg.slot[a].weight), (unsigned long long)pct, counted); /* (as seated) */
+			}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "--table")) {
+		table();
+		return 0;
+	}
 	weights_share_the_gpu_and_change_live();
 	preemptive_and_equal_do_not_weigh();
 	an_idle_guests_time_goes_to_the_busy_one_unless_capped();

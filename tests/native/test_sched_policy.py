@@ -40,3 +40,19 @@ def test_the_page_wakes_whom_it_must_at_once_and_nobody_else(build):
     res = run_program(build, "t_sched_wake", [])
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip().endswith("t_sched_wake: ok"), res.stdout
+
+
+def test_vmgpud_takes_a_guest_as_capped_by_the_rule_the_forwarders_follow():
+    """vmgpu/sched.py cap_percent (Member.capped, the share and cap controllers) against
+    sched_policy.c itself (`t_sched_policy --table`): for a guest alone under every policy with
+    turns or holds, each cap and weight, the % of each period its cap leaves it, and whether its
+    turns are counted (below 100%: sched_policy.c counted_budget)."""
+    from vmgpu.sched import POLICY_NAMES, cap_percent
+
+    res = run_program("native", "t_sched_policy", ["--table"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [tuple(int(x) for x in line.split()) for line in res.stdout.splitlines()]
+    assert len(rows) == 5 * 6 * 3, res.stdout
+    for policy, cap, weight, pct, counted in rows:
+        want = cap_percent(cap, weight, POLICY_NAMES[policy])
+        assert (pct, counted) == (want, int(want < 100)), (POLICY_NAMES[policy], cap, weight, pct, counted)
