@@ -401,6 +401,12 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	return idle_over || expired || spent || preempted || policy == VMGPU_SCHED_NATIVE;
 }
 
+int sched_turn_uncounted(struct vmgpu_sched_page *pg, int me, uint64_t now)
+{
+	struct vmgpu_sched_slot *g = &pg->slot[me];
+	return capped(pg, g) && counted_budget(pg, g, now) == NO_BUDGET && !sched_others_wait(pg, me, now, UINT64_MAX);
+}
+
 void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now)
 {
 	if (last_work > pg->hold_start)

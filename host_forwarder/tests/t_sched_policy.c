@@ -578,6 +578,36 @@ static void a_budget_of_the_whole_period_counts_no_turns(void)
 	}
 	check(turns[0] <= 1 && turns[1] >= 50, "bursts through a 0.6 s probe: %u turn(s); at a part of 500: %u", turns[0],
 	      turns[1]);
+
+	/* a busy guest's 0.6 s probe, charged every slice as sched_page.c's tick does while its
+	 * budget is not counted: the probe over, its first period at 500 per mille is its own (not
+	 * the whole probe paid from it as an overrun) */
+	sim_init(&s, VMGPU_SCHED_WEIGHTED);
+	a = sim_join_share(&s, "a", (struct sched_share){.weight = 100, .cap = 50}, 1);
+	g = &s.pg.slot[a];
+	atomic_store(&g->cap_pm, 1000);
+	int uncounted = 1;
+	for (int i = 0; i < 600; i++) {
+		caps_look(&s);
+		sim_run(&s, MS, p);
+		if (atomic_load(&s.pg.owner) == a && s.now - s.pg.hold_start >= SCHED_DEFAULT_SLICE_US * 1000ull) {
+			uncounted &= sched_turn_uncounted(&s.pg, a, s.now);
+			sched_rest(&s.pg, g, s.now, s.now);
+		}
+	}
+	check(uncounted, "a probe alone: its turn is charged as it goes");
+	atomic_store(&g->cap_pm, 500);
+	caps_look(&s);
+	check(!sched_turn_uncounted(&s.pg, a, s.now), "the probe over (500 per mille): its budget counted again");
+	sim_run(&s, 100 * MS, p);
+	check(near(p[a], 500, 20), "the probe over: its next 100 ms holds %u per mille (its part)", p[a]);
+	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 100}, 1);
+	atomic_store(&g->cap_pm, 1000);
+	caps_look(&s);
+	sim_run(&s, 20 * MS, p);
+	int holder = atomic_load(&s.pg.owner);
+	check((holder == a || holder == b) && !sched_turn_uncounted(&s.pg, holder, s.now),
+	      "another at work: the holder's turn is not charged as it goes (its slice counts from its start)");
 }
 
 static void a_guarantee_is_given_first_and_the_rest_by_weight(void)
