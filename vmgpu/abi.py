@@ -197,7 +197,7 @@ class SchedPage(ctypes.Structure):
         ("mu_space", u8 * 64),
         ("sm_groups", u32),
         ("caps_ms", u32),
-        ("pad1", u8 * (128 - 120)),
+        ("turn_start", u64),
         ("slot", SchedSlot * SCHED_SLOTS),
     ]
 

@@ -510,13 +510,17 @@ void vh_sched_tick(struct vh_sched *s, void (*drain)(void *ctx, int dev), void *
 		   now - s->seen_at > sched_idle_ns(pg, sched_only_lower_wait(pg, s->me, now));
 	if (!sched_turn_over(pg, s->me, now, idle)) {
 		int rest = idle && now - pg->hold_start > sched_idle_ns(pg, 0); /* alone and idle: its time is nobody's */
-		/* capped, its budget not counted (a probe): charged as it goes (sched_turn_uncounted) */
-		int uncounted = !rest && now - pg->hold_start >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
+		/* busy, capped, its budget not counted (a probe): charged as it goes (sched_turn_uncounted) */
+		int uncounted = !idle && now - pg->hold_start >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 				sched_turn_uncounted(pg, s->me, now);
 		if (rest || uncounted) {
 			lock(pg);
-			if (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining))
-				sched_rest(pg, g, rest ? s->seen_at : now, now);
+			if (atomic_load(&pg->owner) == s->me && !atomic_load(&g->draining)) {
+				if (rest)
+					sched_rest(pg, g, s->seen_at, now);
+				else
+					sched_charge_turn(pg, g, now);
+			}
 			unlock(pg);
 		}
 		return;

@@ -274,7 +274,7 @@ int sched_give_turn(struct vmgpu_sched_page *pg, uint64_t now)
 {
 	int next = pick(pg, now, atomic_load(&pg->owner));
 	atomic_store(&pg->owner, next);
-	pg->hold_start = now;
+	pg->hold_start = pg->turn_start = now;
 	if (next >= 0) {
 		atomic_fetch_add(&pg->slot[next].turns, 1);
 		pg->slot[next].last_active = now;
@@ -389,7 +389,8 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 	struct vmgpu_sched_slot *g = &pg->slot[me];
 	uint32_t policy = atomic_load(&pg->policy);
 	uint64_t held = now - pg->hold_start;
-	int expired = held >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
+	/* (its slice counts from its turn's start: a turn charged as it went is no younger) */
+	int expired = now - pg->turn_start >= (uint64_t)atomic_load(&pg->slice_us) * 1000 &&
 		      sched_others_wait(pg, me, now, g->vtime + sched_vcost(pg, g, held));
 	uint64_t b = counted_budget(pg, g, now);
 	int spent = b != NO_BUDGET && g->period_used + held >= b;
@@ -404,14 +405,23 @@ int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle)
 int sched_turn_uncounted(struct vmgpu_sched_page *pg, int me, uint64_t now)
 {
 	struct vmgpu_sched_slot *g = &pg->slot[me];
-	return capped(pg, g) && counted_budget(pg, g, now) == NO_BUDGET && !sched_others_wait(pg, me, now, UINT64_MAX);
+	return capped(pg, g) && counted_budget(pg, g, now) == NO_BUDGET;
 }
 
 void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now)
 {
 	if (last_work > pg->hold_start)
 		sched_charge(pg, g, last_work < now ? last_work : now);
-	pg->hold_start = now;
+	if (now > pg->hold_start) /* (never back: another worker of the guest may have charged past now) */
+		pg->hold_start = pg->turn_start = now;
+}
+
+void sched_charge_turn(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
+{
+	if (now > pg->hold_start) { /* (never back, as in sched_rest) */
+		sched_charge(pg, g, now);
+		pg->hold_start = now;
+	}
 }
 
 void sched_wait_begin(struct vmgpu_sched_page *pg, int me, uint64_t now)

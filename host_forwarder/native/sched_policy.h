@@ -98,14 +98,19 @@ int sched_higher_waits(struct vmgpu_sched_page *pg, int me, uint64_t now);
 int sched_turn_over(struct vmgpu_sched_page *pg, int me, uint64_t now, int idle);
 
 /* Is the holder `me` capped with its budget not counted now (the whole period: a probe of the cap
- * controller) and nobody else waiting?  Its turn is then charged as it goes (sched_rest every
- * slice), so that its budget counted again (the probe over) finds only the time since, not the
- * whole probe as an overrun paid from the next period. */
+ * controller)?  Its turn is then charged as it goes (sched_charge_turn every slice; its slice still
+ * counts from the turn's start, turn_start), so that its budget counted again (the probe over) finds only
+ * the time since, not the whole probe as an overrun paid from the next period. */
 int sched_turn_uncounted(struct vmgpu_sched_page *pg, int me, uint64_t now);
 
 /* Under the lock: g holds the GPU idle and alone (its turn not over): charged for its turn up to
- * its last work, its turn goes on from now, so that idle time alone is nobody's GPU time. */
+ * its last work, its turn goes on from now (its slice too), so that idle time alone is nobody's
+ * GPU time. */
 void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now);
+
+/* Under the lock: g, the holder, charged for its turn up to now (sched_turn_uncounted); its slice
+ * still counts from its turn's start. */
+void sched_charge_turn(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now);
 
 /* Under the shared policy: how long from now until g's work may pass (0: at once).  g is held the
  * first hold per mille of every period (the page's period_us, on the common CLOCK_MONOTONIC, so

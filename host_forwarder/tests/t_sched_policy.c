@@ -592,7 +592,7 @@ static void a_budget_of_the_whole_period_counts_no_turns(void)
 		sim_run(&s, MS, p);
 		if (atomic_load(&s.pg.owner) == a && s.now - s.pg.hold_start >= SCHED_DEFAULT_SLICE_US * 1000ull) {
 			uncounted &= sched_turn_uncounted(&s.pg, a, s.now);
-			sched_rest(&s.pg, g, s.now, s.now);
+			sched_charge_turn(&s.pg, g, s.now);
 		}
 	}
 	check(uncounted, "a probe alone: its turn is charged as it goes");
@@ -601,13 +601,23 @@ static void a_budget_of_the_whole_period_counts_no_turns(void)
 	check(!sched_turn_uncounted(&s.pg, a, s.now), "the probe over (500 per mille): its budget counted again");
 	sim_run(&s, 100 * MS, p);
 	check(near(p[a], 500, 20), "the probe over: its next 100 ms holds %u per mille (its part)", p[a]);
-	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 100}, 1);
+	/* a probe again, and another guest comes to work: the probing guest's slice counts from its
+	 * turn's start, not from where it was last charged, so the turn is the other's at once */
+	int b = sim_join_share(&s, "b", (struct sched_share){.weight = 100}, 0);
 	atomic_store(&g->cap_pm, 1000);
-	caps_look(&s);
-	sim_run(&s, 20 * MS, p);
-	int holder = atomic_load(&s.pg.owner);
-	check((holder == a || holder == b) && !sched_turn_uncounted(&s.pg, holder, s.now),
-	      "another at work: the holder's turn is not charged as it goes (its slice counts from its start)");
+	for (int i = 0; i < 50; i++) {
+		caps_look(&s);
+		sim_run(&s, MS, p);
+		if (atomic_load(&s.pg.owner) == a && s.now - s.pg.hold_start >= SCHED_DEFAULT_SLICE_US * 1000ull)
+			sched_charge_turn(&s.pg, g, s.now);
+	}
+	check(atomic_load(&s.pg.owner) == a && s.now - s.pg.turn_start >= 40 * MS && s.now - s.pg.hold_start < 11 * MS,
+	      "a probe: one turn for %llu ms, charged up to %llu ms ago", (unsigned long long)((s.now - s.pg.turn_start) / MS),
+	      (unsigned long long)((s.now - s.pg.hold_start) / MS));
+	s.busy[b] = 1;
+	sim_run(&s, 2 * TICK, p);
+	check(atomic_load(&s.pg.owner) == b, "b comes to work beside the probing a: the turn is b's at once (owner %d)",
+	      atomic_load(&s.pg.owner));
 }
 
 static void a_guarantee_is_given_first_and_the_rest_by_weight(void)

@@ -19,6 +19,8 @@
  *    leaves them zero, so the page stays version 1.  So do the header's idle_us (zero: the
  *    forwarders' default), sm_groups and caps_ms, and a slot's depth, active_ms, sm_part, whole_ms and cap_pm (zero:
  *    the forwarder's depth, never seen at work, the whole GPU, never off its span, cap% of the time).
+ *    turn_start too: a forwarder that does not know it leaves it zero, and a turn it gave ends its
+ *    slice as soon as another waits (the holder's slice counted from then).
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
  *
@@ -128,7 +130,8 @@ struct vmgpu_sched_page {
 	VMGPU_ATOMIC(uint32_t) gen;       /*  32: futex word, bumped at every hand-over */
 	VMGPU_ATOMIC(uint32_t) idle_us;   /*  36: a holder with no work for this long, while another
 	                                         *      waits, gives the GPU up; 0: 2000 (SCHED_IDLE_NS) */
-	uint64_t hold_start;                    /*  40: when the owner's turn began */
+	uint64_t hold_start;                    /*  40: the owner's turn is charged up to here (its start,
+	                                         *      or where it was charged as it went: sched_rest) */
 	uint8_t mu_space[64];                   /*  48: pthread_mutex_t (process-shared, robust) */
 	VMGPU_ATOMIC(uint32_t) sm_groups; /* 112: the groups of SMs a span (slot.sm_part) counts in, as
 	                                         *      the forwarders found the GPU; 0: they cannot partition it */
@@ -137,7 +140,9 @@ struct vmgpu_sched_page {
 	                                         *      while this is at most VMGPU_SCHED_CAPS_FRESH_MS old (a
 	                                         *      vmgpud that died in a probe leaves nobody uncapped);
 	                                         *      0: never */
-	uint8_t pad1[128 - 120];                /* 120 */
+	uint64_t turn_start;                    /* 120: when the owner's turn began (its slice counts from
+	                                         *      here; 0 where a forwarder that predates it gave the
+	                                         *      turn: then a slice is over as soon as another waits) */
 	struct vmgpu_sched_slot slot[VMGPU_SCHED_SLOTS]; /* 128 */
 };
 
@@ -173,6 +178,7 @@ _Static_assert(offsetof(struct vmgpu_sched_page, idle_us) == 36, "page idle_us")
 _Static_assert(offsetof(struct vmgpu_sched_page, hold_start) == 40, "page hold_start");
 _Static_assert(offsetof(struct vmgpu_sched_page, mu_space) == 48, "page mutex");
 _Static_assert(offsetof(struct vmgpu_sched_page, sm_groups) == 112, "page sm_groups");
+_Static_assert(offsetof(struct vmgpu_sched_page, turn_start) == 120, "page turn_start");
 _Static_assert(offsetof(struct vmgpu_sched_page, caps_ms) == 116, "page caps_ms");
 _Static_assert(offsetof(struct vmgpu_sched_page, slot) == 128, "page slots");
 _Static_assert(sizeof(struct vmgpu_sched_page) == VMGPU_SCHED_PAGE_SIZE, "page size");
