@@ -44,7 +44,7 @@ A guest is held to its cap of its rate alone as its probes read it: where its ra
 between probes, its share of what it would make alone moves with it (on an H200 a ResNet-50
 trainer bound by its own Python, natively as much as through vmgpu, moved some 10% over tens of
 seconds; held to 48.8-50.8% of its read rate alone, it made 44.8-54.9% of its rate alone in the 12 s
-after).  A probe's whole period is a budget the forwarders do not count (sched_policy.c budgeted):
+after).  A probe's whole period is a budget the forwarders do not count (sched_policy.c counted_budget):
 counted, its turns ended at each idle moment, each a drain of the GPU, and an H200's probes read a
 GPU-bound trainer at 91-95% of its rate alone (cap 50: 45.4-48.0%); uncounted, at 100.9% (cap 10:
 10.2%).

@@ -65,7 +65,7 @@ def cap_percent(cap: int, weight: int, policy: str) -> int:
     """The % a member's cap holds it to (100: none): its cap, and under fixed its weight, whichever
     is less.  The one rule of "capped" for vmgpud, as the forwarders take it
     (host_forwarder/native/sched_policy.c cap_part_pm): below 100 the cap controller's part
-    (cap_pm) stands in place of it; at 100 there is no budget to hold (sched_policy.c budgeted)."""
+    (cap_pm) stands in place of it; at 100 there is no budget to hold (sched_policy.c counted_budget)."""
     pct = min(cap, 100) if cap else 100
     return min(pct, max(weight, 0)) if policy == "fixed" else pct
 
