@@ -137,7 +137,7 @@ static int budget_spent(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g,
 
 static int spent_for_period(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	return now - g->period_start < period_ns(pg) && budget_spent(pg, g, now, counted_budget(pg, g, now));
+	return budget_spent(pg, g, now, counted_budget(pg, g, now));
 }
 
 /* Under the lock: may g have a turn now?  Starts its new period if the last one is over: unspent
