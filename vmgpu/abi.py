@@ -173,7 +173,8 @@ class SchedSlot(ctypes.Structure):
         ("sm_part", u32),
         ("whole_ms", u32),
         ("cap_pm", u32),
-        ("pad", u8 * (256 - 204)),
+        ("time_seq", u32),  # odd while a forwarder changes its GPU time (sched.Page.gpu_time reads by it)
+        ("pad", u8 * (256 - 208)),
     ]
 
 

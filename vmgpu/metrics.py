@@ -6,7 +6,8 @@ the supervisor, and counters of admission decisions.
 
 Labels: guest (its name), gpu (the host's GPU index), uuid (the GPU's UUID).  A guest's usage is
 shown while its forwarder runs; its counters start again from 0 when a forwarder is started
-again (Prometheus's rate() and increase() take such resets in their stride)."""
+again (Prometheus's rate() and increase() take such resets in their stride), and at no other
+time (GpuTimeCounters)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ class UsageCollector:
 
     def __init__(self, ledger: Ledger, lock: threading.Lock, supervisor):
         self.ledger, self.lock, self.supervisor = ledger, lock, supervisor
+        self.gpu_times = GpuTimeCounters()
 
     def collect(self):
         labels = ["guest", "gpu", "uuid"]
@@ -121,22 +123,54 @@ class UsageCollector:
                 throttled.add_metric(key, st["throttled_ns"][i] / NS)
                 ooms.add_metric(key, st["oom_refusals"][i])
         for u in usage:
-            for guest, ns in _gpu_time(u.uuid).items():
+            for guest, ns in self.gpu_times.take(u.uuid, _gpu_time(u.uuid)).items():
                 gpu_time.add_metric([guest, str(u.index), u.uuid], ns / NS)
         for guest in sorted({g for g, *_ in fwds} | (set(restarted) & admitted)):
             restarts.add_metric([guest], restarted.get(guest, 0))
         yield from (used, gpu_time, throttled, ooms, restarts)
 
 
-def _gpu_time(uuid: str) -> dict[str, int]:
-    """ns each member of the GPU's scheduler page has held it, the turn held now included (a
-    guest alone and busy keeps its turn); none: no forwarder made the page."""
+def _gpu_time(uuid: str) -> dict[sched.Seat, int]:
+    """ns each member of the GPU's scheduler page has held it, by its seat, the turn held now
+    included (a guest alone and busy keeps its turn); none: no forwarder made the page."""
     try:
         page = sched.Page(sched.page_path(uuid))
     except (sched.SchedError, OSError):
         return {}
     with page:
-        return page.gpu_time()[1]
+        return page.gpu_time_by_seat()[1]
+
+
+class GpuTimeCounters:
+    """Each guest's GPU time on each GPU as a counter that never steps back while its seats on the
+    GPU's page stay (the same forwarders, seated once): a look may count more than is charged
+    later (the idle end of a turn the forwarder passes over: sched_rest; a look at a forwarder
+    that keeps no time_seq caught in a change), and a counter that stepped back would read as a
+    reset, its whole value a spike in rate().  So a look below the last one exported is exported
+    as the last one until the time catches up.  Where the seats changed (a forwarder started
+    again: its time from 0) the look is taken as it is, a reset where it is less.  Scrapes may come
+    on several threads at once."""
+
+    def __init__(self):
+        self.last: dict[tuple[str, str], tuple[frozenset[sched.Seat], int]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, uuid: str, by_seat: dict[sched.Seat, int]) -> dict[str, int]:
+        """{guest: ns} to export for the GPU with this UUID, from a look at its page by seat."""
+        seats: dict[str, set[sched.Seat]] = {}
+        ns: dict[str, int] = {}
+        for seat, t in by_seat.items():
+            seats.setdefault(seat.guest, set()).add(seat)
+            ns[seat.guest] = ns.get(seat.guest, 0) + t
+        with self.lock:
+            for key in [k for k in self.last if k[0] == uuid and k[1] not in ns]:
+                del self.last[key]  # gone from the page: a guest that comes back starts from 0
+            for guest, t in ns.items():
+                held, before = self.last.get((uuid, guest), (frozenset(), 0))
+                if held == seats[guest] and t < before:
+                    ns[guest] = t = before
+                self.last[(uuid, guest)] = (frozenset(seats[guest]), t)
+        return ns
 
 
 class Metrics:

@@ -97,6 +97,20 @@ class Member:
         return cap_percent(self.cap, self.weight, policy) < 100
 
 
+@dataclass(frozen=True)
+class Seat:
+    """One membership of a guest on a GPU's page: its slot, as its forwarder (pid) took it at
+    joined_ns.  Its GPU time counts from 0 at that seat."""
+
+    slot: int
+    guest: str
+    pid: int
+    joined_ns: int
+
+
+GPU_TIME_TRIES = 256  # looks at GPU time taken again at most while a forwarder changes it (Page.gpu_time)
+
+
 class Page:
     """An open scheduler page (a context manager)."""
 
@@ -187,23 +201,55 @@ class Page:
 
     def gpu_time(self) -> tuple[int, dict[str, int]]:
         """(now, each member's GPU time so far, ns), counting the turn the owner holds now: a
-        turn is charged to used_ns only when it ends, and a guest alone on the GPU keeps its
-        turn as long as it stays busy.  The forwarders charge a turn and hand the GPU over under
-        the page's lock, which this reader does not take: a read that a hand-over may have
-        torn (the owner, the turn's start or the futex word moved under it) is taken again."""
-        pg = self.page
-        for _ in range(100):
-            gen, owner, start = pg.gen, pg.owner, pg.hold_start
-            used = {m.slot: (m.guest, m.used_ns) for m in self.members()}
-            now = time.monotonic_ns()  # CLOCK_MONOTONIC, the forwarders' clock
-            if (pg.gen, pg.owner, pg.hold_start) == (gen, owner, start) and all(
-                pg.slot[i].used_ns == ns for i, (_, ns) in used.items()
-            ):
-                break
+        turn is charged to used_ns only as it ends (or a slice of it, as it goes), and a guest
+        alone on the GPU keeps its turn as long as it stays busy.  A guest with several
+        memberships (forwarders) on the GPU: their sum (gpu_time_by_seat has each)."""
+        now, seats = self.gpu_time_by_seat()
         out: dict[str, int] = {}
-        for i, (guest, ns) in used.items():
-            out[guest] = out.get(guest, 0) + ns + (max(0, now - start) if i == owner else 0)
+        for seat, ns in seats.items():
+            out[seat.guest] = out.get(seat.guest, 0) + ns
         return now, out
+
+    def gpu_time_by_seat(self) -> tuple[int, dict[Seat, int]]:
+        """(now, each membership's GPU time so far, ns), as gpu_time, by the seat it is counted
+        in: a forwarder started again (or a guest that left and came back) is a new seat, its
+        used_ns from 0.
+
+        The forwarders charge a turn and hand the GPU over under the page's lock, which this
+        reader does not take; a look that saw a change half made would count a stretch twice
+        (or to two guests), and the next one would be smaller.  So a look is taken again while
+        a slot's time_seq is odd or moved across it, or anything it read moved under it (the
+        older forwarders' guard: they keep no time_seq), GPU_TIME_TRIES times at most, the last
+        taken as it is (sched_abi.h, "Reading a guest's GPU time", has the protocol; a counter
+        made of these is kept from stepping back by its reader: vmgpu/metrics.py).  Python has
+        no fences: the loads are in the order the protocol says, which x86-64 keeps; elsewhere
+        the interpreter's thousands of instructions between them stand in for the fences."""
+        pg, slots = self.page, self.page.slot
+        for tries in range(GPU_TIME_TRIES, 0, -1):
+            # CLOCK_MONOTONIC, the forwarders' clock, before the look: read after it, the owner's
+            # turn would be carried past where a change the look missed ends it
+            now = time.monotonic_ns()
+            seqs = [s.time_seq for s in slots]
+            gen, owner = pg.gen, pg.owner  # the owner, then the charges, then the charge point
+            seats = self._seats()
+            start = pg.hold_start
+            whole = (
+                not any(q & 1 for q in seqs)
+                and (pg.gen, pg.owner, pg.hold_start) == (gen, owner, start)
+                and self._seats() == seats
+                and [s.time_seq for s in slots] == seqs
+            )
+            if whole or tries == 1:
+                break
+            os.sched_yield()  # (a forwarder in the middle of a change may want this CPU to finish it)
+        return now, {
+            Seat(i, name.decode(errors="replace"), pid, joined): ns + (max(0, now - start) if i == owner else 0)
+            for i, pid, joined, name, ns in seats
+        }
+
+    def _seats(self) -> list[tuple[int, int, int, bytes, int]]:
+        """(slot, pid, joined_ns, name, used_ns) of each member, as read now."""
+        return [(i, s.pid, s.joined_ns, s.name, s.used_ns) for i, s in enumerate(self.page.slot) if s.pid]
 
     def set_weight(self, guest: str, weight: int) -> int:
         """Set a guest's weight (1..100); how many of its memberships changed."""

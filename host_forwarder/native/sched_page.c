@@ -40,12 +40,17 @@ static void lock(struct vmgpu_sched_page *pg)
 {
 	if (pthread_mutex_lock(mu(pg)) == EOWNERDEAD) {
 		/* a forwarder (or a worker) died holding it.  Every change made under the lock leaves
-		 * the page whole but one: a turn being ended (draining 3 exists only under the lock).
+		 * the page whole but two: a turn being ended (draining 3 exists only under the lock).
 		 * Its hand-over either happened or not; the turn is not being ended any more, so a
-		 * live worker or the supervisor ends it again (vh_sched_tick, vh_sched_unheld). */
+		 * live worker or the supervisor ends it again (vh_sched_tick, vh_sched_unheld).  And a
+		 * guest's GPU time being changed (time_seq odd, only under the lock): each of its words
+		 * is whole, and at worst a stretch is left uncharged (sched_abi.h); made even, or its
+		 * readers would look again for ever. */
 		for (uint32_t i = 0; i < VMGPU_SCHED_SLOTS; i++) {
 			uint32_t ending = 3;
 			atomic_compare_exchange_strong(&pg->slot[i].draining, &ending, 0u);
+			if (atomic_load(&pg->slot[i].time_seq) & 1)
+				atomic_fetch_add(&pg->slot[i].time_seq, 1);
 		}
 		pthread_mutex_consistent(mu(pg));
 	}

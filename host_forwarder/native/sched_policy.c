@@ -214,7 +214,11 @@ static uint32_t clamp(int v, int lo, int hi)
 void sched_seat(struct vmgpu_sched_slot *g, const char *guest, const struct sched_share *share, uint64_t now,
 		uint64_t floor)
 {
+	/* the slot's time_seq goes on from where it was: a reader's look at the slot's last guest that
+	 * the seat overlaps sees it moved (and the slot's pid, stored last, new) */
+	uint32_t seq = atomic_load_explicit(&g->time_seq, memory_order_relaxed);
 	memset((char *)g + sizeof g->pid, 0, sizeof *g - sizeof g->pid);
+	atomic_store_explicit(&g->time_seq, seq, memory_order_relaxed);
 	/* the whole name, NUL padded: a guest's name may fill all 64 bytes (vmgpu/names.py allows 64),
 	 * and `vmgpu cap/priority/weight` find a guest's slot by it: cut to 63, two guests would share one */
 	memcpy(g->name, guest, strnlen(guest, sizeof g->name));
@@ -270,11 +274,46 @@ static int pick(struct vmgpu_sched_page *pg, uint64_t now, int prev)
 	return best;
 }
 
+/* Under the lock: the GPU time of the member in slot i (sched_abi.h, "Reading a guest's GPU time")
+ * is about to change: its time_seq odd until time_written (i out of range: nobody's, nothing). */
+static void time_writing(struct vmgpu_sched_page *pg, int i)
+{
+	if (i < 0 || i >= VMGPU_SCHED_SLOTS)
+		return;
+	VMGPU_ATOMIC(uint32_t) *seq = &pg->slot[i].time_seq;
+	atomic_store_explicit(seq, atomic_load_explicit(seq, memory_order_relaxed) + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release); /* odd before any of the changes it marks */
+}
+
+static void time_written(struct vmgpu_sched_page *pg, int i)
+{
+	if (i < 0 || i >= VMGPU_SCHED_SLOTS)
+		return;
+	VMGPU_ATOMIC(uint32_t) *seq = &pg->slot[i].time_seq;
+	atomic_store_explicit(seq, atomic_load_explicit(seq, memory_order_relaxed) + 1, memory_order_release);
+}
+
+/* Under the lock: the page's hold_start (read without the lock by readers of GPU time and by the
+ * holder's scheduler threads: one whole store). */
+static void set_hold_start(struct vmgpu_sched_page *pg, uint64_t t)
+{
+	__atomic_store_n(&pg->hold_start, t, __ATOMIC_RELAXED);
+}
+
 int sched_give_turn(struct vmgpu_sched_page *pg, uint64_t now)
 {
-	int next = pick(pg, now, atomic_load(&pg->owner));
+	int prev = atomic_load(&pg->owner), next = pick(pg, now, prev);
+	time_writing(pg, prev);
+	if (next != prev)
+		time_writing(pg, next);
+	/* the turn's start before the owner (a release): a look without time_seq that sees the
+	 * new owner sees its start, and does not give it the last holder's stretch */
+	set_hold_start(pg, now);
+	pg->turn_start = now;
 	atomic_store(&pg->owner, next);
-	pg->hold_start = pg->turn_start = now;
+	if (next != prev)
+		time_written(pg, next);
+	time_written(pg, prev);
 	if (next >= 0) {
 		atomic_fetch_add(&pg->slot[next].turns, 1);
 		pg->slot[next].last_active = now;
@@ -284,8 +323,15 @@ int sched_give_turn(struct vmgpu_sched_page *pg, uint64_t now)
 
 void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
+	int me = (int)(g - pg->slot);
 	uint64_t held = now - pg->hold_start;
+	time_writing(pg, me);
+	/* the charge point first, then the charge (a release): a look without time_seq that sees the
+	 * charge sees the point moved, and never counts the stretch twice (one between them counts
+	 * it not at all) */
+	set_hold_start(pg, now);
 	atomic_fetch_add(&g->used_ns, held);
+	time_written(pg, me);
 	g->vtime += sched_vcost(pg, g, held);
 	if (counted_budget(pg, g, now) != NO_BUDGET) {
 		g->period_used += held;
@@ -410,18 +456,24 @@ int sched_turn_uncounted(struct vmgpu_sched_page *pg, int me, uint64_t now)
 
 void sched_rest(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t last_work, uint64_t now)
 {
+	/* (never back: another worker of the guest may have charged past now) */
+	int later = now > pg->hold_start;
 	if (last_work > pg->hold_start)
 		sched_charge(pg, g, last_work < now ? last_work : now);
-	if (now > pg->hold_start) /* (never back: another worker of the guest may have charged past now) */
-		pg->hold_start = pg->turn_start = now;
+	if (later) {
+		/* the idle stretch since its last work passed over: its time is nobody's */
+		int me = (int)(g - pg->slot);
+		time_writing(pg, me);
+		set_hold_start(pg, now);
+		time_written(pg, me);
+		pg->turn_start = now;
+	}
 }
 
 void sched_charge_turn(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now)
 {
-	if (now > pg->hold_start) { /* (never back, as in sched_rest) */
+	if (now > pg->hold_start) /* (never back, as in sched_rest) */
 		sched_charge(pg, g, now);
-		pg->hold_start = now;
-	}
 }
 
 void sched_wait_begin(struct vmgpu_sched_page *pg, int me, uint64_t now)

@@ -60,7 +60,9 @@ uint64_t sched_budget_ns(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g
  * slot index, or -1 for nobody.  The caller wakes the waiters. */
 int sched_give_turn(struct vmgpu_sched_page *pg, uint64_t now);
 
-/* Under the lock: charge g, the holder, for its turn up to now. */
+/* Under the lock: charge g, the holder, for its turn up to now (its used_ns), and charge it from
+ * now on (the page's hold_start moved to now; its turn_start stays), one change to its GPU time for
+ * readers (its time_seq: sched_abi.h). */
 void sched_charge(struct vmgpu_sched_page *pg, struct vmgpu_sched_slot *g, uint64_t now);
 
 /* Does a member other than `me` wait for the GPU that may have it now and is behind virtual

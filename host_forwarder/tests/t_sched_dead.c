@@ -4,7 +4,9 @@
  * ending a turn: a worker killed while it held the page's lock and had marked its guest's turn
  * as being ended (draining 3).  The lock's next holder must see it, so that the supervisor, whose
  * guest has no worker left, gives the GPU up; before, the turn stayed "being ended" for ever and
- * every other guest on the GPU waited.  Runs on a page in a private directory of its own.
+ * every other guest on the GPU waited.  And one killed in the middle of changing its guest's GPU
+ * time (its slot's time_seq odd): the lock's next holder makes it even, or every reader of GPU
+ * time (vmgpud) would look again for ever.  Runs on a page in a private directory of its own.
  * Exit 0 and "t_sched_dead: ok" when every check holds.
  */
 #define _GNU_SOURCE
@@ -42,6 +44,7 @@ int main(void)
 	if (w == 0) {
 		pthread_mutex_lock(mu);
 		atomic_store(&pg->slot[a.me].draining, 3u);
+		atomic_fetch_add(&pg->slot[a.me].time_seq, 1); /* its GPU time being charged */
 		_exit(0); /* dies holding the lock, the turn half ended */
 	}
 	int st;
@@ -52,6 +55,7 @@ int main(void)
 	vh_sched_unheld(&a);
 	CHECK_EQ(atomic_load(&pg->slot[a.me].draining), 0);
 	CHECK(atomic_load(&pg->owner) != a.me);
+	CHECK_EQ(atomic_load(&pg->slot[a.me].time_seq) % 2, 0);
 	/* the lock is whole again: b (or anyone) can take it */
 	CHECK_EQ(pthread_mutex_trylock(mu), 0);
 	pthread_mutex_unlock(mu);

@@ -56,3 +56,15 @@ def test_vmgpud_takes_a_guest_as_capped_by_the_rule_the_forwarders_follow():
     for policy, cap, weight, pct, counted in rows:
         want = cap_percent(cap, weight, POLICY_NAMES[policy])
         assert (pct, counted) == (want, int(want < 100)), (POLICY_NAMES[policy], cap, weight, pct, counted)
+
+
+@pytest.mark.parametrize("build", ["native", pytest.param("asan", marks=pytest.mark.sanitizer)])
+def test_a_guests_gpu_time_read_without_the_lock_never_counts_a_stretch_twice(build):
+    """host_forwarder/tests/t_sched_time.c: a writer thread charges a busy guest as it goes and hands
+    the GPU to and fro between two, while a reader takes looks as vmgpu/sched.py does (the slots'
+    time_seq): their sum is never more than the time since the first turn, and a guest's time never
+    less than the last look's but for the change's time stamp (before, a look between a charge's
+    two stores counted the stretch twice, and vmgpud's GPU time counter stepped back)."""
+    res = run_program(build, "t_sched_time", [])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "FAIL" not in res.stdout and res.stdout.strip().endswith("t_sched_time: ok"), res.stdout

@@ -20,9 +20,36 @@
  *    forwarders' default), sm_groups and caps_ms, and a slot's depth, active_ms, sm_part, whole_ms and cap_pm (zero:
  *    the forwarder's depth, never seen at work, the whole GPU, never off its span, cap% of the time).
  *    turn_start too: a forwarder that does not know it leaves it zero, and a turn it gave ends its
- *    slice as soon as another waits (the holder's slice counted from then).
+ *    slice as soon as another waits (the holder's slice counted from then).  And a slot's time_seq:
+ *    a forwarder that does not know it never moves it, and a reader's look at what it charges is
+ *    then only as good as its order of stores (below) makes it.
  *  - The forwarders change the rest under the page's mutex (process-shared, robust), except the
  *    counters marked atomic.
+ *
+ * Reading a guest's GPU time (vmgpu/sched.py Page.gpu_time), without the lock
+ *   A member's GPU time at now is its used_ns, plus now - hold_start while it is the page's owner
+ *   (the stretch of its turn not yet charged).  A charge adds to used_ns and moves hold_start; a
+ *   hand-over moves owner and hold_start; so a look that saw a change half made would count a
+ *   stretch twice (or to two guests), and the next look, whole, would be smaller: a counter that
+ *   steps back.  So the forwarders, under the lock, make a slot's time_seq odd before they change
+ *   any of them for that slot and even again after (a seqlock), and a reader
+ *      0. reads its clock (now) before the look, so that it does not carry the holder's turn
+ *         past where a change it did not see ends it,
+ *      1. loads every slot's time_seq (acquire) and looks again later while one is odd,
+ *      2. loads owner, then the slots' used_ns, then hold_start,
+ *      3. loads every time_seq again (after an acquire fence) and looks again if one moved,
+ *   and takes the owner's stretch as now - hold_start where that is positive.  Looks so taken
+ *   never count a stretch twice; one may still exceed the next by as long as the forwarder took
+ *   from reading its clock to its change (its time stamps the change).
+ *   The stores go in the order that makes a look without time_seq (step 2 alone, a forwarder that
+ *   predates it) count too little, never too much: hold_start is moved before the charge is added
+ *   to used_ns, and before owner names the next holder, each of these stores a release; a look
+ *   that sees the new used_ns or owner sees the new hold_start.  A forwarder that dies in a change
+ *   leaves time_seq odd: the lock's next holder (EOWNERDEAD) makes it even, the change whole but
+ *   for a charge whose stretch was passed over (hold_start moved, used_ns not added): lost, not
+ *   counted twice.  A look may still count more than is later charged: sched_rest takes back the
+ *   idle stretch at the end of a turn that it had counted (its time is nobody's), so a reader that
+ *   exports a counter keeps it from stepping back itself (vmgpu/metrics.py).
  *
  * Page map:
  *   0      header (128 bytes): magic, version, policy, turn lengths, owner, futex word, mutex
@@ -115,7 +142,13 @@ struct vmgpu_sched_slot {
 	                                          * vmgpud's cap controller sets it so that its progress is
 	                                          * cap% of its rate alone (vmgpu/cap_control.py); 1000
 	                                          * while its rate alone is measured; 0: cap% itself */
-	uint8_t pad[256 - 204];                  /* 204 */
+	VMGPU_ATOMIC(uint32_t) time_seq;   /* 204: odd while the forwarders change what its GPU time is
+	                                          * made of (its used_ns, and the page's owner and
+	                                          * hold_start while it holds the GPU, is given it or gives
+	                                          * it up); bumped before and after, so that a reader
+	                                          * without the lock takes a look again where it was odd
+	                                          * or moved (see "Reading a guest's GPU time" above) */
+	uint8_t pad[256 - 208];                  /* 208 */
 };
 
 /* The page: a 128-byte header, then the slots. */
@@ -167,7 +200,8 @@ _Static_assert(offsetof(struct vmgpu_sched_slot, active_ms) == 188, "slot active
 _Static_assert(offsetof(struct vmgpu_sched_slot, sm_part) == 192, "slot sm_part");
 _Static_assert(offsetof(struct vmgpu_sched_slot, whole_ms) == 196, "slot whole_ms");
 _Static_assert(offsetof(struct vmgpu_sched_slot, cap_pm) == 200, "slot cap_pm");
-_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 204, "slot padding");
+_Static_assert(offsetof(struct vmgpu_sched_slot, time_seq) == 204, "slot time_seq");
+_Static_assert(offsetof(struct vmgpu_sched_slot, pad) == 208, "slot padding");
 _Static_assert(sizeof(struct vmgpu_sched_slot) == 256, "slot size");
 _Static_assert(offsetof(struct vmgpu_sched_page, magic) == 0, "magic first");
 _Static_assert(offsetof(struct vmgpu_sched_page, version) == 8, "version second");
