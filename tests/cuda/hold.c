@@ -20,12 +20,15 @@ int main(int argc, char **argv)
 	int stay = argc > 2 && !strcmp(argv[2], "stay");
 	const char *failed = NULL;
 	char line[64];
-	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+	CUresult r = CUDA_SUCCESS;
+	if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) || (r = cuDevicePrimaryCtxRetain(&ctx, dev)) ||
+	    (r = cuCtxSetCurrent(ctx)))
 		failed = "init failed";
-	else if (mib && cuMemAlloc(&p, mib << 20))
+	else if (mib && (r = cuMemAlloc(&p, mib << 20)))
 		failed = "alloc failed";
 	if (failed) {
 		printf("%s\n", failed);
+		fprintf(stderr, "hold: %s: CUresult %d\n", failed, (int)r); /* (which error: stdout stays as it was) */
 		fflush(stdout);
 		while (stay && fgets(line, sizeof line, stdin))
 			;
@@ -37,7 +40,7 @@ int main(int argc, char **argv)
 	if (!mib)
 		return 0;
 	while (fgets(line, sizeof line, stdin)) {
-		CUresult r = cuMemAlloc(&p, 1 << 20);
+		r = cuMemAlloc(&p, 1 << 20);
 		printf("alloc %d\n", (int)r);
 		fflush(stdout);
 	}
