@@ -42,6 +42,8 @@ struct vh_ipc_entry {
 struct vh_shared {
 	pthread_mutex_t ctx_mu;                  /* contexts are made one at a time (robust) */
 	_Atomic uint64_t ctx_bytes[VG_MAX_DEVICES]; /* the largest context measured on each GPU */
+	_Atomic uint32_t reads_asked;            /* bumped by a worker refused on books that others' run
+	                                          * ahead of the truth: each of those reads its meter now */
 	pthread_mutex_t ipc_mu;                  /* the IPC table (robust) */
 	struct vh_ipc_entry ipc[VH_IPC_SLOTS];
 };
@@ -60,6 +62,8 @@ struct vh_fwd {
 	uint64_t quota[VG_MAX_DEVICES];
 	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */
 	_Atomic uint64_t (*charged)[VG_MAX_DEVICES]; /* per channel's worker, shared (quota.c) */
+	_Atomic uint32_t (*ahead)[VG_MAX_DEVICES];   /* per channel's worker, shared: 1 where its charge may
+	                                              * be ahead of what it holds (quota.c, unmeasured) */
 	/* per channel: its worker is counted in the GPU's scheduler slot; whoever clears it (the
 	 * worker leaving, or the supervisor reaping it) counts it out, once */
 	_Atomic uint32_t (*sched_joined)[VG_MAX_DEVICES];

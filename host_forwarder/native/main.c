@@ -405,10 +405,11 @@ static int map_shared_rows(uint32_t nchannels)
 {
 	size_t rows = nchannels * sizeof *F.charged, joined = nchannels * sizeof *F.sched_joined;
 	F.charged = mmap(NULL, rows, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	F.ahead = mmap(NULL, nchannels * sizeof *F.ahead, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	F.sched_joined = mmap(NULL, joined, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	F.broker = -1;
 	F.shared = mmap(NULL, sizeof *F.shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (F.charged == MAP_FAILED || F.sched_joined == MAP_FAILED || F.shared == MAP_FAILED)
+	if (F.charged == MAP_FAILED || F.ahead == MAP_FAILED || F.sched_joined == MAP_FAILED || F.shared == MAP_FAILED)
 		return vh_die("cannot map the memory quota's rows: %s", strerror(errno));
 	pthread_mutexattr_t ma;
 	pthread_mutexattr_init(&ma);

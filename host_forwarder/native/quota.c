@@ -19,7 +19,12 @@
  * (about 20 us a read).  The meter is read when the bytes so charged pass 256 MiB (128 small
  * allocations), after 32 calls charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
  * (vh_quota_refresh): the books run ahead of the truth between two reads, never behind it, and
- * are the truth to the byte at rest.
+ * are the truth to the byte at rest.  A worker's books that may be ahead are marked so in its
+ * shared row (`ahead`); a reservation of another worker of the guest that does not fit the books
+ * asks those workers to read their meters (their scheduler thread does, within a millisecond or
+ * so) and waits for them, up to a tenth of a second, before it is refused: a guest process is
+ * refused only what the truth does not have room for, not what another process's books ran
+ * ahead by.
  *
  * Where no per-process measurement exists (NVML without per-process accounting, as under
  * MIG), the estimates are the charges: each allocation is charged its rounded size until
@@ -66,6 +71,47 @@ static int returns_pending(const struct vh_chan *ch, int dev)
 	return 0;
 }
 
+/* Whether this worker's books on dev may be ahead of the truth, in its shared row. */
+static void mark_ahead(struct vh_chan *ch, int dev, uint32_t on)
+{
+	if (ch->fwd->ahead)
+		atomic_store(&ch->fwd->ahead[ch->index][dev], on);
+}
+
+static int own_ahead(const struct vh_chan *ch, int dev)
+{
+	return ch->fwd->ahead && atomic_load(&ch->fwd->ahead[ch->index][dev]);
+}
+
+/* Is some of dev's memory charged to another worker of the guest whose books may be ahead of
+ * what it holds?  Its next read of its meter may give it back. */
+static int others_ahead(const struct vh_chan *ch, int dev)
+{
+	const struct vh_fwd *f = ch->fwd;
+	if (!f->ahead || !f->shared)
+		return 0;
+	const struct vmgpu_layout *L = vmgpu_host_layout(f->host);
+	for (uint32_t i = 0; i < L->nchannels; i++)
+		if (i != ch->index && atomic_load(&f->ahead[i][dev]) && atomic_load(&f->charged[i][dev]))
+			return 1;
+	return 0;
+}
+
+int vh_quota_asked(struct vh_chan *ch, uint32_t *seen)
+{
+	struct vh_fwd *f = ch->fwd;
+	if (!f->ahead || !f->shared)
+		return 0;
+	uint32_t asked = atomic_load(&f->shared->reads_asked);
+	if (asked == *seen)
+		return 0;
+	for (int d = 0; d < f->ndev; d++)
+		if (own_ahead(ch, d))
+			return 1;
+	*seen = asked; /* answered: nothing of this worker's is ahead (any more) */
+	return 0;
+}
+
 static int reserve_now(struct vh_chan *ch, int dev, uint64_t n)
 {
 	struct vh_fwd *f = ch->fwd;
@@ -79,21 +125,33 @@ static int reserve_now(struct vh_chan *ch, int dev, uint64_t n)
 	return 0;
 }
 
+/* How long a reservation waits for other workers' books to be read (their threads read within a
+ * millisecond or so of being asked; a worker whose reads keep missing, a busy one, is given this). */
+#define AHEAD_WAIT_NS (100 * 1000000ull)
+
 /* A guest process that starts as another ends must not be refused the memory the other is
  * giving back: a reservation that does not fit waits (up to a second) while such memory is
- * on its way, as natively a process's memory is free once it has exited. */
+ * on its way, as natively a process's memory is free once it has exited.  Nor must it be refused
+ * where the books of another of the guest's processes are ahead of what that one holds (bounded
+ * charges not yet measured): it asks them to read their meters and waits (up to AHEAD_WAIT_NS). */
 int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
 {
 	const struct vh_clock *clock = ch->fwd->clock;
 	uint64_t deadline = 0;
+	int asked = 0;
 	for (;;) {
 		if (reserve_now(ch, dev, n) == 0)
 			return 0;
-		if (!returns_pending(ch, dev))
+		int back = returns_pending(ch, dev), ahead = !back && others_ahead(ch, dev);
+		if (!back && !ahead)
 			return -1;
+		if (ahead && !asked) {
+			atomic_fetch_add(&ch->fwd->shared->reads_asked, 1);
+			asked = 1;
+		}
 		uint64_t now = clock->now_ns();
 		if (!deadline)
-			deadline = now + 1000000000ull;
+			deadline = now + (back ? 1000000000ull : AHEAD_WAIT_NS);
 		else if (now >= deadline)
 			return -1;
 		clock->sleep_ns(1000000);
@@ -111,6 +169,7 @@ static void take_truth(struct vh_chan *ch, int dev, int64_t truth)
 {
 	ch->unmeasured[dev] = 0;
 	ch->unmeasured_exact[dev] = 0;
+	mark_ahead(ch, dev, 0);
 	uint64_t old = atomic_exchange(&ch->charged[dev], (uint64_t)truth);
 	atomic_fetch_add(&ch->fwd->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
 }
@@ -162,17 +221,18 @@ int vh_quota_settle_load(struct vh_chan *ch)
 
 int vh_quota_take_begin(struct vh_chan *ch, int dev, uint64_t est, const char *call)
 {
-	if (vh_quota_reserve(ch, dev, est) == 0)
+	if (reserve_now(ch, dev, est) == 0)
 		return 0;
 	/* the blocks alloc.c keeps for cuMemAlloc are the guest's free memory: they go back first */
-	if (vh_kept_give_back(ch, dev) && vh_quota_reserve(ch, dev, est) == 0)
+	if (vh_kept_give_back(ch, dev) && reserve_now(ch, dev, est) == 0)
 		return 0;
-	/* refused on the books: where they ran ahead of the truth (bounded takes), ask the truth */
-	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev]) && vh_meter_on(ch, dev)) {
+	/* refused on the books: where its own ran ahead of the truth (bounded takes, pieces of pages
+	 * freed), ask the truth; then (vh_quota_reserve) wait for memory on its way back and for
+	 * other workers' books read */
+	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev] || own_ahead(ch, dev)) && vh_meter_on(ch, dev))
 		vh_quota_settle(ch, dev);
-		if (vh_quota_reserve(ch, dev, est) == 0)
-			return 0;
-	}
+	if (vh_quota_reserve(ch, dev, est) == 0)
+		return 0;
 	vh_oom_report(ch, dev, call, est);
 	return -1;
 }
@@ -244,10 +304,12 @@ int vh_quota_near(struct vh_chan *ch, int dev, uint64_t est)
 
 static void count_bounded(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound)
 {
-	if (bound == est)
+	if (bound == est) {
 		ch->unmeasured_exact[dev]++;
-	else
+	} else {
 		ch->unmeasured[dev] += bound;
+		mark_ahead(ch, dev, 1);
+	}
 }
 
 int vh_quota_bounded_begin(struct vh_chan *ch, int dev, uint64_t est, const char *call, uint64_t *bound)
@@ -297,6 +359,7 @@ void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est)
 		vh_quota_release(ch, dev, est);
 	} else if (est <= SMALL_MAX) {
 		/* a piece of a shared page, which may stay taken: the books keep it until the next read */
+		mark_ahead(ch, dev, 1);
 	} else if (ch->unmeasured_exact[dev] < UNMEASURED_EXACT_MAX) {
 		/* whole 2 MiB pages of its own: they go back with it */
 		vh_quota_release(ch, dev, est);

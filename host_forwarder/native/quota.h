@@ -31,6 +31,10 @@ int vh_quota_settle_load(struct vh_chan *ch);
 /* From the worker's second thread now and then: the charges take what the driver says now
  * (memory given back at a synchronisation, module code loaded at a launch). */
 void vh_quota_refresh(struct vh_chan *ch);
+/* Whether another worker of the guest, refused on the books, asked for reads since *seen (the
+ * count of asks last answered) while this worker's books may be ahead of the truth: then its
+ * second thread refreshes now.  Where none of its books is ahead, *seen takes the count. */
+int vh_quota_asked(struct vh_chan *ch, uint32_t *seen);
 
 /* The steps of every call that takes device memory (alloc.c, pool.c, vmm.c, graph.c):
  *   begin:     reserve an estimate, or refuse (and report it): -1.

@@ -96,6 +96,7 @@ static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, 
 	slots[i].sock = -1;
 	for (int d = 0; d < F.ndev; d++) {
 		atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[i][d], 0));
+		atomic_store(&F.ahead[i][d], 0);
 		if (atomic_exchange(&F.sched_joined[i][d], 0))
 			vh_sched_worker(&F.sched[d], -1); /* it could not say so itself */
 	}

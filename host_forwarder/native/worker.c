@@ -64,6 +64,7 @@ static void *sched_thread(void *arg)
 	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
 	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
 	uint64_t last_calls = 0, quiet_since = vmgpu_now_ns(), refreshed = quiet_since;
+	uint32_t reads_answered = 0; /* (the asks of other workers refused on the books: vh_quota_asked) */
 	while (!atomic_load(&sched_stop)) {
 		uint32_t looked = vh_sched_look(s); /* before the tick: no wake is missed */
 		atomic_store_explicit(&s->in_call, atomic_load_explicit(&ch->in_call, memory_order_relaxed) == a->dev + 1,
@@ -74,7 +75,9 @@ static void *sched_thread(void *arg)
 			last_calls = calls;
 			quiet_since = now;
 		}
-		if (a->dev == 0 && now - refreshed >= 50000000ull) { /* every 50 ms */
+		/* every 50 ms, and at once where another worker waits on books of this one's that may be
+		 * ahead of the truth (until they are read) */
+		if (a->dev == 0 && (now - refreshed >= 50000000ull || vh_quota_asked(ch, &reads_answered))) {
 			vh_quota_refresh(ch);
 			refreshed = now;
 		}
@@ -142,6 +145,8 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 
 	struct vh_chan ch = {.fwd = &F, .backend = B, .hc = vmgpu_host_chan(F.host, idx), .index = idx, .cur_dev = -1,
 			     .charged = F.charged[idx], .quota_mu = PTHREAD_MUTEX_INITIALIZER};
+	for (int d = 0; d < F.ndev; d++)
+		atomic_store(&F.ahead[idx][d], 0); /* (its last worker's row came back with it) */
 	atomic_fetch_add(&F.stats->processes, 1);
 	vh_log("channel %u: guest process connected (generation %u), served by worker %d", idx,
 	       vmgpu_hchan_generation(ch.hc), (int)getpid());
@@ -189,6 +194,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 			vh_quota_settle(&ch, d);
 		else
 			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
+		atomic_store(&F.ahead[idx][d], 0);
 	}
 	pthread_mutex_unlock(&ch.quota_mu);
 	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",

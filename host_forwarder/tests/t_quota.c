@@ -4,7 +4,9 @@
  * reservation within the quota is charged to the worker's row and the guest's total, one past it
  * is refused; one that does not fit waits while a closed process's charges are on their way back
  * (and gets them when the supervisor returns them), but no longer than a second of the clock; a
- * live process's charges are not waited for; settling takes the meter's truth; the steps of a call
+ * live process's charges are not waited for, but another worker's books that may be ahead of what
+ * it holds are: it is asked to read its meter, and what the read gives back is had (no longer than
+ * a tenth of a second); settling takes the meter's truth; the steps of a call
  * that takes memory give back what a failed or undone call reserved; refusals are reported at
  * most once a second.  The meter is this file's fake (meter.h); the region is a real one.
  */
@@ -90,6 +92,8 @@ static struct vh_chan ch;
 static _Atomic uint64_t used[VG_MAX_DEVICES];
 static _Atomic uint64_t rows[4][VG_MAX_DEVICES];
 static struct vmgpu_stats_page stats; /* where refusals are counted */
+static _Atomic uint32_t ahead[4][VG_MAX_DEVICES]; /* each worker's books may be ahead of its truth */
+static struct vh_shared shared;                   /* (its reads_asked) */
 
 static void setup(void)
 {
@@ -112,7 +116,11 @@ static void setup(void)
 	memset(used, 0, sizeof used);
 	memset(rows, 0, sizeof rows);
 	memset(&stats, 0, sizeof stats);
+	memset(ahead, 0, sizeof ahead);
+	atomic_store(&shared.reads_asked, 0);
 	f.host = host;
+	f.ahead = ahead;
+	f.shared = &shared;
 	f.stats = &stats;
 	f.region = base;
 	f.region_size = size;
@@ -157,6 +165,18 @@ static void supervisor_reaps(void)
 {
 	if (clock_ns >= reap_at_ns && atomic_load(&rows[1][0]))
 		atomic_fetch_sub(&used[0], atomic_exchange(&rows[1][0], 0));
+}
+
+/* Channel 1's worker, its books ahead of what it holds: once asked, and once the clock passes
+ * reads_at_ns (its thread's next look), it reads its meter, which says `truth`. */
+static uint64_t other_truth, reads_at_ns;
+static void other_reads_when_asked(void)
+{
+	if (clock_ns >= reads_at_ns && atomic_load(&shared.reads_asked) && atomic_load(&ahead[1][0])) {
+		uint64_t old = atomic_exchange(&rows[1][0], other_truth);
+		atomic_fetch_add(&used[0], other_truth - old);
+		atomic_store(&ahead[1][0], 0);
+	}
 }
 
 /* ---- the behaviours ------------------------------------------------------------------ */
@@ -216,6 +236,116 @@ static void reserve_does_not_wait_for_a_live_process(void)
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
 	CHECK_EQ(sleeps, 0);
 	channel_state(0, VMGPU_CHAN_FREE);
+}
+
+static int bounded_alloc(uint64_t n, int64_t took, uint64_t *bound); /* (below) */
+
+static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by(void)
+{
+	/* channel 1 was charged 80 MiB of bounds and holds 30: 50 more fit the truth, not the books */
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[1][0], 1);
+	other_truth = 30 * MIB;
+	reads_at_ns = clock_ns + 3 * MS;
+	on_sleep = other_reads_when_asked;
+	uint64_t t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), 0);
+	CHECK_EQ(atomic_load(&shared.reads_asked), 1); /* it asked, once */
+	CHECK_EQ(clock_ns - t0, 3 * MS);               /* and waited for the read, no longer */
+	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
+	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
+
+	/* the read gives nothing back (the books were the truth): refused as soon as it is read */
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[1][0], 1);
+	other_truth = 80 * MIB;
+	reads_at_ns = clock_ns + 2 * MS;
+	on_sleep = other_reads_when_asked;
+	t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK_EQ(clock_ns - t0, 2 * MS);
+	CHECK_EQ(atomic_load(&rows[0][0]), 0);
+
+	/* a worker that does not read (busy in calls that keep its reads from being taken): a tenth
+	 * of a second, then refused */
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[1][0], 1);
+	t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK(clock_ns - t0 >= 100 * MS);
+	CHECK(clock_ns - t0 <= 101 * MS);
+	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
+
+	/* its own row ahead is not waited for (its own books are read by take_begin), nor a row
+	 * marked ahead that holds nothing */
+	setup();
+	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[0][0], 1);
+	atomic_store(&ahead[2][0], 1);
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK_EQ(sleeps, 0);
+	CHECK_EQ(atomic_load(&shared.reads_asked), 0);
+}
+
+static void a_worker_asked_for_a_read_is_told_so_while_its_books_may_be_ahead(void)
+{
+	setup();
+	f.quota[0] = 1024 * MIB;
+	measured = 1;
+	uint32_t seen = 0;
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* nobody asked */
+	atomic_fetch_add(&shared.reads_asked, 1);
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* asked, but its books are the truth: answered */
+	CHECK_EQ(seen, 1);
+	uint64_t bound;
+	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0); /* a bound charged: its books may be ahead */
+	CHECK_EQ(bound, 2 * MIB);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 1);
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* (no new ask) */
+	atomic_fetch_add(&shared.reads_asked, 1);
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 1); /* and again until they are read */
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 1);
+	ch.ctx[0] = (CUcontext)1;
+	vh_quota_refresh(&ch);
+	ch.ctx[0] = NULL;
+	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0);
+	CHECK_EQ(seen, 2);
+	/* whole pages charged by their rounding are not ahead; a piece of a page freed may be */
+	CHECK_EQ(bounded_alloc(4 * MIB, 4 * MIB, &bound), 0);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
+	vh_quota_bounded_free(&ch, 0, 4 * MIB);
+	held[0] -= 4 * MIB;
+	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
+	CHECK_EQ(bounded_alloc(64 << 10, 2 * MIB, &bound), 0);
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0); /* (read: the truth, not ahead) */
+	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
+	vh_quota_bounded_free(&ch, 0, 64 << 10);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 1);
+}
+
+static void a_refusal_reads_its_own_books_after_a_piece_of_a_page_was_freed(void)
+{
+	/* a piece freed keeps its page charged until a read; the driver gave the page back: a call
+	 * that fits only the truth is granted, its worker's books read first */
+	setup();
+	measured = 1;
+	uint64_t bound;
+	CHECK_EQ(bounded_alloc(64 << 10, 2 * MIB, &bound), 0);
+	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
+	vh_quota_bounded_free(&ch, 0, 64 << 10);
+	held[0] = 0;
+	CHECK_EQ(atomic_load(&used[0]), 2 * MIB);
+	int r0 = reads;
+	CHECK_EQ(vh_quota_take_begin(&ch, 0, 100 * MIB, "cuMemAlloc"), 0);
+	CHECK_EQ(reads, r0 + 1);
+	CHECK_EQ(atomic_load(&used[0]), 100 * MIB);
+	CHECK_EQ(atomic_load(&stats.oom_refusals[0]), 0);
 }
 
 static void settle_takes_the_meters_truth(void)
@@ -455,6 +585,9 @@ int main(void)
 	reserve_waits_for_a_closed_process_and_gets_its_memory();
 	reserve_gives_up_after_a_second_when_the_memory_does_not_come_back();
 	reserve_does_not_wait_for_a_live_process();
+	reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by();
+	a_worker_asked_for_a_read_is_told_so_while_its_books_may_be_ahead();
+	a_refusal_reads_its_own_books_after_a_piece_of_a_page_was_freed();
 	settle_takes_the_meters_truth();
 	a_call_that_fails_or_is_undone_gives_its_reservation_back();
 	refusals_are_reported_at_most_once_a_second_and_every_one_counted();
