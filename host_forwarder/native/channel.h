@@ -58,7 +58,8 @@ struct vh_chan {
 	 * measured, and the takes and frees charged exactly by the driver's rounding */
 	uint64_t unmeasured[VG_MAX_DEVICES];
 	uint32_t unmeasured_exact[VG_MAX_DEVICES];
-	_Atomic uint64_t quota_gen;   /* counts the calls that may take or give memory (vh_quota_refresh) */
+	_Atomic uint64_t quota_gen;   /* odd while a call that may take or give memory runs, and even
+	                               * after: two a call (vh_quota_refresh) */
 	uint8_t refresh_misses[VG_MAX_DEVICES]; /* refreshes in a row whose reading could not be taken */
 	struct vh_kept kept[VH_KEPT_MAX];
 	uint32_t nkept;

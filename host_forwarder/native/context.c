@@ -148,7 +148,8 @@ CUresult vh_green_make(struct vh_chan *ch, int dev, CUdevResource *res, unsigned
 	struct vh_fwd *f = ch->fwd;
 	int measured = vh_meter_on(ch, dev);
 	ctx_lock(f);
-	if (vh_quota_reserve(ch, dev, GREEN_RESERVE)) {
+	/* (no wait here: the worker is in a call through the GPU's gate, which a hand-over waits for) */
+	if (vh_quota_reserve_here(ch, dev, GREEN_RESERVE)) {
 		ctx_unlock(f);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}

@@ -62,8 +62,9 @@ struct vh_fwd {
 	uint64_t quota[VG_MAX_DEVICES];
 	_Atomic uint64_t *used;          /* per device, shared by all of this guest's workers (in stats) */
 	_Atomic uint64_t (*charged)[VG_MAX_DEVICES]; /* per channel's worker, shared (quota.c) */
-	_Atomic uint32_t (*ahead)[VG_MAX_DEVICES];   /* per channel's worker, shared: 1 where its charge may
-	                                              * be ahead of what it holds (quota.c, unmeasured) */
+	_Atomic uint64_t (*ahead)[VG_MAX_DEVICES];   /* per channel's worker, shared: how far its charge may
+	                                              * be ahead of what it holds (quota.c: bounds not yet
+	                                              * read, pieces of pages freed) */
 	/* per channel: its worker is counted in the GPU's scheduler slot; whoever clears it (the
 	 * worker leaving, or the supervisor reaping it) counts it out, once */
 	_Atomic uint32_t (*sched_joined)[VG_MAX_DEVICES];

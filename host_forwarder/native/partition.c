@@ -154,6 +154,7 @@ static int evict(struct vh_chan *ch, int dev)
 	pthread_mutex_lock(&ch->quota_mu); /* (as every call that gives memory back) */
 	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
 	vh_green_drop(ch, dev, old->g, old->c, old->charge, 1);
+	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&ch->quota_mu);
 	*old = p->green[--p->ngreen];
 	return 1;
@@ -186,6 +187,7 @@ static struct vh_green *green_of(struct vh_chan *ch, int dev, uint32_t span)
 	pthread_mutex_lock(&ch->quota_mu); /* (as every call that takes memory: vh_quota_refresh) */
 	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
 	CUresult r = vh_green_make(ch, dev, use, n, &gr->g, &gr->c, &gr->charge);
+	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&ch->quota_mu);
 	if (r != CUDA_SUCCESS) {
 		refuse(ch, dev,

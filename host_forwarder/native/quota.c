@@ -19,12 +19,12 @@
  * (about 20 us a read).  The meter is read when the bytes so charged pass 256 MiB (128 small
  * allocations), after 32 calls charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
  * (vh_quota_refresh): the books run ahead of the truth between two reads, never behind it, and
- * are the truth to the byte at rest.  A worker's books that may be ahead are marked so in its
- * shared row (`ahead`); a reservation of another worker of the guest that does not fit the books
- * asks those workers to read their meters (their scheduler thread does, within a millisecond or
- * so) and waits for them, up to a tenth of a second, before it is refused: a guest process is
- * refused only what the truth does not have room for, not what another process's books ran
- * ahead by.
+ * are the truth to the byte at rest.  How far a worker's books may be ahead is in its shared row
+ * (`ahead`); a reservation of another worker of the guest that does not fit the books, but would
+ * where theirs came down by that much, asks those workers to read their meters (their second
+ * threads do at their next look, unless busy in a call that takes memory) and waits for the reads,
+ * up to a tenth of a second, before it is refused: a guest process is not refused for what
+ * another process's books ran ahead by while those can be read.
  *
  * Where no per-process measurement exists (NVML without per-process accounting, as under
  * MIG), the estimates are the charges: each allocation is charged its rounded size until
@@ -71,30 +71,31 @@ static int returns_pending(const struct vh_chan *ch, int dev)
 	return 0;
 }
 
-/* Whether this worker's books on dev may be ahead of the truth, in its shared row. */
-static void mark_ahead(struct vh_chan *ch, int dev, uint32_t on)
+/* This worker's books on dev ran (up to) bytes further ahead of the truth: its shared row says so. */
+static void add_ahead(struct vh_chan *ch, int dev, uint64_t bytes)
 {
 	if (ch->fwd->ahead)
-		atomic_store(&ch->fwd->ahead[ch->index][dev], on);
+		atomic_fetch_add(&ch->fwd->ahead[ch->index][dev], bytes);
 }
 
-static int own_ahead(const struct vh_chan *ch, int dev)
+static uint64_t own_ahead(const struct vh_chan *ch, int dev)
 {
-	return ch->fwd->ahead && atomic_load(&ch->fwd->ahead[ch->index][dev]);
+	return ch->fwd->ahead ? atomic_load(&ch->fwd->ahead[ch->index][dev]) : 0;
 }
 
-/* Is some of dev's memory charged to another worker of the guest whose books may be ahead of
- * what it holds?  Its next read of its meter may give it back. */
-static int others_ahead(const struct vh_chan *ch, int dev)
+/* How much of dev's memory charged to the guest's other workers may be ahead of what they hold:
+ * their next reads of their meters may give it back. */
+static uint64_t others_ahead(const struct vh_chan *ch, int dev)
 {
 	const struct vh_fwd *f = ch->fwd;
 	if (!f->ahead || !f->shared)
 		return 0;
 	const struct vmgpu_layout *L = vmgpu_host_layout(f->host);
+	uint64_t sum = 0;
 	for (uint32_t i = 0; i < L->nchannels; i++)
-		if (i != ch->index && atomic_load(&f->ahead[i][dev]) && atomic_load(&f->charged[i][dev]))
-			return 1;
-	return 0;
+		if (i != ch->index && atomic_load(&f->charged[i][dev]))
+			sum += atomic_load(&f->ahead[i][dev]);
+	return sum;
 }
 
 int vh_quota_asked(struct vh_chan *ch, uint32_t *seen)
@@ -105,10 +106,10 @@ int vh_quota_asked(struct vh_chan *ch, uint32_t *seen)
 	uint32_t asked = atomic_load(&f->shared->reads_asked);
 	if (asked == *seen)
 		return 0;
+	*seen = asked; /* one read an ask (a waiter asks again while it waits) */
 	for (int d = 0; d < f->ndev; d++)
 		if (own_ahead(ch, d))
 			return 1;
-	*seen = asked; /* answered: nothing of this worker's is ahead (any more) */
 	return 0;
 }
 
@@ -125,37 +126,58 @@ static int reserve_now(struct vh_chan *ch, int dev, uint64_t n)
 	return 0;
 }
 
-/* How long a reservation waits for other workers' books to be read (their threads read within a
- * millisecond or so of being asked; a worker whose reads keep missing, a busy one, is given this). */
+/* How long a reservation waits for other workers' books to be read (their threads read at their
+ * next look, a millisecond or less, unless busy in a call that takes memory), and how often it asks
+ * them again meanwhile (each ask is answered with one read). */
 #define AHEAD_WAIT_NS (100 * 1000000ull)
+#define ASK_EVERY_NS (5 * 1000000ull)
+
+/* Would n more bytes on dev fit if the other workers' books came down by `ahead`? */
+static int fits_below(const struct vh_chan *ch, int dev, uint64_t n, uint64_t ahead)
+{
+	uint64_t q = ch->fwd->quota[dev], used = atomic_load(&ch->fwd->used[dev]);
+	uint64_t floor = used > ahead ? used - ahead : 0;
+	return n <= q && floor <= q - n;
+}
 
 /* A guest process that starts as another ends must not be refused the memory the other is
  * giving back: a reservation that does not fit waits (up to a second) while such memory is
  * on its way, as natively a process's memory is free once it has exited.  Nor must it be refused
  * where the books of another of the guest's processes are ahead of what that one holds (bounded
- * charges not yet measured): it asks them to read their meters and waits (up to AHEAD_WAIT_NS). */
+ * charges not yet measured) by enough that it would fit: it asks them to read their meters and
+ * waits (up to AHEAD_WAIT_NS from its first look). */
 int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
 {
 	const struct vh_clock *clock = ch->fwd->clock;
-	uint64_t deadline = 0;
-	int asked = 0;
+	uint64_t start = 0, asked_at = 0;
 	for (;;) {
 		if (reserve_now(ch, dev, n) == 0)
 			return 0;
-		int back = returns_pending(ch, dev), ahead = !back && others_ahead(ch, dev);
+		int back = returns_pending(ch, dev), ahead = fits_below(ch, dev, n, others_ahead(ch, dev));
 		if (!back && !ahead)
-			return -1;
-		if (ahead && !asked) {
-			atomic_fetch_add(&ch->fwd->shared->reads_asked, 1);
-			asked = 1;
-		}
+			return reserve_now(ch, dev, n); /* (once more: a read may have landed since the first) */
 		uint64_t now = clock->now_ns();
-		if (!deadline)
-			deadline = now + (back ? 1000000000ull : AHEAD_WAIT_NS);
-		else if (now >= deadline)
+		if (!start)
+			start = now;
+		if (now - start >= (back ? 1000000000ull : AHEAD_WAIT_NS))
 			return -1;
+		if (ahead && (!asked_at || now - asked_at >= ASK_EVERY_NS)) {
+			atomic_fetch_add(&ch->fwd->shared->reads_asked, 1);
+			asked_at = now;
+		}
 		clock->sleep_ns(1000000);
 	}
+}
+
+int vh_quota_reserve_here(struct vh_chan *ch, int dev, uint64_t n)
+{
+	if (reserve_now(ch, dev, n) == 0)
+		return 0;
+	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev] || own_ahead(ch, dev)) && vh_meter_on(ch, dev)) {
+		vh_quota_settle(ch, dev);
+		return reserve_now(ch, dev, n);
+	}
+	return -1;
 }
 
 void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n)
@@ -169,9 +191,10 @@ static void take_truth(struct vh_chan *ch, int dev, int64_t truth)
 {
 	ch->unmeasured[dev] = 0;
 	ch->unmeasured_exact[dev] = 0;
-	mark_ahead(ch, dev, 0);
 	uint64_t old = atomic_exchange(&ch->charged[dev], (uint64_t)truth);
 	atomic_fetch_add(&ch->fwd->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
+	if (ch->fwd->ahead) /* (after the books: a waiter that sees it cleared sees them come down) */
+		atomic_store(&ch->fwd->ahead[ch->index][dev], 0);
 }
 
 int vh_quota_settle(struct vh_chan *ch, int dev)
@@ -184,15 +207,20 @@ int vh_quota_settle(struct vh_chan *ch, int dev)
 }
 
 /* The meter is read without quota_mu (a read can take long; the guest's calls must not wait for
- * it), and its answer taken only if no call that may take or give memory ran meanwhile; a call
- * under way settles itself.  Four misses in a row (a busy guest): read under the lock. */
+ * it), and its answer taken only if no call that may take or give memory ran meanwhile: such a
+ * call makes quota_gen odd as it begins and even as it ends (serve.c, partition.c), so a reading
+ * begun during one, or with one begun or ended since, is not taken.  Four misses in a row (a busy
+ * guest): read under the lock. */
 void vh_quota_refresh(struct vh_chan *ch)
 {
 	for (int d = 0; d < ch->fwd->ndev; d++) {
-		if (!ch->ctx[d] || !vh_meter_on(ch, d))
+		if (!ch->ctx[d] || !vh_meter_on(ch, d)) {
+			if (ch->fwd->ahead && !vh_meter_on(ch, d)) /* (estimates: the charges themselves, never read) */
+				atomic_store(&ch->fwd->ahead[ch->index][d], 0);
 			continue;
+		}
 		uint64_t gen = atomic_load(&ch->quota_gen);
-		int64_t truth = ch->refresh_misses[d] >= 4 ? -1 : vh_meter_read(ch, d);
+		int64_t truth = (gen & 1) || ch->refresh_misses[d] >= 4 ? -1 : vh_meter_read(ch, d);
 		if (pthread_mutex_trylock(&ch->quota_mu) != 0) {
 			ch->refresh_misses[d]++;
 			continue;
@@ -308,7 +336,7 @@ static void count_bounded(struct vh_chan *ch, int dev, uint64_t est, uint64_t bo
 		ch->unmeasured_exact[dev]++;
 	} else {
 		ch->unmeasured[dev] += bound;
-		mark_ahead(ch, dev, 1);
+		add_ahead(ch, dev, bound);
 	}
 }
 
@@ -359,7 +387,7 @@ void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est)
 		vh_quota_release(ch, dev, est);
 	} else if (est <= SMALL_MAX) {
 		/* a piece of a shared page, which may stay taken: the books keep it until the next read */
-		mark_ahead(ch, dev, 1);
+		add_ahead(ch, dev, est);
 	} else if (ch->unmeasured_exact[dev] < UNMEASURED_EXACT_MAX) {
 		/* whole 2 MiB pages of its own: they go back with it */
 		vh_quota_release(ch, dev, est);

@@ -17,6 +17,9 @@ struct vh_chan;
 /* -1 if n more bytes on dev would pass the quota (after waiting, up to a second, while a closed
  * process's charges are on their way back); else 0, and they are charged to this worker. */
 int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n);
+/* As vh_quota_reserve, but without waiting (where the caller holds what others wait on: the
+ * guest's GPU gate); its own books read first where they may be ahead of the truth. */
+int vh_quota_reserve_here(struct vh_chan *ch, int dev, uint64_t n);
 /* Give back n bytes reserved on dev. */
 void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n);
 /* Replace this worker's charge on dev by what the driver says it holds (where it can say);
@@ -32,8 +35,8 @@ int vh_quota_settle_load(struct vh_chan *ch);
  * (memory given back at a synchronisation, module code loaded at a launch). */
 void vh_quota_refresh(struct vh_chan *ch);
 /* Whether another worker of the guest, refused on the books, asked for reads since *seen (the
- * count of asks last answered) while this worker's books may be ahead of the truth: then its
- * second thread refreshes now.  Where none of its books is ahead, *seen takes the count. */
+ * count of asks last answered: it takes the count now) while this worker's books may be ahead of
+ * the truth: then its second thread refreshes now, once an ask. */
 int vh_quota_asked(struct vh_chan *ch, uint32_t *seen);
 
 /* The steps of every call that takes device memory (alloc.c, pool.c, vmm.c, graph.c):

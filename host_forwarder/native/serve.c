@@ -260,8 +260,10 @@ int vh_serve(struct vh_chan *ch)
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
 		vh_part_after(ch); /* (the process's own context current again, if a span's was) */
-		if (may_take_memory)
+		if (may_take_memory) {
+			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (even: ended) */
 			pthread_mutex_unlock(&ch->quota_mu);
+		}
 		if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0 &&
 			 (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
 			  r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED))

@@ -92,7 +92,7 @@ static struct vh_chan ch;
 static _Atomic uint64_t used[VG_MAX_DEVICES];
 static _Atomic uint64_t rows[4][VG_MAX_DEVICES];
 static struct vmgpu_stats_page stats; /* where refusals are counted */
-static _Atomic uint32_t ahead[4][VG_MAX_DEVICES]; /* each worker's books may be ahead of its truth */
+static _Atomic uint64_t ahead[4][VG_MAX_DEVICES]; /* how far each worker's books may be ahead of its truth */
 static struct vh_shared shared;                   /* (its reads_asked) */
 
 static void setup(void)
@@ -245,13 +245,13 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	/* channel 1 was charged 80 MiB of bounds and holds 30: 50 more fit the truth, not the books */
 	setup();
 	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
-	atomic_store(&ahead[1][0], 1);
+	atomic_store(&ahead[1][0], 80 * MIB);
 	other_truth = 30 * MIB;
 	reads_at_ns = clock_ns + 3 * MS;
 	on_sleep = other_reads_when_asked;
 	uint64_t t0 = clock_ns;
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), 0);
-	CHECK_EQ(atomic_load(&shared.reads_asked), 1); /* it asked, once */
+	CHECK_EQ(atomic_load(&shared.reads_asked), 1); /* it asked */
 	CHECK_EQ(clock_ns - t0, 3 * MS);               /* and waited for the read, no longer */
 	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
 	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
@@ -259,7 +259,7 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	/* the read gives nothing back (the books were the truth): refused as soon as it is read */
 	setup();
 	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
-	atomic_store(&ahead[1][0], 1);
+	atomic_store(&ahead[1][0], 80 * MIB);
 	other_truth = 80 * MIB;
 	reads_at_ns = clock_ns + 2 * MS;
 	on_sleep = other_reads_when_asked;
@@ -268,29 +268,34 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	CHECK_EQ(clock_ns - t0, 2 * MS);
 	CHECK_EQ(atomic_load(&rows[0][0]), 0);
 
-	/* a worker that does not read (busy in calls that keep its reads from being taken): a tenth
-	 * of a second, then refused */
+	/* a worker that does not read (busy in calls that take memory): asked again every 5 ms, a
+	 * tenth of a second in all, then refused */
 	setup();
 	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
-	atomic_store(&ahead[1][0], 1);
+	atomic_store(&ahead[1][0], 80 * MIB);
 	t0 = clock_ns;
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
 	CHECK(clock_ns - t0 >= 100 * MS);
 	CHECK(clock_ns - t0 <= 101 * MS);
+	CHECK_EQ(atomic_load(&shared.reads_asked), 20);
 	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
 
-	/* its own row ahead is not waited for (its own books are read by take_begin), nor a row
-	 * marked ahead that holds nothing */
+	/* not waited for: books ahead by less than it lacks (reads could not make it fit), its own row,
+	 * a row ahead that holds nothing */
 	setup();
 	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
-	atomic_store(&ahead[0][0], 1);
-	atomic_store(&ahead[2][0], 1);
+	atomic_store(&ahead[1][0], 29 * MIB); /* 50 fit only if 30 come back */
+	atomic_store(&ahead[0][0], 80 * MIB);
+	atomic_store(&ahead[2][0], 80 * MIB);
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
 	CHECK_EQ(sleeps, 0);
 	CHECK_EQ(atomic_load(&shared.reads_asked), 0);
+	atomic_store(&ahead[1][0], 30 * MIB); /* (and by exactly enough, it is) */
+	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
+	CHECK_EQ(sleeps, 100);
 }
 
-static void a_worker_asked_for_a_read_is_told_so_while_its_books_may_be_ahead(void)
+static void a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead(void)
 {
 	setup();
 	f.quota[0] = 1024 * MIB;
@@ -298,38 +303,44 @@ static void a_worker_asked_for_a_read_is_told_so_while_its_books_may_be_ahead(vo
 	uint32_t seen = 0;
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* nobody asked */
 	atomic_fetch_add(&shared.reads_asked, 1);
-	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* asked, but its books are the truth: answered */
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* asked, but its books are the truth */
 	CHECK_EQ(seen, 1);
 	uint64_t bound;
-	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0); /* a bound charged: its books may be ahead */
+	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0); /* a bound charged: its books may be ahead by it */
 	CHECK_EQ(bound, 2 * MIB);
-	CHECK_EQ(atomic_load(&ahead[0][0]), 1);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 2 * MIB);
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* (no new ask) */
 	atomic_fetch_add(&shared.reads_asked, 1);
-	CHECK_EQ(vh_quota_asked(&ch, &seen), 1); /* and again until they are read */
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 1); /* one read for the ask, */
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* not one each look after (a busy worker's reads miss) */
+	atomic_fetch_add(&shared.reads_asked, 1);
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 1);
 	ch.ctx[0] = (CUcontext)1;
 	vh_quota_refresh(&ch);
-	ch.ctx[0] = NULL;
 	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
 	CHECK_EQ(atomic_load(&used[0]), 0);
+	atomic_fetch_add(&shared.reads_asked, 1);
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 0);
-	CHECK_EQ(seen, 2);
+	CHECK_EQ(seen, 4);
 	/* whole pages charged by their rounding are not ahead; a piece of a page freed may be */
 	CHECK_EQ(bounded_alloc(4 * MIB, 4 * MIB, &bound), 0);
 	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
 	vh_quota_bounded_free(&ch, 0, 4 * MIB);
 	held[0] -= 4 * MIB;
 	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
-	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
 	CHECK_EQ(bounded_alloc(64 << 10, 2 * MIB, &bound), 0);
 	CHECK_EQ(vh_quota_settle(&ch, 0), 0); /* (read: the truth, not ahead) */
 	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
 	vh_quota_bounded_free(&ch, 0, 64 << 10);
-	CHECK_EQ(atomic_load(&ahead[0][0]), 1);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 64 << 10);
+	/* a GPU whose meter stops giving numbers: its estimates are the charges, nothing to read */
+	measured = 0;
+	vh_quota_refresh(&ch);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
+	ch.ctx[0] = NULL;
 }
 
-static void a_refusal_reads_its_own_books_after_a_piece_of_a_page_was_freed(void)
+static void a_refusal_reads_its_own_books_first(void)
 {
 	/* a piece freed keeps its page charged until a read; the driver gave the page back: a call
 	 * that fits only the truth is granted, its worker's books read first */
@@ -346,6 +357,60 @@ static void a_refusal_reads_its_own_books_after_a_piece_of_a_page_was_freed(void
 	CHECK_EQ(reads, r0 + 1);
 	CHECK_EQ(atomic_load(&used[0]), 100 * MIB);
 	CHECK_EQ(atomic_load(&stats.oom_refusals[0]), 0);
+
+	/* its own books and another worker's both ahead: its own are read first, and where that
+	 * makes room it does not wait for the other's */
+	setup();
+	f.quota[0] = 200 * MIB;
+	measured = 1;
+	for (int i = 0; i < 10; i++) /* 20 MiB of bounds; the driver took nothing */
+		CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
+	other_holds(150 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[1][0], 150 * MIB); /* (it never reads) */
+	CHECK_EQ(vh_quota_take_begin(&ch, 0, 40 * MIB, "cuMemAlloc"), 0);
+	CHECK_EQ(sleeps, 0);
+	CHECK_EQ(atomic_load(&used[0]), 190 * MIB);
+
+	/* a green context (no wait: its call holds the GPU's gate) reads its own books too */
+	setup();
+	measured = 1;
+	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
+	other_holds(97 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[1][0], 97 * MIB);
+	CHECK_EQ(vh_quota_reserve_here(&ch, 0, 3 * MIB), 0);
+	CHECK_EQ(vh_quota_reserve_here(&ch, 0, MIB), -1);
+	CHECK_EQ(sleeps, 0);
+}
+
+/* A call that takes memory begins (quota_gen odd, serve.c) and ends while the refresh reads. */
+static void a_call_ends(void)
+{
+	held[0] += 2 * MIB;
+	atomic_fetch_add(&rows[0][0], 2 * MIB); /* its own charge */
+	atomic_fetch_add(&used[0], 2 * MIB);
+	atomic_fetch_add(&ch.quota_gen, 1);
+}
+
+static void a_refresh_begun_during_a_call_reads_nothing(void)
+{
+	setup();
+	f.quota[0] = 1024 * MIB;
+	measured = 1;
+	ch.ctx[0] = (CUcontext)1;
+	held[0] = 10 * MIB;
+	atomic_store(&rows[0][0], 10 * MIB);
+	atomic_store(&used[0], 10 * MIB);
+	atomic_store(&ch.quota_gen, 1); /* a call under way */
+	on_read = a_call_ends;
+	vh_quota_refresh(&ch);
+	CHECK_EQ(reads, 0); /* no reading begun: it would be of before the call's memory */
+	CHECK_EQ(atomic_load(&used[0]), 10 * MIB);
+	on_read = NULL;
+	a_call_ends();
+	vh_quota_refresh(&ch); /* (the call over: read and taken) */
+	CHECK_EQ(reads, 1);
+	CHECK_EQ(atomic_load(&used[0]), (uint64_t)held[0]);
+	ch.ctx[0] = NULL;
 }
 
 static void settle_takes_the_meters_truth(void)
@@ -503,7 +568,7 @@ static void the_meter_is_read_after_256_mib_of_bounds_or_32_exact_charges(void)
 /* The serving thread runs a call that takes memory while the refresh reads the meter. */
 static void a_call_runs(void)
 {
-	atomic_fetch_add(&ch.quota_gen, 1);
+	atomic_fetch_add(&ch.quota_gen, 2); /* (odd as it begins, even as it ends) */
 	held[0] += 2 * MIB;
 	atomic_fetch_add(&rows[0][0], 2 * MIB); /* as its own settle would have */
 	atomic_fetch_add(&used[0], 2 * MIB);
@@ -586,8 +651,9 @@ int main(void)
 	reserve_gives_up_after_a_second_when_the_memory_does_not_come_back();
 	reserve_does_not_wait_for_a_live_process();
 	reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by();
-	a_worker_asked_for_a_read_is_told_so_while_its_books_may_be_ahead();
-	a_refusal_reads_its_own_books_after_a_piece_of_a_page_was_freed();
+	a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead();
+	a_refusal_reads_its_own_books_first();
+	a_refresh_begun_during_a_call_reads_nothing();
 	settle_takes_the_meters_truth();
 	a_call_that_fails_or_is_undone_gives_its_reservation_back();
 	refusals_are_reported_at_most_once_a_second_and_every_one_counted();
