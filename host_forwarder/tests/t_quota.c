@@ -240,16 +240,23 @@ static void reserve_does_not_wait_for_a_live_process(void)
 
 static int bounded_alloc(uint64_t n, int64_t took, uint64_t *bound); /* (below) */
 
-static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by(void)
+/* Channel 1 charged 80 MiB, all of it bounds not yet read; asked, it reads after `after` and
+ * holds `truth`.  The clock now. */
+static uint64_t other_ahead_reads_after(uint64_t truth, uint64_t after)
 {
-	/* channel 1 was charged 80 MiB of bounds and holds 30: 50 more fit the truth, not the books */
 	setup();
 	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
 	atomic_store(&ahead[1][0], 80 * MIB);
-	other_truth = 30 * MIB;
-	reads_at_ns = clock_ns + 3 * MS;
+	other_truth = truth;
+	reads_at_ns = clock_ns + after;
 	on_sleep = other_reads_when_asked;
-	uint64_t t0 = clock_ns;
+	return clock_ns;
+}
+
+static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by(void)
+{
+	/* channel 1 was charged 80 MiB of bounds and holds 30: 50 more fit the truth, not the books */
+	uint64_t t0 = other_ahead_reads_after(30 * MIB, 3 * MS);
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), 0);
 	CHECK_EQ(atomic_load(&shared.reads_asked), 1); /* it asked */
 	CHECK_EQ(clock_ns - t0, 3 * MS);               /* and waited for the read, no longer */
@@ -257,13 +264,7 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
 
 	/* the read gives nothing back (the books were the truth): refused as soon as it is read */
-	setup();
-	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
-	atomic_store(&ahead[1][0], 80 * MIB);
-	other_truth = 80 * MIB;
-	reads_at_ns = clock_ns + 2 * MS;
-	on_sleep = other_reads_when_asked;
-	t0 = clock_ns;
+	t0 = other_ahead_reads_after(80 * MIB, 2 * MS);
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
 	CHECK_EQ(clock_ns - t0, 2 * MS);
 	CHECK_EQ(atomic_load(&rows[0][0]), 0);
