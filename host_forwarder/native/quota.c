@@ -169,15 +169,21 @@ int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
 	}
 }
 
+/* Where this worker's books on dev may not be the truth (bounds and rounding charged since its
+ * last read, pieces of pages freed): read the meter now.  1 if it was read. */
+static int read_own_books(struct vh_chan *ch, int dev)
+{
+	if (!(ch->unmeasured[dev] || ch->unmeasured_exact[dev] || own_ahead(ch, dev)) || !vh_meter_on(ch, dev))
+		return 0;
+	vh_quota_settle(ch, dev);
+	return 1;
+}
+
 int vh_quota_reserve_here(struct vh_chan *ch, int dev, uint64_t n)
 {
 	if (reserve_now(ch, dev, n) == 0)
 		return 0;
-	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev] || own_ahead(ch, dev)) && vh_meter_on(ch, dev)) {
-		vh_quota_settle(ch, dev);
-		return reserve_now(ch, dev, n);
-	}
-	return -1;
+	return read_own_books(ch, dev) ? reserve_now(ch, dev, n) : -1;
 }
 
 void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n)
@@ -257,8 +263,7 @@ int vh_quota_take_begin(struct vh_chan *ch, int dev, uint64_t est, const char *c
 	/* refused on the books: where its own ran ahead of the truth (bounded takes, pieces of pages
 	 * freed), ask the truth; then (vh_quota_reserve) wait for memory on its way back and for
 	 * other workers' books read */
-	if ((ch->unmeasured[dev] || ch->unmeasured_exact[dev] || own_ahead(ch, dev)) && vh_meter_on(ch, dev))
-		vh_quota_settle(ch, dev);
+	read_own_books(ch, dev);
 	if (vh_quota_reserve(ch, dev, est) == 0)
 		return 0;
 	vh_oom_report(ch, dev, call, est);
