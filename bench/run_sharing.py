@@ -34,6 +34,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             --yield-depth at each of --yield-depths (--prio-runs times each); and with the share
             controller on the sms lever, the trainer on the SMs the inference guest's weight leaves
             (the priority reserve), at each of --prio-reserve weights of the inference guest
+            (--prio-runs times, each run after the first after a window of the inference guest
+            alone, and the p99 of all their requests against that of all the alone windows')
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its rate alone in
             the same process (its cap lifted live after the capped window, and a second window run),
             its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
@@ -58,6 +60,7 @@ import contextlib
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -587,31 +590,81 @@ def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict
         priority_rows(rows, summary, hp, tr, infer_alone, solo, what, key)
 
 
-def reserve_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str) -> None:
+def reserve_priority(
+    g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str, keep: Path | None = None
+) -> None:
     """The priority scenario under shared on MPS with the share controller on the sms lever: the
     trainer, while the inference guest (high) is busy, on a span of the SMs that leaves the
     inference guest its weight's part free, its work going on beside it (the priority reserve:
     vmgpu/share_control.py); for each --prio-reserve weight of the inference guest (the trainer's
     100 minus it), with the part of the controller's looks within the measured seconds at which the
-    trainer had a span (span_looks)."""
+    trainer had a span (span_looks).  With --prio-runs N, each weight's row N times, each run after
+    the first preceded by a window of the inference guest alone (through vmgpu, as the first's), and
+    the p99 of all their requests pooled against the p99 of all the alone windows' requests pooled
+    (a 1-in-100 tail of N times as many requests).  With `keep`, each window's requests (arrival on
+    the host's monotonic clock, latency) and the controller's looks (time, the trainer's span,
+    whose probe) are written there."""
+    alone_files = [infer_alone["file"]]
     for w in PRIO_RESERVE:
-        envs = [
-            (infer, g.env("--priority", "high", "--weight", str(w), "--mps", pipe)),
-            (TRAIN, g.env("--weight", str(100 - w), "--mps", pipe)),
-        ]
-        trainer = g.names[-1]
-        looks, marks = [], {}
+        pooled, shares = [], []
+        for n in range(1, PRIO_RUNS[0] + 1):
+            if n > len(alone_files):  # (the next alone window, the first weight's turn)
+                f = run.tmp / f"alone-{n}.txt"
+                (alone,) = run.together([(infer + ["--latencies", str(f)], g.env())])
+                g.stop()
+                alone_files.append(f)
+                rows.append(
+                    (f"inference alone, run {n}: p50 / p99", f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms")
+                )
+            f = run.tmp / f"reserve{w}-{n}.txt"
+            envs = [
+                (infer + ["--latencies", str(f)], g.env("--priority", "high", "--weight", str(w), "--mps", pipe)),
+                (TRAIN, g.env("--weight", str(100 - w), "--mps", pipe)),
+            ]
+            trainer = g.names[-1]
+            looks, marks = [], {}
 
-        def after(members, ctl, trainer=trainer, looks=looks):
-            slot = next((m.slot for m in members if m.guest == trainer), None)
-            looks.append((time.monotonic(), ctl.spans.get(slot, (0, 0)) != (0, 0)))
+            def after(members, ctl, trainer=trainer, looks=looks):
+                slot = next((m.slot for m in members if m.guest == trainer), None)
+                span = ctl.spans.get(slot, (0, 0))
+                whose = ctl.probe.whose[1] if ctl.probe is not None else "-"
+                looks.append((time.monotonic(), span != (0, 0), span, whose))
 
-        with controlled(g, "sms", after):
-            hp, tr = run.together(envs, lambda t0, marks=marks: marks.update(t0=t0))
-        key = f"_reserve{w}"
-        priority_rows(rows, summary, hp, tr, infer_alone, solo, f"priority on SM spans, reserve {w}%", key)
-        had = span_looks(looks, marks["t0"], marks["t0"] + run.seconds)
-        rows.append((f"priority on SM spans, reserve {w}%: looks the trainer had a span", f"{100 * had:.0f}%"))
+            with controlled(g, "sms", after):
+                hp, tr = run.together(envs, lambda t0, marks=marks: marks.update(t0=t0))
+            key, what = f"_reserve{w}", f"priority on SM spans, reserve {w}%"
+            if n > 1:
+                key, what = f"{key}_{n}", f"{what}, run {n}"
+            priority_rows(rows, summary, hp, tr, infer_alone, solo, what, key)
+            had = span_looks([(t, h) for t, h, _, _ in looks], marks["t0"], marks["t0"] + run.seconds)
+            rows.append((f"{what}: looks the trainer had a span", f"{100 * had:.0f}%"))
+            pooled.append(f)
+            shares.append(tr["img_per_s"] / solo)
+            if keep:
+                shutil.copy(f, keep / f.name)
+                with open(keep / f"looks-reserve{w}-{n}.txt", "w") as out:
+                    out.writelines(f"{t:.6f} {int(h)} {lo} {hi} {who}\n" for t, h, (lo, hi), who in looks)
+        if len(pooled) > 1:
+            p99, p99_alone = pooled_p99(pooled), pooled_p99(alone_files[: len(pooled)])
+            summary[f"hp_p99_ratio_reserve{w}_pooled"] = p99 / p99_alone
+            target = 0.8 * (1 - infer_alone["busy"])
+            summary[f"hp_trainer_vs_target_reserve{w}_pooled"] = (sum(shares) / len(shares)) / target
+            rows.append(
+                (
+                    f"priority on SM spans, reserve {w}%, {len(pooled)} runs pooled: p99 (alone)",
+                    f"{p99:.2f} ({p99_alone:.2f}) ms, {p99 / p99_alone:.3f}x; the trainer's share "
+                    f"{100 * sum(shares) / len(shares):.1f}% ({100 * target:.1f}%)",
+                )
+            )
+    if keep:
+        for f in alone_files:
+            shutil.copy(f, keep / f.name)
+
+
+def pooled_p99(files: list[Path]) -> float:
+    """The p99 (ms) of every request in these torch_infer --latencies files together."""
+    times = [float(line.split()[1]) for f in files for line in Path(f).read_text().splitlines()]
+    return statistics.quantiles(times, n=100)[98]
 
 
 def span_looks(looks: list[tuple[float, bool]], t0: float, t1: float) -> float:
@@ -1007,7 +1060,9 @@ def main() -> int:
         default="",
         help="comma-separated scenarios to leave out (weights: the weighted pairs and the aggregate with its "
         "references; four, mps, shared, nomps (the shared row without MPS, where weights are skipped), priority, "
-        "sharedprio (the priority scenario under shared on MPS), noclientprio (its row without MPS client "
+        "turnprio (its row under the weighted policy, by turns), "
+        "sharedprio (the priority scenario under shared on MPS), ringhold (its rows held in the ring, not on "
+        "spans), noclientprio (its row without MPS client "
         "priorities), sharedbelow (the shared pair on MPS with the light guest's MPS client priority below normal), "
         "refs (where weights are skipped: the shared rows' references, "
         "no-sched and native MPS 30/70), cap, converge, reclaim, sharedconverge, sharedreclaim (converge and "
@@ -1048,7 +1103,17 @@ def main() -> int:
         "sharedconverge pair before its measured seconds begin (default 8)",
     )
     ap.add_argument(
-        "--prio-runs", type=int, default=1, help="run the sharedprio scenario this many times each way (default 1)"
+        "--prio-runs",
+        type=int,
+        default=1,
+        help="run the sharedprio scenario this many times each way, and each --prio-reserve row, each run after "
+        "the first after a window of the inference guest alone, with the p99s of their requests pooled (default 1)",
+    )
+    ap.add_argument(
+        "--latencies",
+        type=Path,
+        help="a directory: each priority-reserve window's requests (arrival, latency) and the controller's looks "
+        "are written there",
     )
     ap.add_argument(
         "--mps-refs",
@@ -1098,6 +1163,8 @@ def main() -> int:
             ap.error("--cap-probe: 0 <= SETTLE < LENGTH <= 10 seconds")
         CAP_PROBE.update(probe_s=length, settle_s=settle)
     SHARED_LEAD[0] = a.shared_lead
+    if a.latencies:
+        a.latencies.mkdir(parents=True, exist_ok=True)
     CAP_LEAD[0] = a.cap_lead
     CAP_TRAIN[:] = [TRAIN[0], *shlex.split(a.cap_train)]
     CAP_RUNS[0] = max(1, a.cap_runs)
@@ -1143,7 +1210,9 @@ def main() -> int:
         solo, native_solo = train_alone["img_per_s"], train_native["img_per_s"]
         rows.append(("trainer alone (vmgpu / native)", f"{solo:.1f} / {native_solo:.1f} img/s" + alone_held))
         if "priority" not in skip:  # (only the priority scenario needs the inference guest alone)
-            (infer_alone,) = run.together([(infer, g.env())])
+            alone_file = tmp / "alone-1.txt"
+            (infer_alone,) = run.together([(infer + ["--latencies", str(alone_file)], g.env())])
+            infer_alone["file"] = alone_file
             g.stop()
             (infer_native,) = run.together([(infer, native_env())])
             rows.append(
@@ -1262,7 +1331,7 @@ def main() -> int:
             if "shared" not in skip:
                 rows.append(("aggregate, of one guest alone", agg))
 
-        if "priority" not in skip:
+        if "priority" not in skip and "turnprio" not in skip:
             hp, tr = run.together([(infer, g.env("--priority", "high")), (TRAIN, g.env())])
             g.stop()
             priority_rows(rows, summary, hp, tr, infer_alone, solo, "priority", "")
@@ -1272,8 +1341,9 @@ def main() -> int:
             if mps:
                 try:
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
-                    reserve_priority(g, run, rows, summary, infer, infer_alone, solo, pipe)
-                    shared_priority(g, run, rows, summary, infer, infer_alone, solo, pipe)
+                    reserve_priority(g, run, rows, summary, infer, infer_alone, solo, pipe, a.latencies)
+                    if "ringhold" not in skip:
+                        shared_priority(g, run, rows, summary, infer, infer_alone, solo, pipe)
                 finally:
                     mps_stop(mps)
 

@@ -6,8 +6,10 @@ inference service answers one.  By default requests come back to back (a closed 
 service's clients send them), and a request's latency counts from its arrival, so time it waits
 behind the one before counts too.
 
-    python3 bench/torch_infer.py [--steps 400] [--warmup 50] [--rate R]
-Prints `p50_ms=X p99_ms=Y req_per_s=Z busy=B` (B: the share of the time a request was being served).
+    python3 bench/torch_infer.py [--steps 400] [--warmup 50] [--rate R] [--latencies FILE]
+Prints `p50_ms=X p99_ms=Y req_per_s=Z busy=B` (B: the share of the time a request was being served);
+with --latencies, each request's arrival (time.monotonic(), the host's CLOCK_MONOTONIC: other
+processes' clocks too) and latency in ms, one request a line.
 """
 
 import argparse
@@ -26,11 +28,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, help="run this long instead of --steps (bench/run_sharing.py)")
     ap.add_argument("--go", help="after warm-up, print 'ready' and wait for this file to exist")
     ap.add_argument("--rate", type=float, help="requests per second arriving on a fixed schedule (open loop)")
+    ap.add_argument("--latencies", help="write each request's arrival (time.monotonic()) and latency (ms) here")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = False
     model = torchvision.models.resnet50().cuda().eval()
     x = torch.randn(1, 3, 224, 224, device="cuda")
-    times = []
+    times, arrivals = [], []
     with torch.no_grad():
         for _ in range(a.warmup):
             model(x).argmax(1).item()
@@ -49,7 +52,12 @@ def main() -> None:
             done = time.perf_counter()
             served += done - t0
             times.append(done - arrival)
+            arrivals.append(arrival)
         elapsed = time.perf_counter() - start
+    if a.latencies:  # (perf_counter and monotonic: one clock here, but say it in monotonic's terms)
+        shift = time.monotonic() - time.perf_counter()
+        with open(a.latencies, "w") as f:
+            f.writelines(f"{t + shift:.6f} {1e3 * x:.3f}\n" for t, x in zip(arrivals, times, strict=True))
     q = statistics.quantiles(times, n=100)
     print(
         f"p50_ms={q[49] * 1e3:.3f} p99_ms={q[98] * 1e3:.3f} req_per_s={len(times) / elapsed:.1f} "

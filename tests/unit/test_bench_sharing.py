@@ -150,3 +150,71 @@ def test_calls_per_bin_spread_a_sample_past_several_bins_over_them():
     late = [(0.0, 0), (0.001, 5), (0.035, 345), (0.04, 400)]  # (34 ms between two samples)
     assert run_sharing.per_bin(late, 0.01) == [95, 100, 100, 105]
     assert run_sharing.per_bin([], 0.5) == [] and run_sharing.per_bin([(1.0, 3)], 0.5) == []
+
+
+def test_reserve_runs_alternate_with_alone_windows_and_pool_every_request_for_the_p99(monkeypatch, tmp_path):
+    """--prio-runs 3 --prio-reserve 30: the reserve row three times, an inference-alone window
+    before the second and the third; the pooled ratio is the p99 of all three runs' requests over
+    that of all three alone windows' (not a mean of ratios), and each window's requests and the
+    controller's looks are kept."""
+    import contextlib
+
+    order = []
+    # each window's latencies: alone windows 10 ms but one 50 ms request each; reserve runs 11 ms
+    # with one slow run (two hundred at 30 ms)
+    lat = {"alone": [10.0] * 299 + [50.0], "reserve": [[11.0] * 300, [11.0] * 100 + [30.0] * 200, [11.0] * 300]}
+
+    class FakeRun:
+        seconds, tmp = 30.0, tmp_path
+
+        def together(self, guests, during=None):
+            args = guests[0][0]
+            f = Path(args[args.index("--latencies") + 1])
+            kind = "alone" if len(guests) == 1 else "reserve"
+            times = lat[kind] if kind == "alone" else lat[kind][sum(k == "reserve" for k in order)]
+            order.append(kind)
+            f.write_text("".join(f"{100 + i:.6f} {x:.3f}\n" for i, x in enumerate(times)))
+            if during:
+                during(0.0)
+            hp = {"p50_ms": sorted(times)[len(times) // 2], "p99_ms": max(times)}
+            return [hp] if kind == "alone" else [hp, {"img_per_s": 700.0}]
+
+    class FakeGuests:
+        names = ["infer", "train"]
+
+        def env(self, *flags):
+            return {}
+
+        def stop(self):
+            pass
+
+    @contextlib.contextmanager
+    def controlled(g, lever, after):
+        yield None
+
+    monkeypatch.setattr(run_sharing, "controlled", controlled)
+    monkeypatch.setattr(run_sharing, "PRIO_RUNS", [3])
+    monkeypatch.setattr(run_sharing, "PRIO_RESERVE", [30])
+    first = tmp_path / "alone-1.txt"
+    first.write_text("".join(f"{i:.6f} {x:.3f}\n" for i, x in enumerate(lat["alone"])))
+    order.append("alone")
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    rows, summary = [], {}
+    infer_alone = {"p50_ms": 10.0, "p99_ms": 50.0, "busy": 0.25, "file": first}
+    run_sharing.reserve_priority(
+        FakeGuests(), FakeRun(), rows, summary, ["torch_infer.py"], infer_alone, 1000.0, "/p", keep
+    )
+    assert order == ["alone", "reserve", "alone", "reserve", "alone", "reserve"]
+    pooled_alone = run_sharing.pooled_p99([tmp_path / f"alone-{n}.txt" for n in (1, 2, 3)])
+    pooled = run_sharing.pooled_p99([tmp_path / f"reserve30-{n}.txt" for n in (1, 2, 3)])
+    assert pooled == 30.0 and pooled_alone < 50.0  # (the three 50 ms requests are under 1% of 900)
+    assert math.isclose(summary["hp_p99_ratio_reserve30_pooled"], pooled / pooled_alone)
+    assert math.isclose(summary["hp_trainer_vs_target_reserve30_pooled"], 0.7 / (0.8 * 0.75))
+    assert {"hp_p99_ratio_reserve30", "hp_p99_ratio_reserve30_2", "hp_p99_ratio_reserve30_3"} <= set(summary)
+    assert sorted(p.name for p in keep.iterdir()) == sorted(
+        [f"alone-{n}.txt" for n in (1, 2, 3)]
+        + [f"reserve30-{n}.txt" for n in (1, 2, 3)]
+        + [f"looks-reserve30-{n}.txt" for n in (1, 2, 3)]
+    )
+
