@@ -217,4 +217,3 @@ def test_reserve_runs_alternate_with_alone_windows_and_pool_every_request_for_th
         + [f"reserve30-{n}.txt" for n in (1, 2, 3)]
         + [f"looks-reserve30-{n}.txt" for n in (1, 2, 3)]
     )
-
