@@ -10,7 +10,9 @@
  * leaves the guest over its quota is destroyed again at once, so a guest process that does
  * not fit gets CUDA_ERROR_OUT_OF_MEMORY and holds nothing on the GPU.  The workers of one
  * guest make contexts one at a time (a lock shared by them), so that several processes
- * starting together cannot pass the quota between the reservation and the measurement.
+ * starting together cannot pass the quota between the reservation and the measurement; a
+ * reservation that must wait (memory on its way back, other processes' books not yet read) waits
+ * before it takes the lock, so that processes refused together wait side by side.
  *
  * The region is registered with the driver (pinned DMA for heap and bulk copies) in the
  * first context a worker makes, and unregistered before that context goes.
@@ -25,8 +27,9 @@
 #include "process.h"
 #include "quota.h"
 
-static void ctx_lock(struct vh_fwd *f)
+static void ctx_lock(void *fwd)
 {
+	struct vh_fwd *f = fwd;
 	if (pthread_mutex_lock(&f->shared->ctx_mu) == EOWNERDEAD)
 		pthread_mutex_consistent(&f->shared->ctx_mu); /* a worker died making one: nothing to repair */
 }
@@ -101,8 +104,8 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 	const struct vh_backend *B = ch->backend;
 	int measured = vh_meter_on(ch, dev);
 	uint64_t est = estimate(f, dev, measured);
-	ctx_lock(f);
-	if (vh_quota_reserve(ch, dev, est)) {
+	/* (its waits for memory on its way back and for other workers' books read come before the lock) */
+	if (vh_quota_reserve_locked(ch, dev, est, ctx_lock, f)) {
 		ctx_unlock(f);
 		vh_oom_report(ch, dev, "context", est);
 		return CUDA_ERROR_OUT_OF_MEMORY;

@@ -145,21 +145,22 @@ static int fits_below(const struct vh_chan *ch, int dev, uint64_t n, uint64_t ah
  * on its way, as natively a process's memory is free once it has exited.  Nor must it be refused
  * where the books of another of the guest's processes are ahead of what that one holds (bounded
  * charges not yet measured) by enough that it would fit: it asks them to read their meters and
- * waits (up to AHEAD_WAIT_NS from its first look). */
-int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
+ * waits (up to AHEAD_WAIT_NS).  The wait counts from *start (the first look where it is 0).  With
+ * take, n bytes are reserved as soon as they fit; without, it only waits until they would. */
+static int fit_waiting(struct vh_chan *ch, int dev, uint64_t n, uint64_t *start, int take)
 {
 	const struct vh_clock *clock = ch->fwd->clock;
-	uint64_t start = 0, asked_at = 0;
+	uint64_t asked_at = 0;
 	for (;;) {
-		if (reserve_now(ch, dev, n) == 0)
+		if (take ? reserve_now(ch, dev, n) == 0 : fits_below(ch, dev, n, 0))
 			return 0;
 		int back = returns_pending(ch, dev), ahead = fits_below(ch, dev, n, others_ahead(ch, dev));
-		if (!back && !ahead)
-			return reserve_now(ch, dev, n); /* (once more: a read may have landed since the first) */
+		if (!back && !ahead) /* (once more: a read may have landed since the first look) */
+			return (take ? reserve_now(ch, dev, n) == 0 : fits_below(ch, dev, n, 0)) ? 0 : -1;
 		uint64_t now = clock->now_ns();
-		if (!start)
-			start = now;
-		if (now - start >= (back ? 1000000000ull : AHEAD_WAIT_NS))
+		if (!*start)
+			*start = now;
+		if (now - *start >= (back ? 1000000000ull : AHEAD_WAIT_NS))
 			return -1;
 		if (ahead && (!asked_at || now - asked_at >= ASK_EVERY_NS)) {
 			atomic_fetch_add(&ch->fwd->shared->reads_asked, 1);
@@ -167,6 +168,20 @@ int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
 		}
 		clock->sleep_ns(1000000);
 	}
+}
+
+int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
+{
+	uint64_t start = 0;
+	return fit_waiting(ch, dev, n, &start, 1);
+}
+
+int vh_quota_reserve_locked(struct vh_chan *ch, int dev, uint64_t n, void (*lock)(void *), void *arg)
+{
+	uint64_t start = 0; /* (a wait begun before the lock goes on under it, not again) */
+	fit_waiting(ch, dev, n, &start, 0);
+	lock(arg);
+	return fit_waiting(ch, dev, n, &start, 1);
 }
 
 /* Where this worker's books on dev may not be the truth (bounds and rounding charged since its

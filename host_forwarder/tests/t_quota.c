@@ -296,6 +296,82 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	CHECK_EQ(sleeps, 100);
 }
 
+/* The lock a context's reservation is made under (context.c's): what stood when it was taken, and
+ * what happens elsewhere meanwhile. */
+static int locks;
+static uint64_t locked_at_ns, locked_at_sleeps, locked_with;
+static void (*while_locking)(void);
+static void fake_lock(void *arg)
+{
+	(void)arg;
+	locks++;
+	locked_at_ns = clock_ns;
+	locked_at_sleeps = sleeps;
+	locked_with = atomic_load(&rows[0][0]);
+	if (while_locking)
+		while_locking();
+}
+
+/* Channel 2's worker makes its context while channel 0 waits for the lock: 40 MiB charged, its
+ * books ahead by all of it, and it reads nothing (busy). */
+static void another_takes_memory_meanwhile(void)
+{
+	atomic_store(&rows[2][0], 40 * MIB);
+	atomic_fetch_add(&used[0], 40 * MIB);
+	atomic_store(&ahead[2][0], 40 * MIB);
+	channel_state(2, VMGPU_CHAN_ACTIVE);
+}
+
+static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is_left(void)
+{
+	/* books ahead that are never read (a busy worker): the tenth of a second is waited before the
+	 * lock and nothing under it, so processes refused together wait side by side */
+	setup();
+	locks = 0;
+	while_locking = NULL;
+	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
+	atomic_store(&ahead[1][0], 80 * MIB);
+	uint64_t t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve_locked(&ch, 0, 50 * MIB, fake_lock, NULL), -1);
+	CHECK_EQ(locks, 1);
+	CHECK(locked_at_ns - t0 >= 100 * MS);
+	CHECK(locked_at_ns - t0 <= 101 * MS);
+	CHECK_EQ(sleeps, locked_at_sleeps);
+	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
+
+	/* the read lands before the lock: nothing is reserved until the lock is held, then all of it */
+	t0 = other_ahead_reads_after(30 * MIB, 3 * MS);
+	locks = 0;
+	CHECK_EQ(vh_quota_reserve_locked(&ch, 0, 50 * MIB, fake_lock, NULL), 0);
+	CHECK_EQ(locks, 1);
+	CHECK_EQ(locked_at_ns - t0, 3 * MS);
+	CHECK_EQ(locked_with, 0);
+	CHECK_EQ(sleeps, locked_at_sleeps);
+	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
+
+	/* it fitted after 60 ms of waiting, and another's context took memory while it waited for the
+	 * lock: under the lock it waits only the 40 ms left of the same wait, not another tenth */
+	t0 = other_ahead_reads_after(30 * MIB, 60 * MS);
+	while_locking = another_takes_memory_meanwhile;
+	CHECK_EQ(vh_quota_reserve_locked(&ch, 0, 50 * MIB, fake_lock, NULL), -1);
+	CHECK_EQ(locked_at_ns - t0, 60 * MS);
+	CHECK(clock_ns - t0 >= 100 * MS);
+	CHECK(clock_ns - t0 <= 101 * MS);
+	CHECK_EQ(atomic_load(&rows[0][0]), 0);
+
+	/* fitted at once before the lock, not under it: a wait of its own, as vh_quota_reserve's */
+	setup();
+	locks = 0;
+	while_locking = another_takes_memory_meanwhile;
+	other_holds(30 * MIB, VMGPU_CHAN_ACTIVE);
+	t0 = clock_ns;
+	CHECK_EQ(vh_quota_reserve_locked(&ch, 0, 50 * MIB, fake_lock, NULL), -1);
+	CHECK_EQ(locked_at_ns, t0);
+	CHECK(clock_ns - t0 >= 100 * MS);
+	CHECK(clock_ns - t0 <= 101 * MS);
+	while_locking = NULL;
+}
+
 static void a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead(void)
 {
 	setup();
@@ -653,6 +729,7 @@ int main(void)
 	reserve_does_not_wait_for_a_live_process();
 	reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by();
 	a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead();
+	a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is_left();
 	a_refusal_reads_its_own_books_first();
 	a_refresh_begun_during_a_call_reads_nothing();
 	settle_takes_the_meters_truth();
