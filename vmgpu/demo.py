@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,7 +55,11 @@ def run_demo(backend: str = "auto") -> dict:
     programs, skipped = demo_programs(backend, native)
     region = Path(f"/dev/shm/vmgpu-demo-{os.getpid()}")
     results = []
-    fwd = Forwarder(region, backend=backend, size="512M", mem="4G", guest="demo")
+    # on the simulated backend, a scheduler page of its own, gone with it (a GPU's page is the
+    # host's: the demo's work takes turns with the guests there, and the page stays for them)
+    sched = Path(tempfile.mkdtemp(prefix="vmgpu-demo-sched-")) if backend == "sim" else None
+    extra = ("--sched-dir", str(sched)) if sched else ()
+    fwd = Forwarder(region, backend=backend, size="512M", mem="4G", guest="demo", extra=extra)
     try:
         with fwd:
             for args in programs:
@@ -77,6 +83,8 @@ def run_demo(backend: str = "auto") -> dict:
     finally:
         if region.exists():
             region.unlink()
+        if sched:
+            shutil.rmtree(sched, ignore_errors=True)
     log = fwd.log().strip().splitlines()
     return {
         "backend": backend,
