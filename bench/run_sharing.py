@@ -602,8 +602,9 @@ def reserve_priority(
     the first preceded by a window of the inference guest alone (through vmgpu, as the first's), and
     the p99 of all their requests pooled against the p99 of all the alone windows' requests pooled
     (a 1-in-100 tail of N times as many requests).  With `keep`, each window's requests (arrival on
-    the host's monotonic clock, latency) and the controller's looks (time, the trainer's span,
-    whose probe) are written there."""
+    the host's monotonic clock, latency) and the controller's looks (time, whether the trainer had
+    a span, the span, whose probe; the trainer's work calls and GPU time (ns), the inference
+    guest's, and when the trainer last worked off its span (ms)) are written there."""
     alone_files = [infer_alone["file"]]
     for w in PRIO_RESERVE:
         pooled, shares = [], []
@@ -625,10 +626,13 @@ def reserve_priority(
             looks, marks = [], {}
 
             def after(members, ctl, trainer=trainer, looks=looks):
-                slot = next((m.slot for m in members if m.guest == trainer), None)
-                span = ctl.spans.get(slot, (0, 0))
+                t = next((m for m in members if m.guest == trainer), None)
+                i = next((m for m in members if m.guest != trainer), None)
+                span = ctl.spans.get(t.slot if t else None, (0, 0))
                 whose = ctl.probe.whose[1] if ctl.probe is not None else "-"
-                looks.append((time.monotonic(), span != (0, 0), span, whose))
+                # (the guests' work calls and GPU time, and the trainer's last work off its span)
+                seen = [x for m in (t, i) for x in ((m.work_calls, m.used_ns) if m else (0, 0))]
+                looks.append((time.monotonic(), span != (0, 0), span, whose, (*seen, t.whole_ms if t else 0)))
 
             with controlled(g, "sms", after):
                 hp, tr = run.together(envs, lambda t0, marks=marks: marks.update(t0=t0))
@@ -636,14 +640,17 @@ def reserve_priority(
             if n > 1:
                 key, what = f"{key}_{n}", f"{what}, run {n}"
             priority_rows(rows, summary, hp, tr, infer_alone, solo, what, key)
-            had = span_looks([(t, h) for t, h, _, _ in looks], marks["t0"], marks["t0"] + run.seconds)
+            had = span_looks([(t, h) for t, h, *_ in looks], marks["t0"], marks["t0"] + run.seconds)
             rows.append((f"{what}: looks the trainer had a span", f"{100 * had:.0f}%"))
             pooled.append(f)
             shares.append(tr["img_per_s"] / solo)
             if keep:
                 shutil.copy(f, keep / f.name)
                 with open(keep / f"looks-reserve{w}-{n}.txt", "w") as out:
-                    out.writelines(f"{t:.6f} {int(h)} {lo} {hi} {who}\n" for t, h, (lo, hi), who in looks)
+                    out.writelines(
+                        f"{t:.6f} {int(h)} {lo} {hi} {who} {' '.join(map(str, seen))}\n"
+                        for t, h, (lo, hi), who, seen in looks
+                    )
         if len(pooled) > 1:
             p99, p99_alone = pooled_p99(pooled), pooled_p99(alone_files[: len(pooled)])
             summary[f"hp_p99_ratio_reserve{w}_pooled"] = p99 / p99_alone

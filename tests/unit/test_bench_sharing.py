@@ -188,8 +188,18 @@ def test_reserve_runs_alternate_with_alone_windows_and_pool_every_request_for_th
         def stop(self):
             pass
 
+    from types import SimpleNamespace
+
+    from vmgpu.sched import Member
+
+    def member(slot, guest, calls, used, whole):
+        return Member(slot, guest, 1, 50, used, 0, 0, 1, work_calls=calls, whole_ms=whole)
+
     @contextlib.contextmanager
     def controlled(g, lever, after):
+        # (one look of the controller: the trainer on groups 5-15 of 15, no probe)
+        members = [member(0, "infer", 40, 5_000_000, 0), member(1, "train", 900, 70_000_000, 1234)]
+        after(members, SimpleNamespace(spans={1: (80, 240)}, probe=None))
         yield None
 
     monkeypatch.setattr(run_sharing, "controlled", controlled)
@@ -212,6 +222,8 @@ def test_reserve_runs_alternate_with_alone_windows_and_pool_every_request_for_th
     assert math.isclose(summary["hp_p99_ratio_reserve30_pooled"], pooled / pooled_alone)
     assert math.isclose(summary["hp_trainer_vs_target_reserve30_pooled"], 0.7 / (0.8 * 0.75))
     assert {"hp_p99_ratio_reserve30", "hp_p99_ratio_reserve30_2", "hp_p99_ratio_reserve30_3"} <= set(summary)
+    look = (keep / "looks-reserve30-2.txt").read_text().split()
+    assert look[1:] == ["1", "80", "240", "-", "900", "70000000", "40", "5000000", "1234"]
     assert sorted(p.name for p in keep.iterdir()) == sorted(
         [f"alone-{n}.txt" for n in (1, 2, 3)]
         + [f"reserve30-{n}.txt" for n in (1, 2, 3)]
