@@ -178,9 +178,13 @@ int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n)
 
 int vh_quota_reserve_locked(struct vh_chan *ch, int dev, uint64_t n, void (*lock)(void *), void *arg)
 {
+	const struct vh_clock *clock = ch->fwd->clock;
 	uint64_t start = 0; /* (a wait begun before the lock goes on under it, not again) */
 	fit_waiting(ch, dev, n, &start, 0);
+	uint64_t before = clock->now_ns();
 	lock(arg);
+	if (start) /* (the time the lock was waited for is not the reservation's wait) */
+		start += clock->now_ns() - before;
 	return fit_waiting(ch, dev, n, &start, 1);
 }
 

@@ -20,9 +20,9 @@ int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n);
 /* As vh_quota_reserve, for a reservation made under a lock (contexts: a guest's workers make them
  * one at a time): its waits come before lock(arg) is called, so that the guest's processes refused
  * together wait side by side, not one after another; under the lock, a wait begun before goes on
- * only for what is left of it (one that fitted before the lock and not under it, the memory
- * taken meanwhile, waits as vh_quota_reserve does).  lock(arg) has been called on return,
- * whatever the answer. */
+ * only for what is left of it, the time the lock took not counted (one that fitted before the
+ * lock and not under it, the memory taken meanwhile, waits as vh_quota_reserve does).  lock(arg)
+ * has been called on return, whatever the answer. */
 int vh_quota_reserve_locked(struct vh_chan *ch, int dev, uint64_t n, void (*lock)(void *), void *arg);
 /* As vh_quota_reserve, but without waiting (where the caller holds what others wait on: the
  * guest's GPU gate); its own books read first where they may be ahead of the truth. */

@@ -299,7 +299,7 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 /* The lock a context's reservation is made under (context.c's): what stood when it was taken, and
  * what happens elsewhere meanwhile. */
 static int locks;
-static uint64_t locked_at_ns, locked_at_sleeps, locked_with;
+static uint64_t locked_at_ns, locked_at_sleeps, locked_with, locked_asks;
 static void (*while_locking)(void);
 static void fake_lock(void *arg)
 {
@@ -308,6 +308,7 @@ static void fake_lock(void *arg)
 	locked_at_ns = clock_ns;
 	locked_at_sleeps = sleeps;
 	locked_with = atomic_load(&rows[0][0]);
+	locked_asks = atomic_load(&shared.reads_asked);
 	if (while_locking)
 		while_locking();
 }
@@ -320,6 +321,24 @@ static void another_takes_memory_meanwhile(void)
 	atomic_fetch_add(&used[0], 40 * MIB);
 	atomic_store(&ahead[2][0], 40 * MIB);
 	channel_state(2, VMGPU_CHAN_ACTIVE);
+}
+
+/* The same, the lock taking half a second (the other's context being made) ... */
+static void another_takes_memory_and_the_lock_half_a_second(void)
+{
+	clock_ns += 500 * MS;
+	another_takes_memory_meanwhile();
+}
+
+/* ... and channel 2, asked after the lock was taken, reads its meter: it holds nothing yet (and
+ * channel 1 reads as other_reads_when_asked). */
+static void both_read_when_asked(void)
+{
+	other_reads_when_asked();
+	if (atomic_load(&shared.reads_asked) > locked_asks && atomic_load(&ahead[2][0])) {
+		atomic_fetch_sub(&used[0], atomic_exchange(&rows[2][0], 0));
+		atomic_store(&ahead[2][0], 0);
+	}
 }
 
 static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is_left(void)
@@ -339,7 +358,8 @@ static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is
 	CHECK_EQ(sleeps, locked_at_sleeps);
 	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
 
-	/* the read lands before the lock: nothing is reserved until the lock is held, then all of it */
+	/* the read lands before the lock: nothing is reserved until the lock is held (the lock taken
+	 * first, or the reservation made before it, fail here), then all of it */
 	t0 = other_ahead_reads_after(30 * MIB, 3 * MS);
 	locks = 0;
 	CHECK_EQ(vh_quota_reserve_locked(&ch, 0, 50 * MIB, fake_lock, NULL), 0);
@@ -359,7 +379,8 @@ static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is
 	CHECK(clock_ns - t0 <= 101 * MS);
 	CHECK_EQ(atomic_load(&rows[0][0]), 0);
 
-	/* fitted at once before the lock, not under it: a wait of its own, as vh_quota_reserve's */
+	/* fitted at once before the lock, not under it: a wait of its own under it, as
+	 * vh_quota_reserve's (no wait under the lock fails here) */
 	setup();
 	locks = 0;
 	while_locking = another_takes_memory_meanwhile;
@@ -369,7 +390,20 @@ static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is
 	CHECK_EQ(locked_at_ns, t0);
 	CHECK(clock_ns - t0 >= 100 * MS);
 	CHECK(clock_ns - t0 <= 101 * MS);
+
+	/* it waited 3 ms before the lock, and the lock took half a second while another's context took
+	 * memory that it gives back when asked: the time spent on the lock is not the reservation's
+	 * wait, so it asks again and gets it (counted, it was refused at once, asking nothing) */
+	t0 = other_ahead_reads_after(30 * MIB, 3 * MS);
+	on_sleep = both_read_when_asked;
+	while_locking = another_takes_memory_and_the_lock_half_a_second;
+	CHECK_EQ(vh_quota_reserve_locked(&ch, 0, 50 * MIB, fake_lock, NULL), 0);
+	CHECK_EQ(locked_at_ns - t0, 3 * MS);
+	CHECK(atomic_load(&shared.reads_asked) > locked_asks);
+	CHECK(clock_ns - t0 <= 505 * MS);
+	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
 	while_locking = NULL;
+	channel_state(2, VMGPU_CHAN_FREE);
 }
 
 static void a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead(void)
