@@ -598,14 +598,19 @@ def reserve_priority(
     inference guest its weight's part free, its work going on beside it (the priority reserve:
     vmgpu/share_control.py); for each --prio-reserve weight of the inference guest (the trainer's
     100 minus it), with the part of the controller's looks within the measured seconds at which the
-    trainer had a span (span_looks).  With --prio-runs N, each weight's row N times, each run after
-    the first preceded by a window of the inference guest alone (through vmgpu, as the first's), and
-    the p99 of all their requests pooled against the p99 of all the alone windows' requests pooled
-    (a 1-in-100 tail of N times as many requests).  With `keep`, each window's requests (arrival on
-    the host's monotonic clock, latency) and the controller's looks (time, whether the trainer had
-    a span, the span, whose probe; the trainer's work calls and GPU time (ns), the inference
-    guest's, and when the trainer last worked off its span (ms)) are written there."""
+    trainer had a span (span_looks).  With --prio-runs N, each weight's row N times, and the p99
+    of all their requests pooled against the p99 of all the requests of N windows of the inference
+    guest alone through vmgpu (a 1-in-100 tail of N times as many requests): the first is the
+    bench's own (measured before the MPS daemon starts; the guest alone is no MPS client either
+    way), the others run before the first weight's runs 2..N, and later weights are pooled against
+    the same ones.  Each run's own row is over the first alone window's p99.  With `keep`, each
+    window's requests (arrival on the host's monotonic clock, latency) and the controller's looks
+    (time, whether the trainer had a span, the span, whose probe; the trainer's work calls and GPU
+    time (ns), the inference guest's, and when the trainer last worked off its span (ms)) are
+    written there as they come."""
     alone_files = [infer_alone["file"]]
+    if keep:
+        shutil.copy(alone_files[0], keep / alone_files[0].name)
     for w in PRIO_RESERVE:
         pooled, shares = [], []
         for n in range(1, PRIO_RUNS[0] + 1):
@@ -614,6 +619,8 @@ def reserve_priority(
                 (alone,) = run.together([(infer + ["--latencies", str(f)], g.env())])
                 g.stop()
                 alone_files.append(f)
+                if keep:  # (kept as they come: a guest failing later ends the bench)
+                    shutil.copy(f, keep / f.name)
                 rows.append(
                     (f"inference alone, run {n}: p50 / p99", f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms")
                 )
@@ -663,9 +670,6 @@ def reserve_priority(
                     f"{100 * sum(shares) / len(shares):.1f}% ({100 * target:.1f}%)",
                 )
             )
-    if keep:
-        for f in alone_files:
-            shutil.copy(f, keep / f.name)
 
 
 def pooled_p99(files: list[Path]) -> float:
