@@ -2,7 +2,7 @@
 /*
  * memprobe: how much device memory each allocation path really takes, seen by
  * NVML's per-process usage of this process.  Run natively on the GPU host; its
- * numbers are what the forwarder's memory books are designed from.
+ * numbers are what the forwarder's memory charges are designed from.
  *
  *   memprobe [module.cubin]
  */

@@ -88,7 +88,7 @@ class UsageCollector:
     def collect(self):
         labels = ["guest", "gpu", "uuid"]
         used = GaugeMetricFamily(
-            "vmgpu_guest_memory_used_bytes", "GPU memory a guest holds now (its forwarder's books)", labels=labels
+            "vmgpu_guest_memory_used_bytes", "GPU memory a guest holds now (its forwarder's charges)", labels=labels
         )
         gpu_time = CounterMetricFamily(
             "vmgpu_guest_gpu_time_seconds", "Time a guest held the GPU (its compute scheduler's turns)", labels=labels

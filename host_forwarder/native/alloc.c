@@ -16,7 +16,7 @@
  * are kept per process; a block kept over a second, or any block while the guest is near its
  * quota, goes back to the driver.  Since the driver's cuMemFree waits for the work that may
  * still use the block, a kept block is handed out again only after the same wait, where any
- * work may have been queued since it was freed.  The books still equal what NVML measures: a
+ * work may have been queued since it was freed.  The charges still equal what NVML measures: a
  * kept block is memory the worker holds, charged as such.
  */
 #include "channel.h"

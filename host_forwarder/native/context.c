@@ -11,7 +11,7 @@
  * not fit gets CUDA_ERROR_OUT_OF_MEMORY and holds nothing on the GPU.  The workers of one
  * guest make contexts one at a time (a lock shared by them), so that several processes
  * starting together cannot pass the quota between the reservation and the measurement; a
- * reservation that must wait (memory on its way back, other processes' books not yet read) waits
+ * reservation that must wait (memory on its way back, other processes' charges not yet read) waits
  * before it takes the lock, so that processes refused together wait side by side.
  *
  * The region is registered with the driver (pinned DMA for heap and bulk copies) in the
@@ -104,7 +104,7 @@ CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 	const struct vh_backend *B = ch->backend;
 	int measured = vh_meter_on(ch, dev);
 	uint64_t est = estimate(f, dev, measured);
-	/* (its waits for memory on its way back and for other workers' books read come before the lock) */
+	/* (its waits for memory on its way back and for other workers' charges read come before the lock) */
 	if (vh_quota_reserve_locked(ch, dev, est, ctx_lock, f)) {
 		ctx_unlock(f);
 		vh_oom_report(ch, dev, "context", est);

@@ -42,7 +42,7 @@ struct vh_ipc_entry {
 struct vh_shared {
 	pthread_mutex_t ctx_mu;                  /* contexts are made one at a time (robust) */
 	_Atomic uint64_t ctx_bytes[VG_MAX_DEVICES]; /* the largest context measured on each GPU */
-	_Atomic uint32_t reads_asked;            /* bumped by a worker refused on books that others' run
+	_Atomic uint32_t reads_asked;            /* bumped by a worker refused on charges that others' run
 	                                          * ahead of the truth: each of those reads its meter now */
 	pthread_mutex_t ipc_mu;                  /* the IPC table (robust) */
 	struct vh_ipc_entry ipc[VH_IPC_SLOTS];

@@ -30,7 +30,7 @@
  *           (both are this guest's quota: charging it twice would refuse the guest memory it does
  *           not use).  NVML is expected to count the block as the exporter's too, so that the
  *           meter's per-process reading of the opener leaves it out (to be confirmed on a GPU: the
- *           books at rest against NVML with a block open in another process).
+ *           charges at rest against NVML with a block open in another process).
  *   end     when the exporter frees the block (cuMemFree) or ends, its entries go from the table,
  *           so the stale handle opens nothing new; mappings already open keep the driver's
  *           semantics (the memory stays until they are closed), so an exported block is never kept

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * What a guest's NVML shows of one of its GPUs (VG_OP_NVML_QUERY): its own slice, never the
- * host's.  Memory is the guest's quota and what its processes hold by the books; the
+ * host's.  Memory is the guest's quota and what its processes are charged; the
  * processes are this guest's (the channels of its region holding memory, by the pid each
  * guest process gave); utilization is the share of the GPU's time this guest's workers used
  * over the last second, from the host NVML's per-process samples of this forwarder's own

@@ -15,16 +15,16 @@
  * cuMemAlloc and cuMemFree, which programs call in loops (and cuBLAS, cuDNN and XLA's autotuner
  * for workspaces), take the bounded path instead (vh_quota_bounded_*): what such a call can take
  * is known (the rounding above; at most one fresh 2 MiB page for an allocation of up to 1 MiB),
- * so where the guest is well inside its quota the books charge that bound and do not ask NVML
+ * so where the guest is well inside its quota a call is charged that bound and NVML is not asked
  * (about 20 us a read).  The meter is read when the bytes so charged pass 256 MiB (128 small
  * allocations), after 32 calls charged by rounding alone, near the quota, before any refusal, and every 50 ms off the hot path
- * (vh_quota_refresh): the books run ahead of the truth between two reads, never behind it, and
- * are the truth to the byte at rest.  How far a worker's books may be ahead is in its shared row
- * (`ahead`); a reservation of another worker of the guest that does not fit the books, but would
+ * (vh_quota_refresh): the charges run ahead of the truth between two reads, never behind it, and
+ * are the truth to the byte at rest.  How far a worker's charges may be ahead is in its shared row
+ * (`ahead`); a reservation of another worker of the guest that does not fit the charges, but would
  * where theirs came down by that much, asks those workers to read their meters (their second
  * threads do at their next look, unless busy in a call that takes memory) and waits for the reads,
  * up to a tenth of a second, before it is refused: a guest process is not refused for what
- * another process's books ran ahead by while those can be read.
+ * another process's charges ran ahead by while those can be read.
  *
  * Where no per-process measurement exists (NVML without per-process accounting, as under
  * MIG), the estimates are the charges: each allocation is charged its rounded size until
@@ -71,7 +71,7 @@ static int returns_pending(const struct vh_chan *ch, int dev)
 	return 0;
 }
 
-/* This worker's books on dev ran (up to) bytes further ahead of the truth: its shared row says so. */
+/* This worker's charges on dev ran (up to) bytes further ahead of the truth: its shared row says so. */
 static void add_ahead(struct vh_chan *ch, int dev, uint64_t bytes)
 {
 	if (ch->fwd->ahead)
@@ -126,13 +126,13 @@ static int reserve_now(struct vh_chan *ch, int dev, uint64_t n)
 	return 0;
 }
 
-/* How long a reservation waits for other workers' books to be read (their threads read at their
+/* How long a reservation waits for other workers' charges to be read (their threads read at their
  * next look, a millisecond or less, unless busy in a call that takes memory), and how often it asks
  * them again meanwhile (each ask is answered with one read). */
 #define AHEAD_WAIT_NS (100 * 1000000ull)
 #define ASK_EVERY_NS (5 * 1000000ull)
 
-/* Would n more bytes on dev fit if the other workers' books came down by `ahead`? */
+/* Would n more bytes on dev fit if the other workers' charges came down by `ahead`? */
 static int fits_below(const struct vh_chan *ch, int dev, uint64_t n, uint64_t ahead)
 {
 	uint64_t q = ch->fwd->quota[dev], used = atomic_load(&ch->fwd->used[dev]);
@@ -143,7 +143,7 @@ static int fits_below(const struct vh_chan *ch, int dev, uint64_t n, uint64_t ah
 /* A guest process that starts as another ends must not be refused the memory the other is
  * giving back: a reservation that does not fit waits (up to a second) while such memory is
  * on its way, as natively a process's memory is free once it has exited.  Nor must it be refused
- * where the books of another of the guest's processes are ahead of what that one holds (bounded
+ * where the charges of another of the guest's processes are ahead of what that one holds (bounded
  * charges not yet measured) by enough that it would fit: it asks them to read their meters and
  * waits (up to AHEAD_WAIT_NS).  The wait counts from *start (the first look where it is 0).  With
  * take, n bytes are reserved as soon as they fit; without, it only waits until they would. */
@@ -188,9 +188,9 @@ int vh_quota_reserve_locked(struct vh_chan *ch, int dev, uint64_t n, void (*lock
 	return fit_waiting(ch, dev, n, &start, 1);
 }
 
-/* Where this worker's books on dev may not be the truth (bounds and rounding charged since its
+/* Where this worker's charges on dev may not be the truth (bounds and rounding charged since its
  * last read, pieces of pages freed): read the meter now.  1 if it was read. */
-static int read_own_books(struct vh_chan *ch, int dev)
+static int measure_own_charges(struct vh_chan *ch, int dev)
 {
 	if (!(ch->unmeasured[dev] || ch->unmeasured_exact[dev] || own_ahead(ch, dev)) || !vh_meter_on(ch, dev))
 		return 0;
@@ -202,7 +202,7 @@ int vh_quota_reserve_here(struct vh_chan *ch, int dev, uint64_t n)
 {
 	if (reserve_now(ch, dev, n) == 0)
 		return 0;
-	return read_own_books(ch, dev) ? reserve_now(ch, dev, n) : -1;
+	return measure_own_charges(ch, dev) ? reserve_now(ch, dev, n) : -1;
 }
 
 void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n)
@@ -211,14 +211,14 @@ void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n)
 	atomic_fetch_sub(&ch->charged[dev], n);
 }
 
-/* The truth read for dev, taken by the books (under quota_mu). */
+/* The truth read for dev, taken as this worker's charge (under quota_mu). */
 static void take_truth(struct vh_chan *ch, int dev, int64_t truth)
 {
 	ch->unmeasured[dev] = 0;
 	ch->unmeasured_exact[dev] = 0;
 	uint64_t old = atomic_exchange(&ch->charged[dev], (uint64_t)truth);
 	atomic_fetch_add(&ch->fwd->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
-	if (ch->fwd->ahead) /* (after the books: a waiter that sees it cleared sees them come down) */
+	if (ch->fwd->ahead) /* (after the charge: a waiter that sees it cleared sees them come down) */
 		atomic_store(&ch->fwd->ahead[ch->index][dev], 0);
 }
 
@@ -279,10 +279,10 @@ int vh_quota_take_begin(struct vh_chan *ch, int dev, uint64_t est, const char *c
 	/* the blocks alloc.c keeps for cuMemAlloc are the guest's free memory: they go back first */
 	if (vh_kept_give_back(ch, dev) && reserve_now(ch, dev, est) == 0)
 		return 0;
-	/* refused on the books: where its own ran ahead of the truth (bounded takes, pieces of pages
+	/* refused on the charges: where its own ran ahead of the truth (bounded takes, pieces of pages
 	 * freed), ask the truth; then (vh_quota_reserve) wait for memory on its way back and for
-	 * other workers' books read */
-	read_own_books(ch, dev);
+	 * other workers' charges read */
+	measure_own_charges(ch, dev);
 	if (vh_quota_reserve(ch, dev, est) == 0)
 		return 0;
 	vh_oom_report(ch, dev, call, est);
@@ -322,11 +322,11 @@ CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char 
 
 /* ---- bounded takes: cuMemAlloc and cuMemFree without reading the meter each time ---------- */
 
-/* The meter is read when the bytes charged by bound since the last read pass this (the books are
+/* The meter is read when the bytes charged by bound since the last read pass this (the charges are
  * then at most this far ahead of the truth), */
 #define UNMEASURED_MAX (256ull << 20)
 /* or after this many takes and frees charged by the rounding alone (were the driver ever to take a
- * page more than its rounding, the books would lag by at most this many pages, */
+ * page more than its rounding, the charges would lag by at most this many pages, */
 #define UNMEASURED_EXACT_MAX 32u
 /* which the guest's distance from its quota covers, or the call is measured). */
 #define MARGIN ((uint64_t)(UNMEASURED_EXACT_MAX + 1) * PAGE)
@@ -410,7 +410,7 @@ void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est)
 	if (!vh_meter_on(ch, dev)) {
 		vh_quota_release(ch, dev, est);
 	} else if (est <= SMALL_MAX) {
-		/* a piece of a shared page, which may stay taken: the books keep it until the next read */
+		/* a piece of a shared page, which may stay taken: the charges keep it until the next read */
 		add_ahead(ch, dev, est);
 	} else if (ch->unmeasured_exact[dev] < UNMEASURED_EXACT_MAX) {
 		/* whole 2 MiB pages of its own: they go back with it */

@@ -25,7 +25,7 @@ int vh_quota_reserve(struct vh_chan *ch, int dev, uint64_t n);
  * has been called on return, whatever the answer. */
 int vh_quota_reserve_locked(struct vh_chan *ch, int dev, uint64_t n, void (*lock)(void *), void *arg);
 /* As vh_quota_reserve, but without waiting (where the caller holds what others wait on: the
- * guest's GPU gate); its own books read first where they may be ahead of the truth. */
+ * guest's GPU gate); its own charges read first where they may be ahead of the truth. */
 int vh_quota_reserve_here(struct vh_chan *ch, int dev, uint64_t n);
 /* Give back n bytes reserved on dev. */
 void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n);
@@ -41,8 +41,8 @@ int vh_quota_settle_load(struct vh_chan *ch);
 /* From the worker's second thread now and then: the charges take what the driver says now
  * (memory given back at a synchronisation, module code loaded at a launch). */
 void vh_quota_refresh(struct vh_chan *ch);
-/* Whether another worker of the guest, refused on the books, asked for reads since *seen (the
- * count of asks last answered: it takes the count now) while this worker's books may be ahead of
+/* Whether another worker of the guest, refused on the charges, asked for reads since *seen (the
+ * count of asks last answered: it takes the count now) while this worker's charges may be ahead of
  * the truth: then its second thread refreshes now, once an ask. */
 int vh_quota_asked(struct vh_chan *ch, uint32_t *seen);
 
@@ -61,7 +61,7 @@ void vh_quota_given_back(struct vh_chan *ch, int dev, uint64_t charge);
 CUresult vh_quota_card_full(struct vh_chan *ch, int dev, CUresult r, const char *call, uint64_t want);
 
 /* cuMemAlloc's and cuMemFree's steps (alloc.c): the same as take_begin/take_end/given_back, but
- * where the guest is well inside its quota the books charge what the call can at most take (the
+ * where the guest is well inside its quota a call is charged what it can at most take (the
  * driver's rounding; a fresh 2 MiB page for an allocation of up to 1 MiB), and the meter is read
  * off the hot path, not after every call.  begin: -1 refused (reported); else 0, and *bound is
  * what was charged now (0: the call is measured after, as take_begin's). */
@@ -71,7 +71,7 @@ int vh_quota_bounded_widen(struct vh_chan *ch, int dev, uint64_t *est, uint64_t 
 int vh_quota_bounded_end(struct vh_chan *ch, int dev, uint64_t est, uint64_t bound, CUresult r);
 void vh_quota_bounded_free(struct vh_chan *ch, int dev, uint64_t est);
 /* Whether a cuMemAlloc of est bytes would take the guest near its quota on dev (within what the
- * books may run ahead of the truth): the blocks alloc.c keeps for reuse are given back first. */
+ * charges may run ahead of the truth): the blocks alloc.c keeps for reuse are given back first. */
 int vh_quota_near(struct vh_chan *ch, int dev, uint64_t est);
 
 /* The guest was refused `want` bytes by `call` on dev: logged, and the operator's script run

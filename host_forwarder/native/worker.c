@@ -64,7 +64,7 @@ static void *sched_thread(void *arg)
 	CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
 	BK.cuThreadExchangeStreamCaptureMode(&relaxed);
 	uint64_t last_calls = 0, quiet_since = vmgpu_now_ns(), refreshed = quiet_since;
-	uint32_t reads_answered = 0; /* (the asks of other workers refused on the books: vh_quota_asked) */
+	uint32_t reads_answered = 0; /* (the asks of other workers refused on the charges: vh_quota_asked) */
 	while (!atomic_load(&sched_stop)) {
 		uint32_t looked = vh_sched_look(s); /* before the tick: no wake is missed */
 		atomic_store_explicit(&s->in_call, atomic_load_explicit(&ch->in_call, memory_order_relaxed) == a->dev + 1,
@@ -75,7 +75,7 @@ static void *sched_thread(void *arg)
 			last_calls = calls;
 			quiet_since = now;
 		}
-		/* every 50 ms, and at once where another worker waits on books of this one's that may be
+		/* every 50 ms, and at once where another worker waits on charges of this one's that may be
 		 * ahead of the truth (until they are read) */
 		if (a->dev == 0 && (now - refreshed >= 50000000ull || vh_quota_asked(ch, &reads_answered))) {
 			vh_quota_refresh(ch);

@@ -4,7 +4,7 @@
  * reservation within the quota is charged to the worker's row and the guest's total, one past it
  * is refused; one that does not fit waits while a closed process's charges are on their way back
  * (and gets them when the supervisor returns them), but no longer than a second of the clock; a
- * live process's charges are not waited for, but another worker's books that may be ahead of what
+ * live process's charges are not waited for, but another worker's charges that may be ahead of what
  * it holds are: it is asked to read its meter, and what the read gives back is had (no longer than
  * a tenth of a second); settling takes the meter's truth; the steps of a call
  * that takes memory give back what a failed or undone call reserved; refusals are reported at
@@ -92,7 +92,7 @@ static struct vh_chan ch;
 static _Atomic uint64_t used[VG_MAX_DEVICES];
 static _Atomic uint64_t rows[4][VG_MAX_DEVICES];
 static struct vmgpu_stats_page stats; /* where refusals are counted */
-static _Atomic uint64_t ahead[4][VG_MAX_DEVICES]; /* how far each worker's books may be ahead of its truth */
+static _Atomic uint64_t ahead[4][VG_MAX_DEVICES]; /* how far each worker's charges may be ahead of its truth */
 static struct vh_shared shared;                   /* (its reads_asked) */
 
 static void setup(void)
@@ -167,7 +167,7 @@ static void supervisor_reaps(void)
 		atomic_fetch_sub(&used[0], atomic_exchange(&rows[1][0], 0));
 }
 
-/* Channel 1's worker, its books ahead of what it holds: once asked, and once the clock passes
+/* Channel 1's worker, its charges ahead of what it holds: once asked, and once the clock passes
  * reads_at_ns (its thread's next look), it reads its meter, which says `truth`. */
 static uint64_t other_truth, reads_at_ns;
 static void other_reads_when_asked(void)
@@ -253,9 +253,9 @@ static uint64_t other_ahead_reads_after(uint64_t truth, uint64_t after)
 	return clock_ns;
 }
 
-static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by(void)
+static void reserve_waits_for_another_workers_charges_measured_and_gets_what_they_were_ahead_by(void)
 {
-	/* channel 1 was charged 80 MiB of bounds and holds 30: 50 more fit the truth, not the books */
+	/* channel 1 was charged 80 MiB of bounds and holds 30: 50 more fit the truth, not the charges */
 	uint64_t t0 = other_ahead_reads_after(30 * MIB, 3 * MS);
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), 0);
 	CHECK_EQ(atomic_load(&shared.reads_asked), 1); /* it asked */
@@ -263,7 +263,7 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
 	CHECK_EQ(atomic_load(&rows[0][0]), 50 * MIB);
 
-	/* the read gives nothing back (the books were the truth): refused as soon as it is read */
+	/* the read gives nothing back (the charges were the truth): refused as soon as it is read */
 	t0 = other_ahead_reads_after(80 * MIB, 2 * MS);
 	CHECK_EQ(vh_quota_reserve(&ch, 0, 50 * MIB), -1);
 	CHECK_EQ(clock_ns - t0, 2 * MS);
@@ -281,7 +281,7 @@ static void reserve_waits_for_another_workers_books_read_and_gets_what_they_were
 	CHECK_EQ(atomic_load(&shared.reads_asked), 20);
 	CHECK_EQ(atomic_load(&used[0]), 80 * MIB);
 
-	/* not waited for: books ahead by less than it lacks (reads could not make it fit), its own row,
+	/* not waited for: charges ahead by less than it lacks (reads could not make it fit), its own row,
 	 * a row ahead that holds nothing */
 	setup();
 	other_holds(80 * MIB, VMGPU_CHAN_ACTIVE);
@@ -314,7 +314,7 @@ static void fake_lock(void *arg)
 }
 
 /* Channel 2's worker makes its context while channel 0 waits for the lock: 40 MiB charged, its
- * books ahead by all of it, and it reads nothing (busy). */
+ * charges ahead by all of it, and it reads nothing (busy). */
 static void another_takes_memory_meanwhile(void)
 {
 	atomic_store(&rows[2][0], 40 * MIB);
@@ -343,7 +343,7 @@ static void both_read_when_asked(void)
 
 static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is_left(void)
 {
-	/* books ahead that are never read (a busy worker): the tenth of a second is waited before the
+	/* charges ahead that are never read (a busy worker): the tenth of a second is waited before the
 	 * lock and nothing under it, so processes refused together wait side by side */
 	setup();
 	locks = 0;
@@ -406,7 +406,7 @@ static void a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is
 	channel_state(2, VMGPU_CHAN_FREE);
 }
 
-static void a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead(void)
+static void a_worker_is_asked_for_one_read_an_ask_while_its_charges_may_be_ahead(void)
 {
 	setup();
 	f.quota[0] = 1024 * MIB;
@@ -414,10 +414,10 @@ static void a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead(v
 	uint32_t seen = 0;
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* nobody asked */
 	atomic_fetch_add(&shared.reads_asked, 1);
-	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* asked, but its books are the truth */
+	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* asked, but its charges are the truth */
 	CHECK_EQ(seen, 1);
 	uint64_t bound;
-	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0); /* a bound charged: its books may be ahead by it */
+	CHECK_EQ(bounded_alloc(MIB, 0, &bound), 0); /* a bound charged: its charges may be ahead by it */
 	CHECK_EQ(bound, 2 * MIB);
 	CHECK_EQ(atomic_load(&ahead[0][0]), 2 * MIB);
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 0); /* (no new ask) */
@@ -451,10 +451,10 @@ static void a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead(v
 	ch.ctx[0] = NULL;
 }
 
-static void a_refusal_reads_its_own_books_first(void)
+static void a_refusal_measures_its_own_charges_first(void)
 {
 	/* a piece freed keeps its page charged until a read; the driver gave the page back: a call
-	 * that fits only the truth is granted, its worker's books read first */
+	 * that fits only the truth is granted, its worker's charges read first */
 	setup();
 	measured = 1;
 	uint64_t bound;
@@ -469,7 +469,7 @@ static void a_refusal_reads_its_own_books_first(void)
 	CHECK_EQ(atomic_load(&used[0]), 100 * MIB);
 	CHECK_EQ(atomic_load(&stats.oom_refusals[0]), 0);
 
-	/* its own books and another worker's both ahead: its own are read first, and where that
+	/* its own charges and another worker's both ahead: its own are read first, and where that
 	 * makes room it does not wait for the other's */
 	setup();
 	f.quota[0] = 200 * MIB;
@@ -482,7 +482,7 @@ static void a_refusal_reads_its_own_books_first(void)
 	CHECK_EQ(sleeps, 0);
 	CHECK_EQ(atomic_load(&used[0]), 190 * MIB);
 
-	/* a green context (no wait: its call holds the GPU's gate) reads its own books too */
+	/* a green context (no wait: its call holds the GPU's gate) reads its own charges too */
 	setup();
 	measured = 1;
 	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
@@ -622,7 +622,7 @@ static void bounded_allocations_far_from_the_quota_charge_their_bound_without_re
 	CHECK_EQ(reads, 0); /* (the fake meter was read for none of it) */
 	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
 	CHECK_EQ(atomic_load(&rows[0][0]), 6 * MIB);
-	/* the books are ahead of the truth (4 MiB), never behind; a read sets them to it */
+	/* the charges are ahead of the truth (4 MiB), never behind; a read sets them to it */
 	CHECK_EQ(vh_quota_settle(&ch, 0), 0);
 	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
 	/* a free of whole pages gives them back at once; a piece of a page stays charged until a read */
@@ -664,7 +664,7 @@ static void the_meter_is_read_after_256_mib_of_bounds_or_32_exact_charges(void)
 	CHECK_EQ(bound, 0); /* measured */
 	CHECK_EQ(reads, 2);
 	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
-	/* and a refresh off the hot path sets the books to the truth at rest */
+	/* and a refresh off the hot path sets the charges to the truth at rest */
 	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
 	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
 	vh_quota_refresh(&ch);
@@ -727,7 +727,7 @@ static void near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_
 		CHECK_EQ(bounded_alloc(64 << 10, i == 0 ? 2 * MIB : 0, &bound), 0);
 	CHECK_EQ(atomic_load(&used[0]), 64 * MIB);
 	CHECK_EQ(reads, 0);
-	/* 190 MiB more fits the truth (2 MiB held) but not the books: read, then granted */
+	/* 190 MiB more fits the truth (2 MiB held) but not the charges: read, then granted */
 	CHECK_EQ(bounded_alloc(190 * MIB, 190 * MIB, &bound), 0);
 	CHECK_EQ(bound, 0);
 	CHECK_EQ(atomic_load(&used[0]), 192 * MIB);
@@ -761,10 +761,10 @@ int main(void)
 	reserve_waits_for_a_closed_process_and_gets_its_memory();
 	reserve_gives_up_after_a_second_when_the_memory_does_not_come_back();
 	reserve_does_not_wait_for_a_live_process();
-	reserve_waits_for_another_workers_books_read_and_gets_what_they_were_ahead_by();
-	a_worker_is_asked_for_one_read_an_ask_while_its_books_may_be_ahead();
+	reserve_waits_for_another_workers_charges_measured_and_gets_what_they_were_ahead_by();
+	a_worker_is_asked_for_one_read_an_ask_while_its_charges_may_be_ahead();
 	a_reservation_under_a_lock_waits_before_it_and_under_it_only_what_is_left();
-	a_refusal_reads_its_own_books_first();
+	a_refusal_measures_its_own_charges_first();
 	a_refresh_begun_during_a_call_reads_nothing();
 	settle_takes_the_meters_truth();
 	a_call_that_fails_or_is_undone_gives_its_reservation_back();

@@ -2,7 +2,7 @@
 /*
  * memquota: take device memory through every path, in random sizes, until the quota says
  * no, then give half back and do it again.  Run through vmgpu; the test around it checks
- * the forwarder's books (and, on a GPU, NVML) whenever this program stops.
+ * the forwarder's charges (and, on a GPU, NVML) whenever this program stops.
  *
  *   memquota SEED ROUNDS CUBIN [PATHS]
  *

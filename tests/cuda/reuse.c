@@ -3,12 +3,12 @@
  * forwarder keeps a freed block for the process's next allocation of its size: alloc.c).
  * Prints one "key value" line per step and waits for a line on stdin where it says "wait":
  *   freed_memset R    a memset of the freed block's address (must be refused)
- *   wait freed        the block is freed; the test reads the books
+ *   wait freed        the block is freed; the test reads the charges
  *   reuse same|new    the next cuMemAlloc of the same size gave the same block or another
  *   info_delta N      cuMemGetInfo's free before the first alloc less its free after the free
  *   double_free R     cuMemFree of the same block again
  *   bogus_free R      cuMemFree of an address that was never allocated
- *   wait idle         all freed; the test waits for the books to drop
+ *   wait idle         all freed; the test waits for the charges to drop
  * reuse others MIB: a 48 MiB block freed (kept) just before MIB MiB are asked of each of the
  * other ways to allocate; prints "pitch R" and "async R" (the kept block must give way to them
  * as the driver's free would have).

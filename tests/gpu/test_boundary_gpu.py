@@ -22,7 +22,7 @@ def test_idle_processes_never_pass_the_quota_by_nvml(shm_path, tmp_path):
     """16 guest processes start at once under a 4 GiB quota, each making its context and
     taking 1 MiB.  NVML's per-process usage of the forwarder's workers, sampled all along,
     never passes the quota by one byte; those that do not fit got an out-of-memory error at
-    their first call and hold nothing while they stay; the books equal NVML at rest."""
+    their first call and hold nothing while they stay; the charges equal NVML at rest."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -64,10 +64,10 @@ def test_idle_processes_never_pass_the_quota_by_nvml(shm_path, tmp_path):
             sampler.join()
             pids = workers(fwd)
             held = nvml(pids)
-            books = stats.read(page)["memory"][0]["used"]
+            charges = stats.read(page)["memory"][0]["used"]
             print(
                 f"idle: {ran} ran, {first.count('alloc')} refused; workers {len(pids)}; NVML {sum(held.values())} "
-                f"(peak {peak[0]}); books {books}; quota {quota}; per worker {sorted(held.values())}"
+                f"(peak {peak[0]}); charges {charges}; quota {quota}; per worker {sorted(held.values())}"
             )
             assert len(pids) == 16 and 1 <= ran < 16 and first.count("alloc") == 16 - ran, (first, log_text(fwd))
             assert peak[0] <= quota and sum(held.values()) <= quota
@@ -81,7 +81,7 @@ def test_idle_processes_never_pass_the_quota_by_nvml(shm_path, tmp_path):
 
 @pytest.mark.parametrize("program", [["hold", "1024", "stay"], ["spin", "30", "1024"]], ids=["idle", "busy"])
 def test_a_killed_guest_process_gives_its_memory_back_within_a_second(shm_path, tmp_path, program):
-    """kill -9 of a guest process holding 1 GiB, idle or in the middle of its work: the books
+    """kill -9 of a guest process holding 1 GiB, idle or in the middle of its work: the charges
     and NVML both show its memory back within a second, and the next process runs."""
     import pynvml
 

@@ -228,7 +228,7 @@ def test_pytorch_training_gives_the_native_losses(shm_path, precision, rel):
 def test_every_allocation_path_is_held_to_the_quota_by_nvml(shm_path, tmp_path):
     """Random sizes through cuMemAlloc, pitched, 3D arrays, stream-ordered, an own pool, VMM,
     graph memory nodes and module globals until refused, three rounds: NVML's per-process
-    usage of the forwarder's workers never passes the quota, and the books agree with it."""
+    usage of the forwarder's workers never passes the quota, and the charges agree with it."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -242,14 +242,16 @@ def test_every_allocation_path_is_held_to_the_quota_by_nvml(shm_path, tmp_path):
         return sum(p.usedGpuMemory or 0 for p in procs if p.pid in workers), stats.read(page)["memory"][0]["used"]
 
     def check(what, fields, workers):
-        # frees the guest did not wait for (stream-ordered, module unloads) reach the books
+        # frees the guest did not wait for (stream-ordered, module unloads) reach the charges
         # at the worker's next look, at most 50 ms on
         wait_for(lambda: abs(operator.sub(*measure(workers))) <= 4 << 20, timeout=2)
-        real, books = measure(workers)
-        seen.append((what, int(fields.get("held", 0)), books, real))
-        print(f"memquota {what} held={fields.get('held', 0)} books={books} nvml={real} ooms={fields.get('ooms', '')}")
-        assert workers and real <= quota and books <= quota
-        assert abs(books - real) <= 4 << 20  # the books are the measurement
+        real, charges = measure(workers)
+        seen.append((what, int(fields.get("held", 0)), charges, real))
+        print(
+            f"memquota {what} held={fields.get('held', 0)} charged={charges} nvml={real} ooms={fields.get('ooms', '')}"
+        )
+        assert workers and real <= quota and charges <= quota
+        assert abs(charges - real) <= 4 << 20  # the charges are the measurement
         if what == "FULL":
             # full: the round ended on refusals, and none of them refused memory the guest had
             # (what was left is less than the largest take, 256 MiB)

@@ -62,7 +62,7 @@ def test_guest_processes_that_do_not_fit_hold_nothing_on_the_gpu(shm_path, tmp_p
             first = [p.stdout.readline().split()[0] for p in procs]
             if first.count("held") != 3 or first.count("alloc") != 13:
                 # which error each refused one got (its stderr), and the forwarder's log: each
-                # refusal and what the books held then
+                # refusal and what the charges held then
                 said = [p.communicate("")[1] for p in procs]
                 pytest.fail(f"{first}\n{said}\n{fwd.log()}")
             workers = _workers(fwd)
@@ -81,7 +81,7 @@ def test_guest_processes_that_do_not_fit_hold_nothing_on_the_gpu(shm_path, tmp_p
 
 def test_memory_a_process_gave_back_is_free_for_the_next_one_at_once(shm_path, monkeypatch):
     """A process takes most of the quota and exits; the next, started at once, takes it again,
-    eight times over (the books used to count the first until its worker was reaped)."""
+    eight times over (the charges used to count the first until its worker was reaped)."""
     monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "16")
     with forwarder(shm_path, asan=True, mem="256M", extra=("--no-sched",)) as fwd:
         for i in range(8):

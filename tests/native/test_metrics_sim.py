@@ -53,7 +53,7 @@ def _key(name: str, guest: str, gpu: str = "0", uuid: str = UUID0) -> tuple:
     return (name, (("gpu", gpu), ("guest", guest), ("uuid", uuid)))
 
 
-def test_metrics_show_the_memory_a_guest_holds_exactly_as_its_forwarders_books(vmgpud, shm_path):
+def test_metrics_show_the_memory_a_guest_holds_exactly_as_its_forwarders_charges(vmgpud, shm_path):
     c, server, scrape = vmgpud
     c.admit("g", "container", "gpu=0,mem=1G,compute=50")
     c.start_forwarder("g", str(shm_path), backend="sim", size="256M")
@@ -62,9 +62,9 @@ def test_metrics_show_the_memory_a_guest_holds_exactly_as_its_forwarders_books(v
     p = hold(shm_path, 64)
     try:
         assert p.stdout.readline().startswith("held"), p.stderr.read()
-        books = stats.read(server.supervisor.stats_path("g"))["memory"][0]["used"]
-        assert books == (64 + 32) << 20  # its allocation and its context
-        assert scrape()[used] == books
+        charges = stats.read(server.supervisor.stats_path("g"))["memory"][0]["used"]
+        assert charges == (64 + 32) << 20  # its allocation and its context
+        assert scrape()[used] == charges
     finally:
         p.stdin.close()
         p.wait(timeout=30)

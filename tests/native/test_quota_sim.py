@@ -48,7 +48,7 @@ def test_killed_guest_process_frees_its_memory(shm_path):
 def test_every_allocation_path_is_held_to_the_quota(shm_path, tmp_path, monkeypatch):
     """Random sizes through cuMemAlloc, pitched, 3D arrays, stream-ordered, an own pool and
     VMM until refused, three times over: the program never holds more than its quota less
-    the context's measured overhead, every path is refused at the edge, the books never pass
+    the context's measured overhead, every path is refused at the edge, the charges never pass
     the quota, and what the context took is all that is left at the end."""
     monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")  # the simulated driver's context overhead
     quota, ctx = 512 << 20, 32 << 20
@@ -56,17 +56,17 @@ def test_every_allocation_path_is_held_to_the_quota(shm_path, tmp_path, monkeypa
     seen = []
 
     def check(what, fields, workers):
-        books = stats.read(page)["memory"][0]["used"]
-        seen.append((what, books))
-        assert books <= quota
+        charges = stats.read(page)["memory"][0]["used"]
+        seen.append((what, charges))
+        assert charges <= quota
         if what == "FULL":
             assert int(fields["held"]) <= quota - ctx
             assert int(fields["total"]) == quota and int(fields["free"]) < (4 << 20)
-            assert books > quota - (4 << 20)  # full to the edge, as the books say
+            assert charges > quota - (4 << 20)  # full to the edge, as the charges say
         else:
             # the context's own memory, measured, charged; blocks freed lately are kept for the
             # guest's next allocation of their size until it has been quiet a second (alloc.c)
-            assert wait_for(lambda: stats.read(page)["memory"][0]["used"] == ctx, timeout=5), books
+            assert wait_for(lambda: stats.read(page)["memory"][0]["used"] == ctx, timeout=5), charges
 
     with forwarder(shm_path, mem="512M", extra=["--stats", str(page)]) as fwd:
         refused = memquota(fwd, shm_path, 7, 3, NATIVE / "vadd.cubin", "aprsov", check)
@@ -76,7 +76,7 @@ def test_every_allocation_path_is_held_to_the_quota(shm_path, tmp_path, monkeypa
 
 
 def test_where_nothing_can_be_measured_each_context_is_charged_its_reserve(shm_path, monkeypatch):
-    """The simulated driver measures its first GPU only: on the second, as under MIG, the books
+    """The simulated driver measures its first GPU only: on the second, as under MIG, the charges
     are estimates, and each guest process's context is charged --ctx-reserve."""
     monkeypatch.setenv("VMGPU_SIM_DEVICES", "2")
     with forwarder(shm_path, mem="256M", extra=["--gpus", "1", "--ctx-reserve", "100M"]) as fwd:
@@ -195,7 +195,7 @@ def test_an_oom_script_replaced_by_a_link_after_the_start_is_not_run(shm_path, t
 
 def test_a_freed_block_is_kept_for_the_process_charged_and_named_by_nothing(shm_path, tmp_path, monkeypatch):
     """cuMemFree keeps the block for the process's next cuMemAlloc of its size (alloc.c): the
-    guest's address no longer names it, the books still charge it (NVML sees it held), the
+    guest's address no longer names it, the charges still charge it (NVML sees it held), the
     guest's cuMemGetInfo counts it as free, the next allocation of that size gets it, a double
     or bogus free is still refused, and once the guest is quiet a second it goes back."""
     monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")

@@ -506,7 +506,7 @@ def test_exports_and_imports_the_supervisor_answers_too_late_are_refused_and_lea
 # ---- races ----------------------------------------------------------------------------------------
 
 
-def test_exporters_and_importers_racing_keep_the_books(shm_path, two_gpus, guests):
+def test_exporters_and_importers_racing_keep_the_charges(shm_path, two_gpus, guests):
     """A churns (a new handle exported onto one descriptor number, the one before released), while
     B and C import through that descriptor in loops and a fourth process fills and empties most of
     the table with memory exports (the lock contended).  Every answer is a success or

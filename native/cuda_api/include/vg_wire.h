@@ -104,7 +104,7 @@ struct vg_dev_info {
 };
 
 /* VG_OP_NVML_QUERY: the guest's own slice of one GPU, for its NVML (guest_agent/nvml/).  Memory
- * and processes come from the forwarder's books (this guest's processes only); the rest is read
+ * and processes come from the forwarder's charges (this guest's processes only); the rest is read
  * from the host's NVML where it can be, each value valid only if its VG_NVML_* bit is set. */
 #define VG_NVML_MAX_PROCS 64
 #define VG_NVML_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS */
