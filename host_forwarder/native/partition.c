@@ -9,6 +9,7 @@
 #include "log.h"
 #include "partition.h"
 #include "process.h"
+#include "quota.h"
 #include "vg_kinds.h"
 #include "vh_dispatch.h"
 #include "vh_sched.h"
@@ -151,11 +152,9 @@ static int evict(struct vh_chan *ch, int dev)
 		if (ch->h[j].kind == VG_KIND_STREAM && ch->h[j].twin && ch->h[j].twin_span == old->span &&
 		    stream_dev(ch, &ch->h[j]) == dev)
 			vh_part_forget(ch, &ch->h[j]); /* (no work is on it: checked above) */
-	pthread_mutex_lock(&ch->quota_mu); /* (as every call that gives memory back) */
-	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
+	vh_quota_call_begin(ch); /* (as every call that gives memory back) */
 	vh_green_drop(ch, dev, old->g, old->c, old->charge, 1);
-	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
-	pthread_mutex_unlock(&ch->quota_mu);
+	vh_quota_call_end(ch);
 	*old = p->green[--p->ngreen];
 	return 1;
 }
@@ -184,11 +183,9 @@ static struct vh_green *green_of(struct vh_chan *ch, int dev, uint32_t span)
 	if (hi == (unsigned)p->groups && p->has_rest)
 		use[n++] = p->rest; /* (the SMs left over go with the last group) */
 	struct vh_green *gr = &p->green[p->ngreen];
-	pthread_mutex_lock(&ch->quota_mu); /* (as every call that takes memory: vh_quota_refresh) */
-	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
+	vh_quota_call_begin(ch); /* (as every call that takes memory: vh_quota_refresh) */
 	CUresult r = vh_green_make(ch, dev, use, n, &gr->g, &gr->c, &gr->charge);
-	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
-	pthread_mutex_unlock(&ch->quota_mu);
+	vh_quota_call_end(ch);
 	if (r != CUDA_SUCCESS) {
 		refuse(ch, dev,
 		       r == CUDA_ERROR_OUT_OF_MEMORY ? "its SM partition does not fit its memory quota"

@@ -231,10 +231,22 @@ int vh_quota_settle(struct vh_chan *ch, int dev)
 	return atomic_load(&f->used[dev]) > f->quota[dev];
 }
 
+void vh_quota_call_begin(struct vh_chan *ch)
+{
+	pthread_mutex_lock(&ch->quota_mu);
+	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (odd: under way) */
+}
+
+void vh_quota_call_end(struct vh_chan *ch)
+{
+	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (even: ended) */
+	pthread_mutex_unlock(&ch->quota_mu);
+}
+
 /* The meter is read without quota_mu (a read can take long; the guest's calls must not wait for
  * it), and its answer taken only if no call that may take or give memory ran meanwhile: such a
- * call makes quota_gen odd as it begins and even as it ends (serve.c, partition.c), so a reading
- * begun during one, or with one begun or ended since, is not taken.  Four misses in a row (a busy
+ * call makes quota_gen odd as it begins and even as it ends (vh_quota_call_begin/end), so a
+ * reading begun during one, or with one begun or ended since, is not taken.  Four misses in a row (a busy
  * guest): read under the lock. */
 void vh_quota_refresh(struct vh_chan *ch)
 {

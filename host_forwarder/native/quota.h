@@ -38,6 +38,11 @@ int vh_quota_measured(struct vh_chan *ch);
 uint64_t vh_quota_rounded(uint64_t n);
 /* After a module load: nonzero if it left the guest over its quota. */
 int vh_quota_settle_load(struct vh_chan *ch);
+/* A call that may take or give memory begins and ends (serve.c; partition.c's green contexts): it
+ * keeps the worker's quota row to itself (quota_mu), and quota_gen is odd while it runs, so that a
+ * reading of the meter begun during it, or with one begun or ended since, is not taken. */
+void vh_quota_call_begin(struct vh_chan *ch);
+void vh_quota_call_end(struct vh_chan *ch);
 /* From the worker's second thread now and then: the charges take what the driver says now
  * (memory given back at a synchronisation, module code loaded at a launch). */
 void vh_quota_refresh(struct vh_chan *ch);

@@ -14,6 +14,7 @@
 #include "graph_devs.h"
 #include "partition.h"
 #include "process.h"
+#include "quota.h"
 
 /* Make the guest device a call names current, with the process's context on it (made, and
  * charged, at its first use: CUDA_ERROR_OUT_OF_MEMORY if it does not fit). */
@@ -196,10 +197,8 @@ int vh_serve(struct vh_chan *ch)
 		int may_take_memory = !vh_op_gpu_work(hdr.op);
 		if (hdr.op != VG_OP_cuMemAlloc_v2 && hdr.op != VG_OP_cuMemFree_v2)
 			ch->work_seq++; /* any other call may have queued work (alloc.c's kept blocks wait for it) */
-		if (may_take_memory) {
-			pthread_mutex_lock(&ch->quota_mu);
-			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed);
-		}
+		if (may_take_memory)
+			vh_quota_call_begin(ch);
 		ch->cur_op = hdr.op;
 		ch->cur_flags = hdr.flags;
 		ch->part_work = ch->part_home = 0; /* (set for this call's work alone, below and in launch.c) */
@@ -260,10 +259,8 @@ int vh_serve(struct vh_chan *ch)
 			r = vh_dispatch(ch, hdr.op, hdr.flags, &rd, &wr);
 		}
 		vh_part_after(ch); /* (the process's own context current again, if a span's was) */
-		if (may_take_memory) {
-			atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (even: ended) */
-			pthread_mutex_unlock(&ch->quota_mu);
-		}
+		if (may_take_memory)
+			vh_quota_call_end(ch);
 		if (hdr.op == VG_OP_cuStreamEndCapture && atomic_load(&open_captures) > 0 &&
 			 (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
 			  r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED))

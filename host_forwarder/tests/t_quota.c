@@ -493,13 +493,13 @@ static void a_refusal_measures_its_own_charges_first(void)
 	CHECK_EQ(sleeps, 0);
 }
 
-/* A call that takes memory begins (quota_gen odd, serve.c) and ends while the refresh reads. */
+/* A call that takes memory, begun (vh_quota_call_begin), ends while the refresh reads. */
 static void a_call_ends(void)
 {
 	held[0] += 2 * MIB;
 	atomic_fetch_add(&rows[0][0], 2 * MIB); /* its own charge */
 	atomic_fetch_add(&used[0], 2 * MIB);
-	atomic_fetch_add(&ch.quota_gen, 1);
+	vh_quota_call_end(&ch);
 }
 
 static void a_refresh_begun_during_a_call_reads_nothing(void)
@@ -511,7 +511,7 @@ static void a_refresh_begun_during_a_call_reads_nothing(void)
 	held[0] = 10 * MIB;
 	atomic_store(&rows[0][0], 10 * MIB);
 	atomic_store(&used[0], 10 * MIB);
-	atomic_store(&ch.quota_gen, 1); /* a call under way */
+	vh_quota_call_begin(&ch); /* a call under way */
 	on_read = a_call_ends;
 	vh_quota_refresh(&ch);
 	CHECK_EQ(reads, 0); /* no reading begun: it would be of before the call's memory */
@@ -679,10 +679,11 @@ static void the_meter_is_read_after_256_mib_of_bounds_or_32_exact_charges(void)
 /* The serving thread runs a call that takes memory while the refresh reads the meter. */
 static void a_call_runs(void)
 {
-	atomic_fetch_add(&ch.quota_gen, 2); /* (odd as it begins, even as it ends) */
+	vh_quota_call_begin(&ch);
 	held[0] += 2 * MIB;
 	atomic_fetch_add(&rows[0][0], 2 * MIB); /* as its own settle would have */
 	atomic_fetch_add(&used[0], 2 * MIB);
+	vh_quota_call_end(&ch);
 }
 
 static void a_refresh_that_raced_a_call_is_not_taken_and_a_busy_guest_is_read_under_the_lock(void)
