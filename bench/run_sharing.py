@@ -35,7 +35,8 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             controller on the sms lever, the trainer on the SMs the inference guest's weight leaves
             (the priority reserve), at each of --prio-reserve weights of the inference guest
             (--prio-runs times, each run after the first after a window of the inference guest
-            alone, and the p99 of all their requests against that of all the alone windows')
+            alone, and the p99 of all their requests against that of all the alone windows'); with
+            --prio-native the same pair natively on MPS, the trainer on the rest of the threads
   cap       one trainer capped at 10%, then at 50%, alone on the card: its rate over its rate alone in
             the same process (its cap lifted live after the capped window, and a second window run),
             its cap held by vmgpu/cap_control.py as vmgpud runs it (a share of its progress; measured
@@ -658,18 +659,70 @@ def reserve_priority(
                         f"{t:.6f} {int(h)} {lo} {hi} {who} {' '.join(map(str, seen))}\n"
                         for t, h, (lo, hi), who, seen in looks
                     )
-        if len(pooled) > 1:
-            p99, p99_alone = pooled_p99(pooled), pooled_p99(alone_files[: len(pooled)])
-            summary[f"hp_p99_ratio_reserve{w}_pooled"] = p99 / p99_alone
-            target = 0.8 * (1 - infer_alone["busy"])
-            summary[f"hp_trainer_vs_target_reserve{w}_pooled"] = (sum(shares) / len(shares)) / target
-            rows.append(
-                (
-                    f"priority on SM spans, reserve {w}%, {len(pooled)} runs pooled: p99 (alone)",
-                    f"{p99:.2f} ({p99_alone:.2f}) ms, {p99 / p99_alone:.3f}x; the trainer's share "
-                    f"{100 * sum(shares) / len(shares):.1f}% ({100 * target:.1f}%)",
+        target = 0.8 * (1 - infer_alone["busy"])
+        pooled_rows(
+            rows, summary, f"priority on SM spans, reserve {w}%", f"_reserve{w}", pooled, alone_files, shares, target
+        )
+
+
+def native_reserve_priority(
+    run: Run, rows, summary, infer, infer_native: dict, native_solo: float, pipe: str, keep: Path | None = None
+) -> None:
+    """What MPS itself gives the priority reserve's case (--prio-native): the same inference guest
+    and trainer natively, both clients of the same MPS daemon, the trainer on 100 - w of the active
+    threads at the client priority below normal, the inference guest on all of them at normal; for
+    each --prio-reserve weight, --prio-runs times, each run after the first after a window of the
+    inference guest alone natively (no MPS client, as the bench's first), pooled as the reserve's
+    rows; the trainer's share is of its speed alone natively."""
+    alone_files = [infer_native["file"]]
+    if keep:
+        shutil.copy(alone_files[0], keep / alone_files[0].name)
+    mps = native_env({"CUDA_MPS_PIPE_DIRECTORY": pipe})
+    target = 0.8 * (1 - infer_native["busy"])
+    for w in PRIO_RESERVE:
+        files, shares = [], []
+        base = f"natively on MPS, the trainer on {100 - w}% of the threads"
+        for n in range(1, PRIO_RUNS[0] + 1):
+            if n > len(alone_files):
+                f = run.tmp / f"native-alone-{n}.txt"
+                (alone,) = run.together([(infer + ["--latencies", str(f)], native_env())])
+                alone_files.append(f)
+                if keep:
+                    shutil.copy(f, keep / f.name)
+                rows.append(
+                    (
+                        f"inference alone natively, run {n}: p50 / p99",
+                        f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms",
+                    )
                 )
-            )
+            f = run.tmp / f"native{w}-{n}.txt"
+            trainer = {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 - w), "CUDA_MPS_CLIENT_PRIORITY": "1"}
+            hp, tr = run.together([(infer + ["--latencies", str(f)], mps), (TRAIN, trainer)])
+            key, what = (f"_native{w}", base) if n == 1 else (f"_native{w}_{n}", f"{base}, run {n}")
+            priority_rows(rows, summary, hp, tr, infer_native, native_solo, what, key)
+            files.append(f)
+            shares.append(tr["img_per_s"] / native_solo)
+            if keep:
+                shutil.copy(f, keep / f.name)
+        pooled_rows(rows, summary, base, f"_native{w}", files, alone_files, shares, target)
+
+
+def pooled_rows(rows, summary, what: str, key: str, files: list, alone_files: list, shares: list, target: float):
+    """Where a priority row ran more than once: the p99 of all its runs' requests over that of all
+    the requests of as many alone windows, and the trainer's mean share against its target."""
+    if len(files) < 2:
+        return
+    p99, p99_alone = pooled_p99(files), pooled_p99(alone_files[: len(files)])
+    share = sum(shares) / len(shares)
+    summary[f"hp_p99_ratio{key}_pooled"] = p99 / p99_alone
+    summary[f"hp_trainer_vs_target{key}_pooled"] = share / target
+    rows.append(
+        (
+            f"{what}, {len(files)} runs pooled: p99 (alone)",
+            f"{p99:.2f} ({p99_alone:.2f}) ms, {p99 / p99_alone:.3f}x; the trainer's share "
+            f"{100 * share:.1f}% ({100 * target:.1f}%)",
+        )
+    )
 
 
 def pooled_p99(files: list[Path]) -> float:
@@ -1121,6 +1174,12 @@ def main() -> int:
         "the first after a window of the inference guest alone, with the p99s of their requests pooled (default 1)",
     )
     ap.add_argument(
+        "--prio-native",
+        action="store_true",
+        help="after the --prio-reserve rows, the same pair natively on MPS: the trainer on 100 minus the weight of "
+        "the active threads at the client priority below normal (--prio-runs times, pooled the same way)",
+    )
+    ap.add_argument(
         "--latencies",
         type=Path,
         help="a directory: each priority-reserve window's requests (arrival, latency) and the controller's looks "
@@ -1225,7 +1284,9 @@ def main() -> int:
             (infer_alone,) = run.together([(infer + ["--latencies", str(alone_file)], g.env())])
             infer_alone["file"] = alone_file
             g.stop()
-            (infer_native,) = run.together([(infer, native_env())])
+            native_file = tmp / "native-alone-1.txt"
+            (infer_native,) = run.together([(infer + ["--latencies", str(native_file)], native_env())])
+            infer_native["file"] = native_file
             rows.append(
                 (
                     f"inference alone natively at {a.rate:g}/s p50 / p99",
@@ -1353,6 +1414,8 @@ def main() -> int:
                 try:
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
                     reserve_priority(g, run, rows, summary, infer, infer_alone, solo, pipe, a.latencies)
+                    if a.prio_native:
+                        native_reserve_priority(run, rows, summary, infer, infer_native, native_solo, pipe, a.latencies)
                     if "ringhold" not in skip:
                         shared_priority(g, run, rows, summary, infer, infer_alone, solo, pipe)
                 finally:

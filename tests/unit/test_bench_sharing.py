@@ -229,3 +229,44 @@ def test_reserve_runs_alternate_with_alone_windows_and_pool_every_request_for_th
         + [f"reserve30-{n}.txt" for n in (1, 2, 3)]
         + [f"looks-reserve30-{n}.txt" for n in (1, 2, 3)]
     )
+
+
+def test_the_native_reference_runs_the_pair_on_mps_with_the_trainer_on_the_rest_of_the_threads(monkeypatch, tmp_path):
+    """--prio-native: the same inference guest and trainer natively, clients of the bench's MPS
+    daemon, the trainer on 100 - w of the active threads at the client priority below normal, the
+    inference guest on all at normal; each run after the first after a native alone window (no MPS
+    client); pooled as the reserve's rows, against the trainer's speed alone natively."""
+    calls = []
+
+    class FakeRun:
+        seconds, tmp = 30.0, tmp_path
+
+        def together(self, guests, during=None):
+            calls.append([(args[0], env) for args, env in guests])
+            args = guests[0][0]
+            f = Path(args[args.index("--latencies") + 1])
+            slow = len(guests) == 2 and len(calls) == 3  # (the second pair: a slow run)
+            times = [10.0] * 100 + ([40.0] * 5 if slow else [])
+            f.write_text("".join(f"{i:.6f} {x:.3f}\n" for i, x in enumerate(times)))
+            hp = {"p50_ms": 10.0, "p99_ms": max(times)}
+            return [hp] if len(guests) == 1 else [hp, {"img_per_s": 600.0}]
+
+    monkeypatch.setattr(run_sharing, "PRIO_RUNS", [2])
+    monkeypatch.setattr(run_sharing, "PRIO_RESERVE", [30])
+    first = tmp_path / "native-alone-1.txt"
+    first.write_text("".join(f"{i:.6f} 10.000\n" for i in range(100)))
+    rows, summary = [], {}
+    infer_native = {"p50_ms": 10.0, "p99_ms": 10.0, "busy": 0.25, "file": first}
+    run_sharing.native_reserve_priority(FakeRun(), rows, summary, ["torch_infer.py"], infer_native, 1000.0, "/pipe")
+    assert [len(c) for c in calls] == [2, 1, 2]  # pair, alone natively, pair
+    (infer, ienv), (train, tenv) = calls[0]
+    assert infer == "torch_infer.py" and train == "torch_train.py"
+    assert ienv["CUDA_MPS_PIPE_DIRECTORY"] == tenv["CUDA_MPS_PIPE_DIRECTORY"] == "/pipe"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in ienv and "CUDA_MPS_CLIENT_PRIORITY" not in ienv
+    assert tenv["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "70" and tenv["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in calls[1][0][1]  # (alone: no MPS client)
+    assert all("VMGPU_REGION" not in env for c in calls for _, env in c)  # (native: no vmgpu)
+    assert math.isclose(summary["hp_p99_ratio_native30"], 1.0)
+    assert math.isclose(summary["hp_p99_ratio_native30_2"], 4.0)
+    assert summary["hp_p99_ratio_native30_pooled"] > 1.0  # (5 slow of 205: above the 1% tail)
+    assert math.isclose(summary["hp_trainer_vs_target_native30_pooled"], 0.6 / (0.8 * 0.75))
