@@ -2,8 +2,8 @@
 /*
  * What changes: the guest's memory and processes on a GPU, the share of its time the guest
  * used, and the card's readings.  Each call asks the host forwarder (VG_OP_NVML_QUERY), which
- * answers from the forwarder's charges for this guest alone; a reading the host cannot give is
- * NVML_ERROR_NOT_SUPPORTED, as on a card without it.
+ * answers for this guest alone (memory from its charges, processes from its channel table); a
+ * reading the host cannot give is NVML_ERROR_NOT_SUPPORTED, as on a card without it.
  */
 #include <string.h>
 

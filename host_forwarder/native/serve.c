@@ -161,9 +161,9 @@ int vh_serve(struct vh_chan *ch)
 		if (n == -EAGAIN || n == -ETIMEDOUT || now - last_poll > 100 * 1000000ull) {
 			last_poll = now;
 			if (ch->nkept && n < 0) { /* quiet: blocks kept over a second go back to the driver */
-				pthread_mutex_lock(&ch->quota_mu);
+				vh_quota_call_begin(ch); /* (memory given back: as a call that frees) */
 				vh_kept_expire(ch, now);
-				pthread_mutex_unlock(&ch->quota_mu);
+				vh_quota_call_end(ch);
 			}
 			int ev = vmgpu_hchan_poll(ch->hc, now);
 			if (ev != VMGPU_HC_SERVING && ev != VMGPU_HC_OPENED) {

@@ -188,7 +188,7 @@ CUresult guarded_cuMemRetainAllocationHandle(struct vh_chan *ch, CUmemGenericAll
 	CUresult r = ch->backend->cuMemRetainAllocationHandle(&got, addr);
 	if (r != CUDA_SUCCESS)
 		return r;
-	if (got != real) { /* the driver and the charges disagree: give its hold back, name nothing */
+	if (got != real) { /* the driver and the forwarder's table disagree: give its hold back, name nothing */
 		ch->backend->cuMemRelease(got);
 		return CUDA_ERROR_INVALID_VALUE;
 	}

@@ -187,7 +187,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	/* its contexts go now, and with them all it held on the GPUs: the quota takes that back
 	 * here, so that the guest's next process finds its memory free (the supervisor's reap is
 	 * the backstop for a worker that cannot say so) */
-	pthread_mutex_lock(&ch.quota_mu);
+	vh_quota_call_begin(&ch); /* (a reading of the meter begun before is not taken after) */
 	int had = vh_chan_contexts_drop(&ch);
 	for (int d = 0; d < F.ndev; d++) {
 		if (had && vh_meter_on(&ch, d))
@@ -196,7 +196,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
 		atomic_store(&F.ahead[idx][d], 0);
 	}
-	pthread_mutex_unlock(&ch.quota_mu);
+	vh_quota_call_end(&ch);
 	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",
 					   "it is gone or cut off", "it was refused"};
 	const char *reason = ended      ? "it broke the protocol"

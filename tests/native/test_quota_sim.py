@@ -195,7 +195,7 @@ def test_an_oom_script_replaced_by_a_link_after_the_start_is_not_run(shm_path, t
 
 def test_a_freed_block_is_kept_for_the_process_charged_and_named_by_nothing(shm_path, tmp_path, monkeypatch):
     """cuMemFree keeps the block for the process's next cuMemAlloc of its size (alloc.c): the
-    guest's address no longer names it, the charges still charge it (NVML sees it held), the
+    guest's address no longer names it, it stays charged (NVML sees it held), the
     guest's cuMemGetInfo counts it as free, the next allocation of that size gets it, a double
     or bogus free is still refused, and once the guest is quiet a second it goes back."""
     monkeypatch.setenv("VMGPU_SIM_CTX_MIB", "32")

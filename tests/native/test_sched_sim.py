@@ -91,7 +91,7 @@ def test_fixed_caps_even_an_idle_card_and_native_lets_all_through(sched_dir, tmp
             before = _used(pg)["a"]
             native = _ops(_spin(a, 1.5)) / 1.5
             assert _used(pg)["a"] - before < 50_000_000  # no turns are taken (at most the one under way)
-            # The cap slowed the guest itself, not only the charges: against the faster of its two
+            # The cap slowed the guest itself, not only the page's GPU time: against the faster of its two
             # free runs, one before and one after, so that a burst of load on this 2-core host
             # during one of them does not pass for the cap (a 30% cap gives about 0.3; a gate that
             # let calls through outside the turn gives about 1).

@@ -103,9 +103,10 @@ struct vg_dev_info {
 	int32_t attrs[VG_MAX_ATTRS]; /* index = CUdevice_attribute */
 };
 
-/* VG_OP_NVML_QUERY: the guest's own slice of one GPU, for its NVML (guest_agent/nvml/).  Memory
- * and processes come from the forwarder's charges (this guest's processes only); the rest is read
- * from the host's NVML where it can be, each value valid only if its VG_NVML_* bit is set. */
+/* VG_OP_NVML_QUERY: the guest's own slice of one GPU, for its NVML (guest_agent/nvml/): memory
+ * from the forwarder's charges, processes from its channel table (this guest's processes only); the
+ * rest is read from the host's NVML where it can be, each value valid only if its VG_NVML_* bit is
+ * set. */
 #define VG_NVML_MAX_PROCS 64
 #define VG_NVML_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS */
 #define VG_NVML_P2P_CAPS 6   /* nvmlGpuP2PCapsIndex_t: read, write, NvLink, atomics, PCI, unknown */
