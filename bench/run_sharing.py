@@ -1250,6 +1250,10 @@ def main() -> int:
         ap.error("--yield-depths: each in 1..1024")
     if not all(1 <= w <= 99 for w in PRIO_RESERVE):
         ap.error("--prio-reserve: each weight in 1..99")
+    if a.prio_native and not PRIO_RESERVE:
+        ap.error("--prio-native: it runs beside the --prio-reserve rows; give --prio-reserve")
+    if a.prio_native and {"priority", "sharedprio", "mps"} & set(filter(None, a.skip.split(","))):
+        ap.error("--prio-native: it needs the priority, sharedprio and mps scenarios (MPS): do not skip them")
     if not MPS_REFS or not all(len(t) == 2 and all(1 <= x <= 100 for x in t) for t in MPS_REFS):
         ap.error("--mps-refs: LIGHT/HEAVY percentages in 1..100, comma-separated")
     if len({t[0] for t in MPS_REFS}) != len(MPS_REFS):

@@ -237,6 +237,8 @@ def test_the_native_reference_runs_the_pair_on_mps_with_the_trainer_on_the_rest_
     inference guest on all at normal; each run after the first after a native alone window (no MPS
     client); pooled as the reserve's rows, against the trainer's speed alone natively."""
     calls = []
+    monkeypatch.setenv("VMGPU_REGION", "/dev/shm/vmgpu-region-of-this-shell")  # (as a guest's shell has)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/vmgpu/guest")
 
     class FakeRun:
         seconds, tmp = 30.0, tmp_path
@@ -265,8 +267,23 @@ def test_the_native_reference_runs_the_pair_on_mps_with_the_trainer_on_the_rest_
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in ienv and "CUDA_MPS_CLIENT_PRIORITY" not in ienv
     assert tenv["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "70" and tenv["CUDA_MPS_CLIENT_PRIORITY"] == "1"
     assert "CUDA_MPS_PIPE_DIRECTORY" not in calls[1][0][1]  # (alone: no MPS client)
-    assert all("VMGPU_REGION" not in env for c in calls for _, env in c)  # (native: no vmgpu)
+    # (native: no vmgpu, whatever the bench's own environment says)
+    assert all("VMGPU_REGION" not in env and "LD_LIBRARY_PATH" not in env for c in calls for _, env in c)
     assert math.isclose(summary["hp_p99_ratio_native30"], 1.0)
     assert math.isclose(summary["hp_p99_ratio_native30_2"], 4.0)
     assert summary["hp_p99_ratio_native30_pooled"] > 1.0  # (5 slow of 205: above the 1% tail)
     assert math.isclose(summary["hp_trainer_vs_target_native30_pooled"], 0.6 / (0.8 * 0.75))
+
+
+def test_prio_native_without_the_reserve_rows_or_with_their_scenarios_skipped_is_refused(monkeypatch, capsys):
+    """--prio-native runs beside the --prio-reserve rows on the bench's MPS daemon: without them,
+    or with priority, sharedprio or mps skipped, it would do nothing; the bench says so at once."""
+    import pytest
+
+    for args in (["--prio-native"], ["--prio-native", "--prio-reserve", "30", "--skip", "cap,mps"]):
+        monkeypatch.setattr(sys, "argv", ["run_sharing.py", *args])
+        monkeypatch.setattr(run_sharing, "PRIO_RESERVE", [])
+        with pytest.raises(SystemExit) as e:
+            run_sharing.main()
+        assert e.value.code == 2
+        assert "--prio-native" in capsys.readouterr().err
