@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.shm_check import pytest_sessionfinish, pytest_sessionstart  # noqa: F401 (hooks: /dev/shm as found)
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 SHARED_SCHED = Path("/dev/shm/vmgpu")  # the forwarders' default scheduler directory
