@@ -616,15 +616,7 @@ def reserve_priority(
         pooled, shares = [], []
         for n in range(1, PRIO_RUNS[0] + 1):
             if n > len(alone_files):  # (the next alone window, the first weight's turn)
-                f = run.tmp / f"alone-{n}.txt"
-                (alone,) = run.together([(infer + ["--latencies", str(f)], g.env())])
-                g.stop()
-                alone_files.append(f)
-                if keep:  # (kept as they come: a guest failing later ends the bench)
-                    shutil.copy(f, keep / f.name)
-                rows.append(
-                    (f"inference alone, run {n}: p50 / p99", f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms")
-                )
+                alone_window(run, rows, infer, g.env(), alone_files, keep, False, g.stop)
             f = run.tmp / f"reserve{w}-{n}.txt"
             envs = [
                 (infer + ["--latencies", str(f)], g.env("--priority", "high", "--weight", str(w), "--mps", pipe)),
@@ -684,17 +676,7 @@ def native_reserve_priority(
         base = f"natively on MPS, the trainer on {100 - w}% of the threads"
         for n in range(1, PRIO_RUNS[0] + 1):
             if n > len(alone_files):
-                f = run.tmp / f"native-alone-{n}.txt"
-                (alone,) = run.together([(infer + ["--latencies", str(f)], native_env())])
-                alone_files.append(f)
-                if keep:
-                    shutil.copy(f, keep / f.name)
-                rows.append(
-                    (
-                        f"inference alone natively, run {n}: p50 / p99",
-                        f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms",
-                    )
-                )
+                alone_window(run, rows, infer, native_env(), alone_files, keep, True)
             f = run.tmp / f"native{w}-{n}.txt"
             trainer = {**mps, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 - w), "CUDA_MPS_CLIENT_PRIORITY": "1"}
             hp, tr = run.together([(infer + ["--latencies", str(f)], mps), (TRAIN, trainer)])
@@ -705,6 +687,22 @@ def native_reserve_priority(
             if keep:
                 shutil.copy(f, keep / f.name)
         pooled_rows(rows, summary, base, f"_native{w}", files, alone_files, shares, target)
+
+
+def alone_window(run: Run, rows, infer, env: dict, files: list, keep: Path | None, native: bool, stop=None) -> None:
+    """One more window of the inference guest alone (through vmgpu, or natively where `native`),
+    its requests' file appended to `files` and, with `keep`, kept as it comes (a guest failing
+    later ends the bench); its p50 / p99 as a row."""
+    n = len(files) + 1
+    f = run.tmp / f"{'native-' if native else ''}alone-{n}.txt"
+    (alone,) = run.together([(infer + ["--latencies", str(f)], env)])
+    if stop:
+        stop()
+    files.append(f)
+    if keep:
+        shutil.copy(f, keep / f.name)
+    how = " natively" if native else ""
+    rows.append((f"inference alone{how}, run {n}: p50 / p99", f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms"))
 
 
 def pooled_rows(rows, summary, what: str, key: str, files: list, alone_files: list, shares: list, target: float):

@@ -216,6 +216,7 @@ def test_reserve_runs_alternate_with_alone_windows_and_pool_every_request_for_th
         FakeGuests(), FakeRun(), rows, summary, ["torch_infer.py"], infer_alone, 1000.0, "/p", keep
     )
     assert order == ["alone", "reserve", "alone", "reserve", "alone", "reserve"]
+    assert ("inference alone, run 3: p50 / p99", "10.00 / 50.00 ms") in rows
     pooled_alone = run_sharing.pooled_p99([tmp_path / f"alone-{n}.txt" for n in (1, 2, 3)])
     pooled = run_sharing.pooled_p99([tmp_path / f"reserve30-{n}.txt" for n in (1, 2, 3)])
     assert pooled == 30.0 and pooled_alone < 50.0  # (the three 50 ms requests are under 1% of 900)
@@ -267,6 +268,8 @@ def test_the_native_reference_runs_the_pair_on_mps_with_the_trainer_on_the_rest_
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in ienv and "CUDA_MPS_CLIENT_PRIORITY" not in ienv
     assert tenv["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "70" and tenv["CUDA_MPS_CLIENT_PRIORITY"] == "1"
     assert "CUDA_MPS_PIPE_DIRECTORY" not in calls[1][0][1]  # (alone: no MPS client)
+    assert ("inference alone natively, run 2: p50 / p99", "10.00 / 10.00 ms") in rows
+    assert (tmp_path / "native-alone-2.txt").exists()
     # (native: no vmgpu, whatever the bench's own environment says)
     assert all("VMGPU_REGION" not in env and "LD_LIBRARY_PATH" not in env for c in calls for _, env in c)
     assert math.isclose(summary["hp_p99_ratio_native30"], 1.0)
