@@ -4,7 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.shm_check import pytest_sessionfinish, pytest_sessionstart  # noqa: F401 (hooks: /dev/shm as found)
+from tests.shm_check import (  # noqa: F401 (hooks: /dev/shm as found)
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"

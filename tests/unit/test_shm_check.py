@@ -1,5 +1,6 @@
 """tests/shm_check.py: with VMGPU_TEST_SHM_CHECK=1 a test session that leaves an entry in /dev/shm
-fails and names it; one that leaves nothing passes; without the variable nothing is checked."""
+fails and names it, with the test after which it was first seen; one that leaves nothing
+passes; without the variable nothing is checked."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _session(tmp_path: Path, body: str, check: bool) -> subprocess.CompletedProcess:
-    (tmp_path / "conftest.py").write_text("from tests.shm_check import pytest_sessionfinish, pytest_sessionstart\n")
+    (tmp_path / "conftest.py").write_text(
+        "from tests.shm_check import pytest_runtest_protocol, pytest_sessionfinish, pytest_sessionstart\n"
+    )
     (tmp_path / "test_inner.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("VMGPU_TEST_SHM_CHECK", None)
@@ -30,11 +33,18 @@ def _session(tmp_path: Path, body: str, check: bool) -> subprocess.CompletedProc
 
 def test_a_session_that_leaves_a_file_in_dev_shm_fails_and_names_it(tmp_path):
     name = f"vmgpu-shm-check-{os.getpid()}"
-    body = f"def test_leaves():\n    open('/dev/shm/{name}', 'w').close()\n"
+    body = (
+        "def test_clean():\n    pass\n\n"
+        f"def test_leaves():\n    open('/dev/shm/{name}', 'w').close()\n\n"
+        "def test_after():\n    pass\n"
+    )
     try:
         r = _session(tmp_path, body, check=True)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert f"left behind in /dev/shm by this test session: {name}" in r.stdout
+        assert (
+            f"left behind in /dev/shm by this test session: {name} (first seen after test_inner.py::test_leaves)"
+            in r.stdout
+        )
         os.unlink(f"/dev/shm/{name}")
         r = _session(tmp_path, body, check=False)  # (off: not checked)
         assert r.returncode == 0, r.stdout + r.stderr
