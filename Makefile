@@ -125,7 +125,7 @@ gen-check: $(NVML_INCLUDE)/nvml.h $(CUDA_INCLUDE)/cuda.h
 native-asan:
 	$(MAKE) -C native/shm_transport O=$(abspath $(BUILD)/asan) SAN=asan
 	$(MAKE) -C host_forwarder O=$(abspath $(BUILD)/asan) CUDA_INCLUDE=$(CUDA_INCLUDE) \
-		EXTRA_CFLAGS="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
+		EXTRA_CFLAGS="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -DVH_CHECKED" \
 		EXTRA_LDFLAGS="-fsanitize=address,undefined"
 	$(if $(OPENSSL),$(CC) $(NETBRIDGE_CFLAGS) -O1 -fno-omit-frame-pointer -fsanitize=address$(comma)undefined \
 		-fno-sanitize-recover=all -o $(BUILD)/asan/vmgpu-netbridge native/net_bridge/netbridge.c \

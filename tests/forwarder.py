@@ -72,7 +72,8 @@ def forwarder(
 ):
     """A forwarder serving a fresh region (size None: the region at region); yields it (its .proc
     is the process, .log() what it logged, .stop() its exit status).  asan: the forwarder and
-    simulated driver of the ASan/UBSan build, whose log must end free of sanitizer reports.
+    simulated driver of the ASan/UBSan build, whose log must end free of sanitizer reports and of
+    the checks that build adds (a worker's charges changed outside a call).
     env: set in the forwarder's environment.  may_refuse: a forwarder that exits instead of
     serving is yielded (its .proc ended) rather than an error.  keep_region: leave the region
     file at the end (by default it is removed)."""
@@ -97,6 +98,7 @@ def forwarder(
     if asan:
         text = fwd.log()
         assert "AddressSanitizer" not in text and "runtime error" not in text, text
+        assert "outside a call" not in text, text  # (quota.c's in_call, checked in this build)
 
 
 def log_text(fwd: Forwarder) -> str:

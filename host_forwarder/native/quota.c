@@ -33,6 +33,9 @@
  * A worker's row lives in shared memory so that the supervisor returns its charges when
  * the worker ends, however it ends.
  */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "channel.h"
 #include "meter.h"
 #include "quota.h"
@@ -71,9 +74,27 @@ static int returns_pending(const struct vh_chan *ch, int dev)
 	return 0;
 }
 
+/* A worker's charges change only inside a call that may take or give memory
+ * (vh_quota_call_begin/end: quota_mu held, quota_gen odd), so that a reading of the meter begun
+ * before the change is not taken after it.  The checked build (-DVH_CHECKED: the ASan/UBSan build
+ * the tests run forwarders from) ends the worker at a change outside one, saying which. */
+static void in_call(const struct vh_chan *ch, const char *what)
+{
+#ifdef VH_CHECKED
+	if (!(atomic_load(&ch->quota_gen) & 1)) {
+		fprintf(stderr, "vmgpu-forwarder: quota: %s outside a call (vh_quota_call_begin/end)\n", what);
+		abort();
+	}
+#else
+	(void)ch;
+	(void)what;
+#endif
+}
+
 /* This worker's charges on dev ran (up to) bytes further ahead of the truth: its shared row says so. */
 static void add_ahead(struct vh_chan *ch, int dev, uint64_t bytes)
 {
+	in_call(ch, "charges marked ahead");
 	if (ch->fwd->ahead)
 		atomic_fetch_add(&ch->fwd->ahead[ch->index][dev], bytes);
 }
@@ -118,6 +139,7 @@ static int reserve_now(struct vh_chan *ch, int dev, uint64_t n)
 	struct vh_fwd *f = ch->fwd;
 	_Atomic uint64_t *used = &f->used[dev];
 	uint64_t cur = atomic_load(used);
+	in_call(ch, "memory reserved");
 	do {
 		if (n > f->quota[dev] || cur > f->quota[dev] - n)
 			return -1;
@@ -207,6 +229,7 @@ int vh_quota_reserve_here(struct vh_chan *ch, int dev, uint64_t n)
 
 void vh_quota_release(struct vh_chan *ch, int dev, uint64_t n)
 {
+	in_call(ch, "memory given back");
 	atomic_fetch_sub(&ch->fwd->used[dev], n);
 	atomic_fetch_sub(&ch->charged[dev], n);
 }
@@ -220,6 +243,20 @@ static void take_truth(struct vh_chan *ch, int dev, int64_t truth)
 	atomic_fetch_add(&ch->fwd->used[dev], (uint64_t)truth - old); /* modular: a decrease too */
 	if (ch->fwd->ahead) /* (after the charge: a waiter that sees it cleared sees them come down) */
 		atomic_store(&ch->fwd->ahead[ch->index][dev], 0);
+}
+
+void vh_quota_worker_end(struct vh_chan *ch, int had_contexts)
+{
+	struct vh_fwd *f = ch->fwd;
+	in_call(ch, "a worker's charges dropped");
+	for (int d = 0; d < f->ndev; d++) {
+		if (had_contexts && vh_meter_on(ch, d))
+			vh_quota_settle(ch, d);
+		else
+			atomic_fetch_sub(&f->used[d], atomic_exchange(&ch->charged[d], 0));
+		if (f->ahead)
+			atomic_store(&f->ahead[ch->index][d], 0);
+	}
 }
 
 int vh_quota_settle(struct vh_chan *ch, int dev)

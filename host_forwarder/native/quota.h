@@ -43,6 +43,9 @@ int vh_quota_settle_load(struct vh_chan *ch);
  * reading of the meter begun during it, or with one begun or ended since, is not taken. */
 void vh_quota_call_begin(struct vh_chan *ch);
 void vh_quota_call_end(struct vh_chan *ch);
+/* A worker ends (inside a call, its contexts dropped: had_contexts if it held any): its charges go,
+ * measured where the meter is on, and nothing of it is marked ahead. */
+void vh_quota_worker_end(struct vh_chan *ch, int had_contexts);
 /* From the worker's second thread now and then: the charges take what the driver says now
  * (memory given back at a synchronisation, module code loaded at a launch). */
 void vh_quota_refresh(struct vh_chan *ch);

@@ -188,14 +188,7 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	 * here, so that the guest's next process finds its memory free (the supervisor's reap is
 	 * the backstop for a worker that cannot say so) */
 	vh_quota_call_begin(&ch); /* (a reading of the meter begun before is not taken after) */
-	int had = vh_chan_contexts_drop(&ch);
-	for (int d = 0; d < F.ndev; d++) {
-		if (had && vh_meter_on(&ch, d))
-			vh_quota_settle(&ch, d);
-		else
-			atomic_fetch_sub(&F.used[d], atomic_exchange(&F.charged[idx][d], 0));
-		atomic_store(&F.ahead[idx][d], 0);
-	}
+	vh_quota_worker_end(&ch, vh_chan_contexts_drop(&ch));
 	vh_quota_call_end(&ch);
 	static const char *const why[] = {"its channel went free", "", "", "it closed its channel",
 					   "it is gone or cut off", "it was refused"};

@@ -13,7 +13,11 @@
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "channel.h"
 #include "check.h"
@@ -135,12 +139,22 @@ static void setup(void)
 	ch.cur_dev = 0;
 	ch.charged = rows[0];
 	pthread_mutex_init(&ch.quota_mu, NULL);
+	atomic_store(&ch.quota_gen, 1); /* the test's steps are a call's code (refresh(): between calls) */
 	measured = 0;
 	memset(held, 0, sizeof held);
 	reads = 0;
 	on_read = NULL;
 	sleeps = 0;
 	on_sleep = NULL;
+}
+
+/* The worker between two calls: its refresh reads the meter (the worker's charges change only
+ * inside a call, which the checked build holds quota.c to). */
+static void refresh(void)
+{
+	atomic_fetch_add(&ch.quota_gen, 1); /* (the call ends) */
+	vh_quota_refresh(&ch);
+	atomic_fetch_add(&ch.quota_gen, 1); /* (the next begins) */
 }
 
 /* Channel i's state in the region's table, as its guest process left it. */
@@ -427,7 +441,7 @@ static void a_worker_is_asked_for_one_read_an_ask_while_its_charges_may_be_ahead
 	atomic_fetch_add(&shared.reads_asked, 1);
 	CHECK_EQ(vh_quota_asked(&ch, &seen), 1);
 	ch.ctx[0] = (CUcontext)1;
-	vh_quota_refresh(&ch);
+	refresh();
 	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
 	CHECK_EQ(atomic_load(&used[0]), 0);
 	atomic_fetch_add(&shared.reads_asked, 1);
@@ -446,7 +460,7 @@ static void a_worker_is_asked_for_one_read_an_ask_while_its_charges_may_be_ahead
 	CHECK_EQ(atomic_load(&ahead[0][0]), 64 << 10);
 	/* a GPU whose meter stops giving numbers: its estimates are the charges, nothing to read */
 	measured = 0;
-	vh_quota_refresh(&ch);
+	refresh();
 	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
 	ch.ctx[0] = NULL;
 }
@@ -505,6 +519,7 @@ static void a_call_ends(void)
 static void a_refresh_begun_during_a_call_reads_nothing(void)
 {
 	setup();
+	atomic_store(&ch.quota_gen, 0); /* between calls */
 	f.quota[0] = 1024 * MIB;
 	measured = 1;
 	ch.ctx[0] = (CUcontext)1;
@@ -667,11 +682,11 @@ static void the_meter_is_read_after_256_mib_of_bounds_or_32_exact_charges(void)
 	/* and a refresh off the hot path sets the charges to the truth at rest */
 	CHECK_EQ(bounded_alloc(64 << 10, 0, &bound), 0);
 	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
-	vh_quota_refresh(&ch);
+	refresh();
 	ch.ctx[0] = NULL; /* (no context: nothing to refresh) */
 	CHECK_EQ(atomic_load(&used[0]), 6 * MIB);
 	ch.ctx[0] = (CUcontext)1;
-	vh_quota_refresh(&ch);
+	refresh();
 	ch.ctx[0] = NULL;
 	CHECK_EQ(atomic_load(&used[0]), 4 * MIB);
 }
@@ -689,6 +704,7 @@ static void a_call_runs(void)
 static void a_refresh_that_raced_a_call_is_not_taken_and_a_busy_guest_is_read_under_the_lock(void)
 {
 	setup();
+	atomic_store(&ch.quota_gen, 0); /* between calls */
 	f.quota[0] = 1024 * MIB;
 	measured = 1;
 	ch.ctx[0] = (CUcontext)1;
@@ -756,6 +772,70 @@ static void without_a_meter_bounded_steps_charge_the_rounding(void)
 	CHECK_EQ(atomic_load(&used[0]), 0);
 }
 
+#ifdef VH_CHECKED /* (the checked build: -DVH_CHECKED, as `make native-asan` builds) */
+/* A worker's charges changed outside a call (quota_gen even: a reading of the meter begun before
+ * would be taken after) end the worker in the checked build, each way they change; in a call
+ * they do not. */
+static int ends_between_calls(void (*change)(void))
+{
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, 2); /* (its message is quota.c's to write, not this test's) */
+		setup();
+		atomic_store(&used[0], 10 * MIB);
+		atomic_store(&rows[0][0], 10 * MIB);
+		atomic_store(&ch.quota_gen, 0); /* between calls */
+		change();
+		_exit(0);
+	}
+	int st;
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
+}
+
+static void give_back(void)
+{
+	vh_quota_release(&ch, 0, MIB);
+}
+
+static void take(void)
+{
+	CHECK_EQ(vh_quota_reserve_here(&ch, 0, MIB), 0);
+}
+
+static void free_a_piece(void) /* (a piece of a page: marked ahead) */
+{
+	measured = 1;
+	vh_quota_bounded_free(&ch, 0, 64 << 10);
+}
+
+static void end_the_worker(void)
+{
+	vh_quota_worker_end(&ch, 0);
+}
+
+#endif
+
+static void charges_change_only_inside_a_call(void)
+{
+#ifdef VH_CHECKED
+	void (*const changes[])(void) = {give_back, take, free_a_piece, end_the_worker};
+	for (size_t i = 0; i < sizeof changes / sizeof *changes; i++)
+		CHECK(ends_between_calls(changes[i]));
+#endif
+	/* in a call (the tests' steps otherwise): the worker's end takes its charges back */
+	setup();
+	atomic_store(&used[0], 10 * MIB);
+	atomic_store(&rows[0][0], 10 * MIB);
+	atomic_store(&ahead[0][0], MIB);
+	vh_quota_worker_end(&ch, 0);
+	CHECK_EQ(atomic_load(&used[0]), 0);
+	CHECK_EQ(atomic_load(&rows[0][0]), 0);
+	CHECK_EQ(atomic_load(&ahead[0][0]), 0);
+}
+
 int main(void)
 {
 	reserve_within_quota_is_charged_and_past_it_refused();
@@ -776,6 +856,7 @@ int main(void)
 	near_the_quota_every_allocation_is_measured_and_refusals_are_on_the_truth();
 	without_a_meter_bounded_steps_charge_the_rounding();
 	a_refresh_that_raced_a_call_is_not_taken_and_a_busy_guest_is_read_under_the_lock();
+	charges_change_only_inside_a_call();
 	printf("ok\n");
 	return 0;
 }
