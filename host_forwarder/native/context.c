@@ -94,12 +94,25 @@ void vh_context_back(struct vh_chan *ch)
 	ch->backend->cuCtxSetCurrent(ch->cur_dev >= 0 ? ch->ctx[ch->cur_dev] : NULL);
 }
 
+static CUresult context_make(struct vh_chan *ch, int dev, CUcontext *out);
+
 CUresult vh_chan_context(struct vh_chan *ch, int dev, CUcontext *out)
 {
 	if (ch->ctx[dev]) {
 		*out = ch->ctx[dev];
 		return CUDA_SUCCESS;
 	}
+	/* (made in a call that may take memory, or in work for the GPU: its own call, as a peer
+	 * copy naming a GPU the process had no context on, or the first work sent to one) */
+	int began = vh_quota_call_begin_if_out(ch);
+	CUresult r = context_make(ch, dev, out);
+	vh_quota_call_end_if(ch, began);
+	return r;
+}
+
+/* The worker's context on dev: the primary context, retained once, charged before it exists. */
+static CUresult context_make(struct vh_chan *ch, int dev, CUcontext *out)
+{
 	struct vh_fwd *f = ch->fwd;
 	const struct vh_backend *B = ch->backend;
 	int measured = vh_meter_on(ch, dev);

@@ -259,13 +259,21 @@ void vh_quota_worker_end(struct vh_chan *ch, int had_contexts)
 	}
 }
 
-int vh_quota_settle(struct vh_chan *ch, int dev)
+/* vh_quota_settle, for the refresh too (between calls, under quota_mu: what it reads is the truth
+ * at that moment, no call being under way). */
+static int settle(struct vh_chan *ch, int dev)
 {
 	struct vh_fwd *f = ch->fwd;
 	int64_t truth = vh_meter_read(ch, dev);
 	if (truth >= 0)
 		take_truth(ch, dev, truth);
 	return atomic_load(&f->used[dev]) > f->quota[dev];
+}
+
+int vh_quota_settle(struct vh_chan *ch, int dev)
+{
+	in_call(ch, "charges set to the meter's reading");
+	return settle(ch, dev);
 }
 
 void vh_quota_call_begin(struct vh_chan *ch)
@@ -278,6 +286,20 @@ void vh_quota_call_end(struct vh_chan *ch)
 {
 	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (even: ended) */
 	pthread_mutex_unlock(&ch->quota_mu);
+}
+
+int vh_quota_call_begin_if_out(struct vh_chan *ch)
+{
+	if (atomic_load(&ch->quota_gen) & 1) /* (only the serving thread begins and ends calls) */
+		return 0;
+	vh_quota_call_begin(ch);
+	return 1;
+}
+
+void vh_quota_call_end_if(struct vh_chan *ch, int began)
+{
+	if (began)
+		vh_quota_call_end(ch);
 }
 
 /* The meter is read without quota_mu (a read can take long; the guest's calls must not wait for
@@ -303,7 +325,7 @@ void vh_quota_refresh(struct vh_chan *ch)
 			take_truth(ch, d, truth);
 			ch->refresh_misses[d] = 0;
 		} else if (truth < 0 && ch->refresh_misses[d] >= 4) {
-			vh_quota_settle(ch, d);
+			settle(ch, d);
 			ch->refresh_misses[d] = 0;
 		} else {
 			ch->refresh_misses[d]++;

@@ -43,6 +43,11 @@ int vh_quota_settle_load(struct vh_chan *ch);
  * reading of the meter begun during it, or with one begun or ended since, is not taken. */
 void vh_quota_call_begin(struct vh_chan *ch);
 void vh_quota_call_end(struct vh_chan *ch);
+/* What may take or give memory within work for the GPU (a context made for it, a span's green
+ * context made or dropped) begins a call of its own, unless the worker is in one already (quota_mu
+ * is not taken twice): 1 if it began one, for vh_quota_call_end_if. */
+int vh_quota_call_begin_if_out(struct vh_chan *ch);
+void vh_quota_call_end_if(struct vh_chan *ch, int began);
 /* A worker ends (inside a call, its contexts dropped: had_contexts if it held any): its charges go,
  * measured where the meter is on, and nothing of it is marked ahead. */
 void vh_quota_worker_end(struct vh_chan *ch, int had_contexts);

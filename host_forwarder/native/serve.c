@@ -35,12 +35,6 @@ static CUresult set_device(struct vh_chan *ch, uint16_t dev)
 	return CUDA_SUCCESS;
 }
 
-/* Whether the process has a context on guest GPU dev (none: VG_NO_DEVICE, or no such GPU). */
-static int has_context(const struct vh_chan *ch, uint16_t dev)
-{
-	return dev == VG_NO_DEVICE || dev >= ch->fwd->ndev || ch->ctx[dev];
-}
-
 /* Stream captures the guest process has open: a context-wide synchronisation then would end
  * them with an error, and their launches put nothing on the GPU anyway. */
 _Atomic int open_captures, capture_beginning, ctx_draining;
@@ -199,9 +193,9 @@ int vh_serve(struct vh_chan *ch)
 		CUresult r;
 		if (vh_op_gpu_work(hdr.op) || vh_op_reports_async(hdr.op)) /* (work, or a wait for the GPU's) */
 			atomic_store_explicit(&ch->in_call, ch->cur_dev + 1, memory_order_relaxed);
-		/* calls that may take or give memory keep the worker's quota row to themselves: all but
-		 * work for the GPU, and work for a GPU the process has no context on yet (made below) */
-		int may_take_memory = !vh_op_gpu_work(hdr.op) || !has_context(ch, hdr.dev);
+		/* calls that may take or give memory keep the worker's quota row to themselves (work for
+		 * the GPU may make a context, or a span's green context: each its own call, if not in one) */
+		int may_take_memory = !vh_op_gpu_work(hdr.op);
 		if (hdr.op != VG_OP_cuMemAlloc_v2 && hdr.op != VG_OP_cuMemFree_v2)
 			ch->work_seq++; /* any other call may have queued work (alloc.c's kept blocks wait for it) */
 		if (may_take_memory)

@@ -808,7 +808,14 @@ static void take(void)
 static void free_a_piece(void) /* (a piece of a page: marked ahead) */
 {
 	measured = 1;
+	CHECK(vh_meter_on(&ch, 0)); /* (else it would be given back, not marked) */
 	vh_quota_bounded_free(&ch, 0, 64 << 10);
+}
+
+static void set_to_the_meter(void)
+{
+	measured = 1;
+	vh_quota_settle(&ch, 0);
 }
 
 static void end_the_worker(void)
@@ -821,10 +828,27 @@ static void end_the_worker(void)
 static void charges_change_only_inside_a_call(void)
 {
 #ifdef VH_CHECKED
-	void (*const changes[])(void) = {give_back, take, free_a_piece, end_the_worker};
+	void (*const changes[])(void) = {give_back, take, free_a_piece, end_the_worker, set_to_the_meter};
 	for (size_t i = 0; i < sizeof changes / sizeof *changes; i++)
 		CHECK(ends_between_calls(changes[i]));
 #endif
+	/* what may take memory within work for the GPU begins a call of its own only outside one:
+	 * the lock is not taken twice (a hang), and the call it is in does not end early */
+	setup();
+	atomic_store(&ch.quota_gen, 0);
+	vh_quota_call_begin(&ch);
+	CHECK_EQ(vh_quota_call_begin_if_out(&ch), 0);
+	vh_quota_call_end_if(&ch, 0);
+	CHECK_EQ(atomic_load(&ch.quota_gen), 1);
+	vh_quota_call_end(&ch);
+	int began = vh_quota_call_begin_if_out(&ch);
+	CHECK_EQ(began, 1);
+	CHECK_EQ(atomic_load(&ch.quota_gen), 3);
+	CHECK(pthread_mutex_trylock(&ch.quota_mu) != 0); /* (held: the refresh waits its turn) */
+	vh_quota_call_end_if(&ch, began);
+	CHECK_EQ(atomic_load(&ch.quota_gen), 4);
+	CHECK_EQ(pthread_mutex_trylock(&ch.quota_mu), 0);
+	pthread_mutex_unlock(&ch.quota_mu);
 	/* in a call (the tests' steps otherwise): the worker's end takes its charges back */
 	setup();
 	atomic_store(&used[0], 10 * MIB);

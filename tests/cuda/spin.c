@@ -13,11 +13,13 @@
  * "late-capture", async, and halfway one memset captured on that stream (a capture begun and ended
  * there, its graph destroyed); with "launch", a kernel launched by cuLaunchKernelEx on a stream of
  * its own instead of each memset, and with "coop" the same launch cooperative, and with "coop-query" the plain launch
- * after a cuOccupancyMaxActiveClusters of the cooperative configuration on its stream (a query: nothing moves).
+ * after a cuOccupancyMaxActiveClusters of the cooperative configuration on its stream (a query: nothing moves);
+ * with "work-first", sync, its first call to the host a memset on the legacy stream of an address it
+ * does not hold (refused: work for a GPU it has no context on yet, which the host makes first).
  * IDLE: seconds it then stays without putting work on the GPU before it
  * exits (its output said first).
  *   spin SECONDS [MIB] [sync|async|capture|capture-stray|two|churn|blocking|blocking-many|blocking-capture|late-capture|
- *    launch|coop|coop-query] [IDLE] */
+ *    launch|coop|coop-query|work-first] [IDLE] */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +59,9 @@ int main(int argc, char **argv)
 	int launch = coop || query || (argc > 3 && !strcmp(argv[3], "launch"));
 	int async = capture || two || churn || blocking || late || launch || (argc > 3 && !strcmp(argv[3], "async"));
 	CUstream t = NULL;
+	int first = argc > 3 && !strcmp(argv[3], "work-first");
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
-	    cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
+	    (first && cuMemsetD8(4096, 0, 1) != CUDA_ERROR_INVALID_VALUE) || cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
 	    (two && cuStreamCreate(&t, CU_STREAM_NON_BLOCKING)) ||
 	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
 			 cuMemsetD8Async(p, 0, bytes, c)))) {

@@ -68,7 +68,38 @@ def native_env(**extra: str) -> dict[str, str]:
     return env
 
 
+SHM = Path("/dev/shm")
+
+
+def driver_files() -> set[str]:
+    """The driver's shared-memory files in /dev/shm (`cuda.shm.<n>.<pid in hex>.<n>`)."""
+    try:
+        return {p.name for p in SHM.glob("cuda.shm.*")}
+    except OSError:
+        return set()
+
+
+def maker_gone(name: str) -> bool:
+    """Whether the process that made this driver file (the pid its name gives) has ended."""
+    parts = name.split(".")
+    try:
+        pid = int(parts[3], 16)
+    except (IndexError, ValueError):
+        return False
+    return pid > 0 and not Path(f"/proc/{pid}").exists()
+
+
 def run_native(args, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(a) for a in args], env=native_env(**extra), capture_output=True, text=True, timeout=timeout
-    )
+    """A program run natively.  The driver leaves an interprocess event's file in /dev/shm after
+    the processes that made and opened it have ended (ipc_pair natively: one each run; through
+    vmgpu none): what a native run's processes left there is removed after it, so that a test
+    leaves /dev/shm as it found it and what vmgpu leaves is still seen (tests/shm_check.py)."""
+    before = driver_files()
+    try:
+        return subprocess.run(
+            [str(a) for a in args], env=native_env(**extra), capture_output=True, text=True, timeout=timeout
+        )
+    finally:
+        for name in driver_files() - before:
+            if maker_gone(name):
+                (SHM / name).unlink(missing_ok=True)

@@ -268,6 +268,38 @@ def test_a_span_whose_green_context_does_not_fit_the_quota_is_refused_and_the_wo
     assert whole
 
 
+def test_a_process_whose_first_call_is_work_gets_its_context_charged_and_goes_on(sched_dir, tmp_path):
+    """A guest at work on its span beside another starts a process whose first call to the host is
+    work for the GPU (a memset of memory it does not hold: refused): its worker makes its context
+    in that call, charged in a call of its own as every change of the charges (the checked
+    forwarder ends a worker that changes them outside one), and the process goes on to work of
+    its own.  (A green context made for work is charged the same way: vh_quota_call_begin_if_out,
+    t_quota.)"""
+    a, b = tmp_path / "a", tmp_path / "b"
+    la = tmp_path / "a.log"
+    with (
+        forwarder(a, extra=PART, env={"VMGPU_SIM_SM_LOG": str(la)}, asan=True),
+        forwarder(b, extra=PART),
+    ):
+        with _page(sched_dir) as pg:
+            pg.policy = "shared"
+            pa, pb = _spin(a, 6.0, "async"), _spin(b, 6.0, "async")
+            _spans_40_92(pg)
+            assert wait_for(lambda: 40 in _sms(_log(la)), timeout=10), "a's work never ran on its span"
+            first = subprocess.Popen(
+                [str(NATIVE / "spin"), "1.0", "1", "work-first"], env=guest_env(a), stdout=subprocess.PIPE, text=True
+            )
+            try:
+                out, _ = first.communicate(timeout=30)  # (a worker that hung on its own lock: no answer)
+            finally:
+                if first.poll() is None:
+                    first.kill()
+                    first.wait()
+            assert first.returncode == 0, out
+            assert int(out.split()[1]) > 0, out
+            _done(pa), _done(pb)
+
+
 def test_without_sm_partitions_the_span_is_not_used(sched_dir, tmp_path):
     """--sm-partitions off (auto without --mps): the page gets no groups and work stays whole."""
     a, b = tmp_path / "a", tmp_path / "b"
