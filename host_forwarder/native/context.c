@@ -164,7 +164,8 @@ CUresult vh_green_make(struct vh_chan *ch, int dev, CUdevResource *res, unsigned
 	struct vh_fwd *f = ch->fwd;
 	int measured = vh_meter_on(ch, dev);
 	ctx_lock(f);
-	/* (no wait here: the worker is in a call through the GPU's gate, which a hand-over waits for) */
+	/* (no wait here: the worker is in work for the GPU, through its gate or about to pass it, which
+	 * a hand-over waits for) */
 	if (vh_quota_reserve_here(ch, dev, GREEN_RESERVE)) {
 		ctx_unlock(f);
 		return CUDA_ERROR_OUT_OF_MEMORY;

@@ -152,7 +152,7 @@ static int evict(struct vh_chan *ch, int dev)
 		if (ch->h[j].kind == VG_KIND_STREAM && ch->h[j].twin && ch->h[j].twin_span == old->span &&
 		    stream_dev(ch, &ch->h[j]) == dev)
 			vh_part_forget(ch, &ch->h[j]); /* (no work is on it: checked above) */
-	int began = vh_quota_call_begin_if_out(ch); /* (as every call that gives memory back) */
+	int began = vh_quota_call_begin_if_out(ch); /* (memory given back: a call, as every one that frees) */
 	vh_green_drop(ch, dev, old->g, old->c, old->charge, 1);
 	vh_quota_call_end_if(ch, began);
 	*old = p->green[--p->ngreen];
@@ -183,7 +183,7 @@ static struct vh_green *green_of(struct vh_chan *ch, int dev, uint32_t span)
 	if (hi == (unsigned)p->groups && p->has_rest)
 		use[n++] = p->rest; /* (the SMs left over go with the last group) */
 	struct vh_green *gr = &p->green[p->ngreen];
-	int began = vh_quota_call_begin_if_out(ch); /* (as every call that takes memory: vh_quota_refresh) */
+	int began = vh_quota_call_begin_if_out(ch); /* (memory taken: a call, so the refresh's reading is not) */
 	CUresult r = vh_green_make(ch, dev, use, n, &gr->g, &gr->c, &gr->charge);
 	vh_quota_call_end_if(ch, began);
 	if (r != CUDA_SUCCESS) {
