@@ -61,7 +61,8 @@ int main(int argc, char **argv)
 	CUstream t = NULL;
 	int first = argc > 3 && !strcmp(argv[3], "work-first");
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx) ||
-	    (first && cuMemsetD8(4096, 0, 1) != CUDA_ERROR_INVALID_VALUE) || cuMemAlloc(&p, bytes) || (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
+	    (first && cuMemsetD8(4096, 0, 1) != CUDA_ERROR_INVALID_VALUE) || cuMemAlloc(&p, bytes) ||
+	    (async && cuStreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING)) ||
 	    (two && cuStreamCreate(&t, CU_STREAM_NON_BLOCKING)) ||
 	    (capture && (cuStreamCreate(&c, CU_STREAM_NON_BLOCKING) || cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) ||
 			 cuMemsetD8Async(p, 0, bytes, c)))) {
