@@ -2,9 +2,12 @@
 /* The forwarder's files on the host, opened so that no other local user can slip one in: see
  * region_file.h. */
 #define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -150,4 +153,51 @@ int vh_private_file(int dirfd, const char *dir, const char *name)
 		return -1;
 	}
 	return fd;
+}
+
+/* name is `cuda.shm.<hex>.<pid in hex>.<hex>` */
+static int driver_file_of(const char *name, pid_t pid)
+{
+	static const char prefix[] = "cuda.shm.";
+	if (strncmp(name, prefix, sizeof prefix - 1) != 0)
+		return 0;
+	const char *p = name + sizeof prefix - 1;
+	unsigned long field[3];
+	for (int i = 0; i < 3; i++) {
+		if (!isxdigit((unsigned char)*p))
+			return 0;
+		char *end;
+		errno = 0;
+		field[i] = strtoul(p, &end, 16);
+		if (errno || *end != (i < 2 ? '.' : '\0'))
+			return 0;
+		p = end + (i < 2);
+	}
+	return field[1] == (unsigned long)pid;
+}
+
+int vh_driver_files_remove(pid_t pid)
+{
+	int fd = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		struct stat st;
+		if (!driver_file_of(e->d_name, pid) || fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+		    !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+			continue;
+		if (unlinkat(fd, e->d_name, 0) == 0)
+			n++;
+		else
+			vh_log("cannot remove /dev/shm/%s, which the CUDA driver left for process %d: %s", e->d_name,
+			       (int)pid, strerror(errno));
+	}
+	closedir(d);
+	return n;
 }

@@ -10,6 +10,7 @@
 #define VH_REGION_FILE_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 /* The region at path, open for reading and writing.
  * create != 0: a new region file of that many bytes, mode 0600, made under a fresh name beside path
@@ -31,5 +32,15 @@ int vh_private_dir(const char *path);
  * made (mode 0600, empty) if missing, with O_EXCL; an existing one must be a regular file of ours
  * with one link, not readable or writable by anyone else. */
 int vh_private_file(int dirfd, const char *dir, const char *name);
+
+/* The files the CUDA driver made in /dev/shm for process pid and left there: its interprocess
+ * events' file (`cuda.shm.<n>.<pid in hex>.<n>`; an MPS client's too), which the driver removes
+ * with the process's last such event or its context but which a process that is killed, or ends
+ * holding one, leaves behind (root's, about 80 KiB each).  A guest that could have its workers
+ * killed holding one (by truncating its region, by a hung call at a stop) would fill the host's
+ * /dev/shm a file at a time.  Removed: only regular files of this process's user under exactly
+ * that name, unlinked by name (never through a link).  pid must be an ended child not yet reaped,
+ * so that no other process can have the pid meanwhile.  Returns how many were removed. */
+int vh_driver_files_remove(pid_t pid);
 
 #endif

@@ -23,6 +23,7 @@
 #include "images.h"
 #include "ipc.h"
 #include "process.h"
+#include "region_file.h"
 
 struct slot {
 	pid_t worker; /* serving this channel, 0 if none */
@@ -110,15 +111,28 @@ static void worker_ended(struct slot *slots, uint32_t i, pid_t pid, int status, 
 		       WEXITSTATUS(status));
 }
 
-/* Reap the workers that ended (waiting for them if block).  Returns how many are left. */
+/* Reap the workers that ended (waiting for them if block).  Returns how many are left.  What
+ * the driver left in /dev/shm for one is removed first, while it is a zombie: its pid is no
+ * other process's until it is reaped. */
 static uint32_t reap(struct slot *slots, uint32_t n, uint8_t *fence, int block)
 {
 	int status;
-	pid_t pid;
-	while ((pid = waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
+	siginfo_t info;
+	for (;;) {
+		info.si_pid = 0;
+		if (waitid(P_ALL, 0, &info, WEXITED | WNOWAIT | (block ? 0 : WNOHANG)) != 0 || info.si_pid <= 0)
+			break;
+		pid_t pid = info.si_pid;
+		int left = vh_driver_files_remove(pid);
+		if (waitpid(pid, &status, 0) != pid)
+			break;
 		for (uint32_t i = 0; i < n; i++)
-			if (slots[i].worker == pid)
+			if (slots[i].worker == pid) {
+				if (left)
+					vh_log("channel %u: removed %d file(s) the CUDA driver left in /dev/shm for worker %d",
+					       i, left, (int)pid);
 				worker_ended(slots, i, pid, status, fence);
+			}
 		block = 0;
 	}
 	uint32_t left = 0;

@@ -10,7 +10,14 @@
  * Events: a handle of an event made with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, opened
  * as a new event of the opener's.  A process opening its own handle is refused
  * (CUDA_ERROR_INVALID_CONTEXT), as the driver refuses it.
+ * The driver keeps a process's interprocess events in a file of its own in /dev/shm,
+ * `cuda.shm.0.<pid in hex>.1` (root's, 0600), made with its first such event and gone with its
+ * last one destroyed, and left behind by a process that ends holding one (seen on an H100): made
+ * and removed here the same way, so that what the forwarder does with a dead worker's file is
+ * tested.
  */
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "sim.h"
@@ -113,6 +120,37 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
+static unsigned ipc_events; /* this process's interprocess events, under sim_mu */
+
+static void driver_file(char *name, size_t n)
+{
+	snprintf(name, n, "/dev/shm/cuda.shm.0.%x.1", (unsigned)getpid());
+}
+
+void sim_ipc_event_made(void)
+{
+	pthread_mutex_lock(&sim_mu);
+	if (ipc_events++ == 0) {
+		char name[64];
+		driver_file(name, sizeof name);
+		int fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd >= 0) /* (empty: what it holds is the driver's business) */
+			close(fd);
+	}
+	pthread_mutex_unlock(&sim_mu);
+}
+
+void sim_ipc_event_gone(void)
+{
+	pthread_mutex_lock(&sim_mu);
+	if (ipc_events && --ipc_events == 0) {
+		char name[64];
+		driver_file(name, sizeof name);
+		unlink(name);
+	}
+	pthread_mutex_unlock(&sim_mu);
+}
+
 EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *out, CUevent e)
 {
 	struct sim_obj *o = (struct sim_obj *)e;
@@ -131,5 +169,8 @@ EXPORT CUresult cuIpcOpenEventHandle(CUevent *e, CUipcEventHandle handle)
 	struct sim_ipc_handle h;
 	if (!e || !handle_in(handle.reserved, EVENT_MAGIC_STR, &h)) return CUDA_ERROR_INVALID_VALUE;
 	if (!sim_current || h.pid == (uint32_t)getpid()) return CUDA_ERROR_INVALID_CONTEXT;
-	return sim_new_obj((void **)e, EVENT_MAGIC, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+	CUresult r = sim_new_obj((void **)e, EVENT_MAGIC, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS)
+		sim_ipc_event_made();
+	return r;
 }

@@ -128,6 +128,9 @@ CUresult sim_new_obj(void **out, uint32_t magic, int flags);
 int sim_is_obj(const void *p, uint32_t magic);
 CUresult sim_del_obj(void *p, uint32_t magic);
 struct sim_obj *sim_stream_obj(CUstream s);
+/* An interprocess event made (or opened) and destroyed: the driver's file for them (ipc.c). */
+void sim_ipc_event_made(void);
+void sim_ipc_event_gone(void);
 /* A capture begins on stream o into graph g (cuStreamBeginCapture_v2, cuStreamBeginCaptureToGraph). */
 void sim_capture_begin(struct sim_obj *o, struct sim_graph *g, CUstreamCaptureMode mode);
 

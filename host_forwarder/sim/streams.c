@@ -96,11 +96,21 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned int f)
 	if (sim_event_create_fails())
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUresult r = sim_new_obj((void **)e, EVENT_MAGIC, (int)f);
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
 		((struct sim_obj *)*e)->ctx_dev = sim_current ? sim_ctx_device(sim_current) : -1;
+		if (f & CU_EVENT_INTERPROCESS)
+			sim_ipc_event_made();
+	}
 	return r;
 }
-EXPORT CUresult cuEventDestroy_v2(CUevent e) { return sim_del_obj(e, EVENT_MAGIC); }
+EXPORT CUresult cuEventDestroy_v2(CUevent e)
+{
+	int ipc = sim_is_obj(e, EVENT_MAGIC) && (((struct sim_obj *)e)->flags & CU_EVENT_INTERPROCESS);
+	CUresult r = sim_del_obj(e, EVENT_MAGIC);
+	if (r == CUDA_SUCCESS && ipc)
+		sim_ipc_event_gone();
+	return r;
+}
 /* Stream capture as the driver checks it, in part: while a capture begun in the global mode is
  * open (global_captures), a query or synchronisation of an event by a thread whose capture mode is not relaxed is
  * "potentially unsafe" and invalidates it (its cuStreamEndCapture says so), and an event recorded

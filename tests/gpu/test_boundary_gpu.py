@@ -5,13 +5,16 @@ backend is tests/native/test_host_boundary_sim.py.
 Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu tests/gpu`.
 """
 
+import os
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, log_text, wait_for
+from tests.gpu.programs import SHM, driver_files, native_env
 from vmgpu import stats
 from vmgpu.forwarder import gpu_present
 
@@ -119,3 +122,76 @@ def test_a_killed_guest_process_gives_its_memory_back_within_a_second(shm_path, 
             r.stdout,
             log_text(fwd),
         )
+
+
+def _event_maker(lib: str, env: dict) -> subprocess.Popen:
+    """A process (ctypes on lib, the driver or vmgpu's guest library) that runs the IPC tests'
+    guest commands (tests/native/test_ipc_sim.py) on GPU 0."""
+    from tests.native.test_ipc_sim import GUEST
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", GUEST, lib, "0"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
+    return p
+
+
+def _ask(p: subprocess.Popen, *words) -> str:
+    p.stdin.write(" ".join(map(str, words)) + "\n")
+    p.stdin.flush()
+    r, _, value = p.stdout.readline().strip().partition(" ")
+    assert r == "0", (words, r)
+    return value
+
+
+def _files_of(pid: int) -> set[str]:
+    return {n for n in driver_files() if n.split(".")[3:4] == [f"{pid:x}"]}
+
+
+def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
+    """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
+    when the process is killed: natively, a process that makes such an event and exports it, then
+    is killed, leaves its file.  A guest that does the same and then truncates its region file
+    has its worker killed (the region is formatted afresh): the forwarder removes what the driver
+    left for the worker as it reaps it, so a guest doing it again and again cannot fill the host's
+    /dev/shm.  (The same on the simulated backend, with the hostile neighbours of such a file:
+    tests/native/test_ipc_sim.py.)"""
+    native = _event_maker("libcuda.so.1", native_env())
+    try:
+        before = _files_of(native.pid)
+        _ask(native, "event", 6)
+        after_event = _files_of(native.pid)
+        _ask(native, "export_event", _ask(native, "event", 6))
+        after_export = _files_of(native.pid)
+        native.kill()
+        native.wait()
+        left = _files_of(native.pid)
+        print(f"natively: before {before}, after an event {after_event}, after an export {after_export}, killed {left}")
+        assert left, "the driver removed a killed process's file itself: this test proves nothing"
+    finally:
+        if native.poll() is None:
+            native.kill()
+            native.wait()
+        for name in _files_of(native.pid):
+            (SHM / name).unlink(missing_ok=True)
+    with forwarder(shm_path, backend="cuda", size="1G", mem="4G") as fwd:
+        g = _event_maker(str(NATIVE / "guest" / "libcuda.so.1"), guest_env(shm_path))
+        try:
+            worker = next(int(w.split()[-1]) for w in log_text(fwd).splitlines() if "served by worker" in w)
+            _ask(g, "export_event", _ask(g, "event", 6))
+            made = _files_of(worker)
+            print(f"through vmgpu: the worker's files {made}")
+            assert made, log_text(fwd)
+            os.truncate(shm_path, 4096)
+            assert wait_for(lambda: "served again" in log_text(fwd), timeout=30), log_text(fwd)
+            assert wait_for(lambda: not os.path.exists(f"/proc/{worker}"), timeout=30), log_text(fwd)
+            assert not _files_of(worker), log_text(fwd)
+            assert f"left in /dev/shm for worker {worker}" in log_text(fwd)
+        finally:
+            g.kill()
+            g.communicate()

@@ -15,6 +15,7 @@ import os
 import signal
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -265,6 +266,71 @@ def test_an_interprocess_event_is_exported_opened_recorded_and_waited_on(shm_pat
         assert b("destroy_event", opened) == (SUCCESS, "")
         assert b("query", opened)[0] != SUCCESS  # a destroyed handle names nothing
         assert fwd.proc.poll() is None, fwd.log()
+
+
+SHM = "/dev/shm"
+
+
+def _driver_files(pid: int) -> set[str]:
+    """The files named as the driver names a process's interprocess events' file, for pid."""
+    return {n for n in os.listdir(SHM) if n.startswith("cuda.shm.") and n.split(".")[3:4] == [f"{pid:x}"]}
+
+
+def test_what_the_driver_left_in_dev_shm_for_a_killed_worker_is_removed(shm_path, two_gpus, guests):
+    """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
+    behind when the process is killed (on the simulated backend: sim/ipc.c, as on an H100).  A
+    guest that makes such an event and then truncates its region file has its workers killed
+    (the region is formatted afresh): their files go as they are reaped, so a guest cannot fill the
+    host's /dev/shm by doing it again and again.  Only the files of that worker, regular and the
+    forwarder's user's, are removed: one another user made under such a name, a link, and another
+    pid's stay."""
+    with asan_forwarder(shm_path) as fwd:
+        g = guests(shm_path, 0, GUEST)
+        assert wait_for(lambda: worker_pids(fwd)), fwd.log()
+        (worker,) = worker_pids(fwd)
+        assert not _driver_files(worker)
+        g.ok("event", 6)
+        made = _driver_files(worker)
+        assert made == {f"cuda.shm.0.{worker:x}.1"}, fwd.log()
+        planted = {  # (none of them is the worker's to remove)
+            "foreign": f"{SHM}/cuda.shm.0.{worker:x}.2",
+            "link": f"{SHM}/cuda.shm.0.{worker:x}.3",
+            "other pid": f"{SHM}/cuda.shm.0.{worker:x}0.1",
+        }
+        try:
+            for what, path in planted.items():
+                if what == "link":
+                    os.symlink(f"{SHM}/{next(iter(made))}", path)
+                else:
+                    with open(path, "x"):
+                        pass
+                    if what == "foreign":
+                        os.chown(path, 65534, 65534)
+            os.truncate(shm_path, 4096)
+            assert wait_for(lambda: "served again" in fwd.log()), fwd.log()
+            assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
+            assert not (_driver_files(worker) - {Path(p).name for p in planted.values()}), fwd.log()
+            assert f"removed 1 file(s) the CUDA driver left in /dev/shm for worker {worker}" in fwd.log()
+            for what, path in planted.items():
+                assert os.path.lexists(path), what
+        finally:
+            for path in planted.values():
+                if os.path.lexists(path):
+                    os.unlink(path)
+        assert fwd.proc.poll() is None, fwd.log()
+
+
+def test_a_worker_that_ends_holding_an_interprocess_event_leaves_no_driver_file(shm_path, two_gpus, guests):
+    """A guest process that ends without destroying its interprocess event: its worker frees what it
+    held, and nothing of the driver's for it stays in /dev/shm."""
+    with asan_forwarder(shm_path) as fwd:
+        g = guests(shm_path, 0, GUEST)
+        (worker,) = worker_pids(fwd)
+        g.ok("event", 6)
+        assert _driver_files(worker), fwd.log()
+        g.exit()
+        assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
+        assert not _driver_files(worker), fwd.log()
 
 
 def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):
