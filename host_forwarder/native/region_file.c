@@ -2,12 +2,9 @@
 /* The forwarder's files on the host, opened so that no other local user can slip one in: see
  * region_file.h. */
 #define _GNU_SOURCE
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -155,49 +152,32 @@ int vh_private_file(int dirfd, const char *dir, const char *name)
 	return fd;
 }
 
-/* name is `cuda.shm.<hex>.<pid in hex>.<hex>` */
-static int driver_file_of(const char *name, pid_t pid)
-{
-	static const char prefix[] = "cuda.shm.";
-	if (strncmp(name, prefix, sizeof prefix - 1) != 0)
-		return 0;
-	const char *p = name + sizeof prefix - 1;
-	unsigned long field[3];
-	for (int i = 0; i < 3; i++) {
-		if (!isxdigit((unsigned char)*p))
-			return 0;
-		char *end;
-		errno = 0;
-		field[i] = strtoul(p, &end, 16);
-		if (errno || *end != (i < 2 ? '.' : '\0'))
-			return 0;
-		p = end + (i < 2);
-	}
-	return field[1] == (unsigned long)pid;
-}
-
 int vh_driver_files_remove(pid_t pid)
 {
 	int fd = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	if (fd < 0) {
+		static int said;
+		if (!said++)
+			vh_log("cannot open /dev/shm (%s): files the CUDA driver leaves there for ended workers are not "
+			       "removed",
+			       strerror(errno));
 		return 0;
 	}
 	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL) {
-		struct stat st;
-		if (!driver_file_of(e->d_name, pid) || fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-		    !S_ISREG(st.st_mode) || st.st_uid != geteuid())
-			continue;
-		if (unlinkat(fd, e->d_name, 0) == 0)
-			n++;
-		else
-			vh_log("cannot remove /dev/shm/%s, which the CUDA driver left for process %d: %s", e->d_name,
-			       (int)pid, strerror(errno));
-	}
-	closedir(d);
+	for (unsigned first = 0; first < VH_DRIVER_FILES_FIRST; first++)
+		for (unsigned last = 0; last < VH_DRIVER_FILES_LAST; last++) {
+			char name[64];
+			struct stat st;
+			snprintf(name, sizeof name, "cuda.shm.%x.%x.%x", first, (unsigned)pid, last);
+			if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+			    st.st_uid != geteuid())
+				continue;
+			if (unlinkat(fd, name, 0) == 0)
+				n++;
+			else
+				vh_log("cannot remove /dev/shm/%s, which the CUDA driver left for process %d: %s", name,
+				       (int)pid, strerror(errno));
+		}
+	close(fd);
 	return n;
 }

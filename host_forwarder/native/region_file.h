@@ -34,13 +34,18 @@ int vh_private_dir(const char *path);
 int vh_private_file(int dirfd, const char *dir, const char *name);
 
 /* The files the CUDA driver made in /dev/shm for process pid and left there: its interprocess
- * events' file (`cuda.shm.<n>.<pid in hex>.<n>`; an MPS client's too), which the driver removes
- * with the process's last such event or its context but which a process that is killed, or ends
- * holding one, leaves behind (root's, about 80 KiB each).  A guest that could have its workers
- * killed holding one (by truncating its region, by a hung call at a stop) would fill the host's
- * /dev/shm a file at a time.  Removed: only regular files of this process's user under exactly
- * that name, unlinked by name (never through a link).  pid must be an ended child not yet reaped,
- * so that no other process can have the pid meanwhile.  Returns how many were removed. */
+ * events' file (`cuda.shm.0.<pid in hex>.1` on an H100, driver 580), which the driver removes with
+ * the process's last such event or its context but which a process that is killed leaves behind
+ * (root's, 80 KiB).  A guest that could have its workers killed holding one (by truncating its
+ * region, which ends them all) would fill the host's /dev/shm a file at a time.  The names are
+ * tried, not searched for (`cuda.shm.<a>.<pid>.<b>`, a and b in hex below the bounds here), so that
+ * what another user puts in /dev/shm costs nothing; a name is removed only if it is a regular file
+ * of this process's user (unlinked by name, never through a link).  pid must be an ended child not
+ * yet reaped, so that no other process has the pid meanwhile, and the driver names files by the pid
+ * as this process sees it (the forwarder runs in the pid namespace of the /dev/shm it uses).
+ * Returns how many were removed. */
+#define VH_DRIVER_FILES_FIRST 8
+#define VH_DRIVER_FILES_LAST 64
 int vh_driver_files_remove(pid_t pid);
 
 #endif

@@ -121,6 +121,7 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p)
 }
 
 static unsigned ipc_events; /* this process's interprocess events, under sim_mu */
+static int made_file;        /* whether the file is one this process made (one that was there stays) */
 
 static void driver_file(char *name, size_t n)
 {
@@ -134,8 +135,10 @@ void sim_ipc_event_made(void)
 		char name[64];
 		driver_file(name, sizeof name);
 		int fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-		if (fd >= 0) /* (empty: what it holds is the driver's business) */
+		if (fd >= 0) { /* (empty: what it holds is the driver's business) */
+			made_file = 1;
 			close(fd);
+		}
 	}
 	pthread_mutex_unlock(&sim_mu);
 }
@@ -143,7 +146,8 @@ void sim_ipc_event_made(void)
 void sim_ipc_event_gone(void)
 {
 	pthread_mutex_lock(&sim_mu);
-	if (ipc_events && --ipc_events == 0) {
+	if (ipc_events && --ipc_events == 0 && made_file) {
+		made_file = 0;
 		char name[64];
 		driver_file(name, sizeof name);
 		unlink(name);
