@@ -9,7 +9,9 @@ behind the one before counts too.
     python3 bench/torch_infer.py [--steps 400] [--warmup 50] [--rate R] [--latencies FILE]
 Prints `p50_ms=X p99_ms=Y req_per_s=Z busy=B` (B: the share of the time a request was being served);
 with --latencies, each request's arrival (time.monotonic(), the host's CLOCK_MONOTONIC: other
-processes' clocks too) and latency in ms, one request a line.
+processes' clocks too) and latency in ms, one request a line, followed by where its time went (ms):
+how long it waited behind the request before, how long the forward pass took to be issued on the
+host (the launches), and the GPU's span from its first work to its last (two timing events).
 """
 
 import argparse
@@ -33,7 +35,8 @@ def main() -> None:
     torch.backends.cudnn.benchmark = False
     model = torchvision.models.resnet50().cuda().eval()
     x = torch.randn(1, 3, 224, 224, device="cuda")
-    times, arrivals = [], []
+    times, arrivals, parts = [], [], []
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.no_grad():
         for _ in range(a.warmup):
             model(x).argmax(1).item()
@@ -48,8 +51,13 @@ def main() -> None:
             while time.perf_counter() < arrival:
                 time.sleep(min(0.0005, max(0.0, arrival - time.perf_counter())))
             t0 = time.perf_counter()
-            model(x).argmax(1).item()  # the answer, on the host
+            first.record()
+            y = model(x).argmax(1)
+            issued = time.perf_counter()
+            last.record()
+            y.item()  # the answer, on the host
             done = time.perf_counter()
+            parts.append((t0 - arrival, issued - t0, first.elapsed_time(last)))
             served += done - t0
             times.append(done - arrival)
             arrivals.append(arrival)
@@ -57,7 +65,10 @@ def main() -> None:
     if a.latencies:  # (perf_counter and monotonic: one clock here, but say it in monotonic's terms)
         shift = time.monotonic() - time.perf_counter()
         with open(a.latencies, "w") as f:
-            f.writelines(f"{t + shift:.6f} {1e3 * x:.3f}\n" for t, x in zip(arrivals, times, strict=True))
+            f.writelines(
+                f"{t + shift:.6f} {1e3 * x:.3f} {1e3 * w:.3f} {1e3 * i:.3f} {g:.3f}\n"
+                for t, x, (w, i, g) in zip(arrivals, times, parts, strict=True)
+            )
     q = statistics.quantiles(times, n=100)
     print(
         f"p50_ms={q[49] * 1e3:.3f} p99_ms={q[98] * 1e3:.3f} req_per_s={len(times) / elapsed:.1f} "
