@@ -60,6 +60,7 @@ struct vh_chan {
 	uint32_t unmeasured_exact[VG_MAX_DEVICES];
 	_Atomic uint64_t quota_gen;   /* odd while a call that may take or give memory runs, and even
 	                               * after: two a call (vh_quota_refresh) */
+	pthread_t quota_owner;        /* the thread in that call (set and checked in the checked build) */
 	uint8_t refresh_misses[VG_MAX_DEVICES]; /* refreshes in a row whose reading could not be taken */
 	struct vh_kept kept[VH_KEPT_MAX];
 	uint32_t nkept;

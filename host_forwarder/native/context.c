@@ -84,7 +84,7 @@ static void context_drop(struct vh_chan *ch, int dev)
 	B->cuCtxSetCurrent(NULL);
 	B->cuDevicePrimaryCtxRelease_v2(f->dev[dev]);
 	vh_depth_forget(B, dev);
-	ch->ctx[dev] = NULL;
+	__atomic_store_n(&ch->ctx[dev], NULL, __ATOMIC_RELEASE); /* (the quota's refresh reads it: quota.c) */
 	if (ch->cur_dev == dev)
 		ch->cur_dev = -1;
 }
@@ -130,7 +130,7 @@ static CUresult context_make(struct vh_chan *ch, int dev, CUcontext *out)
 		ctx_unlock(f);
 		return r;
 	}
-	ch->ctx[dev] = c;
+	__atomic_store_n(&ch->ctx[dev], c, __ATOMIC_RELEASE); /* (the quota's refresh reads it: quota.c) */
 	B->cuCtxSetCurrent(c);
 	region_register(ch, dev);
 	vh_context_back(ch);

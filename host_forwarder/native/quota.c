@@ -75,14 +75,19 @@ static int returns_pending(const struct vh_chan *ch, int dev)
 }
 
 /* A worker's charges change only inside a call that may take or give memory
- * (vh_quota_call_begin/end: quota_mu held, quota_gen odd), so that a reading of the meter begun
- * before the change is not taken after it.  The checked build (-DVH_CHECKED: the ASan/UBSan build
- * the tests run forwarders from) ends the worker at a change outside one, saying which. */
+ * (vh_quota_call_begin/end: quota_mu held, quota_gen odd), and only on the thread in it, so that
+ * a reading of the meter begun before the change is not taken after it.  The checked build
+ * (-DVH_CHECKED: the ASan/UBSan build the tests run forwarders from) ends the worker at a change
+ * outside one, or on another thread while one is under way, saying which. */
 static void in_call(const struct vh_chan *ch, const char *what)
 {
 #ifdef VH_CHECKED
 	if (!(atomic_load(&ch->quota_gen) & 1)) {
 		fprintf(stderr, "vmgpu-forwarder: quota: %s outside a call (vh_quota_call_begin/end)\n", what);
+		abort();
+	}
+	if (!pthread_equal(ch->quota_owner, pthread_self())) {
+		fprintf(stderr, "vmgpu-forwarder: quota: %s outside a call, on a thread other than the call's\n", what);
 		abort();
 	}
 #else
@@ -280,6 +285,9 @@ void vh_quota_call_begin(struct vh_chan *ch)
 {
 	pthread_mutex_lock(&ch->quota_mu);
 	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (odd: under way) */
+#ifdef VH_CHECKED
+	ch->quota_owner = pthread_self();
+#endif
 }
 
 void vh_quota_call_end(struct vh_chan *ch)
@@ -290,8 +298,16 @@ void vh_quota_call_end(struct vh_chan *ch)
 
 int vh_quota_call_begin_if_out(struct vh_chan *ch)
 {
-	if (atomic_load(&ch->quota_gen) & 1) /* (only the serving thread begins and ends calls) */
+	if (atomic_load(&ch->quota_gen) & 1) { /* (only the serving thread begins and ends calls) */
+#ifdef VH_CHECKED
+		if (!pthread_equal(ch->quota_owner, pthread_self())) {
+			fprintf(stderr, "vmgpu-forwarder: quota: a call begun while another thread's is under way (it would go on "
+				"outside a call, without the lock)\n");
+			abort();
+		}
+#endif
 		return 0;
+	}
 	vh_quota_call_begin(ch);
 	return 1;
 }
@@ -310,7 +326,8 @@ void vh_quota_call_end_if(struct vh_chan *ch, int began)
 void vh_quota_refresh(struct vh_chan *ch)
 {
 	for (int d = 0; d < ch->fwd->ndev; d++) {
-		if (!ch->ctx[d] || !vh_meter_on(ch, d)) {
+		/* (ctx[d] is the serving thread's to set: read here with an atomic load) */
+		if (!__atomic_load_n(&ch->ctx[d], __ATOMIC_ACQUIRE) || !vh_meter_on(ch, d)) {
 			if (ch->fwd->ahead && !vh_meter_on(ch, d)) /* (estimates: the charges themselves, never read) */
 				atomic_store(&ch->fwd->ahead[ch->index][d], 0);
 			continue;

@@ -140,6 +140,7 @@ static void setup(void)
 	ch.charged = rows[0];
 	pthread_mutex_init(&ch.quota_mu, NULL);
 	atomic_store(&ch.quota_gen, 1); /* the test's steps are a call's code (refresh(): between calls) */
+	ch.quota_owner = pthread_self();
 	measured = 0;
 	memset(held, 0, sizeof held);
 	reads = 0;
@@ -825,12 +826,55 @@ static void end_the_worker(void)
 
 #endif
 
+#ifdef VH_CHECKED
+static void *give_back_here(void *arg)
+{
+	(void)arg;
+	give_back();
+	return NULL;
+}
+
+static void *begin_if_out_here(void *arg)
+{
+	(void)arg;
+	vh_quota_call_begin_if_out(&ch);
+	return NULL;
+}
+
+/* A thread other than the one in the call changes charges, or begins a call of its own (which,
+ * seeing one under way, would go on without the lock), while this one is in a call: the checked
+ * worker ends (SIGABRT). */
+static int ends_from_another_thread(void *(*change)(void *))
+{
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, 2);
+		setup();
+		atomic_store(&used[0], 10 * MIB);
+		atomic_store(&rows[0][0], 10 * MIB);
+		atomic_store(&ch.quota_gen, 0);
+		vh_quota_call_begin(&ch); /* (this thread's call) */
+		pthread_t t;
+		CHECK_EQ(pthread_create(&t, NULL, change, NULL), 0);
+		pthread_join(t, NULL);
+		_exit(0);
+	}
+	int st;
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
+}
+#endif
+
 static void charges_change_only_inside_a_call(void)
 {
 #ifdef VH_CHECKED
 	void (*const changes[])(void) = {give_back, take, free_a_piece, end_the_worker, set_to_the_meter};
 	for (size_t i = 0; i < sizeof changes / sizeof *changes; i++)
 		CHECK(ends_between_calls(changes[i]));
+	CHECK(ends_from_another_thread(give_back_here));
+	CHECK(ends_from_another_thread(begin_if_out_here));
 #endif
 	/* what may take memory within work for the GPU begins a call of its own only outside one:
 	 * the lock is not taken twice (a hang), and the call it is in does not end early */
