@@ -86,8 +86,11 @@ static void in_call(const struct vh_chan *ch, const char *what)
 		fprintf(stderr, "vmgpu-forwarder: quota: %s outside a call (vh_quota_call_begin/end)\n", what);
 		abort();
 	}
-	if (!pthread_equal(ch->quota_owner, pthread_self())) {
-		fprintf(stderr, "vmgpu-forwarder: quota: %s outside a call, on a thread other than the call's\n", what);
+	if (!pthread_equal(__atomic_load_n(&ch->quota_owner, __ATOMIC_RELAXED), pthread_self())) {
+		fprintf(stderr,
+			"vmgpu-forwarder: quota: %s on a thread other than the one in the call (outside a call of its "
+			"own)\n",
+			what);
 		abort();
 	}
 #else
@@ -286,7 +289,7 @@ void vh_quota_call_begin(struct vh_chan *ch)
 	pthread_mutex_lock(&ch->quota_mu);
 	atomic_fetch_add_explicit(&ch->quota_gen, 1, memory_order_relaxed); /* (odd: under way) */
 #ifdef VH_CHECKED
-	ch->quota_owner = pthread_self();
+	__atomic_store_n(&ch->quota_owner, pthread_self(), __ATOMIC_RELAXED);
 #endif
 }
 
@@ -300,7 +303,7 @@ int vh_quota_call_begin_if_out(struct vh_chan *ch)
 {
 	if (atomic_load(&ch->quota_gen) & 1) { /* (only the serving thread begins and ends calls) */
 #ifdef VH_CHECKED
-		if (!pthread_equal(ch->quota_owner, pthread_self())) {
+		if (!pthread_equal(__atomic_load_n(&ch->quota_owner, __ATOMIC_RELAXED), pthread_self())) {
 			fprintf(stderr, "vmgpu-forwarder: quota: a call begun while another thread's is under way (it would go on "
 				"outside a call, without the lock)\n");
 			abort();
