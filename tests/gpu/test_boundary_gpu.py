@@ -6,10 +6,12 @@ Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu test
 """
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +197,54 @@ def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
         finally:
             g.kill()
             g.communicate()
+
+
+# A native process's interprocess events, made and destroyed as a hostile guest might (argv[1]: how
+# many kept at once at most), printing each driver file name of its own it has seen in /dev/shm.
+_MANY_EVENTS = r"""
+import ctypes, os, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+P = ctypes.c_void_p
+ctx = P()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+mine = lambda: {n for n in os.listdir("/dev/shm") if n.split(".")[3:4] == [f"{os.getpid():x}"]}
+seen = set()
+def make(n):
+    evs = []
+    for _ in range(n):
+        e = P()
+        assert cuda.cuEventCreate(ctypes.byref(e), 6) == 0  # CU_EVENT_INTERPROCESS | DISABLE_TIMING
+        evs.append(e)
+    seen.update(mine())
+    return evs
+for _ in range(20):  # one made and destroyed, again and again
+    for e in make(1):
+        assert cuda.cuEventDestroy_v2(e) == 0
+    seen.update(mine())
+kept = make(int(sys.argv[1]))  # many at once
+print(" ".join(sorted(seen)), flush=True)
+"""
+
+
+def test_the_drivers_event_file_names_stay_within_what_the_forwarder_tries():
+    """The forwarder tries the driver's names for a reaped worker (`cuda.shm.<a>.<pid>.<b>`, a and b
+    below region_file.h's bounds) rather than listing /dev/shm: natively, a process that makes and
+    destroys an interprocess event twenty times, then holds 4,096 of them, gets no name outside
+    those bounds, so a guest doing the same cannot get a file past what is removed."""
+    header = (Path(__file__).resolve().parents[2] / "host_forwarder" / "native" / "region_file.h").read_text()
+    first = int(re.search(r"#define VH_DRIVER_FILES_FIRST (\d+)", header).group(1))
+    last = int(re.search(r"#define VH_DRIVER_FILES_LAST (\d+)", header).group(1))
+    p = subprocess.run(
+        [sys.executable, "-c", _MANY_EVENTS, "4096"], env=native_env(), capture_output=True, text=True, timeout=120
+    )
+    names = p.stdout.split()
+    print(f"natively, the driver's names for one process: {names}")
+    try:
+        assert p.returncode == 0 and names, p.stderr
+        for n in names:
+            a, b = (int(x, 16) for x in n.split(".")[2:5:2])
+            assert a < first and b < last, (n, first, last)
+    finally:
+        for n in names:
+            (SHM / n).unlink(missing_ok=True)
