@@ -123,14 +123,14 @@ static uint32_t reap(struct slot *slots, uint32_t n, uint8_t *fence, int block)
 		if (waitid(P_ALL, 0, &info, WEXITED | WNOWAIT | (block ? 0 : WNOHANG)) != 0 || info.si_pid <= 0)
 			break;
 		pid_t pid = info.si_pid;
-		int left = vh_driver_files_remove(pid);
+		int removed = vh_driver_files_remove(pid);
 		if (waitpid(pid, &status, 0) != pid)
 			break;
 		for (uint32_t i = 0; i < n; i++)
 			if (slots[i].worker == pid) {
-				if (left)
+				if (removed)
 					vh_log("channel %u: removed %d file(s) the CUDA driver left in /dev/shm for worker %d",
-					       i, left, (int)pid);
+					       i, removed, (int)pid);
 				worker_ended(slots, i, pid, status, fence);
 			}
 		block = 0;

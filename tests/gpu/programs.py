@@ -79,6 +79,11 @@ def driver_files() -> set[str]:
         return set()
 
 
+def driver_files_of(pid: int) -> set[str]:
+    """The driver's files in /dev/shm named for process pid, spelled as the driver spells it."""
+    return {n for n in driver_files() if n.split(".")[3:4] == [f"{pid:x}"]}
+
+
 def maker_gone(name: str) -> bool:
     """Whether the process that made this driver file (the pid its name gives) has ended."""
     parts = name.split(".")

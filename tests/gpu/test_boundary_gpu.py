@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, log_text, wait_for
-from tests.gpu.programs import SHM, driver_files, native_env
+from tests.gpu.programs import SHM, driver_files_of, native_env
+from tests.native.guest_process import Guest
 from vmgpu import stats
 from vmgpu.forwarder import gpu_present
 
@@ -126,35 +127,6 @@ def test_a_killed_guest_process_gives_its_memory_back_within_a_second(shm_path, 
         )
 
 
-def _event_maker(lib: str, env: dict) -> subprocess.Popen:
-    """A process (ctypes on lib, the driver or vmgpu's guest library) that runs the IPC tests'
-    guest commands (tests/native/test_ipc_sim.py) on GPU 0."""
-    from tests.native.test_ipc_sim import GUEST
-
-    p = subprocess.Popen(
-        [sys.executable, "-c", GUEST, lib, "0"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
-    return p
-
-
-def _ask(p: subprocess.Popen, *words) -> str:
-    p.stdin.write(" ".join(map(str, words)) + "\n")
-    p.stdin.flush()
-    r, _, value = p.stdout.readline().strip().partition(" ")
-    assert r == "0", (words, r)
-    return value
-
-
-def _files_of(pid: int) -> set[str]:
-    return {n for n in driver_files() if n.split(".")[3:4] == [f"{pid:x}"]}
-
-
 def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
     """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
     when the process is killed: natively, a process that makes such an event and exports it, then
@@ -163,40 +135,39 @@ def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
     left for the worker as it reaps it, so a guest doing it again and again cannot fill the host's
     /dev/shm.  (The same on the simulated backend, with the hostile neighbours of such a file:
     tests/native/test_ipc_sim.py.)"""
-    native = _event_maker("libcuda.so.1", native_env())
+    from tests.native.test_ipc_sim import GUEST
+
+    native = Guest(None, 0, GUEST, lib="libcuda.so.1", env=native_env())
+    pid = native.proc.pid
     try:
-        before = _files_of(native.pid)
-        _ask(native, "event", 6)
-        after_event = _files_of(native.pid)
-        _ask(native, "export_event", _ask(native, "event", 6))
-        after_export = _files_of(native.pid)
+        before = driver_files_of(pid)
+        native.ok("event", 6)
+        after_event = driver_files_of(pid)
+        native.ok("export_event", native.ok("event", 6))
+        after_export = driver_files_of(pid)
         native.kill()
-        native.wait()
-        left = _files_of(native.pid)
+        left = driver_files_of(pid)
         print(f"natively: before {before}, after an event {after_event}, after an export {after_export}, killed {left}")
         assert left, "the driver removed a killed process's file itself: this test proves nothing"
     finally:
-        if native.poll() is None:
-            native.kill()
-            native.wait()
-        for name in _files_of(native.pid):
+        native.kill()
+        for name in driver_files_of(pid):
             (SHM / name).unlink(missing_ok=True)
     with forwarder(shm_path, backend="cuda", size="1G", mem="4G") as fwd:
-        g = _event_maker(str(NATIVE / "guest" / "libcuda.so.1"), guest_env(shm_path))
+        g = Guest(shm_path, 0, GUEST)
         try:
             worker = next(int(w.split()[-1]) for w in log_text(fwd).splitlines() if "served by worker" in w)
-            _ask(g, "export_event", _ask(g, "event", 6))
-            made = _files_of(worker)
+            g.ok("export_event", g.ok("event", 6))
+            made = driver_files_of(worker)
             print(f"through vmgpu: the worker's files {made}")
             assert made, log_text(fwd)
             os.truncate(shm_path, 4096)
             assert wait_for(lambda: "served again" in log_text(fwd), timeout=30), log_text(fwd)
             assert wait_for(lambda: not os.path.exists(f"/proc/{worker}"), timeout=30), log_text(fwd)
-            assert not _files_of(worker), log_text(fwd)
+            assert not driver_files_of(worker), log_text(fwd)
             assert f"left in /dev/shm for worker {worker}" in log_text(fwd)
         finally:
             g.kill()
-            g.communicate()
 
 
 # A native process's interprocess events, made and destroyed as a hostile guest might (argv[1]: how

@@ -35,10 +35,11 @@ for line in sys.stdin:
 class Guest:
     """One guest process of the region, on one GPU, run command by command."""
 
-    def __init__(self, region, gpu: int, script: str):
+    def __init__(self, region, gpu: int, script: str, lib=GUEST_LIB, env: dict | None = None):
+        """lib and env: another library (the driver itself, for a native run) and its environment."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, str(GUEST_LIB), str(gpu)],
-            env=guest_env(region),
+            [sys.executable, "-c", script, str(lib), str(gpu)],
+            env=guest_env(region) if env is None else env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.forwarder import ASAN, NATIVE, forwarder, guest_env, wait_for, worker_pids
+from tests.gpu.programs import driver_files_of
 from tests.native.test_generator import raw
 from vmgpu import shm
 
@@ -271,11 +272,6 @@ def test_an_interprocess_event_is_exported_opened_recorded_and_waited_on(shm_pat
 SHM = "/dev/shm"
 
 
-def _driver_files(pid: int) -> set[str]:
-    """The files named as the driver names a process's interprocess events' file, for pid."""
-    return {n for n in os.listdir(SHM) if n.startswith("cuda.shm.") and n.split(".")[3:4] == [f"{pid:x}"]}
-
-
 def test_what_the_driver_left_in_dev_shm_for_a_killed_worker_is_removed(shm_path, two_gpus, guests):
     """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
     behind when the process is killed (on the simulated backend: sim/ipc.c, as on an H100).  A
@@ -289,7 +285,7 @@ def test_what_the_driver_left_in_dev_shm_for_a_killed_worker_is_removed(shm_path
         assert wait_for(lambda: worker_pids(fwd)), fwd.log()
         (worker,) = worker_pids(fwd)
         g.ok("event", 6)
-        made = _driver_files(worker)
+        made = driver_files_of(worker)
         assert made == {f"cuda.shm.0.{worker:x}.1"}, fwd.log()
         planted = {  # (none of them is the worker's to remove)
             "link": f"{SHM}/cuda.shm.0.{worker:x}.3",
@@ -310,7 +306,7 @@ def test_what_the_driver_left_in_dev_shm_for_a_killed_worker_is_removed(shm_path
             os.truncate(shm_path, 4096)
             assert wait_for(lambda: "served again" in fwd.log()), fwd.log()
             assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
-            assert not (_driver_files(worker) - {Path(p).name for p in planted.values()}), fwd.log()
+            assert not (driver_files_of(worker) - {Path(p).name for p in planted.values()}), fwd.log()
             assert f"removed 1 file(s) the CUDA driver left in /dev/shm for worker {worker}" in fwd.log()
             for what, path in planted.items():
                 assert os.path.lexists(path), what
@@ -329,10 +325,10 @@ def test_a_worker_that_ends_holding_an_interprocess_event_leaves_no_driver_file(
         g = guests(shm_path, 0, GUEST)
         (worker,) = worker_pids(fwd)
         g.ok("event", 6)
-        assert _driver_files(worker), fwd.log()
+        assert driver_files_of(worker), fwd.log()
         g.exit()
         assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
-        assert not _driver_files(worker), fwd.log()
+        assert not driver_files_of(worker), fwd.log()
 
 
 def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):
