@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, vmgpud_in_process, wait_for
+from tests.forwarder import NATIVE, forwarder, guest_env, hidden_devices, log_text, vmgpud_in_process, wait_for
 from vmgpu.forwarder import gpu_present
 from vmgpu.mps import CONTROL, Mps
 from vmgpu.sched import Page
@@ -141,3 +141,58 @@ def test_no_mps_daemon_another_user_started_in_the_drivers_default_directory_ser
         subprocess.run(["sh", "-c", f"echo quit | {CONTROL}"], env=env, timeout=20, check=False)
         shutil.rmtree(DEFAULT_PIPE, ignore_errors=True)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def test_a_guest_on_mps_cannot_make_the_host_keep_the_drivers_event_files(tmp_path, shm_path):
+    """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
+    when the process is killed (tests/gpu/test_boundary_gpu.py).  With the worker a client of an
+    MPS server, which process makes that file (the client or the server) and under which pid was
+    not known.  Natively, an MPS client that makes and exports such an event and is killed shows
+    which files appear and which stay; through vmgpu with --mps, once the guest has had its worker
+    killed (it truncated its region), no file made during the test is left under a pid that has
+    ended, so a guest doing it again and again cannot fill the host's /dev/shm."""
+    from tests.gpu.programs import driver_files, maker_gone, native_env
+    from tests.native.guest_process import Guest
+    from tests.native.test_ipc_sim import GUEST
+
+    m = Mps(tmp_path / "mps")
+    m.ensure()
+    start = before = driver_files()
+    try:
+        native = Guest(None, 0, GUEST, lib="libcuda.so.1", env=native_env(**{"CUDA_MPS_PIPE_DIRECTORY": str(m.pipe)}))
+        try:
+            native.ok("export_event", native.ok("event", 6))
+            made = driver_files() - before
+            native.kill()
+            time.sleep(1)
+            stayed = driver_files() - before
+            print(f"natively on MPS (client {native.proc.pid:x}): made {sorted(made)}, after the kill {sorted(stayed)}")
+        finally:
+            native.kill()
+        servers = _control(m.env(), "get_server_list").split()
+        assert servers, "no MPS server started for the native client: this test proves nothing"
+        before = driver_files()
+        with forwarder(shm_path, backend="cuda", size="1G", mem="4G", extra=("--mps", str(m.pipe))) as fwd:
+            g = Guest(shm_path, 0, GUEST)
+            try:
+                worker = next(int(w.split()[-1]) for w in log_text(fwd).splitlines() if "served by worker" in w)
+                g.ok("export_event", g.ok("event", 6))
+                clients = _control(m.env(), f"get_client_list {servers[0]}").split()
+                assert str(worker) in clients, (worker, clients, log_text(fwd))
+                made = driver_files() - before
+                print(f"through vmgpu on MPS (worker {worker:x}): made {sorted(made)}")
+                os.truncate(shm_path, 4096)
+                assert wait_for(lambda: "served again" in log_text(fwd), timeout=30), log_text(fwd)
+                assert wait_for(lambda: not os.path.exists(f"/proc/{worker}"), timeout=30), log_text(fwd)
+                time.sleep(1)
+                stale = {n for n in driver_files() - before if maker_gone(n)}
+                print(f"after the worker was reaped: new files {sorted(driver_files() - before)}")
+                assert not stale, (stale, log_text(fwd))
+            finally:
+                g.kill()
+    finally:
+        _control(m.env(), "quit")
+        wait_for(lambda: not m.pid(), timeout=20)
+        for name in driver_files() - start:
+            if maker_gone(name):
+                (Path("/dev/shm") / name).unlink(missing_ok=True)
