@@ -47,6 +47,12 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             then on to the end)
   reclaim   a trainer beside one that stops: how long from the other's last GPU time until the
             first holds the GPU (the page, sampled every millisecond)
+  turns     (--alone-turns N) the inference guest alone through vmgpu and natively by turns, with
+            each window's slow requests and the host's CPU steal: where the GPU host is itself a
+            virtual machine, its hypervisor's steal slows every window's CPU side, vmgpu's or not
+
+Each priority and alone window's row is followed by the host's CPUs its hypervisor held meanwhile
+(steal, from /proc/stat), so that a slow window can be told from a slow host.
 
     python3 bench/run_sharing.py [--seconds 10] [--rate 40] [--depth N]
 Last line: `sharing share_max_err_pp=… aggregate_vs_native=… aggregate_vs_nosched=…
@@ -95,9 +101,28 @@ LEVERS = ["time"]  # how the share controller holds a guest back, each in its ow
 INFER = ["torch_infer.py"]
 
 
+def host_steal() -> tuple[float, float]:
+    """The CPU seconds this host's hypervisor has taken from its CPUs so far (steal: /proc/stat's
+    eighth cpu field; 0 on bare metal), and the monotonic time now."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        ticks = int(fields[8]) if fields[0] == "cpu" and len(fields) > 8 else 0
+    except (OSError, ValueError):
+        ticks = 0
+    return ticks / os.sysconf("SC_CLK_TCK"), time.monotonic()
+
+
+def steal_cpus(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """How many of the host's CPUs its hypervisor held on average between two host_steal()s."""
+    return (after[0] - before[0]) / (after[1] - before[1]) if after[1] > before[1] else 0.0
+
+
 class Run:
     """Guests started together: each warms up, says ready, and runs `seconds` (or its own
-    --seconds) from the go file; `during(t0)` runs in this process while they do."""
+    --seconds) from the go file; `during(t0)` runs in this process while they do.  Each guest's
+    result carries `steal_cpus`: the host's CPUs its hypervisor held meanwhile (where the GPU host is
+    itself a virtual machine, a window with steal is slower on the host's CPU whatever runs in it)."""
 
     def __init__(self, tmp: Path, seconds: float):
         self.tmp, self.seconds, self.n = tmp, seconds, 0
@@ -116,6 +141,7 @@ class Run:
                     q.kill()
                 sys.exit(f"a guest did not start: {line}{p.stderr.read()[-2000:]}")
         go.touch()
+        began = host_steal()
         if during:
             during(time.monotonic())
         out = []
@@ -130,6 +156,9 @@ class Run:
             if p.returncode != 0:
                 sys.exit(f"a guest failed: {stderr[-2000:]}")
             out.append({k: _value(k, v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
+        stolen = steal_cpus(began, host_steal())
+        for result in out:
+            result["steal_cpus"] = stolen
         return out
 
 
@@ -547,6 +576,53 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
     return text
 
 
+def steal_row(rows, what: str, result: dict) -> None:
+    """Where a window's result says (Run.together's), a row of the host's CPUs its hypervisor held
+    meanwhile."""
+    if "steal_cpus" in result:
+        rows.append((f"{what}: the host's CPUs its hypervisor held (steal)", f"{result['steal_cpus']:.2f}"))
+
+
+def alone_turns(g: Guests, run: Run, rows, summary, infer, pairs: int, keep: Path | None) -> None:
+    """--alone-turns N: the inference guest alone through vmgpu, then natively, N times by turns.
+    Each window's p50 / p99, its requests over twice its own p50 (the slow stretches) and the
+    host's CPUs its hypervisor held meanwhile; the p99 of every request through vmgpu over that of
+    every native one (alone_p99_vmgpu_vs_native), and each side's mean steal.  Taken in turns, a
+    stretch of steal on the host falls on both sides alike: a side that is slower with the same
+    steal is slower of itself, and a side with more steal draws it.  With `keep`, each window's
+    requests (turns-vmgpu-N.txt, turns-native-N.txt) are kept there."""
+    files: dict[str, list[Path]] = {"vmgpu": [], "native": []}
+    steal: dict[str, list[float]] = {"vmgpu": [], "native": []}
+    for n in range(1, pairs + 1):
+        for side, how in (("vmgpu", "through vmgpu"), ("native", "natively")):
+            f = run.tmp / f"turns-{side}-{n}.txt"
+            (r,) = run.together([(infer + ["--latencies", str(f)], g.env() if side == "vmgpu" else native_env())])
+            if side == "vmgpu":
+                g.stop()
+            files[side].append(f)
+            steal[side].append(r.get("steal_cpus", 0.0))
+            if keep:
+                shutil.copy(f, keep / f.name)
+            slow = sum(t > 2 * r["p50_ms"] for t in latencies(f))
+            rows.append(
+                (
+                    f"inference alone {how}, turn {n}: p50 / p99, over 2x p50, steal",
+                    f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} ms, {slow} requests, {steal[side][-1]:.2f} CPUs",
+                )
+            )
+    vm, nat = pooled_p99(files["vmgpu"]), pooled_p99(files["native"])
+    summary["alone_p99_vmgpu_vs_native"] = vm / nat
+    summary["steal_cpus_vmgpu"] = statistics.mean(steal["vmgpu"])
+    summary["steal_cpus_native"] = statistics.mean(steal["native"])
+    rows.append(
+        (
+            f"inference alone by turns, {pairs} each: p99 through vmgpu / natively, steal",
+            f"{vm:.2f} / {nat:.2f} ms, {vm / nat:.3f}x; {summary['steal_cpus_vmgpu']:.2f} / "
+            f"{summary['steal_cpus_native']:.2f} CPUs",
+        )
+    )
+
+
 def priority_rows(rows, summary, hp: dict, tr: dict, infer_alone: dict, solo: float, what: str, key: str) -> None:
     """The priority scenario's rows and summary: the inference guest's p50 / p99 beside the
     trainer and its p99 over its p99 alone; the trainer's share against 80% of what the inference
@@ -558,6 +634,7 @@ def priority_rows(rows, summary, hp: dict, tr: dict, infer_alone: dict, solo: fl
         (f"{what}: inference p50 / p99{' beside' if not key else ''}", f"{hp['p50_ms']:.2f} / {hp['p99_ms']:.2f} ms")
     )
     rows.append((f"{what}: the trainer's share (target)", f"{100 * tr['img_per_s'] / solo:.1f}% ({100 * target:.1f}%)"))
+    steal_row(rows, what, hp)
 
 
 def shared_priority(g: Guests, run: Run, rows, summary, infer, infer_alone: dict, solo: float, pipe: str) -> None:
@@ -703,6 +780,7 @@ def alone_window(run: Run, rows, infer, env: dict, files: list, keep: Path | Non
         shutil.copy(f, keep / f.name)
     how = " natively" if native else ""
     rows.append((f"inference alone{how}, run {n}: p50 / p99", f"{alone['p50_ms']:.2f} / {alone['p99_ms']:.2f} ms"))
+    steal_row(rows, f"inference alone{how}, run {n}", alone)
 
 
 def pooled_rows(rows, summary, what: str, key: str, files: list, alone_files: list, shares: list, target: float):
@@ -723,10 +801,14 @@ def pooled_rows(rows, summary, what: str, key: str, files: list, alone_files: li
     )
 
 
+def latencies(f: Path) -> list[float]:
+    """The latencies (ms) in a torch_infer --latencies file, one a request."""
+    return [float(line.split()[1]) for line in Path(f).read_text().splitlines() if line.strip()]
+
+
 def pooled_p99(files: list[Path]) -> float:
     """The p99 (ms) of every request in these torch_infer --latencies files together."""
-    times = [float(line.split()[1]) for f in files for line in Path(f).read_text().splitlines()]
-    return statistics.quantiles(times, n=100)[98]
+    return statistics.quantiles([t for f in files for t in latencies(f)], n=100)[98]
 
 
 def span_looks(looks: list[tuple[float, bool]], t0: float, t1: float) -> float:
@@ -1178,6 +1260,14 @@ def main() -> int:
         "the active threads at the client priority below normal (--prio-runs times, pooled the same way)",
     )
     ap.add_argument(
+        "--alone-turns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the denominators, the inference guest alone through vmgpu and natively by turns, N times each, "
+        "with each window's slow requests and the host's steal (whether slow stretches follow vmgpu or the host)",
+    )
+    ap.add_argument(
         "--latencies",
         type=Path,
         help="a directory: each priority-reserve window's requests (arrival, latency) and the controller's looks "
@@ -1248,6 +1338,8 @@ def main() -> int:
         ap.error("--yield-depths: each in 1..1024")
     if not all(1 <= w <= 99 for w in PRIO_RESERVE):
         ap.error("--prio-reserve: each weight in 1..99")
+    if a.alone_turns < 0:
+        ap.error("--alone-turns: a number of turns, 0 or more")
     if a.prio_native and not PRIO_RESERVE:
         ap.error("--prio-native: it runs beside the --prio-reserve rows; give --prio-reserve")
     if a.prio_native and {"priority", "sharedprio", "mps"} & set(filter(None, a.skip.split(","))):
@@ -1301,6 +1393,10 @@ def main() -> int:
                     f"{infer_alone['p50_ms']:.2f} / {infer_alone['p99_ms']:.2f} ms, {100 * infer_alone['busy']:.1f}%",
                 )
             )
+            steal_row(rows, "inference alone natively", infer_native)
+            steal_row(rows, "inference alone", infer_alone)
+        if a.alone_turns:
+            alone_turns(g, run, rows, summary, infer, a.alone_turns, a.latencies)
 
         if "weights" not in skip:  # two trainers at 30/70 (and four), beside no-sched, native and MPS
             # two trainers at 30/70

@@ -4,7 +4,9 @@ takes to converge, and how long a guest takes to go at its rate alone once the o
 
 import importlib.util
 import math
+import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -290,3 +292,86 @@ def test_prio_native_without_the_reserve_rows_or_with_their_scenarios_skipped_is
             run_sharing.main()
         assert e.value.code == 2
         assert "--prio-native" in capsys.readouterr().err
+
+
+def test_alone_turns_alternate_the_two_sides_and_count_slow_requests_and_the_hosts_steal(monkeypatch, tmp_path):
+    """--alone-turns 2: the inference guest alone through vmgpu, natively, through vmgpu, natively
+    (vmgpu's forwarder stopped after each of its windows, the native window with no vmgpu in its
+    environment); each row counts the requests over twice the window's own p50 and gives the steal
+    Run.together measured; the summary has the pooled p99 ratio and each side's mean steal."""
+    calls, stopped = [], []
+    monkeypatch.setenv("VMGPU_REGION", "/dev/shm/vmgpu-region-of-this-shell")
+
+    class FakeRun:
+        seconds, tmp = 10.0, tmp_path
+
+        def together(self, guests, during=None):
+            ((args, env),) = guests
+            side = "vmgpu" if env.get("VMGPU_REGION") == "/dev/shm/r" else "native"
+            calls.append(side)
+            f = Path(args[args.index("--latencies") + 1])
+            # vmgpu's windows: 10 ms, and in its second window 20 requests of 25 ms; natively 10 ms
+            slow = 20 if side == "vmgpu" and len(calls) == 3 else 0
+            times = [10.0] * (200 - slow) + [25.0] * slow
+            f.write_text("".join(f"{i:.6f} {x:.3f} 0 0 0\n" for i, x in enumerate(times)))
+            return [{"p50_ms": 10.0, "p99_ms": max(times), "steal_cpus": 0.5 if side == "vmgpu" else 0.25}]
+
+    class FakeGuests:
+        def env(self, *flags):
+            return {"VMGPU_REGION": "/dev/shm/r"}
+
+        def stop(self):
+            stopped.append(len(calls))
+
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    rows, summary = [], {}
+    run_sharing.alone_turns(FakeGuests(), FakeRun(), rows, summary, ["torch_infer.py"], 2, keep)
+    assert calls == ["vmgpu", "native", "vmgpu", "native"]
+    assert stopped == [1, 3]
+    assert (
+        "inference alone through vmgpu, turn 2: p50 / p99, over 2x p50, steal",
+        "10.00 / 25.00 ms, 20 requests, 0.50 CPUs",
+    ) in rows
+    assert (
+        "inference alone natively, turn 1: p50 / p99, over 2x p50, steal",
+        "10.00 / 10.00 ms, 0 requests, 0.25 CPUs",
+    ) in rows
+    assert summary["alone_p99_vmgpu_vs_native"] > 1.0  # (20 of 400 requests: above the 1% tail)
+    assert summary["steal_cpus_vmgpu"] == 0.5 and summary["steal_cpus_native"] == 0.25
+    assert sorted(p.name for p in keep.iterdir()) == sorted(
+        f"turns-{side}-{n}.txt" for side in ("vmgpu", "native") for n in (1, 2)
+    )
+
+
+def test_a_window_carries_the_steal_the_host_had_while_it_ran(monkeypatch, tmp_path):
+    """Run.together reads /proc/stat's steal before the guests go and after they end: each result
+    carries how many CPUs the hypervisor held on average meanwhile (here, a made-up host whose
+    hypervisor takes 3 CPU-seconds over 2 seconds)."""
+    readings = iter([(100.0, 50.0), (103.0, 52.0)])
+    monkeypatch.setattr(run_sharing, "host_steal", lambda: next(readings))
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, *a, **k):
+            import io
+
+            self.stdout, self.args = io.StringIO("ready\n"), a[0]
+
+        def communicate(self, timeout=None):
+            return "p50_ms=1.0 p99_ms=2.0", ""
+
+    monkeypatch.setattr(run_sharing.subprocess, "Popen", Proc)
+    (r,) = run_sharing.Run(tmp_path, 1.0).together([(["torch_infer.py"], {})])
+    assert r["p99_ms"] == 2.0 and math.isclose(r["steal_cpus"], 1.5)
+    assert run_sharing.steal_cpus((5.0, 1.0), (5.0, 1.0)) == 0.0
+
+
+def test_the_hosts_steal_is_read_from_proc_stat_in_seconds():
+    """host_steal: /proc/stat's eighth cpu field in seconds (never less than before) and the time."""
+    first = run_sharing.host_steal()
+    ticks = int(Path("/proc/stat").read_text().split()[8])
+    second = run_sharing.host_steal()
+    assert first[0] <= ticks / os.sysconf("SC_CLK_TCK") <= second[0]
+    assert first[1] <= second[1] <= time.monotonic()
