@@ -18,6 +18,7 @@
  * first context a worker makes, and unregistered before that context goes.
  */
 #include <errno.h>
+#include <sched.h>
 
 #include "channel.h"
 #include "context.h"
@@ -82,9 +83,16 @@ static void context_drop(struct vh_chan *ch, int dev)
 	if (f->registered && f->registered_dev == dev)
 		region_unregister(ch);
 	B->cuCtxSetCurrent(NULL);
+	/* gone for the other threads before it goes for the driver: the scheduler thread's drain
+	 * counts itself in ctx_draining before it loads the context (worker.c: sched_drain), so one
+	 * that loaded it first has finished synchronising it once ctx_draining is 0 (a context
+	 * released under a synchronisation is a use after free in the driver); the quota's refresh
+	 * reads it too (quota.c) */
+	__atomic_store_n(&ch->ctx[dev], NULL, __ATOMIC_SEQ_CST);
+	while (atomic_load(&ctx_draining))
+		sched_yield();
 	B->cuDevicePrimaryCtxRelease_v2(f->dev[dev]);
 	vh_depth_forget(B, dev);
-	__atomic_store_n(&ch->ctx[dev], NULL, __ATOMIC_RELEASE); /* (the quota's refresh reads it: quota.c) */
 	if (ch->cur_dev == dev)
 		ch->cur_dev = -1;
 }

@@ -39,7 +39,9 @@ static void sched_drain(void *arg, int dev)
 		return;
 	}
 	CUcontext *ctx = atomic_load(&sched_ctx);
-	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_ACQUIRE) : NULL;
+	/* (after counting itself in ctx_draining: a context dropped after this load is released only
+	 * once this synchronisation is over, context.c: context_drop) */
+	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_SEQ_CST) : NULL;
 	if (c)
 		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
 	atomic_fetch_sub(&ctx_draining, 1);

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdatomic.h>
+
 #include "sim.h"
 
 /* VMGPU_SIM_INIT_LOG=FILE: each cuInit appends "mps DIR cache PATH MAX": its
@@ -89,6 +91,11 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute a, CUdevice d)
 	return CUDA_SUCCESS;
 }
 static int primary_ctx[8];
+/* Synchronisations of each primary context under way, and how many times each was destroyed: a
+ * context released while another thread synchronises it, or synchronised after its release, is a
+ * use after free in the real driver, which the simulated one ends the process for (sim_fatal). */
+static _Atomic int primary_syncing[8];
+static _Atomic unsigned primary_gone[8];
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
@@ -104,8 +111,13 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
 	int was = __atomic_load_n(&primary_ctx[d], __ATOMIC_RELAXED);
 	if (was <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-	if (__atomic_sub_fetch(&primary_ctx[d], 1, __ATOMIC_RELAXED) != 0)
+	if (__atomic_sub_fetch(&primary_ctx[d], 1, __ATOMIC_SEQ_CST) != 0)
 		return CUDA_SUCCESS;
+	atomic_fetch_add(&primary_gone[d], 1);
+	if (atomic_load(&primary_syncing[d]))
+		sim_fatal("cuDevicePrimaryCtxRelease: GPU %d's primary context destroyed while another thread "
+			  "synchronises it",
+			  d);
 	int64_t freed = (int64_t)sim_ctx_bytes();
 	pthread_mutex_lock(&sim_mu);
 	for (size_t i = 0; i < sim_nranges;) {
@@ -183,7 +195,19 @@ EXPORT CUresult cuCtxSynchronize(void)
 }
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
 {
+	int d = (int *)c >= primary_ctx && (int *)c < primary_ctx + 8 ? (int)((int *)c - primary_ctx) : -1;
+	if (d < 0) {
+		sim_ctx_synchronized();
+		return cuCtxSetCurrent(c);
+	}
+	atomic_fetch_add(&primary_syncing[d], 1);
+	unsigned gone = atomic_load(&primary_gone[d]);
+	if (__atomic_load_n(&primary_ctx[d], __ATOMIC_SEQ_CST) <= 0)
+		sim_fatal("cuCtxSynchronize_v2: GPU %d's primary context was destroyed", d);
 	sim_ctx_synchronized();
+	if (atomic_load(&primary_gone[d]) != gone)
+		sim_fatal("cuCtxSynchronize_v2: GPU %d's primary context destroyed while this thread synchronised it", d);
+	atomic_fetch_sub(&primary_syncing[d], 1);
 	return cuCtxSetCurrent(c);
 }
 

@@ -4,6 +4,7 @@
  * and the memory the process holds as NVML would report it.
  */
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -45,7 +46,33 @@ int sim_devices(void)
 uint64_t sim_ctx_bytes(void)
 {
 	const char *e = getenv("VMGPU_SIM_CTX_MIB");
+	char text[32] = "";
+	if (e && e[0] == '@') {
+		int fd = open(e + 1, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+		if (fd >= 0)
+			close(fd);
+		text[n > 0 ? n : 0] = 0;
+		e = text;
+	}
 	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;
+}
+
+uint64_t sim_register_ns(void)
+{
+	const char *e = getenv("VMGPU_SIM_REGISTER_US");
+	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+}
+
+void sim_fatal(const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "vmgpu simulated driver: %s\n", line);
+	abort();
 }
 
 uint64_t sim_green_bytes(void)

@@ -70,8 +70,15 @@ extern __thread CUcontext sim_current; /* this thread's current context (cuCtxSe
 int sim_devices(void);
 /* VMGPU_SIM_MEM_MIB: each GPU's memory (default 16 GiB). */
 uint64_t sim_total_mem(void);
-/* VMGPU_SIM_CTX_MIB: what a context holds (default 0). */
+/* VMGPU_SIM_CTX_MIB: what a context holds (default 0); "@FILE": the number in FILE as the context
+ * is made (a test changes it while the forwarder runs: contexts of different sizes). */
 uint64_t sim_ctx_bytes(void);
+/* VMGPU_SIM_REGISTER_US: how long cuMemHostRegister takes (default 0), as the driver takes long
+ * to pin a large region. */
+uint64_t sim_register_ns(void);
+/* A misuse of the driver the real one would not survive (a use after free): said, and the process
+ * ends (abort). */
+void sim_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* VMGPU_SIM_GREEN_MIB (default 0): what a green context takes. */
 uint64_t sim_green_bytes(void);
 /* VMGPU_SIM_NVSWITCH set: an HGX board's GPU, whose driver offers multicast objects and fabric

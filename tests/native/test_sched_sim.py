@@ -1275,3 +1275,40 @@ def test_the_share_controller_probes_live_forwarders_and_lifts_its_holds_off_sha
             pg.policy = "weighted"
             share_control.apply_step(pg, ctl, time.monotonic())
             assert all(m.hold == 0 for m in pg.members())  # off shared, the holds are lifted
+
+
+def test_a_context_over_the_quota_is_not_destroyed_under_the_scheduler_threads_drain(sched_dir, tmp_path):
+    """A guest process whose context turns out bigger than the forwarder's estimate, past the
+    quota, has it destroyed at once (context.c: context_drop).  Its worker's scheduler thread
+    takes part in its guest's hand-overs, synchronising each context the worker has (worker.c:
+    sched_drain): it loaded the new context while the region was being registered, and the context
+    was destroyed under its synchronisation, which in the real driver is a use after free (the
+    simulated driver ends the worker for it).  Here guest a's first process (a context of 32 MiB)
+    takes turns with guest b, and a's synchronisations and the registering of its region each take
+    400 ms (so a hand-over of a's turn falls while the second process's context is being made);
+    a's second process gets a 96 MiB context where 32 MiB were expected, over a's 100 MiB: it is
+    refused, and nothing was destroyed under a synchronisation.  Three times, a fresh forwarder each
+    (one context of a forwarder's goes over: the next estimate is what the driver said)."""
+    size = tmp_path / "ctx-mib"
+    slow = {"VMGPU_SIM_CTX_MIB": f"@{size}", "VMGPU_SIM_CTX_SYNC_US": "400000", "VMGPU_SIM_REGISTER_US": "400000"}
+    for attempt in range(3):
+        a, b = tmp_path / f"a{attempt}", tmp_path / f"b{attempt}"
+        size.write_text("32")
+        with forwarder(a, mem="100M", env=slow) as fwd, forwarder(b):
+            first, other = _spin(a, 4), _spin(b, 4)
+            try:
+                pg = _page(sched_dir)
+                assert wait_for(lambda: len([m for m in pg.members() if m.used_ns]) == 2, timeout=20), pg.members()
+                size.write_text("96")
+                second = hold(a, 1)
+                out, err = second.communicate("", timeout=60)
+                assert out.split()[:2] in (["init", "failed"], ["alloc", "failed"]), (out, err, fwd.log())
+                assert "CUresult 2" in err, err  # (out of memory)
+                assert _ops(first) > 0 and _ops(other) > 0
+            finally:
+                for p in (first, other):
+                    p.kill()
+                    p.wait()
+            log = fwd.log()
+            assert "vmgpu simulated driver:" not in log, log
+            assert f"out of memory on GPU 0: context wanted {96 << 20} bytes" in log, log
