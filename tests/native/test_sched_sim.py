@@ -1298,7 +1298,9 @@ def test_a_context_over_the_quota_is_not_destroyed_under_the_scheduler_threads_d
             first, other = _spin(a, 4), _spin(b, 4)
             try:
                 pg = _page(sched_dir)
-                assert wait_for(lambda: len([m for m in pg.members() if m.used_ns]) == 2, timeout=20), pg.members()
+                assert wait_for(
+                    lambda pg=pg: len([m for m in pg.members() if m.used_ns]) == 2, timeout=20
+                ), pg.members()
                 size.write_text("96")
                 second = hold(a, 1)
                 out, err = second.communicate("", timeout=60)
