@@ -7,6 +7,8 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -24,8 +26,8 @@ typedef struct {
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 
 static struct {
-	int opened;
-	int on[VG_MAX_DEVICES]; /* this guest GPU can be measured */
+	_Atomic int opened; /* set once on[] is filled (meter_open) */
+	_Atomic int on[VG_MAX_DEVICES]; /* this guest GPU can be measured (the serving and refresh threads read it) */
 	int (*get)(void *, unsigned *, nvml_proc *);
 	void *dev[VG_MAX_DEVICES];
 	int (*sim)(CUdevice, unsigned long long *);
@@ -60,11 +62,18 @@ static int64_t query(const struct vh_chan *ch, int dev)
 	return out;
 }
 
-/* Once per worker: which of the guest's GPUs can be measured (each asked once). */
+/* Once per worker: which of the guest's GPUs can be measured (each asked once).  The serving
+ * thread and the quota's refresh thread may both be first: the other waits for the answer, and
+ * sees the meter opened only once on[] is filled. */
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
 static void meter_open(const struct vh_chan *ch)
 {
 	const struct vh_fwd *f = ch->fwd;
-	M.opened = 1;
+	pthread_mutex_lock(&open_mu);
+	if (atomic_load(&M.opened)) {
+		pthread_mutex_unlock(&open_mu);
+		return;
+	}
 	if (ch->backend->simulated) {
 		M.sim = (int (*)(CUdevice, unsigned long long *))dlsym(ch->backend->dl, "vmgpuSimProcessUsage");
 	} else {
@@ -79,11 +88,13 @@ static void meter_open(const struct vh_chan *ch)
 		if (!M.on[d])
 			vh_log("GPU %d: no per-process memory usage to be had here: its quota is kept by estimates", d);
 	}
+	atomic_store(&M.opened, 1);
+	pthread_mutex_unlock(&open_mu);
 }
 
 int64_t vh_meter_read(const struct vh_chan *ch, int dev)
 {
-	if (!M.opened)
+	if (!atomic_load(&M.opened))
 		meter_open(ch);
 	if (!M.on[dev])
 		return -1;
@@ -97,7 +108,7 @@ int64_t vh_meter_read(const struct vh_chan *ch, int dev)
 
 int vh_meter_on(const struct vh_chan *ch, int dev)
 {
-	if (!M.opened)
+	if (!atomic_load(&M.opened))
 		meter_open(ch);
 	return M.on[dev];
 }
