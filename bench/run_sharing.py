@@ -121,8 +121,9 @@ def steal_cpus(before: tuple[float, float], after: tuple[float, float]) -> float
 class Run:
     """Guests started together: each warms up, says ready, and runs `seconds` (or its own
     --seconds) from the go file; `during(t0)` runs in this process while they do.  Each guest's
-    result carries `steal_cpus`: the host's CPUs its hypervisor held meanwhile (where the GPU host is
-    itself a virtual machine, a window with steal is slower on the host's CPU whatever runs in it)."""
+    result carries `steal_cpus`: the host's CPUs its hypervisor held on average from the go until
+    the last guest ended (its exit too; where the GPU host is itself a virtual machine, a window
+    with steal is slower on the host's CPU whatever runs in it)."""
 
     def __init__(self, tmp: Path, seconds: float):
         self.tmp, self.seconds, self.n = tmp, seconds, 0
@@ -1387,13 +1388,13 @@ def main() -> int:
                     f"{infer_native['p50_ms']:.2f} / {infer_native['p99_ms']:.2f} ms",
                 )
             )
+            steal_row(rows, "inference alone natively", infer_native)
             rows.append(
                 (
                     f"inference alone at {a.rate:g}/s p50 / p99, busy",
                     f"{infer_alone['p50_ms']:.2f} / {infer_alone['p99_ms']:.2f} ms, {100 * infer_alone['busy']:.1f}%",
                 )
             )
-            steal_row(rows, "inference alone natively", infer_native)
             steal_row(rows, "inference alone", infer_alone)
         if a.alone_turns:
             alone_turns(g, run, rows, summary, infer, a.alone_turns, a.latencies)

@@ -18,7 +18,7 @@
  * first context a worker makes, and unregistered before that context goes.
  */
 #include <errno.h>
-#include <sched.h>
+#include <time.h>
 
 #include "channel.h"
 #include "context.h"
@@ -84,13 +84,20 @@ static void context_drop(struct vh_chan *ch, int dev)
 		region_unregister(ch);
 	B->cuCtxSetCurrent(NULL);
 	/* gone for the other threads before it goes for the driver: the scheduler thread's drain
-	 * counts itself in ctx_draining before it loads the context (worker.c: sched_drain), so one
-	 * that loaded it first has finished synchronising it once ctx_draining is 0 (a context
-	 * released under a synchronisation is a use after free in the driver); the quota's refresh
-	 * reads it too (quota.c) */
+	 * counts itself in ctx_draining_on[dev] before it loads the context (worker.c: sched_drain),
+	 * so one that loaded it first has finished synchronising it once that count is 0 (a context
+	 * released under a synchronisation is a use after free in the driver).  Only this GPU's
+	 * drains are waited for: a context dropped over the quota has no work queued, so its
+	 * synchronisation ends at once; at the worker's end the scheduler threads are gone.  The
+	 * quota's refresh reads it too (quota.c) */
 	__atomic_store_n(&ch->ctx[dev], NULL, __ATOMIC_SEQ_CST);
-	while (atomic_load(&ctx_draining))
-		sched_yield();
+	if (atomic_load(&ctx_draining_on[dev])) {
+		struct timespec t = {0, 20000};
+		while (atomic_load(&ctx_draining_on[dev]))
+			nanosleep(&t, NULL);
+		vh_log("channel %u: GPU %d: its context went once a synchronisation of it under way had ended", ch->index,
+		       dev);
+	}
 	B->cuDevicePrimaryCtxRelease_v2(f->dev[dev]);
 	vh_depth_forget(B, dev);
 	if (ch->cur_dev == dev)

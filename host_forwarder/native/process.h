@@ -23,6 +23,9 @@ extern _Atomic int open_captures;           /* stream captures the guest process
  * way (a scheduler thread).  Each sets its own and then looks at the other's, so a capture never
  * begins while a drain synchronises a context, which would invalidate it. */
 extern _Atomic int capture_beginning, ctx_draining;
+/* worker.c: of ctx_draining, those synchronising the worker's context on each guest GPU
+ * (context.c: a context is released only once none is under way on its GPU) */
+extern _Atomic int ctx_draining_on[VG_MAX_DEVICES];
 
 void on_signal(int sig);
 /* The driver's name of a CUresult (log.c). */

@@ -38,6 +38,7 @@ static CUresult set_device(struct vh_chan *ch, uint16_t dev)
 /* Stream captures the guest process has open: a context-wide synchronisation then would end
  * them with an error, and their launches put nothing on the GPU anyway. */
 _Atomic int open_captures, capture_beginning, ctx_draining;
+_Atomic int ctx_draining_on[VG_MAX_DEVICES];
 
 _Static_assert(VG_MAX_DEVICES <= VMGPU_STATS_GPUS, "the statistics page counts every guest GPU");
 

@@ -39,11 +39,13 @@ static void sched_drain(void *arg, int dev)
 		return;
 	}
 	CUcontext *ctx = atomic_load(&sched_ctx);
-	/* (after counting itself in ctx_draining: a context dropped after this load is released only
-	 * once this synchronisation is over, context.c: context_drop) */
+	/* (counted on its GPU before the load: a context dropped after this load is released only once
+	 * this synchronisation is over, context.c: context_drop) */
+	atomic_fetch_add(&ctx_draining_on[dev], 1);
 	CUcontext c = ctx ? __atomic_load_n(&ctx[dev], __ATOMIC_SEQ_CST) : NULL;
 	if (c)
 		BK.cuCtxSynchronize_v2(c); /* a fault's error stays for the guest's own next call */
+	atomic_fetch_sub(&ctx_draining_on[dev], 1);
 	atomic_fetch_sub(&ctx_draining, 1);
 	vh_capture_drain(&BK, dev); /* and the marks of graphs launched from another GPU's stream */
 }

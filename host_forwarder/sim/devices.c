@@ -3,11 +3,10 @@
  * Devices and contexts: VMGPU_SIM_DEVICES GPUs told apart by UUID and PCI bus, each with its
  * primary context; the last release of a primary context frees the memory allocated in it.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <stdatomic.h>
 
 #include "sim.h"
 
@@ -96,13 +95,16 @@ static int primary_ctx[8];
  * use after free in the real driver, which the simulated one ends the process for (sim_fatal). */
 static _Atomic int primary_syncing[8];
 static _Atomic unsigned primary_gone[8];
+static uint64_t primary_bytes[8]; /* what each held as it was made (VMGPU_SIM_CTX_MIB may change) */
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
 	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
 	*c = (CUcontext)&primary_ctx[d];
-	if (__atomic_fetch_add(&primary_ctx[d], 1, __ATOMIC_RELAXED) == 0)
-		sim_usage_add((int64_t)sim_ctx_bytes()); /* made by the first retain */
+	if (__atomic_fetch_add(&primary_ctx[d], 1, __ATOMIC_RELAXED) == 0) { /* made by the first retain */
+		primary_bytes[d] = sim_ctx_bytes();
+		sim_usage_add((int64_t)primary_bytes[d]);
+	}
 	return CUDA_SUCCESS;
 }
 /* The last release destroys the primary context, and the device memory allocated in it. */
@@ -118,7 +120,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 		sim_fatal("cuDevicePrimaryCtxRelease: GPU %d's primary context destroyed while another thread "
 			  "synchronises it",
 			  d);
-	int64_t freed = (int64_t)sim_ctx_bytes();
+	int64_t freed = (int64_t)primary_bytes[d];
 	pthread_mutex_lock(&sim_mu);
 	for (size_t i = 0; i < sim_nranges;) {
 		if (!sim_ranges[i].registered) { /* cuMemAlloc's, not mappings */
@@ -136,24 +138,29 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 }
 /* Contexts: the primary one, and any number created (all share the one address space). */
 #define CTX_MAGIC 0x43545853u
+struct made_ctx {
+	uint32_t magic; /* first: what cuCtxSetCurrent looks at */
+	uint64_t bytes; /* what it held as it was made */
+};
 EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned int flags, CUdevice d)
 {
 	(void)p; (void)flags;
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
 	if (d < 0 || d >= sim_devices()) return CUDA_ERROR_INVALID_DEVICE;
-	uint32_t *x = malloc(sizeof *x);
+	struct made_ctx *x = malloc(sizeof *x);
 	if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
-	*x = CTX_MAGIC;
+	*x = (struct made_ctx){CTX_MAGIC, sim_ctx_bytes()};
 	*c = (CUcontext)x;
-	sim_usage_add((int64_t)sim_ctx_bytes());
+	sim_usage_add((int64_t)x->bytes);
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 {
 	if ((uintptr_t)c < 4096 || *(uint32_t *)c != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
-	*(uint32_t *)c = 0;
-	free(c);
-	sim_usage_add(-(int64_t)sim_ctx_bytes());
+	struct made_ctx *x = (struct made_ctx *)c;
+	x->magic = 0;
+	sim_usage_add(-(int64_t)x->bytes);
+	free(x);
 	return CUDA_SUCCESS;
 }
 int sim_ctx_device(CUcontext c)
@@ -200,6 +207,8 @@ EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
 		sim_ctx_synchronized();
 		return cuCtxSetCurrent(c);
 	}
+	if (d >= sim_devices())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	atomic_fetch_add(&primary_syncing[d], 1);
 	unsigned gone = atomic_load(&primary_gone[d]);
 	if (__atomic_load_n(&primary_ctx[d], __ATOMIC_SEQ_CST) <= 0)

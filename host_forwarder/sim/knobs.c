@@ -47,12 +47,14 @@ uint64_t sim_ctx_bytes(void)
 {
 	const char *e = getenv("VMGPU_SIM_CTX_MIB");
 	char text[32] = "";
-	if (e && e[0] == '@') {
+	if (e && e[0] == '@') { /* (a test writes the file whole: by rename) */
 		int fd = open(e + 1, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 		ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
 		if (fd >= 0)
 			close(fd);
-		text[n > 0 ? n : 0] = 0;
+		if (n <= 0)
+			sim_fatal("VMGPU_SIM_CTX_MIB=%s: the file cannot be read, or is empty", e);
+		text[n] = 0;
 		e = text;
 	}
 	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;

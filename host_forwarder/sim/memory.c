@@ -4,6 +4,7 @@
  * every address a call names is checked against; host memory the forwarder registers; arrays;
  * pointer attributes.
  */
+#include <errno.h>
 #include <time.h>
 
 #include "sim.h"
@@ -126,7 +127,8 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags)
 	uint64_t ns = sim_register_ns();
 	if (ns) {
 		struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-		nanosleep(&t, NULL);
+		while (nanosleep(&t, &t) != 0 && errno == EINTR)
+			;
 	}
 	return sim_add_range((uint64_t)(uintptr_t)p, p, n, 1);
 }

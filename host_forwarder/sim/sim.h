@@ -71,7 +71,8 @@ int sim_devices(void);
 /* VMGPU_SIM_MEM_MIB: each GPU's memory (default 16 GiB). */
 uint64_t sim_total_mem(void);
 /* VMGPU_SIM_CTX_MIB: what a context holds (default 0); "@FILE": the number in FILE as the context
- * is made (a test changes it while the forwarder runs: contexts of different sizes). */
+ * is made (a test changes it while the forwarder runs, writing it whole: contexts of different
+ * sizes; each frees what it held as it was made). */
 uint64_t sim_ctx_bytes(void);
 /* VMGPU_SIM_REGISTER_US: how long cuMemHostRegister takes (default 0), as the driver takes long
  * to pin a large region. */

@@ -9,7 +9,7 @@ from tests.native.test_shm_programs import run_program
 PROGRAMS = [
     # reserve/settle, the wait for a closed process's memory (bounded by the clock), refusals
     "t_quota",
-    # which GPUs can be measured: asked once per worker, a second thread waiting for the answer
+    # the meter and the host's NVML: opened once per worker, a second thread waiting for the answer
     "t_meter",
     # a stale handle of a freed slot is refused after reuse; forged values; a module's children
     "t_handles",

@@ -1285,32 +1285,43 @@ def test_a_context_over_the_quota_is_not_destroyed_under_the_scheduler_threads_d
     was destroyed under its synchronisation, which in the real driver is a use after free (the
     simulated driver ends the worker for it).  Here guest a's first process (a context of 32 MiB)
     takes turns with guest b, and a's synchronisations and the registering of its region each take
-    400 ms (so a hand-over of a's turn falls while the second process's context is being made);
-    a's second process gets a 96 MiB context where 32 MiB were expected, over a's 100 MiB: it is
-    refused, and nothing was destroyed under a synchronisation.  Three times, a fresh forwarder each
-    (one context of a forwarder's goes over: the next estimate is what the driver said)."""
+    400 ms, so that a hand-over of a's turn falls while the second process's context is being made;
+    a's second process gets a 96 MiB context where 32 MiB were expected, over a's 100 MiB beside the
+    first's: it is refused, and its context went only once the synchronisation under way had ended
+    (the forwarder says so).  Up to three times, a fresh forwarder each (one context of a
+    forwarder's goes over: the next estimate is what the driver said), until a hand-over fell in
+    that window."""
     size = tmp_path / "ctx-mib"
+
+    def ctx_mib(n: int) -> None:  # (written whole: the simulated driver reads it as a context is made)
+        (tmp_path / "ctx-mib.new").write_text(str(n))
+        (tmp_path / "ctx-mib.new").rename(size)
+
     slow = {"VMGPU_SIM_CTX_MIB": f"@{size}", "VMGPU_SIM_CTX_SYNC_US": "400000", "VMGPU_SIM_REGISTER_US": "400000"}
+    waited = []
     for attempt in range(3):
         a, b = tmp_path / f"a{attempt}", tmp_path / f"b{attempt}"
-        size.write_text("32")
+        ctx_mib(32)
         with forwarder(a, mem="100M", env=slow) as fwd, forwarder(b):
-            first, other = _spin(a, 4), _spin(b, 4)
+            first, other = _spin(a, 120), _spin(b, 120)
             try:
-                pg = _page(sched_dir)
-                assert wait_for(
-                    lambda pg=pg: len([m for m in pg.members() if m.used_ns]) == 2, timeout=20
-                ), pg.members()
-                size.write_text("96")
+                with _page(sched_dir) as pg:
+                    busy = lambda pg=pg: len([m for m in pg.members() if m.used_ns]) == 2  # noqa: E731
+                    assert wait_for(busy, timeout=30), pg.members()
+                ctx_mib(96)
                 second = hold(a, 1)
                 out, err = second.communicate("", timeout=60)
                 assert out.split()[:2] in (["init", "failed"], ["alloc", "failed"]), (out, err, fwd.log())
                 assert "CUresult 2" in err, err  # (out of memory)
-                assert _ops(first) > 0 and _ops(other) > 0
+                assert first.poll() is None and other.poll() is None  # (both took turns throughout)
             finally:
                 for p in (first, other):
                     p.kill()
                     p.wait()
             log = fwd.log()
-            assert "vmgpu simulated driver:" not in log, log
-            assert f"out of memory on GPU 0: context wanted {96 << 20} bytes" in log, log
+        assert "vmgpu simulated driver:" not in log, log
+        assert f"out of memory on GPU 0: context wanted {96 << 20} bytes" in log, log
+        waited.append("its context went once a synchronisation of it under way had ended" in log)
+        if waited[-1]:
+            break
+    assert any(waited), "no hand-over fell while the context was made: this test proved nothing"
