@@ -131,10 +131,10 @@ def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
     """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
     when the process is killed: natively, a process that makes such an event and exports it, then
     is killed, leaves its file.  A guest that does the same and then truncates its region file
-    has its worker killed (the region is formatted afresh): the forwarder removes what the driver
-    left for the worker as it reaps it, so a guest doing it again and again cannot fill the host's
-    /dev/shm.  (The same on the simulated backend, with the hostile neighbours of such a file:
-    tests/native/test_ipc_sim.py.)"""
+    has its worker killed (the region is formatted afresh), and no file of the worker's stays, so
+    a guest doing it again and again cannot fill the host's /dev/shm; a worker killed outright
+    has what the driver left removed by the forwarder as it reaps it.  (The same on the simulated
+    backend, with the hostile neighbours of such a file: tests/native/test_ipc_sim.py.)"""
     from tests.native.test_ipc_sim import GUEST
 
     native = Guest(None, 0, GUEST, lib="libcuda.so.1", env=native_env())
@@ -164,8 +164,23 @@ def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
             os.truncate(shm_path, 4096)
             assert wait_for(lambda: "served again" in log_text(fwd), timeout=30), log_text(fwd)
             assert wait_for(lambda: not os.path.exists(f"/proc/{worker}"), timeout=30), log_text(fwd)
+            # (gone either way: removed as the worker was reaped, or by the driver itself where the
+            # worker ended on its own before the supervisor killed it)
             assert not driver_files_of(worker), log_text(fwd)
-            assert f"left in /dev/shm for worker {worker}" in log_text(fwd)
+            swept = f"left in /dev/shm for worker {worker}" in log_text(fwd)
+            print(f"after the truncation: removed by the forwarder: {swept}")
+        finally:
+            g.kill()
+        # a worker killed outright (as the kernel's OOM killer would): what the driver left goes as
+        # the supervisor reaps it
+        g = Guest(shm_path, 0, GUEST)
+        try:
+            g.ok("export_event", g.ok("event", 6))
+            worker = [int(w.split()[-1]) for w in log_text(fwd).splitlines() if "served by worker" in w][-1]
+            assert driver_files_of(worker), log_text(fwd)
+            os.kill(worker, 9)
+            assert wait_for(lambda: f"left in /dev/shm for worker {worker}" in log_text(fwd), timeout=30), log_text(fwd)
+            assert not driver_files_of(worker), log_text(fwd)
         finally:
             g.kill()
 
