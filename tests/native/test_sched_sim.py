@@ -1313,7 +1313,7 @@ def test_a_context_over_the_quota_is_not_destroyed_under_the_scheduler_threads_d
                 out, err = second.communicate("", timeout=60)
                 assert out.split()[:2] in (["init", "failed"], ["alloc", "failed"]), (out, err, fwd.log())
                 assert "CUresult 2" in err, err  # (out of memory)
-                assert first.poll() is None and other.poll() is None  # (both took turns throughout)
+                assert first.poll() is None and other.poll() is None  # (both still at work when it was refused)
             finally:
                 for p in (first, other):
                     p.kill()
