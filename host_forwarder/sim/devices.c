@@ -163,11 +163,15 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 	free(x);
 	return CUDA_SUCCESS;
 }
+/* The device of a primary context, or -1 (not one). */
+static int primary_device(CUcontext c)
+{
+	return (int *)c >= primary_ctx && (int *)c < primary_ctx + 8 ? (int)((int *)c - primary_ctx) : -1;
+}
 int sim_ctx_device(CUcontext c)
 {
-	if ((int *)c >= primary_ctx && (int *)c < primary_ctx + 8)
-		return (int)((int *)c - primary_ctx);
-	return sim_green_device(c); /* (a green context's is its device's) */
+	int d = primary_device(c);
+	return d >= 0 ? d : sim_green_device(c); /* (a green context's is its device's) */
 }
 __thread CUcontext sim_current;
 EXPORT CUresult cuCtxSetCurrent(CUcontext c)
@@ -202,7 +206,7 @@ EXPORT CUresult cuCtxSynchronize(void)
 }
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
 {
-	int d = (int *)c >= primary_ctx && (int *)c < primary_ctx + 8 ? (int)((int *)c - primary_ctx) : -1;
+	int d = primary_device(c);
 	if (d < 0) {
 		sim_ctx_synchronized();
 		return cuCtxSetCurrent(c);

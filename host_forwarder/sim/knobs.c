@@ -60,10 +60,16 @@ uint64_t sim_ctx_bytes(void)
 	return (e && atoll(e) > 0 ? (uint64_t)atoll(e) : 0) << 20;
 }
 
+/* A knob in microseconds (default 0), in nanoseconds. */
+static uint64_t us_knob(const char *name)
+{
+	const char *e = getenv(name);
+	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+}
+
 uint64_t sim_register_ns(void)
 {
-	const char *e = getenv("VMGPU_SIM_REGISTER_US");
-	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+	return us_knob("VMGPU_SIM_REGISTER_US");
 }
 
 void sim_fatal(const char *fmt, ...)
@@ -97,8 +103,7 @@ int sim_hgx(void)
 
 uint64_t sim_event_lag_ns(void)
 {
-	const char *e = getenv("VMGPU_SIM_EVENT_LAG_US");
-	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+	return us_knob("VMGPU_SIM_EVENT_LAG_US");
 }
 
 int sim_event_lag_dev(void)
@@ -116,8 +121,7 @@ int sim_event_create_fails(void)
 
 uint64_t sim_ctx_sync_ns(void)
 {
-	const char *e = getenv("VMGPU_SIM_CTX_SYNC_US");
-	return (e ? strtoull(e, NULL, 10) : 0) * 1000;
+	return us_knob("VMGPU_SIM_CTX_SYNC_US");
 }
 
 int sim_pageable_access(void)

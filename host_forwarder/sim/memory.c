@@ -4,9 +4,6 @@
  * every address a call names is checked against; host memory the forwarder registers; arrays;
  * pointer attributes.
  */
-#include <errno.h>
-#include <time.h>
-
 #include "sim.h"
 
 pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -124,12 +121,7 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags)
 {
 	(void)flags;
 	if (!p || !n) return CUDA_ERROR_INVALID_VALUE;
-	uint64_t ns = sim_register_ns();
-	if (ns) {
-		struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-		while (nanosleep(&t, &t) != 0 && errno == EINTR)
-			;
-	}
+	sim_sleep_ns(sim_register_ns());
 	return sim_add_range((uint64_t)(uintptr_t)p, p, n, 1);
 }
 

@@ -131,6 +131,8 @@ struct sim_obj {
 #define POOL_MAGIC 0x504f4f4cu
 
 uint64_t sim_now_ns(void);
+/* Sleep ns nanoseconds (a knob's time), whole even if a signal comes. */
+void sim_sleep_ns(uint64_t ns);
 CUresult sim_new_obj(void **out, uint32_t magic, int flags);
 /* Special stream values (legacy, per-thread) reach us as small integers, never objects. */
 int sim_is_obj(const void *p, uint32_t magic);

@@ -3,6 +3,7 @@
  * Streams and events: objects that complete at once (an event keeps the time it was recorded).
  * A stream being captured collects its launches into a graph (launch.c).
  */
+#include <errno.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -13,6 +14,13 @@ uint64_t sim_now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void sim_sleep_ns(uint64_t ns)
+{
+	struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+	while (ns && nanosleep(&t, &t) != 0 && errno == EINTR)
+		;
 }
 
 CUresult sim_new_obj(void **out, uint32_t magic, int flags)
@@ -65,11 +73,7 @@ void sim_ctx_synchronized(void)
 	atomic_fetch_add(&ctx_syncing, 1);
 	if (atomic_load(&any_captures))
 		atomic_fetch_add(&ctx_syncs_in_capture, 1);
-	uint64_t ns = sim_ctx_sync_ns();
-	if (ns) {
-		struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-		nanosleep(&t, NULL);
-	}
+	sim_sleep_ns(sim_ctx_sync_ns());
 	if (atomic_load(&any_captures)) /* (one begun while it waited) */
 		atomic_fetch_add(&ctx_syncs_in_capture, 1);
 	atomic_fetch_sub(&ctx_syncing, 1);
