@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "process.h"
 
@@ -29,6 +30,72 @@ static void log_line(const char *prefix, const char *fmt, va_list ap)
 	/* the simulated backend says so on every line */
 	fprintf(stderr, "%s vmgpu-forwarder[%s]%s %s%s\n", when, F.guest, BK.simulated ? " SIMULATED (no GPU):" : "",
 		prefix, msg);
+}
+
+char *vh_decimal(char *out, unsigned long long v)
+{
+	char rev[21];
+	int n = 0;
+	do
+		rev[n++] = (char)('0' + v % 10);
+	while ((v /= 10) && n < 20);
+	for (int i = 0; i < n; i++)
+		out[i] = rev[n - 1 - i];
+	out[n] = 0;
+	return out;
+}
+
+/* v as width digits with leading zeros at p; returns what follows. */
+static char *digits(char *p, long v, int width)
+{
+	for (int i = width - 1; i >= 0; i--, v /= 10)
+		p[i] = (char)('0' + v % 10);
+	return p + width;
+}
+
+/* timestamp()'s text without gmtime or strftime, which a signal handler may not call (the civil
+ * date from the days since 1970, in 400-year eras of 146,097 days). */
+static void timestamp_in_handler(char out[32])
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	long days = ts.tv_sec / 86400, secs = ts.tv_sec % 86400;
+	long z = days + 719468, era = z / 146097, doe = z - era * 146097;
+	long yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	long doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
+	long d = doy - (153 * mp + 2) / 5 + 1, m = mp < 10 ? mp + 3 : mp - 9, y = yoe + era * 400 + (m <= 2);
+	char *p = digits(out, y, 4);
+	*p++ = '-';
+	p = digits(p, m, 2);
+	*p++ = '-';
+	p = digits(p, d, 2);
+	*p++ = 'T';
+	p = digits(p, secs / 3600, 2);
+	*p++ = ':';
+	p = digits(p, secs / 60 % 60, 2);
+	*p++ = ':';
+	p = digits(p, secs % 60, 2);
+	*p++ = '.';
+	p = digits(p, ts.tv_nsec / 1000000, 3);
+	*p++ = 'Z';
+	*p = 0;
+}
+
+void vh_log_in_handler(const char *const *pieces)
+{
+	char line[1024], when[32];
+	timestamp_in_handler(when);
+	const char *head[] = {when, " vmgpu-forwarder[", F.guest ? F.guest : "", "]", BK.simulated ? " SIMULATED (no GPU):" : "", " "};
+	size_t n = 0;
+	for (size_t i = 0; i < sizeof head / sizeof *head; i++)
+		for (const char *c = head[i]; *c && n < sizeof line - 1; c++)
+			line[n++] = *c;
+	for (; *pieces; pieces++)
+		for (const char *c = *pieces; *c && n < sizeof line - 1; c++)
+			line[n++] = *c;
+	line[n++] = '\n';
+	ssize_t w = write(STDERR_FILENO, line, n);
+	(void)w;
 }
 
 void vh_log(const char *fmt, ...)

@@ -9,6 +9,14 @@
 /* A line in the forwarder's log, marked as the others are. */
 void vh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A line in the log from a signal handler (async-signal-safe: no stdio, no allocation): the
+ * pieces of its message, up to a NULL, written with one write(2). */
+void vh_log_in_handler(const char *const *pieces);
+
+/* The decimal digits of v at out (at least 21 bytes), NUL-terminated; returns out.
+ * Async-signal-safe. */
+char *vh_decimal(char *out, unsigned long long v);
+
 /* A start-up error: logged as "error: ...", and 1 returned (main's exit status). */
 int vh_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

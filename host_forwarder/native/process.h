@@ -48,6 +48,11 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 /* A worker's life: serve channel idx for the guest process that opened it; the exit status. */
 int vh_worker(uint32_t idx, pid_t supervisor);
 
+/* A worker ends with VH_EXIT_ORPHANED when its supervisor is gone, told by VH_ORPHAN_SIGNAL, its
+ * death signal (worker.c: on_orphaned). */
+#define VH_EXIT_ORPHANED 5
+#define VH_ORPHAN_SIGNAL SIGUSR2
+
 /* Serve one channel until its owner closes it or is lost (serve.c).  Returns 0, or
  * VH_EXIT_PROTOCOL if the guest broke the protocol (it must be cut off). */
 #define VH_EXIT_PROTOCOL 4

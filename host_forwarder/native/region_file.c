@@ -152,12 +152,36 @@ int vh_private_file(int dirfd, const char *dir, const char *name)
 	return fd;
 }
 
-int vh_driver_files_remove(pid_t pid)
+/* "cuda.shm.<first>.<pid>.<last>" (in hex) at name; async-signal-safe. */
+static void driver_file_name(char name[64], unsigned first, unsigned pid, unsigned last)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned parts[] = {first, pid, last};
+	char *p = name;
+	for (const char *c = "cuda.shm"; *c; c++)
+		*p++ = *c;
+	for (int i = 0; i < 3; i++) {
+		char rev[8];
+		int n = 0;
+		unsigned v = parts[i];
+		do
+			rev[n++] = hex[v & 15];
+		while ((v >>= 4) && n < 8);
+		*p++ = '.';
+		while (n)
+			*p++ = rev[--n];
+	}
+	*p = 0;
+}
+
+/* The loop of vh_driver_files_remove; what cannot be removed is logged unless quiet (in a signal
+ * handler, where only async-signal-safe calls are made). */
+static int remove_driver_files(pid_t pid, int quiet)
 {
 	int fd = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		static int said;
-		if (!said++)
+		if (!quiet && !said++)
 			vh_log("cannot open /dev/shm (%s): files the CUDA driver leaves there for ended workers are not "
 			       "removed",
 			       strerror(errno));
@@ -168,16 +192,29 @@ int vh_driver_files_remove(pid_t pid)
 		for (unsigned last = 0; last < VH_DRIVER_FILES_LAST; last++) {
 			char name[64];
 			struct stat st;
-			snprintf(name, sizeof name, "cuda.shm.%x.%x.%x", first, (unsigned)pid, last);
+			driver_file_name(name, first, (unsigned)pid, last);
 			if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
 			    st.st_uid != geteuid())
 				continue;
 			if (unlinkat(fd, name, 0) == 0)
 				n++;
-			else
+			else if (!quiet)
 				vh_log("cannot remove /dev/shm/%s, which the CUDA driver left for process %d: %s", name,
 				       (int)pid, strerror(errno));
 		}
 	close(fd);
+	return n;
+}
+
+int vh_driver_files_remove(pid_t pid)
+{
+	return remove_driver_files(pid, 0);
+}
+
+int vh_driver_files_remove_mine(void)
+{
+	int e = errno; /* (a handler's calls must not change what the interrupted code sees) */
+	int n = remove_driver_files(getpid(), 1);
+	errno = e;
 	return n;
 }

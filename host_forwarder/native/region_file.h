@@ -48,4 +48,9 @@ int vh_private_file(int dirfd, const char *dir, const char *name);
 #define VH_DRIVER_FILES_LAST 64
 int vh_driver_files_remove(pid_t pid);
 
+/* The same for this process's own files, from a signal handler (async-signal-safe, nothing
+ * logged): a worker whose supervisor is gone removes them itself as it ends (worker.c), since no
+ * one reaps it who would. */
+int vh_driver_files_remove_mine(void);
+
 #endif

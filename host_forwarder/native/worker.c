@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include "context.h"
+#include "log.h"
 #include "meter.h"
 #include "process.h"
 #include "quota.h"
+#include "region_file.h"
 #include "sched_policy.h"
 
 /* ---- the compute scheduler's thread in a worker ------------------------------------ */
@@ -107,13 +109,43 @@ static int mps_client(void)
 	return 0;
 }
 
+/* ---- a worker whose supervisor is gone ---------------------------------------------- */
+
+static pid_t supervisor_pid;
+
+/* The supervisor's death signal (PR_SET_PDEATHSIG): the supervisor is gone (killed, or crashed),
+ * so no one will remove what the driver left in /dev/shm for this worker once it is killed, as the
+ * supervisor does for the workers it reaps (supervisor.c: reap), and init, which reaps it now, does
+ * not.  It removes those files itself, says so, and ends at once, as the SIGKILL it had before did:
+ * the guest must see the host go.  Only async-signal-safe calls here.  A worker whose threads all
+ * block the signal would outlive its supervisor: none of the forwarder's does, and the driver's own
+ * threads are not the only ones the signal can go to (the serving thread never blocks it). */
+static void on_orphaned(int sig)
+{
+	(void)sig;
+	if (getppid() == supervisor_pid)
+		return; /* (sent by someone else: the supervisor is there) */
+	char pid[24], n[24];
+	vh_decimal(pid, (unsigned long long)getpid());
+	vh_decimal(n, (unsigned long long)vh_driver_files_remove_mine());
+	const char *line[] = {"worker ", pid, ": its supervisor is gone: removed ", n,
+			      " file(s) the CUDA driver made in /dev/shm for it; it ends (its guest process loses its GPU)",
+			      NULL};
+	vh_log_in_handler(line);
+	_exit(VH_EXIT_ORPHANED);
+}
+
 /* In a worker: open the driver, serve one channel, free what the guest process held. */
 int vh_worker(uint32_t idx, pid_t supervisor)
 {
 	char err[512];
 	signal(SIGTERM, on_signal);
-	/* a worker does not outlive its supervisor: the guest must see the host go */
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* a worker does not outlive its supervisor: the guest must see the host go (on_orphaned) */
+	supervisor_pid = supervisor;
+	struct sigaction orphaned = {.sa_handler = on_orphaned};
+	sigfillset(&orphaned.sa_mask);
+	sigaction(VH_ORPHAN_SIGNAL, &orphaned, NULL);
+	prctl(PR_SET_PDEATHSIG, VH_ORPHAN_SIGNAL);
 	if (getppid() != supervisor)
 		return 3;
 	signal(SIGINT, SIG_IGN); /* the supervisor decides when workers stop */

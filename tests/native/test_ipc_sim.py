@@ -12,6 +12,7 @@ opener's to name in copies and memsets, not that bytes written by one process ar
 other; that is for the GPU suite."""
 
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -329,6 +330,56 @@ def test_a_worker_that_ends_holding_an_interprocess_event_leaves_no_driver_file(
         g.exit()
         assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
         assert not driver_files_of(worker), fwd.log()
+
+
+def ended(pid: int) -> bool:
+    """pid has ended: no such process, or a zombie (whoever adopted it may not reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_a_worker_whose_forwarder_is_killed_removes_what_the_driver_left_for_it(shm_path, two_gpus, guests):
+    """A forwarder killed outright (SIGKILL: it cannot reap its workers, and init, which adopts
+    them, does not look in /dev/shm) must not leave the driver's file of a worker holding an
+    interprocess event: the worker, told by its death signal that its supervisor is gone, removes
+    it itself, says so, and ends, as before, at once.  A link and a file of another user under
+    its names stay, as when the supervisor removes them."""
+    with asan_forwarder(shm_path) as fwd:
+        g = guests(shm_path, 0, GUEST)
+        assert wait_for(lambda: worker_pids(fwd)), fwd.log()
+        (worker,) = worker_pids(fwd)
+        g.ok("event", 6)
+        made = driver_files_of(worker)
+        assert made == {f"cuda.shm.0.{worker:x}.1"}, fwd.log()
+        planted = {"link": f"{SHM}/cuda.shm.0.{worker:x}.3"}
+        if os.geteuid() == 0:
+            planted["foreign"] = f"{SHM}/cuda.shm.1.{worker:x}.2"
+        try:
+            os.symlink(f"{SHM}/{next(iter(made))}", planted["link"])
+            if "foreign" in planted:
+                with open(planted["foreign"], "x"):
+                    pass
+                os.chown(planted["foreign"], 65534, 65534)
+            fwd.proc.kill()
+            fwd.proc.wait()
+            assert wait_for(lambda: ended(worker)), fwd.log()
+            assert not (driver_files_of(worker) - {Path(p).name for p in planted.values()}), fwd.log()
+            assert wait_for(
+                lambda: f"worker {worker}: its supervisor is gone: removed 1 file(s) the CUDA driver made" in fwd.log()
+            ), fwd.log()
+            for what, path in planted.items():
+                assert os.path.lexists(path), what
+        finally:
+            for path in planted.values():
+                if os.path.lexists(path):
+                    os.unlink(path)
+            # (a killed forwarder's module image cache is the next forwarder's to remove, at its
+            # start: test_module_images.py; removed here so that the test leaves nothing behind)
+            if ended(worker):
+                for cache in Path(SHM).glob(f"vmgpu-images-{fwd.proc.pid}.*"):
+                    shutil.rmtree(cache)
 
 
 def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):
