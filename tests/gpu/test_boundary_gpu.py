@@ -7,6 +7,7 @@ Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu test
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -183,6 +184,34 @@ def test_a_guest_cannot_make_the_host_keep_the_drivers_event_files(shm_path):
             assert not driver_files_of(worker), log_text(fwd)
         finally:
             g.kill()
+
+
+def test_a_killed_forwarders_worker_leaves_no_driver_file(shm_path):
+    """A forwarder killed outright (SIGKILL) cannot reap its workers; each, told by its death
+    signal that its supervisor is gone, removes the file the driver made for its interprocess
+    event, says so, and ends (worker.c: on_orphaned)."""
+    from tests.native.test_ipc_sim import GUEST, ended
+
+    with forwarder(shm_path, backend="cuda", size="1G", mem="4G") as fwd:
+        g = Guest(shm_path, 0, GUEST)
+        worker = 0
+        try:
+            g.ok("export_event", g.ok("event", 6))
+            worker = next(int(w.split()[-1]) for w in log_text(fwd).splitlines() if "served by worker" in w)
+            made = driver_files_of(worker)
+            print(f"the worker's files before its forwarder is killed: {made}")
+            assert made, log_text(fwd)
+            fwd.proc.kill()
+            fwd.proc.wait()
+            assert wait_for(lambda: ended(worker), timeout=30), log_text(fwd)
+            assert wait_for(lambda: "its supervisor is gone" in log_text(fwd), timeout=10), log_text(fwd)
+            assert not driver_files_of(worker), log_text(fwd)
+            print([line for line in log_text(fwd).splitlines() if "supervisor is gone" in line])
+        finally:
+            g.kill()
+            if worker and ended(worker):  # (its image cache is the next forwarder's to remove)
+                for cache in SHM.glob(f"vmgpu-images-{fwd.proc.pid}.*"):
+                    shutil.rmtree(cache)
 
 
 # A native process's interprocess events, made and destroyed as a hostile guest might (argv[1]: how
