@@ -118,8 +118,8 @@ static pid_t supervisor_pid;
  * supervisor does for the workers it reaps (supervisor.c: reap), and init, which reaps it now, does
  * not.  It removes those files itself, says so, and ends at once, as the SIGKILL it had before did:
  * the guest must see the host go.  Only async-signal-safe calls here.  A worker whose threads all
- * block the signal would outlive its supervisor: none of the forwarder's does, and the driver's own
- * threads are not the only ones the signal can go to (the serving thread never blocks it). */
+ * blocked the signal would outlive its supervisor: vh_worker unblocks it before its threads are made
+ * (a mask the forwarder was started with is inherited), and none of them blocks it after. */
 static void on_orphaned(int sig)
 {
 	(void)sig;
@@ -142,9 +142,15 @@ int vh_worker(uint32_t idx, pid_t supervisor)
 	signal(SIGTERM, on_signal);
 	/* a worker does not outlive its supervisor: the guest must see the host go (on_orphaned) */
 	supervisor_pid = supervisor;
-	struct sigaction orphaned = {.sa_handler = on_orphaned};
+	struct sigaction orphaned = {.sa_handler = on_orphaned, .sa_flags = SA_RESTART};
 	sigfillset(&orphaned.sa_mask);
 	sigaction(VH_ORPHAN_SIGNAL, &orphaned, NULL);
+	/* (a mask is inherited through fork and exec: whoever started the forwarder may have blocked
+	 * it; the threads made from here on inherit this one's) */
+	sigset_t death;
+	sigemptyset(&death);
+	sigaddset(&death, VH_ORPHAN_SIGNAL);
+	pthread_sigmask(SIG_UNBLOCK, &death, NULL);
 	prctl(PR_SET_PDEATHSIG, VH_ORPHAN_SIGNAL);
 	if (getppid() != supervisor)
 		return 3;

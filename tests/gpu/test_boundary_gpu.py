@@ -7,7 +7,6 @@ Run on the GPU host: `make native cuda-programs && python3 -m pytest -m gpu test
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -190,7 +189,7 @@ def test_a_killed_forwarders_worker_leaves_no_driver_file(shm_path):
     """A forwarder killed outright (SIGKILL) cannot reap its workers; each, told by its death
     signal that its supervisor is gone, removes the file the driver made for its interprocess
     event, says so, and ends (worker.c: on_orphaned)."""
-    from tests.native.test_ipc_sim import GUEST, ended
+    from tests.native.test_ipc_sim import GUEST, ended, leave_nothing_of
 
     with forwarder(shm_path, backend="cuda", size="1G", mem="4G") as fwd:
         g = Guest(shm_path, 0, GUEST)
@@ -209,9 +208,8 @@ def test_a_killed_forwarders_worker_leaves_no_driver_file(shm_path):
             print([line for line in log_text(fwd).splitlines() if "supervisor is gone" in line])
         finally:
             g.kill()
-            if worker and ended(worker):  # (its image cache is the next forwarder's to remove)
-                for cache in SHM.glob(f"vmgpu-images-{fwd.proc.pid}.*"):
-                    shutil.rmtree(cache)
+            if worker:
+                leave_nothing_of(worker, fwd.proc.pid)
 
 
 # A native process's interprocess events, made and destroyed as a hostile guest might (argv[1]: how

@@ -340,6 +340,22 @@ def ended(pid: int) -> bool:
         return True
 
 
+def leave_nothing_of(worker: int, forwarder: int) -> None:
+    """After a test that killed forwarder: its worker, should it live on, is killed, and what the
+    two left in /dev/shm is removed (the driver's files of a worker that failed to remove them, and
+    the module image cache, which is the next forwarder's to remove at its start:
+    test_module_images.py), so that the test leaves nothing behind."""
+    if not ended(worker):
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: ended(worker))
+    for name in driver_files_of(worker):
+        path = Path(SHM) / name
+        if path.is_file() and not path.is_symlink() and path.stat().st_uid == os.geteuid():
+            path.unlink()
+    for cache in Path(SHM).glob(f"vmgpu-images-{forwarder}.*"):
+        shutil.rmtree(cache)
+
+
 def test_a_worker_whose_forwarder_is_killed_removes_what_the_driver_left_for_it(shm_path, two_gpus, guests):
     """A forwarder killed outright (SIGKILL: it cannot reap its workers, and init, which adopts
     them, does not look in /dev/shm) must not leave the driver's file of a worker holding an
@@ -375,11 +391,7 @@ def test_a_worker_whose_forwarder_is_killed_removes_what_the_driver_left_for_it(
             for path in planted.values():
                 if os.path.lexists(path):
                     os.unlink(path)
-            # (a killed forwarder's module image cache is the next forwarder's to remove, at its
-            # start: test_module_images.py; removed here so that the test leaves nothing behind)
-            if ended(worker):
-                for cache in Path(SHM).glob(f"vmgpu-images-{fwd.proc.pid}.*"):
-                    shutil.rmtree(cache)
+            leave_nothing_of(worker, fwd.proc.pid)
 
 
 def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):
