@@ -584,13 +584,17 @@ def steal_row(rows, what: str, result: dict) -> None:
         rows.append((f"{what}: the host's CPUs its hypervisor held (steal)", f"{result['steal_cpus']:.2f}"))
 
 
+SLOW_BARS_MS = (15.0, 25.0)  # --alone-turns: requests over these, counted on both sides alike
+
+
 def alone_turns(g: Guests, run: Run, rows, summary, infer, pairs: int, keep: Path | None) -> None:
     """--alone-turns N: the inference guest alone through vmgpu, then natively, N times by turns.
     Each window's p50 / p99, its requests over twice its own p50 (the slow stretches) and the
     host's CPUs its hypervisor held meanwhile; the p99 of every request through vmgpu over that of
     every native one (alone_p99_vmgpu_vs_native), and each side's mean steal.  Taken in turns, a
     stretch of steal on the host falls on both sides alike: a side that is slower with the same
-    steal is slower of itself, and a side with more steal draws it.  With `keep`, each window's
+    steal is slower of itself, and a side with more steal draws it.  The requests over each of
+    SLOW_BARS_MS are counted on both sides (over_15ms_vmgpu, ...).  With `keep`, each window's
     requests (turns-vmgpu-N.txt, turns-native-N.txt) are kept there."""
     files: dict[str, list[Path]] = {"vmgpu": [], "native": []}
     steal: dict[str, list[float]] = {"vmgpu": [], "native": []}
@@ -622,6 +626,19 @@ def alone_turns(g: Guests, run: Run, rows, summary, infer, pairs: int, keep: Pat
             f"{summary['steal_cpus_native']:.2f} CPUs",
         )
     )
+    # the same bars for both sides (each window's own p50 differs between them): how many requests
+    # each drew over them, of how many
+    both = {side: [t for f in fs for t in latencies(f)] for side, fs in files.items()}
+    for bar in SLOW_BARS_MS:
+        for side in both:
+            summary[f"over_{bar:g}ms_{side}"] = sum(t > bar for t in both[side])
+        rows.append(
+            (
+                f"inference alone by turns: requests over {bar:g} ms through vmgpu / natively",
+                f"{summary[f'over_{bar:g}ms_vmgpu']} / {summary[f'over_{bar:g}ms_native']}"
+                f" of {len(both['vmgpu'])} / {len(both['native'])}",
+            )
+        )
 
 
 def priority_rows(rows, summary, hp: dict, tr: dict, infer_alone: dict, solo: float, what: str, key: str) -> None:

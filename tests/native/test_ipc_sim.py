@@ -11,6 +11,7 @@ the opener's (sim/ipc.c).  These tests check who may open what, and that an open
 opener's to name in copies and memsets, not that bytes written by one process are read by the
 other; that is for the GPU suite."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -273,6 +274,47 @@ def test_an_interprocess_event_is_exported_opened_recorded_and_waited_on(shm_pat
 SHM = "/dev/shm"
 
 
+@contextlib.contextmanager
+def worker_with_its_neighbours(fwd, shm_path, guests):
+    """A guest process's worker holding an interprocess event (so the driver has made its file),
+    and beside that file names of its pattern that are not the worker's to remove: a link to it,
+    another pid's, the pid spelled otherwise and, where the test runs as root to make it, another
+    user's.  Yields (worker, {what: path}); the planted names are removed after."""
+    g = guests(shm_path, 0, GUEST)
+    assert wait_for(lambda: worker_pids(fwd)), fwd.log()
+    (worker,) = worker_pids(fwd)
+    g.ok("event", 6)
+    made = driver_files_of(worker)
+    assert made == {f"cuda.shm.0.{worker:x}.1"}, fwd.log()
+    planted = {
+        "link": f"{SHM}/cuda.shm.0.{worker:x}.3",
+        "other pid": f"{SHM}/cuda.shm.0.{worker:x}0.1",
+        "spelled otherwise": f"{SHM}/cuda.shm.0.0{worker:x}.1",
+    }
+    if os.geteuid() == 0:
+        planted["foreign"] = f"{SHM}/cuda.shm.1.{worker:x}.2"
+    try:
+        for what, path in planted.items():
+            if what == "link":
+                os.symlink(f"{SHM}/{next(iter(made))}", path)
+            else:
+                with open(path, "x"):
+                    pass
+                if what == "foreign":
+                    os.chown(path, 65534, 65534)
+        yield worker, planted
+    finally:
+        for path in planted.values():
+            if os.path.lexists(path):
+                os.unlink(path)
+
+
+def only_the_workers_files_went(worker: int, planted: dict, log: str) -> None:
+    assert not (driver_files_of(worker) - {Path(p).name for p in planted.values()}), log
+    for what, path in planted.items():
+        assert os.path.lexists(path), what
+
+
 def test_what_the_driver_left_in_dev_shm_for_a_killed_worker_is_removed(shm_path, two_gpus, guests):
     """The driver keeps a process's interprocess events in a root file in /dev/shm and leaves it
     behind when the process is killed (on the simulated backend: sim/ipc.c, as on an H100).  A
@@ -282,39 +324,12 @@ def test_what_the_driver_left_in_dev_shm_for_a_killed_worker_is_removed(shm_path
     forwarder's user's, are removed: one another user made under such a name (where the test runs
     as root, to make it), a link, another pid's and the pid spelled otherwise stay."""
     with asan_forwarder(shm_path) as fwd:
-        g = guests(shm_path, 0, GUEST)
-        assert wait_for(lambda: worker_pids(fwd)), fwd.log()
-        (worker,) = worker_pids(fwd)
-        g.ok("event", 6)
-        made = driver_files_of(worker)
-        assert made == {f"cuda.shm.0.{worker:x}.1"}, fwd.log()
-        planted = {  # (none of them is the worker's to remove)
-            "link": f"{SHM}/cuda.shm.0.{worker:x}.3",
-            "other pid": f"{SHM}/cuda.shm.0.{worker:x}0.1",
-            "spelled otherwise": f"{SHM}/cuda.shm.0.0{worker:x}.1",
-        }
-        if os.geteuid() == 0:
-            planted["foreign"] = f"{SHM}/cuda.shm.0.{worker:x}.2"
-        try:
-            for what, path in planted.items():
-                if what == "link":
-                    os.symlink(f"{SHM}/{next(iter(made))}", path)
-                else:
-                    with open(path, "x"):
-                        pass
-                    if what == "foreign":
-                        os.chown(path, 65534, 65534)
+        with worker_with_its_neighbours(fwd, shm_path, guests) as (worker, planted):
             os.truncate(shm_path, 4096)
             assert wait_for(lambda: "served again" in fwd.log()), fwd.log()
             assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
-            assert not (driver_files_of(worker) - {Path(p).name for p in planted.values()}), fwd.log()
+            only_the_workers_files_went(worker, planted, fwd.log())
             assert f"removed 1 file(s) the CUDA driver left in /dev/shm for worker {worker}" in fwd.log()
-            for what, path in planted.items():
-                assert os.path.lexists(path), what
-        finally:
-            for path in planted.values():
-                if os.path.lexists(path):
-                    os.unlink(path)
         assert fwd.proc.poll() is None, fwd.log()
 
 
@@ -360,38 +375,19 @@ def test_a_worker_whose_forwarder_is_killed_removes_what_the_driver_left_for_it(
     """A forwarder killed outright (SIGKILL: it cannot reap its workers, and init, which adopts
     them, does not look in /dev/shm) must not leave the driver's file of a worker holding an
     interprocess event: the worker, told by its death signal that its supervisor is gone, removes
-    it itself, says so, and ends, as before, at once.  A link and a file of another user under
-    its names stay, as when the supervisor removes them."""
+    it itself, says so, and ends, as before, at once.  The names beside it that are not its own
+    stay, as when the supervisor removes them."""
     with asan_forwarder(shm_path) as fwd:
-        g = guests(shm_path, 0, GUEST)
-        assert wait_for(lambda: worker_pids(fwd)), fwd.log()
-        (worker,) = worker_pids(fwd)
-        g.ok("event", 6)
-        made = driver_files_of(worker)
-        assert made == {f"cuda.shm.0.{worker:x}.1"}, fwd.log()
-        planted = {"link": f"{SHM}/cuda.shm.0.{worker:x}.3"}
-        if os.geteuid() == 0:
-            planted["foreign"] = f"{SHM}/cuda.shm.1.{worker:x}.2"
-        try:
-            os.symlink(f"{SHM}/{next(iter(made))}", planted["link"])
-            if "foreign" in planted:
-                with open(planted["foreign"], "x"):
-                    pass
-                os.chown(planted["foreign"], 65534, 65534)
-            fwd.proc.kill()
-            fwd.proc.wait()
-            assert wait_for(lambda: ended(worker)), fwd.log()
-            assert not (driver_files_of(worker) - {Path(p).name for p in planted.values()}), fwd.log()
-            assert wait_for(
-                lambda: f"worker {worker}: its supervisor is gone: removed 1 file(s) the CUDA driver made" in fwd.log()
-            ), fwd.log()
-            for what, path in planted.items():
-                assert os.path.lexists(path), what
-        finally:
-            for path in planted.values():
-                if os.path.lexists(path):
-                    os.unlink(path)
-            leave_nothing_of(worker, fwd.proc.pid)
+        with worker_with_its_neighbours(fwd, shm_path, guests) as (worker, planted):
+            try:
+                fwd.proc.kill()
+                fwd.proc.wait()
+                assert wait_for(lambda: ended(worker)), fwd.log()
+                only_the_workers_files_went(worker, planted, fwd.log())
+                said = f"worker {worker}: its supervisor is gone: removed 1 file(s) the CUDA driver made"
+                assert wait_for(lambda: said in fwd.log()), fwd.log()
+            finally:
+                leave_nothing_of(worker, fwd.proc.pid)
 
 
 def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):

@@ -298,7 +298,8 @@ def test_alone_turns_alternate_the_two_sides_and_count_slow_requests_and_the_hos
     """--alone-turns 2: the inference guest alone through vmgpu, natively, through vmgpu, natively
     (vmgpu's forwarder stopped after each of its windows, the native window with no vmgpu in its
     environment); each row counts the requests over twice the window's own p50 and gives the steal
-    Run.together measured; the summary has the pooled p99 ratio and each side's mean steal."""
+    Run.together measured; the summary has the pooled p99 ratio, each side's mean steal and its
+    requests over 15 and 25 ms."""
     calls, stopped = [], []
     monkeypatch.setenv("VMGPU_REGION", "/dev/shm/vmgpu-region-of-this-shell")
 
@@ -339,6 +340,12 @@ def test_alone_turns_alternate_the_two_sides_and_count_slow_requests_and_the_hos
     ) in rows
     assert summary["alone_p99_vmgpu_vs_native"] > 1.0  # (20 of 400 requests: above the 1% tail)
     assert summary["steal_cpus_vmgpu"] == 0.5 and summary["steal_cpus_native"] == 0.25
+    assert (summary["over_15ms_vmgpu"], summary["over_15ms_native"]) == (20, 0)
+    assert (summary["over_25ms_vmgpu"], summary["over_25ms_native"]) == (0, 0)  # (25.0 is not over 25)
+    assert (
+        "inference alone by turns: requests over 15 ms through vmgpu / natively",
+        "20 / 0 of 400 / 400",
+    ) in rows
     assert sorted(p.name for p in keep.iterdir()) == sorted(
         f"turns-{side}-{n}.txt" for side in ("vmgpu", "native") for n in (1, 2)
     )
