@@ -116,8 +116,8 @@ static pid_t supervisor_pid;
 /* The supervisor's death signal (PR_SET_PDEATHSIG): the supervisor is gone (killed, or crashed),
  * so no one will remove what the driver left in /dev/shm for this worker once it is killed, as the
  * supervisor does for the workers it reaps (supervisor.c: reap), and init, which reaps it now, does
- * not.  It removes those files itself, says so, and ends at once, as the SIGKILL it had before did:
- * the guest must see the host go.  Only async-signal-safe calls here.  A worker whose threads all
+ * not.  It removes those files itself, says so, and ends at once, as a SIGKILL would: the guest
+ * must see the host go.  Only async-signal-safe calls here.  A worker whose threads all
  * blocked the signal would outlive its supervisor: vh_worker unblocks it before its threads are made
  * (a mask the forwarder was started with is inherited), and none of them blocks it after. */
 static void on_orphaned(int sig)
