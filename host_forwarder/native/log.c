@@ -11,51 +11,27 @@
 
 #include "process.h"
 
-/* "YYYY-MM-DDTHH:MM:SS.mmmZ" of the wall clock now (24 characters). */
-static void timestamp(char out[32])
-{
-	struct timespec ts;
-	struct tm tm;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	gmtime_r(&ts.tv_sec, &tm);
-	size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(out + n, 32 - n, ".%03ldZ", ts.tv_nsec / 1000000);
-}
-
-static void log_line(const char *prefix, const char *fmt, va_list ap)
-{
-	char msg[1024], when[32];
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	timestamp(when);
-	/* the simulated backend says so on every line */
-	fprintf(stderr, "%s vmgpu-forwarder[%s]%s %s%s\n", when, F.guest, BK.simulated ? " SIMULATED (no GPU):" : "",
-		prefix, msg);
-}
-
-char *vh_decimal(char *out, unsigned long long v)
-{
-	char rev[21];
-	int n = 0;
-	do
-		rev[n++] = (char)('0' + v % 10);
-	while ((v /= 10) && n < 20);
-	for (int i = 0; i < n; i++)
-		out[i] = rev[n - 1 - i];
-	out[n] = 0;
-	return out;
-}
-
 /* v as width digits with leading zeros at p; returns what follows. */
-static char *digits(char *p, long v, int width)
+static char *digits(char *p, unsigned long long v, int width)
 {
 	for (int i = width - 1; i >= 0; i--, v /= 10)
 		p[i] = (char)('0' + v % 10);
 	return p + width;
 }
 
-/* timestamp()'s text without gmtime or strftime, which a signal handler may not call (the civil
- * date from the days since 1970, in 400-year eras of 146,097 days). */
-static void timestamp_in_handler(char out[32])
+char *vh_decimal(char *out, unsigned long long v)
+{
+	int width = 1;
+	for (unsigned long long rest = v; rest >= 10; rest /= 10)
+		width++;
+	*digits(out, v, width) = 0;
+	return out;
+}
+
+/* "YYYY-MM-DDTHH:MM:SS.mmmZ" of the wall clock now (24 characters), without gmtime or strftime,
+ * which a signal handler may not call (the civil date from the days since 1970, in 400-year eras
+ * of 146,097 days). */
+static void timestamp(char out[32])
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -83,9 +59,10 @@ static void timestamp_in_handler(char out[32])
 
 void vh_log_in_handler(const char *const *pieces)
 {
-	char line[1024], when[32];
-	timestamp_in_handler(when);
-	const char *head[] = {when, " vmgpu-forwarder[", F.guest ? F.guest : "", "]", BK.simulated ? " SIMULATED (no GPU):" : "", " "};
+	char line[1280], when[32];
+	timestamp(when);
+	/* the simulated backend says so on every line */
+	const char *head[] = {when, " vmgpu-forwarder[", F.guest, "]", BK.simulated ? " SIMULATED (no GPU):" : "", " "};
 	size_t n = 0;
 	for (size_t i = 0; i < sizeof head / sizeof *head; i++)
 		for (const char *c = head[i]; *c && n < sizeof line - 1; c++)
@@ -96,6 +73,15 @@ void vh_log_in_handler(const char *const *pieces)
 	line[n++] = '\n';
 	ssize_t w = write(STDERR_FILENO, line, n);
 	(void)w;
+}
+
+/* Every line, a handler's or not, is written by vh_log_in_handler: one write(2) each. */
+static void log_line(const char *prefix, const char *fmt, va_list ap)
+{
+	char msg[1024];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	const char *pieces[] = {prefix, msg, NULL};
+	vh_log_in_handler(pieces);
 }
 
 void vh_log(const char *fmt, ...)

@@ -10,7 +10,7 @@
 void vh_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* A line in the log from a signal handler (async-signal-safe: no stdio, no allocation): the
- * pieces of its message, up to a NULL, written with one write(2). */
+ * pieces of its message, up to a NULL, written with one write(2), as vh_log's are. */
 void vh_log_in_handler(const char *const *pieces);
 
 /* The decimal digits of v at out (at least 21 bytes), NUL-terminated; returns out.
