@@ -596,7 +596,7 @@ def alone_turns(g: Guests, run: Run, rows, summary, infer, pairs: int, keep: Pat
     steal is slower of itself, and a side with more steal draws it.  The requests over each of
     SLOW_BARS_MS are counted on both sides (over_15ms_vmgpu, ...).  With `keep`, each window's
     requests (turns-vmgpu-N.txt, turns-native-N.txt) are kept there."""
-    files: dict[str, list[Path]] = {"vmgpu": [], "native": []}
+    lats: dict[str, list[float]] = {"vmgpu": [], "native": []}  # every request's, each side's
     steal: dict[str, list[float]] = {"vmgpu": [], "native": []}
     for n in range(1, pairs + 1):
         for side, how in (("vmgpu", "through vmgpu"), ("native", "natively")):
@@ -604,18 +604,19 @@ def alone_turns(g: Guests, run: Run, rows, summary, infer, pairs: int, keep: Pat
             (r,) = run.together([(infer + ["--latencies", str(f)], g.env() if side == "vmgpu" else native_env())])
             if side == "vmgpu":
                 g.stop()
-            files[side].append(f)
+            window = latencies(f)
+            lats[side] += window
             steal[side].append(r.get("steal_cpus", 0.0))
             if keep:
                 shutil.copy(f, keep / f.name)
-            slow = sum(t > 2 * r["p50_ms"] for t in latencies(f))
+            slow = sum(t > 2 * r["p50_ms"] for t in window)
             rows.append(
                 (
                     f"inference alone {how}, turn {n}: p50 / p99, over 2x p50, steal",
                     f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} ms, {slow} requests, {steal[side][-1]:.2f} CPUs",
                 )
             )
-    vm, nat = pooled_p99(files["vmgpu"]), pooled_p99(files["native"])
+    vm, nat = p99_of(lats["vmgpu"]), p99_of(lats["native"])
     summary["alone_p99_vmgpu_vs_native"] = vm / nat
     summary["steal_cpus_vmgpu"] = statistics.mean(steal["vmgpu"])
     summary["steal_cpus_native"] = statistics.mean(steal["native"])
@@ -628,15 +629,14 @@ def alone_turns(g: Guests, run: Run, rows, summary, infer, pairs: int, keep: Pat
     )
     # the same bars for both sides (each window's own p50 differs between them): how many requests
     # each drew over them, of how many
-    both = {side: [t for f in fs for t in latencies(f)] for side, fs in files.items()}
     for bar in SLOW_BARS_MS:
-        for side in both:
-            summary[f"over_{bar:g}ms_{side}"] = sum(t > bar for t in both[side])
+        for side in lats:
+            summary[f"over_{bar:g}ms_{side}"] = sum(t > bar for t in lats[side])
         rows.append(
             (
                 f"inference alone by turns: requests over {bar:g} ms through vmgpu / natively",
                 f"{summary[f'over_{bar:g}ms_vmgpu']} / {summary[f'over_{bar:g}ms_native']}"
-                f" of {len(both['vmgpu'])} / {len(both['native'])}",
+                f" of {len(lats['vmgpu'])} / {len(lats['native'])}",
             )
         )
 
@@ -824,9 +824,14 @@ def latencies(f: Path) -> list[float]:
     return [float(line.split()[1]) for line in Path(f).read_text().splitlines() if line.strip()]
 
 
+def p99_of(latencies_ms: list[float]) -> float:
+    """The p99 (ms) of these requests' latencies."""
+    return statistics.quantiles(latencies_ms, n=100)[98]
+
+
 def pooled_p99(files: list[Path]) -> float:
     """The p99 (ms) of every request in these torch_infer --latencies files together."""
-    return statistics.quantiles([t for f in files for t in latencies(f)], n=100)[98]
+    return p99_of([t for f in files for t in latencies(f)])
 
 
 def span_looks(looks: list[tuple[float, bool]], t0: float, t1: float) -> float:
