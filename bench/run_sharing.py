@@ -19,6 +19,11 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
   mps       the same two natively under MPS, 30/70 active-thread percentages, and through vmgpu
             with their forwarders' workers clients of the same MPS server (--mps, --mps-threads;
             the native policy: no turns)
+  mpssame   natively under MPS at the thread limits that deliver the weights' tenant shares (parts
+            30/70; limits of 30/70 give two trainers near 35/65): found from the splits measured,
+            each guest's speed taken as a power of its limit, in up to two more windows; the
+            aggregate against it is the comparison at the same shares (..._same_shares), kept
+            only where a split's parts came within 2 pp of 30/70
   shared    the same two through vmgpu at weights 30/70 under the shared policy (side by side,
             held back by vmgpu/share_control.py, run here as vmgpud runs it), with their workers
             clients of one MPS server, and without MPS (the driver's own time slicing); measured
@@ -64,6 +69,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import math
 import os
 import shlex
 import shutil
@@ -547,6 +553,84 @@ def native_mps_pair(run: Run, env: dict, split: tuple[int, int] = (30, 70)) -> l
     return run.together([(TRAIN, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)}) for pct in split])
 
 
+SAME_SHARES_TOL_PP = 1.0  # a native MPS split whose light part is this close to the weights' is looked no further
+SAME_SHARES_RUNS = 2  # at most this many more native MPS windows to find it
+SHARES_TOL_PP = 2.0  # the tenant shares' tolerance (issue 20): a split further off is no reference at the same shares
+
+
+def _logit(part_pct: float) -> float:
+    p = min(max(part_pct, 0.5), 99.5) / 100
+    return math.log(p / (1 - p))
+
+
+def next_mps_light(points: list[tuple[int, float]], target: float) -> int | None:
+    """The light guest's MPS active-thread percentage (the heavy one's being 100 minus it) to try
+    next so that the light guest's part of the pair comes out at `target` %, from the
+    (percentage, light part %) pairs measured so far.  On the model that each guest's speed goes
+    as a power of its thread limit, logit(part) is linear in log(t / (100 - t)): through the
+    origin from one point (equal limits, equal parts), through the two points nearest the target
+    from more.  None where the model gives a percentage already measured, or none (a line that
+    does not rise)."""
+    if not points:
+        return None
+    xs = {t: math.log(t / (100 - t)) for t, _ in points if 0 < t < 100}
+    near = sorted((p for p in points if p[0] in xs), key=lambda p: abs(p[1] - target))
+    (t1, p1), rest = near[0], [p for p in near[1:] if p[0] != near[0][0]]
+    x0, y0 = (xs[rest[0][0]], _logit(rest[0][1])) if rest else (0.0, 0.0)
+    if xs[t1] == x0 or (_logit(p1) - y0) / (xs[t1] - x0) <= 0:
+        return None
+    slope = (_logit(p1) - y0) / (xs[t1] - x0)
+    x = xs[t1] + (_logit(target) - _logit(p1)) / slope
+    t = min(99, max(1, round(100 / (1 + math.exp(-x)))))
+    return None if t in {q for q, _ in points} else t
+
+
+def mps_same_shares(run: Run, env: dict, rows, native_solo: float, measured: dict, target: float = 30.0):
+    """Native MPS at the same tenant shares as the weights: from the splits measured so far
+    (`measured`: (light, heavy) -> the pair's img/s), up to SAME_SHARES_RUNS more native windows
+    at the thread limits next_mps_light gives, until a split's light part is within
+    SAME_SHARES_TOL_PP of `target`; each a row.  MPS's thread limits are not its tenant shares (at
+    30/70 two trainers' parts come out near 35/65), so "MPS at the same shares" is the split that
+    delivers them.  The (split, light part, the pair's total of one alone natively) nearest the
+    target, or None where none measured sums to 100."""
+
+    def part(rates):
+        return 100 * rates[0] / sum(rates)
+
+    points = {s: r for s, r in measured.items() if s[0] + s[1] == 100}
+    for _ in range(SAME_SHARES_RUNS):
+        if not points or min(abs(part(r) - target) for r in points.values()) <= SAME_SHARES_TOL_PP:
+            break
+        t = next_mps_light([(s[0], part(r)) for s, r in points.items()], target)
+        if t is None:
+            break
+        split = (t, 100 - t)
+        points[split] = [x["img_per_s"] for x in native_mps_pair(run, env, split)]
+        pair_row(rows, f"MPS {t}/{100 - t} (native; towards the weights' shares)", points[split], native_solo)
+    if not points:
+        return None
+    split = min(points, key=lambda s: abs(part(points[s]) - target))
+    return split, part(points[split]), sum(points[split]) / native_solo
+
+
+def same_shares_row(rows, summary, found) -> float | None:
+    """The row and summary keys of mps_same_shares' answer; the pair's total where its light part
+    is within SHARES_TOL_PP of the weights', else None (no reference at the same shares)."""
+    if found is None:
+        return None
+    (lo, hi), light, total = found
+    ok = abs(light - 30.0) <= SHARES_TOL_PP
+    rows.append(
+        (
+            "MPS at the weights' shares (native)",
+            f"{lo}/{hi}: parts {light:.1f} / {100 - light:.1f}, together {total:.2f}"
+            + ("" if ok else f" (none within {SHARES_TOL_PP:g} pp of 30/70: no reference at the same shares)"),
+        )
+    )
+    summary["mps_same_shares_light"] = float(lo)
+    return total if ok else None
+
+
 def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_solo: float, tmp: Path, mps: bool) -> str:
     """Where the weighted rows are skipped, the shared rows' references in the same run: the two
     trainers through vmgpu with --no-sched, and natively under MPS at each --mps-refs split of
@@ -558,14 +642,21 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
     text = f", no-sched {nosched:.2f}"
     env = mps_start(tmp) if mps else None
     mps_totals = {}  # (light, heavy) -> the pair's total, of one alone natively
+    same = None  # the pair's total natively on MPS at the weights' tenant shares
     if env:
         try:
+            measured = {}
             for split in MPS_REFS:
                 light, heavy = native_mps_pair(run, env, split)
-                rates = [light["img_per_s"], heavy["img_per_s"]]
-                pair_row(rows, f"MPS {split[0]}/{split[1]} (native)", rates, native_solo)
-                mps_totals[split] = sum(rates) / native_solo
+                measured[split] = [light["img_per_s"], heavy["img_per_s"]]
+                pair_row(rows, f"MPS {split[0]}/{split[1]} (native)", measured[split], native_solo)
+                mps_totals[split] = sum(measured[split]) / native_solo
                 text += f", MPS {split[0]}/{split[1]} (native) {mps_totals[split]:.2f}"
+            if "mpssame" not in SKIP:
+                found = mps_same_shares(run, env, rows, native_solo, measured)
+                same = same_shares_row(rows, summary, found)
+                if same is not None:
+                    text += f", MPS at the weights' shares ({found[0][0]}/{found[0][1]}, native) {same:.2f}"
         finally:
             mps_stop(env)
     for key in [k.removeprefix("shared_total") for k in list(summary) if k.startswith("shared_total")]:
@@ -574,6 +665,10 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
             for (lo, hi), total in mps_totals.items():  # (at the weights: the name the summary always had)
                 at = "" if (lo, hi) == (30, 70) else f"_at{lo}"
                 summary[f"aggregate_shared_vs_mps{at}{key}"] = summary[f"shared_total{key}"] / total
+            if env and "mpssame" not in SKIP:
+                summary[f"aggregate_shared_vs_mps_same_shares{key}"] = (
+                    summary[f"shared_total{key}"] / same if same else float("nan")
+                )
     return text
 
 
@@ -1232,7 +1327,9 @@ def main() -> int:
         "spans), noclientprio (its row without MPS client "
         "priorities), sharedbelow (the shared pair on MPS with the light guest's MPS client priority below normal), "
         "refs (where weights are skipped: the shared rows' references, "
-        "no-sched and native MPS 30/70), cap, converge, reclaim, sharedconverge, sharedreclaim (converge and "
+        "no-sched and native MPS 30/70), mpssame (native MPS at the thread limits that deliver the weights' "
+        "tenant shares, found in up to two more windows: the reference at the same shares), cap, converge, "
+        "reclaim, sharedconverge, sharedreclaim (converge and "
         "reclaim under shared, on MPS where it runs), capsolo (the rate alone measured next to each cap's "
         "rows), captime (the cap rows by time alone), capalone (with --trace: the trainer alone over its lead "
         "and two windows, natively and through vmgpu, before the cap rows))",
@@ -1454,9 +1551,15 @@ def main() -> int:
             agg = f"weights {weighted_total / solo:.2f}, no-sched {nosched_total / solo:.2f}, native {native_pair:.2f}"
 
             mps = mps_start(tmp) if "mps" not in skip else None
+            same = None  # the pair's total natively on MPS at the weights' tenant shares
             if mps:
                 try:
                     m30, m70 = native_mps_pair(run, mps)  # (at the weights)
+                    if "mpssame" not in skip:
+                        found = mps_same_shares(
+                            run, mps, rows, native_solo, {(30, 70): [m30["img_per_s"], m70["img_per_s"]]}
+                        )
+                        same = same_shares_row(rows, summary, found)
                     pipe = mps["CUDA_MPS_PIPE_DIRECTORY"]
                     envs = [
                         (TRAIN, g.env("--mps", pipe, "--mps-threads", "30")),
@@ -1478,6 +1581,8 @@ def main() -> int:
                 pair_row(rows, "MPS 30/70 (native)", [m30["img_per_s"], m70["img_per_s"]], native_solo)
                 summary["mps_share_err_pp"] = e_vm
                 summary["aggregate_vs_mps"] = (weighted_total / solo) / mps_total
+                if "mpssame" not in skip:
+                    summary["aggregate_vs_mps_same_shares"] = (weighted_total / solo) / same if same else float("nan")
                 summary["aggregate_vmgpu_mps_vs_mps"] = vm_mps_total / mps_total
                 agg += f", vmgpu on MPS {vm_mps_total:.2f}, MPS (native) {mps_total:.2f}"
             else:
@@ -1489,6 +1594,10 @@ def main() -> int:
                     summary["aggregate_shared_vs_nosched"] = summary["shared_total"] * solo / nosched_total
                     if mps:
                         summary["aggregate_shared_vs_mps"] = summary["shared_total"] / mps_total
+                        if "mpssame" not in skip:
+                            summary["aggregate_shared_vs_mps_same_shares"] = (
+                                summary["shared_total"] / same if same else float("nan")
+                            )
                     agg += f", shared on MPS {summary['shared_total']:.2f}"
                 agg += f", shared without MPS {summary['shared_total_no_mps']:.2f}"
             rows.append(("aggregate, of one guest alone", agg))

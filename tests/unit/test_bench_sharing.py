@@ -95,6 +95,7 @@ def test_the_shared_rows_are_compared_with_each_native_mps_split_named_by_its_li
     compared with each (the weights' split under the summary's old name, another under _atLIGHT)."""
     rates = {(30, 70): (500.0, 900.0), (22, 78): (400.0, 1000.0)}  # img/s, light and heavy
     monkeypatch.setattr(run_sharing, "MPS_REFS", [(30, 70), (22, 78)])
+    monkeypatch.setattr(run_sharing, "SKIP", {"mpssame"})  # (the split at the same shares: the tests below)
     monkeypatch.setattr(run_sharing, "nosched_pair", lambda g, run: 1200.0)
     monkeypatch.setattr(run_sharing, "mps_start", lambda tmp: {"CUDA_MPS_PIPE_DIRECTORY": "/x"})
     monkeypatch.setattr(run_sharing, "mps_stop", lambda env: None)
@@ -115,6 +116,75 @@ def test_the_shared_rows_are_compared_with_each_native_mps_split_named_by_its_li
     assert math.isclose(summary["aggregate_shared_vs_mps"], 1.26 / 1.4)
     assert math.isclose(summary["aggregate_shared_vs_mps_at22"], 1.26 / 1.4)
     assert math.isclose(summary["aggregate_shared_vs_nosched"], 1.26 / 1.2)
+
+
+def test_the_next_mps_split_is_where_the_power_model_puts_the_weights_parts():
+    """One point (30/70 gave the light trainer 34.8% of the pair, as on an H100): the line through
+    equal limits and equal parts puts 30% at 24/76; two points: the line through them; a split
+    already measured, or a line that does not rise, gives none."""
+    assert run_sharing.next_mps_light([(30, 34.8)], 30.0) == 24
+    assert run_sharing.next_mps_light([(30, 34.8), (24, 28.9)], 30.0) == 25
+    assert run_sharing.next_mps_light([(30, 34.8), (25, 29.8)], 30.0) is None  # (25 again)
+    assert run_sharing.next_mps_light([(30, 34.8), (24, 36.0)], 30.0) is None  # (fewer threads, more part)
+    assert run_sharing.next_mps_light([(50, 50.0)], 30.0) is None  # (no line through the origin)
+    assert run_sharing.next_mps_light([], 30.0) is None
+
+
+def _mps_by_power(curve: float, seen: list):
+    """A native MPS pair whose trainers go at (limit/100)^curve of 1000 img/s alone."""
+
+    def pair(run, env, split):
+        seen.append(split)
+        return [{"img_per_s": 1000.0 * (pct / 100) ** curve} for pct in split]
+
+    return pair
+
+
+def test_the_shared_rows_are_compared_with_mps_at_the_split_that_delivers_the_weights_shares(monkeypatch):
+    """Trainers whose speed goes as limit^0.66: 30/70 gives parts 36/64; the bench tries the split
+    the model gives until the light part is within 1 pp of 30, and compares the shared total with
+    that pair's (aggregate_shared_vs_mps_same_shares), beside the comparison at 30/70."""
+    seen = []
+    monkeypatch.setattr(run_sharing, "MPS_REFS", [(30, 70)])
+    monkeypatch.setattr(run_sharing, "SKIP", set())
+    monkeypatch.setattr(run_sharing, "nosched_pair", lambda g, run: 1000.0)
+    monkeypatch.setattr(run_sharing, "mps_start", lambda tmp: {"CUDA_MPS_PIPE_DIRECTORY": "/x"})
+    monkeypatch.setattr(run_sharing, "mps_stop", lambda env: None)
+    monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, seen))
+    rows, summary = [], {"shared_total_sms": 1.20}
+    text = run_sharing.shared_references(None, None, rows, summary, 1000.0, 1000.0, Path("/tmp"), True)
+    assert seen[0] == (30, 70) and 2 <= len(seen) <= 1 + run_sharing.SAME_SHARES_RUNS
+    lo, hi = seen[-1]
+    light = 100 * lo**0.66 / (lo**0.66 + hi**0.66)
+    assert abs(light - 30) <= 1.0
+    total = (lo**0.66 + hi**0.66) / 100**0.66
+    assert math.isclose(summary["aggregate_shared_vs_mps_same_shares_sms"], 1.20 / total)
+    assert math.isclose(summary["aggregate_shared_vs_mps_sms"], 1.20 / ((30**0.66 + 70**0.66) / 100**0.66))
+    assert summary["mps_same_shares_light"] == lo
+    assert rows[-1][0] == "MPS at the weights' shares (native)" and rows[-1][1].startswith(f"{lo}/{hi}: parts ")
+    assert f"MPS at the weights' shares ({lo}/{hi}, native) {total:.2f}" in text
+
+
+def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the_same_shares(monkeypatch):
+    """Where MPS's parts do not follow its limits (here they stay at 40/60 whatever the split), the
+    bench stops after its two more windows and the comparison at the same shares is nan, its row
+    saying why, not a comparison with the nearest split."""
+    seen = []
+    monkeypatch.setattr(run_sharing, "MPS_REFS", [(30, 70)])
+    monkeypatch.setattr(run_sharing, "SKIP", set())
+    monkeypatch.setattr(run_sharing, "nosched_pair", lambda g, run: 1000.0)
+    monkeypatch.setattr(run_sharing, "mps_start", lambda tmp: {"CUDA_MPS_PIPE_DIRECTORY": "/x"})
+    monkeypatch.setattr(run_sharing, "mps_stop", lambda env: None)
+    monkeypatch.setattr(
+        run_sharing,
+        "native_mps_pair",
+        lambda run, env, split: seen.append(split) or [{"img_per_s": 400.0}, {"img_per_s": 600.0}],
+    )
+    rows, summary = [], {"shared_total": 1.0}
+    run_sharing.shared_references(None, None, rows, summary, 1000.0, 1000.0, Path("/tmp"), True)
+    assert len(seen) <= 1 + run_sharing.SAME_SHARES_RUNS
+    assert math.isnan(summary["aggregate_shared_vs_mps_same_shares"])
+    assert "no reference at the same shares" in rows[-1][1]
 
 
 def test_the_work_a_stayer_lost_is_the_time_it_was_held_back_whatever_its_bins_do():
