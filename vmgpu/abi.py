@@ -206,14 +206,29 @@ class SchedPage(ctypes.Structure):
 # ---- a forwarder's statistics page (stats_abi.h) ------------------------------------------------
 
 STATS_MAGIC = 0x5354415447504D56
-STATS_VERSION = 2
+STATS_VERSION = 3
 STATS_OPS = 256
 STATS_GPUS = 16
+STATS_WORKERS = 4096
 
 
 class OpStats(ctypes.Structure):
     c_struct = "vmgpu_op_stats"
     _fields_ = [("count", u64), ("ns", u64)]
+
+
+class StatsHead(ctypes.Structure):
+    """What a reader looks at first: which version's page this is."""
+
+    _fields_ = [("magic", u64), ("version", u32)]
+
+
+STATS_PAGE_V2_SIZE = 4672  # a version-2 page: everything before the workers
+
+
+class StatsWorker(ctypes.Structure):
+    c_struct = "vmgpu_stats_worker"
+    _fields_ = [("forked_ns", u64), ("started", u64), ("pid", u32), ("reserved", u32)]
 
 
 class StatsPage(ctypes.Structure):
@@ -233,6 +248,8 @@ class StatsPage(ctypes.Structure):
         ("op", OpStats * STATS_OPS),
         ("throttled_ns", u64 * STATS_GPUS),
         ("oom_refusals", u64 * STATS_GPUS),
+        ("boot_id", ctypes.c_char * 48),
+        ("worker", StatsWorker * STATS_WORKERS),
     ]
 
 
@@ -241,7 +258,7 @@ class StatsPage(ctypes.Structure):
 PAGES = {
     "vmgpu/shm_abi.h": [RegionHeader],
     "vmgpu/sched_abi.h": [SchedSlot, SchedPage],
-    "vmgpu/stats_abi.h": [OpStats, StatsPage],
+    "vmgpu/stats_abi.h": [OpStats, StatsWorker, StatsPage],
 }
 ARGUMENTS = {"vmgpu/shm.h": [ShmParams, Layout, WaitOpts, ChanInfo]}
 # The constants each page's header defines, by C name.
@@ -269,4 +286,6 @@ CONSTANTS = {
     "VMGPU_STATS_VERSION": STATS_VERSION,
     "VMGPU_STATS_OPS": STATS_OPS,
     "VMGPU_STATS_GPUS": STATS_GPUS,
+    "VMGPU_STATS_WORKERS": STATS_WORKERS,
+    "VMGPU_STATS_PAGE_V2_SIZE": STATS_PAGE_V2_SIZE,
 }

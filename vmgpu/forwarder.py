@@ -82,10 +82,10 @@ class Forwarder:
             *self.extra,
         ]
         args = list(self.extra)
-        if "--stats" in args[:-1]:  # the statistics page: also in a private directory, made afresh
-            stats = Path(args[args.index("--stats") + 1])
-            private_dir(stats.parent, create=False)
-            stats.unlink(missing_ok=True)  # no one else can put a name back in a private directory
+        if "--stats" in args[:-1]:  # the statistics page: also in a private directory
+            # (kept: the forwarder reads the workers an earlier one's page names before it makes
+            # the page afresh, to remove what the driver left for them: stats_abi.h)
+            private_dir(Path(args[args.index("--stats") + 1]).parent, create=False)
         if self.size:  # the forwarder replaces whatever is at the path in one step (region_file.c)
             cmd += ["--create", self.size]
         if self.mem:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import time
 from pathlib import Path
 
@@ -18,13 +19,21 @@ def read(path: str | Path) -> dict:
     per-function counts and times."""
     try:
         with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), ctypes.sizeof(abi.StatsPage), access=mmap.ACCESS_READ)
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), min(size, ctypes.sizeof(abi.StatsPage)), access=mmap.ACCESS_READ)
     except (OSError, ValueError) as e:
         raise InvalidArgument(f"statistics page {path}: {e}") from None
-    s = abi.StatsPage.from_buffer_copy(mm)
+    head = abi.StatsHead.from_buffer_copy(
+        mm.read(ctypes.sizeof(abi.StatsHead)).ljust(ctypes.sizeof(abi.StatsHead), b"\0")
+    )
+    # (version 2, of a forwarder started before version 3: the same fields but the workers, which
+    # are not read here)
+    need = {2: abi.STATS_PAGE_V2_SIZE, abi.STATS_VERSION: ctypes.sizeof(abi.StatsPage)}.get(head.version)
+    if head.magic != abi.STATS_MAGIC or need is None or len(mm) < need:
+        mm.close()
+        raise InvalidArgument(f"{path} is not a vmgpu forwarder statistics page (version 2 or {abi.STATS_VERSION})")
+    s = abi.StatsPage.from_buffer_copy(mm[:need].ljust(ctypes.sizeof(abi.StatsPage), b"\0"))
     mm.close()
-    if s.magic != abi.STATS_MAGIC or s.version != abi.STATS_VERSION:
-        raise InvalidArgument(f"{path} is not a vmgpu forwarder statistics page (version {abi.STATS_VERSION})")
     names = {**PROTOCOL, **OPS}
     return {
         "time": time.monotonic(),

@@ -23,11 +23,13 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "images.h"
+#include "proc.h"
 #include "process.h"
 #include "region_file.h"
 #include "sched_policy.h"
@@ -336,15 +338,69 @@ static int use_mps(struct options *o)
 	return 0;
 }
 
+/* The workers an earlier forwarder's page (fd) says were serving when it ended: what the CUDA
+ * driver left in /dev/shm for those that ended with it (killed at one stroke, as a cgroup is) is
+ * removed, since nobody else will.  A page of another version, or of an earlier boot (/dev/shm
+ * has been emptied since, and its pids mean nothing now), has no workers to go by. */
+static void sweep_earlier_workers(int fd, const char *path)
+{
+	struct {
+		uint64_t magic;
+		uint32_t version;
+	} head;
+	static struct vmgpu_stats_worker was[VMGPU_STATS_WORKERS];
+	char boot[48], now[48];
+	if (pread(fd, &head, sizeof head, 0) != (ssize_t)sizeof head || head.magic != VMGPU_STATS_MAGIC ||
+	    head.version != VMGPU_STATS_VERSION ||
+	    pread(fd, boot, sizeof boot, offsetof(struct vmgpu_stats_page, boot_id)) != (ssize_t)sizeof boot ||
+	    pread(fd, was, sizeof was, offsetof(struct vmgpu_stats_page, worker)) != (ssize_t)sizeof was ||
+	    vh_boot_id(now) != 0 || memcmp(boot, now, sizeof now) != 0)
+		return;
+	/* (a worker killed with its forwarder may still be ending: its driver's teardown) */
+	uint64_t deadline = vmgpu_now_ns() + 3000000000ull;
+	int removed = 0, workers = 0;
+	for (uint32_t i = 0; i < VMGPU_STATS_WORKERS; i++) {
+		pid_t pid = (pid_t)atomic_load(&was[i].pid);
+		if (pid <= 0)
+			continue;
+		workers++;
+		int n = vh_driver_files_sweep(pid, was[i].forked_ns, was[i].started, deadline);
+		if (n == VH_SWEEP_PID_IN_USE)
+			vh_log("%s: worker %d of an earlier forwarder: another process has its pid now, so what the "
+			       "CUDA driver may have left in /dev/shm for it is not removed",
+			       path, (int)pid);
+		else if (n == VH_SWEEP_STILL_ENDING)
+			vh_log("%s: worker %d of an earlier forwarder had not ended after 3 s: what the CUDA driver "
+			       "may have left in /dev/shm for it is not removed",
+			       path, (int)pid);
+		else
+			removed += n;
+	}
+	if (workers)
+		vh_log("%s: an earlier forwarder ended with %d worker(s) serving; removed %d file(s) the CUDA "
+		       "driver left in /dev/shm for them",
+		       path, workers, removed);
+}
+
 /* The statistics page: in a file vmgpud can read (--stats), or anonymous; shared with the workers. */
 static int map_stats(const char *path)
 {
 	int fd = -1, flags = MAP_SHARED | MAP_ANONYMOUS;
 	if (path) {
-		/* never through a link, never a file someone else made (vmgpud keeps it in its own
-		 * private directory) */
-		fd = vh_open_ours(path, O_RDWR | O_CREAT);
-		if (fd < 0 || ftruncate(fd, 0) != 0 || ftruncate(fd, sizeof *F.stats) != 0)
+		/* an earlier forwarder's page: never through a link, never a file someone else made
+		 * (vmgpud keeps it in its own private directory); the workers it names are seen to */
+		struct stat st;
+		if (lstat(path, &st) == 0) {
+			int old = vh_open_ours(path, O_RDONLY);
+			if (old < 0)
+				return vh_die("--stats %s: %s", path, strerror(errno));
+			sweep_earlier_workers(old, path);
+			close(old);
+		}
+		/* then the page afresh, in one step: a process that still maps the earlier one (or reads
+		 * it) keeps that to itself */
+		fd = vh_fresh_file(path, sizeof *F.stats, "statistics page");
+		if (fd < 0)
 			return vh_die("--stats %s: %s", path, strerror(errno));
 		flags = MAP_SHARED;
 	}
@@ -358,6 +414,9 @@ static int map_stats(const char *path)
 	F.stats->ndev = (uint32_t)F.ndev;
 	for (int i = 0; i < F.ndev; i++)
 		F.stats->quota[i] = F.quota[i];
+	if (vh_boot_id(F.stats->boot_id) != 0)
+		vh_log("cannot read /proc/sys/kernel/random/boot_id: should this forwarder be killed with its "
+		       "workers, the next will not remove what the CUDA driver left for them");
 	F.used = F.stats->used;
 	atomic_thread_fence(memory_order_release);
 	F.stats->magic = VMGPU_STATS_MAGIC; /* last: a reader sees a complete header */

@@ -9,4 +9,11 @@
  * 0, or -1 if it cannot be read (gone, or another pid namespace). */
 int vh_proc_stat(uint32_t pid, char *state, int *ppid);
 
+/* When it started, in clock ticks after boot (/proc/PID/stat's field 22): with the pid, which
+ * process it is (a pid used again has another).  0, or -1 as above. */
+int vh_proc_started(uint32_t pid, uint64_t *ticks);
+
+/* This boot's id (/proc/sys/kernel/random/boot_id) into out, NUL-padded: 0, or -1 (out all 0). */
+int vh_boot_id(char out[48]);
+
 #endif

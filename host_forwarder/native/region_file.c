@@ -4,14 +4,17 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "region_file.h"
 #include "log.h"
+#include "proc.h"
 
 /* Is st a regular file of ours, with one name, that no one else may read or write? */
 static int ours(const struct stat *st, const char *path, mode_t others)
@@ -64,10 +67,8 @@ int vh_open_ours(const char *path, int flags)
 	return fd;
 }
 
-int vh_region_open(const char *path, uint64_t create)
+int vh_fresh_file(const char *path, uint64_t size, const char *what)
 {
-	if (!create) /* no mode bits checked: the ACL mask shows in group's when guests are given access */
-		return vh_open_ours(path, O_RDWR);
 	char dir[4096], tmp[4096 + 64];
 	const char *slash = strrchr(path, '/');
 	if (!slash)
@@ -84,24 +85,31 @@ int vh_region_open(const char *path, uint64_t create)
 		snprintf(tmp, sizeof tmp, "%s/.vmgpu-new-%d-%08x", dir, (int)getpid(), r);
 		fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 		if (fd < 0 && errno != EEXIST) {
-			vh_log("cannot create a region in %s: %s", dir, strerror(errno));
+			vh_log("cannot create a %s in %s: %s", what, dir, strerror(errno));
 			return -1;
 		}
 	}
 	if (fd < 0) {
-		vh_log("cannot create a region in %s: every fresh name was taken", dir);
+		vh_log("cannot create a %s in %s: every fresh name was taken", what, dir);
 		return -1;
 	}
 	/* 0600 whatever the umask: others get access only by the ACL entries vmgpu adds for the guest */
-	if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)create) != 0 || rename(tmp, path) != 0) {
+	if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)size) != 0 || rename(tmp, path) != 0) {
 		int e = errno;
-		vh_log("cannot create region %s: %s", path, strerror(e));
+		vh_log("cannot create %s %s: %s", what, path, strerror(e));
 		unlink(tmp);
 		close(fd);
 		errno = e;
 		return -1;
 	}
 	return fd;
+}
+
+int vh_region_open(const char *path, uint64_t create)
+{
+	if (!create) /* no mode bits checked: the ACL mask shows in group's when guests are given access */
+		return vh_open_ours(path, O_RDWR);
+	return vh_fresh_file(path, create, "region");
 }
 
 int vh_private_dir(const char *path)
@@ -175,8 +183,9 @@ static void driver_file_name(char name[64], unsigned first, unsigned pid, unsign
 }
 
 /* The loop of vh_driver_files_remove; what cannot be removed is logged unless quiet (in a signal
- * handler, where only async-signal-safe calls are made). */
-static int remove_driver_files(pid_t pid, int quiet)
+ * handler, where only async-signal-safe calls are made); a file whose status last changed before
+ * since_ns, or at or after before_ns where that is not 0, is left (CLOCK_REALTIME). */
+static int remove_driver_files(pid_t pid, int quiet, uint64_t since_ns, uint64_t before_ns)
 {
 	int fd = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
@@ -196,6 +205,9 @@ static int remove_driver_files(pid_t pid, int quiet)
 			if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
 			    st.st_uid != geteuid())
 				continue;
+			uint64_t changed = (uint64_t)st.st_ctim.tv_sec * 1000000000ull + (uint64_t)st.st_ctim.tv_nsec;
+			if (changed < since_ns || (before_ns && changed >= before_ns))
+				continue;
 			if (unlinkat(fd, name, 0) == 0)
 				n++;
 			else if (!quiet)
@@ -208,13 +220,43 @@ static int remove_driver_files(pid_t pid, int quiet)
 
 int vh_driver_files_remove(pid_t pid)
 {
-	return remove_driver_files(pid, 0);
+	return remove_driver_files(pid, 0, 0, 0);
 }
 
 int vh_driver_files_remove_mine(void)
 {
 	int e = errno; /* (a handler's calls must not change what the interrupted code sees) */
-	int n = remove_driver_files(getpid(), 1);
+	int n = remove_driver_files(getpid(), 1, 0, 0);
 	errno = e;
 	return n;
+}
+
+static uint64_t clock_ns(clockid_t c)
+{
+	struct timespec t;
+	clock_gettime(c, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+uint64_t vh_coarse_realtime_ns(void)
+{
+	return clock_ns(CLOCK_REALTIME_COARSE);
+}
+
+int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started, uint64_t deadline_ns)
+{
+	if (pid <= 0)
+		return VH_SWEEP_PID_IN_USE;
+	for (;;) {
+		/* (a file the driver makes for a later holder of the pid is made after this look) */
+		uint64_t looked = vh_coarse_realtime_ns();
+		if (kill(pid, 0) != 0 && errno == ESRCH)
+			return remove_driver_files(pid, 0, forked_ns, looked);
+		uint64_t now_started;
+		if (vh_proc_started((uint32_t)pid, &now_started) == 0 && started && now_started != started)
+			return VH_SWEEP_PID_IN_USE;
+		if (clock_ns(CLOCK_MONOTONIC) >= deadline_ns)
+			return VH_SWEEP_STILL_ENDING;
+		usleep(10000); /* (the worker itself, or a zombie of it, still ending) */
+	}
 }

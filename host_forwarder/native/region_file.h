@@ -53,4 +53,25 @@ int vh_driver_files_remove(pid_t pid);
  * one reaps it who would. */
 int vh_driver_files_remove_mine(void);
 
+/* The same for a worker of an earlier forwarder, killed with it at one stroke (a cgroup's kill:
+ * nobody was left to remove them), named by the statistics page it left (main.c): pid, when it
+ * was forked (forked_ns, vh_coarse_realtime_ns before the fork) and started (clock ticks after
+ * boot, 0 if unknown).  pid is no child of this process, so its files are removed only once no
+ * process has the pid, and only those made since the fork and before that was seen (files under
+ * the name made outside the worker's life are another process's).  While the worker itself
+ * (the pid started then) is still ending, it is waited for until deadline_ns (CLOCK_MONOTONIC).
+ * Returns how many were removed, or one of these (nothing removed): */
+#define VH_SWEEP_PID_IN_USE (-1)   /* another process has the pid */
+#define VH_SWEEP_STILL_ENDING (-2) /* the worker had not ended by the deadline */
+int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started, uint64_t deadline_ns);
+
+/* CLOCK_REALTIME_COARSE in ns: the clock a file's times are taken from. */
+uint64_t vh_coarse_realtime_ns(void);
+
+/* A file at path made afresh in one step, `size` bytes, 0600, this user's: made under a fresh
+ * name beside it (O_EXCL, never through a link) and renamed over whatever is at path, so a process
+ * that still has the old file keeps it to itself.  The descriptor, or -1 after logging (what names
+ * the file in the log). */
+int vh_fresh_file(const char *path, uint64_t size, const char *what);
+
 #endif

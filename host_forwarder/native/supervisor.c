@@ -22,6 +22,7 @@
 #include "fd_broker.h"
 #include "images.h"
 #include "ipc.h"
+#include "proc.h"
 #include "process.h"
 #include "region_file.h"
 
@@ -124,6 +125,9 @@ static uint32_t reap(struct slot *slots, uint32_t n, uint8_t *fence, int block)
 			break;
 		pid_t pid = info.si_pid;
 		int removed = vh_driver_files_remove(pid);
+		for (uint32_t i = 0; i < n; i++) /* (before its pid is free again: the page names it no more) */
+			if (slots[i].worker == pid)
+				atomic_store_explicit(&F.stats->worker[i].pid, 0, memory_order_release);
 		if (waitpid(pid, &status, 0) != pid)
 			break;
 		for (uint32_t i = 0; i < n; i++)
@@ -164,8 +168,12 @@ static void start_worker(struct slot *slots, uint32_t n, uint32_t i)
 	}
 	int worker_end;
 	slots[i].sock = vh_broker_pair(&worker_end);
+	struct vmgpu_stats_worker *rec = &F.stats->worker[i]; /* (the page outlives this process) */
+	rec->started = 0;
+	rec->forked_ns = vh_coarse_realtime_ns(); /* (every file the driver makes for it is later) */
 	pid_t self = getpid(), pid = fork();
 	if (pid == 0) {
+		atomic_store_explicit(&rec->pid, (uint32_t)getpid(), memory_order_release); /* (first thing) */
 		/* the worker keeps its own end only: no other worker's socket, no descriptor the
 		 * supervisor holds */
 		int ends[n];
@@ -179,6 +187,12 @@ static void start_worker(struct slot *slots, uint32_t n, uint32_t i)
 		close(worker_end);
 	if (pid > 0) {
 		slots[i].worker = pid;
+		/* were this process killed with its workers at one stroke, the next forwarder given the
+		 * page removes what the driver left for them */
+		uint64_t started = 0;
+		atomic_store_explicit(&rec->pid, (uint32_t)pid, memory_order_release);
+		if (vh_proc_started((uint32_t)pid, &started) == 0)
+			rec->started = started;
 		return;
 	}
 	if (slots[i].sock >= 0)

@@ -229,7 +229,7 @@ def test_the_forwarder_never_writes_a_statistics_file_through_a_link_or_someone_
         os.chown(stats_path, 65534, 65534)
         target = stats_path
     before = target.read_bytes()
-    # the binary itself (vmgpu.forwarder.Forwarder would first remove what is at the path)
+    # the binary itself, as vmgpud's Forwarder runs it
     cmd = [ASAN / "vmgpu-forwarder", "--region", shm_path, "--create", "128M", "--backend", "sim", "--no-sched"]
     env = dict(os.environ, VMGPU_SIMCUDA=str(ASAN / "libvmgpu-simcuda.so"))
     p = subprocess.Popen([str(a) for a in (*cmd, "--stats", stats_path)], env=env, stderr=subprocess.PIPE, text=True)

@@ -12,11 +12,14 @@ opener's to name in copies and memsets, not that bytes written by one process ar
 other; that is for the GPU suite."""
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import struct
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ import pytest
 from tests.forwarder import ASAN, NATIVE, forwarder, guest_env, wait_for, worker_pids
 from tests.gpu.programs import driver_files_of
 from tests.native.test_generator import raw
-from vmgpu import shm
+from vmgpu import abi, shm
 
 pytestmark = pytest.mark.native
 
@@ -388,6 +391,106 @@ def test_a_worker_whose_forwarder_is_killed_removes_what_the_driver_left_for_it(
                 assert wait_for(lambda: said in fwd.log()), fwd.log()
             finally:
                 leave_nothing_of(worker, fwd.proc.pid)
+
+
+def _page_names_worker(page: Path, channel: int, pid: int, forked_ns: int, started: int) -> None:
+    """Write channel's worker entry of a statistics page (stats_abi.h) as a forwarder would."""
+    with open(page, "r+b") as f:
+        f.seek(abi.StatsPage.worker.offset + channel * ctypes.sizeof(abi.StatsWorker))
+        f.write(struct.pack("<QQII", forked_ns, started, pid, 0))
+
+
+def _started(pid: int) -> int:
+    """A process's start in clock ticks after boot (/proc/PID/stat's field 22)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def test_workers_killed_with_their_forwarder_at_one_stroke_have_their_files_removed_by_the_next(
+    shm_path, two_gpus, guests, tmp_path
+):
+    """A forwarder killed together with its workers (SIGKILL to all at once, as a cgroup is killed:
+    the worker cannot remove its files, nor the forwarder reap it) leaves the driver's files of its
+    workers.  The statistics page outlives it and names the workers serving when it ended, when
+    each was forked and started; the next forwarder given the page removes their files as it
+    starts, and only theirs: the names beside them that are not the worker's stay, and so do the
+    files of a pid the page names that another process has now (the test's own, started at another
+    time) and of a dead pid made before the page says its worker was forked.  A worker still
+    ending (a process that is the pid the page names, ending a second later) is waited for, and its
+    file then removed."""
+    tmp_path.chmod(0o700)
+    page = tmp_path / "guest.stats"
+    extra = ["--gpus", "0,1", "--stats", str(page)]
+    ending, reaper, files = None, None, {}
+    with forwarder(shm_path, extra=extra, asan=True, keep_region=True) as fwd:
+        first = fwd.proc.pid
+        with worker_with_its_neighbours(fwd, shm_path, guests) as (worker, planted):
+            try:
+                os.kill(first, signal.SIGSTOP)  # (the stroke: neither can act before both are dead)
+                os.kill(worker, signal.SIGKILL)
+                assert wait_for(lambda: ended(worker)), fwd.log()
+                os.kill(first, signal.SIGKILL)
+                fwd.proc.wait()
+                assert wait_for(lambda: not Path(f"/proc/{worker}").exists()), fwd.log()
+                assert driver_files_of(worker) - {Path(p).name for p in planted.values()}, "nothing was left"
+                ending = subprocess.Popen(["sleep", "2"])  # (ends while the next forwarder starts)
+                reaper = threading.Thread(target=ending.wait)  # (so that it is gone once it ends, not a zombie)
+                reaper.start()
+                named = {  # what: (pid, forked_ns, started, the file stays)
+                    "live": (os.getpid(), 0, _started(os.getpid()) + 1, True),
+                    "older": (_dead_pid(), time.time_ns() + 3600 * 10**9, 0, True),
+                    "ending": (ending.pid, time.time_ns() - 10**9, _started(ending.pid), False),
+                }
+                files.update({what: Path(SHM) / f"cuda.shm.0.{pid:x}.1" for what, (pid, *_) in named.items()})
+                for channel, (what, (pid, forked, started, _)) in enumerate(named.items(), start=100):
+                    assert not files[what].exists(), files[what]
+                    files[what].touch()
+                    _page_names_worker(page, channel, pid, forked, started)
+                with forwarder(shm_path, extra=extra, asan=True, size=None) as again:
+                    log = again.log()
+                    only_the_workers_files_went(worker, planted, log)
+                    for what, (*_, stays) in named.items():
+                        assert files[what].exists() == stays, (what, log)
+                    assert "an earlier forwarder ended with 4 worker(s) serving; removed 2 file(s)" in log, log
+                    assert f"worker {os.getpid()} of an earlier forwarder: another process has its pid" in log
+                    assert f"worker {named['older'][0]} of" not in log, log
+            finally:
+                if ending:
+                    ending.kill()
+                    reaper.join()
+                for path in files.values():
+                    path.unlink(missing_ok=True)
+                leave_nothing_of(worker, first)
+
+
+@pytest.mark.parametrize("boot", ["this", "another"])
+def test_a_page_of_an_earlier_boot_names_no_workers(shm_path, tmp_path, boot):
+    """The statistics page is kept on disk, /dev/shm is emptied when the host starts, and pids
+    begin again: a page made before the host last started names no worker whose files are for
+    the forwarder to remove (only a page of this boot does)."""
+    tmp_path.chmod(0o700)
+    page = tmp_path / "guest.stats"
+    data = bytearray(ctypes.sizeof(abi.StatsPage))
+    struct.pack_into("<QI", data, 0, abi.STATS_MAGIC, abi.STATS_VERSION)
+    this = Path("/proc/sys/kernel/random/boot_id").read_bytes()
+    struct.pack_into("48s", data, abi.StatsPage.boot_id.offset, this if boot == "this" else b"0" * 36 + b"\n")
+    page.write_bytes(bytes(data))
+    page.chmod(0o600)
+    pid = _dead_pid()
+    _page_names_worker(page, 0, pid, 0, 0)
+    left = Path(SHM) / f"cuda.shm.0.{pid:x}.1"
+    left.touch()
+    try:
+        with forwarder(shm_path, extra=["--stats", str(page)], asan=True) as fwd:
+            assert left.exists() == (boot == "another"), fwd.log()
+            assert ("an earlier forwarder ended with 1 worker(s) serving; removed 1" in fwd.log()) == (boot == "this")
+    finally:
+        left.unlink(missing_ok=True)
 
 
 def test_an_opened_block_is_charged_to_its_exporter_not_to_the_opener(shm_path, two_gpus, guests):
