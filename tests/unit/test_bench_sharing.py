@@ -140,16 +140,22 @@ def _mps_by_power(curve: float, seen: list):
     return pair
 
 
-def test_the_shared_rows_are_compared_with_mps_at_the_split_that_delivers_the_weights_shares(monkeypatch):
-    """Trainers whose speed goes as limit^0.66: 30/70 gives parts 36/64; the bench tries the split
-    the model gives until the light part is within 1 pp of 30, and compares the shared total with
-    that pair's (aggregate_shared_vs_mps_same_shares), beside the comparison at 30/70."""
-    seen = []
+def _mps_refs_at_the_weights(monkeypatch):
+    """shared_references with its one MPS reference at 30/70, the split at the same shares looked
+    for, and nothing started."""
     monkeypatch.setattr(run_sharing, "MPS_REFS", [(30, 70)])
     monkeypatch.setattr(run_sharing, "SKIP", set())
     monkeypatch.setattr(run_sharing, "nosched_pair", lambda g, run: 1000.0)
     monkeypatch.setattr(run_sharing, "mps_start", lambda tmp: {"CUDA_MPS_PIPE_DIRECTORY": "/x"})
     monkeypatch.setattr(run_sharing, "mps_stop", lambda env: None)
+
+
+def test_the_shared_rows_are_compared_with_mps_at_the_split_that_delivers_the_weights_shares(monkeypatch):
+    """Trainers whose speed goes as limit^0.66: 30/70 gives parts 36/64; the bench tries the split
+    the model gives until the light part is within 1 pp of 30, and compares the shared total with
+    that pair's (aggregate_shared_vs_mps_same_shares), beside the comparison at 30/70."""
+    seen = []
+    _mps_refs_at_the_weights(monkeypatch)
     monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, seen))
     rows, summary = [], {"shared_total_sms": 1.20}
     text = run_sharing.shared_references(None, None, rows, summary, 1000.0, 1000.0, Path("/tmp"), True)
@@ -170,11 +176,7 @@ def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the
     bench stops after its two more windows and the comparison at the same shares is nan, its row
     saying why, not a comparison with the nearest split."""
     seen = []
-    monkeypatch.setattr(run_sharing, "MPS_REFS", [(30, 70)])
-    monkeypatch.setattr(run_sharing, "SKIP", set())
-    monkeypatch.setattr(run_sharing, "nosched_pair", lambda g, run: 1000.0)
-    monkeypatch.setattr(run_sharing, "mps_start", lambda tmp: {"CUDA_MPS_PIPE_DIRECTORY": "/x"})
-    monkeypatch.setattr(run_sharing, "mps_stop", lambda env: None)
+    _mps_refs_at_the_weights(monkeypatch)
     monkeypatch.setattr(
         run_sharing,
         "native_mps_pair",
