@@ -356,30 +356,27 @@ static void sweep_earlier_workers(int fd, const char *path)
 	    pread(fd, was, sizeof was, offsetof(struct vmgpu_stats_page, worker)) != (ssize_t)sizeof was ||
 	    vh_boot_id(now) != 0 || memcmp(boot, now, sizeof now) != 0)
 		return;
-	/* (a worker killed with its forwarder may still be ending: its driver's teardown) */
-	uint64_t deadline = vmgpu_now_ns() + 3000000000ull;
-	int removed = 0, workers = 0;
+	int removed = 0, workers = 0, ending = 0;
 	for (uint32_t i = 0; i < VMGPU_STATS_WORKERS; i++) {
 		pid_t pid = (pid_t)atomic_load(&was[i].pid);
 		if (pid <= 0)
 			continue;
 		workers++;
-		int n = vh_driver_files_sweep(pid, was[i].forked_ns, was[i].started, deadline);
+		int n = vh_driver_files_sweep(pid, was[i].forked_ns, was[i].started);
 		if (n == VH_SWEEP_PID_IN_USE)
 			vh_log("%s: worker %d of an earlier forwarder: another process has its pid now, so what the "
 			       "CUDA driver may have left in /dev/shm for it is not removed",
 			       path, (int)pid);
-		else if (n == VH_SWEEP_STILL_ENDING)
-			vh_log("%s: worker %d of an earlier forwarder had not ended after 3 s: what the CUDA driver "
-			       "may have left in /dev/shm for it is not removed",
-			       path, (int)pid);
-		else
+		else if (n == VH_SWEEP_STILL_ENDING) { /* (killed, its driver's teardown under way) */
+			vh_driver_files_sweep_later(pid, was[i].forked_ns, was[i].started);
+			ending++;
+		} else
 			removed += n;
 	}
 	if (workers)
 		vh_log("%s: an earlier forwarder ended with %d worker(s) serving; removed %d file(s) the CUDA "
-		       "driver left in /dev/shm for them",
-		       path, workers, removed);
+		       "driver left in /dev/shm for them; %d still ending (looked at again as they end)",
+		       path, workers, removed, ending);
 }
 
 /* The statistics page: in a file vmgpud can read (--stats), or anonymous; shared with the workers. */

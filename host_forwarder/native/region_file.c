@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <vmgpu/stats_abi.h>
 
 #include "region_file.h"
 #include "log.h"
@@ -182,6 +183,9 @@ static void driver_file_name(char name[64], unsigned first, unsigned pid, unsign
 	*p = 0;
 }
 
+#define VH_STR_(x) #x
+#define VH_STR(x) VH_STR_(x)
+
 /* The loop of vh_driver_files_remove; what cannot be removed is logged unless quiet (in a signal
  * handler, where only async-signal-safe calls are made); a file whose status last changed before
  * since_ns, or at or after before_ns where that is not 0, is left (CLOCK_REALTIME). */
@@ -243,20 +247,60 @@ uint64_t vh_coarse_realtime_ns(void)
 	return clock_ns(CLOCK_REALTIME_COARSE);
 }
 
-int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started, uint64_t deadline_ns)
+int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started)
 {
 	if (pid <= 0)
 		return VH_SWEEP_PID_IN_USE;
-	for (;;) {
-		/* (a file the driver makes for a later holder of the pid is made after this look) */
-		uint64_t looked = vh_coarse_realtime_ns();
-		if (kill(pid, 0) != 0 && errno == ESRCH)
-			return remove_driver_files(pid, 0, forked_ns, looked);
-		uint64_t now_started;
-		if (vh_proc_started((uint32_t)pid, &now_started) == 0 && started && now_started != started)
-			return VH_SWEEP_PID_IN_USE;
-		if (clock_ns(CLOCK_MONOTONIC) >= deadline_ns)
-			return VH_SWEEP_STILL_ENDING;
-		usleep(10000); /* (the worker itself, or a zombie of it, still ending) */
+	/* (a file the driver makes for a later holder of the pid is made after this look) */
+	uint64_t looked = vh_coarse_realtime_ns();
+	if (kill(pid, 0) != 0 && errno == ESRCH)
+		return remove_driver_files(pid, 0, forked_ns, looked);
+	uint64_t now_started;
+	if (vh_proc_started((uint32_t)pid, &now_started) == 0 && started && now_started != started)
+		return VH_SWEEP_PID_IN_USE;
+	return VH_SWEEP_STILL_ENDING;
+}
+
+/* Workers of an earlier forwarder still ending when this one started: looked at again from the
+ * supervisor's loop until they end (a worker killed holding a GPU context can take seconds in the
+ * driver's teardown), for at most VH_SWEEP_PENDING_S. */
+#define VH_SWEEP_PENDING_S 120
+static struct {
+	pid_t pid;
+	uint64_t forked_ns, started;
+} pending[VMGPU_STATS_WORKERS];
+static uint32_t npending;
+static uint64_t pending_until;
+
+void vh_driver_files_sweep_later(pid_t pid, uint64_t forked_ns, uint64_t started)
+{
+	if (npending == VMGPU_STATS_WORKERS)
+		return;
+	pending[npending].pid = pid;
+	pending[npending].forked_ns = forked_ns;
+	pending[npending++].started = started;
+	pending_until = clock_ns(CLOCK_MONOTONIC) + VH_SWEEP_PENDING_S * 1000000000ull;
+}
+
+void vh_driver_files_sweep_pending(void)
+{
+	int late = npending && clock_ns(CLOCK_MONOTONIC) >= pending_until;
+	for (uint32_t i = 0; i < npending;) {
+		int n = vh_driver_files_sweep(pending[i].pid, pending[i].forked_ns, pending[i].started);
+		if (n == VH_SWEEP_STILL_ENDING && !late) {
+			i++;
+			continue;
+		}
+		if (n >= 0)
+			vh_log("worker %d of an earlier forwarder has ended: removed %d file(s) the CUDA driver left "
+			       "in /dev/shm for it",
+			       (int)pending[i].pid, n);
+		else
+			vh_log("worker %d of an earlier forwarder: %s, so what the CUDA driver may have left in "
+			       "/dev/shm for it is not removed",
+			       (int)pending[i].pid,
+			       n == VH_SWEEP_PID_IN_USE ? "another process has its pid now"
+							: "it had not ended after " VH_STR(VH_SWEEP_PENDING_S) " s");
+		pending[i] = pending[--npending];
 	}
 }

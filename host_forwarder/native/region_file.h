@@ -58,12 +58,16 @@ int vh_driver_files_remove_mine(void);
  * was forked (forked_ns, vh_coarse_realtime_ns before the fork) and started (clock ticks after
  * boot, 0 if unknown).  pid is no child of this process, so its files are removed only once no
  * process has the pid, and only those made since the fork and before that was seen (files under
- * the name made outside the worker's life are another process's).  While the worker itself
- * (the pid started then) is still ending, it is waited for until deadline_ns (CLOCK_MONOTONIC).
- * Returns how many were removed, or one of these (nothing removed): */
+ * the name made outside the worker's life are another process's).  Returns how many were
+ * removed, or one of these (nothing removed): */
 #define VH_SWEEP_PID_IN_USE (-1)   /* another process has the pid */
-#define VH_SWEEP_STILL_ENDING (-2) /* the worker had not ended by the deadline */
-int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started, uint64_t deadline_ns);
+#define VH_SWEEP_STILL_ENDING (-2) /* the worker itself (that pid, started then) has not ended yet */
+int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started);
+
+/* A worker still ending, swept again by vh_driver_files_sweep_pending (the supervisor's loop calls
+ * it) until it has ended, for two minutes at most; each outcome logged. */
+void vh_driver_files_sweep_later(pid_t pid, uint64_t forked_ns, uint64_t started);
+void vh_driver_files_sweep_pending(void);
 
 /* CLOCK_REALTIME_COARSE in ns: the clock a file's times are taken from. */
 uint64_t vh_coarse_realtime_ns(void);

@@ -190,9 +190,9 @@ static void start_worker(struct slot *slots, uint32_t n, uint32_t i)
 		/* were this process killed with its workers at one stroke, the next forwarder given the
 		 * page removes what the driver left for them */
 		uint64_t started = 0;
-		atomic_store_explicit(&rec->pid, (uint32_t)pid, memory_order_release);
 		if (vh_proc_started((uint32_t)pid, &started) == 0)
-			rec->started = started;
+			rec->started = started; /* (before the pid: the pair names the process) */
+		atomic_store_explicit(&rec->pid, (uint32_t)pid, memory_order_release);
 		return;
 	}
 	if (slots[i].sock >= 0)
@@ -274,6 +274,8 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 			memset(fence, 0, L->nchannels);
 		}
 		reap(slots, L->nchannels, fence, 0);
+		if (turns % 32 == 0)
+			vh_driver_files_sweep_pending(); /* every 64 ms: an earlier forwarder's workers still ending */
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_unheld(&F.sched[d]);
 		watch_channels(slots, L->nchannels, fence);

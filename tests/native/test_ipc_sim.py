@@ -400,9 +400,14 @@ def _page_names_worker(page: Path, channel: int, pid: int, forked_ns: int, start
         f.write(struct.pack("<QQII", forked_ns, started, pid, 0))
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields from the third (the state) on."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _started(pid: int) -> int:
     """A process's start in clock ticks after boot (/proc/PID/stat's field 22)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return int(_stat(pid)[19])
 
 
 def _dead_pid() -> int:
@@ -421,8 +426,8 @@ def test_workers_killed_with_their_forwarder_at_one_stroke_have_their_files_remo
     starts, and only theirs: the names beside them that are not the worker's stay, and so do the
     files of a pid the page names that another process has now (the test's own, started at another
     time) and of a dead pid made before the page says its worker was forked.  A worker still
-    ending (a process that is the pid the page names, ending a second later) is waited for, and its
-    file then removed."""
+    ending (a process that is the pid the page names, ending two seconds later) is looked at again
+    while the forwarder serves, and its file removed once it has ended."""
     tmp_path.chmod(0o700)
     page = tmp_path / "guest.stats"
     extra = ["--gpus", "0,1", "--stats", str(page)]
@@ -432,6 +437,7 @@ def test_workers_killed_with_their_forwarder_at_one_stroke_have_their_files_remo
         with worker_with_its_neighbours(fwd, shm_path, guests) as (worker, planted):
             try:
                 os.kill(first, signal.SIGSTOP)  # (the stroke: neither can act before both are dead)
+                assert wait_for(lambda: _stat(first)[0] == "T"), fwd.log()
                 os.kill(worker, signal.SIGKILL)
                 assert wait_for(lambda: ended(worker)), fwd.log()
                 os.kill(first, signal.SIGKILL)
@@ -446,17 +452,25 @@ def test_workers_killed_with_their_forwarder_at_one_stroke_have_their_files_remo
                     "older": (_dead_pid(), time.time_ns() + 3600 * 10**9, 0, True),
                     "ending": (ending.pid, time.time_ns() - 10**9, _started(ending.pid), False),
                 }
-                files.update({what: Path(SHM) / f"cuda.shm.0.{pid:x}.1" for what, (pid, *_) in named.items()})
                 for channel, (what, (pid, forked, started, _)) in enumerate(named.items(), start=100):
-                    assert not files[what].exists(), files[what]
-                    files[what].touch()
+                    path = Path(SHM) / f"cuda.shm.0.{pid:x}.1"
+                    assert not path.exists(), path
+                    path.touch()
+                    files[what] = path
                     _page_names_worker(page, channel, pid, forked, started)
                 with forwarder(shm_path, extra=extra, asan=True, size=None) as again:
+                    only_the_workers_files_went(worker, planted, again.log())
+                    assert wait_for(lambda: not files["ending"].exists(), timeout=10), again.log()
                     log = again.log()
-                    only_the_workers_files_went(worker, planted, log)
                     for what, (*_, stays) in named.items():
                         assert files[what].exists() == stays, (what, log)
-                    assert "an earlier forwarder ended with 4 worker(s) serving; removed 2 file(s)" in log, log
+                    # (the process still ending when the forwarder looked, or already ended)
+                    assert (
+                        "ended with 4 worker(s) serving; removed 1 file(s) the CUDA driver left in /dev/shm for "
+                        "them; 1 still ending"
+                        in log
+                        and f"worker {ending.pid} of an earlier forwarder has ended: removed 1 file(s)" in log
+                    ) or "ended with 4 worker(s) serving; removed 2 file(s)" in log, log
                     assert f"worker {os.getpid()} of an earlier forwarder: another process has its pid" in log
                     assert f"worker {named['older'][0]} of" not in log, log
             finally:
@@ -488,7 +502,8 @@ def test_a_page_of_an_earlier_boot_names_no_workers(shm_path, tmp_path, boot):
     try:
         with forwarder(shm_path, extra=["--stats", str(page)], asan=True) as fwd:
             assert left.exists() == (boot == "another"), fwd.log()
-            assert ("an earlier forwarder ended with 1 worker(s) serving; removed 1" in fwd.log()) == (boot == "this")
+            said = "an earlier forwarder ended with 1 worker(s) serving; removed 1 file(s)"
+            assert (said in fwd.log()) == (boot == "this"), fwd.log()
     finally:
         left.unlink(missing_ok=True)
 
