@@ -374,7 +374,7 @@ static void sweep_earlier_workers(int fd, const char *path)
 			removed += n;
 	}
 	if (workers)
-		vh_log("%s: an earlier forwarder ended with %d worker(s) serving; removed %d file(s) the CUDA "
+		vh_log("%s: an earlier forwarder ended with %d worker(s) at work; removed %d file(s) the CUDA "
 		       "driver left in /dev/shm for them; %d still ending (looked at again as they end)",
 		       path, workers, removed, ending);
 }
