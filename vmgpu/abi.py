@@ -217,12 +217,6 @@ class OpStats(ctypes.Structure):
     _fields_ = [("count", u64), ("ns", u64)]
 
 
-class StatsHead(ctypes.Structure):
-    """What a reader looks at first: which version's page this is."""
-
-    _fields_ = [("magic", u64), ("version", u32)]
-
-
 STATS_PAGE_V2_SIZE = 4672  # a version-2 page: everything before the workers
 
 

@@ -17,23 +17,20 @@ from vmgpu.errors import InvalidArgument
 def read(path: str | Path) -> dict:
     """A snapshot of the page: totals, memory, gate waits and refusals per guest GPU, and
     per-function counts and times."""
+    full = ctypes.sizeof(abi.StatsPage)
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            mm = mmap.mmap(f.fileno(), min(size, ctypes.sizeof(abi.StatsPage)), access=mmap.ACCESS_READ)
+            mm = mmap.mmap(f.fileno(), min(os.fstat(f.fileno()).st_size, full), access=mmap.ACCESS_READ)
     except (OSError, ValueError) as e:
         raise InvalidArgument(f"statistics page {path}: {e}") from None
-    head = abi.StatsHead.from_buffer_copy(
-        mm.read(ctypes.sizeof(abi.StatsHead)).ljust(ctypes.sizeof(abi.StatsHead), b"\0")
-    )
+    data = mm[:]
+    mm.close()
+    s = abi.StatsPage.from_buffer_copy(data.ljust(full, b"\0"))
     # (version 2, of a forwarder started before version 3: the same fields but the workers, which
     # are not read here)
-    need = {2: abi.STATS_PAGE_V2_SIZE, abi.STATS_VERSION: ctypes.sizeof(abi.StatsPage)}.get(head.version)
-    if head.magic != abi.STATS_MAGIC or need is None or len(mm) < need:
-        mm.close()
+    need = {2: abi.STATS_PAGE_V2_SIZE, abi.STATS_VERSION: full}.get(s.version)
+    if s.magic != abi.STATS_MAGIC or need is None or len(data) < need:
         raise InvalidArgument(f"{path} is not a vmgpu forwarder statistics page (version 2 or {abi.STATS_VERSION})")
-    s = abi.StatsPage.from_buffer_copy(mm[:need].ljust(ctypes.sizeof(abi.StatsPage), b"\0"))
-    mm.close()
     names = {**PROTOCOL, **OPS}
     return {
         "time": time.monotonic(),

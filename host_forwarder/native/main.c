@@ -363,15 +363,8 @@ static void sweep_earlier_workers(int fd, const char *path)
 			continue;
 		workers++;
 		int n = vh_driver_files_sweep(pid, was[i].forked_ns, was[i].started);
-		if (n == VH_SWEEP_PID_IN_USE)
-			vh_log("%s: worker %d of an earlier forwarder: another process has its pid now, so what the "
-			       "CUDA driver may have left in /dev/shm for it is not removed",
-			       path, (int)pid);
-		else if (n == VH_SWEEP_STILL_ENDING) { /* (killed, its driver's teardown under way) */
-			vh_driver_files_sweep_later(pid, was[i].forked_ns, was[i].started);
-			ending++;
-		} else
-			removed += n;
+		ending += n == VH_SWEEP_STILL_ENDING;
+		removed += n > 0 ? n : 0;
 	}
 	if (workers)
 		vh_log("%s: an earlier forwarder ended with %d worker(s) at work; removed %d file(s) the CUDA "

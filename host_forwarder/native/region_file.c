@@ -247,7 +247,9 @@ uint64_t vh_coarse_realtime_ns(void)
 	return clock_ns(CLOCK_REALTIME_COARSE);
 }
 
-int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started)
+/* One look at an earlier forwarder's worker: how many of its files were removed, or
+ * VH_SWEEP_PID_IN_USE / VH_SWEEP_STILL_ENDING (nothing removed). */
+static int sweep(pid_t pid, uint64_t forked_ns, uint64_t started)
 {
 	if (pid <= 0)
 		return VH_SWEEP_PID_IN_USE;
@@ -272,21 +274,35 @@ static struct {
 static uint32_t npending;
 static uint64_t pending_until;
 
-void vh_driver_files_sweep_later(pid_t pid, uint64_t forked_ns, uint64_t started)
+/* The log line of a worker whose files are left (why: what sweep answered). */
+static void left(pid_t pid, int why)
 {
-	if (npending == VMGPU_STATS_WORKERS)
-		return;
-	pending[npending].pid = pid;
-	pending[npending].forked_ns = forked_ns;
-	pending[npending++].started = started;
-	pending_until = clock_ns(CLOCK_MONOTONIC) + VH_SWEEP_PENDING_S * 1000000000ull;
+	vh_log("worker %d of an earlier forwarder: %s, so what the CUDA driver may have left in /dev/shm for it "
+	       "is not removed",
+	       (int)pid,
+	       why == VH_SWEEP_PID_IN_USE ? "another process has its pid now"
+					  : "it had not ended after " VH_STR(VH_SWEEP_PENDING_S) " s");
+}
+
+int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started)
+{
+	int n = sweep(pid, forked_ns, started);
+	if (n == VH_SWEEP_PID_IN_USE)
+		left(pid, n);
+	else if (n == VH_SWEEP_STILL_ENDING && npending < VMGPU_STATS_WORKERS) {
+		pending[npending].pid = pid;
+		pending[npending].forked_ns = forked_ns;
+		pending[npending++].started = started;
+		pending_until = clock_ns(CLOCK_MONOTONIC) + VH_SWEEP_PENDING_S * 1000000000ull;
+	}
+	return n;
 }
 
 void vh_driver_files_sweep_pending(void)
 {
 	int late = npending && clock_ns(CLOCK_MONOTONIC) >= pending_until;
 	for (uint32_t i = 0; i < npending;) {
-		int n = vh_driver_files_sweep(pending[i].pid, pending[i].forked_ns, pending[i].started);
+		int n = sweep(pending[i].pid, pending[i].forked_ns, pending[i].started);
 		if (n == VH_SWEEP_STILL_ENDING && !late) {
 			i++;
 			continue;
@@ -296,11 +312,7 @@ void vh_driver_files_sweep_pending(void)
 			       "in /dev/shm for it",
 			       (int)pending[i].pid, n);
 		else
-			vh_log("worker %d of an earlier forwarder: %s, so what the CUDA driver may have left in "
-			       "/dev/shm for it is not removed",
-			       (int)pending[i].pid,
-			       n == VH_SWEEP_PID_IN_USE ? "another process has its pid now"
-							: "it had not ended after " VH_STR(VH_SWEEP_PENDING_S) " s");
+			left(pending[i].pid, n);
 		pending[i] = pending[--npending];
 	}
 }

@@ -58,15 +58,14 @@ int vh_driver_files_remove_mine(void);
  * was forked (forked_ns, vh_coarse_realtime_ns before the fork) and started (clock ticks after
  * boot, 0 if unknown).  pid is no child of this process, so its files are removed only once no
  * process has the pid, and only those made since the fork and before that was seen (files under
- * the name made outside the worker's life are another process's).  Returns how many were
- * removed, or one of these (nothing removed): */
+ * the name made outside the worker's life are another process's).  One whose pid another process
+ * has now is logged and left; one still ending (a worker killed holding a GPU context can take
+ * seconds in the driver's teardown) is looked at again by vh_driver_files_sweep_pending, which the
+ * supervisor's loop calls, until it has ended, for two minutes at most, each outcome logged.
+ * Returns how many were removed, or one of these (nothing removed yet): */
 #define VH_SWEEP_PID_IN_USE (-1)   /* another process has the pid */
 #define VH_SWEEP_STILL_ENDING (-2) /* the worker itself (that pid, started then) has not ended yet */
 int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started);
-
-/* A worker still ending, swept again by vh_driver_files_sweep_pending (the supervisor's loop calls
- * it) until it has ended, for two minutes at most; each outcome logged. */
-void vh_driver_files_sweep_later(pid_t pid, uint64_t forked_ns, uint64_t started);
 void vh_driver_files_sweep_pending(void);
 
 /* CLOCK_REALTIME_COARSE in ns: the clock a file's times are taken from. */

@@ -38,7 +38,7 @@
 #define VMGPU_STATS_VERSION 3
 #define VMGPU_STATS_OPS 256 /* counters per opcode below this */
 #define VMGPU_STATS_GPUS 16 /* memory counters for this many guest GPUs */
-#define VMGPU_STATS_WORKERS 4096u /* one per channel (VMGPU_MAX_CHANNELS) */
+#define VMGPU_STATS_WORKERS VMGPU_MAX_CHANNELS /* one per channel */
 
 struct vmgpu_op_stats {
 	VMGPU_ATOMIC(uint64_t) count; /* 0: calls served */
@@ -96,7 +96,6 @@ _Static_assert(offsetof(struct vmgpu_stats_page, op) == 320, "per-op counters");
 _Static_assert(offsetof(struct vmgpu_stats_page, throttled_ns) == 4416, "gate waits");
 _Static_assert(offsetof(struct vmgpu_stats_page, oom_refusals) == 4544, "memory refusals");
 _Static_assert(sizeof(struct vmgpu_stats_worker) == 24, "worker entry");
-_Static_assert(VMGPU_STATS_WORKERS == VMGPU_MAX_CHANNELS, "a worker entry for every channel");
 _Static_assert(offsetof(struct vmgpu_stats_page, boot_id) == 4672, "boot");
 _Static_assert(offsetof(struct vmgpu_stats_page, worker) == 4720, "workers");
 _Static_assert(sizeof(struct vmgpu_stats_page) == VMGPU_STATS_PAGE_SIZE, "page size");
