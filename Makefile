@@ -103,6 +103,7 @@ cuda-programs: native
 	$(NVCC) -cubin -arch=sm_90 -o $(NATIVE)/bigglobal.cubin tests/cuda/bigglobal.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/bench_remoting bench/bench_remoting.cu
 	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/isolation bench/isolation.cu
+	$(NVCC) -O2 -arch=sm_90 -o $(NATIVE)/green_launch bench/green_launch.cu -L$(NATIVE)/guest -lcuda
 	$(NVCC) -O2 -gencode arch=compute_90,code=compute_90 -no-compress -o $(NATIVE)/vecadd_ptx tests/cuda/vecadd.cu
 
 # The CUDA API spec drives generated code on both sides; CI fails if it is stale.

@@ -103,6 +103,7 @@ SHARED_THREADS: list[tuple[int, int]] = []  # the shared pair again on MPS parti
 YIELD_DEPTHS: list[int] = []  # the sharedprio scenario again with the forwarders' --yield-depth at each
 CLIENT_PRIO_OFF = [True]  # the sharedprio scenario also without the forwarders' MPS client priorities
 PRIO_RESERVE: list[int] = []  # the priority scenario on SM spans, the inference guest's weight at each (--prio-reserve)
+OVERLAP = [share_control.OVERLAP]  # under smsover: how far each span reaches into its neighbours' (--overlap)
 LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
 INFER = ["torch_infer.py"]
 
@@ -320,7 +321,7 @@ def controlled(g: Guests, lever: str = "time", after=None):
     controller) after each look; on leaving, the policy back to weighted with the holds lifted,
     and the forwarders stopped.  Yields the controller."""
     g.policy("shared")
-    ctl = share_control.ShareController(**PROBE, lever=lever, depth=g.depth or share_control.DEPTH)
+    ctl = share_control.ShareController(**PROBE, lever=lever, depth=g.depth or share_control.DEPTH, overlap=OVERLAP[0])
 
     def control(stop):
         with g.page() as pg:
@@ -1427,8 +1428,18 @@ def main() -> int:
         "the shared rows once with each, beside the same references",
     )
     ap.add_argument("--trace", type=Path, help="write what the shared policy's controller saw every 0.5 s to this file")
+    ap.add_argument(
+        "--overlap",
+        type=float,
+        default=share_control.OVERLAP,
+        help=f"under --lever smsover: how far each span reaches into its neighbours', a part of the SMs "
+        f"(default {share_control.OVERLAP})",
+    )
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     a = ap.parse_args()
+    if not 0 <= a.overlap <= 1:
+        ap.error(f"--overlap: a part of the SMs, 0 to 1, not {a.overlap}")
+    OVERLAP[0] = a.overlap
     if a.probe:
         every, length, settle = (float(x) for x in a.probe.split(","))
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)

@@ -184,11 +184,15 @@ class ShareController:
         settle_s: float = PROBE_SETTLE_S,
         lever: str = "time",
         depth: int = DEPTH,
+        overlap: float = OVERLAP,
     ):
         if lever not in LEVERS:
             raise ValueError(f"lever '{lever}' is not one of {', '.join(LEVERS)}")
         self.window_s, self.probe_every_s, self.probe_s, self.settle_s = window_s, probe_every_s, probe_s, settle_s
         self.lever, self.depth = lever, min(max(1, depth), DEPTH_MAX)  # (a depth it gives is at most this)
+        if not 0 <= overlap <= 1:
+            raise ValueError(f"overlap {overlap} is not a part of the SMs (0 to 1)")
+        self.overlap = overlap  # under smsover: how far each span reaches into its neighbours'
         self.depths: dict[int, int] = {}  # under the depth lever: each slot's depth (0: its forwarder's)
         self.spans: dict[int, tuple[int, int]] = {}  # under the sms lever: each slot's span (0, 0: the whole GPU)
         self.groups = 0  # the groups of SMs the GPU's page says its spans count in (0: none)
@@ -381,7 +385,7 @@ class ShareController:
         spans = side_by_side([x / sum(opens) for x in opens], 0, total)
         out = {k[0]: span if k != free else (0, 0) for k, span in zip(shared, spans, strict=True)}
         if self.lever == "smsover":  # each reaching into its neighbours'
-            m = int(round(OVERLAP * total))
+            m = int(round(self.overlap * total))
             out = {slot: (max(0, a - m), min(total, b + m)) for slot, (a, b) in out.items()}
         return out
 

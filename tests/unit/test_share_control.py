@@ -7,6 +7,8 @@ alone."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from vmgpu.share_control import Seen, ShareController
@@ -678,6 +680,9 @@ def test_run_stores_the_holds_on_the_page_and_shows_each_look_to_after():
     assert [m.depth for m in page.m] == [0, 0] and [m.hold for m in page.m] == [0, 0]
     with pytest.raises(ValueError):
         share_control.ShareController(lever="turns")
+    for overlap in (-0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="overlap"):
+            share_control.ShareController(lever="smsover", overlap=overlap)
 
 
 def test_under_the_sms_lever_the_parts_hold_on_spans_of_their_own_and_the_pair_gets_more():
@@ -783,19 +788,23 @@ def test_under_the_smsfree_lever_the_heavy_guest_keeps_the_whole_gpu_and_the_par
     assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
 
 
-def test_under_the_smsover_lever_each_span_reaches_into_its_neighbours_and_the_parts_hold():
+@pytest.mark.parametrize(("overlap", "light"), [(None, 30), (0.25, 40)])
+def test_under_the_smsover_lever_each_span_reaches_into_its_neighbours_and_the_parts_hold(overlap, light):
     # the spans side by side as under sms, each then reaching 2 of the 16 groups (an eighth of the
-    # SMs) into its neighbour's, and the feedback holds 30/70 on them (what the overlap gives on a
-    # GPU is what the experiment is for: this model only makes a wider span faster)
-    gpu = _pair(30, 70)
+    # SMs, the default) or 4 (overlap 0.25) into its neighbour's, and the feedback holds 30/70 (or
+    # 40/60: in this model a span of 4 groups more than its own already gives a guest a third of
+    # the pair) on them (what the overlap gives on a GPU is what the experiment is for: this model
+    # only makes a wider span faster)
+    gpu = _pair(light, 100 - light)
     gpu.groups = 16
-    ctl = ShareController(lever="smsover")
+    ctl = ShareController(lever="smsover", **({} if overlap is None else {"overlap": overlap}))
     gpu.run(ctl, 20)
     got = gpu.run(ctl, 20)
     p = parts(got)
-    assert abs(p["a"] - 30) <= 2, (p, got)
+    assert abs(p["a"] - light) <= 2, (p, got)
+    reach = 16 * 16 * (overlap or 0.125)
     (alo, ahi), (blo, bhi) = gpu.spans["a"], gpu.spans["b"]
-    assert alo == 0 and bhi == 256 and ahi - blo == 2 * 32, gpu.spans  # (each 32 sixteenths into the other's)
+    assert alo == 0 and bhi == 256 and ahi - blo == 2 * reach, gpu.spans  # (each that far into the other's)
     assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
 
 
