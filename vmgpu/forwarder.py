@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -96,13 +97,20 @@ class Forwarder:
         self._log_start = self._log.tell()
         self.proc = subprocess.Popen(cmd, stderr=self._log, text=True, preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout
-        while "serving" not in self.log():
+        while not self._started(self.log()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 text = self.log().strip()
                 self.stop()
                 raise ForwarderError(f"the forwarder for {self.region} did not start: {text or 'no output'}")
             time.sleep(0.02)
         return self
+
+    def _started(self, text: str) -> bool:
+        """Whether the log holds the forwarder's start line (`serving REGION (`, after its
+        timestamp, name and, on the simulated backend, that mark), not just the word: other lines
+        may say it (an earlier forwarder's workers, a region's path)."""
+        head = rf"vmgpu-forwarder\[{re.escape(self.guest or self.region.name)}\](?: SIMULATED \(no GPU\):)?"
+        return re.search(rf"^\S+ {head} serving {re.escape(str(self.region))} \(", text, re.MULTILINE) is not None
 
     def _open_log(self):
         """The kept log: in a directory only this user can change, never through a link."""
