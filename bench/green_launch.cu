@@ -3,7 +3,8 @@
 // time per launch, and the GPU time per small kernel, the ways a forwarder's worker puts a
 // guest's work on a span (host_forwarder/native/partition.c) against the whole GPU.
 //
-//   green_launch [launches]         (run it again under an MPS control daemon for MPS clients)
+//   green_launch [launches]   (again under an MPS control daemon for MPS clients, and with
+//                              CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a limit to set beside a span)
 //
 // Issue rows (an empty kernel, one block, launches back to back; ns per launch on the host, then
 // the time to the last one's end): the process's context current, its legacy stream (how a
@@ -11,8 +12,8 @@
 // context made current before each launch and the process's after (a forwarder's default-stream
 // work on a span, call by call); a stream of that green context, the process's context current
 // (a forwarder's other streams on a span).
-// Work rows (a kernel of 4 blocks per SM of a few microseconds each, back to back on one
-// stream): the time per kernel on the whole GPU and on spans of 16, 13 and 3 groups.
+// Work rows (a kernel of 24 blocks per SM, three waves, of a few microseconds each, back to back
+// on one stream): the time per kernel on the whole GPU and on spans of 16, 13 and 3 groups.
 // One line per row: `row=NAME host_ns=.. end_ns=..`.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -85,7 +86,7 @@ static void work(const char *name, CUcontext c, int sms, unsigned long long cycl
 {
 	CK(cuCtxSetCurrent(c));
 	void *args[] = {&cycles, &out};
-	unsigned blocks = 4u * (unsigned)sms;
+	unsigned blocks = 24u * (unsigned)sms; /* (three waves of 256-thread blocks at 8 per SM) */
 	for (int i = 0; i < 50; i++)
 		CK(cuLaunchKernel(f_spin, blocks, 1, 1, 256, 1, 1, 0, 0, args, NULL));
 	CK(cuCtxSynchronize());
@@ -107,10 +108,18 @@ static CUcontext green_of(CUdevice dev, CUdevResource *group, unsigned lo, unsig
 		use[n++] = *rest;
 	CUdevResourceDesc desc;
 	CUgreenCtx g;
-	CUcontext c;
-	CK(cuDevResourceGenerateDesc(&desc, use, n));
-	CK(cuGreenCtxCreate(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
-	CK(cuCtxFromGreenCtx(&c, g));
+	CUcontext c = NULL;
+	CUresult r = cuDevResourceGenerateDesc(&desc, use, n);
+	if (r == CUDA_SUCCESS)
+		r = cuGreenCtxCreate(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+	if (r == CUDA_SUCCESS)
+		r = cuCtxFromGreenCtx(&c, g);
+	if (r != CUDA_SUCCESS) {
+		const char *s = "?";
+		cuGetErrorName(r, &s);
+		printf("green_groups_%u_%u=%s\n", lo, hi, s);
+		return NULL;
+	}
 	return c;
 }
 
@@ -144,16 +153,20 @@ int main(int argc, char **argv)
 	CUcontext whole = green_of(dev, group, 0, groups, &rest, with_rest);
 	CUcontext most = green_of(dev, group, 3, groups, &rest, with_rest);
 	CUcontext few = green_of(dev, group, 0, 3, &rest, 0);
-	CUstream gs;
-	CK(cuCtxSetCurrent(whole));
-	CK(cuStreamCreate(&gs, CU_STREAM_NON_BLOCKING));
-	CK(cuCtxSetCurrent(home));
+	CUstream gs = NULL;
+	if (whole) {
+		CK(cuCtxSetCurrent(whole));
+		CK(cuStreamCreate(&gs, CU_STREAM_NON_BLOCKING));
+		CK(cuCtxSetCurrent(home));
+	}
 	CUstream hs;
 	CK(cuStreamCreate(&hs, CU_STREAM_NON_BLOCKING));
 
 	for (int rep = 0; rep < 2; rep++) {
 		issue("own_ctx_legacy", home, NULL, CU_STREAM_LEGACY, 0, n);
 		issue("own_ctx_stream", home, NULL, hs, 0, n);
+		if (!whole)
+			continue;
 		issue("green_current_legacy", home, whole, CU_STREAM_LEGACY, 0, n);
 		issue("green_around_each_legacy", home, whole, CU_STREAM_LEGACY, 1, n);
 		issue("green_stream_own_current", home, NULL, gs, 0, n);
@@ -168,11 +181,14 @@ int main(int argc, char **argv)
 		snprintf(name, sizeof name, "work%llu_whole_gpu", cycles[c]);
 		work(name, home, sms, cycles[c], out, n / 20);
 		snprintf(name, sizeof name, "work%llu_span_all", cycles[c]);
-		work(name, whole, sms, cycles[c], out, n / 20);
+		if (whole)
+			work(name, whole, sms, cycles[c], out, n / 20);
 		snprintf(name, sizeof name, "work%llu_span_%u_groups", cycles[c], groups - 3);
-		work(name, most, sms, cycles[c], out, n / 20);
+		if (most)
+			work(name, most, sms, cycles[c], out, n / 20);
 		snprintf(name, sizeof name, "work%llu_span_3_groups", cycles[c]);
-		work(name, few, sms, cycles[c], out, n / 20);
+		if (few)
+			work(name, few, sms, cycles[c], out, n / 20);
 	}
 	return 0;
 }
