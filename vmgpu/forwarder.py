@@ -107,9 +107,10 @@ class Forwarder:
 
     def _started(self, text: str) -> bool:
         """Whether the log holds the forwarder's start line (`serving REGION (`, after its
-        timestamp, name and, on the simulated backend, that mark), not just the word: other lines
-        may say it (an earlier forwarder's workers, a region's path)."""
-        head = rf"vmgpu-forwarder\[{re.escape(self.guest or self.region.name)}\](?: SIMULATED \(no GPU\):)?"
+        timestamp, its guest's name, which `extra` may set, and on the simulated backend that
+        mark), not just the word: other lines may say it (an earlier forwarder's workers, a
+        region's path)."""
+        head = r"vmgpu-forwarder\[[^\n]*?\](?: SIMULATED \(no GPU\):)?"
         return re.search(rf"^\S+ {head} serving {re.escape(str(self.region))} \(", text, re.MULTILINE) is not None
 
     def _open_log(self):

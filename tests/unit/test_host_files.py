@@ -466,3 +466,25 @@ def test_the_runtime_refuses_a_container_id_that_is_not_path_safe(tmp_path, monk
     rc, cfg, shm_dir, fake = _create(tmp_path, monkeypatch, _config(), "../../etc/x")
     assert rc == 1 and fake.calls == [] and list(shm_dir.iterdir()) == []
     assert "container guest name" in capsys.readouterr().err
+
+
+def test_a_forwarder_counts_as_started_only_at_its_own_start_line():
+    # Forwarder.start waits for the line the forwarder writes once it serves: `serving REGION (`
+    # after its timestamp and name; the word alone is not it (a line of an earlier forwarder's
+    # workers, another region's start, a region whose path says it, a line that only quotes it)
+    from vmgpu.forwarder import Forwarder
+
+    f = Forwarder(Path("/dev/shm/vmgpu-serving-x"), backend="sim", guest="g1")
+    when = "2026-12-06T20:32:39.751Z"
+    start = "serving /dev/shm/vmgpu-serving-x (256 MiB, 16 channels) on 1 GPU(s): sim, quota 16384 MiB; driver 13000"
+    assert f._started(f"{when} vmgpu-forwarder[g1] SIMULATED (no GPU): {start}\n")
+    assert f._started(f"{when} vmgpu-forwarder[g1] a line before\n{when} vmgpu-forwarder[g1] {start}\n")
+    assert f._started(f"{when} vmgpu-forwarder[vm-7] {start}\n")  # (a --guest in its extra flags names it)
+    for text in (
+        f"{when} vmgpu-forwarder[g1] an earlier forwarder ended with 1 worker(s) serving; removed 0 file(s)\n",
+        f"{when} vmgpu-forwarder[g1] serving /dev/shm/vmgpu-serving-xy (256 MiB, 16 channels)\n",
+        f"{when} vmgpu-forwarder[g1] cannot open /dev/shm/vmgpu-serving-x: {start}\n",
+        f"{when} vmgpu-forwarder[g1] {start.replace('serving', 'not serving')}\n",
+        "",
+    ):
+        assert not f._started(text), text
