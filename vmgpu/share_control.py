@@ -504,10 +504,19 @@ class ShareController:
                 self._set_spans(now, shared, targets)
                 self._retarget(now, shared, targets, progress)  # (who shares, and their targets: no change)
                 return  # (stands while half a window of rates at the new spans is measured)
-            top_target = max(targets.values())
-            for k in shared:  # (smsfree: on a span of its target's size)
-                if not self.guests[k].target:
+            # (smsfree, smsover: a guest that begins to share starts on a span of its target's
+            # size, which stands while half a window of rates on it is measured: its rates over the
+            # window before are from before it shared, at its speed alone, and would put it back on
+            # as much of the GPU as the guest given most at once; on an H100 two trainers at 30/70
+            # began on equal spans so, and took 13 s to come to their parts)
+            newcomers = [k for k in shared if not self.guests[k].target]
+            if newcomers:
+                top_target = max(targets.values())
+                for k in newcomers:
                     self.guests[k].open = targets[k] / top_target
+                self._stand(now, shared, targets)
+                self._retarget(now, shared, targets, progress)  # (who shares, and their targets: no change)
+                return
         if self._retarget(now, shared, targets, progress):
             return  # (stands while half a window of rates at the new holds is measured)
         again, self.resolving = self.resolving == set(shared), set()  # (a change of targets has settled)

@@ -808,6 +808,38 @@ def test_under_the_smsover_lever_each_span_reaches_into_its_neighbours_and_the_p
     assert gpu.holds == {"a": 0, "b": 0}, gpu.holds
 
 
+@pytest.mark.parametrize("lever", ["smsover", "smsfree"])
+def test_a_guest_that_begins_to_share_beside_one_that_ran_alone_starts_on_a_span_of_its_target(lever):
+    # the light guest runs alone first, and beside the heavy one (both on the whole GPU, before
+    # either has a span) at 0.93 of its speed (launch-bound MPS clients), so its progress when
+    # they begin to share is over 90%; it begins on a span of its target's size (standing half a
+    # window while rates on it are measured), not on as much as the guest given most, or all of
+    # the GPU under smsfree (on an H100 under smsover two trainers at 30/70 began on equal spans
+    # so, and took 13 s to come to their parts)
+    gpu = Gpu({"a": 5000.0, "b": 8000.0}, together={1: 1.0, 2: 0.93})
+    gpu.weight.update(a=30, b=70)
+    gpu.groups = 16
+    gpu.busy["b"] = False
+    ctl = ShareController(lever=lever)
+    gpu.run(ctl, 5)
+    gpu.busy["b"] = True
+    first = None
+    for _ in range(40):
+        gpu.run(ctl, 0.1)
+        if gpu.spans["a"] != (0, 0) or gpu.spans["b"] != (0, 0):
+            first = dict(gpu.spans)
+            break
+    assert first, "they never shared"
+    width = {n: hi - lo for n, (lo, hi) in first.items()}
+    if lever == "smsfree":  # (the heavy one on the whole GPU, the light one on its target's span)
+        assert first["b"] == (0, 0) and width["a"] <= 0.5 * 256, first
+    else:  # (each its target's part, then reaching 32 sixteenths into the other's)
+        assert width["a"] < 0.6 * width["b"], first
+    gpu.run(ctl, 15)
+    got = gpu.run(ctl, 20)
+    assert abs(parts(got)["a"] - 30) <= 2, got
+
+
 def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
     # on spans, a guest's speed goes as its part of the SMs to the power 0.6: moving its span by
     # the new target over the old would move its part far less than that; solved on each guest's
