@@ -6,8 +6,8 @@
  * instead of taking the whole GPU in turns; alone, it has the whole GPU again.
  *
  * A span is groups [lo, hi) of the GPU's SMs split into groups of the size the driver co-schedules
- * (cuDevSmResourceSplitByCount; 8 SMs on an H100 or H200, whose 132 SMs make 16 groups and 4 left
- * over, which go with the last group).  The page's span word gives each end in sixteenths of a
+ * (cuDevSmResourceSplitByCount; 8 SMs on an H100 or H200, whose 132 SMs made 16 groups and 4 left
+ * over on an H200, 15 and 12 on an H100 with driver 580; those left over go with the last group).  The page's span word gives each end in sixteenths of a
  * group: an end at n + f/16 is at n + 1 for the first f/16 of each period and at n for the rest,
  * so that a share between two whole groups is kept on average; neighbours' ends round alike at the
  * same moment, so their spans stay apart (sched_span_now, sched_policy.c).
