@@ -33,11 +33,13 @@
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "vg_hash.h"
 #include "forwarder.h"
 #include "images.h"
+#include "proc.h"
 #include "log.h"
 
 #define LOCK_NAME ".lock"
@@ -252,15 +254,18 @@ static long name_pid(const char *name)
 	return pid;
 }
 
-/* Remove the caches that forwarders which are gone left behind (killed, crashed). */
-static void sweep(int parent)
+/* Remove the caches that forwarders which are gone left behind (killed, crashed); how many such
+ * caches are left because their lock is still held (a worker of a forwarder killed is still
+ * ending: one holding a GPU context can take seconds in the driver's teardown). */
+static int sweep(int parent)
 {
 	int fd = openat(parent, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	int ending = 0;
 	if (!d) {
 		if (fd >= 0)
 			close(fd);
-		return;
+		return 0;
 	}
 	struct dirent *e;
 	struct stat st, st2;
@@ -272,14 +277,22 @@ static void sweep(int parent)
 		if (fstatat(parent, e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISDIR(st.st_mode) ||
 		    st.st_uid != geteuid())
 			continue;
-		if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+		/* (a forwarder killed but not yet reaped by its parent, vmgpud, is gone too: its lock,
+		 * looked at next, is free once its workers have ended) */
+		char state = 0;
+		if ((kill((pid_t)pid, 0) == 0 || errno != ESRCH) &&
+		    (vh_proc_stat((uint32_t)pid, &state, NULL) != 0 || state != 'Z'))
 			continue;
 		int dfd = openat(parent, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (dfd < 0)
 			continue;
 		/* the same directory, and no worker of it still alive (they hold its lock) */
-		if (fstat(dfd, &st2) || st2.st_ino != st.st_ino || st2.st_dev != st.st_dev || st2.st_uid != geteuid() ||
-		    flock(dfd, LOCK_EX | LOCK_NB) != 0) {
+		if (fstat(dfd, &st2) || st2.st_ino != st.st_ino || st2.st_dev != st.st_dev || st2.st_uid != geteuid()) {
+			close(dfd);
+			continue;
+		}
+		if (flock(dfd, LOCK_EX | LOCK_NB) != 0) {
+			ending += errno == EWOULDBLOCK;
 			close(dfd);
 			continue;
 		}
@@ -288,6 +301,32 @@ static void sweep(int parent)
 		remove_dir(parent, e->d_name, dfd);
 	}
 	closedir(d);
+	return ending;
+}
+
+static uint64_t monotonic_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* While caches of forwarders that are gone are held by workers still ending: when to stop looking. */
+static uint64_t ending_until;
+
+void vh_images_sweep_pending(void)
+{
+	if (!ending_until)
+		return;
+	int parent = open(VH_IMAGE_CACHE_PARENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int left = parent >= 0 ? sweep(parent) : 0;
+	if (parent >= 0)
+		close(parent);
+	if (left && monotonic_ns() >= ending_until)
+		vh_log("%d module image cache(s) of forwarders that are gone are still held after %d s: left",
+		       left, VH_IMAGES_ENDING_S);
+	if (!left || monotonic_ns() >= ending_until)
+		ending_until = 0;
 }
 
 void vh_images_open(struct vh_fwd *f)
@@ -298,7 +337,8 @@ void vh_images_open(struct vh_fwd *f)
 		vh_log("no module image cache (nor JIT cache): cannot open %s: %s", VH_IMAGE_CACHE_PARENT, strerror(errno));
 		return;
 	}
-	sweep(parent);
+	if (sweep(parent))
+		ending_until = monotonic_ns() + VH_IMAGES_ENDING_S * 1000000000ull; /* (looked at again) */
 	close(parent);
 	char path[sizeof f->image_dir];
 	snprintf(path, sizeof path, "%s/%s%d.XXXXXX", VH_IMAGE_CACHE_PARENT, VH_IMAGE_CACHE_PREFIX, (int)getpid());

@@ -274,8 +274,10 @@ int vh_supervise(int fd, const struct vmgpu_shm_params *params, const struct vmg
 			memset(fence, 0, L->nchannels);
 		}
 		reap(slots, L->nchannels, fence, 0);
-		if (turns % 32 == 0)
-			vh_driver_files_sweep_pending(); /* every 64 ms: an earlier forwarder's workers still ending */
+		if (turns % 32 == 0) { /* every 64 ms: an earlier forwarder's workers still ending */
+			vh_driver_files_sweep_pending();
+			vh_images_sweep_pending();
+		}
 		for (int d = 0; d < F.ndev; d++)
 			vh_sched_unheld(&F.sched[d]);
 		watch_channels(slots, L->nchannels, fence);

@@ -190,6 +190,65 @@ def test_the_cache_sweep_follows_no_link_and_removes_no_file(shm_path, tmp_path)
             p.unlink()
 
 
+def test_a_cache_held_by_workers_still_ending_is_removed_once_they_have_ended(shm_path):
+    """A forwarder killed leaves its cache; its workers hold the cache's lock until they end (one
+    holding a GPU context can take seconds in the driver's teardown).  A forwarder that starts
+    meanwhile leaves that cache, looks again while it serves, and removes it once nobody holds
+    it (vmgpud restarts a killed forwarder within a second, before its workers have ended)."""
+    dead = 2**22 + 12349  # above the largest pid_max: no process has it
+    held = SHM / f"vmgpu-images-{dead}.dddddd"
+    held.mkdir(mode=0o700)
+    (held / "image").write_bytes(b"x" * 4096)
+    # a worker still ending: a process holding the cache's lock, as workers hold it (shared)
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY); "
+            "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()",
+            str(held),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with forwarder(shm_path) as fwd:
+            assert held.is_dir()  # (held at the start: left)
+            holder.stdin.close()  # (the worker ends)
+            holder.wait(timeout=10)
+            assert wait_for(lambda: not held.exists(), timeout=10), log_text(fwd)
+            assert f"removing the module image cache /dev/shm/{held.name} of forwarder {dead}" in log_text(fwd)
+            assert fwd.proc.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
+        if held.exists():
+            (held / "image").unlink(missing_ok=True)
+            held.rmdir()
+
+
+def test_the_cache_of_a_forwarder_killed_but_not_yet_reaped_is_removed(shm_path):
+    """A forwarder vmgpud killed is a zombie until vmgpud reaps it, and vmgpud starts the next
+    one meanwhile: that one's sweep takes the zombie for gone (its lock, free, says no worker of
+    it is left) and removes its cache."""
+    zombie = subprocess.Popen(["true"])  # (exits, and is not waited for until the end)
+    assert wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][0] == "Z", timeout=10)
+    left = SHM / f"vmgpu-images-{zombie.pid}.zzzzzz"
+    left.mkdir(mode=0o700)
+    (left / "image").write_bytes(b"x" * 4096)
+    try:
+        with forwarder(shm_path) as fwd:
+            assert not left.exists(), log_text(fwd)
+            assert f"of forwarder {zombie.pid}, which is gone" in log_text(fwd)
+    finally:
+        zombie.wait()
+        if left.exists():
+            (left / "image").unlink(missing_ok=True)
+            left.rmdir()
+
+
 def test_the_cache_sweep_leaves_another_users_directory(shm_path):
     """A directory of the cache's pattern made by another user (here nobody) is not removed."""
     if os.geteuid() != 0:
