@@ -126,6 +126,10 @@ static CUcontext green_of(CUdevice dev, CUdevResource *group, unsigned lo, unsig
 int main(int argc, char **argv)
 {
 	int n = argc > 1 ? atoi(argv[1]) : 200000;
+	if (n < 1000) {
+		fprintf(stderr, "launches: at least 1000\n");
+		return 2;
+	}
 	CUdevice dev;
 	CUcontext home;
 	CK(cuInit(0));
@@ -145,6 +149,10 @@ int main(int argc, char **argv)
 	unsigned groups = 0;
 	CK(cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM));
 	CK(cuDevSmResourceSplitByCount(NULL, &groups, &all, NULL, 0, all.sm.smCoscheduledAlignment));
+	if (groups < 4 || groups > 64) {
+		fprintf(stderr, "%u groups of SMs: this program needs 4 to 64\n", groups);
+		return 1;
+	}
 	CK(cuDevSmResourceSplitByCount(group, &groups, &all, &rest, 0, all.sm.smCoscheduledAlignment));
 	int with_rest = rest.type == CU_DEV_RESOURCE_TYPE_SM && rest.sm.smCount > 0;
 	unsigned per = group[0].sm.smCount;
@@ -183,7 +191,7 @@ int main(int argc, char **argv)
 		snprintf(name, sizeof name, "work%llu_span_all", cycles[c]);
 		if (whole)
 			work(name, whole, sms, cycles[c], out, n / 20);
-		snprintf(name, sizeof name, "work%llu_span_%u_groups", cycles[c], groups - 3);
+		snprintf(name, sizeof name, "work%llu_span_%u_groups_and_the_rest", cycles[c], groups - 3);
 		if (most)
 			work(name, most, sms, cycles[c], out, n / 20);
 		snprintf(name, sizeof name, "work%llu_span_3_groups", cycles[c]);

@@ -1486,6 +1486,8 @@ def main() -> int:
     LEVERS[:] = list(dict.fromkeys(a.lever.split(",")))  # (each once)
     if not LEVERS or set(LEVERS) - set(share_control.LEVERS):
         ap.error(f"--lever: one or more of {', '.join(share_control.LEVERS)}, comma-separated")
+    if a.overlap != share_control.OVERLAP and "smsover" not in LEVERS:
+        ap.error("--overlap: only --lever smsover's spans reach into each other's")
     skip = set(filter(None, a.skip.split(",")))
     SKIP.update(skip)
     CAPS[:] = [int(x) for x in a.caps.split(",") if x]

@@ -110,7 +110,7 @@ class Forwarder:
         timestamp, its guest's name, which `extra` may set, and on the simulated backend that
         mark), not just the word: other lines may say it (an earlier forwarder's workers, a
         region's path)."""
-        head = r"vmgpu-forwarder\[[^\n]*?\](?: SIMULATED \(no GPU\):)?"
+        head = r"vmgpu-forwarder\[[^\]\n]*\](?: SIMULATED \(no GPU\):)?"
         return re.search(rf"^\S+ {head} serving {re.escape(str(self.region))} \(", text, re.MULTILINE) is not None
 
     def _open_log(self):

@@ -381,7 +381,11 @@ class ShareController:
         if n > self.groups:
             return {}  # (fewer groups than guests: they share by time)
         opens = [self.guests[k].open for k in shared]
-        free = shared[opens.index(max(opens))] if self.lever == "smsfree" else None
+        # (smsfree: the guest given most on the whole GPU; of two given as much, the one whose
+        # target is larger)
+        free = (
+            max(shared, key=lambda k: (self.guests[k].open, self.guests[k].target)) if self.lever == "smsfree" else None
+        )
         spans = side_by_side([x / sum(opens) for x in opens], 0, total)
         out = {k[0]: span if k != free else (0, 0) for k, span in zip(shared, spans, strict=True)}
         if self.lever == "smsover":  # each reaching into its neighbours'
@@ -509,11 +513,18 @@ class ShareController:
             # window before are from before it shared, at its speed alone, and would put it back on
             # as much of the GPU as the guest given most at once; on an H100 two trainers at 30/70
             # began on equal spans so, and took 13 s to come to their parts)
-            newcomers = [k for k in shared if not self.guests[k].target]
-            if newcomers:
-                top_target = max(targets.values())
+            # (not while one is capped: its cap holds it, off its weight's span; nor under sms,
+            # whose curves place a newcomer)
+            newcomers = [k for k in shared if k not in self.sharing]
+            capped = any(self.guests[k].ceiling < 1 for k in shared)
+            if newcomers and self.lever in ("smsfree", "smsover") and not capped:
+                # (against the guest given most of those already sharing, whose open part the
+                # feedback learned; where none shares yet, against the largest target)
+                stayers = [k for k in shared if k not in newcomers]
+                ref = max(stayers, key=lambda k: self.guests[k].open) if stayers else max(shared, key=targets.get)
+                scale = (self.guests[ref].open if stayers else 1.0) / max(targets[ref], 1e-9)
                 for k in newcomers:
-                    self.guests[k].open = targets[k] / top_target
+                    self.guests[k].open = targets[k] * scale
                 self._stand(now, shared, targets)
                 self._retarget(now, shared, targets, progress)  # (who shares, and their targets: no change)
                 return

@@ -474,17 +474,19 @@ def test_a_forwarder_counts_as_started_only_at_its_own_start_line():
     # workers, another region's start, a region whose path says it, a line that only quotes it)
     from vmgpu.forwarder import Forwarder
 
-    f = Forwarder(Path("/dev/shm/vmgpu-serving-x"), backend="sim", guest="g1")
+    f = Forwarder(Path("/dev/shm/vmgpu-serving.x"), backend="sim", guest="g1")  # (a '.' matches only itself)
     when = "2026-12-06T20:32:39.751Z"
-    start = "serving /dev/shm/vmgpu-serving-x (256 MiB, 16 channels) on 1 GPU(s): sim, quota 16384 MiB; driver 13000"
+    start = "serving /dev/shm/vmgpu-serving.x (256 MiB, 16 channels) on 1 GPU(s): sim, quota 16384 MiB; driver 13000"
     assert f._started(f"{when} vmgpu-forwarder[g1] SIMULATED (no GPU): {start}\n")
     assert f._started(f"{when} vmgpu-forwarder[g1] a line before\n{when} vmgpu-forwarder[g1] {start}\n")
     assert f._started(f"{when} vmgpu-forwarder[vm-7] {start}\n")  # (a --guest in its extra flags names it)
     for text in (
         f"{when} vmgpu-forwarder[g1] an earlier forwarder ended with 1 worker(s) serving; removed 0 file(s)\n",
-        f"{when} vmgpu-forwarder[g1] serving /dev/shm/vmgpu-serving-xy (256 MiB, 16 channels)\n",
-        f"{when} vmgpu-forwarder[g1] cannot open /dev/shm/vmgpu-serving-x: {start}\n",
-        f"{when} vmgpu-forwarder[g1] {start.replace('serving', 'not serving')}\n",
+        f"{when} vmgpu-forwarder[g1] serving /dev/shm/vmgpu-serving.xy (256 MiB, 16 channels)\n",
+        f"{when} vmgpu-forwarder[g1] cannot open /dev/shm/vmgpu-serving.x: {start}\n",
+        f"{when} vmgpu-forwarder[g1] {start.replace('serving', 'not serving', 1)}\n",
+        f"{when} vmgpu-forwarder[g1] error: --stats /x] {start}\n",  # (the name ends at its first ])
+        f"{when} vmgpu-forwarder[g1] {start.replace('vmgpu-serving.x', 'vmgpu-servingAx')}\n",
         "",
     ):
         assert not f._started(text), text

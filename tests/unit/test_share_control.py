@@ -830,6 +830,9 @@ def test_a_guest_that_begins_to_share_beside_one_that_ran_alone_starts_on_a_span
             first = dict(gpu.spans)
             break
     assert first, "they never shared"
+    for _ in range(4):  # (and stands while half a window of rates on them is measured)
+        gpu.run(ctl, 0.1)
+        assert gpu.spans == first, (gpu.spans, first)
     width = {n: hi - lo for n, (lo, hi) in first.items()}
     if lever == "smsfree":  # (the heavy one on the whole GPU, the light one on its target's span)
         assert first["b"] == (0, 0) and width["a"] <= 0.5 * 256, first
@@ -838,6 +841,29 @@ def test_a_guest_that_begins_to_share_beside_one_that_ran_alone_starts_on_a_span
     gpu.run(ctl, 15)
     got = gpu.run(ctl, 20)
     assert abs(parts(got)["a"] - 30) <= 2, got
+
+
+@pytest.mark.parametrize("lever", ["sms", "smsover"])
+def test_a_guest_that_begins_to_share_beside_a_capped_one_is_not_put_on_its_targets_span(lever):
+    # where a sharing guest is capped, its cap holds it (its span is not its weight's), so a guest
+    # that begins to share beside it is not put on a span of its target's size (under sms its
+    # curves would place it, and do not while one is capped): the spans are even from the first
+    # look on, not its target's for half a window and then even
+    gpu = Gpu({"a": 5000.0, "b": 8000.0}, together={1: 1.0, 2: 0.93})
+    gpu.weight.update(a=30, b=70)
+    gpu.cap["b"] = 50
+    gpu.groups = 16
+    gpu.busy["b"] = False
+    ctl = ShareController(lever=lever)
+    gpu.run(ctl, 5)
+    gpu.busy["b"] = True
+    seen = []
+    for _ in range(20):
+        gpu.run(ctl, 0.1)
+        if gpu.spans["a"] != (0, 0):
+            seen.append(dict(gpu.spans))
+    reach = 32 if lever == "smsover" else 0
+    assert seen and all(x == {"a": (0, 128 + reach), "b": (128 - reach, 256)} for x in seen), seen
 
 
 def test_under_the_sms_lever_a_weight_changed_live_holds_within_a_second():
