@@ -33,13 +33,13 @@
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "vg_hash.h"
 #include "forwarder.h"
 #include "images.h"
 #include "proc.h"
+#include "region_file.h"
 #include "log.h"
 
 #define LOCK_NAME ".lock"
@@ -304,13 +304,6 @@ static int sweep(int parent)
 	return ending;
 }
 
-static uint64_t monotonic_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 /* While caches of forwarders that are gone are held by workers still ending: when to stop looking. */
 static uint64_t ending_until;
 
@@ -322,10 +315,11 @@ void vh_images_sweep_pending(void)
 	int left = parent >= 0 ? sweep(parent) : 0;
 	if (parent >= 0)
 		close(parent);
-	if (left && monotonic_ns() >= ending_until)
+	int late = vh_real_clock.now_ns() >= ending_until;
+	if (left && late)
 		vh_log("%d module image cache(s) of forwarders that are gone are still held after %d s: left",
-		       left, VH_IMAGES_ENDING_S);
-	if (!left || monotonic_ns() >= ending_until)
+		       left, VH_SWEEP_PENDING_S);
+	if (!left || late)
 		ending_until = 0;
 }
 
@@ -338,7 +332,7 @@ void vh_images_open(struct vh_fwd *f)
 		return;
 	}
 	if (sweep(parent))
-		ending_until = monotonic_ns() + VH_IMAGES_ENDING_S * 1000000000ull; /* (looked at again) */
+		ending_until = vh_real_clock.now_ns() + VH_SWEEP_PENDING_S * 1000000000ull; /* (looked at again) */
 	close(parent);
 	char path[sizeof f->image_dir];
 	snprintf(path, sizeof path, "%s/%s%d.XXXXXX", VH_IMAGE_CACHE_PARENT, VH_IMAGE_CACHE_PREFIX, (int)getpid());

@@ -38,9 +38,8 @@ void vh_images_close(struct vh_fwd *f);
 
 /* A cache of a forwarder that is gone whose lock is still held at the start (its workers still
  * ending) is looked for again by this, which the supervisor calls while it serves, for
- * VH_IMAGES_ENDING_S at most, and removed once nobody holds it. */
+ * VH_SWEEP_PENDING_S at most (region_file.h), and removed once nobody holds it. */
 void vh_images_sweep_pending(void);
-#define VH_IMAGES_ENDING_S 120
 
 /* The driver's JIT cache (the PTX it compiles, by content) is the guest's own: in its image cache
  * directory (jit/, at most VH_JIT_CACHE_MAX bytes, gone with the forwarder), none where there is

@@ -264,9 +264,7 @@ static int sweep(pid_t pid, uint64_t forked_ns, uint64_t started)
 }
 
 /* Workers of an earlier forwarder still ending when this one started: looked at again from the
- * supervisor's loop until they end (a worker killed holding a GPU context can take seconds in the
- * driver's teardown), for at most VH_SWEEP_PENDING_S. */
-#define VH_SWEEP_PENDING_S 120
+ * supervisor's loop until they end, for at most VH_SWEEP_PENDING_S (region_file.h). */
 static struct {
 	pid_t pid;
 	uint64_t forked_ns, started;

@@ -63,6 +63,9 @@ int vh_driver_files_remove_mine(void);
  * seconds in the driver's teardown) is looked at again by vh_driver_files_sweep_pending, which the
  * supervisor's loop calls, until it has ended, for two minutes at most, each outcome logged.
  * Returns how many were removed, or one of these (nothing removed yet): */
+#define VH_SWEEP_PENDING_S 120 /* how long what an earlier forwarder's workers still ending hold is
+				  * looked for again (their driver files here, their image cache:
+				  * images.c) */
 #define VH_SWEEP_PID_IN_USE (-1)   /* another process has the pid */
 #define VH_SWEEP_STILL_ENDING (-2) /* the worker itself (that pid, started then) has not ended yet */
 int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started);
