@@ -151,6 +151,27 @@ class Forwarder:
         self.stop()
 
 
+def sweep(guest: str, stats: Path | None = None, log_path: Path | None = None) -> subprocess.Popen:
+    """Start `vmgpu-forwarder --sweep`: what forwarders that are gone left in /dev/shm and no
+    forwarder starting would remove (this user's module image caches of forwarders killed, and
+    with stats, the page of guest's last forwarder, what the CUDA driver left for the workers it
+    names).  It waits, at most two minutes, while workers still ending hold any of it, so the
+    caller reaps it later; what it removed is appended to log_path (in a private directory, as a
+    forwarder's kept log), its lines named by guest."""
+    cmd = [str(native_dir() / "vmgpu-forwarder"), "--sweep", "--guest", guest]
+    if stats is not None:
+        cmd += ["--stats", str(stats)]
+    log = subprocess.DEVNULL
+    if log_path is not None:
+        private_dir(log_path.parent, create=False)
+        log = open_ours(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+    finally:
+        if log_path is not None:
+            os.close(log)
+
+
 def guest_env(region: Path, base: dict | None = None, **extra: str) -> dict:
     """The environment of an unchanged CUDA program whose libcuda.so.1 is vmgpu's."""
     env = dict(os.environ if base is None else base)

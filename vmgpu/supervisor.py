@@ -25,6 +25,7 @@ import math
 import os
 import signal
 import stat
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ import tenacity
 from vmgpu import cap_control, config, files, mps, sched, share_control, shm, spec
 from vmgpu.errors import Conflict, ForwarderError, InvalidArgument, NotFound, UnsafePath, VmgpuError
 from vmgpu.forwarder import Forwarder, is_forwarder
+from vmgpu.forwarder import sweep as forwarder_sweep
 from vmgpu.ledger import Ledger
 from vmgpu.logging import get_logger
 
@@ -255,6 +257,8 @@ class Supervisor:
         self.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.children: dict[str, Forwarder] = {}  # the ones this vmgpud started (to reap them)
         self.restarts: dict[str, Restart] = {}  # guests whose forwarder is being restarted
+        # what a stopped forwarder left, being removed (vmgpu-forwarder --sweep), per guest
+        self.sweeps: dict[str, subprocess.Popen] = {}
         # forwarders started again after one died, per guest, since this vmgpud started (under
         # self.lock): vmgpu_forwarder_restarts_total
         self.restarted: collections.Counter[str] = collections.Counter()
@@ -272,6 +276,7 @@ class Supervisor:
         slices = self.ledger.reservations(guest)
         if not slices:
             raise NotFound(f"guest {guest} is not admitted")
+        self._end_sweep(guest)  # (the new forwarder sweeps as it starts, and makes the page afresh)
         held = self.ledger.forwarder(guest)
         if held and is_forwarder(held[0], held[1]):
             raise Conflict(f"guest {guest} already has a forwarder (pid {held[0]}) on {held[1]}")
@@ -354,7 +359,43 @@ class Supervisor:
                 os.kill(pid, signal.SIGKILL)
         self.ledger.forget_forwarder(guest)
         self.log.info("forwarder stopped", guest=guest, pid=pid)
+        self._sweep(guest)
         return True
+
+    def _sweep(self, guest: str) -> None:
+        """Remove what guest's forwarder, now stopped, may have left in /dev/shm that no forwarder
+        starting would remove (one killed, or whose workers were: its module image cache, the
+        driver's files of its workers), in the background: its workers may still be ending.  The
+        caller holds self.lock."""
+        self._end_sweep(guest)
+        try:
+            proc = forwarder_sweep(guest, self.stats_path(guest), self.logs / f"{guest}.log")
+        except (OSError, VmgpuError) as e:
+            self.log.error("cannot sweep after the forwarder", guest=guest, error=str(e))
+            return
+        self.sweeps[guest] = proc
+
+        def reap():
+            rc = proc.wait()
+            with self.lock:
+                if self.sweeps.get(guest) is proc:
+                    del self.sweeps[guest]
+            if rc:
+                self.log.error("the sweep after the forwarder failed", guest=guest, exit_status=rc)
+
+        threading.Thread(target=reap, name=f"sweep-{guest}", daemon=True).start()
+
+    def _end_sweep(self, guest: str) -> None:
+        """Stop guest's sweep, if one is under way: a forwarder starts for it, which sweeps itself
+        and makes the statistics page afresh (the caller holds self.lock)."""
+        proc = self.sweeps.pop(guest, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def adopt(self) -> None:
         """At vmgpud start: keep the forwarders still running, restart the ones that died."""

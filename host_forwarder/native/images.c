@@ -307,33 +307,40 @@ static int sweep(int parent)
 /* While caches of forwarders that are gone are held by workers still ending: when to stop looking. */
 static uint64_t ending_until;
 
-void vh_images_sweep_pending(void)
+/* One look at the parent: the caches of forwarders that are gone removed; how many are still held. */
+static int sweep_parent(void)
 {
-	if (!ending_until)
-		return;
 	int parent = open(VH_IMAGE_CACHE_PARENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	int left = parent >= 0 ? sweep(parent) : 0;
 	if (parent >= 0)
 		close(parent);
+	return left;
+}
+
+void vh_images_sweep(void)
+{
+	if (sweep_parent())
+		ending_until = vh_real_clock.now_ns() + VH_SWEEP_PENDING_S * 1000000000ull; /* (looked at again) */
+}
+
+int vh_images_sweep_pending(void)
+{
+	if (!ending_until)
+		return 0;
+	int left = sweep_parent();
 	int late = vh_real_clock.now_ns() >= ending_until;
 	if (left && late)
 		vh_log("%d module image cache(s) of forwarders that are gone are still held after %d s: left",
 		       left, VH_SWEEP_PENDING_S);
 	if (!left || late)
 		ending_until = 0;
+	return ending_until != 0;
 }
 
 void vh_images_open(struct vh_fwd *f)
 {
 	f->image_dir[0] = '\0';
-	int parent = open(VH_IMAGE_CACHE_PARENT, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (parent < 0) {
-		vh_log("no module image cache (nor JIT cache): cannot open %s: %s", VH_IMAGE_CACHE_PARENT, strerror(errno));
-		return;
-	}
-	if (sweep(parent))
-		ending_until = vh_real_clock.now_ns() + VH_SWEEP_PENDING_S * 1000000000ull; /* (looked at again) */
-	close(parent);
+	vh_images_sweep();
 	char path[sizeof f->image_dir];
 	snprintf(path, sizeof path, "%s/%s%d.XXXXXX", VH_IMAGE_CACHE_PARENT, VH_IMAGE_CACHE_PREFIX, (int)getpid());
 	if (!mkdtemp(path)) {

@@ -50,6 +50,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: vmgpu-forwarder --region PATH [options]\n"
+		"       vmgpu-forwarder --sweep [--stats FILE] [--guest NAME]\n"
 		"Serve one guest's vmgpu region: run its CUDA calls on a GPU.\n\n"
 		"  --region PATH       the region file (/dev/shm/...)\n"
 		"  --create SIZE       create and format the region first (e.g. 256M)\n"
@@ -73,6 +74,11 @@ static void usage(FILE *f)
 		"  --sched-id LIST     the scheduler page name per GPU (vmgpud gives its GPU UUIDs;\n"
 		"                      default the UUID the driver reports)\n"
 		"  --no-sched          take no part in compute scheduling (benchmarks' native baseline)\n"
+		"  --sweep             serve nothing: remove what forwarders that are gone left behind (this\n"
+		"                      user's module image caches in /dev/shm of forwarders that are gone and,\n"
+		"                      with --stats, what the CUDA driver left in /dev/shm for the workers that\n"
+		"                      page names), waiting while workers still ending hold it (at most 120 s);\n"
+		"                      a forwarder that starts does the same first\n"
 		"  --sched-depth N     beside a guest of a higher priority, at most N of a guest process's calls\n"
 		"                      that put work on the GPU may be unfinished there (0..1024, default 32;\n"
 		"                      0: no limit): the higher guest waits behind no more of its work than that\n"
@@ -118,7 +124,7 @@ static void usage(FILE *f)
 struct options {
 	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
 	struct sched_share share[VG_MAX_DEVICES];
-	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
+	int no_sched, ctx_reserve_set, allow_pageable, mps_threads, sweep;
 	int mps_priority; /* VH_MPS_PRIO_*, or -1: not given */
 	int mps_when;     /* VH_MPS_*, or -1: not given */
 	int sm_partitions; /* 1 on, 0 off, -1 auto (on in the workers that are MPS clients) */
@@ -182,7 +188,8 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"priority", 1, 0, 'p'}, {"sched-dir", 1, 0, 'D'}, {"no-sched", 0, 0, 'N'}, {"sched-id", 1, 0, 'I'},
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
 		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"mps-when", 1, 0, 'H'},
-		{"sched-depth", 1, 0, 'Q'}, {"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {0, 0, 0, 0},
+		{"sched-depth", 1, 0, 'Q'}, {"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {"sweep", 0, 0, 'X'},
+		{0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
@@ -251,6 +258,7 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			F.oom_script = optarg;
 			break;
 		case 'P': o->allow_pageable = 1; break;
+		case 'X': o->sweep = 1; break;
 		case 'M': o->mps_dir = optarg; break;
 		case 'Y':
 			o->mps_priority = !strcmp(optarg, "auto")     ? VH_MPS_PRIO_AUTO
@@ -290,7 +298,9 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		default: usage(stderr); *status = 2; return -1;
 		}
 	}
-	if (!o->region || optind != argc) {
+	if (o->sweep && o->region)
+		return vh_die("--sweep serves no region: leave out --region");
+	if ((!o->region && !o->sweep) || optind != argc) {
 		usage(stderr);
 		*status = 2;
 		return -1;
@@ -370,6 +380,27 @@ static void sweep_earlier_workers(int fd, const char *path)
 		vh_log("%s: an earlier forwarder ended with %d worker(s) at work; removed %d file(s) the CUDA "
 		       "driver left in /dev/shm for them; %d still ending (looked at again as they end)",
 		       path, workers, removed, ending);
+}
+
+/* --sweep: what forwarders that are gone left behind and no forwarder starting will remove (vmgpud
+ * runs it when it stops a guest's forwarder): the image caches of this user's forwarders that are
+ * gone, and with --stats what the driver left for the workers the page names (read, never made
+ * afresh: a forwarder starting for the guest makes it).  What workers still ending hold is looked
+ * at again every 64 ms for VH_SWEEP_PENDING_S at most; 0 once everything is looked at. */
+static int sweep_only(const char *stats_path)
+{
+	struct stat st;
+	if (stats_path && lstat(stats_path, &st) == 0) {
+		int fd = vh_open_ours(stats_path, O_RDONLY);
+		if (fd < 0)
+			return vh_die("--stats %s: %s", stats_path, strerror(errno));
+		sweep_earlier_workers(fd, stats_path);
+		close(fd);
+	}
+	vh_images_sweep();
+	while (vh_driver_files_sweep_pending() + vh_images_sweep_pending() > 0)
+		usleep(64000);
+	return 0;
 }
 
 /* The statistics page: in a file vmgpud can read (--stats), or anonymous; shared with the workers. */
@@ -483,6 +514,8 @@ int main(int argc, char **argv)
 	int status = 0, r = parse_options(argc, argv, &o, &status);
 	if (r)
 		return r < 0 ? status : r;
+	if (o.sweep)
+		return sweep_only(o.stats_path);
 	if (F.yield_depth && !F.sched_depth)
 		return vh_die("--yield-depth %d needs a --sched-depth (0 holds no depth at all)", F.yield_depth);
 	backend_name = o.backend;

@@ -296,7 +296,7 @@ int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started)
 	return n;
 }
 
-void vh_driver_files_sweep_pending(void)
+int vh_driver_files_sweep_pending(void)
 {
 	int late = npending && clock_ns(CLOCK_MONOTONIC) >= pending_until;
 	for (uint32_t i = 0; i < npending;) {
@@ -313,4 +313,5 @@ void vh_driver_files_sweep_pending(void)
 			left(pending[i].pid, n);
 		pending[i] = pending[--npending];
 	}
+	return (int)npending;
 }

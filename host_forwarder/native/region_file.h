@@ -69,7 +69,7 @@ int vh_driver_files_remove_mine(void);
 #define VH_SWEEP_PID_IN_USE (-1)   /* another process has the pid */
 #define VH_SWEEP_STILL_ENDING (-2) /* the worker itself (that pid, started then) has not ended yet */
 int vh_driver_files_sweep(pid_t pid, uint64_t forked_ns, uint64_t started);
-void vh_driver_files_sweep_pending(void);
+int vh_driver_files_sweep_pending(void); /* how many workers are still looked for */
 
 /* CLOCK_REALTIME_COARSE in ns: the clock a file's times are taken from. */
 uint64_t vh_coarse_realtime_ns(void);

@@ -221,6 +221,47 @@ def test_restarts_back_off_instead_of_storming_and_stop_when_the_guest_is_stoppe
         ledger.close()
 
 
+def test_stopping_a_killed_forwarder_removes_what_it_left_in_dev_shm(tmp_path, shm_path):
+    """A forwarder killed leaves its module image cache in /dev/shm; the next forwarder to start
+    on the host would remove it, but a guest stopped then may have none after it: stopping it
+    sweeps (vmgpu-forwarder --sweep, in the background), and says so in the guest's log."""
+    import threading
+    from pathlib import Path
+
+    from vmgpu import gpu
+    from vmgpu.ledger import Ledger
+    from vmgpu.spec import parse
+    from vmgpu.supervisor import Supervisor
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.sync_gpus(gpu.inventory(inv))
+    ledger.admit("vm-c", "vm", parse("gpu=0,mem=1G"))
+    lock = threading.Lock()
+    sup = Supervisor(ledger, lock, tmp_path)
+    _vm_region(shm_path, "vm-c")
+    pid = None
+    try:
+        with lock:
+            pid = sup.start("vm-c", str(shm_path), "sim", "")
+        (cache,) = Path("/dev/shm").glob(f"vmgpu-images-{pid}.*")
+        os.kill(pid, signal.SIGKILL)
+        with lock:
+            assert sup.stop("vm-c") is True
+        assert wait_for(lambda: not cache.exists(), timeout=10), sup.logs.joinpath("vm-c.log").read_text()
+        assert wait_for(lambda: not sup.sweeps, timeout=10)  # (reaped)
+        log = sup.logs.joinpath("vm-c.log").read_text()
+        assert f"vmgpu-forwarder[vm-c] removing the module image cache {cache} of forwarder {pid}" in log
+    finally:
+        sup.close()
+        if pid and is_forwarder(pid, shm_path):
+            os.kill(pid, signal.SIGKILL)
+        for fwd in list(sup.children.values()):
+            fwd.stop()
+        ledger.close()
+
+
 def _cmdline(pid: int) -> list[str]:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return [a.decode() for a in f.read().split(b"\0") if a]

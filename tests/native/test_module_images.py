@@ -298,3 +298,67 @@ def test_each_forwarders_jit_cache_is_its_own_and_goes_with_it(tmp_path):
         assert not cache.exists(), sorted(str(p) for p in cache.rglob("*"))
     assert seen["a"].parent.name != seen["b"].parent.name
     assert (outside / "keep").read_text() == "not the cache's"
+
+
+def test_sweep_mode_removes_what_forwarders_that_are_gone_left_and_nothing_else(shm_path, tmp_path):
+    """`vmgpu-forwarder --sweep` (what vmgpud runs when it stops a forwarder, where no next one
+    starts to sweep) removes this user's caches of forwarders that are gone, waits while workers
+    still ending hold one and removes it once they have ended, and leaves a running forwarder's
+    cache, a link of the pattern (and what is behind it) and a plain file; it serves no region."""
+    exe = str(NATIVE / "vmgpu-forwarder")
+    refused = subprocess.run([exe, "--sweep", "--region", str(shm_path)], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "--sweep serves no region" in refused.stderr
+    dead = 2**22 + 12351  # above the largest pid_max: no process has it
+    gone, held = SHM / f"vmgpu-images-{dead}.eeeeee", SHM / f"vmgpu-images-{dead + 1}.ffffff"
+    link, plain = SHM / f"vmgpu-images-{dead + 2}.gggggg", SHM / f"vmgpu-images-{dead + 3}.hhhhhh"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    holder = sweeper = None
+    try:
+        # (planted once the forwarder serves: its own start sweep has looked already)
+        with forwarder(shm_path) as fwd:
+            (mine,) = _caches(fwd.proc.pid)
+            for d in (gone, held):
+                d.mkdir(mode=0o700)
+                (d / "image").write_bytes(b"x" * 4096)
+            link.symlink_to(victim)
+            plain.write_text("not a directory")
+            # a worker still ending: a process holding the cache's lock, as workers hold it (shared)
+            holder = subprocess.Popen(
+                [
+                    "python3",
+                    "-c",
+                    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY); "
+                    "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()",
+                    str(held),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert holder.stdout.readline().strip() == "held"
+            sweeper = subprocess.Popen(
+                [exe, "--sweep", "--guest", "vm-9"], stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+            )
+            assert wait_for(lambda: not gone.exists(), timeout=10)
+            assert held.is_dir() and sweeper.poll() is None  # (held: it waits)
+            holder.stdin.close()  # (the worker ends)
+            holder.wait(timeout=10)
+            assert sweeper.wait(timeout=10) == 0
+            err = sweeper.stderr.read()
+            assert not held.exists(), err
+            assert f"vmgpu-forwarder[vm-9] removing the module image cache /dev/shm/{held.name} of forwarder" in err
+            assert mine.is_dir() and fwd.proc.poll() is None
+        assert (victim / "keep").exists() and link.is_symlink() and plain.is_file()
+    finally:
+        for p in (holder, sweeper):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        for d in (gone, held):
+            if d.exists():
+                (d / "image").unlink(missing_ok=True)
+                d.rmdir()
+        link.unlink(missing_ok=True)
+        plain.unlink(missing_ok=True)
