@@ -151,15 +151,19 @@ class Forwarder:
         self.stop()
 
 
-def sweep(guest: str, stats: Path | None = None, log_path: Path | None = None) -> subprocess.Popen:
+def sweep(guest: str, after: int = 0, stats: Path | None = None, log_path: Path | None = None) -> subprocess.Popen:
     """Start `vmgpu-forwarder --sweep`: what forwarders that are gone left in /dev/shm and no
     forwarder starting would remove (this user's module image caches of forwarders killed, and
     with stats, the page of guest's last forwarder, what the CUDA driver left for the workers it
-    names).  It waits, at most two minutes, while workers still ending hold any of it, so the
-    caller reaps it later; what it removed is appended to log_path (in a private directory, as a
-    forwarder's kept log), its lines named by guest."""
+    names), once process `after` (that forwarder) is gone.  It waits, two minutes at most for
+    each, for that and while workers still ending hold what it would remove, so the caller reaps
+    it later; its lines, named by guest, are appended to log_path (in a private directory, as a
+    forwarder's kept log).  stats must be in a private directory too."""
     cmd = [str(native_dir() / "vmgpu-forwarder"), "--sweep", "--guest", guest]
+    if after:
+        cmd += ["--after", str(after)]
     if stats is not None:
+        private_dir(stats.parent, create=False)
         cmd += ["--stats", str(stats)]
     log = subprocess.DEVNULL
     if log_path is not None:

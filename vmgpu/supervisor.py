@@ -258,7 +258,7 @@ class Supervisor:
         self.children: dict[str, Forwarder] = {}  # the ones this vmgpud started (to reap them)
         self.restarts: dict[str, Restart] = {}  # guests whose forwarder is being restarted
         # what a stopped forwarder left, being removed (vmgpu-forwarder --sweep), per guest
-        self.sweeps: dict[str, subprocess.Popen] = {}
+        self.sweeps: dict[str, tuple[subprocess.Popen, int]] = {}  # (and its pidfd, or -1)
         # forwarders started again after one died, per guest, since this vmgpud started (under
         # self.lock): vmgpu_forwarder_restarts_total
         self.restarted: collections.Counter[str] = collections.Counter()
@@ -359,43 +359,59 @@ class Supervisor:
                 os.kill(pid, signal.SIGKILL)
         self.ledger.forget_forwarder(guest)
         self.log.info("forwarder stopped", guest=guest, pid=pid)
-        self._sweep(guest)
+        self._sweep(guest, pid)
         return True
 
-    def _sweep(self, guest: str) -> None:
-        """Remove what guest's forwarder, now stopped, may have left in /dev/shm that no forwarder
+    def _sweep(self, guest: str, pid: int) -> None:
+        """Remove what guest's forwarder pid, stopped, may have left in /dev/shm that no forwarder
         starting would remove (one killed, or whose workers were: its module image cache, the
-        driver's files of its workers), in the background: its workers may still be ending.  The
-        caller holds self.lock."""
+        driver's files of its workers), in the background, once it is gone: it and its workers
+        may still be ending.  The caller holds self.lock."""
         self._end_sweep(guest)
         try:
-            proc = forwarder_sweep(guest, self.stats_path(guest), self.logs / f"{guest}.log")
+            proc = forwarder_sweep(guest, pid, self.stats_path(guest), self.logs / f"{guest}.log")
         except (OSError, VmgpuError) as e:
             self.log.error("cannot sweep after the forwarder", guest=guest, error=str(e))
             return
-        self.sweeps[guest] = proc
+        try:  # (signalled through its pidfd: never another process that got its pid once reaped)
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:
+            pidfd = -1
+        self.sweeps[guest] = (proc, pidfd)
 
         def reap():
             rc = proc.wait()
             with self.lock:
-                if self.sweeps.get(guest) is proc:
+                mine = self.sweeps.get(guest, (None,))[0] is proc
+                if mine:
                     del self.sweeps[guest]
-            if rc:
+                    if pidfd >= 0:
+                        os.close(pidfd)
+            if mine and rc:
                 self.log.error("the sweep after the forwarder failed", guest=guest, exit_status=rc)
 
         threading.Thread(target=reap, name=f"sweep-{guest}", daemon=True).start()
 
     def _end_sweep(self, guest: str) -> None:
-        """Stop guest's sweep, if one is under way: a forwarder starts for it, which sweeps itself
-        and makes the statistics page afresh (the caller holds self.lock)."""
-        proc = self.sweeps.pop(guest, None)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+        """End guest's sweep, if one is under way: a forwarder starts for it, which sweeps as it
+        starts and makes the statistics page afresh (the caller holds self.lock)."""
+        proc, pidfd = self.sweeps.pop(guest, (None, -1))
+        if proc is None:
+            return
+        try:
+            if pidfd >= 0:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            elif proc.returncode is None:
+                proc.terminate()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
 
     def adopt(self) -> None:
         """At vmgpud start: keep the forwarders still running, restart the ones that died."""

@@ -340,7 +340,6 @@ int vh_images_sweep_pending(void)
 void vh_images_open(struct vh_fwd *f)
 {
 	f->image_dir[0] = '\0';
-	vh_images_sweep();
 	char path[sizeof f->image_dir];
 	snprintf(path, sizeof path, "%s/%s%d.XXXXXX", VH_IMAGE_CACHE_PARENT, VH_IMAGE_CACHE_PREFIX, (int)getpid());
 	if (!mkdtemp(path)) {

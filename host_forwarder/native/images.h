@@ -36,8 +36,9 @@ enum vh_image_kind vh_image_kind(const uint8_t *p, uint64_t n);
 void vh_images_open(struct vh_fwd *f);
 void vh_images_close(struct vh_fwd *f);
 
-/* Remove the caches of this user's forwarders that are gone (vh_images_open does first; so does
- * `vmgpu-forwarder --sweep`, which vmgpud runs when it stops a guest's forwarder).  A cache whose
+/* Remove the caches of this user's forwarders that are gone (a forwarder does as it starts, before
+ * vh_images_open; so does `vmgpu-forwarder --sweep`, which vmgpud runs when it stops a guest's
+ * forwarder).  A cache whose
  * lock is still held (its workers still ending) is looked for again by vh_images_sweep_pending,
  * which the caller calls every so often, for VH_SWEEP_PENDING_S at most (region_file.h), and
  * removed once nobody holds it; it answers 1 while it is still looking, 0 once it is done. */

@@ -50,7 +50,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: vmgpu-forwarder --region PATH [options]\n"
-		"       vmgpu-forwarder --sweep [--stats FILE] [--guest NAME]\n"
+		"       vmgpu-forwarder --sweep [--after PID] [--stats FILE] [--guest NAME]\n"
 		"Serve one guest's vmgpu region: run its CUDA calls on a GPU.\n\n"
 		"  --region PATH       the region file (/dev/shm/...)\n"
 		"  --create SIZE       create and format the region first (e.g. 256M)\n"
@@ -78,7 +78,8 @@ static void usage(FILE *f)
 		"                      user's module image caches in /dev/shm of forwarders that are gone and,\n"
 		"                      with --stats, what the CUDA driver left in /dev/shm for the workers that\n"
 		"                      page names), waiting while workers still ending hold it (at most 120 s);\n"
-		"                      a forwarder that starts does the same first\n"
+		"                      a forwarder that starts does the same first.  --after PID: first wait\n"
+		"                      (as long) for process PID, a forwarder stopped, to be gone\n"
 		"  --sched-depth N     beside a guest of a higher priority, at most N of a guest process's calls\n"
 		"                      that put work on the GPU may be unfinished there (0..1024, default 32;\n"
 		"                      0: no limit): the higher guest waits behind no more of its work than that\n"
@@ -124,7 +125,9 @@ static void usage(FILE *f)
 struct options {
 	const char *region, *backend, *gpus, *mems, *stats_path, *sched_dir, *sched_ids;
 	struct sched_share share[VG_MAX_DEVICES];
-	int no_sched, ctx_reserve_set, allow_pageable, mps_threads, sweep;
+	int no_sched, ctx_reserve_set, allow_pageable, mps_threads;
+	int sweep, serving; /* --sweep; an option only serving takes was given */
+	long sweep_after;   /* --after PID, or 0 */
 	int mps_priority; /* VH_MPS_PRIO_*, or -1: not given */
 	int mps_when;     /* VH_MPS_*, or -1: not given */
 	int sm_partitions; /* 1 on, 0 off, -1 auto (on in the workers that are MPS clients) */
@@ -189,11 +192,12 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		{"ctx-reserve", 1, 0, 'R'}, {"oom-script", 1, 0, 'O'}, {"allow-pageable-access", 0, 0, 'P'},
 		{"mps", 1, 0, 'M'}, {"mps-threads", 1, 0, 'T'}, {"mps-priority", 1, 0, 'Y'}, {"mps-when", 1, 0, 'H'},
 		{"sched-depth", 1, 0, 'Q'}, {"yield-depth", 1, 0, 'y'}, {"sm-partitions", 1, 0, 'S'}, {"sweep", 0, 0, 'X'},
-		{0, 0, 0, 0},
+		{"after", 1, 0, 'A'}, {0, 0, 0, 0},
 	};
 	int c;
 	uint64_t v;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		o->serving |= c != 's' && c != 'n' && c != 'X' && c != 'A' && c != 'h' && c != '?';
 		switch (c) {
 		case 'r': o->region = optarg; break;
 		case 'c':
@@ -259,6 +263,11 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 			break;
 		case 'P': o->allow_pageable = 1; break;
 		case 'X': o->sweep = 1; break;
+		case 'A':
+			if (vh_parse_size(optarg, &v) || v < 1 || v > INT32_MAX)
+				return vh_die("--after: '%s' is not a process id", optarg);
+			o->sweep_after = (long)v;
+			break;
 		case 'M': o->mps_dir = optarg; break;
 		case 'Y':
 			o->mps_priority = !strcmp(optarg, "auto")     ? VH_MPS_PRIO_AUTO
@@ -298,8 +307,10 @@ static int parse_options(int argc, char **argv, struct options *o, int *status)
 		default: usage(stderr); *status = 2; return -1;
 		}
 	}
-	if (o->sweep && o->region)
-		return vh_die("--sweep serves no region: leave out --region");
+	if (o->sweep && (o->region || o->serving))
+		return vh_die("--sweep serves no region: it takes only --after, --stats and --guest");
+	if (o->sweep_after && !o->sweep)
+		return vh_die("--after goes with --sweep");
 	if ((!o->region && !o->sweep) || optind != argc) {
 		usage(stderr);
 		*status = 2;
@@ -383,24 +394,42 @@ static void sweep_earlier_workers(int fd, const char *path)
 }
 
 /* --sweep: what forwarders that are gone left behind and no forwarder starting will remove (vmgpud
- * runs it when it stops a guest's forwarder): the image caches of this user's forwarders that are
- * gone, and with --stats what the driver left for the workers the page names (read, never made
- * afresh: a forwarder starting for the guest makes it).  What workers still ending hold is looked
- * at again every 64 ms for VH_SWEEP_PENDING_S at most; 0 once everything is looked at. */
-static int sweep_only(const char *stats_path)
+ * runs it when it stops a guest's forwarder, --after its pid: a forwarder killed is not gone until
+ * its memory is, and a cache whose forwarder lives is left): the image caches of this user's
+ * forwarders that are gone, and with --stats what the driver left for the workers the page names
+ * (read, never made afresh: a forwarder starting for the guest makes it).  What workers still
+ * ending hold is looked at again every 64 ms for VH_SWEEP_PENDING_S at most.  0 once everything
+ * is looked at; 1 if the page was refused (the caches swept all the same). */
+static int sweep_only(const struct options *o)
 {
+	uint64_t until = vh_real_clock.now_ns() + VH_SWEEP_PENDING_S * 1000000000ull;
+	char state = 0;
+	while (o->sweep_after && (kill((pid_t)o->sweep_after, 0) == 0 || errno != ESRCH) &&
+	       (vh_proc_stat((uint32_t)o->sweep_after, &state, NULL) != 0 || state != 'Z')) {
+		if (vh_real_clock.now_ns() >= until) {
+			vh_log("process %ld is still there after %d s: what it left is not swept", o->sweep_after,
+			       VH_SWEEP_PENDING_S);
+			break;
+		}
+		usleep(64000);
+	}
 	struct stat st;
-	if (stats_path && lstat(stats_path, &st) == 0) {
-		int fd = vh_open_ours(stats_path, O_RDONLY);
-		if (fd < 0)
-			return vh_die("--stats %s: %s", stats_path, strerror(errno));
-		sweep_earlier_workers(fd, stats_path);
-		close(fd);
+	int refused = 0;
+	if (o->stats_path && lstat(o->stats_path, &st) == 0) {
+		int fd = vh_open_ours(o->stats_path, O_RDONLY);
+		if (fd >= 0) {
+			sweep_earlier_workers(fd, o->stats_path);
+			close(fd);
+		} else {
+			refused = 1;
+			vh_log("error: --stats %s: %s: the driver's files of its workers are not looked for", o->stats_path,
+			       strerror(errno));
+		}
 	}
 	vh_images_sweep();
 	while (vh_driver_files_sweep_pending() + vh_images_sweep_pending() > 0)
 		usleep(64000);
-	return 0;
+	return refused;
 }
 
 /* The statistics page: in a file vmgpud can read (--stats), or anonymous; shared with the workers. */
@@ -515,11 +544,14 @@ int main(int argc, char **argv)
 	if (r)
 		return r < 0 ? status : r;
 	if (o.sweep)
-		return sweep_only(o.stats_path);
+		return sweep_only(&o);
 	if (F.yield_depth && !F.sched_depth)
 		return vh_die("--yield-depth %d needs a --sched-depth (0 holds no depth at all)", F.yield_depth);
 	backend_name = o.backend;
 	BK.simulated = !strcmp(o.backend, "sim");
+	/* what forwarders that are gone left: first, before anything that could make this start fail (a
+	 * forwarder vmgpud restarts again and again sweeps the one before it even so) */
+	vh_images_sweep();
 	if (!o.ctx_reserve_set) /* an H100 context with driver 580, measured; the simulated one has none */
 		F.ctx_reserve = BK.simulated ? 0 : 544ull << 20;
 	if (strcmp(o.backend, "sim") && strcmp(o.backend, "cuda"))

@@ -224,7 +224,9 @@ def test_restarts_back_off_instead_of_storming_and_stop_when_the_guest_is_stoppe
 def test_stopping_a_killed_forwarder_removes_what_it_left_in_dev_shm(tmp_path, shm_path):
     """A forwarder killed leaves its module image cache in /dev/shm; the next forwarder to start
     on the host would remove it, but a guest stopped then may have none after it: stopping it
-    sweeps (vmgpu-forwarder --sweep, in the background), and says so in the guest's log."""
+    sweeps (vmgpu-forwarder --sweep, in the background, once the forwarder is gone), and says so
+    in the guest's log; so does stopping one that a later vmgpud adopted (not its child).  A
+    forwarder started for the guest ends a sweep under way, which is no error."""
     import threading
     from pathlib import Path
 
@@ -240,23 +242,68 @@ def test_stopping_a_killed_forwarder_removes_what_it_left_in_dev_shm(tmp_path, s
     ledger.admit("vm-c", "vm", parse("gpu=0,mem=1G"))
     lock = threading.Lock()
     sup = Supervisor(ledger, lock, tmp_path)
+    later = None
     _vm_region(shm_path, "vm-c")
-    pid = None
+    pids = []
     try:
+        # vmgpud's own child, killed
         with lock:
-            pid = sup.start("vm-c", str(shm_path), "sim", "")
-        (cache,) = Path("/dev/shm").glob(f"vmgpu-images-{pid}.*")
-        os.kill(pid, signal.SIGKILL)
+            pids.append(sup.start("vm-c", str(shm_path), "sim", ""))
+        (cache,) = Path("/dev/shm").glob(f"vmgpu-images-{pids[-1]}.*")
+        os.kill(pids[-1], signal.SIGKILL)
         with lock:
             assert sup.stop("vm-c") is True
         assert wait_for(lambda: not cache.exists(), timeout=10), sup.logs.joinpath("vm-c.log").read_text()
         assert wait_for(lambda: not sup.sweeps, timeout=10)  # (reaped)
         log = sup.logs.joinpath("vm-c.log").read_text()
-        assert f"vmgpu-forwarder[vm-c] removing the module image cache {cache} of forwarder {pid}" in log
+        assert f"vmgpu-forwarder[vm-c] removing the module image cache {cache} of forwarder {pids[-1]}" in log
+
+        # one a later vmgpud adopted, killed (here still a zombie of this process's: it is gone)
+        with lock:
+            pids.append(sup.start("vm-c", str(shm_path), "sim", ""))
+        (cache,) = Path("/dev/shm").glob(f"vmgpu-images-{pids[-1]}.*")
+        later = Supervisor(ledger, lock, tmp_path)
+        later.adopt()
+        os.kill(pids[-1], signal.SIGKILL)
+        with lock:
+            assert later.stop("vm-c") is True
+        assert wait_for(lambda: not cache.exists(), timeout=10), later.logs.joinpath("vm-c.log").read_text()
+        assert wait_for(lambda: not later.sweeps, timeout=10)
+
+        # a sweep under way (waiting for a cache held by workers still ending) ended by a start
+        import fcntl
+
+        from structlog.testing import capture_logs
+
+        with lock:
+            sup.children.pop("vm-c").stop()
+            pids.append(sup.start("vm-c", str(shm_path), "sim", ""))
+        (cache,) = Path("/dev/shm").glob(f"vmgpu-images-{pids[-1]}.*")
+        held = os.open(cache, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(held, fcntl.LOCK_SH)  # (a worker still ending)
+        try:
+            with capture_logs() as logs:
+                os.kill(pids[-1], signal.SIGKILL)
+                with lock:
+                    assert sup.stop("vm-c") is True
+                    (sweep, _) = sup.sweeps["vm-c"]
+                assert not wait_for(lambda: sweep.poll() is not None, timeout=0.5)
+                with lock:
+                    pids.append(sup.start("vm-c", str(shm_path), "sim", ""))
+                assert sweep.poll() is not None and "vm-c" not in sup.sweeps
+                time.sleep(0.3)
+            assert not [e for e in logs if e["log_level"] == "error"], logs
+        finally:
+            os.close(held)
+        # (the new forwarder removes it, once free)
+        assert wait_for(lambda: not cache.exists(), timeout=10)
     finally:
-        sup.close()
-        if pid and is_forwarder(pid, shm_path):
-            os.kill(pid, signal.SIGKILL)
+        for s_ in (sup, later):
+            if s_ is not None:
+                s_.close()
+        for p in pids:
+            if is_forwarder(p, shm_path):
+                os.kill(p, signal.SIGKILL)
         for fwd in list(sup.children.values()):
             fwd.stop()
         ledger.close()

@@ -306,8 +306,9 @@ def test_sweep_mode_removes_what_forwarders_that_are_gone_left_and_nothing_else(
     still ending hold one and removes it once they have ended, and leaves a running forwarder's
     cache, a link of the pattern (and what is behind it) and a plain file; it serves no region."""
     exe = str(NATIVE / "vmgpu-forwarder")
-    refused = subprocess.run([exe, "--sweep", "--region", str(shm_path)], capture_output=True, text=True, timeout=30)
-    assert refused.returncode == 1 and "--sweep serves no region" in refused.stderr
+    for serving in (["--region", str(shm_path)], ["--backend", "nonsense"], ["--create", "1M"]):
+        refused = subprocess.run([exe, "--sweep", *serving], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and "--sweep serves no region" in refused.stderr, serving
     dead = 2**22 + 12351  # above the largest pid_max: no process has it
     gone, held = SHM / f"vmgpu-images-{dead}.eeeeee", SHM / f"vmgpu-images-{dead + 1}.ffffff"
     link, plain = SHM / f"vmgpu-images-{dead + 2}.gggggg", SHM / f"vmgpu-images-{dead + 3}.hhhhhh"
@@ -362,3 +363,41 @@ def test_sweep_mode_removes_what_forwarders_that_are_gone_left_and_nothing_else(
                 d.rmdir()
         link.unlink(missing_ok=True)
         plain.unlink(missing_ok=True)
+
+
+def test_sweep_mode_waits_for_the_forwarder_it_comes_after_and_sweeps_when_its_page_is_refused(tmp_path):
+    """vmgpud starts `--sweep --after PID` as soon as it has killed a forwarder, which is not gone
+    until its memory is: the sweep waits for PID to be gone (a cache whose forwarder lives is
+    left, and not looked for again), then removes its cache.  A statistics page it may not read
+    (a link) is refused, said, and the caches are swept all the same (exit 1)."""
+    exe = str(NATIVE / "vmgpu-forwarder")
+    stopping = subprocess.Popen(["sleep", "60"])  # (the forwarder killed, still ending)
+    cache = SHM / f"vmgpu-images-{stopping.pid}.iiiiii"
+    cache.mkdir(mode=0o700)
+    (cache / "image").write_bytes(b"x" * 4096)
+    page = tmp_path / "guest.stats"
+    page.symlink_to(tmp_path / "elsewhere")
+    sweeper = None
+    try:
+        sweeper = subprocess.Popen(
+            [exe, "--sweep", "--after", str(stopping.pid), "--stats", str(page)],
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        assert not wait_for(lambda: sweeper.poll() is not None, timeout=0.5)  # (waits for it)
+        assert cache.is_dir()
+        stopping.kill()
+        stopping.wait()
+        assert sweeper.wait(timeout=10) == 1
+        err = sweeper.stderr.read()
+        assert not cache.exists(), err
+        assert f"error: --stats {page}:" in err and f"of forwarder {stopping.pid}, which is gone" in err
+    finally:
+        for p in (stopping, sweeper):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        if cache.exists():
+            (cache / "image").unlink(missing_ok=True)
+            cache.rmdir()
