@@ -13,7 +13,10 @@ moves the shares of the second it falls in), or whenever it is the only busy gue
 read a guest short (on an H100, one trainer alone read 21,000 calls/s and 29,000 a few seconds
 later), never long: a guest's rate alone is the more of its last two probes, or what it was seen
 to do beside the others if that is more; a read well short of it is believed once the guest's
-next probe (the next of all) agrees.
+next probe (the next of all) agrees.  A newcomer is probed within a second, and again within a
+second after that (its first probe may fall in its warming up), as is a guest seen beside the
+others at more than 1.1 times what its probes read; a probe that moves a guest's rate alone by
+more than a quarter has the spans set anew at once rather than followed step by step.
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
@@ -103,6 +106,7 @@ PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' 
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
+REBASE = 0.25  # a probe that moves a guest's rate alone by more than this part sets the spans anew
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
 RANKS = {"low": 0, "normal": 1, "high": 2}
 # how a guest is held back: the first part of each period, its depth, its SMs (apart from the others',
@@ -153,6 +157,7 @@ class _Guest:
     steady: int = 0  # probes in a row that agreed with the one before (within 10%): probed less often
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
     short: float | None = None  # its last probe read well short of what was kept: to be checked
+    sure: bool = False  # its rate alone measured alone a whole window, or read by PROBES_KEPT probes
     target: float = 0.0  # its target part at the last look it shared at (0: not sharing then)
     rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
     given: deque = field(default_factory=deque)  # (t, the part of the SMs its span gave it from t: 0 none)
@@ -204,6 +209,7 @@ class ShareController:
         self.settling: set = set()  # while these guests are all busy
         self.sharing: set = set()  # the guests that shared at the last look
         self.resolving: set = set()  # after a change of targets: corrected once these guests settle
+        self.rebase: set = set()  # guests whose rate alone a probe moved by more than REBASE
         self.quiet_until = -math.inf  # after a change of weight: no probe until then (QUIET_WINDOWS)
         self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
         self.reserved_at = -math.inf  # when lower guests last had spans beside a higher one (_reserve)
@@ -316,7 +322,7 @@ class ShareController:
                 g.alone = r if not g.alone else 0.8 * g.alone + 0.2 * r
                 g.probes.clear()  # (measured alone for a whole window: what probes read before is old)
                 g.probes.append(g.alone)
-                g.short = None
+                g.short, g.sure = None, True
         # a probe, with others beside it: each guest's rate alone, now and then
         # (no probe while a change of targets settles, nor while one of weight is corrected and its
         # parts are first had: a probe then runs one guest alone for a third of a second, just as
@@ -332,7 +338,9 @@ class ShareController:
         ):
             self.quiet_until = now + QUIET_WINDOWS * self.window_s  # (seen before _retarget sees it)
         if len(busy) >= 2 and now >= max(self.settle_until, self.quiet_until):
-            unmeasured = any(not self.guests[k].alone for k in busy)  # a newcomer is measured soon
+            # a newcomer is measured soon, and again: its first probe may fall in its warming up
+            # (two trainers started together on an H100 read 4% and 1% of their rates alone)
+            unmeasured = any(not self.guests[k].alone or not self.guests[k].sure for k in busy)
             # probes cost the shares (a probed guest runs alone): once every busy guest's rate
             # alone has held steady, they come less often, down to one in four times as many
             steady = min(self.guests[k].steady for k in busy)
@@ -425,7 +433,10 @@ class ShareController:
                     g.probes.clear()
                 g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
                 g.probes.append(r)
-                g.alone = max(g.probes)
+                g.sure = g.sure or confirmed or len(g.probes) >= PROBES_KEPT
+                was, g.alone = g.alone, max(g.probes)
+                if was and abs(g.alone - was) > REBASE * was:
+                    self.rebase.add(p.whose)
                 g.probed_at = -math.inf if g.short is not None else now
             else:
                 g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
@@ -460,6 +471,9 @@ class ShareController:
             r = self._rate(g, now)
             if r is not None and g.alone > 0:
                 if r > g.alone:  # no guest goes faster beside others than alone: a stale measure,
+                    # (well past it: a probe read it short, as one in its warming up does; it is
+                    # probed again soon)
+                    g.sure = g.sure and r <= 1.1 * g.alone
                     g.alone = r  # and a read the next probe is weighed with (one short then must
                     g.probes.append(r)  # not bring it below what the guest was seen to do)
                 progress[k] = r / g.alone
@@ -530,6 +544,24 @@ class ShareController:
                 return
         if self._retarget(now, shared, targets, progress):
             return  # (stands while half a window of rates at the new holds is measured)
+        rebased, self.rebase = self.rebase & set(shared), set()
+        if rebased and spans and all(self.guests[k].ceiling >= 1 for k in shared):
+            # a probe moved a guest's rate alone by more than a quarter (an earlier one read it in
+            # its warming up): the parts seen were off by as much, and the feedback's steps take
+            # seconds to follow (on an H100 eight, from 0.8 of the light guest's span to 0.22):
+            # the spans set at once where the curves put the targets, or under smsover and
+            # smsfree each open part moved by its target over its part as a change of targets
+            # moves it, standing half a window
+            if self._solved(shared):
+                self._set_spans(now, shared, targets)
+            else:
+                total = sum(progress[k] for k in shared)
+                for k in shared:
+                    g = self.guests[k]
+                    part = max(progress[k] / total, 1e-9)
+                    g.open = max(LEAST_OPEN, g.open * (targets[k] / part) ** self._retarget_pow())
+                self._stand(now, shared, targets)
+            return
         again, self.resolving = self.resolving == set(shared), set()  # (a change of targets has settled)
         if self._solved(shared):  # each guest's curve from what its span shows
             for k in shared:  # (after a change of targets, from the new spans alone: the nearest)
