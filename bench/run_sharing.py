@@ -23,7 +23,10 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             30/70; limits of 30/70 give two trainers near 35/65): found from the splits measured,
             each guest's speed taken as a power of its limit, in up to two more windows; the
             aggregate against it is the comparison at the same shares (..._same_shares), kept
-            only where a split's parts came within 2 pp of 30/70
+            only where a split's parts came within 2 pp of 30/70; and MPS's total at each shared
+            row's own parts, on the line between the splits measured either side of them
+            (..._equal_parts: the pair's total follows the light guest's part, so a row 2 pp
+            from 30/70 is compared with what MPS gives there; none outside the parts measured)
   shared    the same two through vmgpu at weights 30/70 under the shared policy (side by side,
             held back by vmgpu/share_control.py, run here as vmgpud runs it), with their workers
             clients of one MPS server, and without MPS (the driver's own time slicing); measured
@@ -280,6 +283,7 @@ def shared_pair(
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
+    summary[f"shared_light{key}"] = 100 * rates[0] / sum(rates)  # (the light guest's part, %)
 
 
 def tracer(trace, holds: dict | None = None):
@@ -593,7 +597,8 @@ def mps_same_shares(run: Run, env: dict, rows, native_solo: float, measured: dic
     SAME_SHARES_TOL_PP of `target`; each a row.  MPS's thread limits are not its tenant shares (at
     30/70 two trainers' parts come out near 35/65), so "MPS at the same shares" is the split that
     delivers them.  The (split, light part, the pair's total of one alone natively) nearest the
-    target, or None where none measured sums to 100."""
+    target, or None where none measured sums to 100; the splits it measured are added to
+    `measured`."""
 
     def part(rates):
         return 100 * rates[0] / sum(rates)
@@ -606,12 +611,26 @@ def mps_same_shares(run: Run, env: dict, rows, native_solo: float, measured: dic
         if t is None:
             break
         split = (t, 100 - t)
-        points[split] = [x["img_per_s"] for x in native_mps_pair(run, env, split)]
+        points[split] = measured[split] = [x["img_per_s"] for x in native_mps_pair(run, env, split)]
         pair_row(rows, f"MPS {t}/{100 - t} (native; towards the weights' shares)", points[split], native_solo)
     if not points:
         return None
     split = min(points, key=lambda s: abs(part(points[s]) - target))
     return split, part(points[split]), sum(points[split]) / native_solo
+
+
+def mps_total_at(points: list[tuple[float, float]], light: float) -> float | None:
+    """Native MPS's total at the light guest's part `light` (%), from the (light part, total)
+    pairs of the splits measured: on the line between the nearest below it and the nearest above
+    it (where two trainers' parts go, so goes their total: the light one's part is cheap to give,
+    at 24/76 to 30/70 an H100 pair gained about 0.9% of one alone per point of the light part);
+    None outside the parts measured (no guess past them)."""
+    below = [p for p in points if p[0] <= light]
+    above = [p for p in points if p[0] >= light]
+    if not below or not above:
+        return None
+    (x0, y0), (x1, y1) = max(below), min(above)
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (light - x0) / (x1 - x0)
 
 
 def same_shares_row(rows, summary, found) -> float | None:
@@ -658,6 +677,23 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
                 same = same_shares_row(rows, summary, found)
                 if same is not None:
                     text += f", MPS at the weights' shares ({found[0][0]}/{found[0][1]}, native) {same:.2f}"
+                # and at each shared row's own parts, which come within 2 pp of 30/70 but not to it
+                parts_seen = [
+                    (100 * r[0] / sum(r), sum(r) / native_solo) for sp, r in measured.items() if sum(sp) == 100
+                ]
+                for key in [k.removeprefix("shared_light") for k in list(summary) if k.startswith("shared_light")]:
+                    at = mps_total_at(parts_seen, summary[f"shared_light{key}"])
+                    summary[f"aggregate_shared_vs_mps_equal_parts{key}"] = (
+                        summary[f"shared_total{key}"] / at if at else float("nan")
+                    )
+                    rows.append(
+                        (
+                            f"MPS at the parts of the shared row ({key.lstrip('_') or 'time'}; native, "
+                            "between the splits measured)",
+                            f"light part {summary[f'shared_light{key}']:.1f}: "
+                            + (f"together {at:.3f}" if at else "outside the parts measured: none"),
+                        )
+                    )
         finally:
             mps_stop(env)
     for key in [k.removeprefix("shared_total") for k in list(summary) if k.startswith("shared_total")]:

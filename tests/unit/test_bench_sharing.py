@@ -171,6 +171,38 @@ def test_the_shared_rows_are_compared_with_mps_at_the_split_that_delivers_the_we
     assert f"MPS at the weights' shares ({lo}/{hi}, native) {total:.2f}" in text
 
 
+def test_each_shared_row_is_compared_with_mps_at_its_own_parts_between_the_splits_measured(monkeypatch):
+    """The pair's total follows the light guest's part (on an H100 MPS gave 1.05 at 28.3 and 1.09
+    at 32.9): each shared row is compared with MPS's total at its own light part, on the line
+    between the nearest split measured below it and the nearest above; a row whose part lies
+    outside the splits measured has no such reference (nan, said in its row), not a guess."""
+    seen = []
+    _mps_refs_at_the_weights(monkeypatch)
+    monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, seen))
+    summary = {"shared_total_sms": 1.05, "shared_light_sms": 31.0, "shared_total_smsover": 1.2}
+    summary["shared_light_smsover"] = 45.0
+    rows = []
+    run_sharing.shared_references(None, None, rows, summary, 1000.0, 1000.0, Path("/tmp"), True)
+    pts = sorted((100 * lo**0.66 / (lo**0.66 + hi**0.66), (lo**0.66 + hi**0.66) / 100**0.66) for lo, hi in seen)
+    (x0, y0) = max(p for p in pts if p[0] <= 31.0)
+    (x1, y1) = min(p for p in pts if p[0] >= 31.0)
+    assert x0 < 31.0 < x1  # (30/70 gives 36%, the split found about 30%)
+    at = y0 + (y1 - y0) * (31.0 - x0) / (x1 - x0)
+    assert math.isclose(summary["aggregate_shared_vs_mps_equal_parts_sms"], 1.05 / at)
+    assert math.isnan(summary["aggregate_shared_vs_mps_equal_parts_smsover"])  # (45%: past 30/70's 36%)
+    said = dict(rows)
+    assert (
+        f"light part 31.0: together {at:.3f}"
+        in said["MPS at the parts of the shared row (sms; native, between the splits measured)"]
+    )
+    assert (
+        "outside the parts measured"
+        in said["MPS at the parts of the shared row (smsover; native, between the splits measured)"]
+    )
+    assert math.isclose(run_sharing.mps_total_at([(28.0, 1.0), (33.0, 1.1)], 30.0), 1.04)
+    assert run_sharing.mps_total_at([(28.0, 1.0), (33.0, 1.1)], 27.0) is None
+
+
 def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the_same_shares(monkeypatch):
     """Where MPS's parts do not follow its limits (here they stay at 40/60 whatever the split), the
     bench stops after its two more windows and the comparison at the same shares is nan, its row
