@@ -43,8 +43,12 @@ static CUresult fill(CUdeviceptr d, const void *v, size_t elsz, size_t n)
 	if (n > SIZE_MAX / elsz) return CUDA_ERROR_INVALID_VALUE;
 	uint8_t *p = sim_resolve(d, n * elsz);
 	if (n && !p) return CUDA_ERROR_INVALID_VALUE;
-	for (size_t i = 0; i < n; i++)
-		memcpy(p + i * elsz, v, elsz);
+	/* the first element, then what is filled doubled (a copy per element was 13 ms a MiB in the
+	 * ASan forwarder, whose memcpy is intercepted: a guest's spin there did a tenth of its work) */
+	if (n)
+		memcpy(p, v, elsz);
+	for (size_t done = elsz, total = n * elsz; done < total; done *= 2)
+		memcpy(p + done, p, done < total - done ? done : total - done);
 	return CUDA_SUCCESS;
 }
 /* VMGPU_SIM_EXIT_AT_MEMSET (knobs.c) can end the process here. */

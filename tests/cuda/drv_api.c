@@ -64,6 +64,13 @@ int main(int argc, char **argv)
 	step("cuMemsetD32", cuMemsetD32(d1, 0xA5A5A5A5u, 1024), CUDA_SUCCESS, NULL);
 	cuMemcpyDtoH(back, d1, sizeof back);
 	check("memset pattern", back[0] == (int)0xA5A5A5A5u && back[1023] == (int)0xA5A5A5A5u);
+	/* an odd count of 16-bit elements: every one set, and not one past them */
+	step("cuMemsetD16", cuMemsetD16(d1, 0x1234, 1001), CUDA_SUCCESS, NULL);
+	cuMemcpyDtoH(back, d1, sizeof back);
+	int d16 = 1;
+	for (int i = 0; i < 1001; i++)
+		d16 &= ((unsigned short *)back)[i] == 0x1234;
+	check("memset D16 odd count", d16 && ((unsigned short *)back)[1001] == 0xA5A5);
 
 	/* large copies (staged) */
 	unsigned char *h1 = malloc(big), *h2 = malloc(big);
