@@ -210,6 +210,7 @@ class ShareController:
         self.sharing: set = set()  # the guests that shared at the last look
         self.resolving: set = set()  # after a change of targets: corrected once these guests settle
         self.rebase: set = set()  # guests whose rate alone a probe moved by more than REBASE
+        self.rebase_after: set = set()  # (smsover, smsfree) a rebase to make once fresh rates are in
         self.quiet_until = -math.inf  # after a change of weight: no probe until then (QUIET_WINDOWS)
         self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
         self.reserved_at = -math.inf  # when lower guests last had spans beside a higher one (_reserve)
@@ -346,7 +347,10 @@ class ShareController:
             steady = min(self.guests[k].steady for k in busy)
             every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s * 2 ** min(steady, STEADY_MAX)
             if now - self.probe_ended >= every:
-                whose = min(busy, key=lambda k: self.guests[k].probed_at)
+                # (a guest not yet sure of first: its confirming probe before the others' next)
+                whose = min(
+                    busy, key=lambda k: (bool(self.guests[k].alone and self.guests[k].sure), self.guests[k].probed_at)
+                )
                 self.probe = _Probe(whose, now, before=self._rate(self.guests[whose], now) or 0.0)
                 return self._probe_holds(keys)
         self._control(now, keys, busy)
@@ -440,6 +444,10 @@ class ShareController:
                 g.probed_at = -math.inf if g.short is not None else now
             else:
                 g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
+                # (refused: it went faster beside the others than this probe read, and its kept
+                # rate alone is at least what it was seen to do there: no sign of a warm-up read,
+                # so no probe within a second, or one refused every time would come every second)
+                g.sure = g.sure or bool(g.alone)
             self.probe, self.probe_ended = None, now
             return None
         return self._probe_holds(keys)
@@ -465,6 +473,7 @@ class ShareController:
             self.settle_until, self.resolving = -math.inf, set()  # one of them stopped: control as ever,
             for g in self.guests.values():  # on rates over whole windows (the others have had
                 g.rate_from = -math.inf  # less than half a window since: they would share no more)
+        rebased, self.rebase = set(self.rebase), set()  # (taken at every look: none left for later)
         progress = {}
         for k in busy:
             g = self.guests[k]
@@ -544,24 +553,31 @@ class ShareController:
                 return
         if self._retarget(now, shared, targets, progress):
             return  # (stands while half a window of rates at the new holds is measured)
-        rebased, self.rebase = self.rebase & set(shared), set()
+        rebased &= set(shared)
         if rebased and spans and all(self.guests[k].ceiling >= 1 for k in shared):
             # a probe moved a guest's rate alone by more than a quarter (an earlier one read it in
             # its warming up): the parts seen were off by as much, and the feedback's steps take
             # seconds to follow (on an H100 eight, from 0.8 of the light guest's span to 0.22):
-            # the spans set at once where the curves put the targets, or under smsover and
-            # smsfree each open part moved by its target over its part as a change of targets
-            # moves it, standing half a window
+            # the spans set at once where the curves put the targets; under smsover and smsfree,
+            # whose spans have no curves, the window's rates may be from before what the probe
+            # found changed (a warm-up's end): stand, and after half a window of rates from now
+            # move each open part by its target over its part, as a change of targets moves it
             if self._solved(shared):
                 self._set_spans(now, shared, targets)
             else:
-                total = sum(progress[k] for k in shared)
-                for k in shared:
-                    g = self.guests[k]
-                    part = max(progress[k] / total, 1e-9)
-                    g.open = max(LEAST_OPEN, g.open * (targets[k] / part) ** self._retarget_pow())
                 self._stand(now, shared, targets)
+                self.rebase_after = set(shared)
             return
+        if self.rebase_after and self.rebase_after == set(shared):
+            total = sum(progress[k] for k in shared)
+            for k in shared:
+                g = self.guests[k]
+                part = max(progress[k] / total, 1e-9)
+                g.open = max(LEAST_OPEN, g.open * (targets[k] / part) ** self._retarget_pow())
+            self.rebase_after = set()
+            self._stand(now, shared, targets)
+            return
+        self.rebase_after = set()
         again, self.resolving = self.resolving == set(shared), set()  # (a change of targets has settled)
         if self._solved(shared):  # each guest's curve from what its span shows
             for k in shared:  # (after a change of targets, from the new spans alone: the nearest)
