@@ -625,11 +625,15 @@ def mps_total_at(points: list[tuple[float, float]], light: float) -> float | Non
     it (where two trainers' parts go, so goes their total: the light one's part is cheap to give,
     at 24/76 to 30/70 an H100 pair gained about 0.9% of one alone per point of the light part);
     None outside the parts measured (no guess past them)."""
-    below = [p for p in points if p[0] <= light]
-    above = [p for p in points if p[0] >= light]
+    at: dict[float, list[float]] = {}
+    for x, y in points:  # (splits whose parts came out the same: their mean)
+        at.setdefault(x, []).append(y)
+    below = [x for x in at if x <= light]
+    above = [x for x in at if x >= light]
     if not below or not above:
         return None
-    (x0, y0), (x1, y1) = max(below), min(above)
+    x0, x1 = max(below), min(above)
+    y0, y1 = sum(at[x0]) / len(at[x0]), sum(at[x1]) / len(at[x1])
     return y0 if x1 == x0 else y0 + (y1 - y0) * (light - x0) / (x1 - x0)
 
 
@@ -684,14 +688,14 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
                 for key in [k.removeprefix("shared_light") for k in list(summary) if k.startswith("shared_light")]:
                     at = mps_total_at(parts_seen, summary[f"shared_light{key}"])
                     summary[f"aggregate_shared_vs_mps_equal_parts{key}"] = (
-                        summary[f"shared_total{key}"] / at if at else float("nan")
+                        summary[f"shared_total{key}"] / at if at is not None else float("nan")
                     )
                     rows.append(
                         (
                             f"MPS at the parts of the shared row ({key.lstrip('_') or 'time'}; native, "
                             "between the splits measured)",
                             f"light part {summary[f'shared_light{key}']:.1f}: "
-                            + (f"together {at:.3f}" if at else "outside the parts measured: none"),
+                            + (f"together {at:.3f}" if at is not None else "outside the parts measured: none"),
                         )
                     )
         finally:

@@ -201,6 +201,8 @@ def test_each_shared_row_is_compared_with_mps_at_its_own_parts_between_the_split
     )
     assert math.isclose(run_sharing.mps_total_at([(28.0, 1.0), (33.0, 1.1)], 30.0), 1.04)
     assert run_sharing.mps_total_at([(28.0, 1.0), (33.0, 1.1)], 27.0) is None
+    # (two splits whose parts came out the same count as their mean, whichever side is looked at)
+    assert math.isclose(run_sharing.mps_total_at([(28.0, 1.0), (28.0, 1.2), (33.0, 1.1)], 30.0), 1.1)
 
 
 def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the_same_shares(monkeypatch):
