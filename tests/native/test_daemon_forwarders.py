@@ -173,16 +173,9 @@ def test_a_vms_forwarder_that_dies_is_restarted_with_its_regions_geometry_and_ne
 def test_restarts_back_off_instead_of_storming_and_stop_when_the_guest_is_stopped(tmp_path, shm_path):
     import threading
 
-    from vmgpu import gpu
-    from vmgpu.ledger import Ledger
-    from vmgpu.spec import parse
     from vmgpu.supervisor import Supervisor, restart_policy
 
-    inv = tmp_path / "inventory.toml"
-    inv.write_text(INVENTORY)
-    ledger = Ledger(tmp_path / "ledger.db")
-    ledger.sync_gpus(gpu.inventory(inv))
-    ledger.admit("vm-b", "vm", parse("gpu=0,mem=1G"))
+    ledger = _ledger_with(tmp_path, "vm-b")
     lock = threading.Lock()
     sup = Supervisor(ledger, lock, tmp_path, policy=restart_policy(first_s=0.2, max_s=0.8, settle_s=1.0))
     _vm_region(shm_path, "vm-b")
@@ -212,13 +205,7 @@ def test_restarts_back_off_instead_of_storming_and_stop_when_the_guest_is_stoppe
         assert ledger.forwarder("vm-b") is None
         assert not [p for p in started if is_forwarder(p, shm_path)]
     finally:
-        sup.close()
-        for p in started:
-            if is_forwarder(p, shm_path):
-                os.kill(p, signal.SIGKILL)
-        for fwd in list(sup.children.values()):
-            fwd.stop()
-        ledger.close()
+        _end_supervisors([sup], started, shm_path, ledger)
 
 
 def test_stopping_a_killed_forwarder_removes_what_it_left_in_dev_shm(tmp_path, shm_path):
@@ -230,16 +217,9 @@ def test_stopping_a_killed_forwarder_removes_what_it_left_in_dev_shm(tmp_path, s
     import threading
     from pathlib import Path
 
-    from vmgpu import gpu
-    from vmgpu.ledger import Ledger
-    from vmgpu.spec import parse
     from vmgpu.supervisor import Supervisor
 
-    inv = tmp_path / "inventory.toml"
-    inv.write_text(INVENTORY)
-    ledger = Ledger(tmp_path / "ledger.db")
-    ledger.sync_gpus(gpu.inventory(inv))
-    ledger.admit("vm-c", "vm", parse("gpu=0,mem=1G"))
+    ledger = _ledger_with(tmp_path, "vm-c")
     lock = threading.Lock()
     sup = Supervisor(ledger, lock, tmp_path)
     later = None
@@ -298,15 +278,36 @@ def test_stopping_a_killed_forwarder_removes_what_it_left_in_dev_shm(tmp_path, s
         # (the new forwarder removes it, once free)
         assert wait_for(lambda: not cache.exists(), timeout=10)
     finally:
-        for s_ in (sup, later):
-            if s_ is not None:
-                s_.close()
-        for p in pids:
-            if is_forwarder(p, shm_path):
-                os.kill(p, signal.SIGKILL)
-        for fwd in list(sup.children.values()):
+        _end_supervisors([sup, later], pids, shm_path, ledger)
+
+
+def _ledger_with(tmp_path, guest: str):
+    """A ledger under tmp_path of the test inventory's GPUs, guest admitted as a VM with 1 GiB."""
+    from vmgpu import gpu
+    from vmgpu.ledger import Ledger
+    from vmgpu.spec import parse
+
+    inv = tmp_path / "inventory.toml"
+    inv.write_text(INVENTORY)
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.sync_gpus(gpu.inventory(inv))
+    ledger.admit(guest, "vm", parse("gpu=0,mem=1G"))
+    return ledger
+
+
+def _end_supervisors(sups: list, pids: list[int], region, ledger) -> None:
+    """A test's end: its Supervisors closed (None: not made), every forwarder it started on region
+    killed, their children stopped, the ledger closed."""
+    for sup in sups:
+        if sup is not None:
+            sup.close()
+    for p in pids:
+        if is_forwarder(p, region):
+            os.kill(p, signal.SIGKILL)
+    for sup in sups:
+        for fwd in list(sup.children.values()) if sup is not None else ():
             fwd.stop()
-        ledger.close()
+    ledger.close()
 
 
 def _cmdline(pid: int) -> list[str]:

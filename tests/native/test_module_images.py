@@ -26,6 +26,23 @@ def _caches(pid: int) -> list[Path]:
     return [p for p in SHM.glob(f"vmgpu-images-{pid}*") if p.name.split("-")[2].split(".")[0] == str(pid)]
 
 
+def _lock_holder(cache: Path) -> subprocess.Popen:
+    """A worker still ending: a process holding cache's lock, as workers hold it (shared), until
+    its stdin is closed; it prints "held" once it holds it."""
+    return subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY); "
+            "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()",
+            str(cache),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _dir_bytes(d: Path) -> int:
     total = 0
     try:
@@ -200,18 +217,7 @@ def test_a_cache_held_by_workers_still_ending_is_removed_once_they_have_ended(sh
     held.mkdir(mode=0o700)
     (held / "image").write_bytes(b"x" * 4096)
     # a worker still ending: a process holding the cache's lock, as workers hold it (shared)
-    holder = subprocess.Popen(
-        [
-            "python3",
-            "-c",
-            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY); "
-            "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()",
-            str(held),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = _lock_holder(held)
     try:
         assert holder.stdout.readline().strip() == "held"
         with forwarder(shm_path) as fwd:
@@ -326,18 +332,7 @@ def test_sweep_mode_removes_what_forwarders_that_are_gone_left_and_nothing_else(
             link.symlink_to(victim)
             plain.write_text("not a directory")
             # a worker still ending: a process holding the cache's lock, as workers hold it (shared)
-            holder = subprocess.Popen(
-                [
-                    "python3",
-                    "-c",
-                    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY); "
-                    "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()",
-                    str(held),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
+            holder = _lock_holder(held)
             assert holder.stdout.readline().strip() == "held"
             sweeper = subprocess.Popen(
                 [exe, "--sweep", "--guest", "vm-9"], stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
