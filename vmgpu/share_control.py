@@ -16,7 +16,8 @@ to do beside the others if that is more; a read well short of it is believed onc
 next probe (the next of all) agrees.  A newcomer is probed within a second, and again within a
 second after that (its first probe may fall in its warming up), as is a guest seen beside the
 others at more than 1.1 times what its probes read; a probe that moves a guest's rate alone by
-more than a quarter has the spans set anew at once rather than followed step by step.
+more than a quarter has the spans set anew rather than followed step by step (at once from the
+curves under sms; after half a window of fresh rates under smsover and smsfree).
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee

@@ -279,9 +279,7 @@ static int sweep(int parent)
 			continue;
 		/* (a forwarder killed but not yet reaped by its parent, vmgpud, is gone too: its lock,
 		 * looked at next, is free once its workers have ended) */
-		char state = 0;
-		if ((kill((pid_t)pid, 0) == 0 || errno != ESRCH) &&
-		    (vh_proc_stat((uint32_t)pid, &state, NULL) != 0 || state != 'Z'))
+		if (!vh_proc_gone((uint32_t)pid))
 			continue;
 		int dfd = openat(parent, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (dfd < 0)

@@ -403,9 +403,7 @@ static void sweep_earlier_workers(int fd, const char *path)
 static int sweep_only(const struct options *o)
 {
 	uint64_t until = vh_real_clock.now_ns() + VH_SWEEP_PENDING_S * 1000000000ull;
-	char state = 0;
-	while (o->sweep_after && (kill((pid_t)o->sweep_after, 0) == 0 || errno != ESRCH) &&
-	       (vh_proc_stat((uint32_t)o->sweep_after, &state, NULL) != 0 || state != 'Z')) {
+	while (o->sweep_after && !vh_proc_gone((uint32_t)o->sweep_after)) {
 		if (vh_real_clock.now_ns() >= until) {
 			vh_log("process %ld is still there after %d s: what it left is not swept", o->sweep_after,
 			       VH_SWEEP_PENDING_S);

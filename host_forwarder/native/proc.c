@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A host process as /proc shows it: see proc.h. */
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,12 @@ int vh_proc_stat(uint32_t pid, char *state, int *ppid)
 	if (ppid)
 		*ppid = atoi(f + 3);
 	return 0;
+}
+
+int vh_proc_gone(uint32_t pid)
+{
+	char state = 0;
+	return (kill((pid_t)pid, 0) != 0 && errno == ESRCH) || (vh_proc_stat(pid, &state, NULL) == 0 && state == 'Z');
 }
 
 int vh_proc_started(uint32_t pid, uint64_t *ticks)
