@@ -561,6 +561,9 @@ def native_mps_pair(run: Run, env: dict, split: tuple[int, int] = (30, 70)) -> l
 SAME_SHARES_TOL_PP = 1.0  # a native MPS split whose light part is this close to the weights' is looked no further
 SAME_SHARES_RUNS = 2  # at most this many more native MPS windows to find it
 SHARES_TOL_PP = 2.0  # the tenant shares' tolerance (issue 20): a split further off is no reference at the same shares
+BRACKET_RUNS = 2  # at most this many more native MPS windows so that each shared row's part has a split either side
+BRACKET_REACH_PP = 5.0  # ... for a row whose light part is this close to the weights' (none further: no 30/70 row)
+BRACKET_PAST_PP = 1.5  # ... aimed this far past the row's part, so that noise leaves it on the far side
 
 
 def _logit(part_pct: float) -> float:
@@ -617,6 +620,37 @@ def mps_same_shares(run: Run, env: dict, rows, native_solo: float, measured: dic
         return None
     split = min(points, key=lambda s: abs(part(points[s]) - target))
     return split, part(points[split]), sum(points[split]) / native_solo
+
+
+def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, lights: list[float]) -> None:
+    """Up to BRACKET_RUNS more native MPS windows, each a row and added to `measured`, so that
+    every light part in `lights` within BRACKET_REACH_PP of 30 has a split measured whose light
+    part is at or below it and one at or above it (mps_total_at gives none otherwise): a row
+    that came out a point under the lowest split's part is compared at its own part, not left
+    nan.  Each split is next_mps_light's for BRACKET_PAST_PP past the part on the side missing."""
+
+    def parts():
+        return [(s[0], 100 * r[0] / sum(r)) for s, r in measured.items() if s[0] + s[1] == 100]
+
+    for _ in range(BRACKET_RUNS):
+        seen = [p for _, p in parts()]
+        missing = [
+            x for x in lights if abs(x - 30.0) <= BRACKET_REACH_PP and seen and not (min(seen) <= x <= max(seen))
+        ]
+        if not missing:
+            return
+        x = missing[0]
+        t = next_mps_light(parts(), x - BRACKET_PAST_PP if x < min(seen) else x + BRACKET_PAST_PP)
+        if t is None:
+            return
+        split = (t, 100 - t)
+        measured[split] = [r["img_per_s"] for r in native_mps_pair(run, env, split)]
+        pair_row(
+            rows,
+            f"MPS {t}/{100 - t} (native; a split either side of the shared rows' parts)",
+            measured[split],
+            native_solo,
+        )
 
 
 def mps_total_at(points: list[tuple[float, float]], light: float) -> float | None:
@@ -682,6 +716,8 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
                 if same is not None:
                     text += f", MPS at the weights' shares ({found[0][0]}/{found[0][1]}, native) {same:.2f}"
                 # and at each shared row's own parts, which come within 2 pp of 30/70 but not to it
+                lights = [v for k, v in summary.items() if k.startswith("shared_light")]
+                mps_bracket(run, env, rows, native_solo, measured, lights)
                 parts_seen = [
                     (100 * r[0] / sum(r), sum(r) / native_solo) for sp, r in measured.items() if sum(sp) == 100
                 ]

@@ -205,6 +205,38 @@ def test_each_shared_row_is_compared_with_mps_at_its_own_parts_between_the_split
     assert math.isclose(run_sharing.mps_total_at([(28.0, 1.0), (28.0, 1.2), (33.0, 1.1)], 30.0), 1.1)
 
 
+def test_a_shared_row_just_below_the_lowest_split_gets_one_more_split_below_it(monkeypatch):
+    """The split found for the weights' shares comes within 1 pp of 30 from either side; a shared
+    row that came out under it (and under 30/70's) would have no MPS reference at its own parts.
+    The bench measures one more split, aimed 1.5 pp under the row's part, and compares the row on
+    the line between it and the split above; a row far from the weights (45%) is not chased."""
+    seen = []
+    _mps_refs_at_the_weights(monkeypatch)
+    monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, seen))
+
+    def part(lo, hi):
+        return 100 * lo**0.66 / (lo**0.66 + hi**0.66)
+
+    probe = []  # (where mps_same_shares stops on this model, with nothing to bracket)
+    monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, probe))
+    run_sharing.shared_references(None, None, [], {"shared_total_sms": 1.0}, 1000.0, 1000.0, Path("/tmp"), True)
+    light = min(part(*s) for s in probe) - 0.7
+    monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, seen))
+    summary = {"shared_total_sms": 1.05, "shared_light_sms": light, "shared_total_smsover": 1.2}
+    summary["shared_light_smsover"] = 45.0
+    rows = []
+    run_sharing.shared_references(None, None, rows, summary, 1000.0, 1000.0, Path("/tmp"), True)
+    assert seen[: len(probe)] == probe and len(seen) == len(probe) + 1
+    assert part(*seen[-1]) < light  # (the one more split, below the row)
+    pts = sorted((part(lo, hi), (lo**0.66 + hi**0.66) / 100**0.66) for lo, hi in seen)
+    (x0, y0) = max(p for p in pts if p[0] <= light)
+    (x1, y1) = min(p for p in pts if p[0] >= light)
+    at = y0 + (y1 - y0) * (light - x0) / (x1 - x0)
+    assert math.isclose(summary["aggregate_shared_vs_mps_equal_parts_sms"], 1.05 / at)
+    assert math.isnan(summary["aggregate_shared_vs_mps_equal_parts_smsover"])
+    assert any("a split either side of the shared rows' parts" in r[0] for r in rows)
+
+
 def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the_same_shares(monkeypatch):
     """Where MPS's parts do not follow its limits (here they stay at 40/60 whatever the split), the
     bench stops after its two more windows and the comparison at the same shares is nan, its row
