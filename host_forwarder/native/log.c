@@ -57,9 +57,13 @@ static void timestamp(char out[32])
 	*p = 0;
 }
 
+/* A line holds a region's whole path (PATH_MAX: 4,096 bytes) and what is said about it: vmgpud
+ * knows a forwarder serves by its start line, which names the region. */
+enum { LOG_MSG_MAX = 6144, LOG_LINE_MAX = LOG_MSG_MAX + 512 };
+
 void vh_log_in_handler(const char *const *pieces)
 {
-	char line[1280], when[32];
+	char line[LOG_LINE_MAX], when[32];
 	timestamp(when);
 	/* the simulated backend says so on every line */
 	const char *head[] = {when, " vmgpu-forwarder[", F.guest, "]", BK.simulated ? " SIMULATED (no GPU):" : "", " "};
@@ -78,7 +82,7 @@ void vh_log_in_handler(const char *const *pieces)
 /* Every line, a handler's or not, is written by vh_log_in_handler: one write(2) each. */
 static void log_line(const char *prefix, const char *fmt, va_list ap)
 {
-	char msg[1024];
+	char msg[LOG_MSG_MAX];
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	const char *pieces[] = {prefix, msg, NULL};
 	vh_log_in_handler(pieces);

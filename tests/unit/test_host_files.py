@@ -490,3 +490,21 @@ def test_a_forwarder_counts_as_started_only_at_its_own_start_line():
         "",
     ):
         assert not f._started(text), text
+
+
+def test_a_forwarder_on_a_region_whose_path_is_near_the_longest_linux_takes_starts(tmp_path):
+    # the start line carries the region's whole path (up to PATH_MAX, 4,096 bytes); a line cut at
+    # a kilobyte would leave Forwarder.start waiting for a line it never sees, then failing
+    from vmgpu.forwarder import Forwarder
+
+    deep = tmp_path
+    while len(str(deep)) < 3600:
+        deep = deep / ("d" * 200)
+    deep.mkdir(parents=True, mode=0o700)
+    region = deep / "vmgpu-long"
+    fwd = Forwarder(region, backend="sim", size="128M", log_path=tmp_path / "g.log")
+    try:
+        fwd.start()
+        assert fwd.proc.poll() is None and f"serving {region} (" in fwd.log()
+    finally:
+        fwd.stop()
