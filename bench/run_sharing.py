@@ -564,6 +564,7 @@ SHARES_TOL_PP = 2.0  # the tenant shares' tolerance (issue 20): a split further 
 BRACKET_RUNS = 2  # at most this many more native MPS windows so that each shared row's part has a split either side
 BRACKET_REACH_PP = 5.0  # ... for a row whose light part is this close to the weights' (none further: no 30/70 row)
 BRACKET_PAST_PP = 1.5  # ... aimed this far past the row's part, so that noise leaves it on the far side
+BRACKET_STEP = 2  # ... or, where the splits' parts give no rising line, this many threads (%) past the last
 
 
 def _logit(part_pct: float) -> float:
@@ -627,7 +628,8 @@ def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, l
     every light part in `lights` within BRACKET_REACH_PP of 30 has a split measured whose light
     part is at or below it and one at or above it (mps_total_at gives none otherwise): a row
     that came out a point under the lowest split's part is compared at its own part, not left
-    nan.  Each split is next_mps_light's for BRACKET_PAST_PP past the part on the side missing."""
+    nan.  Each split is next_mps_light's for BRACKET_PAST_PP past the part on the side missing, or
+    BRACKET_STEP threads past the last split that way where the parts measured give no rising line."""
 
     def parts():
         return [(s[0], 100 * r[0] / sum(r)) for s, r in measured.items() if s[0] + s[1] == 100]
@@ -640,9 +642,15 @@ def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, l
         if not missing:
             return
         x = missing[0]
-        t = next_mps_light(parts(), x - BRACKET_PAST_PP if x < min(seen) else x + BRACKET_PAST_PP)
-        if t is None:
-            return
+        below = x < min(seen)
+        t = next_mps_light(parts(), x - BRACKET_PAST_PP if below else x + BRACKET_PAST_PP)
+        done = {s for s, _ in parts()}
+        if t is None or t in done or (t > min(done) if below else t < max(done)):
+            # (the model's line does not rise where MPS's parts came out out of order, as 23/77
+            # and 24/76 did on an H100, 28.6 and 28.4: a step past the last split that way)
+            t = min(done) - BRACKET_STEP if below else max(done) + BRACKET_STEP
+            if not 1 <= t <= 99 or t in done:
+                return
         split = (t, 100 - t)
         measured[split] = [r["img_per_s"] for r in native_mps_pair(run, env, split)]
         pair_row(

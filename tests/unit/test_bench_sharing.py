@@ -237,6 +237,32 @@ def test_a_shared_row_just_below_the_lowest_split_gets_one_more_split_below_it(m
     assert any("a split either side of the shared rows' parts" in r[0] for r in rows)
 
 
+def test_where_mps_parts_came_out_out_of_order_the_split_below_a_row_is_a_step_past_the_last(monkeypatch):
+    """As on an H100: 23/77 gave the light trainer 28.6% and 24/76 28.4% (fewer threads, more
+    part: no rising line through them), and the sms row came out at 27.1%.  One more split, two
+    threads under the fewest measured, brings a part below the row; the row is then compared at
+    its own part."""
+    seen = []
+
+    def rates(light_part):
+        return [10 * light_part, 10 * (100 - light_part)]
+
+    monkeypatch.setattr(
+        run_sharing,
+        "native_mps_pair",
+        lambda run, env, split: seen.append(split) or [{"img_per_s": r} for r in rates({21: 26.0}[split[0]])],
+    )
+
+    measured = {(30, 70): rates(35.3), (23, 77): rates(28.6), (24, 76): rates(28.4)}
+    assert run_sharing.next_mps_light([(30, 35.3), (23, 28.6), (24, 28.4)], 27.1 - 1.5) is None
+    rows = []
+    run_sharing.mps_bracket(None, {}, rows, 1000.0, measured, [27.1, 45.0])
+    assert seen == [(21, 79)], seen
+    parts = [(100 * r[0] / sum(r), sum(r) / 1000.0) for r in measured.values()]
+    assert min(p for p, _ in parts) < 27.1 and run_sharing.mps_total_at(parts, 27.1) is not None
+    assert len(rows) == 1 and "a split either side" in rows[0][0]
+
+
 def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the_same_shares(monkeypatch):
     """Where MPS's parts do not follow its limits (here they stay at 40/60 whatever the split), the
     bench stops after its two more windows and the comparison at the same shares is nan, its row
