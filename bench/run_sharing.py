@@ -562,7 +562,7 @@ SAME_SHARES_TOL_PP = 1.0  # a native MPS split whose light part is this close to
 SAME_SHARES_RUNS = 2  # at most this many more native MPS windows to find it
 SHARES_TOL_PP = 2.0  # the tenant shares' tolerance (issue 20): a split further off is no reference at the same shares
 BRACKET_RUNS = 2  # at most this many more native MPS windows so that each shared row's part has a split either side
-BRACKET_REACH_PP = 5.0  # ... for a row whose light part is this close to the weights' (none further: no 30/70 row)
+BRACKET_REACH_PP = 5.0  # ... for a row this close to the weights' part (one further off missed 30/70: not chased)
 BRACKET_PAST_PP = 1.5  # ... aimed this far past the row's part, so that noise leaves it on the far side
 BRACKET_STEP = 2  # ... or, where the splits' parts give no rising line, this many threads (%) past the last
 
@@ -629,33 +629,45 @@ def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, l
     part is at or below it and one at or above it (mps_total_at gives none otherwise): a row
     that came out a point under the lowest split's part is compared at its own part, not left
     nan.  Each split is next_mps_light's for BRACKET_PAST_PP past the part on the side missing, or
-    BRACKET_STEP threads past the last split that way where the parts measured give no rising line."""
+    BRACKET_STEP threads past the last split that way where the parts measured give no rising line;
+    the row furthest out first.  (A split so measured that comes out nearer the weights' part than
+    mps_same_shares' is not taken for it: that one was chosen before.)"""
 
     def parts():
         return [(s[0], 100 * r[0] / sum(r)) for s, r in measured.items() if s[0] + s[1] == 100]
 
-    for _ in range(BRACKET_RUNS):
+    runs, sides = 0, {True, False}  # (below the splits' parts, above them: a side given up is left)
+    while runs < BRACKET_RUNS:
         seen = [p for _, p in parts()]
         missing = [
-            x for x in lights if abs(x - 30.0) <= BRACKET_REACH_PP and seen and not (min(seen) <= x <= max(seen))
+            x
+            for x in lights
+            if abs(x - 30.0) <= BRACKET_REACH_PP
+            and seen
+            and not (min(seen) <= x <= max(seen))
+            and (x < min(seen)) in sides
         ]
         if not missing:
             return
-        x = missing[0]
-        below = x < min(seen)
+        # the row furthest out on a side, so that one split serves every row on it
+        lo = [x for x in missing if x < min(seen)]
+        below = bool(lo)
+        x = min(lo) if below else max(missing)
         t = next_mps_light(parts(), x - BRACKET_PAST_PP if below else x + BRACKET_PAST_PP)
         done = {s for s, _ in parts()}
         if t is None or t in done or (t > min(done) if below else t < max(done)):
             # (the model's line does not rise where MPS's parts came out out of order, as 23/77
             # and 24/76 did on an H100, 28.6 and 28.4: a step past the last split that way)
             t = min(done) - BRACKET_STEP if below else max(done) + BRACKET_STEP
-            if not 1 <= t <= 99 or t in done:
-                return
+            if not 1 <= t <= 99:
+                sides.discard(below)
+                continue
+        runs += 1
         split = (t, 100 - t)
         measured[split] = [r["img_per_s"] for r in native_mps_pair(run, env, split)]
         pair_row(
             rows,
-            f"MPS {t}/{100 - t} (native; a split either side of the shared rows' parts)",
+            f"MPS {t}/{100 - t} (native; so that each shared row's part has a split either side)",
             measured[split],
             native_solo,
         )
@@ -723,7 +735,7 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
                 same = same_shares_row(rows, summary, found)
                 if same is not None:
                     text += f", MPS at the weights' shares ({found[0][0]}/{found[0][1]}, native) {same:.2f}"
-                # and at each shared row's own parts, which come within 2 pp of 30/70 but not to it
+                # and at each shared row's own parts, which come near 30/70 but not to it (mps_bracket)
                 lights = [v for k, v in summary.items() if k.startswith("shared_light")]
                 mps_bracket(run, env, rows, native_solo, measured, lights)
                 parts_seen = [

@@ -212,7 +212,6 @@ def test_a_shared_row_just_below_the_lowest_split_gets_one_more_split_below_it(m
     the line between it and the split above; a row far from the weights (45%) is not chased."""
     seen = []
     _mps_refs_at_the_weights(monkeypatch)
-    monkeypatch.setattr(run_sharing, "native_mps_pair", _mps_by_power(0.66, seen))
 
     def part(lo, hi):
         return 100 * lo**0.66 / (lo**0.66 + hi**0.66)
@@ -234,10 +233,10 @@ def test_a_shared_row_just_below_the_lowest_split_gets_one_more_split_below_it(m
     at = y0 + (y1 - y0) * (light - x0) / (x1 - x0)
     assert math.isclose(summary["aggregate_shared_vs_mps_equal_parts_sms"], 1.05 / at)
     assert math.isnan(summary["aggregate_shared_vs_mps_equal_parts_smsover"])
-    assert any("a split either side of the shared rows' parts" in r[0] for r in rows)
+    assert any("so that each shared row's part has a split either side" in r[0] for r in rows)
 
 
-def test_where_mps_parts_came_out_out_of_order_the_split_below_a_row_is_a_step_past_the_last(monkeypatch):
+def test_where_mps_parts_came_out_out_of_order_the_split_past_a_row_is_a_step_past_the_last_one(monkeypatch):
     """As on an H100: 23/77 gave the light trainer 28.6% and 24/76 28.4% (fewer threads, more
     part: no rising line through them), and the sms row came out at 27.1%.  One more split, two
     threads under the fewest measured, brings a part below the row; the row is then compared at
@@ -261,6 +260,32 @@ def test_where_mps_parts_came_out_out_of_order_the_split_below_a_row_is_a_step_p
     parts = [(100 * r[0] / sum(r), sum(r) / 1000.0) for r in measured.values()]
     assert min(p for p, _ in parts) < 27.1 and run_sharing.mps_total_at(parts, 27.1) is not None
     assert len(rows) == 1 and "a split either side" in rows[0][0]
+
+    # and on the other side: parts out of order above the splits (24/76 30.5, 25/75 30.3), a row
+    # at 31.5: a step two threads past the most; with rows both sides, one split a side, each
+    # past the row furthest out there; a side whose step would leave 1..99 is given up, not the
+    # other's
+    def pair(run, env, split):
+        seen.append(split)
+        return [{"img_per_s": r} for r in rates(30.4 + (split[0] - 24.5) * 1.2)]
+
+    monkeypatch.setattr(run_sharing, "native_mps_pair", pair)
+    seen.clear()
+    run_sharing.mps_bracket(None, {}, [], 1000.0, {(24, 76): rates(30.5), (25, 75): rates(30.3)}, [31.5])
+    assert seen == [(27, 73)], seen  # (33.4)
+    seen.clear()
+    measured = {(24, 76): rates(30.5), (25, 75): rates(30.3)}
+    run_sharing.mps_bracket(None, {}, [], 1000.0, measured, [29.0, 31.5, 32.0])
+    assert seen == [(22, 78), (27, 73)], seen  # (27.4 under 29.0, then 33.4 over both)
+    assert all(run_sharing.mps_total_at([(100 * r[0] / sum(r), 1.0) for r in measured.values()], x) for x in (29, 32))
+    seen.clear()
+    monkeypatch.setattr(
+        run_sharing,
+        "native_mps_pair",
+        lambda run, env, split: seen.append(split) or [{"img_per_s": r} for r in rates(33.0)],
+    )
+    run_sharing.mps_bracket(None, {}, [], 1000.0, {(2, 98): rates(30.5), (3, 97): rates(30.3)}, [28.0, 31.5])
+    assert seen == [(5, 95)], seen  # (none at 0 threads for 28.0; 31.5 still served)
 
 
 def test_without_a_split_within_2_pp_of_the_weights_there_is_no_reference_at_the_same_shares(monkeypatch):
