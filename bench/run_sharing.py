@@ -289,7 +289,8 @@ def shared_pair(
 def tracer(trace, holds: dict | None = None):
     """An after(members, controller) for `controlled`: each member's hold appended to holds[guest]
     at every look (where given), and what the controller saw every 0.5 s, and at each look in a
-    probe, written to `trace` (where given)."""
+    probe, written to `trace` (where given): with each guest's kept probe reads, so that a rate
+    alone can be traced to the probes it came from."""
     looks = [0]
 
     def seen(members, ctl):
@@ -298,11 +299,17 @@ def tracer(trace, holds: dict | None = None):
         looks[0] += 1
         if trace is not None and (looks[0] % 5 == 0 or ctl.probe):
             state = {k[1]: (round(c.alone), round(c.open, 2), round(c.curve, 2)) for k, c in ctl.guests.items()}
+            # (each guest's rate alone as its kept probes read it, and a short read awaiting its check)
+            reads = {
+                k[1]: [round(r) for r in c.probes] + ([f"short {round(c.short)}"] if c.short else [])
+                for k, c in ctl.guests.items()
+            }
             trace.write(
                 f"{time.monotonic():.1f} holds {[m.hold for m in members]} depths {[m.depth for m in members]} "
                 f"spans {[(m.sm_part >> 16, m.sm_part & 0xFFFF) for m in members]} calls "
                 f"{[m.work_calls for m in members]} alone,open,curve {state} parts "
-                f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose}\n"
+                f"{ {k: round(v, 3) for k, v in ctl.last.items()} } probe {ctl.probe and ctl.probe.whose} "
+                f"reads {reads}\n"
             )
 
     return seen

@@ -63,7 +63,7 @@ def test_the_tracer_keeps_the_holds_and_writes_what_the_controller_saw_every_hal
     import io
 
     from vmgpu.sched import Member
-    from vmgpu.share_control import ShareController, _Probe
+    from vmgpu.share_control import ShareController, _Guest, _Probe
 
     members = [Member(0, "a", 1, 30, 0, 0, 0, 1, hold=300, sm_part=0 << 16 | 48), Member(1, "b", 2, 70, 0, 0, 0, 1)]
     ctl, out, holds = ShareController(lever="sms"), io.StringIO(), {"a": [], "b": []}
@@ -76,6 +76,11 @@ def test_the_tracer_keeps_the_holds_and_writes_what_the_controller_saw_every_hal
     ctl.probe = _Probe((0, "a"), 0.0)
     seen(members, ctl)
     assert len(out.getvalue().splitlines()) == 3  # and at each look in a probe
+    a, b = ctl.guests.setdefault((0, "a"), _Guest()), ctl.guests.setdefault((1, "b"), _Guest())
+    a.probes.extend([30450.4, 30550.0])
+    b.short = 21000.0
+    seen(members, ctl)
+    assert out.getvalue().splitlines()[-1].endswith("reads {'a': [30450, 30550], 'b': ['short 21000']}")
     run_sharing.tracer(None)(members, ctl)  # (no trace, no holds: nothing kept, nothing fails)
 
 
