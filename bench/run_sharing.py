@@ -283,7 +283,7 @@ def shared_pair(
     what += f", MPS threads {threads[0]}/{threads[1]}" if threads else ""
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
-    summary[f"shared_light{key}"] = 100 * rates[0] / sum(rates)  # (the light guest's part, %)
+    summary[f"shared_light{key}"] = light_part(rates)
 
 
 def tracer(trace, holds: dict | None = None):
@@ -574,6 +574,11 @@ BRACKET_PAST_PP = 1.5  # ... aimed this far past the row's part, so that noise l
 BRACKET_STEP = 2  # ... or, where the splits' parts give no rising line, this many threads (%) past the last
 
 
+def light_part(rates) -> float:
+    """The light (first) guest's part of a pair's rates, %."""
+    return 100 * rates[0] / sum(rates)
+
+
 def _logit(part_pct: float) -> float:
     p = min(max(part_pct, 0.5), 99.5) / 100
     return math.log(p / (1 - p))
@@ -611,14 +616,11 @@ def mps_same_shares(run: Run, env: dict, rows, native_solo: float, measured: dic
     target, or None where none measured sums to 100; the splits it measured are added to
     `measured`."""
 
-    def part(rates):
-        return 100 * rates[0] / sum(rates)
-
     points = {s: r for s, r in measured.items() if s[0] + s[1] == 100}
     for _ in range(SAME_SHARES_RUNS):
-        if not points or min(abs(part(r) - target) for r in points.values()) <= SAME_SHARES_TOL_PP:
+        if not points or min(abs(light_part(r) - target) for r in points.values()) <= SAME_SHARES_TOL_PP:
             break
-        t = next_mps_light([(s[0], part(r)) for s, r in points.items()], target)
+        t = next_mps_light([(s[0], light_part(r)) for s, r in points.items()], target)
         if t is None:
             break
         split = (t, 100 - t)
@@ -626,8 +628,8 @@ def mps_same_shares(run: Run, env: dict, rows, native_solo: float, measured: dic
         pair_row(rows, f"MPS {t}/{100 - t} (native; towards the weights' shares)", points[split], native_solo)
     if not points:
         return None
-    split = min(points, key=lambda s: abs(part(points[s]) - target))
-    return split, part(points[split]), sum(points[split]) / native_solo
+    split = min(points, key=lambda s: abs(light_part(points[s]) - target))
+    return split, light_part(points[split]), sum(points[split]) / native_solo
 
 
 def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, lights: list[float]) -> None:
@@ -640,19 +642,16 @@ def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, l
     the row furthest out first.  (A split so measured that comes out nearer the weights' part than
     mps_same_shares' is not taken for it: that one was chosen before.)"""
 
-    def parts():
-        return [(s[0], 100 * r[0] / sum(r)) for s, r in measured.items() if s[0] + s[1] == 100]
-
     runs, sides = 0, {True, False}  # (below the splits' parts, above them: a side given up is left)
     while runs < BRACKET_RUNS:
-        seen = [p for _, p in parts()]
+        parts = [(s[0], light_part(r)) for s, r in measured.items() if s[0] + s[1] == 100]
+        if not parts:
+            return
+        seen = [p for _, p in parts]
         missing = [
             x
             for x in lights
-            if abs(x - 30.0) <= BRACKET_REACH_PP
-            and seen
-            and not (min(seen) <= x <= max(seen))
-            and (x < min(seen)) in sides
+            if abs(x - 30.0) <= BRACKET_REACH_PP and not (min(seen) <= x <= max(seen)) and (x < min(seen)) in sides
         ]
         if not missing:
             return
@@ -660,8 +659,8 @@ def mps_bracket(run: Run, env: dict, rows, native_solo: float, measured: dict, l
         lo = [x for x in missing if x < min(seen)]
         below = bool(lo)
         x = min(lo) if below else max(missing)
-        t = next_mps_light(parts(), x - BRACKET_PAST_PP if below else x + BRACKET_PAST_PP)
-        done = {s for s, _ in parts()}
+        t = next_mps_light(parts, x - BRACKET_PAST_PP if below else x + BRACKET_PAST_PP)
+        done = {s for s, _ in parts}
         if t is None or t in done or (t > min(done) if below else t < max(done)):
             # (the model's line does not rise where MPS's parts came out out of order, as 23/77
             # and 24/76 did on an H100, 28.6 and 28.4: a step past the last split that way)
@@ -745,9 +744,7 @@ def shared_references(g: Guests, run: Run, rows, summary, solo: float, native_so
                 # and at each shared row's own parts, which come near 30/70 but not to it (mps_bracket)
                 lights = [v for k, v in summary.items() if k.startswith("shared_light")]
                 mps_bracket(run, env, rows, native_solo, measured, lights)
-                parts_seen = [
-                    (100 * r[0] / sum(r), sum(r) / native_solo) for sp, r in measured.items() if sum(sp) == 100
-                ]
+                parts_seen = [(light_part(r), sum(r) / native_solo) for sp, r in measured.items() if sum(sp) == 100]
                 for key in [k.removeprefix("shared_light") for k in list(summary) if k.startswith("shared_light")]:
                     at = mps_total_at(parts_seen, summary[f"shared_light{key}"])
                     summary[f"aggregate_shared_vs_mps_equal_parts{key}"] = (
