@@ -108,6 +108,8 @@ CLIENT_PRIO_OFF = [True]  # the sharedprio scenario also without the forwarders'
 PRIO_RESERVE: list[int] = []  # the priority scenario on SM spans, the inference guest's weight at each (--prio-reserve)
 OVERLAP = [share_control.OVERLAP]  # under smsover: how far each span reaches into its neighbours' (--overlap)
 LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
+OWN_ALONE = [5.0]  # seconds each shared guest runs alone after the window, in its own process (--own-alone)
+OWN_SETTLE_S = 1.0  # between one guest's window alone and the next: the first one's exit is over
 INFER = ["torch_infer.py"]
 
 
@@ -159,7 +161,9 @@ class Run:
         for p in procs:
             # (a lead first, a second window after a cap is lifted: caps, some)
             try:
-                stdout, stderr = p.communicate(timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 120)
+                stdout, stderr = p.communicate(
+                    timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 2 * OWN_ALONE[0] + 120
+                )
             except subprocess.TimeoutExpired:
                 for q in procs:  # (none left behind holding the GPU)
                     q.kill()
@@ -249,21 +253,47 @@ def shared_pair(
     the SMs run the heavier guest's kernels first and the light one fills what they leave;
     `_threads{N}` where the light guest's MPS active-thread percentage is threads[0] and the
     other's threads[1]: partitions that the controller corrects); what the controller saw every
-    0.5 s, and at each look in a probe, to `trace`."""
+    0.5 s, and at each look in a probe, to `trace`.  With OWN_ALONE seconds, each guest then runs
+    alone in its own process, the light one first, the other idle (the controller still at work):
+    own_alone_rows."""
     flags = ("--mps", mps_pipe) if mps_pipe else ()
     light, heavy = (("--mps-priority", "below"), ("--mps-priority", "normal")) if light_below else ((), ())
     if threads:
         light, heavy = (*light, "--mps-threads", str(threads[0])), (*heavy, "--mps-threads", str(threads[1]))
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
-    envs = [(train, g.env("--weight", "30", *flags, *light)), (train, g.env("--weight", "70", *flags, *heavy))]
+    envs = [g.env("--weight", "30", *flags, *light), g.env("--weight", "70", *flags, *heavy)]
     names = g.names[-2:]
+    own = OWN_ALONE[0]
+    betweens = [run.tmp / f"own-{n}-{time.monotonic_ns()}" for n in names] if own else []
+    tail = [[*train, "--then-seconds", str(own), "--between", str(b)] for b in betweens] or [train, train]
     holds = {n: [] for n in names}
-    seen = tracer(trace, holds)
+    books: dict[str, float] = {}  # each guest's rate alone as the controller holds it, at its last look
+    traced = tracer(trace, holds)
+
+    def seen(members, ctl):
+        traced(members, ctl)
+        books.update({k[1]: c.alone for k, c in ctl.guests.items()})
+
     if trace is not None:
         below = " (light guest below normal)" if light_below else ""
         trace.write(f"== shared {' '.join(flags)}{below}, lever {lever}: {names}\n")
+    sampler, marks, stop = Sampler(g, 0.05), {}, threading.Event()
+    turns = threading.Thread(target=own_turns, args=(betweens, stop, marks, books), daemon=True)
+
+    def during(t0):
+        marks["go"] = t0
+        sampler.start(t0)
+        if betweens:
+            turns.start()
+
     with controlled(g, lever, seen):
-        out = run.together(envs)
+        try:
+            out = run.together(list(zip(tail, envs, strict=True)), during)
+            if turns.is_alive():  # (the last guest's .done is there: its turn's end is marked)
+                turns.join(1.0)
+        finally:
+            stop.set()
+            samples = sampler.done()
     text = "; held " + " / ".join(f"{sum(h) / max(len(h), 1) / 10:.1f}%" for h in holds.values())
     rates = [o["img_per_s"] for o in out]
     key = (
@@ -284,6 +314,71 @@ def shared_pair(
     summary[f"shared_share_err_pp{key}"] = pair_row(rows, what, rates, solo, text)
     summary[f"shared_total{key}"] = sum(rates) / solo
     summary[f"shared_light{key}"] = light_part(rates)
+    if betweens:
+        window = marks["go"] + SHARED_LEAD[0]
+        beside = held(samples, window + 0.5, window + run.seconds - 0.5)
+        alone = {}
+        for n, b in zip(names, betweens, strict=True):
+            t0, t1 = marks.get(b, (math.nan, math.nan))
+            alone[n] = held(samples, t0 + 0.5, t1 - 0.1).get(n, (0, 0, math.nan))[2]
+        calls = {n: (beside.get(n, (0, 0, math.nan))[2], alone[n]) for n in names}
+        own_alone_rows(rows, summary, what, key, rates, [o["img_per_s_then"] for o in out], calls, marks.get("books"))
+
+
+def own_turns(betweens: list[Path], stop: threading.Event, marks: dict, books: dict) -> None:
+    """Once every guest has made its between file's .ready (its shared window over), each in turn
+    runs alone: its between file made, and the next guest's only once the guest before has made
+    its .done and OWN_SETTLE_S seconds have passed.  marks: the controller's books (a copy of `books`)
+    at the barrier, and each turn's (start, end) under its between file; until stop is set."""
+    while not all(Path(f"{b}.ready").exists() for b in betweens):
+        if stop.wait(0.002):
+            return
+    marks["books"] = dict(books)
+    for i, b in enumerate(betweens):
+        if i and stop.wait(OWN_SETTLE_S):
+            return
+        began = time.monotonic()
+        b.touch()
+        while not Path(f"{b}.done").exists():
+            if stop.wait(0.002):
+                return
+        marks[b] = (began, time.monotonic())
+
+
+def own_alone_rows(
+    rows, summary, what: str, key: str, rates: list[float], own: list[float], calls: dict, books: dict | None
+) -> None:
+    """A shared pair's rows by each guest's own rate alone (its window alone after the shared one,
+    in the same process): the two guests' rates alone (img/s, work calls/s, and the controller's
+    rates alone in calls/s as it held them at the barrier), and their parts with each guest's
+    beside over its own alone, by images and by calls (what the controller steers by).  Summary:
+    own_light, own_share_err_pp, own_alone_ratio (light over heavy alone, img/s), own_calls_ratio,
+    books_alone_ratio."""
+    names = list(calls)
+    beside, alone = [calls[n][0] for n in names], [calls[n][1] for n in names]
+    err, parts = normalised_err([r / o for r, o in zip(rates, own, strict=True)], 1.0, [30, 70])
+    by_calls = [100 * b / a for b, a in zip(beside, alone, strict=True)]
+    calls_part = light_part(by_calls) if all(map(math.isfinite, by_calls)) else math.nan
+    kept = [(books or {}).get(n, math.nan) for n in names]
+    rows.append(
+        (
+            f"{what}: each alone after the window, in its own process (the other idle)",
+            f"img/s {own[0]:.0f} / {own[1]:.0f} (light over heavy {own[0] / own[1]:.3f}); calls/s {alone[0]:.0f} / "
+            f"{alone[1]:.0f} ({alone[0] / alone[1]:.3f}); the controller's rates alone then {kept[0]:.0f} / "
+            f"{kept[1]:.0f} ({kept[0] / kept[1]:.3f})",
+        )
+    )
+    rows.append(
+        (
+            f"{what}: parts by each guest's own rate alone",
+            f"{parts[0]:.1f} / {parts[1]:.1f} (off {err:.1f} pp); by calls {calls_part:.1f} / {100 - calls_part:.1f}",
+        )
+    )
+    summary[f"own_light{key}"] = parts[0]
+    summary[f"own_share_err_pp{key}"] = err
+    summary[f"own_alone_ratio{key}"] = own[0] / own[1]
+    summary[f"own_calls_ratio{key}"] = alone[0] / alone[1]
+    summary[f"books_alone_ratio{key}"] = kept[0] / kept[1]
 
 
 def tracer(trace, holds: dict | None = None):
@@ -1536,7 +1631,17 @@ def main() -> int:
         f"(default {share_control.OVERLAP})",
     )
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
+    ap.add_argument(
+        "--own-alone",
+        type=float,
+        default=OWN_ALONE[0],
+        help="seconds each guest of a shared row then runs alone in its own process, the light one first, the "
+        "other idle: the pair's parts by each guest's own rate alone, beside the controller's (default 5; 0: none)",
+    )
     a = ap.parse_args()
+    if not 0 <= a.own_alone <= 60:
+        ap.error(f"--own-alone: seconds, 0 to 60, not {a.own_alone}")
+    OWN_ALONE[0] = a.own_alone
     if not 0 <= a.overlap <= 1:
         ap.error(f"--overlap: a part of the SMs, 0 to 1, not {a.overlap}")
     OVERLAP[0] = a.overlap

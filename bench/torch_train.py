@@ -3,6 +3,8 @@
     python3 bench/torch_train.py [--steps 30] [--batch 64] [--bf16] [--no-autotune]
 Prints `img_per_s=X` (and with --then-seconds `img_per_s_then=Y`, its second timed window; with
 --each S, `each=R1,R2,...`: its rate over each S seconds from the go, lead and windows alike).
+With --between FILE it makes FILE.ready after its first window, begins the second once FILE
+exists, and makes FILE.done once the second is over.
 """
 
 import argparse
@@ -99,6 +101,8 @@ def main() -> None:
                     raise SystemExit(f"{a.between}: not there 60 s after the first window")
                 time.sleep(0.001)
         then = f" img_per_s_then={timed(a.then_seconds)[0]:.1f}"
+        if a.between:  # (its work is over: the bench may start another guest's window alone)
+            open(a.between + ".done", "w").close()
     each = ""
     if a.each and len(syncs) > 1:
         rates, (t_at, n_at) = [], syncs[0]

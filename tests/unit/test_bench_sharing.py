@@ -576,3 +576,132 @@ def test_the_hosts_steal_is_read_from_proc_stat_in_seconds():
     second = run_sharing.host_steal()
     assert first[0] <= ticks / os.sysconf("SC_CLK_TCK") <= second[0]
     assert first[1] <= second[1] <= time.monotonic()
+
+
+def test_after_the_shared_window_each_guest_runs_alone_in_turn_and_its_parts_are_by_its_own_rate(monkeypatch, tmp_path):
+    """--own-alone: both guests finish the shared window, then the light one runs alone, and the
+    heavy one only once the light one is done and a settle has passed; the pair's parts are then
+    taken with each guest's own rate alone, by images and by the page's work calls, beside the
+    controller's rates alone at the barrier."""
+    import contextlib
+    import threading
+    import types
+
+    monkeypatch.setattr(run_sharing, "SHARED_LEAD", [0.0])
+    monkeypatch.setattr(run_sharing, "OWN_ALONE", [0.9])
+    monkeypatch.setattr(run_sharing, "OWN_SETTLE_S", 0.2)
+    window, beside, alone_calls = 1.4, {"share-1": 9000, "share-2": 22000}, {"share-1": 30000, "share-2": 32000}
+    imgs = {"share-1": (300.0, 950.0), "share-2": (700.0, 1000.0)}  # beside, then alone
+    turns: dict[str, list[float]] = {}
+
+    class G:
+        names: list[str] = []
+
+        def env(self, *flags):
+            self.names.append(f"share-{len(self.names) + 1}")
+            return {"weight": flags[1]}
+
+    def state(between: str) -> str:  # (what a guest is doing, from its files)
+        if not Path(f"{between}.ready").exists():
+            return "beside"
+        return "alone" if Path(between).exists() and not Path(f"{between}.done").exists() else "idle"
+
+    class FakeSampler:  # (the page's work calls, every 10 ms, as the guests' files say they run)
+        def __init__(self, g, every):
+            self.samples, self.stop, self.calls = [], threading.Event(), {}
+
+        def start(self, t0):
+            def loop():
+                last = time.monotonic()
+                while not self.stop.wait(0.01):
+                    now = time.monotonic()
+                    for n, b in self.betweens.items():
+                        rate = {"beside": beside[n], "alone": alone_calls[n], "idle": 0}[state(b)]
+                        self.calls[n] = self.calls.get(n, 0) + rate * (now - last)
+                    last = now
+                    self.samples.append((now, dict.fromkeys(self.calls, 0), dict(self.calls), {}))
+
+            self.thread = threading.Thread(target=loop, daemon=True)
+            self.thread.start()
+
+        def done(self):
+            self.stop.set()
+            self.thread.join()
+            return self.samples
+
+    @contextlib.contextmanager
+    def controlled(g, lever, seen):
+        ctl = types.SimpleNamespace(
+            guests={
+                (0, "share-1"): types.SimpleNamespace(alone=30738.0),
+                (1, "share-2"): types.SimpleNamespace(alone=34046.0),
+            }
+        )
+        seen([types.SimpleNamespace(guest=n, hold=0) for n in g.names], ctl)
+        yield ctl
+
+    monkeypatch.setattr(run_sharing, "controlled", controlled)
+
+    class FakeRun:
+        tmp, seconds = tmp_path, window
+
+        def together(self, guests, during):
+            names = ["share-1", "share-2"]
+            betweens = {n: args[args.index("--between") + 1] for n, (args, _) in zip(names, guests, strict=True)}
+            assert all(args[args.index("--then-seconds") + 1] == "0.9" for args, _ in guests)
+            sampler.betweens = betweens
+
+            def guest(n):
+                time.sleep(window)
+                Path(f"{betweens[n]}.ready").touch()
+                while not Path(betweens[n]).exists():
+                    time.sleep(0.002)
+                began = time.monotonic()
+                time.sleep(0.9)
+                turns[n] = [began, time.monotonic()]
+                Path(f"{betweens[n]}.done").touch()
+
+            ts = [threading.Thread(target=guest, args=(n,)) for n in names]
+            during(time.monotonic())
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            return [{"img_per_s": imgs[n][0], "img_per_s_then": imgs[n][1]} for n in names]
+
+    sampler = FakeSampler(None, 0.05)
+    monkeypatch.setattr(run_sharing, "Sampler", lambda g, every: sampler)
+    rows, summary = [], {}
+    run_sharing.shared_pair(G(), FakeRun(), rows, summary, 1000.0, "/pipe", lever="sms")
+    # the light guest alone first, the heavy one only after it and the settle
+    assert turns["share-2"][0] >= turns["share-1"][1] + 0.2, turns
+    own = dict(rows)
+    what = "shared 30/70 on MPS (after 0 s), on SM partitions"
+    alone_row = own[f"{what}: each alone after the window, in its own process (the other idle)"]
+    assert alone_row.startswith("img/s 950 / 1000 (light over heavy 0.950); calls/s "), alone_row
+    assert alone_row.endswith("the controller's rates alone then 30738 / 34046 (0.903)"), alone_row
+    # by the common solo 300/700 is 30/70; by each one's own rate alone the light guest did more
+    assert math.isclose(summary["shared_light_sms"], 30.0)
+    assert math.isclose(summary["own_light_sms"], 100 * (300 / 950) / (300 / 950 + 700 / 1000))
+    assert math.isclose(summary["own_alone_ratio_sms"], 0.95)
+    assert math.isclose(summary["books_alone_ratio_sms"], 30738 / 34046)
+    # the page's calls: beside 9,000 and 22,000 a second, alone 30,000 and 32,000
+    assert abs(summary["own_calls_ratio_sms"] - 30000 / 32000) < 0.03, summary
+    parts_row = own[f"{what}: parts by each guest's own rate alone"]
+    by_calls = 100 * (9000 / 30000) / (9000 / 30000 + 22000 / 32000)
+    assert abs(float(parts_row.split("by calls ")[1].split(" /")[0]) - by_calls) < 1.0, parts_row
+
+
+def test_the_turns_alone_end_when_a_guest_never_finishes_its_shared_window(tmp_path):
+    """A guest that failed before its .ready: own_turns starts nobody's window and returns once
+    the run is over (stop), leaving no between file made."""
+    import threading
+
+    betweens, stop, marks = [tmp_path / "a", tmp_path / "b"], threading.Event(), {}
+    (tmp_path / "a.ready").touch()
+    t = threading.Thread(target=run_sharing.own_turns, args=(betweens, stop, marks, {"x": 1.0}))
+    t.start()
+    time.sleep(0.05)
+    stop.set()
+    t.join(2)
+    assert not t.is_alive() and marks == {} and not any(b.exists() for b in betweens)
