@@ -74,6 +74,7 @@ import bisect
 import contextlib
 import math
 import os
+import queue
 import shlex
 import shutil
 import statistics
@@ -157,20 +158,33 @@ class Run:
         began = host_steal()
         if during:
             during(time.monotonic())
-        out = []
-        for p in procs:
-            # (a lead first, a second window after a cap is lifted: caps, some)
+        # (a lead first, a second window after a cap is lifted, or each guest's turn alone after
+        # a shared window: caps, shared rows)
+        limit = 2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 2 * OWN_ALONE[0] + 120
+        results: list = [None] * len(procs)
+        ended: queue.Queue = queue.Queue()
+
+        def reap(i: int, p: subprocess.Popen) -> None:
             try:
-                stdout, stderr = p.communicate(
-                    timeout=2 * self.seconds + max(SHARED_LEAD[0], CAP_LEAD[0]) + 2 * OWN_ALONE[0] + 120
-                )
+                results[i] = p.communicate(timeout=limit)
             except subprocess.TimeoutExpired:
+                pass
+            ended.put(i)
+
+        for i, p in enumerate(procs):
+            threading.Thread(target=reap, args=(i, p), daemon=True).start()
+        for _ in procs:  # (the first guest to fail is the one reported, whichever it is)
+            i = ended.get()
+            p = procs[i]
+            if results[i] is None or p.returncode != 0:
                 for q in procs:  # (none left behind holding the GPU)
                     q.kill()
-                sys.exit(f"a guest did not finish: {' '.join(map(str, p.args))}")
-            if p.returncode != 0:
-                sys.exit(f"a guest failed: {stderr[-2000:]}")
-            out.append({k: _value(k, v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)})
+                if results[i] is None:
+                    sys.exit(f"a guest did not finish: {' '.join(map(str, p.args))}")
+                sys.exit(f"a guest failed: {results[i][1][-2000:]}")
+        out = [
+            {k: _value(k, v) for k, v in (w.split("=", 1) for w in stdout.split() if "=" in w)} for stdout, _ in results
+        ]
         stolen = steal_cpus(began, host_steal())
         for result in out:
             result["steal_cpus"] = stolen
@@ -263,7 +277,7 @@ def shared_pair(
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]  # measured once the controller has had its lead
     envs = [g.env("--weight", "30", *flags, *light), g.env("--weight", "70", *flags, *heavy)]
     names = g.names[-2:]
-    own = OWN_ALONE[0]
+    own = OWN_ALONE[0] if not threads else 0.0  # (alone, a process keeps its MPS thread limit: not a share)
     betweens = [run.tmp / f"own-{n}-{time.monotonic_ns()}" for n in names] if own else []
     tail = [[*train, "--then-seconds", str(own), "--between", str(b)] for b in betweens] or [train, train]
     holds = {n: [] for n in names}
@@ -282,8 +296,8 @@ def shared_pair(
 
     def during(t0):
         marks["go"] = t0
-        sampler.start(t0)
         if betweens:
+            sampler.start(t0)
             turns.start()
 
     with controlled(g, lever, seen):
@@ -345,40 +359,55 @@ def own_turns(betweens: list[Path], stop: threading.Event, marks: dict, books: d
         marks[b] = (began, time.monotonic())
 
 
+def ratio(a: float, b: float) -> float:
+    """a / b, or nan where b is 0 or either is not a number (a rate not measured)."""
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
 def own_alone_rows(
     rows, summary, what: str, key: str, rates: list[float], own: list[float], calls: dict, books: dict | None
 ) -> None:
     """A shared pair's rows by each guest's own rate alone (its window alone after the shared one,
     in the same process): the two guests' rates alone (img/s, work calls/s, and the controller's
-    rates alone in calls/s as it held them at the barrier), and their parts with each guest's
-    beside over its own alone, by images and by calls (what the controller steers by).  Summary:
-    own_light, own_share_err_pp, own_alone_ratio (light over heavy alone, img/s), own_calls_ratio,
-    books_alone_ratio."""
+    rates alone in calls/s as it held them at the barrier: 0 where it had none), and their parts
+    with each guest's beside over its own alone, by images and by calls (what the controller
+    steers by).  Summary: own_light, own_share_err_pp, own_calls_light, own_alone_ratio (light
+    over heavy alone, img/s), own_calls_ratio, books_alone_ratio; nan where a rate is missing."""
     names = list(calls)
-    beside, alone = [calls[n][0] for n in names], [calls[n][1] for n in names]
-    err, parts = normalised_err([r / o for r, o in zip(rates, own, strict=True)], 1.0, [30, 70])
-    by_calls = [100 * b / a for b, a in zip(beside, alone, strict=True)]
-    calls_part = light_part(by_calls) if all(map(math.isfinite, by_calls)) else math.nan
-    kept = [(books or {}).get(n, math.nan) for n in names]
+    # (a rate alone of 0 is one not measured: the controller's before its first probe, a turn
+    # with no calls on the page)
+    beside, alone = [calls[n][0] for n in names], [calls[n][1] or math.nan for n in names]
+    kept = [(books or {}).get(n, math.nan) or math.nan for n in names]
+    own = [o or math.nan for o in own]
+
+    def parts_of(progress: list[float]) -> tuple[float, float]:  # (the light part, its error: pp)
+        if not all(map(math.isfinite, progress)) or not sum(progress):
+            return math.nan, math.nan
+        light = light_part(progress)
+        return light, abs(light - 30.0)
+
+    light, err = parts_of([ratio(r, o) for r, o in zip(rates, own, strict=True)])
+    calls_light, _ = parts_of([ratio(b, a) for b, a in zip(beside, alone, strict=True)])
     rows.append(
         (
             f"{what}: each alone after the window, in its own process (the other idle)",
-            f"img/s {own[0]:.0f} / {own[1]:.0f} (light over heavy {own[0] / own[1]:.3f}); calls/s {alone[0]:.0f} / "
-            f"{alone[1]:.0f} ({alone[0] / alone[1]:.3f}); the controller's rates alone then {kept[0]:.0f} / "
-            f"{kept[1]:.0f} ({kept[0] / kept[1]:.3f})",
+            f"img/s {own[0]:.0f} / {own[1]:.0f} (light over heavy {ratio(own[0], own[1]):.3f}); calls/s "
+            f"{alone[0]:.0f} / {alone[1]:.0f} ({ratio(alone[0], alone[1]):.3f}); the controller's rates alone at "
+            f"the barrier {kept[0]:.0f} / {kept[1]:.0f} ({ratio(kept[0], kept[1]):.3f})",
         )
     )
     rows.append(
         (
             f"{what}: parts by each guest's own rate alone",
-            f"{parts[0]:.1f} / {parts[1]:.1f} (off {err:.1f} pp); by calls {calls_part:.1f} / {100 - calls_part:.1f}",
+            f"{light:.1f} / {100 - light:.1f} (off {err:.1f} pp); by calls {calls_light:.1f} / {100 - calls_light:.1f}",
         )
     )
-    summary[f"own_light{key}"] = parts[0]
+    summary[f"own_light{key}"] = light
     summary[f"own_share_err_pp{key}"] = err
-    summary[f"own_alone_ratio{key}"] = own[0] / own[1]
-    summary[f"own_calls_ratio{key}"] = alone[0] / alone[1]
-    summary[f"books_alone_ratio{key}"] = kept[0] / kept[1]
+    summary[f"own_calls_light{key}"] = calls_light
+    summary[f"own_alone_ratio{key}"] = ratio(own[0], own[1])
+    summary[f"own_calls_ratio{key}"] = ratio(alone[0], alone[1])
+    summary[f"books_alone_ratio{key}"] = ratio(kept[0], kept[1])
 
 
 def tracer(trace, holds: dict | None = None):
@@ -1639,8 +1668,8 @@ def main() -> int:
         "other idle: the pair's parts by each guest's own rate alone, beside the controller's (default 5; 0: none)",
     )
     a = ap.parse_args()
-    if not 0 <= a.own_alone <= 60:
-        ap.error(f"--own-alone: seconds, 0 to 60, not {a.own_alone}")
+    if a.own_alone and not 1 <= a.own_alone <= 30:
+        ap.error(f"--own-alone: 0 (none) or seconds from 1 to 30, not {a.own_alone:g}")
     OWN_ALONE[0] = a.own_alone
     if not 0 <= a.overlap <= 1:
         ap.error(f"--overlap: a part of the SMs, 0 to 1, not {a.overlap}")

@@ -95,10 +95,12 @@ def main() -> None:
     if a.seconds and a.then_seconds:
         if a.between:
             open(a.between + ".ready", "w").close()
-            deadline = time.monotonic() + 60
+            # (another guest's second window may come first: run_sharing.py's turns alone)
+            wait = 60 + 2 * a.then_seconds
+            deadline = time.monotonic() + wait
             while not os.path.exists(a.between):
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"{a.between}: not there 60 s after the first window")
+                    raise SystemExit(f"{a.between}: not there {wait:g} s after the first window")
                 time.sleep(0.001)
         then = f" img_per_s_then={timed(a.then_seconds)[0]:.1f}"
         if a.between:  # (its work is over: the bench may start another guest's window alone)

@@ -630,15 +630,29 @@ def test_after_the_shared_window_each_guest_runs_alone_in_turn_and_its_parts_are
             return self.samples
 
     @contextlib.contextmanager
-    def controlled(g, lever, seen):
+    def controlled(g, lever, seen):  # (its looks: once at the start, and on until the run ends)
+        done = threading.Event()
+        keys = [(0, "share-1"), (1, "share-2")]
         ctl = types.SimpleNamespace(
-            guests={
-                (0, "share-1"): types.SimpleNamespace(alone=30738.0),
-                (1, "share-2"): types.SimpleNamespace(alone=34046.0),
-            }
+            guests={k: types.SimpleNamespace(alone=a) for k, a in zip(keys, (30738.0, 34046.0), strict=True)}
         )
-        seen([types.SimpleNamespace(guest=n, hold=0) for n in g.names], ctl)
-        yield ctl
+        members = [types.SimpleNamespace(guest=n, hold=0) for n in g.names]
+        seen(members, ctl)
+
+        def looks():  # (once the turns begin, the controller reads the guests alone anew: not what is kept)
+            while not done.wait(0.05):
+                if Path(sampler.betweens["share-1"]).exists():
+                    for k in keys:
+                        ctl.guests[k].alone = 99999.0
+                seen(members, ctl)
+
+        t = threading.Thread(target=looks)
+        t.start()
+        try:
+            yield ctl
+        finally:
+            done.set()
+            t.join()
 
     monkeypatch.setattr(run_sharing, "controlled", controlled)
 
@@ -679,10 +693,11 @@ def test_after_the_shared_window_each_guest_runs_alone_in_turn_and_its_parts_are
     what = "shared 30/70 on MPS (after 0 s), on SM partitions"
     alone_row = own[f"{what}: each alone after the window, in its own process (the other idle)"]
     assert alone_row.startswith("img/s 950 / 1000 (light over heavy 0.950); calls/s "), alone_row
-    assert alone_row.endswith("the controller's rates alone then 30738 / 34046 (0.903)"), alone_row
+    assert alone_row.endswith("the controller's rates alone at the barrier 30738 / 34046 (0.903)"), alone_row
     # by the common solo 300/700 is 30/70; by each one's own rate alone the light guest did more
     assert math.isclose(summary["shared_light_sms"], 30.0)
     assert math.isclose(summary["own_light_sms"], 100 * (300 / 950) / (300 / 950 + 700 / 1000))
+    assert math.isclose(summary["own_share_err_pp_sms"], summary["own_light_sms"] - 30.0)
     assert math.isclose(summary["own_alone_ratio_sms"], 0.95)
     assert math.isclose(summary["books_alone_ratio_sms"], 30738 / 34046)
     # the page's calls: beside 9,000 and 22,000 a second, alone 30,000 and 32,000
@@ -690,6 +705,7 @@ def test_after_the_shared_window_each_guest_runs_alone_in_turn_and_its_parts_are
     parts_row = own[f"{what}: parts by each guest's own rate alone"]
     by_calls = 100 * (9000 / 30000) / (9000 / 30000 + 22000 / 32000)
     assert abs(float(parts_row.split("by calls ")[1].split(" /")[0]) - by_calls) < 1.0, parts_row
+    assert abs(summary["own_calls_light_sms"] - by_calls) < 1.0, summary
 
 
 def test_the_turns_alone_end_when_a_guest_never_finishes_its_shared_window(tmp_path):
@@ -705,3 +721,47 @@ def test_the_turns_alone_end_when_a_guest_never_finishes_its_shared_window(tmp_p
     stop.set()
     t.join(2)
     assert not t.is_alive() and marks == {} and not any(b.exists() for b in betweens)
+
+
+def test_a_rate_alone_not_measured_gives_nan_not_a_crash():
+    """The controller's books hold 0 for a guest it never measured, and the page may show no
+    calls in a turn: the rows say nan where a ratio needs them, and the rest is still given."""
+    rows, summary = [], {}
+    calls = {"a": (9000.0, 0.0), "b": (22000.0, 32000.0)}
+    run_sharing.own_alone_rows(rows, summary, "w", "", [300.0, 700.0], [950.0, 1000.0], calls, {"a": 0.0, "b": 1.0})
+    assert math.isnan(summary["own_calls_light"]) and math.isnan(summary["own_calls_ratio"])
+    assert math.isnan(summary["books_alone_ratio"])
+    run_sharing.own_alone_rows(rows, summary, "w", "", [300.0, 700.0], [950.0, 1000.0], calls, {"a": 1.0, "b": 0.0})
+    assert math.isnan(summary["books_alone_ratio"])
+    assert math.isclose(summary["own_light"], 100 * (300 / 950) / (300 / 950 + 0.7))
+    assert "(nan)" in rows[-2][1] and "by calls nan / nan" in rows[-1][1]
+
+
+def test_the_guest_that_fails_is_the_one_reported_and_the_others_are_stopped(tmp_path):
+    """Run.together with a guest that waits long (as one waits at a barrier for another) and one
+    that fails once it goes: the bench ends at once with the failing guest's error, though the
+    waiting one was started first, and the waiting one is killed."""
+    start = (
+        "import os, sys, time\nprint('ready', flush=True)\ngo = sys.argv[sys.argv.index('--go') + 1]\n"
+        "while not os.path.exists(go): time.sleep(0.01)\n"
+    )
+    waits, fails = tmp_path / "waits.py", tmp_path / "fails.py"
+    waits.write_text(start + "open(sys.argv[-1], 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    fails.write_text(start + "time.sleep(0.3)\nsys.exit('the real error: out of memory')\n")
+    pid_file = tmp_path / "pid"
+    t0 = time.monotonic()
+    try:
+        run_sharing.Run(tmp_path, 1.0).together([([str(waits), str(pid_file)], {}), ([str(fails)], {})])
+    except SystemExit as e:
+        message = str(e)
+    else:
+        raise AssertionError("a failed guest was not reported")
+    assert time.monotonic() - t0 < 20
+    assert "the real error: out of memory" in message, message
+    pid = int(pid_file.read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the waiting guest was left running")
