@@ -765,3 +765,28 @@ def test_the_guest_that_fails_is_the_one_reported_and_the_others_are_stopped(tmp
         time.sleep(0.02)
     else:
         raise AssertionError("the waiting guest was left running")
+
+
+def test_the_trainer_of_every_row_but_the_caps_is_the_one_train_gives(monkeypatch, tmp_path):
+    """--train '--batch 64': the denominators (and every row after them) run that trainer; the cap
+    rows keep --cap-train's; the table says which trainer it measured."""
+    import pytest
+
+    monkeypatch.setattr(run_sharing, "TRAIN", list(run_sharing.TRAIN))
+    monkeypatch.setattr(run_sharing, "CAP_TRAIN", list(run_sharing.CAP_TRAIN))
+    monkeypatch.setattr(run_sharing.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    monkeypatch.setattr(
+        run_sharing, "Guests", lambda *a: type("G", (), {"env": lambda self: {}, "stop": lambda s: 0})()
+    )
+    seen = []
+
+    def sampled(g, run, guests, seconds):
+        seen.append(guests[0][0])
+        raise SystemExit("stopped here")
+
+    monkeypatch.setattr(run_sharing, "sampled", sampled)
+    monkeypatch.setattr(sys, "argv", ["run_sharing.py", "--train=--batch 64", "--skip", "priority"])
+    with pytest.raises(SystemExit, match="stopped here"):
+        run_sharing.main()
+    assert seen == [["torch_train.py", "--batch", "64"]]
+    assert run_sharing.CAP_TRAIN == ["torch_train.py", "--batch", "32", "--no-autotune"]
