@@ -93,7 +93,7 @@ from vmgpu.forwarder import Forwarder, guest_env  # noqa: E402
 from vmgpu.sched import Page  # noqa: E402
 
 TRAIN = ["torch_train.py", "--batch", "32", "--no-autotune"]
-PROBE: dict[str, float] = {}  # the share controller's probe settings (--probe)
+PROBE: dict[str, float | bool] = {}  # the share controller's probe settings (--probe, --lone-probes)
 CAP_PROBE: dict[str, float] = {}  # the cap controller's probe settings (--cap-probe)
 SHARED_LEAD = [8.0]  # seconds the shared pair runs before it is measured (--shared-lead)
 CAP_LEAD = [36.0]  # seconds a guest capped under the cap controller runs before it is measured (--cap-lead)
@@ -1668,6 +1668,12 @@ def main() -> int:
     )
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     ap.add_argument(
+        "--lone-probes",
+        action="store_true",
+        help="the share controller probes one guest at a time, never in rounds (before session 54: each probe "
+        "a gift to its guest over the window it falls in)",
+    )
+    ap.add_argument(
         "--own-alone",
         type=float,
         default=OWN_ALONE[0],
@@ -1684,6 +1690,8 @@ def main() -> int:
     if a.probe:
         every, length, settle = (float(x) for x in a.probe.split(","))
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
+    if a.lone_probes:
+        PROBE["rounds"] = False
     if a.cap_probe:
         try:
             length, settle = (float(x) for x in a.cap_probe.split(","))

@@ -742,11 +742,12 @@ def test_the_guest_that_fails_is_the_one_reported_and_the_others_are_stopped(tmp
     that fails once it goes: the bench ends at once with the failing guest's error, though the
     waiting one was started first, and the waiting one is killed."""
     start = (
-        "import os, sys, time\nprint('ready', flush=True)\ngo = sys.argv[sys.argv.index('--go') + 1]\n"
+        "import os, sys, time\nif sys.argv[-1].endswith('pid'): open(sys.argv[-1], 'w').write(str(os.getpid()))\n"
+        "print('ready', flush=True)\ngo = sys.argv[sys.argv.index('--go') + 1]\n"
         "while not os.path.exists(go): time.sleep(0.01)\n"
     )
     waits, fails = tmp_path / "waits.py", tmp_path / "fails.py"
-    waits.write_text(start + "open(sys.argv[-1], 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    waits.write_text(start + "time.sleep(60)\n")
     fails.write_text(start + "time.sleep(0.3)\nsys.exit('the real error: out of memory')\n")
     pid_file = tmp_path / "pid"
     t0 = time.monotonic()
@@ -785,8 +786,10 @@ def test_the_trainer_of_every_row_but_the_caps_is_the_one_train_gives(monkeypatc
         raise SystemExit("stopped here")
 
     monkeypatch.setattr(run_sharing, "sampled", sampled)
-    monkeypatch.setattr(sys, "argv", ["run_sharing.py", "--train=--batch 64", "--skip", "priority"])
+    monkeypatch.setattr(run_sharing, "PROBE", {})
+    monkeypatch.setattr(sys, "argv", ["run_sharing.py", "--train=--batch 64", "--skip", "priority", "--lone-probes"])
     with pytest.raises(SystemExit, match="stopped here"):
         run_sharing.main()
     assert seen == [["torch_train.py", "--batch", "64"]]
+    assert run_sharing.PROBE == {"rounds": False}  # (--lone-probes: the controller's probes one at a time)
     assert run_sharing.CAP_TRAIN == ["torch_train.py", "--batch", "32", "--no-autotune"]
