@@ -77,6 +77,7 @@ import os
 import queue
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -145,15 +146,21 @@ class Run:
         self.n += 1
         go = self.tmp / f"go-{self.n}"
         procs = []
-        for args, env in guests:
-            cmd = [sys.executable, str(HERE / args[0]), "--seconds", str(self.seconds), "--go", str(go), *args[1:]]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        for p in procs:
-            line = p.stdout.readline()
-            if line.strip() != "ready":
-                for q in procs:
-                    q.kill()
-                sys.exit(f"a guest did not start: {line}{p.stderr.read()[-2000:]}")
+        try:
+            for args, env in guests:
+                cmd = [sys.executable, str(HERE / args[0]), "--seconds", str(self.seconds), "--go", str(go), *args[1:]]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            for p in procs:
+                line = p.stdout.readline()
+                if line.strip() != "ready":
+                    sys.exit(f"a guest did not start: {line}{p.stderr.read()[-2000:]}")
+            return self._wait(procs, go, during)
+        except BaseException:  # (a failure, SIGTERM, ^C, in `during` too: no guest left holding the GPU)
+            for q in procs:
+                q.kill()
+            raise
+
+    def _wait(self, procs: list, go: Path, during) -> list[dict]:
         go.touch()
         began = host_steal()
         if during:
@@ -1530,7 +1537,14 @@ def reclaim_ms(samples: list, stayer: str, leaver: str) -> float:
     return float("inf")
 
 
+def stopped(signum, _frame) -> None:
+    """SIGTERM (a `timeout` around the bench): ended as an error is, so that every forwarder, guest
+    and MPS daemon it started is stopped and its region files are removed on the way out."""
+    sys.exit(f"bench-sharing: stopped by signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, stopped)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=40.0, help="inference requests per second (default 40)")

@@ -793,3 +793,30 @@ def test_the_trainer_of_every_row_but_the_caps_is_the_one_train_gives(monkeypatc
     assert seen == [["torch_train.py", "--batch", "64"]]
     assert run_sharing.PROBE == {"rounds": False}  # (--lone-probes: the controller's probes one at a time)
     assert run_sharing.CAP_TRAIN == ["torch_train.py", "--batch", "32", "--no-autotune"]
+
+
+def test_a_bench_stopped_while_its_guests_run_stops_them_and_sigterm_ends_it_as_an_error(tmp_path):
+    """SIGTERM (a `timeout` around the bench) ends it through SystemExit, so that its finally
+    blocks stop the forwarders and remove their regions; a stop while guests run kills them."""
+    import pytest
+
+    with pytest.raises(SystemExit, match="stopped by signal 15"):
+        run_sharing.stopped(15, None)
+    guest = tmp_path / "guest.py"
+    guest.write_text(
+        "import os, sys, time\nopen(sys.argv[-1], 'w').write(str(os.getpid()))\nprint('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+
+    def during(_t0):
+        raise SystemExit("stopped")
+
+    with pytest.raises(SystemExit, match="stopped"):
+        run_sharing.Run(tmp_path, 1.0).together([([str(guest), str(tmp_path / "pid")], {})], during)
+    pid = int((tmp_path / "pid").read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the guest was left running")
