@@ -737,6 +737,16 @@ def test_a_rate_alone_not_measured_gives_nan_not_a_crash():
     assert "(nan)" in rows[-2][1] and "by calls nan / nan" in rows[-1][1]
 
 
+def _ends(pid: int, within: float = 2.0) -> bool:
+    """Whether process pid is gone (or a zombie: killed, not yet reaped) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def test_the_guest_that_fails_is_the_one_reported_and_the_others_are_stopped(tmp_path):
     """Run.together with a guest that waits long (as one waits at a barrier for another) and one
     that fails once it goes: the bench ends at once with the failing guest's error, though the
@@ -759,13 +769,7 @@ def test_the_guest_that_fails_is_the_one_reported_and_the_others_are_stopped(tmp
         raise AssertionError("a failed guest was not reported")
     assert time.monotonic() - t0 < 20
     assert "the real error: out of memory" in message, message
-    pid = int(pid_file.read_text())
-    for _ in range(100):
-        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-            break
-        time.sleep(0.02)
-    else:
-        raise AssertionError("the waiting guest was left running")
+    assert _ends(int(pid_file.read_text())), "the waiting guest was left running"
 
 
 def test_the_trainer_of_every_row_but_the_caps_is_the_one_train_gives(monkeypatch, tmp_path):
@@ -813,10 +817,4 @@ def test_a_bench_stopped_while_its_guests_run_stops_them_and_sigterm_ends_it_as_
 
     with pytest.raises(SystemExit, match="stopped"):
         run_sharing.Run(tmp_path, 1.0).together([([str(guest), str(tmp_path / "pid")], {})], during)
-    pid = int((tmp_path / "pid").read_text())
-    for _ in range(100):
-        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-            break
-        time.sleep(0.02)
-    else:
-        raise AssertionError("the guest was left running")
+    assert _ends(int((tmp_path / "pid").read_text())), "the guest was left running"
