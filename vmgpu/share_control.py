@@ -13,18 +13,23 @@ moves the shares of the second it falls in), or whenever it is the only busy gue
 read a guest short (on an H100, one trainer alone read 21,000 calls/s and 29,000 a few seconds
 later), never long: a guest's rate alone is the more of its last two probes, or what it was seen
 to do beside the others if that is more; a read well short of it is believed once the guest's
-next probe (the next of all) agrees.  A newcomer is probed within a second, and again within a
-second after that (its first probe may fall in its warming up), as is a guest seen beside the
+next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
+within a second, and again within a second after that (its first probe may fall in its warming up), as is a guest seen beside the
 others at more than 1.1 times what its probes read; a probe that moves a guest's rate alone by
 more than a quarter has the spans set anew rather than followed step by step (at once from the
 curves under sms; after half a window of fresh rates under smsover and smsfree).  Once every
 busy guest's rate alone is sure, probes come in rounds: each busy guest in turn, alone for its
-target part of the round (the least for PROBE_S, none past ROUND_MAX_S), as often for each guest
-as lone probes would be.  A lone probe gives its guest the GPU and holds the others, so over the
-window a tenant measures it is a gift to one of them (on the model, a 10 s window at 30/70 with one
-of the light guest's probes gave it 31.5-32%, with one of the heavy guest's 29.3%; on an H100 two
-of the light guest's in one window gave it some 2.5 pp); a round is fair as it is.  Rates and
-whether a guest is busy are read over the looks no probe took (_recent).
+target part of the round, or what its cap leaves it if less (the least for PROBE_S, none past
+ROUND_MAX_S), as often for each guest as lone probes would be.  A lone probe gives its guest the
+GPU and holds the others, so over the window a tenant measures it is a gift to one of them (on the
+model, a 10 s window at 30/70 with one of the light guest's probes gave it 31.5-32%, with one of
+the heavy guest's 29.3%; on an H100 two of the light guest's in one window gave it some 2.5 pp); a
+round gives each its part, where the parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at
+5/95 the light guest gets 13% of its round).  A round ends at the next look once it no longer fits
+(one of its guests gone, or stopped in its turn; a target changed; another guest of its priority
+or above at work: a newcomer is not held for a round), and a guest whose work no longer waits at
+its gate when its turn comes is passed over.  Rates are read over the looks no probe took, half a
+window of them at least (_recent), so that after a round they are what they were before it.
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
@@ -219,6 +224,9 @@ class ShareController:
         # its target part of the round; the round's guests still to be probed, with their lengths
         self.rounds = rounds
         self.round_next: list[tuple[tuple[int, str], float]] = []
+        # the round under way: its guests, their rank and targets, and every guest's calls as it
+        # began (a round ends early once these change: _round_broken)
+        self.round_of: tuple[frozenset, int, dict, dict] | None = None
         self.last: dict[str, float] = {}  # each guest's last progress as parts (for traces and tests)
         self.settle_until = -math.inf  # after a change of targets: the holds it made stand until then,
         self.settling: set = set()  # while these guests are all busy
@@ -229,6 +237,12 @@ class ShareController:
         self.quiet_until = -math.inf  # after a change of weight: no probe until then (QUIET_WINDOWS)
         self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
         self.reserved_at = -math.inf  # when lower guests last had spans beside a higher one (_reserve)
+
+    def forget(self) -> None:
+        """Everything measured dropped, and any probe or round under way (the policy left shared:
+        the guests are new to it when it comes back)."""
+        self.guests.clear()
+        self.probe, self.round_next, self.round_of = None, [], None
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -388,6 +402,7 @@ class ShareController:
             if now - self.probe_ended >= every:
                 if in_rounds:
                     (whose, length), *self.round_next = self._round(keys, busy)
+                    self.round_of = (frozenset(busy), top, self._round_targets(keys, busy), self._calls(keys))
                 else:  # (a guest not yet sure of first: its confirming probe before the others' next)
                     whose, length = (
                         min(
@@ -459,19 +474,45 @@ class ShareController:
         ROUND_MAX_S).  A lone probe gives its guest the GPU and stops the others: of a 10 s window
         with one probe of the light guest of 30/70 in it, that guest got 32% on the controller's
         model, and 29% with one of the heavy guest's.  Over a round each guest has its part."""
-        targets = self._targets(keys, busy)
+        targets = self._round_targets(keys, busy)
         least = max(min(targets.values()), 1e-3)
         order = sorted(busy, key=lambda k: self.guests[k].probed_at)
         return [(k, min(ROUND_MAX_S, max(self.probe_s, self.probe_s * targets[k] / least))) for k in order]
 
+    def _round_targets(self, keys: dict, busy: list) -> dict:
+        """The parts a round gives its guests: their targets, each at most what its cap leaves
+        it (a capped guest probed for its target's part would run uncapped past its cap)."""
+        return {k: min(t, keys[k].cap_part) for k, t in self._targets(keys, busy).items()}
+
+    @staticmethod
+    def _calls(keys: dict) -> dict:
+        return {k: s.calls for k, s in keys.items()}
+
+    def _round_broken(self, keys: dict) -> bool:
+        """Whether the round under way no longer fits the guests: one of its own gone, its
+        targets (weights, guarantees, caps) changed, or another guest of its rank or above put
+        work on the GPU or waits to (a newcomer, or one of a higher priority: each is to be seen
+        to at once, not after a round of up to ROUND_MAX_S a guest)."""
+        if self.round_of is None:
+            return False
+        members, rank, targets, calls = self.round_of
+        if not members <= set(keys) or self._round_targets(keys, list(members)) != targets:
+            return True
+        return any(
+            k not in members and s.rank >= rank and (s.waiting or s.calls > calls.get(k, s.calls))
+            for k, s in keys.items()
+        )
+
     def _next_in_round(self, now: float, keys: dict) -> dict[int, int] | None:
-        """Once a probe is over: the next busy guest of its round probed at once (its holds), or
-        None (the round is over)."""
-        while self.round_next:
+        """Once a probe is over: the next guest of its round probed at once (its holds), or None
+        (the round is over, or broken: _round_broken).  A guest of the round still held has its
+        work waiting at its gate; one that has none is idle and passed over."""
+        while self.round_next and not self._round_broken(keys):
             k, length = self.round_next.pop(0)
-            if k in keys and self._busy(self.guests[k], now):
+            if k in keys and keys[k].waiting:
                 self.probe = _Probe(k, now, before=self._rate(self.guests[k], now) or 0.0, length=length)
                 return self._probe_holds(keys)
+        self.round_next, self.round_of = [], None
         return None
 
     def _probe_step(self, now: float, keys: dict) -> dict[int, int] | None:
@@ -485,6 +526,12 @@ class ShareController:
         if p.settled_at is not None and calls <= p.last:
             p.stalled = True  # a look at which it had made no call since the last: not busy throughout
         p.last = calls
+        if self.round_of is not None and (p.stalled or self._round_broken(keys)):
+            # (a round's probe, up to ROUND_MAX_S: not read, and the round ended, where its guest
+            # stopped or the round no longer fits; the others are held no longer for it)
+            self.guests[p.whose].probed_at = now - self.probe_every_s / 2
+            self.probe, self.probe_ended, self.round_next, self.round_of = None, now, [], None
+            return None
         if p.settled_at is None and now - p.began >= self.settle_s:
             p.settled_at, p.calls = now, calls
         elif p.settled_at is not None and now - p.began >= (p.length or self.probe_s) - 1e-6:
@@ -881,8 +928,7 @@ def apply_step(page, ctl: ShareController, now: float) -> None:
                 page.set_depth(m.slot, 0)
             if m.sm_part:
                 page.set_part(m.slot, 0, 0)
-        ctl.guests.clear()
-        ctl.probe = None
+        ctl.forget()
         return
     for slot, hold in ctl.step(now, seen_on(page, now), page.sm_groups).items():
         page.set_hold(slot, hold)

@@ -1242,3 +1242,77 @@ def test_a_round_probes_each_guest_alone_for_its_target_part_of_the_round(weight
     # one after another, each as soon as the one before ended
     starts = [t for *_, t in seen[: len(names)]]
     assert all(abs((b - a) - got[n]) <= 0.15 for (n, _, a), b in zip(seen, starts[1:], strict=False)), seen
+
+
+def _into_a_round(gpu: Gpu, ctl: ShareController, warm: float = 12) -> None:
+    """Run until a round of probes is under way."""
+    gpu.run(ctl, warm)
+    for _ in range(600):
+        if ctl.round_of is not None:
+            return
+        gpu.run(ctl, 0.1)
+    raise AssertionError("no round came")
+
+
+def test_a_newcomer_or_a_weight_changed_in_a_round_ends_it_at_the_next_look():
+    # a round holds every guest but the one it probes, for up to ROUND_MAX_S each: a guest that
+    # begins to work meanwhile is seen to at once (as after a lone probe of 0.3 s), and so is a
+    # change of weight (its open parts moved at once)
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
+    gpu.weight.update(a=5, b=95)
+    gpu.busy["c"] = False
+    ctl = ShareController()
+    _into_a_round(gpu, ctl)
+    before = gpu.calls["c"]
+    gpu.busy["c"] = True
+    gpu.run(ctl, 0.3)
+    assert ctl.round_of is None and gpu.calls["c"] - before > 300, (ctl.probe, gpu.calls["c"] - before)
+    gpu.busy["c"] = False
+    _into_a_round(gpu, ctl, 2)
+    gpu.weight.update(a=50, b=50)
+    gpu.run(ctl, 0.2)
+    assert ctl.round_of is None and ctl.probe is None
+
+
+def test_a_guest_idle_when_its_turn_in_a_round_comes_is_passed_over():
+    gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
+    gpu.weight.update(a=5, b=5, c=90)
+    ctl = ShareController()
+    _into_a_round(gpu, ctl)
+    first, rest = ctl.probe.whose[1], [k[1] for k, _ in ctl.round_next]
+    idle = rest[-1]
+    gpu.busy[idle] = False  # (its work waits at its gate no more)
+    probed = set()
+    while ctl.round_of is not None:
+        gpu.run(ctl, 0.1)
+        if ctl.probe is not None:
+            probed.add(ctl.probe.whose[1])
+    assert idle not in probed and first not in rest, (probed, idle)
+
+
+def test_a_capped_guests_turn_in_a_round_is_its_caps_part_not_its_weights():
+    # probed, a guest runs uncapped: its turn is sized by what its cap leaves it
+    ctl = ShareController()
+    keys = {(0, "a"): Seen(0, "a", 0, 30), (1, "b"): Seen(1, "b", 0, 70, cap=20)}
+    ctl.step(1000.0, list(keys.values()))  # (known to it)
+    lengths = {k[1]: round(length, 2) for k, length in ctl._round(keys, list(keys))}
+    assert lengths == {"a": 0.45, "b": 0.3}, lengths
+
+
+def test_a_round_left_when_the_policy_leaves_shared_is_not_carried_on_when_it_comes_back():
+    from vmgpu.share_control import apply_step
+
+    gpu = Gpu({"a": 5000.0, "b": 5000.0})
+    gpu.weight.update(a=30, b=70)
+    ctl = ShareController()
+    _into_a_round(gpu, ctl)
+    assert ctl.round_next
+
+    class Page:
+        policy = "weighted"
+
+        def members(self):
+            return []
+
+    apply_step(Page(), ctl, gpu.now)
+    assert (ctl.probe, ctl.round_next, ctl.round_of, ctl.guests) == (None, [], None, {})
