@@ -14,8 +14,8 @@ read a guest short (on an H100, one trainer alone read 21,000 calls/s and 29,000
 later), never long: a guest's rate alone is the more of its last two probes, or what it was seen
 to do beside the others if that is more; a read well short of it is believed once the guest's
 next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
-within a second, and again within a second after that (its first probe may fall in its warming up), as is a guest seen beside the
-others at more than 1.1 times what its probes read; a probe that moves a guest's rate alone by
+within a second, and again within a second after that (its first probe may fall in its warming
+up), as is a guest seen beside the others at more than 1.1 times what its probes read; a probe that moves a guest's rate alone by
 more than a quarter has the spans set anew rather than followed step by step (at once from the
 curves under sms; after half a window of fresh rates under smsover and smsfree).  Once every
 busy guest's rate alone is sure, probes come in rounds: each busy guest in turn, alone for its
