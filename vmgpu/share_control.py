@@ -15,10 +15,10 @@ later), never long: a guest's rate alone is the more of its last two probes, or 
 to do beside the others if that is more; a read well short of it is believed once the guest's
 next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
 within a second, and again within a second after that (its first probe may fall in its warming
-up), as is a guest seen beside the others at more than 1.1 times what its probes read; a probe that moves a guest's rate alone by
-more than a quarter has the spans set anew rather than followed step by step (at once from the
-curves under sms; after half a window of fresh rates under smsover and smsfree).  Once every
-busy guest's rate alone is sure, probes come in rounds: each busy guest in turn, alone for its
+up), as is a guest seen beside the others at more than 1.1 times what its probes read; a probe
+that moves a guest's rate alone by more than a quarter has the spans set anew rather than
+followed step by step (at once from the curves under sms; after half a window of fresh rates
+under smsover and smsfree).  Once every busy guest's rate alone is sure, probes come in rounds: each busy guest in turn, alone for its
 target part of the round, or what its cap leaves it if less (the least for PROBE_S, none past
 ROUND_MAX_S), as often for each guest as lone probes would be.  A lone probe gives its guest the
 GPU and holds the others, so over the window a tenant measures it is a gift to one of them (on the
