@@ -183,9 +183,7 @@ class Run:
         for _ in procs:  # (the first guest to fail is the one reported, whichever it is)
             i = ended.get()
             p = procs[i]
-            if results[i] is None or p.returncode != 0:
-                for q in procs:  # (none left behind holding the GPU)
-                    q.kill()
+            if results[i] is None or p.returncode != 0:  # (the others killed on the way out: together)
                 if results[i] is None:
                     sys.exit(f"a guest did not finish: {' '.join(map(str, p.args))}")
                 sys.exit(f"a guest failed: {results[i][1][-2000:]}")

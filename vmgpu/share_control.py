@@ -403,20 +403,14 @@ class ShareController:
             if now - self.probe_ended >= every:
                 if in_rounds:
                     (whose, length), *self.round_next = self._round(keys, busy)
-                    self.round_of = (frozenset(busy), top, self._round_targets(keys, busy), self._calls(keys))
-                else:  # (a guest not yet sure of first: its confirming probe before the others' next)
-                    whose, length = (
-                        min(
-                            busy,
-                            key=lambda k: (
-                                bool(self.guests[k].alone and self.guests[k].sure),
-                                self.guests[k].probed_at,
-                            ),
-                        ),
-                        self.probe_s,
-                    )
-                self.probe = _Probe(whose, now, before=self._rate(self.guests[whose], now) or 0.0, length=length)
-                return self._probe_holds(keys)
+                    calls = {k: s.calls for k, s in keys.items()}
+                    self.round_of = (frozenset(busy), top, self._round_targets(keys, busy), calls)
+                    return self._begin_probe(whose, length, now, keys)
+                # (a guest not yet sure of first: its confirming probe before the others' next)
+                whose = min(
+                    busy, key=lambda k: (bool(self.guests[k].alone and self.guests[k].sure), self.guests[k].probed_at)
+                )
+                return self._begin_probe(whose, self.probe_s, now, keys)
         self._control(now, keys, busy)
         if self.lever == "depth":
             self.depths.update({k[0]: self._depth(self.guests[k]) for k in busy})
@@ -469,12 +463,15 @@ class ShareController:
             out = {slot: (max(0, a - m), min(total, b + m)) for slot, (a, b) in out.items()}
         return out
 
+    def _begin_probe(self, k, length: float, now: float, keys: dict) -> dict[int, int]:
+        """Guest k probed from now for `length` seconds: the holds that run it alone."""
+        self.probe = _Probe(k, now, before=self._rate(self.guests[k], now) or 0.0, length=length)
+        return self._probe_holds(keys)
+
     def _round(self, keys: dict, busy: list) -> list[tuple[tuple[int, str], float]]:
         """A round of probes: every busy guest in turn (the one probed longest ago first), each
-        alone for its target part of the round, the least of them probe_s (none more than
-        ROUND_MAX_S).  A lone probe gives its guest the GPU and stops the others: of a 10 s window
-        with one probe of the light guest of 30/70 in it, that guest got 32% on the controller's
-        model, and 29% with one of the heavy guest's.  Over a round each guest has its part."""
+        alone for its part of the round (_round_targets), the least of them probe_s (none more
+        than ROUND_MAX_S): over a round each guest has its part, as over a lone probe it has not."""
         targets = self._round_targets(keys, busy)
         least = max(min(targets.values()), 1e-3)
         order = sorted(busy, key=lambda k: self.guests[k].probed_at)
@@ -484,10 +481,6 @@ class ShareController:
         """The parts a round gives its guests: their targets, each at most what its cap leaves
         it (a capped guest probed for its target's part would run uncapped past its cap)."""
         return {k: min(t, keys[k].cap_part) for k, t in self._targets(keys, busy).items()}
-
-    @staticmethod
-    def _calls(keys: dict) -> dict:
-        return {k: s.calls for k, s in keys.items()}
 
     def _round_broken(self, keys: dict) -> bool:
         """Whether the round under way no longer fits the guests: one of its own gone, its
@@ -511,8 +504,7 @@ class ShareController:
         while self.round_next and not self._round_broken(keys):
             k, length = self.round_next.pop(0)
             if k in keys and keys[k].waiting:
-                self.probe = _Probe(k, now, before=self._rate(self.guests[k], now) or 0.0, length=length)
-                return self._probe_holds(keys)
+                return self._begin_probe(k, length, now, keys)
         self.round_next, self.round_of = [], None
         return None
 
