@@ -15,7 +15,14 @@ later), never long: a guest's rate alone is the more of its last two probes, or 
 to do beside the others if that is more; a read well short of it is believed once the guest's
 next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
 within a second, and again within a second after that (its first probe may fall in its warming
-up), as is a guest seen beside the others at more than 1.1 times what its probes read; a probe
+up), as is a guest seen beside the others at more than 1.1 times what its probes read; a guest
+whose probes are refused REFUSED_MAX times in a row (it stops in them) is probed after the others,
+as often as they are (probed first and every second, a guest at work a moment every second had
+the others held a fifth of the time and their own probes never came), and a probe its guest
+stops in ends at once.  While a guest is young (its first YOUNG_S at work, until two probes in a
+row past its first GROWN_S read it alike) rounds come every PROBE_EVERY_S, at most YOUNG_PART of
+the time: a trainer's rate alone grows over its first seconds, and reads from then would be
+kept steady for 16 s; a probe
 that moves a guest's rate alone by more than a quarter has the spans set anew rather than
 followed step by step (at once from the curves under sms; after half a window of fresh rates
 under smsover and smsfree).  Once every busy guest's rate alone is sure, probes come in rounds:
@@ -118,6 +125,13 @@ QUIET_WINDOWS = 2.0  # after a change of weight, no probe for this many windows 
 # corrected, stands again, and then has its new parts)
 PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
 ROUND_MAX_S = 2.0  # in a round of probes, no guest's probe is longer than this
+# a young guest (one at work less than YOUNG_S, whose rate alone was not yet read alike twice in a
+# row past its first GROWN_S) has rounds of probes every PROBE_EVERY_S, or as often as leaves them
+# YOUNG_PART of the time, whatever the others' steadiness: its rate alone may still be growing
+YOUNG_S = 20.0
+GROWN_S = 5.0
+YOUNG_PART = 0.2
+REFUSED_MAX = 3  # an unmeasured guest whose probes this many in a row were refused is probed after the others
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
@@ -173,6 +187,10 @@ class _Guest:
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
     short: float | None = None  # its last probe read well short of what was kept: to be checked
     sure: bool = False  # its rate alone measured alone a whole window, or read by PROBES_KEPT probes
+    born: float | None = None  # when it was first seen busy
+    grown: bool = False  # two probes in a row read its rate alone alike, past its first GROWN_S at work
+    read_at: float = -math.inf  # when a probe last read its rate alone
+    refused: int = 0  # its probes in a row that were refused (it stopped in them, or went slower than beside)
     target: float = 0.0  # its target part at the last look it shared at (0: not sharing then)
     rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
     given: deque = field(default_factory=deque)  # (t, the part of the SMs its span gave it from t: 0 none)
@@ -314,6 +332,11 @@ class ShareController:
         """Whether its rate is over less than a whole window (rates since a change of targets)."""
         return now - g.rate_from < self.window_s - 1e-9
 
+    def _at_work_throughout(self, g: _Guest, now: float) -> bool:
+        """Whether it made calls between every two looks over the last window."""
+        pts = [c for t, c, _ in g.calls if now - t <= self.window_s + 1e-9]
+        return len(pts) >= self.window_s / PERIOD_STEP_S and all(b > a for a, b in pairwise(pts))
+
     def _busy(self, g: _Guest, now: float) -> bool:
         recent = [c for _, c, _ in self._recent(g, self.window_s / 2)]
         return len(recent) >= 2 and recent[-1] > recent[0]
@@ -353,6 +376,11 @@ class ShareController:
 
     def _plan(self, now: float, keys: dict) -> dict[int, int]:
         busy = [k for k in keys if self._busy(self.guests[k], now)]
+        for k in busy:
+            g = self.guests[k]
+            g.born = now if g.born is None else g.born
+            if g.refused and self._at_work_throughout(g, now):
+                g.refused = 0  # (its probes failed while it worked by moments: it works on now)
         # only the busy guests of the highest priority share here: a lower one's work waits at the
         # gate while a higher one's goes (sched_page.c, higher_at_work), so it is neither held
         # nor probed, and nobody is held for it
@@ -387,28 +415,42 @@ class ShareController:
             self.guests[k].alone and self.guests[k].short is None for k in busy
         ):
             self.quiet_until = now + QUIET_WINDOWS * self.window_s  # (seen before _retarget sees it)
-        if len(busy) >= 2 and now >= max(self.settle_until, self.quiet_until):
+        # (not a guest whose probes are refused time after time, as they are where it stops in
+        # them: one at work for a moment every second, probed every second and first, had the
+        # others held a fifth of the time for it and their own probes never came; it is probed
+        # again once it works a whole window through)
+        measuring = [k for k in busy if not self._given_up(self.guests[k])]
+        if len(measuring) >= 2 and now >= max(self.settle_until, self.quiet_until):
             # a newcomer is measured soon, and again: its first probe may fall in its warming up
             # (two trainers started together on an H100 read 4% and 1% of their rates alone)
-            unmeasured = any(not self.guests[k].alone or not self.guests[k].sure for k in busy)
+            unmeasured = any(not self.guests[k].alone or not self.guests[k].sure for k in measuring)
             # probes cost the shares (a probed guest runs alone): once every busy guest's rate
             # alone has held steady, they come less often, down to one in four times as many
-            steady = min(self.guests[k].steady for k in busy)
+            steady = min(self.guests[k].steady for k in measuring)
             every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s * 2 ** min(steady, STEADY_MAX)
             # (a round probes every busy guest: as often for each as one probe at a time, but a
-            # read short awaiting its check is checked as soon as a lone probe would be)
+            # read short awaiting its check is checked as soon as a lone probe would be; and while
+            # one of them is young, every probe_every_s, or further apart where a round is long,
+            # so that rounds take at most YOUNG_PART of the time: its rate alone may still grow,
+            # and on an H100 a trainer's two reads in its first seconds, 18% under its rate alone
+            # at 20 s, agreed and were kept 8 s of a 10 s window, which put 30/70 at 32.8/67.2)
             in_rounds = self.rounds and not unmeasured
-            if in_rounds and all(self.guests[k].short is None for k in busy):
-                every *= len(busy)
+            young = any(not self.guests[k].grown and now - self.guests[k].born < YOUNG_S for k in measuring)
+            if in_rounds and young:
+                turns = sum(length for _, length in self._round(keys, measuring))
+                every = max(self.probe_every_s, turns / YOUNG_PART - turns)
+            elif in_rounds and all(self.guests[k].short is None for k in measuring):
+                every *= len(measuring)
             if now - self.probe_ended >= every:
                 if in_rounds:
-                    (whose, length), *self.round_next = self._round(keys, busy)
+                    (whose, length), *self.round_next = self._round(keys, measuring)
                     calls = {k: s.calls for k, s in keys.items()}
-                    self.round_of = (frozenset(busy), top, self._round_targets(keys, busy), calls)
+                    self.round_of = (frozenset(measuring), top, self._round_targets(keys, measuring), calls)
                     return self._begin_probe(whose, length, now, keys)
                 # (a guest not yet sure of first: its confirming probe before the others' next)
                 whose = min(
-                    busy, key=lambda k: (bool(self.guests[k].alone and self.guests[k].sure), self.guests[k].probed_at)
+                    measuring,
+                    key=lambda k: (bool(self.guests[k].alone and self.guests[k].sure), self.guests[k].probed_at),
                 )
                 return self._begin_probe(whose, self.probe_s, now, keys)
         self._control(now, keys, busy)
@@ -424,6 +466,11 @@ class ShareController:
         # (a lower guest is held by nobody's share, but its cap holds it still)
         holds.update({k[0]: int(round(1000 * (1 - keys[k].cap_part))) for k in lower if keys[k].cap_part < 1})
         return holds
+
+    @staticmethod
+    def _given_up(g: _Guest) -> bool:
+        """Whether its rate alone is unmeasured and its last REFUSED_MAX probes were refused."""
+        return not (g.alone and g.sure) and g.refused >= REFUSED_MAX
 
     def _reserve(self, keys: dict, higher, lower: list) -> dict[int, tuple[int, int]]:
         """The priority reserve, on SM spans: while one guest of a higher priority is busy, the
@@ -493,7 +540,10 @@ class ShareController:
         if not members <= set(keys) or self._round_targets(keys, list(members)) != targets:
             return True
         return any(
-            k not in members and s.rank >= rank and (s.waiting or s.calls > calls.get(k, s.calls))
+            k not in members
+            and s.rank >= rank
+            and (s.waiting or s.calls > calls.get(k, s.calls))
+            and not self._given_up(self.guests[k])  # (one at work for moments, as when its probes failed)
             for k, s in keys.items()
         )
 
@@ -519,10 +569,11 @@ class ShareController:
         if p.settled_at is not None and calls <= p.last:
             p.stalled = True  # a look at which it had made no call since the last: not busy throughout
         p.last = calls
-        if self.round_of is not None and (p.stalled or self._round_broken(keys)):
-            # (a round's probe, up to ROUND_MAX_S: not read, and the round ended, where its guest
-            # stopped or the round no longer fits; the others are held no longer for it)
-            self.guests[p.whose].probed_at = now - self.probe_every_s / 2
+        if p.stalled or (self.round_of is not None and self._round_broken(keys)):
+            # (not read, and ended at once, where its guest stopped or its round no longer fits:
+            # the others are held no longer for it, nor for the rest of a round)
+            g = self.guests[p.whose]
+            g.probed_at, g.refused = now - self.probe_every_s / 2, g.refused + p.stalled
             self.probe, self.probe_ended, self.round_next, self.round_of = None, now, [], None
             return None
         if p.settled_at is None and now - p.began >= self.settle_s:
@@ -532,7 +583,7 @@ class ShareController:
             r = (calls - p.calls) / max(now - p.settled_at, 1e-6)
             # kept only if it was busy throughout (calls at every look) and went at least as fast as
             # beside the others: otherwise it was between phases of its work, not alone at work
-            if r > 0 and r >= 0.9 * p.before and not p.stalled:
+            if r > 0 and r >= 0.9 * p.before:
                 # the more of its last two whole measures: a probe reads a guest's rate alone
                 # short, never long (on an H100 the same trainer read 21,000 calls/s in one probe
                 # and 29,000 in another, beside a steady 21,000 with the other guest), and an
@@ -545,18 +596,21 @@ class ShareController:
                 if confirmed:
                     g.probes.clear()
                 g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
+                g.grown = g.grown or (g.steady > 0 and g.read_at - g.born >= GROWN_S)
+                g.read_at = now
                 g.probes.append(r)
                 g.sure = g.sure or confirmed or len(g.probes) >= PROBES_KEPT
                 was, g.alone = g.alone, max(g.probes)
                 if was and abs(g.alone - was) > REBASE * was:
                     self.rebase.add(p.whose)
                 g.probed_at = -math.inf if g.short is not None else now
+                g.refused = 0
             else:
                 g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
                 # (refused: it went faster beside the others than this probe read, and its kept
                 # rate alone is at least what it was seen to do there: no sign of a warm-up read,
                 # so no probe within a second, or one refused every time would come every second)
-                g.sure = g.sure or bool(g.alone)
+                g.sure, g.refused = g.sure or bool(g.alone), g.refused + 1
             self.probe, self.probe_ended = None, now
             return self._next_in_round(now, keys)
         return self._probe_holds(keys)

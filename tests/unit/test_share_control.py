@@ -49,6 +49,9 @@ class Gpu:
         self.whole: set[str] = set()  # guests whose work does not keep to a span (not partitioned)
         self.waiting: set[str] = set()  # guests with work that did not run at the last millisecond
         self.slow_until: dict[str, float] = {}  # a guest warming up: at 3% of its speed until then
+        # a guest whose speed grows over its first seconds: (from, to, f), at f of it at `from`
+        # rising evenly to all of it at `to`
+        self.ramp: dict[str, tuple[float, float, float]] = {}
         self.now = 1000.0
 
     def seen(self) -> list[Seen]:
@@ -123,6 +126,9 @@ class Gpu:
                         else self.sm_speed(1 - taken / 2)
                     )
                 rate = self.alone[n] * min(1.0, share) * (0.03 if t < self.slow_until.get(n, 0) else 1)
+                if n in self.ramp:
+                    t0, t1, f = self.ramp[n]
+                    rate *= f + (1 - f) * min(1.0, max(0.0, (t - t0) / (t1 - t0)))
                 if n in self.demand:
                     rate = min(rate, self.demand[n])
                 if n in self.gamers and t - self.alone_since[n] > PERIOD:
@@ -666,6 +672,55 @@ def test_a_probe_of_a_guest_that_stopped_in_it_is_not_taken_for_its_rate_alone()
     assert (ctl.probe is None or ctl.probe.whose[1] != whose) and ctl.guests[ctl_key(ctl, whose)].alone == good[whose]
 
 
+def _flickering(
+    flicker: bool, rounds: bool, ctl: ShareController | None = None
+) -> tuple[dict[str, float], dict[str, int], dict[str, int], Gpu]:
+    """a and b share at 30/70, sure of their rates alone; then for 90 s c, never measured, is at
+    work 0.1 s of every second (or not at all): a's and b's rates over their rates alone, each
+    guest's probes, the milliseconds each was held, and the model."""
+    gpu = Gpu({"a": 5000.0, "b": 8000.0, "c": 6000.0})
+    gpu.weight.update(a=30, b=70)
+    gpu.busy["c"] = False
+    ctl = ShareController(rounds=rounds) if ctl is None else ctl
+    gpu.run(ctl, 20)
+    calls, held, who, was = dict(gpu.calls), dict(gpu.held_ms), [], None
+    for i in range(900):
+        gpu.busy["c"] = flicker and i % 10 == 0
+        gpu.run(ctl, 0.1)
+        if ctl.probe is not None and ctl.probe is not was:
+            who.append(ctl.probe.whose[1])
+        was = ctl.probe
+    got = {n: (gpu.calls[n] - calls[n]) / (90 * gpu.alone[n]) for n in "ab"}
+    return got, {n: who.count(n) for n in "abc"}, {n: gpu.held_ms[n] - held[n] for n in "abc"}, gpu
+
+
+@pytest.mark.parametrize("rounds", [True, False])
+def test_a_guest_at_work_a_moment_every_second_neither_has_the_others_held_nor_stops_their_probes(rounds):
+    # hostile: c never works long enough for a probe to read it, so each of its probes is
+    # refused and it stays unmeasured; an unmeasured guest is probed first and every second, and
+    # a probe held the others its whole 0.3 s though c had stopped in it.  On the model c was
+    # probed 40 times in 60 s, a and b never, and b was held 12 s of the 60 (a and b lost 23% of
+    # their rates).  A probe its guest stops in ends at once, and after REFUSED_MAX refused in a
+    # row the guest is probed after the others, as often as they are
+    quiet, quiet_probes, _, _ = _flickering(False, rounds)
+    got, probes, held, _ = _flickering(True, rounds)
+    # (nor does c break a's and b's rounds: held for them, as they are for each other)
+    assert probes["c"] <= 4 and all(probes[n] >= max(2, quiet_probes[n] - 1) for n in "ab"), (probes, quiet_probes)
+    assert held["b"] <= 4500, held
+    # (c's own moments of work beside them cost them a little)
+    assert all(got[n] >= 0.93 * quiet[n] for n in "ab"), (got, quiet)
+
+
+def test_a_guest_whose_probes_failed_while_it_worked_by_moments_is_measured_once_it_works_on():
+    ctl = ShareController()
+    *_, gpu = _flickering(True, True, ctl)
+    c = ctl.guests[ctl_key(ctl, "c")]
+    assert not c.alone and c.refused >= 3, c
+    gpu.busy["c"] = True
+    who = _probes(gpu, ctl, 4)
+    assert who[:2] == ["c", "c"] and abs(c.alone - 6000) <= 600, (who, c)
+
+
 def ctl_key(ctl: ShareController, name: str):
     return next(k for k in ctl.guests if k[1] == name)
 
@@ -781,7 +836,10 @@ def test_under_the_sms_lever_a_cap_still_holds_by_time():
     gpu = _pair(50, 50)
     gpu.groups = 16
     gpu.cap["a"] = 20
-    settled(gpu, 10, 5, lever="sms")
+    ctl = ShareController(lever="sms")
+    gpu.run(ctl, 15)
+    while ctl.probe is not None:  # (at a look no probe of the other holds it)
+        gpu.run(ctl, 0.1)
     assert gpu.holds["a"] == 800, gpu.holds  # (its cap's hold: 1000 - 10 x 20)
 
 
@@ -905,6 +963,25 @@ def test_two_guests_that_begin_together_warming_up_come_to_their_parts_within_ei
     gpu.run(ctl, 8)
     got = gpu.run(ctl, 10)
     assert abs(parts(got)["a"] - 30) <= 2, parts(got)
+
+
+@pytest.mark.parametrize("steps", [(3, 0), (0, 5), (2, 6)])
+@pytest.mark.parametrize("lever", ["time", "sms", "smsover"])
+def test_a_guest_whose_rate_alone_grows_in_its_first_seconds_is_read_again_soon(lever, steps):
+    # on an H100 a trainer's first two probes, in its first seconds, read it 18% under its rate
+    # alone at 20 s; they agreed, so were sure and steady, and the next round came 16 s on: 30/70
+    # was 32.8/67.2 over the 10 s after an 8 s lead (run 79).  Here each guest runs at 82% of its
+    # speed until a moment in its first seconds; rounds come every PROBE_EVERY_S while a guest is
+    # young (the old spacing put the light guest at 26-34%)
+    gpu = Gpu({"a": 30000.0, "b": 30000.0}, together={1: 1.0, 2: 0.55})
+    gpu.weight.update(a=30, b=70)
+    gpu.groups = 0 if lever == "time" else 15
+    gpu.sm_speed = lambda x: x**0.66
+    gpu.ramp = {n: (gpu.now + at, gpu.now + at + 0.5, 0.82) for n, at in zip("ab", steps, strict=True)}
+    ctl = ShareController(lever=lever)
+    gpu.run(ctl, 8)
+    got = gpu.run(ctl, 10)  # (both at full speed: the parts by their rates alone now)
+    assert abs(parts(got)["a"] - 30) <= 1, parts(got)
 
 
 @pytest.mark.parametrize("lever", ["sms", "smsover"])
@@ -1194,7 +1271,7 @@ def test_seen_on_a_page_tells_a_guest_waiting_at_its_gate():
     assert [m.waiting for m in seen_on(Page(), 5000.0)] == [False, True]
 
 
-def _ten_second_parts(lever: str, rounds: bool) -> list[float]:
+def _ten_second_parts(lever: str, rounds: bool, lead: float = 8) -> list[float]:
     """The light guest's part of 30/70 (equal rates alone, speeds on spans as an H100 trainer's)
     over 10 s windows, as the sharing bench measures it, after several warm-ups."""
     out = []
@@ -1204,7 +1281,7 @@ def _ten_second_parts(lever: str, rounds: bool) -> list[float]:
         gpu.groups = 15 if lever != "time" else 0
         gpu.sm_speed = lambda x: x**0.66
         ctl = ShareController(lever=lever, rounds=rounds)
-        gpu.run(ctl, 8 + 0.7 * seed)
+        gpu.run(ctl, lead + 0.7 * seed)
         out += [parts(gpu.run(ctl, 10))["a"] for _ in range(3)]
     return out
 
@@ -1212,10 +1289,14 @@ def _ten_second_parts(lever: str, rounds: bool) -> list[float]:
 @pytest.mark.parametrize("lever", ["time", "sms", "smsover"])
 def test_probes_in_rounds_keep_each_ten_seconds_at_the_parts_where_lone_probes_move_them(lever):
     # a lone probe runs its guest alone and holds the other: a 10 s window with one of the light
-    # guest's gets it 31.5-32%, with one of the heavy guest's 29.3%; a round gives each its part
+    # guest's gets it 31.5-32%, with one of the heavy guest's 29.3%; a round gives each its part.
+    # Past the guests' youth (YOUNG_S), every window within 0.5 pp; in it, where rounds come every
+    # 4 s, a window that cuts a round between its two turns is off by up to 2 pp
     lone, rounds = _ten_second_parts(lever, False), _ten_second_parts(lever, True)
     assert sum(lone) / len(lone) - 30 >= 0.7 and sum(abs(p - 30) > 0.5 for p in lone) >= 10, lone
-    assert abs(sum(rounds) / len(rounds) - 30) <= 0.2 and max(abs(p - 30) for p in rounds) <= 0.5, rounds
+    assert abs(sum(rounds) / len(rounds) - 30) <= 0.3 and max(abs(p - 30) for p in rounds) <= 2, rounds
+    grown = _ten_second_parts(lever, True, lead=20)
+    assert abs(sum(grown) / len(grown) - 30) <= 0.2 and max(abs(p - 30) for p in grown) <= 0.5, grown
 
 
 @pytest.mark.parametrize(
