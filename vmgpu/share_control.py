@@ -125,7 +125,7 @@ QUIET_WINDOWS = 2.0  # after a change of weight, no probe for this many windows 
 # corrected, stands again, and then has its new parts)
 PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
 ROUND_MAX_S = 2.0  # in a round of probes, no guest's probe is longer than this
-# a young guest (one at work less than YOUNG_S, whose rate alone was not yet read alike twice in a
+# a young guest (one at work through a window first less than YOUNG_S ago, whose rate alone was not yet read alike twice in a
 # row past its first GROWN_S) has rounds of probes every PROBE_EVERY_S, or as often as leaves them
 # YOUNG_PART of the time, whatever the others' steadiness: its rate alone may still be growing
 YOUNG_S = 20.0
@@ -187,7 +187,7 @@ class _Guest:
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
     short: float | None = None  # its last probe read well short of what was kept: to be checked
     sure: bool = False  # its rate alone measured alone a whole window, or read by PROBES_KEPT probes
-    born: float | None = None  # when it was first seen busy
+    born: float | None = None  # the first look it had been at work throughout a window at
     grown: bool = False  # two probes in a row read its rate alone alike, past its first GROWN_S at work
     read_at: float = -math.inf  # when a probe last read its rate alone
     refused: int = 0  # its probes in a row that were refused (it stopped in them, or went slower than beside)
@@ -378,9 +378,11 @@ class ShareController:
         busy = [k for k in keys if self._busy(self.guests[k], now)]
         for k in busy:
             g = self.guests[k]
-            g.born = now if g.born is None else g.born
-            if g.refused and self._at_work_throughout(g, now):
-                g.refused = 0  # (its probes failed while it worked by moments: it works on now)
+            if self._at_work_throughout(g, now):
+                # (its youth counts from the first window it worked through: a trainer's first
+                # seconds, loading and setting up, put work on the GPU by moments, 5 to 45 s on an
+                # H100; and one whose probes failed while it worked by moments works on now)
+                g.born, g.refused = now if g.born is None else g.born, 0
         # only the busy guests of the highest priority share here: a lower one's work waits at the
         # gate while a higher one's goes (sched_page.c, higher_at_work), so it is neither held
         # nor probed, and nobody is held for it
@@ -435,7 +437,9 @@ class ShareController:
             # and on an H100 a trainer's two reads in its first seconds, 18% under its rate alone
             # at 20 s, agreed and were kept 8 s of a 10 s window, which put 30/70 at 32.8/67.2)
             in_rounds = self.rounds and not unmeasured
-            young = any(not self.guests[k].grown and now - self.guests[k].born < YOUNG_S for k in measuring)
+            young = any(
+                not self.guests[k].grown and now - (self.guests[k].born or -math.inf) < YOUNG_S for k in measuring
+            )
             if in_rounds and young:
                 turns = sum(length for _, length in self._round(keys, measuring))
                 every = max(self.probe_every_s, turns / YOUNG_PART - turns)
@@ -596,7 +600,7 @@ class ShareController:
                 if confirmed:
                     g.probes.clear()
                 g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
-                g.grown = g.grown or (g.steady > 0 and g.read_at - g.born >= GROWN_S)
+                g.grown = g.grown or (g.steady > 0 and g.read_at - (g.born or now) >= GROWN_S)
                 g.read_at = now
                 g.probes.append(r)
                 g.sure = g.sure or confirmed or len(g.probes) >= PROBES_KEPT

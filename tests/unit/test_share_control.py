@@ -965,20 +965,26 @@ def test_two_guests_that_begin_together_warming_up_come_to_their_parts_within_ei
     assert abs(parts(got)["a"] - 30) <= 2, parts(got)
 
 
-@pytest.mark.parametrize("steps", [(3, 0), (0, 5), (2, 6)])
+@pytest.mark.parametrize(("steps", "setup"), [((3, 0), 0), ((0, 5), 0), ((2, 6), 0), ((0, 5), 30)])
 @pytest.mark.parametrize("lever", ["time", "sms", "smsover"])
-def test_a_guest_whose_rate_alone_grows_in_its_first_seconds_is_read_again_soon(lever, steps):
+def test_a_guest_whose_rate_alone_grows_in_its_first_seconds_is_read_again_soon(lever, steps, setup):
     # on an H100 a trainer's first two probes, in its first seconds, read it 18% under its rate
     # alone at 20 s; they agreed, so were sure and steady, and the next round came 16 s on: 30/70
     # was 32.8/67.2 over the 10 s after an 8 s lead (run 79).  Here each guest runs at 82% of its
     # speed until a moment in its first seconds; rounds come every PROBE_EVERY_S while a guest is
-    # young (the old spacing put the light guest at 26-34%)
+    # young (the old spacing put the light guest at 26-34%).  Its youth counts from when it works
+    # on, not from its setting up, where it is at work by moments (`setup` seconds of 0.1 s in
+    # every second: a trainer loading and setting up took 5-45 s on an H100)
     gpu = Gpu({"a": 30000.0, "b": 30000.0}, together={1: 1.0, 2: 0.55})
     gpu.weight.update(a=30, b=70)
     gpu.groups = 0 if lever == "time" else 15
     gpu.sm_speed = lambda x: x**0.66
-    gpu.ramp = {n: (gpu.now + at, gpu.now + at + 0.5, 0.82) for n, at in zip("ab", steps, strict=True)}
     ctl = ShareController(lever=lever)
+    for i in range(10 * setup):
+        gpu.busy = dict.fromkeys("ab", i % 10 == 0)
+        gpu.run(ctl, 0.1)
+    gpu.busy = dict.fromkeys("ab", True)
+    gpu.ramp = {n: (gpu.now + at, gpu.now + at + 0.5, 0.82) for n, at in zip("ab", steps, strict=True)}
     gpu.run(ctl, 8)
     got = gpu.run(ctl, 10)  # (both at full speed: the parts by their rates alone now)
     assert abs(parts(got)["a"] - 30) <= 1, parts(got)
