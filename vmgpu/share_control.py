@@ -125,9 +125,10 @@ QUIET_WINDOWS = 2.0  # after a change of weight, no probe for this many windows 
 # corrected, stands again, and then has its new parts)
 PROBE_SETTLE_S = 0.08  # the first part of a probe is not measured: the others' queued work still runs
 ROUND_MAX_S = 2.0  # in a round of probes, no guest's probe is longer than this
-# a young guest (one at work through a window first less than YOUNG_S ago, whose rate alone was not yet read alike twice in a
-# row past its first GROWN_S) has rounds of probes every PROBE_EVERY_S, or as often as leaves them
-# YOUNG_PART of the time, whatever the others' steadiness: its rate alone may still be growing
+# a young guest (first at work through a window less than YOUNG_S ago, its rate alone not yet
+# read alike twice in a row past its first GROWN_S) has rounds of probes every PROBE_EVERY_S, or
+# as often as leaves them YOUNG_PART of the time, whatever the others' steadiness: its rate alone
+# may still be growing
 YOUNG_S = 20.0
 GROWN_S = 5.0
 YOUNG_PART = 0.2
