@@ -1680,6 +1680,12 @@ def main() -> int:
     )
     ap.add_argument("--probe", help="the share controller's probe, EVERY,LENGTH,SETTLE seconds (default 4,0.3,0.08)")
     ap.add_argument(
+        "--young",
+        help="the share controller's youth, SECONDS,PART: while a guest is young, rounds of probes every "
+        "4 s or as often as leaves them PART of the time (default "
+        f"{share_control.YOUNG_S:g},{share_control.YOUNG_PART:g}; 0,PART: no youth)",
+    )
+    ap.add_argument(
         "--lone-probes",
         action="store_true",
         help="the share controller probes one guest at a time, never in rounds (before session 54: each probe "
@@ -1704,6 +1710,14 @@ def main() -> int:
         PROBE.update(probe_every_s=every, probe_s=length, settle_s=settle)
     if a.lone_probes:
         PROBE["rounds"] = False
+    if a.young:
+        try:
+            young_s, young_part = (float(x) for x in a.young.split(","))
+        except ValueError as e:
+            ap.error(f"--young: SECONDS,PART ({e})")
+        if not (0 <= young_s <= 600 and 0 < young_part < 1):
+            ap.error(f"--young: SECONDS from 0 to 600 and a PART of the time between 0 and 1, not {a.young}")
+        PROBE.update(young_s=young_s, young_part=young_part)
     if a.cap_probe:
         try:
             length, settle = (float(x) for x in a.cap_probe.split(","))

@@ -226,6 +226,8 @@ class ShareController:
         depth: int = DEPTH,
         overlap: float = OVERLAP,
         rounds: bool = True,
+        young_s: float = YOUNG_S,
+        young_part: float = YOUNG_PART,
     ):
         if lever not in LEVERS:
             raise ValueError(f"lever '{lever}' is not one of {', '.join(LEVERS)}")
@@ -233,6 +235,9 @@ class ShareController:
         self.lever, self.depth = lever, min(max(1, depth), DEPTH_MAX)  # (a depth it gives is at most this)
         if not 0 <= overlap <= 1:
             raise ValueError(f"overlap {overlap} is not a part of the SMs (0 to 1)")
+        if young_s < 0 or not 0 < young_part < 1:
+            raise ValueError(f"youth {young_s} s, {young_part} of the time: seconds >= 0 and a part in (0, 1)")
+        self.young_s, self.young_part = young_s, young_part  # (YOUNG_S, YOUNG_PART)
         self.overlap = overlap  # under smsover: how far each span reaches into its neighbours'
         self.depths: dict[int, int] = {}  # under the depth lever: each slot's depth (0: its forwarder's)
         self.spans: dict[int, tuple[int, int]] = {}  # under the sms lever: each slot's span (0, 0: the whole GPU)
@@ -439,11 +444,11 @@ class ShareController:
             # at 20 s, agreed and were kept 8 s of a 10 s window, which put 30/70 at 32.8/67.2)
             in_rounds = self.rounds and not unmeasured
             young = any(
-                not self.guests[k].grown and now - (self.guests[k].born or -math.inf) < YOUNG_S for k in measuring
+                not self.guests[k].grown and now - (self.guests[k].born or -math.inf) < self.young_s for k in measuring
             )
             if in_rounds and young:
                 turns = sum(length for _, length in self._round(keys, measuring))
-                every = max(self.probe_every_s, turns / YOUNG_PART - turns)
+                every = max(self.probe_every_s, turns / self.young_part - turns)
             elif in_rounds and all(self.guests[k].short is None for k in measuring):
                 every *= len(measuring)
             if now - self.probe_ended >= every:

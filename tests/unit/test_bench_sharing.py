@@ -791,11 +791,18 @@ def test_the_trainer_of_every_row_but_the_caps_is_the_one_train_gives(monkeypatc
 
     monkeypatch.setattr(run_sharing, "sampled", sampled)
     monkeypatch.setattr(run_sharing, "PROBE", {})
-    monkeypatch.setattr(sys, "argv", ["run_sharing.py", "--train=--batch 64", "--skip", "priority", "--lone-probes"])
+    argv = ["run_sharing.py", "--train=--batch 64", "--skip", "priority", "--lone-probes", "--young", "12,0.1"]
+    monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match="stopped here"):
         run_sharing.main()
     assert seen == [["torch_train.py", "--batch", "64"]]
-    assert run_sharing.PROBE == {"rounds": False}  # (--lone-probes: the controller's probes one at a time)
+    # (--lone-probes: the controller's probes one at a time; --young: its youth)
+    assert run_sharing.PROBE == {"rounds": False, "young_s": 12.0, "young_part": 0.1}
+    run_sharing.share_control.ShareController(**run_sharing.PROBE)  # (what the rows' controllers are given)
+    for bad in ("12", "12,1", "-1,0.2", "a,b"):
+        monkeypatch.setattr(sys, "argv", ["run_sharing.py", "--young", bad])
+        with pytest.raises(SystemExit, match="2"):
+            run_sharing.main()
     assert run_sharing.CAP_TRAIN == ["torch_train.py", "--batch", "32", "--no-autotune"]
 
 

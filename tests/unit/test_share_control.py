@@ -990,6 +990,21 @@ def test_a_guest_whose_rate_alone_grows_in_its_first_seconds_is_read_again_soon(
     assert abs(parts(got)["a"] - 30) <= 1, parts(got)
 
 
+def test_without_a_youth_a_read_from_a_guests_first_seconds_is_kept_and_the_parts_are_off():
+    # (young_s=0, as the bench's --young 0,PART: what the youth mends)
+    gpu = Gpu({"a": 30000.0, "b": 30000.0}, together={1: 1.0, 2: 0.55})
+    gpu.weight.update(a=30, b=70)
+    gpu.groups = 15
+    gpu.sm_speed = lambda x: x**0.66
+    gpu.ramp = {"b": (gpu.now + 5, gpu.now + 5.5, 0.82)}
+    ctl = ShareController(lever="sms", young_s=0)
+    gpu.run(ctl, 8)
+    assert parts(gpu.run(ctl, 10))["a"] > 32
+    for bad in ({"young_s": -1}, {"young_part": 0}, {"young_part": 1}):
+        with pytest.raises(ValueError, match="youth"):
+            ShareController(**bad)
+
+
 @pytest.mark.parametrize("lever", ["sms", "smsover"])
 def test_a_guest_that_begins_to_share_beside_a_capped_one_is_not_put_on_its_targets_span(lever):
     # where a sharing guest is capped, its cap holds it (its span is not its weight's), so a guest
