@@ -15,16 +15,16 @@ later), never long: a guest's rate alone is the more of its last two probes, or 
 to do beside the others if that is more; a read well short of it is believed once the guest's
 next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
 within a second, and again within a second after that (its first probe may fall in its warming
-up), as is a guest seen beside the others at more than 1.1 times what its probes read; a guest
-whose probes are refused REFUSED_MAX times in a row (it stops in them) is probed after the others,
-as often as they are (probed first and every second, a guest at work a moment every second had
-the others held a fifth of the time and their own probes never came), and a probe its guest
-stops in ends at once.  While a guest is young (its first YOUNG_S at work, until two probes in a
-row past its first GROWN_S read it alike) rounds come every PROBE_EVERY_S, at most YOUNG_PART of
-the time: a trainer's rate alone grows over its first seconds, and reads from then would be
-kept steady for 16 s; a probe
-that moves a guest's rate alone by more than a quarter has the spans set anew rather than
-followed step by step (at once from the curves under sms; after half a window of fresh rates
+up), as is a guest seen beside the others at more than 1.1 times what its probes read; an
+unmeasured guest whose probes are refused REFUSED_MAX times in a row (it stops in them) is left
+out of probing, nor does its work break a round, until it works a whole window through (probed
+first and every second, a guest at work a moment every second had the others held a fifth of the
+time and their own probes never came), and a probe its guest stops in ends at once.  While a
+guest is young (for young_s from the first look it had worked a whole window through, until two
+probes in a row, the first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at
+most young_part of the time: a trainer's rate alone grows over its first seconds, and two reads
+from then that agreed were kept 16 s; a probe that moves a guest's rate alone by more than a
+quarter has the spans set anew rather than followed step by step (at once from the curves under sms; after half a window of fresh rates
 under smsover and smsfree).  Once every busy guest's rate alone is sure, probes come in rounds:
 each busy guest in turn, alone for its target part of the round, or what its cap leaves it if
 less (the least for PROBE_S, none past ROUND_MAX_S), as often for each guest as lone probes
