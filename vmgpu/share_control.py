@@ -24,8 +24,8 @@ guest is young (for young_s from the first look it had worked a whole window thr
 probes in a row, the first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at
 most young_part of the time: a trainer's rate alone grows over its first seconds, and two reads
 from then that agreed were kept 16 s; a probe that moves a guest's rate alone by more than a
-quarter has the spans set anew rather than followed step by step (at once from the curves under sms; after half a window of fresh rates
-under smsover and smsfree).  Once every busy guest's rate alone is sure, probes come in rounds:
+quarter has the spans set anew rather than followed step by step (at once from the curves
+under sms; after half a window of fresh rates under smsover and smsfree).  Once every busy guest's rate alone is sure, probes come in rounds:
 each busy guest in turn, alone for its target part of the round, or what its cap leaves it if
 less (the least for PROBE_S, none past ROUND_MAX_S), as often for each guest as lone probes
 would be.  A lone probe gives its guest the GPU and holds the others, so over the window a
