@@ -24,20 +24,20 @@ guest is young (for young_s from the first look it had worked a whole window thr
 probes in a row, the first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at
 most young_part of the time: a trainer's rate alone grows over its first seconds, and two reads
 from then that agreed were kept 16 s; a probe that moves a guest's rate alone by more than a
-quarter has the spans set anew rather than followed step by step (at once from the curves
-under sms; after half a window of fresh rates under smsover and smsfree).  Once every busy guest's rate alone is sure, probes come in rounds:
-each busy guest in turn, alone for its target part of the round, or what its cap leaves it if
-less (the least for PROBE_S, none past ROUND_MAX_S), as often for each guest as lone probes
-would be.  A lone probe gives its guest the GPU and holds the others, so over the window a
-tenant measures it is a gift to one of them (on the model, a 10 s window at 30/70 with one of
-the light guest's probes gave it 31.5-32%, with one of the heavy guest's 29.3%; on an H100 two
-of the light guest's in one window gave it some 2.5 pp); a round gives each its part, where the
-parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at 5/95 the light guest gets 13% of its
-round).  A round ends at the next look once it no longer fits (one of its guests gone, or
-stopped in its turn; a target changed; another guest of its priority or above at work: a
-newcomer is not held for a round), and a guest whose work no longer waits at its gate when its
-turn comes is passed over.  Rates are read over the looks no probe took, half a window of them
-at least (_recent), so that after a round they are what they were before it.
+quarter has the spans set anew rather than followed step by step (at once from the curves under
+sms; after half a window of fresh rates under smsover and smsfree).  Once every busy guest's
+rate alone is sure, probes come in rounds: each busy guest in turn, alone for its target part of
+the round, or what its cap leaves it if less (the least for PROBE_S, none past ROUND_MAX_S), as
+often for each guest as lone probes would be.  A lone probe gives its guest the GPU and holds
+the others, so over the window a tenant measures it is a gift to one of them (on the model, a 10
+s window at 30/70 with one of the light guest's probes gave it 31.5-32%, with one of the heavy
+guest's 29.3%; on an H100 two of the light guest's in one window gave it some 2.5 pp); a round
+gives each its part, where the parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at 5/95
+the light guest gets 13% of its round).  A round ends at the next look once it no longer fits
+(one of its guests gone, or stopped in its turn; a target changed; another guest of its priority
+or above at work: a newcomer is not held for a round), and a guest whose work no longer waits at
+its gate when its turn comes is passed over.  Rates are read over the looks no probe took, half
+a window of them at least (_recent), so that after a round they are what they were before it.
 
 Each step (every 0.1 s): the busy guests' progress over the last second, p_i = rate_i / alone_i,
 as parts of the whole, p_i / sum(p), against their targets, the weighted policy's: a guarantee
