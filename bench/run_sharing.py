@@ -1682,8 +1682,9 @@ def main() -> int:
     ap.add_argument(
         "--young",
         help="the share controller's youth, SECONDS,PART: while a guest is young, rounds of probes every "
-        "4 s or as often as leaves them PART of the time (default "
-        f"{share_control.YOUNG_S:g},{share_control.YOUNG_PART:g}; 0,PART: no youth)",
+        "--probe's EVERY (4 s) or as often as leaves them PART of the time (default "
+        f"{share_control.YOUNG_S:g},{share_control.YOUNG_PART:g}; 0,PART: no youth; none with --lone-probes, "
+        "which has no rounds)",
     )
     ap.add_argument(
         "--lone-probes",

@@ -16,10 +16,11 @@ to do beside the others if that is more; a read well short of it is believed onc
 next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
 within a second, and again within a second after that (its first probe may fall in its warming
 up), as is a guest seen beside the others at more than 1.1 times what its probes read; an
-unmeasured guest whose probes are refused REFUSED_MAX times in a row (it stops in them) is left
-out of probing, nor does its work break a round, until it works a whole window through (probed
-first and every second, a guest at work a moment every second had the others held a fifth of the
-time and their own probes never came), and a probe its guest stops in ends at once.  While a
+unmeasured guest whose probes are refused REFUSED_MAX times in a row (it stops in them) is probed
+again only after the others, and ever further apart (_retry), nor does its work break a round of
+its rank (probed first and every second, a guest at work a moment every second had the others
+held a fifth of the time and their own probes never came); a probe its guest stops in ends at
+once; and a guest whose rate alone is not measured is held to its target part of each period.  While a
 guest is young (for young_s from the first look it had worked a whole window through, until two
 probes in a row, the first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at
 most young_part of the time: a trainer's rate alone grows over its first seconds, and two reads
@@ -132,7 +133,8 @@ ROUND_MAX_S = 2.0  # in a round of probes, no guest's probe is longer than this
 YOUNG_S = 20.0
 GROWN_S = 5.0
 YOUNG_PART = 0.2
-REFUSED_MAX = 3  # an unmeasured guest whose probes this many in a row were refused is probed after the others
+REFUSED_MAX = 3  # an unmeasured guest whose probes this many in a row were refused is probed after the others,
+RETRY_MAX = 8  # ever further apart: up to this many times PROBE_EVERY_S
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
@@ -192,6 +194,7 @@ class _Guest:
     grown: bool = False  # two probes in a row read its rate alone alike, past its first GROWN_S at work
     read_at: float = -math.inf  # when a probe last read its rate alone
     refused: int = 0  # its probes in a row that were refused (it stopped in them, or went slower than beside)
+    refused_at: float = -math.inf  # when the last of them ended
     target: float = 0.0  # its target part at the last look it shared at (0: not sharing then)
     rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
     given: deque = field(default_factory=deque)  # (t, the part of the SMs its span gave it from t: 0 none)
@@ -210,6 +213,7 @@ class _Probe:
     last: int = 0  # its calls at the last look
     stalled: bool = False  # a look since the measure began found no new call
     length: float = 0.0  # how long it lasts (0: the controller's probe_s)
+    retry: bool = False  # of a guest given up on (_retry): the others' probes come as if it had not been
 
 
 class ShareController:
@@ -339,9 +343,14 @@ class ShareController:
         return now - g.rate_from < self.window_s - 1e-9
 
     def _at_work_throughout(self, g: _Guest, now: float) -> bool:
-        """Whether it made calls between every two looks over the last window."""
-        pts = [c for t, c, _ in g.calls if now - t <= self.window_s + 1e-9]
-        return len(pts) >= self.window_s / PERIOD_STEP_S and all(b > a for a, b in pairwise(pts))
+        """Whether it made calls between every two looks over the last window (from a look at
+        most half a look after the window began: however often the looks come)."""
+        pts = [(t, c) for t, c, _ in g.calls if now - t <= self.window_s + PERIOD_STEP_S + 1e-9]
+        return (
+            len(pts) >= 2
+            and pts[0][0] <= now - self.window_s + PERIOD_STEP_S / 2
+            and all(b > a for (_, a), (_, b) in pairwise(pts))
+        )
 
     def _busy(self, g: _Guest, now: float) -> bool:
         recent = [c for _, c, _ in self._recent(g, self.window_s / 2)]
@@ -384,11 +393,11 @@ class ShareController:
         busy = [k for k in keys if self._busy(self.guests[k], now)]
         for k in busy:
             g = self.guests[k]
-            if self._at_work_throughout(g, now):
+            if g.born is None and self._at_work_throughout(g, now):
                 # (its youth counts from the first window it worked through: a trainer's first
                 # seconds, loading and setting up, put work on the GPU by moments, 5 to 45 s on an
-                # H100; and one whose probes failed while it worked by moments works on now)
-                g.born, g.refused = now if g.born is None else g.born, 0
+                # H100)
+                g.born = now
         # only the busy guests of the highest priority share here: a lower one's work waits at the
         # gate while a higher one's goes (sched_page.c, higher_at_work), so it is neither held
         # nor probed, and nobody is held for it
@@ -426,7 +435,7 @@ class ShareController:
         # (not a guest whose probes are refused time after time, as they are where it stops in
         # them: one at work for a moment every second, probed every second and first, had the
         # others held a fifth of the time for it and their own probes never came; it is probed
-        # again once it works a whole window through)
+        # again after the others, ever further apart: _retry)
         measuring = [k for k in busy if not self._given_up(self.guests[k])]
         if len(measuring) >= 2 and now >= max(self.settle_until, self.quiet_until):
             # a newcomer is measured soon, and again: its first probe may fall in its warming up
@@ -444,13 +453,16 @@ class ShareController:
             # at 20 s, agreed and were kept 8 s of a 10 s window, which put 30/70 at 32.8/67.2)
             in_rounds = self.rounds and not unmeasured
             young = any(
-                not self.guests[k].grown and now - (self.guests[k].born or -math.inf) < self.young_s for k in measuring
+                self.guests[k].born is not None
+                and not self.guests[k].grown
+                and now - self.guests[k].born < self.young_s
+                for k in measuring
             )
-            if in_rounds and young:
-                turns = sum(length for _, length in self._round(keys, measuring))
-                every = max(self.probe_every_s, turns / self.young_part - turns)
-            elif in_rounds and all(self.guests[k].short is None for k in measuring):
+            if in_rounds and all(self.guests[k].short is None for k in measuring):
                 every *= len(measuring)
+            if in_rounds and young:  # (never further apart than they would come anyway)
+                turns = sum(length for _, length in self._round(keys, measuring))
+                every = min(every, max(self.probe_every_s, turns / self.young_part - turns))
             if now - self.probe_ended >= every:
                 if in_rounds:
                     (whose, length), *self.round_next = self._round(keys, measuring)
@@ -463,6 +475,13 @@ class ShareController:
                     key=lambda k: (bool(self.guests[k].alone and self.guests[k].sure), self.guests[k].probed_at),
                 )
                 return self._begin_probe(whose, self.probe_s, now, keys)
+        retry = self._retry(now, busy)
+        if (
+            retry is not None
+            and len(busy) >= 2
+            and now >= max(self.settle_until, self.quiet_until, self.probe_ended + min(1.0, self.probe_every_s))
+        ):
+            return self._begin_probe(retry, self.probe_s, now, keys, retry=True)
         self._control(now, keys, busy)
         if self.lever == "depth":
             self.depths.update({k[0]: self._depth(self.guests[k]) for k in busy})
@@ -473,6 +492,16 @@ class ShareController:
             self.spans.update(reserve)
             self.reserved_at = now if reserve else self.reserved_at
         holds = {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
+        # a guest whose rate alone is not measured (a newcomer before its first probe, or one
+        # whose probes failed) shares in nothing, and is held to its target part of each period:
+        # a guest that stopped in its every probe would otherwise run unheld beside the others
+        # (on the model one at work 0.8 s of every second took a third of the GPU at a weight
+        # of 10 beside 30 and 70)
+        unmeasured = [k for k in busy if not self.guests[k].alone]
+        if unmeasured and len(busy) >= 2:
+            targets = self._targets(keys, busy)
+            for k in unmeasured:
+                holds[k[0]] = max(holds[k[0]], int(round(1000 * (1 - min(targets[k], keys[k].cap_part)))))
         # (a lower guest is held by nobody's share, but its cap holds it still)
         holds.update({k[0]: int(round(1000 * (1 - keys[k].cap_part))) for k in lower if keys[k].cap_part < 1})
         return holds
@@ -481,6 +510,21 @@ class ShareController:
     def _given_up(g: _Guest) -> bool:
         """Whether its rate alone is unmeasured and its last REFUSED_MAX probes were refused."""
         return not (g.alone and g.sure) and g.refused >= REFUSED_MAX
+
+    def _retry(self, now: float, busy: list):
+        """The busy guest given up on (_given_up) whose next probe is due, if any (the one refused
+        longest ago): probe_every_s after its last refused probe where it has since worked a whole
+        window through (a trainer that set up by moments and now works on), else twice as long
+        after each refused probe more, up to RETRY_MAX times as long.  One that stops in its
+        every probe holds the others for two looks of each, at most one in probe_every_s."""
+        due = []
+        for k in busy:
+            g = self.guests[k]
+            if self._given_up(g):
+                wait = 1 if self._at_work_throughout(g, now) else min(2 ** (g.refused - REFUSED_MAX), RETRY_MAX)
+                if now - g.refused_at >= self.probe_every_s * wait:
+                    due.append(k)
+        return min(due, key=lambda k: self.guests[k].refused_at) if due else None
 
     def _reserve(self, keys: dict, higher, lower: list) -> dict[int, tuple[int, int]]:
         """The priority reserve, on SM spans: while one guest of a higher priority is busy, the
@@ -520,10 +564,14 @@ class ShareController:
             out = {slot: (max(0, a - m), min(total, b + m)) for slot, (a, b) in out.items()}
         return out
 
-    def _begin_probe(self, k, length: float, now: float, keys: dict) -> dict[int, int]:
+    def _begin_probe(self, k, length: float, now: float, keys: dict, retry: bool = False) -> dict[int, int]:
         """Guest k probed from now for `length` seconds: the holds that run it alone."""
-        self.probe = _Probe(k, now, before=self._rate(self.guests[k], now) or 0.0, length=length)
+        self.probe = _Probe(k, now, before=self._rate(self.guests[k], now) or 0.0, length=length, retry=retry)
         return self._probe_holds(keys)
+
+    def _ended(self, p: _Probe, now: float) -> float:
+        """When the last probe that sets when the next comes ended, probe p ending now."""
+        return self.probe_ended if p.retry else now
 
     def _round(self, keys: dict, busy: list) -> list[tuple[tuple[int, str], float]]:
         """A round of probes: every busy guest in turn (the one probed longest ago first), each
@@ -553,7 +601,8 @@ class ShareController:
             k not in members
             and s.rank >= rank
             and (s.waiting or s.calls > calls.get(k, s.calls))
-            and not self._given_up(self.guests[k])  # (one at work for moments, as when its probes failed)
+            # (one at work for moments, its probes failed: it waits for a round of its own rank)
+            and not (self._given_up(self.guests[k]) and s.rank == rank)
             for k, s in keys.items()
         )
 
@@ -573,7 +622,7 @@ class ShareController:
         measured) and no other guest of its round is left to probe."""
         p = self.probe
         if p.whose not in keys:
-            self.probe, self.probe_ended = None, now
+            self.probe, self.probe_ended = None, self._ended(p, now)
             return self._next_in_round(now, keys)
         calls = keys[p.whose].calls
         if p.settled_at is not None and calls <= p.last:
@@ -584,7 +633,8 @@ class ShareController:
             # the others are held no longer for it, nor for the rest of a round)
             g = self.guests[p.whose]
             g.probed_at, g.refused = now - self.probe_every_s / 2, g.refused + p.stalled
-            self.probe, self.probe_ended, self.round_next, self.round_of = None, now, [], None
+            g.refused_at = now if p.stalled else g.refused_at
+            self.probe, self.probe_ended, self.round_next, self.round_of = None, self._ended(p, now), [], None
             return None
         if p.settled_at is None and now - p.began >= self.settle_s:
             p.settled_at, p.calls = now, calls
@@ -606,7 +656,7 @@ class ShareController:
                 if confirmed:
                     g.probes.clear()
                 g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
-                g.grown = g.grown or (g.steady > 0 and g.read_at - (g.born or now) >= GROWN_S)
+                g.grown = g.grown or (g.steady > 0 and g.born is not None and g.read_at - g.born >= GROWN_S)
                 g.read_at = now
                 g.probes.append(r)
                 g.sure = g.sure or confirmed or len(g.probes) >= PROBES_KEPT
@@ -620,8 +670,8 @@ class ShareController:
                 # (refused: it went faster beside the others than this probe read, and its kept
                 # rate alone is at least what it was seen to do there: no sign of a warm-up read,
                 # so no probe within a second, or one refused every time would come every second)
-                g.sure, g.refused = g.sure or bool(g.alone), g.refused + 1
-            self.probe, self.probe_ended = None, now
+                g.sure, g.refused, g.refused_at = g.sure or bool(g.alone), g.refused + 1, now
+            self.probe, self.probe_ended = None, self._ended(p, now)
             return self._next_in_round(now, keys)
         return self._probe_holds(keys)
 

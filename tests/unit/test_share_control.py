@@ -701,24 +701,74 @@ def test_a_guest_at_work_a_moment_every_second_neither_has_the_others_held_nor_s
     # a probe held the others its whole 0.3 s though c had stopped in it.  On the model c was
     # probed 40 times in 60 s, a and b never, and b was held 12 s of the 60 (a and b lost 23% of
     # their rates).  A probe its guest stops in ends at once, and after REFUSED_MAX refused in a
-    # row the guest is probed after the others, as often as they are
+    # row the guest is probed only after the others, ever further apart (_retry)
     quiet, quiet_probes, _, _ = _flickering(False, rounds)
     got, probes, held, _ = _flickering(True, rounds)
     # (nor does c break a's and b's rounds: held for them, as they are for each other)
-    assert probes["c"] <= 4 and all(probes[n] >= max(2, quiet_probes[n] - 1) for n in "ab"), (probes, quiet_probes)
+    assert probes["c"] <= 8 and all(probes[n] >= max(2, quiet_probes[n] - 1) for n in "ab"), (probes, quiet_probes)
     assert held["b"] <= 4500, held
     # (c's own moments of work beside them cost them a little)
     assert all(got[n] >= 0.93 * quiet[n] for n in "ab"), (got, quiet)
 
 
 def test_a_guest_whose_probes_failed_while_it_worked_by_moments_is_measured_once_it_works_on():
+    # (as a trainer setting up by moments, then at work: probed again within probe_every_s of its
+    # last refused probe once it has worked a window through, not RETRY_MAX times that)
     ctl = ShareController()
     *_, gpu = _flickering(True, True, ctl)
     c = ctl.guests[ctl_key(ctl, "c")]
-    assert not c.alone and c.refused >= 3, c
+    assert not c.alone and c.refused >= 6, c
     gpu.busy["c"] = True
-    who = _probes(gpu, ctl, 4)
+    who = _probes(gpu, ctl, 6)
     assert who[:2] == ["c", "c"] and abs(c.alone - 6000) <= 600, (who, c)
+
+
+def _against(mode: str, phase: int = 0) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """a and b share at 30/70, sure of their rates alone; c (weight 10) comes and for 60 s works
+    as `mode` says: on throughout ("honest"), on but stopped in each of its probes ("dodge"), on
+    0.N s of every second ("dutyN", from `phase` tenths into it), or both: each guest's rate over
+    its rate alone, its probes and the milliseconds it was held."""
+    gpu = Gpu({"a": 5000.0, "b": 8000.0, "c": 6000.0})
+    gpu.weight.update(a=30, b=70, c=10)
+    gpu.busy["c"] = False
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    calls, held, who, was = dict(gpu.calls), dict(gpu.held_ms), [], None
+    for i in range(600):
+        probed = ctl.probe is not None and ctl.probe.whose[1] == "c"
+        on = (i + phase) % 10 < int(mode[-1]) if mode[-1].isdigit() else True
+        gpu.busy["c"] = on and not (probed and mode.startswith("dodge"))
+        gpu.run(ctl, 0.1)
+        if ctl.probe is not None and ctl.probe is not was:
+            who.append(ctl.probe.whose[1])
+        was = ctl.probe
+    got = {n: (gpu.calls[n] - calls[n]) / (60 * gpu.alone[n]) for n in "abc"}
+    return got, {n: who.count(n) for n in "abc"}, {n: gpu.held_ms[n] - held[n] for n in "abc"}
+
+
+@pytest.mark.parametrize(("mode", "phase"), [("dodge", 0), ("duty5", 3), ("duty5", 0), ("duty8", 0), ("dodge8", 0)])
+def test_a_guest_that_stops_in_its_probes_gains_nothing_by_it(mode, phase):
+    # hostile (found by a review): unmeasured, a guest shared in nothing and was not held, so one
+    # that stopped in its every probe (and worked on otherwise) or at work 0.5-0.9 s of every
+    # second took 22-42% of the GPU at a weight of 10 beside 30 and 70, and had its probes every
+    # second.  An unmeasured guest is held to its target part of each period, and one given up on
+    # is probed again at most every probe_every_s (each of its probes holds the others two looks)
+    honest, _, honest_held = _against("honest")
+    got, probes, held = _against(mode, phase)
+    assert parts(got)["c"] <= parts(honest)["c"] + 1, (parts(got), parts(honest))
+    assert all(got[n] >= 0.97 * honest[n] for n in "ab"), (got, honest)
+    assert probes["c"] <= 16 and held["b"] <= honest_held["b"] + 2000, (probes, held, honest_held)
+
+
+def test_a_guest_at_work_is_seen_to_work_a_window_through_however_often_the_looks_come():
+    # (vmgpud's loop looks every 0.1 s plus what a look takes: at 0.112 s apart a window holds
+    # nine looks, not ten, and the guest was never seen to work it through, nor grew young)
+    ctl = ShareController()
+    t, calls = 1000.0, 0
+    for _ in range(30):
+        ctl.step(t, [Seen(0, "a", calls), Seen(1, "b", calls)])
+        t, calls = t + 0.112, calls + 100
+    assert all(g.born is not None for g in ctl.guests.values()), ctl.guests
 
 
 def ctl_key(ctl: ShareController, name: str):
@@ -1418,3 +1468,17 @@ def test_a_round_left_when_the_policy_leaves_shared_is_not_carried_on_when_it_co
 
     apply_step(Page(), ctl, gpu.now)
     assert (ctl.probe, ctl.round_next, ctl.round_of, ctl.guests) == (None, [], None, {})
+
+
+def test_a_guest_given_up_on_breaks_no_round_of_its_rank_but_does_one_below_it():
+    # (a review: exempt from every round, a higher guest given up on was held through a lower
+    # round, up to ROUND_MAX_S a turn, against its priority)
+    ab = [(0, "a"), (1, "b")]
+    for rank, broken in ((1, False), (2, True)):
+        ctl = ShareController()
+        keys = {(0, "a"): Seen(0, "a", 100), (1, "b"): Seen(1, "b", 100), (2, "c"): Seen(2, "c", 50, rank=rank)}
+        ctl.step(1000.0, list(keys.values()))
+        ctl.guests[(2, "c")].refused = 3  # (its last three probes refused: given up on)
+        ctl.round_of = (frozenset(ab), 1, ctl._round_targets(keys, ab), {k: s.calls for k, s in keys.items()})
+        keys[(2, "c")] = Seen(2, "c", 60, rank=rank)  # (at work)
+        assert ctl._round_broken(keys) is broken, rank
