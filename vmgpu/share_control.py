@@ -16,27 +16,28 @@ to do beside the others if that is more; a read well short of it is believed onc
 next probe (the next of all, or the first of the next round) agrees.  A newcomer is probed
 within a second, and again within a second after that (its first probe may fall in its warming
 up), as is a guest seen beside the others at more than 1.1 times what its probes read; an
-unmeasured guest whose probes are refused REFUSED_MAX times in a row (it stops in them) is probed
-again only after the others, and ever further apart (_retry), nor does its work break a round of
-its rank (probed first and every second, a guest at work a moment every second had the others
-held a fifth of the time and their own probes never came); a probe its guest stops in ends at
-once; and a guest whose rate alone is not measured is held to its target part of each period.  While a
-guest is young (for young_s from the first look it had worked a whole window through, until two
-probes in a row, the first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at
-most young_part of the time: a trainer's rate alone grows over its first seconds, and two reads
-from then that agreed were kept 16 s; a probe that moves a guest's rate alone by more than a
-quarter has the spans set anew rather than followed step by step (at once from the curves under
-sms; after half a window of fresh rates under smsover and smsfree).  Once every busy guest's
-rate alone is sure, probes come in rounds: each busy guest in turn, alone for its target part of
-the round, or what its cap leaves it if less (the least for PROBE_S, none past ROUND_MAX_S), as
-often for each guest as lone probes would be.  A lone probe gives its guest the GPU and holds
-the others, so over the window a tenant measures it is a gift to one of them (on the model, a 10
-s window at 30/70 with one of the light guest's probes gave it 31.5-32%, with one of the heavy
-guest's 29.3%; on an H100 two of the light guest's in one window gave it some 2.5 pp); a round
-gives each its part, where the parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at 5/95
-the light guest gets 13% of its round).  A round ends at the next look once it no longer fits
-(one of its guests gone, or stopped in its turn; a target changed; another guest of its priority
-or above at work: a newcomer is not held for a round), and a guest whose work no longer waits at
+unmeasured guest whose probes are refused REFUSED_MAX times in a row (it stops in them) is
+probed again only after the others, ever further apart, once sooner where it then works on
+(_retry), nor does its work break a round of its rank (probed first and every second, a guest at
+work a moment every second had the others held a fifth of the time and their own probes never
+came); a probe its guest stops in ends at once; and a guest whose rate alone is not measured is
+held beside a measured one to its target part of each period.  While a guest is young (for
+young_s from the first look it had worked a whole window through, until two probes in a row, the
+first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at most young_part of
+the time: a trainer's rate alone grows over its first seconds, and two reads from then that
+agreed were kept 16 s; a probe that moves a guest's rate alone by more than a quarter has the
+spans set anew rather than followed step by step (at once from the curves under sms; after half
+a window of fresh rates under smsover and smsfree).  Once every busy guest's rate alone is sure,
+probes come in rounds: each busy guest in turn, alone for its target part of the round, or what
+its cap leaves it if less (the least for PROBE_S, none past ROUND_MAX_S), as often for each
+guest as lone probes would be.  A lone probe gives its guest the GPU and holds the others, so
+over the window a tenant measures it is a gift to one of them (on the model, a 10 s window at
+30/70 with one of the light guest's probes gave it 31.5-32%, with one of the heavy guest's
+29.3%; on an H100 two of the light guest's in one window gave it some 2.5 pp); a round gives
+each its part, where the parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at 5/95 the
+light guest gets 13% of its round).  A round ends at the next look once it no longer fits (one
+of its guests gone, or stopped in its turn; a target changed; another guest of its priority or
+above at work: a newcomer is not held for a round), and a guest whose work no longer waits at
 its gate when its turn comes is passed over.  Rates are read over the looks no probe took, half
 a window of them at least (_recent), so that after a round they are what they were before it.
 
@@ -195,6 +196,7 @@ class _Guest:
     read_at: float = -math.inf  # when a probe last read its rate alone
     refused: int = 0  # its probes in a row that were refused (it stopped in them, or went slower than beside)
     refused_at: float = -math.inf  # when the last of them ended
+    quick: bool = True  # given up on, it may be probed again probe_every_s on once it works on (_retry)
     target: float = 0.0  # its target part at the last look it shared at (0: not sharing then)
     rate_from: float = -math.inf  # its rate counts calls from then on (a change of targets: _retarget)
     given: deque = field(default_factory=deque)  # (t, the part of the SMs its span gave it from t: 0 none)
@@ -437,7 +439,9 @@ class ShareController:
         # others held a fifth of the time for it and their own probes never came; it is probed
         # again after the others, ever further apart: _retry)
         measuring = [k for k in busy if not self._given_up(self.guests[k])]
-        if len(measuring) >= 2 and now >= max(self.settle_until, self.quiet_until):
+        # (and one measuring guest beside one given up on is probed as ever: the other's hold,
+        # while its rate alone is unmeasured, follows its rate alone: _unmeasured_open)
+        if measuring and len(busy) >= 2 and now >= max(self.settle_until, self.quiet_until):
             # a newcomer is measured soon, and again: its first probe may fall in its warming up
             # (two trainers started together on an H100 read 4% and 1% of their rates alone)
             unmeasured = any(not self.guests[k].alone or not self.guests[k].sure for k in measuring)
@@ -451,7 +455,7 @@ class ShareController:
             # so that rounds take at most YOUNG_PART of the time: its rate alone may still grow,
             # and on an H100 a trainer's two reads in its first seconds, 18% under its rate alone
             # at 20 s, agreed and were kept 8 s of a 10 s window, which put 30/70 at 32.8/67.2)
-            in_rounds = self.rounds and not unmeasured
+            in_rounds = self.rounds and not unmeasured and len(measuring) >= 2
             young = any(
                 self.guests[k].born is not None
                 and not self.guests[k].grown
@@ -493,15 +497,13 @@ class ShareController:
             self.reserved_at = now if reserve else self.reserved_at
         holds = {k[0]: self._hold(self.guests[k]) if k in busy else 0 for k in keys}
         # a guest whose rate alone is not measured (a newcomer before its first probe, or one
-        # whose probes failed) shares in nothing, and is held to its target part of each period:
-        # a guest that stopped in its every probe would otherwise run unheld beside the others
-        # (on the model one at work 0.8 s of every second took a third of the GPU at a weight
-        # of 10 beside 30 and 70)
-        unmeasured = [k for k in busy if not self.guests[k].alone]
-        if unmeasured and len(busy) >= 2:
-            targets = self._targets(keys, busy)
-            for k in unmeasured:
-                holds[k[0]] = max(holds[k[0]], int(round(1000 * (1 - min(targets[k], keys[k].cap_part)))))
+        # whose probes failed) shares in nothing, and beside a measured guest is held to its
+        # target part of each period (_unmeasured_open), as weighted turns would hold it: a guest
+        # that stopped in its every probe would otherwise run unheld beside the others (on the
+        # model, at a weight of 10 beside 30 and 70, it took 42% of the GPU).  (Where none beside
+        # it is measured, nobody is held so: two so held would leave the GPU idle together)
+        for k, open_part in self._unmeasured_open(keys, busy).items():
+            holds[k[0]] = max(holds[k[0]], int(round(1000 * (1 - open_part))))
         # (a lower guest is held by nobody's share, but its cap holds it still)
         holds.update({k[0]: int(round(1000 * (1 - keys[k].cap_part))) for k in lower if keys[k].cap_part < 1})
         return holds
@@ -511,20 +513,36 @@ class ShareController:
         """Whether its rate alone is unmeasured and its last REFUSED_MAX probes were refused."""
         return not (g.alone and g.sure) and g.refused >= REFUSED_MAX
 
+    def _unmeasured_open(self, keys: dict, busy: list) -> dict:
+        """The open part of each busy guest whose rate alone is not measured, where a measured
+        guest is busy beside it: its target part of each period (or what its cap leaves it, if
+        less), the least that weighted turns would give it."""
+        unmeasured = [k for k in busy if not self.guests[k].alone]
+        if not unmeasured or len(unmeasured) == len(busy):
+            return {}
+        targets = self._targets(keys, busy)
+        return {k: min(targets[k], keys[k].cap_part) for k in unmeasured}
+
     def _retry(self, now: float, busy: list):
         """The busy guest given up on (_given_up) whose next probe is due, if any (the one refused
-        longest ago): probe_every_s after its last refused probe where it has since worked a whole
-        window through (a trainer that set up by moments and now works on), else twice as long
-        after each refused probe more, up to RETRY_MAX times as long.  One that stops in its
-        every probe holds the others for two looks of each, at most one in probe_every_s."""
+        longest ago): probe_every_s after its last refused probe, twice as long after each refused
+        probe more, up to RETRY_MAX times as long; and once, probe_every_s after its last refused
+        probe, where it has since been at work a whole window through (a trainer that set up by
+        moments and now works on).  One that stops in its every probe holds the others for two
+        looks of each; each guest given up on is probed at most once in probe_every_s."""
         due = []
         for k in busy:
             g = self.guests[k]
             if self._given_up(g):
-                wait = 1 if self._at_work_throughout(g, now) else min(2 ** (g.refused - REFUSED_MAX), RETRY_MAX)
-                if now - g.refused_at >= self.probe_every_s * wait:
-                    due.append(k)
-        return min(due, key=lambda k: self.guests[k].refused_at) if due else None
+                late = now - g.refused_at >= self.probe_every_s * min(2 ** (g.refused - REFUSED_MAX), RETRY_MAX)
+                quick = g.quick and now - g.refused_at >= self.probe_every_s and self._at_work_throughout(g, now)
+                if late or quick:
+                    due.append((g.refused_at, k, not late))
+        if not due:
+            return None
+        _, k, quick = min(due)
+        self.guests[k].quick = self.guests[k].quick and not quick  # (its one quick retry taken)
+        return k
 
     def _reserve(self, keys: dict, higher, lower: list) -> dict[int, tuple[int, int]]:
         """The priority reserve, on SM spans: while one guest of a higher priority is busy, the
@@ -664,7 +682,7 @@ class ShareController:
                 if was and abs(g.alone - was) > REBASE * was:
                     self.rebase.add(p.whose)
                 g.probed_at = -math.inf if g.short is not None else now
-                g.refused = 0
+                g.refused, g.quick = 0, True
             else:
                 g.probed_at = now - self.probe_every_s / 2  # measured again soon, after the others
                 # (refused: it went faster beside the others than this probe read, and its kept

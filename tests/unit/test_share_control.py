@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from vmgpu.share_control import Seen, ShareController
+from vmgpu.share_control import REFUSED_MAX, Seen, ShareController
 
 PERIOD = 0.1
 TOGETHER = {1: 1.0, 2: 0.6, 3: 0.45, 4: 0.36}  # each guest's speed with n running
@@ -1482,3 +1482,38 @@ def test_a_guest_given_up_on_breaks_no_round_of_its_rank_but_does_one_below_it()
         ctl.round_of = (frozenset(ab), 1, ctl._round_targets(keys, ab), {k: s.calls for k, s in keys.items()})
         keys[(2, "c")] = Seen(2, "c", 60, rank=rank)  # (at work)
         assert ctl._round_broken(keys) is broken, rank
+
+
+def test_a_guest_given_up_on_that_works_on_between_its_probes_is_probed_again_ever_further_apart():
+    # (a review: one that works on but stops in each of its probes was retried every 4 s for as
+    # long as it liked, since it had worked each window through: 16 probes in 60 s, the others
+    # held for two looks of each; the quick retry is had once, then they double)
+    _, honest_probes, honest_held = _against("honest")
+    _, probes, held = _against("dodge")
+    assert probes["c"] <= REFUSED_MAX + 5, probes
+    assert held["b"] <= honest_held["b"] + 1500, (held, honest_held)
+
+
+def test_a_newcomer_beside_only_a_guest_given_up_on_is_measured_and_neither_is_held_for_the_other():
+    # (a review: with its one partner given up on, a newcomer was never probed, so both stayed
+    # unmeasured, and were held in the same part of each period, the GPU idle then)
+    gpu = Gpu({"a": 5000.0, "b": 8000.0, "c": 6000.0, "d": 7000.0})
+    gpu.weight.update(a=30, b=70)
+    gpu.gone, gpu.busy["d"], gpu.busy["c"] = {"d"}, False, False
+    ctl = ShareController()
+    gpu.run(ctl, 20)
+    for i in range(300):  # (c at work 0.1 s of every second: given up on)
+        gpu.busy["c"] = i % 10 == 0
+        gpu.run(ctl, 0.1)
+    assert ctl._given_up(ctl.guests[ctl_key(ctl, "c")])
+    gpu.gone, gpu.busy["d"] = {"a", "b"}, True
+    gpu.busy.update(a=False, b=False)
+    who, was = [], None
+    for i in range(40):
+        gpu.busy["c"] = i % 10 == 0
+        gpu.run(ctl, 0.1)
+        if ctl.probe is not None and ctl.probe is not was:
+            who.append(ctl.probe.whose[1])
+        was = ctl.probe
+    d = ctl.guests[ctl_key(ctl, "d")]
+    assert "d" in who and abs(d.alone - 7000) <= 700, (who, d)
