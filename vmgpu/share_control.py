@@ -439,8 +439,8 @@ class ShareController:
         # others held a fifth of the time for it and their own probes never came; it is probed
         # again after the others, ever further apart: _retry)
         measuring = [k for k in busy if not self._given_up(self.guests[k])]
-        # (and one measuring guest beside one given up on is probed as ever: the other's hold,
-        # while its rate alone is unmeasured, follows its rate alone: _unmeasured_open)
+        # (and one measuring guest beside one given up on is probed as ever: the other, its rate
+        # alone unmeasured, is held to its target part meanwhile: _unmeasured_open)
         if measuring and len(busy) >= 2 and now >= max(self.settle_until, self.quiet_until):
             # a newcomer is measured soon, and again: its first probe may fall in its warming up
             # (two trainers started together on an H100 read 4% and 1% of their rates alone)
