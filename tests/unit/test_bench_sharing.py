@@ -741,7 +741,11 @@ def _ends(pid: int, within: float = 2.0) -> bool:
     """Whether process pid is gone (or a zombie: killed, not yet reaped) within `within` seconds."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True  # reaped between looks: gone
+        if state in "ZX":
             return True
         time.sleep(0.02)
     return False
