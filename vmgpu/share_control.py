@@ -56,11 +56,20 @@ for the move of its open part (as logs: a secant), and stands again; no probe co
 after it where every guest's rate alone is measured and none's last probe read it well short
 unconfirmed (one then would run a guest alone just as the parts reach the new targets).  A guest at 90% of its
 rate alone is not held; at 97% it is left out altogether (holding others could not speed it;
-by time, a guest that shares again within a window is held where it was).
+by time, a guest that shares again within a window is held where it was), but for one seen
+beside the others at more than LIFTED times every read of it alone (its rate alone is then the
+rate seen: one that went slow whenever it ran alone, in each of its probes, looked as fast as
+alone and was left out unheld, with 35% of the GPU at a weight of 10).  A guest ahead of its part
+that can be held no more (at its least open part, or on spans at one group) takes what it takes
+from the others alike: their parts are reckoned among themselves.
 No guest is held for more than the rest of its target part of each period (a guest at 30% runs
 at least 30 ms of every 100): progress is
 measured in calls, which a guest chooses, so a guest can make itself look short of its part and
-have the others held; this bounds what it can take.  A guest's own cap holds its work back all
+have the others held; this bounds what it can take.  (One that goes alone just as fast as it
+went beside the others the second before gains nothing on the model: it is held before it is
+read, and reads at the rate it is held to; one that knew its rate unheld beforehand and went
+alone at that would look short of nothing, as a guest whose work is light does: calls cannot
+tell them apart, what each uses of the GPU could, and the page does not carry that.)  A guest's own cap holds its work back all
 but cap% of each period (or the part vmgpud's cap controller sets: vmgpu/cap_control.py),
 however the others go: a bound on its time, as under the policies with
 turns, which alone on the GPU is about cap% of its progress; a capped guest is weighted like the
@@ -141,6 +150,7 @@ GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
 REBASE = 0.25  # a probe that moves a guest's rate alone by more than this part sets the spans anew
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
+LIFTED = 1.1  # (but not one seen beside the others at more than this many times its reads alone)
 RANKS = {"low": 0, "normal": 1, "high": 2}
 # how a guest is held back: the first part of each period, its depth, its SMs (apart from the others',
 # or, under smsfree, with the guest given most left on all of them)
@@ -189,6 +199,10 @@ class _Guest:
     probed_at: float = -math.inf
     steady: int = 0  # probes in a row that agreed with the one before (within 10%): probed less often
     probes: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))  # its last probes' rates
+    # (and its rates beside the others, where they were more: _control) and of these, what was read
+    # alone: its last probes that were read, or a whole window alone
+    reads: deque = field(default_factory=lambda: deque(maxlen=PROBES_KEPT))
+    lifted: bool = False  # at the last look it went beside the others past LIFTED times its reads alone
     short: float | None = None  # its last probe read well short of what was kept: to be checked
     sure: bool = False  # its rate alone measured alone a whole window, or read by PROBES_KEPT probes
     born: float | None = None  # the first look it had been at work throughout a window at
@@ -419,6 +433,8 @@ class ShareController:
                 g.alone = r if not g.alone else 0.8 * g.alone + 0.2 * r
                 g.probes.clear()  # (measured alone for a whole window: what probes read before is old)
                 g.probes.append(g.alone)
+                g.reads.clear()
+                g.reads.append(g.alone)
                 g.short, g.sure = None, True
         # a probe, with others beside it: each guest's rate alone, now and then
         # (no probe while a change of targets settles, nor while one of weight is corrected and its
@@ -673,10 +689,12 @@ class ShareController:
                 g.short = r if kept and r < 0.9 * kept and not confirmed else None
                 if confirmed:
                     g.probes.clear()
+                    g.reads.clear()
                 g.steady = g.steady + 1 if g.alone and abs(r - g.alone) <= 0.1 * g.alone else 0
                 g.grown = g.grown or (g.steady > 0 and g.born is not None and g.read_at - g.born >= GROWN_S)
                 g.read_at = now
                 g.probes.append(r)
+                g.reads.append(r)
                 g.sure = g.sure or confirmed or len(g.probes) >= PROBES_KEPT
                 was, g.alone = g.alone, max(g.probes)
                 if was and abs(g.alone - was) > REBASE * was:
@@ -718,7 +736,7 @@ class ShareController:
         progress = {}
         for k in busy:
             g = self.guests[k]
-            r = self._rate(g, now)
+            r, g.lifted = self._rate(g, now), False
             if r is not None and g.alone > 0:
                 if r > g.alone:  # no guest goes faster beside others than alone: a stale measure,
                     # (well past it: a probe read it short, as one in its warming up does; it is
@@ -726,6 +744,9 @@ class ShareController:
                     g.sure = g.sure and r <= 1.1 * g.alone
                     g.alone = r  # and a read the next probe is weighed with (one short then must
                     g.probes.append(r)  # not bring it below what the guest was seen to do)
+                # (a guest seen well past every read of it alone: a read in its warming up, or one
+                # that goes slow whenever the others are held; see below)
+                g.lifted = r > LIFTED * max(g.reads, default=0.0)
                 progress[k] = r / g.alone
         for k in busy:  # a cap: its work passes at most cap% of each period (as under the policies with turns)
             self.guests[k].ceiling = keys[k].cap_part
@@ -747,7 +768,11 @@ class ShareController:
             for k in busy
             if k in progress
             and 0 < progress[k]
-            and (progress[k] < FULL or (k in self.sharing and (spans or self._short_window(self.guests[k], now))))
+            and (
+                progress[k] < FULL
+                or self.guests[k].lifted
+                or (k in self.sharing and (spans or self._short_window(self.guests[k], now)))
+            )
         ]
         if len(shared) < 2:
             shared = []
@@ -832,11 +857,23 @@ class ShareController:
             self._secant(now, shared, targets, progress)
             return
         total = sum(progress[k] for k in shared)
+        # a guest ahead of its part that can be held no more (at the least open part, or on spans
+        # at one group) takes what it takes from the others alike: their parts are then reckoned
+        # among themselves (on the model, a guest of weight 10 on one group of 8 ahead of its part
+        # had both others opened wide, and 30/70 went to 42/58 between them)
+        pinned = [k for k in shared if progress[k] / total > targets[k] and self._held_most(k, shared, targets)]
+        rest = [k for k in shared if k not in pinned]
+        among = {k: (progress[k] / total, targets[k]) for k in pinned}
+        if rest:
+            rest_total, rest_targets = sum(progress[k] for k in rest), sum(targets[k] for k in rest)
+            among.update({k: (progress[k] / rest_total, targets[k] / max(rest_targets, 1e-9)) for k in rest})
         for k in shared:
-            g, part = self.guests[k], progress[k] / total
-            self.last[keys[k].guest] = part
+            g, (part, target) = self.guests[k], among[k]
+            self.last[keys[k].guest] = progress[k] / total
             g.open = (
-                1.0 if progress[k] >= SATISFIED else min(1.0, max(LEAST_OPEN, g.open * (targets[k] / part) ** GAIN))
+                1.0
+                if progress[k] >= SATISFIED and not g.lifted
+                else min(1.0, max(LEAST_OPEN, g.open * (target / max(part, 1e-9)) ** GAIN))
             )
         # a capped guest its weight would open past its cap is held by its cap alone, and nobody
         # else is held for a part it cannot take (its cap, not its weight, is then its share)
@@ -858,6 +895,14 @@ class ShareController:
             # its part of every period, the time weighted turns would give it (under the depth
             # lever at depth one for the rest)
             g.open = min(1.0, max(LEAST_OPEN, targets[k] * self._floor_part(), g.open / top))
+
+    def _held_most(self, k, shared: list, targets: dict) -> bool:
+        """Whether guest k's open part is as low as it goes: LEAST_OPEN or the rest of its target
+        part of each period (_control), or on spans a part of the SMs under one group."""
+        g = self.guests[k]
+        if self.lever in SMS_LEVERS and self.groups:
+            return g.open / sum(self.guests[m].open for m in shared) * self.groups <= 1 + 1e-9
+        return g.open <= max(LEAST_OPEN, targets[k] * self._floor_part()) + 1e-9
 
     def _open(self, g: _Guest) -> float:
         """The part of each period its weight leaves its work (before its cap): its open part under
