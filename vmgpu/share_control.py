@@ -697,7 +697,7 @@ class ShareController:
                 g.reads.append(r)
                 g.sure = g.sure or confirmed or len(g.probes) >= PROBES_KEPT
                 was, g.alone = g.alone, max(g.probes)
-                if was and abs(g.alone - was) > REBASE * was:
+                if was and g.alone - was > REBASE * was:
                     self.rebase.add(p.whose)
                 g.probed_at = -math.inf if g.short is not None else now
                 g.refused, g.quick = 0, True
