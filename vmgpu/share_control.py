@@ -25,16 +25,16 @@ held beside a measured one to its target part of each period.  While a guest is 
 young_s from the first look it had worked a whole window through, until two probes in a row, the
 first GROWN_S into that, read it alike) rounds come every PROBE_EVERY_S, at most young_part of
 the time: a trainer's rate alone grows over its first seconds, and two reads from then that
-agreed were kept 16 s; a probe that moves a guest's rate alone by more than a quarter has the
-spans set anew rather than followed step by step (at once from the curves under sms; after half
-a window of fresh rates under smsover and smsfree).  Once every busy guest's rate alone is sure,
-probes come in rounds: each busy guest in turn, alone for its target part of the round, or what
-its cap leaves it if less (the least for PROBE_S, none past ROUND_MAX_S), as often for each
-guest as lone probes would be.  A lone probe gives its guest the GPU and holds the others, so
-over the window a tenant measures it is a gift to one of them (on the model, a 10 s window at
-30/70 with one of the light guest's probes gave it 31.5-32%, with one of the heavy guest's
-29.3%; on an H100 two of the light guest's in one window gave it some 2.5 pp); a round gives
-each its part, where the parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at 5/95 the
+agreed were kept 16 s; a probe that moves a guest's rate alone up by more than a quarter has the
+spans set anew rather than followed step by step (at once from the curves under sms; after half a
+window of fresh rates under smsover and smsfree; one that moves it down is followed).  Once every
+busy guest's rate alone is sure, probes come in rounds: each busy guest in turn, alone for its
+target part of the round, or what its cap leaves it if less (the least for PROBE_S, none past
+ROUND_MAX_S), as often for each guest as lone probes would be.  A lone probe gives its guest the GPU
+and holds the others, so over the window a tenant measures it is a gift to one of them (on the
+model, a 10 s window at 30/70 with one of the light guest's probes gave it 31.5-32%, with one of
+the heavy guest's 29.3%; on an H100 two of the light guest's in one window gave it some 2.5 pp); a
+round gives each its part, where the parts are within 1 : ROUND_MAX_S/PROBE_S of each other (at 5/95 the
 light guest gets 13% of its round).  A round ends at the next look once it no longer fits (one
 of its guests gone, or stopped in its turn; a target changed; another guest of its priority or
 above at work: a newcomer is not held for a round), and a guest whose work no longer waits at
@@ -61,15 +61,16 @@ beside the others at more than LIFTED times every read of it alone (its rate alo
 rate seen: one that went slow whenever it ran alone, in each of its probes, looked as fast as
 alone and was left out unheld, with 35% of the GPU at a weight of 10).  A guest ahead of its part
 that can be held no more (at its least open part, or on spans at one group) takes what it takes
-from the others alike: their parts are reckoned among themselves.
-No guest is held for more than the rest of its target part of each period (a guest at 30% runs
-at least 30 ms of every 100): progress is
-measured in calls, which a guest chooses, so a guest can make itself look short of its part and
-have the others held; this bounds what it can take.  (One that goes alone just as fast as it
-went beside the others the second before gains nothing on the model: it is held before it is
-read, and reads at the rate it is held to; one that knew its rate unheld beforehand and went
-alone at that would look short of nothing, as a guest whose work is light does: calls cannot
-tell them apart, what each uses of the GPU could, and the page does not carry that.)  A guest's own cap holds its work back all
+from the others alike: their parts are reckoned among themselves, nor do its reads set how often
+the rounds come.  No guest is held for more than the rest of its target part of each period (a
+guest at 30% runs at least 30 ms of every 100): progress is measured in calls, which a guest
+chooses, so a guest can make itself look short of its part and have the others held; this bounds
+what it can take.  A guest can make itself look content too: one that went alone just as fast as
+it went beside the others the second before gains nothing on the model (it is held before it is
+read, and reads at the rate it is held to), but one that knew beforehand how fast it goes unheld
+beside the others and went alone at 0.9-1.0 of that looks as content as a guest whose work is
+light (on the model it took 27.5% at a weight of 10): calls cannot tell them apart, what each uses
+of the GPU could, and the page does not carry that.  A guest's own cap holds its work back all
 but cap% of each period (or the part vmgpud's cap controller sets: vmgpu/cap_control.py),
 however the others go: a bound on its time, as under the policies with
 turns, which alone on the GPU is about cap% of its progress; a capped guest is weighted like the
@@ -148,7 +149,7 @@ RETRY_MAX = 8  # ever further apart: up to this many times PROBE_EVERY_S
 LEAST_OPEN = 0.05  # no busy guest is held more than 95% of the time for another's share
 GAIN = 0.1  # the step: a tenth of log(target / actual) each look (the window is ten looks long)
 SATISFIED = 0.9  # a guest at 90% of its rate alone or more is not held
-REBASE = 0.25  # a probe that moves a guest's rate alone by more than this part sets the spans anew
+REBASE = 0.25  # a probe that moves a guest's rate alone up by more than this part sets the spans anew
 FULL = 0.97  # one at 97% or more is short of nothing: it is left out of the sharing
 LIFTED = 1.1  # (but not one seen beside the others at more than this many times its reads alone)
 RANKS = {"low": 0, "normal": 1, "high": 2}
@@ -276,6 +277,7 @@ class ShareController:
         self.settle_until = -math.inf  # after a change of targets: the holds it made stand until then,
         self.settling: set = set()  # while these guests are all busy
         self.sharing: set = set()  # the guests that shared at the last look
+        self.pinned: set = set()  # of these, those ahead of their parts that could be held no more
         self.resolving: set = set()  # after a change of targets: corrected once these guests settle
         self.rebase: set = set()  # guests whose rate alone a probe moved by more than REBASE
         self.rebase_after: set = set()  # (smsover, smsfree) a rebase to make once fresh rates are in
@@ -288,6 +290,7 @@ class ShareController:
         the guests are new to it when it comes back)."""
         self.guests.clear()
         self.probe, self.round_next, self.round_of = None, [], None
+        self.pinned = set()
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -463,7 +466,10 @@ class ShareController:
             unmeasured = any(not self.guests[k].alone or not self.guests[k].sure for k in measuring)
             # probes cost the shares (a probed guest runs alone): once every busy guest's rate
             # alone has held steady, they come less often, down to one in four times as many
-            steady = min(self.guests[k].steady for k in measuring)
+            # (but not for one ahead of its part that can be held no more: how it reads alone moves
+            # nothing, and one that read ever differently had the rounds come every 4 s a guest)
+            paced = [k for k in measuring if k not in self.pinned] or measuring
+            steady = min(self.guests[k].steady for k in paced)
             every = min(1.0, self.probe_every_s) if unmeasured else self.probe_every_s * 2 ** min(steady, STEADY_MAX)
             # (a round probes every busy guest: as often for each as one probe at a time, but a
             # read short awaiting its check is checked as soon as a lone probe would be; and while
@@ -478,7 +484,7 @@ class ShareController:
                 and now - self.guests[k].born < self.young_s
                 for k in measuring
             )
-            if in_rounds and all(self.guests[k].short is None for k in measuring):
+            if in_rounds and all(self.guests[k].short is None for k in paced):
                 every *= len(measuring)
             if in_rounds and young:  # (never further apart than they would come anyway)
                 turns = sum(length for _, length in self._round(keys, measuring))
@@ -790,6 +796,7 @@ class ShareController:
         if not shared:
             self._retarget(now, [], {}, {})  # (nobody shares: no targets to change from)
             self.resolving, self.before = set(), {}  # (nor a change to correct when they share again)
+            self.pinned = set()
             return
         targets = self._targets(keys, shared)
         if spans and any(k not in self.sharing for k in shared):
@@ -862,6 +869,7 @@ class ShareController:
         # among themselves (on the model, a guest of weight 10 on one group of 8 ahead of its part
         # had both others opened wide, and 30/70 went to 42/58 between them)
         pinned = [k for k in shared if progress[k] / total > targets[k] and self._held_most(k, shared, targets)]
+        self.pinned = set(pinned)
         rest = [k for k in shared if k not in pinned]
         among = {k: (progress[k] / total, targets[k]) for k in pinned}
         if rest:
