@@ -55,6 +55,10 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             then on to the end)
   reclaim   a trainer beside one that stops: how long from the other's last GPU time until the
             first holds the GPU (the page, sampled every millisecond)
+  slowalone (where weights are skipped, on MPS, each --lever) three trainers under shared at
+            30/70/10 after the controller's lead, the 10 honest and then, as new guests, going
+            slow whenever it runs alone (--slow-alone, 0.3 of its speed: a probe reads it short):
+            its part of the three both ways, and the others' rates beside it slow over honest
   turns     (--alone-turns N) the inference guest alone through vmgpu and natively by turns, with
             each window's slow requests and the host's CPU steal: where the GPU host is itself a
             virtual machine, its hypervisor's steal slows every window's CPU side, vmgpu's or not
@@ -111,6 +115,7 @@ PRIO_RESERVE: list[int] = []  # the priority scenario on SM spans, the inference
 OVERLAP = [share_control.OVERLAP]  # under smsover: how far each span reaches into its neighbours' (--overlap)
 LEVERS = ["time"]  # how the share controller holds a guest back, each in its own shared rows (--lever)
 OWN_ALONE = [5.0]  # seconds each shared guest runs alone after the window, in its own process (--own-alone)
+SLOW_ALONE = [0.3]  # the part of its speed the hostile guest of the slowalone rows goes at alone (--slow-alone)
 OWN_SETTLE_S = 1.0  # between one guest's window alone and the next: the first one's exit is over
 INFER = ["torch_infer.py"]
 
@@ -447,6 +452,46 @@ def tracer(trace, holds: dict | None = None):
 def lever_note() -> str:
     """The sharedconverge and sharedreclaim rows' note of their lever (the last of --lever)."""
     return "" if LEVERS[-1] == "time" else f" ({LEVERS[-1]} lever)"
+
+
+def slow_alone_rows(g: Guests, run: Run, rows, summary, solo: float, pipe: str | None, trace, lever: str) -> None:
+    """Three trainers under shared (on MPS if pipe), at weights 30/70/10, after the controller's
+    lead: the third honest, then (new guests) going slow whenever it runs alone, at SLOW_ALONE of
+    its speed (torch_train.py --slow-alone: a probe then reads it short).  Their rows, and in the
+    summary the third's part slow less its part honest (slow_alone_gain_pp, pp) and the least of
+    the others' rates slow over honest (slow_alone_others)."""
+    train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]
+    flags = ("--mps", pipe) if pipe else ()
+    got = {}
+    for mode, extra in (("honest", []), ("slow", ["--slow-alone", str(SLOW_ALONE[0])])):
+        envs = [g.env("--weight", w, *flags) for w in ("30", "70", "10")]
+        if trace is not None:
+            trace.write(f"== slow alone ({mode}), lever {lever}: {g.names[-3:]}\n")
+        with controlled(g, lever, tracer(trace)):
+            out = run.together([(train, envs[0]), (train, envs[1]), ([*train, *extra], envs[2])])
+        got[mode] = [o["img_per_s"] / solo for o in out]
+    text, gain, others = slow_alone_summary(got["honest"], got["slow"])
+    what = f"shared 30/70/10{' on MPS' if pipe else ''}, lever {lever}"
+    rows.append((f"{what}, the 10 honest", text[0]))
+    rows.append((f"{what}, the 10 slow alone ({SLOW_ALONE[0]:g})", text[1]))
+    by = lever_key(lever)
+    summary[f"slow_alone_gain_pp{by}"], summary[f"slow_alone_others{by}"] = gain, others
+
+
+def slow_alone_summary(honest: list[float], slow: list[float]) -> tuple[list[str], float, float]:
+    """The slowalone rows' text from each guest's rate over its rate alone (30, 70, 10), honest and
+    slow; the 10's part of the three slow less honest (pp); the least of the others' slow over honest."""
+
+    def part(rates):
+        return 100 * rates[2] / sum(rates) if sum(rates) > 0 else math.nan
+
+    ratio = [s / h if h > 0 else math.nan for s, h in zip(slow[:2], honest[:2], strict=True)]
+    text = [
+        " / ".join(f"{r:.3f}" for r in honest) + f" of alone; the 10's part {part(honest):.1f}%",
+        " / ".join(f"{r:.3f}" for r in slow)
+        + f" of alone; the 10's part {part(slow):.1f}%; the 30 and 70 at {ratio[0]:.3f} and {ratio[1]:.3f} of honest",
+    ]
+    return text, part(slow) - part(honest), min(ratio)
 
 
 def lever_key(lever: str) -> str:
@@ -1569,7 +1614,14 @@ def main() -> int:
         "reclaim, sharedconverge, sharedreclaim (converge and "
         "reclaim under shared, on MPS where it runs), capsolo (the rate alone measured next to each cap's "
         "rows), captime (the cap rows by time alone), capalone (with --trace: the trainer alone over its lead "
-        "and two windows, natively and through vmgpu, before the cap rows))",
+        "and two windows, natively and through vmgpu, before the cap rows), slowalone (where weights are "
+        "skipped: three under shared at 30/70/10, the 10 honest and then slow whenever alone))",
+    )
+    ap.add_argument(
+        "--slow-alone",
+        type=float,
+        default=SLOW_ALONE[0],
+        help="the slowalone rows' hostile guest goes at this part of its speed whenever it runs alone (default 0.3)",
     )
     ap.add_argument(
         "--depths",
@@ -1703,6 +1755,9 @@ def main() -> int:
     if a.own_alone and not 1 <= a.own_alone <= 30:
         ap.error(f"--own-alone: 0 (none) or seconds from 1 to 30, not {a.own_alone:g}")
     OWN_ALONE[0] = a.own_alone
+    if not 0 < a.slow_alone <= 1:
+        ap.error(f"--slow-alone: a part of the guest's speed in (0, 1], not {a.slow_alone:g}")
+    SLOW_ALONE[0] = a.slow_alone
     if not 0 <= a.overlap <= 1:
         ap.error(f"--overlap: a part of the SMs, 0 to 1, not {a.overlap}")
     OVERLAP[0] = a.overlap
@@ -1914,6 +1969,8 @@ def main() -> int:
                     for th in SHARED_THREADS if "shared" not in skip else ():
                         shared_pair(g, run, rows, summary, solo, pipe, trace, threads=th)
                         agg += f", threads {th[0]}/{th[1]} {summary[f'shared_total_threads{th[0]}']:.2f}"
+                    for lever in LEVERS if "slowalone" not in skip else ():
+                        slow_alone_rows(g, run, rows, summary, solo, pipe, trace, lever)
                 finally:
                     mps_stop(mps)
             if "shared" not in skip and "nomps" not in skip:

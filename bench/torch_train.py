@@ -13,6 +13,7 @@ import time
 
 import torch
 import torchvision
+from slow_alone import SlowAlone
 
 
 def main() -> None:
@@ -40,7 +41,15 @@ def main() -> None:
         "exists (the bench lifts a cap between the two, and no step of either runs on the other side)",
     )
     ap.add_argument("--each", type=float, default=0.0, help="with --seconds: also its rate over each this long")
+    ap.add_argument(
+        "--slow-alone",
+        type=float,
+        help="hostile: whenever its steps come quicker than beside the others (a probe holds them), sleep "
+        "after each so that it goes at this part of its speed (bench/slow_alone.py; it syncs every step)",
+    )
     a = ap.parse_args()
+    slow = SlowAlone(a.slow_alone) if a.slow_alone is not None else None
+    every = 1 if slow else 4  # (steps between synchronisations)
     torch.backends.cudnn.benchmark = not a.no_autotune
     model = torchvision.models.resnet50().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -64,9 +73,13 @@ def main() -> None:
             time.sleep(0.005)
     syncs = []  # (when, steps so far) at each synchronisation from the go (--each)
     done = [0]
+    last = [time.perf_counter()]
 
     def synced(n: int) -> None:
         torch.cuda.synchronize()
+        if slow is not None and n:
+            time.sleep(slow.after(time.perf_counter() - last[0]))
+        last[0] = time.perf_counter()
         done[0] += n
         if a.each:
             syncs.append((time.perf_counter(), done[0]))
@@ -76,18 +89,18 @@ def main() -> None:
     while a.lead and time.perf_counter() - t0 < a.lead:  # (a controller settles meanwhile)
         step()
         steps += 1
-        if steps % 4 == 0:
-            synced(4)  # as in the timed run: what the controller learns is what is timed
-    synced(steps % 4)
+        if steps % every == 0:
+            synced(every)  # as in the timed run: what the controller learns is what is timed
+    synced(steps % every)
 
     def timed(seconds: float | None):
         t0, steps, loss = time.perf_counter(), 0, None
         while (time.perf_counter() - t0 < seconds) if seconds else steps < a.steps:
             loss = step()
             steps += 1
-            if seconds and steps % 4 == 0:
-                synced(4)  # a timed run ends on time, not a queue later
-        synced(steps % 4)
+            if seconds and steps % every == 0:
+                synced(every)  # a timed run ends on time, not a queue later
+        synced(steps % every)
         return steps * a.batch / (time.perf_counter() - t0), loss
 
     rate, loss = timed(a.seconds)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 _spec = importlib.util.spec_from_file_location("run_sharing", ROOT / "bench" / "run_sharing.py")
 run_sharing = sys.modules.setdefault("run_sharing", importlib.util.module_from_spec(_spec))
@@ -829,3 +831,33 @@ def test_a_bench_stopped_while_its_guests_run_stops_them_and_sigterm_ends_it_as_
     with pytest.raises(SystemExit, match="stopped"):
         run_sharing.Run(tmp_path, 1.0).together([([str(guest), str(tmp_path / "pid")], {})], during)
     assert _ends(int((tmp_path / "pid").read_text())), "the guest was left running"
+
+
+_slow_spec = importlib.util.spec_from_file_location("slow_alone", ROOT / "bench" / "slow_alone.py")
+slow_alone = importlib.util.module_from_spec(_slow_spec)
+_slow_spec.loader.exec_module(slow_alone)
+
+
+def test_the_slow_alone_guest_sleeps_only_when_its_work_comes_quicker_than_beside_the_others():
+    # (bench/torch_train.py --slow-alone, the hostile guest of the slowalone rows): beside the
+    # others its steps take 40 ms; in a probe, the others held, 20 ms: it sleeps 20 * (1/0.25 - 1)
+    # ms after each, so that a probe reads it at a quarter of its speed alone
+    s = slow_alone.SlowAlone(0.25)
+    assert [s.after(0.040) for _ in range(5)] == [0.0] * 5  # (learning how long beside takes)
+    assert s.after(0.020) == pytest.approx(0.060) and s.alone == 1
+    assert s.after(0.038) == 0.0 and s.after(0.045) == 0.0  # (beside again: not slowed, and learned)
+    assert s.beside == pytest.approx(0.040 + 0.1 * (0.038 - 0.040) + 0.1 * (0.045 - 0.0398), abs=1e-6)
+    assert s.after(0.0) == 0.0
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="slow-alone"):
+            slow_alone.SlowAlone(bad)
+
+
+def test_the_slowalone_rows_tell_the_hostile_guests_gain_and_what_the_others_lost():
+    honest, slow = [0.30, 0.70, 0.10], [0.24, 0.56, 0.40]
+    text, gain, others = run_sharing.slow_alone_summary(honest, slow)
+    assert gain == pytest.approx(100 * 0.40 / 1.20 - 100 * 0.10 / 1.10)  # 33.3% against 9.1%
+    assert others == pytest.approx(0.8)
+    assert "9.1%" in text[0] and "33.3%" in text[1] and "0.800 and 0.800 of honest" in text[1]
+    _, gain, others = run_sharing.slow_alone_summary(honest, [0.0, 0.0, 0.0])
+    assert math.isnan(gain) and others == 0.0
