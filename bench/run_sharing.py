@@ -1948,7 +1948,7 @@ def main() -> int:
                 agg += f", shared without MPS {summary['shared_total_no_mps']:.2f}"
             rows.append(("aggregate, of one guest alone", agg))
 
-        if "weights" in skip and ("shared" not in skip or a.depths):  # the shared rows alone, no references
+        if "weights" in skip and ("shared" not in skip or a.depths or "slowalone" not in skip):  # (no references)
             mps = mps_start(tmp) if "mps" not in skip else None
             agg = "shared"
             if mps:
