@@ -54,9 +54,10 @@ are measured (the window's older rates would push past the new targets); then ea
 moved is moved once more, by its target over its part to the power one over how far its part moved
 for the move of its open part (as logs: a secant), and stands again; no probe comes for two windows
 after it where every guest's rate alone is measured and none's last probe read it well short
-unconfirmed (one then would run a guest alone just as the parts reach the new targets).  A guest at 90% of its
-rate alone is not held; at 97% it is left out altogether (holding others could not speed it;
-by time, a guest that shares again within a window is held where it was), but for one seen
+unconfirmed (one then would run a guest alone just as the parts reach the new targets).  A guest
+at 90% of its rate alone is not held (on spans it is, where a hold is no wait); at 97% it is left
+out altogether (holding others could not speed it; by time, a guest that shares again within a
+window is held where it was), but for one seen
 beside the others at more than LIFTED times every read of it alone (its rate alone is then the
 rate seen: one that went slow whenever it ran alone, in each of its probes, looked as fast as
 alone and was left out unheld, with 35% of the GPU at a weight of 10).  A guest ahead of its part
@@ -65,12 +66,13 @@ from the others alike: their parts are reckoned among themselves, nor do its rea
 the rounds come.  No guest is held for more than the rest of its target part of each period (a
 guest at 30% runs at least 30 ms of every 100): progress is measured in calls, which a guest
 chooses, so a guest can make itself look short of its part and have the others held; this bounds
-what it can take.  A guest can make itself look content too: one that went alone just as fast as
-it went beside the others the second before gains nothing on the model (it is held before it is
-read, and reads at the rate it is held to), but one that knew beforehand how fast it goes unheld
-beside the others and went alone at 0.9-1.0 of that looks as content as a guest whose work is
-light (on the model it took 27.5% at a weight of 10): calls cannot tell them apart, what each uses
-of the GPU could, and the page does not carry that.  A guest's own cap holds its work back all
+what it can take.  A guest can make itself look content too, and needs no trick for it: one that
+makes its calls at a steady rate whatever it gets (each call as much work as that takes) goes
+beside the others as fast as alone by its calls; by time and depth it is not held, and took 38% at
+a weight of 10 beside 30 and 70 on the model (a and b kept 0.72-0.74 of what they got beside an
+honest guest); on spans, where a content guest is held too, it gains nothing.  Calls cannot tell
+it from a guest whose work is light; what each uses of the GPU could, and the page does not carry
+that.  A guest's own cap holds its work back all
 but cap% of each period (or the part vmgpud's cap controller sets: vmgpu/cap_control.py),
 however the others go: a bound on its time, as under the policies with
 turns, which alone on the GPU is about cap% of its progress; a capped guest is weighted like the
@@ -786,7 +788,10 @@ class ShareController:
         # (and with fewer than two to share, nobody is held for anyone).  On SM spans a guest
         # already sharing stays in however fast it goes: its speed is its span's doing (a trainer
         # on 79% of an H200's SMs ran at its speed alone), and were it left out the spans would
-        # be lifted and the others take its SMs back
+        # be lifted and the others take its SMs back; nor is one that goes nearly as fast spared
+        # there: a smaller span is no wait, and a guest that made its calls at a steady rate,
+        # whatever it got, looked content, was given as wide a span as the widest, and took 32%
+        # at a weight of 10 beside 30 and 70 (their split went to 48/52)
         spans = self.lever in SMS_LEVERS and self.groups
         # (nor is a guest sharing left out on rates over less than a window, after a change of
         # targets: half a window's rates are too few to tell 97% from 95%, and left out on them
@@ -902,7 +907,7 @@ class ShareController:
             self.last[keys[k].guest] = progress[k] / total
             g.open = (
                 1.0
-                if progress[k] >= SATISFIED and not g.lifted
+                if progress[k] >= SATISFIED and not g.lifted and not spans
                 else min(1.0, max(LEAST_OPEN, g.open * (target / max(part, 1e-9)) ** GAIN))
             )
         # a capped guest its weight would open past its cap is held by its cap alone, and nobody
