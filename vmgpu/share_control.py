@@ -57,7 +57,7 @@ after it where every guest's rate alone is measured and none's last probe read i
 unconfirmed (one then would run a guest alone just as the parts reach the new targets).  A guest
 at 90% of its rate alone is not held (on spans it is, where a hold is no wait); at 97% it is left
 out altogether (holding others could not speed it; by time, a guest that shares again within a
-window is held where it was), but for one seen
+window is held where it was; on spans never), but for one seen
 beside the others at more than LIFTED times every read of it alone (its rate alone is then the
 rate seen: one that went slow whenever it ran alone, in each of its probes, looked as fast as
 alone and was left out unheld, with 35% of the GPU at a weight of 10).  A guest ahead of its part
@@ -785,13 +785,15 @@ class ShareController:
         # goes nearly as fast is not held either, but still counts among those sharing, so that
         # a guest held for it stays held (its speed may be the holds' doing: were they lifted
         # because it looks content, it would fall back, and the holds come and go)
-        # (and with fewer than two to share, nobody is held for anyone).  On SM spans a guest
-        # already sharing stays in however fast it goes: its speed is its span's doing (a trainer
-        # on 79% of an H200's SMs ran at its speed alone), and were it left out the spans would
-        # be lifted and the others take its SMs back; nor is one that goes nearly as fast spared
-        # there: a smaller span is no wait, and a guest that made its calls at a steady rate,
-        # whatever it got, looked content, was given as wide a span as the widest, and took 32%
-        # at a weight of 10 beside 30 and 70 (their split went to 48/52)
+        # (and with fewer than two to share, nobody is held for anyone).  On SM spans no guest is
+        # left out however fast it goes: its speed is its span's doing (a trainer on 79% of an
+        # H200's SMs ran at its speed alone), and were it left out the spans would be lifted and
+        # the others take its SMs back; nor is one that goes nearly as fast spared there: a
+        # smaller span is no wait.  A guest that made its calls at a steady rate, whatever it got,
+        # looked content, was given as wide a span as the widest, and took 32% at a weight of 10
+        # beside 30 and 70 (their split went to 48/52); one that did so with its work off its
+        # span for its first 2 s (all held by time meanwhile) was left out as short of nothing,
+        # never came back in once the spans did, and took 37.7% on the whole GPU
         spans = self.lever in SMS_LEVERS and self.groups
         # (nor is a guest sharing left out on rates over less than a window, after a change of
         # targets: half a window's rates are too few to tell 97% from 95%, and left out on them
@@ -804,7 +806,8 @@ class ShareController:
             and (
                 progress[k] < FULL
                 or self.guests[k].lifted
-                or (k in self.sharing and (spans or self._short_window(self.guests[k], now)))
+                or spans
+                or (k in self.sharing and self._short_window(self.guests[k], now))
             )
         ]
         if len(shared) < 2:
