@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from vmgpu.share_control import REFUSED_MAX, Seen, ShareController, _Guest
+from vmgpu.share_control import REFUSED_MAX, SMS_LEVERS, Seen, ShareController, _Guest
 
 PERIOD = 0.1
 TOGETHER = {1: 1.0, 2: 0.6, 3: 0.45, 4: 0.36}  # each guest's speed with n running
@@ -790,7 +790,7 @@ def _slow_alone(lever: str, slow: float | str | None) -> tuple[dict[str, float],
     by its work) over 30 s, 10 s after c came, and c's probes then."""
     gpu = Gpu({"a": 5000.0, "b": 8000.0, "c": 6000.0})
     gpu.weight.update(a=30, b=70, c=10)
-    gpu.groups = 8 if lever in ("sms", "smsfree", "smsover") else 0
+    gpu.groups = 8 if lever in SMS_LEVERS else 0
     gpu.busy["c"] = False
     ctl = ShareController(lever=lever)
     gpu.run(ctl, 20)
@@ -810,10 +810,8 @@ def _slow_alone(lever: str, slow: float | str | None) -> tuple[dict[str, float],
             (gpu.whole.add if i < 20 else gpu.whole.discard)("c")
         made = gpu.calls["c"]
         gpu.run(ctl, 0.1)
-        if slow in (
-            "steady",
-            "offspan",
-        ):  # (calls the page counts: 60 every 0.1 s, each of them as much work as it takes)
+        if slow in ("steady", "offspan"):
+            # (calls the page counts: 60 every 0.1 s, each of them as much work as it takes)
             made = gpu.calls["c"] - made
             gpu.calls["c"] += 60 - made
             empty += 60 - made
