@@ -59,6 +59,9 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             30/70/10 after the controller's lead, the 10 honest and then, as new guests, going
             slow whenever it runs alone (--slow-alone, 0.3 of its speed: a probe reads it short):
             its part of the three both ways, and the others' rates beside it slow over honest
+  aloneend  the trainer alone again at the run's end, through vmgpu and natively, over its rates
+            alone at the start, which every share and aggregate is over (alone_end_ratio,
+            native_alone_end_ratio): a ratio that claims less than their drift says nothing
   turns     (--alone-turns N) the inference guest alone through vmgpu and natively by turns, with
             each window's slow requests and the host's CPU steal: where the GPU host is itself a
             virtual machine, its hypervisor's steal slows every window's CPU side, vmgpu's or not
@@ -492,6 +495,28 @@ def slow_alone_summary(honest: list[float], slow: list[float]) -> tuple[list[str
         + f" of alone; the 10's part {part(slow):.1f}%; the 30 and 70 at {ratio[0]:.3f} and {ratio[1]:.3f} of honest",
     ]
     return text, part(slow) - part(honest), min(ratio)
+
+
+def alone_again(g: Guests, run: Run, rows, summary, solo: float, native_solo: float) -> None:
+    """The trainer alone again at the run's end, through vmgpu and natively, against the rates
+    alone at its start that every share and aggregate above is over (`alone_end_ratio`,
+    `native_alone_end_ratio`): in session 57's H100 lease those moved by 5-10% from one run to the
+    next, as much as the aggregate's gap to MPS, and a ratio that claims less than the drift
+    between its denominators says nothing."""
+    (end,) = run.together([(TRAIN, g.env())])
+    g.stop()
+    (native_end,) = run.together([(TRAIN, native_env())])
+    ratios = [
+        x / y if y > 0 else math.nan for x, y in ((end["img_per_s"], solo), (native_end["img_per_s"], native_solo))
+    ]
+    summary["alone_end_ratio"], summary["native_alone_end_ratio"] = ratios
+    rows.append(
+        (
+            "trainer alone at the end (vmgpu / native)",
+            f"{end['img_per_s']:.1f} / {native_end['img_per_s']:.1f} img/s: {ratios[0]:.3f} / {ratios[1]:.3f}"
+            " of the start's",
+        )
+    )
 
 
 def lever_key(lever: str) -> str:
@@ -1615,7 +1640,8 @@ def main() -> int:
         "reclaim under shared, on MPS where it runs), capsolo (the rate alone measured next to each cap's "
         "rows), captime (the cap rows by time alone), capalone (with --trace: the trainer alone over its lead "
         "and two windows, natively and through vmgpu, before the cap rows), slowalone (where weights are "
-        "skipped: three under shared at 30/70/10, the 10 honest and then slow whenever alone))",
+        "skipped: three under shared at 30/70/10, the 10 honest and then slow whenever alone), aloneend "
+        "(the trainer alone again at the end, through vmgpu and natively, against the start's))",
     )
     ap.add_argument(
         "--slow-alone",
@@ -2038,6 +2064,8 @@ def main() -> int:
             finally:
                 if mps:
                     mps_stop(mps)
+        if "aloneend" not in skip:
+            alone_again(g, run, rows, summary, solo, native_solo)
     finally:
         g.stop()
         shutil.rmtree(tmp, ignore_errors=True)

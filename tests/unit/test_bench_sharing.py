@@ -861,3 +861,37 @@ def test_the_slowalone_rows_tell_the_hostile_guests_gain_and_what_the_others_los
     assert "9.1%" in text[0] and "33.3%" in text[1] and "0.800 and 0.800 of honest" in text[1]
     _, gain, others = run_sharing.slow_alone_summary(honest, [0.0, 0.0, 0.0])
     assert math.isnan(gain) and others == 0.0
+
+
+def test_the_trainer_runs_alone_again_at_the_end_and_its_drift_from_the_start_is_told(monkeypatch):
+    # every share and aggregate is over the rates alone at the run's start, which moved 5-10% within
+    # one H100 lease (session 57): the run ends with both again, through vmgpu first, then natively
+    ran = []
+
+    class Run:
+        def together(self, guests):
+            ((args, env),) = guests
+            ran.append("vmgpu" if env.get("VMGPU_REGION") else "native")
+            return [{"img_per_s": 1400.0 if env.get("VMGPU_REGION") else 1560.0}]
+
+    class G:
+        stopped = 0
+
+        def env(self, *flags):
+            return {"VMGPU_REGION": "/dev/shm/x"}
+
+        def stop(self):
+            G.stopped += 1
+
+    monkeypatch.delenv("VMGPU_REGION", raising=False)
+    rows, summary = [], {}
+    run_sharing.alone_again(G(), Run(), rows, summary, 1550.0, 1500.0)
+    assert ran == ["vmgpu", "native"] and G.stopped == 1
+    assert summary["alone_end_ratio"] == pytest.approx(1400 / 1550)
+    assert summary["native_alone_end_ratio"] == pytest.approx(1560 / 1500)
+    assert rows == [
+        ("trainer alone at the end (vmgpu / native)", "1400.0 / 1560.0 img/s: 0.903 / 1.040 of the start's")
+    ]
+    summary.clear()
+    run_sharing.alone_again(G(), Run(), rows, summary, 0.0, 1500.0)  # (a start that was not measured)
+    assert math.isnan(summary["alone_end_ratio"])
