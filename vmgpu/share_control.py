@@ -70,11 +70,7 @@ what it can take.  A guest can make itself look content too, and needs no trick 
 makes its calls at a steady rate whatever it gets (each call as much work as that takes) goes
 beside the others as fast as alone by its calls; by time and depth it is not held, and took 38% at
 a weight of 10 beside 30 and 70 on the model (a and b kept 0.72-0.74 of what they got beside an
-honest guest); on spans, where a content guest is held too, it gains nothing.  Under the sms
-levers every guest is held by time while one's work is off its span (which a guest can do at
-will: an open stream capture), and the guest off its span is then neither spared as content nor
-left out (held as any other: to its target part of each period at least), or it took 38.5% so
-(session 57).  Calls cannot tell
+honest guest); on spans, where a content guest is held too, it gains nothing.  Calls cannot tell
 it from a guest whose work is light; what each uses of the GPU could, and the page does not carry
 that.  A guest's own cap holds its work back all
 but cap% of each period (or the part vmgpud's cap controller sets: vmgpu/cap_control.py),
@@ -799,12 +795,6 @@ class ShareController:
         # span for its first 2 s (all held by time meanwhile) was left out as short of nothing,
         # never came back in once the spans did, and took 37.7% on the whole GPU
         spans = self.lever in SMS_LEVERS and self.groups
-        # Nor, under an sms lever, one whose work leaves its span (keys[k].whole), by which every
-        # guest is held by time: a guest can do so at will (an open stream capture), and one that
-        # made its calls steadily whatever it got then looked content and took 38.5% at a weight
-        # of 10 beside 30 and 70 on the model; held as any other it is held to its target part of
-        # each period, and the others share the rest among themselves
-        off = {k for k in busy if keys[k].whole and self.lever in SMS_LEVERS}
         # (nor is a guest sharing left out on rates over less than a window, after a change of
         # targets: half a window's rates are too few to tell 97% from 95%, and left out on them
         # it would have the others' holds lifted and come back a look later)
@@ -817,7 +807,6 @@ class ShareController:
                 progress[k] < FULL
                 or self.guests[k].lifted
                 or spans
-                or k in off
                 or (k in self.sharing and self._short_window(self.guests[k], now))
             )
         ]
@@ -921,7 +910,7 @@ class ShareController:
             self.last[keys[k].guest] = progress[k] / total
             g.open = (
                 1.0
-                if progress[k] >= SATISFIED and not g.lifted and not spans and k not in off
+                if progress[k] >= SATISFIED and not g.lifted and not spans
                 else min(1.0, max(LEAST_OPEN, g.open * (target / max(part, 1e-9)) ** GAIN))
             )
         # a capped guest its weight would open past its cap is held by its cap alone, and nobody

@@ -786,9 +786,8 @@ def _slow_alone(lever: str, slow: float | str | None) -> tuple[dict[str, float],
     works on, at `slow` of its speed whenever it runs alone (None: at its speed; "mirror": at what
     it did beside the others the second before; "steady": at its speed, but its calls 600 a second
     whatever it gets, each as much work as that takes; "offspan": steady, its work off its span for
-    its first 2 s, as an open stream capture keeps it; "offsteady": steady, its work off its span
-    throughout; "offhonest": at its speed, its work off its span throughout): each guest's rate over
-    its rate alone (c's by its work) over 30 s, 10 s after c came, and c's probes then."""
+    its first 2 s, as an open stream capture keeps it): each guest's rate over its rate alone (c's
+    by its work) over 30 s, 10 s after c came, and c's probes then."""
     gpu = Gpu({"a": 5000.0, "b": 8000.0, "c": 6000.0})
     gpu.weight.update(a=30, b=70, c=10)
     gpu.groups = 8 if lever in SMS_LEVERS else 0
@@ -809,11 +808,9 @@ def _slow_alone(lever: str, slow: float | str | None) -> tuple[dict[str, float],
             gpu.short["c"] = [max(0.01, (was[-1] - was[0]) / (0.1 * (len(was) - 1)) / gpu.alone["c"])]
         if slow == "offspan":
             (gpu.whole.add if i < 20 else gpu.whole.discard)("c")
-        if slow in ("offsteady", "offhonest"):
-            gpu.whole.add("c")
         made = gpu.calls["c"]
         gpu.run(ctl, 0.1)
-        if slow in ("steady", "offspan", "offsteady"):
+        if slow in ("steady", "offspan"):
             # (calls the page counts: 60 every 0.1 s, each of them as much work as it takes)
             made = gpu.calls["c"] - made
             gpu.calls["c"] += 60 - made
@@ -854,8 +851,8 @@ def test_on_spans_a_guest_whose_calls_come_steadily_whatever_it_gets_gains_nothi
     # widest: 32% of the GPU at a weight of 10, a and b split 48/52.  On spans a content guest is
     # held as any other (a smaller span is no wait).  (Under the time and depth levers it still
     # takes 38%: a guest whose calls say it goes as fast as alone is not held while it waits, and
-    # calls cannot tell it from a light guest; on the sms levers held by time only where a guest
-    # is off its span, and that guest is held: the test below).  Nor left out as short of
+    # calls cannot tell it from a light guest; on the sms levers a guest off its span, which it
+    # can be at will, has every guest held by time: see the test below).  Nor left out as short of
     # nothing, there: one whose work ran off its span for its first 2 s (all held by time
     # meanwhile) was left out so, was never brought back in once the spans came back, and took
     # 37.7% on the whole GPU (found by a second review)
@@ -865,20 +862,21 @@ def test_on_spans_a_guest_whose_calls_come_steadily_whatever_it_gets_gains_nothi
     assert all(got[n] >= 0.9 * honest[n] for n in "ab"), (got, honest)
 
 
-@pytest.mark.parametrize("lever", SMS_LEVERS)
-def test_a_guest_that_keeps_its_work_off_its_span_and_its_calls_steady_gains_nothing_by_it(lever):
-    # hostile (session 57): a guest whose work leaves its span (an open stream capture does this,
-    # at its will) has every guest held by time, where a guest whose calls come steadily whatever
-    # it gets looks content and was not held: c took 38.5% at a weight of 10 beside 30 and 70 on
-    # every sms lever (a and b at 0.74 of what they get beside an honest c off its span).  A guest
-    # seen off its span is neither spared as content nor left out as short of nothing: held as
-    # any other, to its target part of each period at least.  Against an honest c off its span:
-    # all held by time, c at its part (9%)
-    honest, _ = _slow_alone(lever, "offhonest")
-    got, _ = _slow_alone(lever, "offsteady")
-    assert parts(got)["c"] <= parts(honest)["c"] + 1, (parts(got), parts(honest))
-    assert all(got[n] >= 0.9 * honest[n] for n in "ab"), (got, honest)
-    assert abs(parts(honest)["c"] - 100 * 10 / 110) <= 1.5, parts(honest)  # (by time, its weight's part)
+@pytest.mark.parametrize(("light", "trainer"), [(10, 90), (90, 10)])
+def test_a_light_guest_off_its_span_is_served_what_it_asks_and_the_trainer_gets_the_rest(light, trainer):
+    # an honest light guest (300 of its 3,000 calls/s) whose work keeps to no span (its partition
+    # did not fit, or a capture keeps it where it was) has every guest held by time; it is spared
+    # as content there, as on the whole GPU.  Session 57 tried holding a guest off its span as any
+    # other (the steady guest of the test above took 38.5% by time and would have taken 4.5%), and
+    # a review found the cost: this guest at a weight of 10 got 0.11 of what it asked (0.94
+    # before), and at 90 the trainer beside it was held to 0.11 of its speed, the GPU idle.  Calls
+    # cannot tell the two apart; what each uses of the GPU could
+    gpu = Gpu({"inf": 3000.0, "t1": 6000.0}, demand={"inf": 300.0})
+    gpu.weight.update(inf=light, t1=trainer)
+    gpu.groups = 8
+    gpu.whole = {"inf"}
+    got = settled(gpu, 20, 30, lever="sms")
+    assert got["inf"] >= 0.9 and got["t1"] >= 0.5, got
 
 
 def test_a_guest_as_held_as_it_goes_still_ahead_leaves_the_others_their_parts_among_themselves():
