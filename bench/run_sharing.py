@@ -59,6 +59,10 @@ ResNet-50, requests arriving --rate times a second, latency from arrival):
             30/70/10 after the controller's lead, the 10 honest and then, as new guests, going
             slow whenever it runs alone (--slow-alone, 0.3 of its speed: a probe reads it short):
             its part of the three both ways, and the others' rates beside it slow over honest
+  offspan   (where weights are skipped, on MPS, each --lever) as slowalone, the 10 with a stream
+            capture open on a stream of its own (torch_train.py --open-capture), which keeps its
+            work off its SM span and has every guest held by time: its part both ways, the
+            others' rates over honest, and the three's total over honest (off_span_total)
   aloneend  the trainer alone again at the run's end, through vmgpu and natively, over its rates
             alone at the start, which every share and aggregate is over (alone_end_ratio,
             native_alone_end_ratio): a ratio that claims less than their drift says nothing
@@ -463,22 +467,42 @@ def slow_alone_rows(g: Guests, run: Run, rows, summary, solo: float, pipe: str |
     its speed (torch_train.py --slow-alone: a probe then reads it short).  Their rows, and in the
     summary the third's part slow less its part honest (slow_alone_gain_pp, pp) and the least of
     the others' rates slow over honest (slow_alone_others)."""
+    extra, name = ["--slow-alone", str(SLOW_ALONE[0])], f"slow alone ({SLOW_ALONE[0]:g})"
+    hostile_rows(g, run, rows, summary, solo, pipe, trace, lever, extra, name, "slow_alone")
+
+
+def off_span_rows(g: Guests, run: Run, rows, summary, solo: float, pipe: str | None, trace, lever: str) -> None:
+    """As slow_alone_rows, the third with a stream capture open on a stream of its own
+    (torch_train.py --open-capture), which keeps its work off its span and has every guest held
+    by time: off_span_gain_pp, off_span_others, and the three's total over honest
+    (off_span_total: what the others' spans were worth)."""
+    hostile_rows(g, run, rows, summary, solo, pipe, trace, lever, ["--open-capture"], "off its span", "off_span")
+
+
+def hostile_rows(
+    g: Guests, run: Run, rows, summary, solo: float, pipe, trace, lever: str, extra: list, name: str, key: str
+) -> None:
+    """Three trainers under shared at 30/70/10 after the controller's lead, the 10 honest and then
+    (new guests) with the hostile flags `extra`: their rows, `{key}_gain_pp`, `{key}_others` and
+    `{key}_total` (each with the lever's suffix)."""
     train = [*TRAIN, "--lead", str(SHARED_LEAD[0])]
     flags = ("--mps", pipe) if pipe else ()
     got = {}
-    for mode, extra in (("honest", []), ("slow", ["--slow-alone", str(SLOW_ALONE[0])])):
+    for mode, more in (("honest", []), (name, extra)):
         envs = [g.env("--weight", w, *flags) for w in ("30", "70", "10")]
         if trace is not None:
-            trace.write(f"== slow alone ({mode}), lever {lever}: {g.names[-3:]}\n")
+            trace.write(f"== 30/70/10, the 10 {mode}, lever {lever}: {g.names[-3:]}\n")
         with controlled(g, lever, tracer(trace)):
-            out = run.together([(train, envs[0]), (train, envs[1]), ([*train, *extra], envs[2])])
+            out = run.together([(train, envs[0]), (train, envs[1]), ([*train, *more], envs[2])])
         got[mode] = [o["img_per_s"] / solo for o in out]
-    text, gain, others = slow_alone_summary(got["honest"], got["slow"])
+    text, gain, others = slow_alone_summary(got["honest"], got[name])
     what = f"shared 30/70/10{' on MPS' if pipe else ''}, lever {lever}"
     rows.append((f"{what}, the 10 honest", text[0]))
-    rows.append((f"{what}, the 10 slow alone ({SLOW_ALONE[0]:g})", text[1]))
+    rows.append((f"{what}, the 10 {name}", text[1]))
     by = lever_key(lever)
-    summary[f"slow_alone_gain_pp{by}"], summary[f"slow_alone_others{by}"] = gain, others
+    summary[f"{key}_gain_pp{by}"], summary[f"{key}_others{by}"] = gain, others
+    total = sum(got["honest"])
+    summary[f"{key}_total{by}"] = sum(got[name]) / total if total > 0 else math.nan
 
 
 def slow_alone_summary(honest: list[float], slow: list[float]) -> tuple[list[str], float, float]:
@@ -1641,7 +1665,9 @@ def main() -> int:
         "rows), captime (the cap rows by time alone), capalone (with --trace: the trainer alone over its lead "
         "and two windows, natively and through vmgpu, before the cap rows), slowalone (where weights are "
         "skipped: three under shared at 30/70/10, the 10 honest and then slow whenever alone), aloneend "
-        "(the trainer alone again at the end, through vmgpu and natively, against the start's))",
+        "(the trainer alone again at the end, through vmgpu and natively, against the start's), offspan (where "
+        "weights are skipped: three under shared at 30/70/10, the 10 honest and then with a stream capture "
+        "open, off its span))",
     )
     ap.add_argument(
         "--slow-alone",
@@ -1974,7 +2000,8 @@ def main() -> int:
                 agg += f", shared without MPS {summary['shared_total_no_mps']:.2f}"
             rows.append(("aggregate, of one guest alone", agg))
 
-        if "weights" in skip and ("shared" not in skip or a.depths or "slowalone" not in skip):  # (no references)
+        hostile = "slowalone" not in skip or "offspan" not in skip
+        if "weights" in skip and ("shared" not in skip or a.depths or hostile):  # (no references)
             mps = mps_start(tmp) if "mps" not in skip else None
             agg = "shared"
             if mps:
@@ -1997,6 +2024,8 @@ def main() -> int:
                         agg += f", threads {th[0]}/{th[1]} {summary[f'shared_total_threads{th[0]}']:.2f}"
                     for lever in LEVERS if "slowalone" not in skip else ():
                         slow_alone_rows(g, run, rows, summary, solo, pipe, trace, lever)
+                    for lever in LEVERS if "offspan" not in skip else ():
+                        off_span_rows(g, run, rows, summary, solo, pipe, trace, lever)
                 finally:
                     mps_stop(mps)
             if "shared" not in skip and "nomps" not in skip:

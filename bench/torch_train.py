@@ -8,11 +8,13 @@ exists, and makes FILE.done once the second is over.
 """
 
 import argparse
+import ctypes
 import os
 import time
 
 import torch
 import torchvision
+from open_capture import open_capture
 from slow_alone import SlowAlone
 
 
@@ -47,6 +49,12 @@ def main() -> None:
         help="hostile: whenever its steps come quicker than beside the others (a probe holds them), sleep "
         "after each so that it goes at this part of its speed (bench/slow_alone.py; it syncs every step)",
     )
+    ap.add_argument(
+        "--open-capture",
+        action="store_true",
+        help="hostile: begin a stream capture on a stream of its own and leave it open, which keeps its work "
+        "off its SM span and has every guest held by time (bench/open_capture.py)",
+    )
     a = ap.parse_args()
     slow = SlowAlone(a.slow_alone) if a.slow_alone is not None else None
     every = 1 if slow else 4  # (steps between synchronisations)
@@ -67,6 +75,8 @@ def main() -> None:
     for _ in range(a.warmup):
         step()
     torch.cuda.synchronize()
+    if a.open_capture:  # (after the warm-up: torch's context is current on this thread)
+        open_capture(ctypes.CDLL("libcuda.so.1"))
     if a.go:
         print("ready", flush=True)
         while not os.path.exists(a.go):

@@ -895,3 +895,61 @@ def test_the_trainer_runs_alone_again_at_the_end_and_its_drift_from_the_start_is
     summary.clear()
     run_sharing.alone_again(G(), Run(), rows, summary, 0.0, 1500.0)  # (a start that was not measured)
     assert math.isnan(summary["alone_end_ratio"])
+
+
+def test_the_open_capture_guest_begins_a_relaxed_capture_on_a_non_blocking_stream_of_its_own():
+    import ctypes
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from open_capture import open_capture
+
+    calls = []
+
+    class Driver:  # (libcuda.so.1's two calls, as ctypes hands them their arguments)
+        def __init__(self, fail=None):
+            self.fail = fail
+
+        def cuStreamCreate(self, out, flags):
+            calls.append(("create", flags))
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = 0x5000
+            return 1 if self.fail == "create" else 0
+
+        def cuStreamBeginCapture_v2(self, stream, mode):
+            calls.append(("begin", stream.value, mode))
+            return 201 if self.fail == "begin" else 0
+
+    assert open_capture(Driver()) == 0x5000
+    assert calls == [("create", 1), ("begin", 0x5000, 2)]  # non-blocking; relaxed
+    for fail, name in (("create", "cuStreamCreate"), ("begin", "cuStreamBeginCapture_v2")):
+        with pytest.raises(RuntimeError, match=name):  # (a run that got no capture measures an honest guest)
+            open_capture(Driver(fail))
+
+
+def test_the_offspan_rows_run_the_10_honest_then_with_a_capture_open_and_tell_what_the_others_lost(monkeypatch):
+    import contextlib
+
+    monkeypatch.setattr(run_sharing, "controlled", lambda g, lever, after: contextlib.nullcontext())
+    monkeypatch.setattr(run_sharing, "LEVERS", ["sms"])
+    seen = []
+
+    class Run:
+        def together(self, guests):
+            seen.append([args for args, _ in guests])
+            hostile = "--open-capture" in guests[2][0]
+            rates = [300.0, 700.0, 500.0] if hostile else [330.0, 760.0, 100.0]  # (img/s, solo 1000)
+            return [{"img_per_s": r} for r in rates]
+
+    class G:
+        names = ["share-1", "share-2", "share-3"]
+
+        def env(self, *flags):
+            return {"flags": flags}
+
+    rows, summary = [], {}
+    run_sharing.off_span_rows(G(), Run(), rows, summary, 1000.0, "/pipe", None, "sms")
+    assert [("--open-capture" in args) for args in seen[0]] == [False] * 3
+    assert [("--open-capture" in args) for args in seen[1]] == [False, False, True]
+    assert summary["off_span_gain_pp_sms"] == pytest.approx(100 * 0.5 / 1.5 - 100 * 0.1 / 1.19)
+    assert summary["off_span_others_sms"] == pytest.approx(300 / 330)  # (the least of the two)
+    assert summary["off_span_total_sms"] == pytest.approx(1.5 / 1.19)
+    assert rows[1][0] == "shared 30/70/10 on MPS, lever sms, the 10 off its span", rows

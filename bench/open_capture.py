@@ -1,0 +1,32 @@
+"""A guest's way off its SM span, for bench/torch_train.py --open-capture: a stream capture begun
+on a stream of its own and never ended.
+
+While a capture is open in a forwarder's process, the forwarder moves none of that guest's work
+between spans (a capture keeps work where it began: host_forwarder/native/partition.c, may_move),
+the guest's slot says so (whole_ms), and the share controller then holds every guest on the GPU by
+time (vmgpu/share_control.py): one guest can take the others off their spans at will.  The capture
+is on a new non-blocking stream (no implicit order with the legacy stream the trainer's work goes
+on) in the relaxed mode (no call of any thread is refused for it), so the guest's own training goes
+on as ever.  No torch here: the calls alone, which the tests drive with a fake driver."""
+
+from __future__ import annotations
+
+import ctypes
+
+CU_STREAM_NON_BLOCKING = 1
+CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+def open_capture(lib) -> int:
+    """Begin a capture on a new non-blocking stream of the calling thread's current context, in
+    the relaxed mode, and leave it open; the stream's handle.  lib: the driver (libcuda.so.1, in a
+    guest vmgpu's).  A driver error raises, naming the call: a run that asked for the capture and
+    got none would measure an honest guest."""
+    s = ctypes.c_void_p()
+    r = lib.cuStreamCreate(ctypes.byref(s), CU_STREAM_NON_BLOCKING)
+    if r:
+        raise RuntimeError(f"--open-capture: cuStreamCreate failed: CUresult {r}")
+    r = lib.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED)
+    if r:
+        raise RuntimeError(f"--open-capture: cuStreamBeginCapture_v2 failed: CUresult {r}")
+    return s.value or 0
