@@ -289,6 +289,10 @@ class ShareController:
         self.quiet_until = -math.inf  # after a change of weight: no probe until then (QUIET_WINDOWS)
         self.before: dict = {}  # (open part, part) of each guest before a change of targets by time
         self.reserved_at = -math.inf  # when lower guests last had spans beside a higher one (_reserve)
+        # under an sms lever, why its guests were held by time at the last look (None: on spans,
+        # or fewer than two at work): (why, the guests that made it so), for the host's log
+        self.by_time: tuple[str, tuple[str, ...]] | None = None
+        self.page_groups = 0  # the groups of SMs on the page at the last look
 
     def forget(self) -> None:
         """Everything measured dropped, and any probe or round under way (the policy left shared:
@@ -296,6 +300,7 @@ class ShareController:
         self.guests.clear()
         self.probe, self.round_next, self.round_of = None, [], None
         self.pinned = set()
+        self.by_time = None
 
     # -- rates ------------------------------------------------------------------------------
 
@@ -389,6 +394,7 @@ class ShareController:
         # blocking stream, a partition over its quota, a forwarder that does not partition; or one
         # a capture keeps where it was) would be held by nobody: then all are held by time
         self.groups = groups if self.lever in SMS_LEVERS and not any(s.whole for s in seen) else 0
+        self.page_groups = groups
         keys = {(s.slot, s.guest): s for s in seen}
         for k in list(self.guests):
             if k not in keys:
@@ -413,6 +419,23 @@ class ShareController:
                 g.given.popleft()
         return holds
 
+    def _why_by_time(self, keys: dict, busy: list) -> tuple[str, tuple[str, ...]] | None:
+        """Under an sms lever, with two or more busy guests sharing: why they are held by time at
+        this look, if they are (for the host's log), with the guests that make it so: a guest's
+        work off its span (which a guest can bring about itself: an open stream capture), no groups
+        of SMs on the page (the forwarders do not partition the GPU), or more guests at work than
+        groups."""
+        if self.lever not in SMS_LEVERS or len(busy) < 2:
+            return None
+        off = tuple(sorted({s.guest for s in keys.values() if s.whole}))
+        if off:
+            return ("its work off its span", off)
+        if not self.page_groups:
+            return ("the forwarders do not partition this GPU", ())
+        if len(busy) > self.page_groups:
+            return ("more guests at work than groups of SMs", tuple(sorted(k[1] for k in busy)))
+        return None
+
     def _plan(self, now: float, keys: dict) -> dict[int, int]:
         busy = [k for k in keys if self._busy(self.guests[k], now)]
         for k in busy:
@@ -429,6 +452,7 @@ class ShareController:
         # (a lower guest at work, or waiting at its gate while the higher one's work goes)
         lower = [k for k in keys if keys[k].rank < top and (k in busy or keys[k].waiting)]
         busy = [k for k in busy if keys[k].rank == top]
+        self.by_time = self._why_by_time(keys, busy)
         if len(busy) > self.groups:
             self.groups = 0  # (more to share than groups of SMs: by time)
         # alone and not held all the window: its rate is its rate alone (not while lower guests

@@ -531,6 +531,9 @@ class Supervisor:
             caps: dict[str, cap_control.CapController] = {}  # per GPU, kept while its page is opened afresh
             policies, looked = {}, 0.0
             failing: dict[str, tuple[str, float, int]] = {}  # per GPU: its last error logged, when, repeats since
+            by_time: dict[
+                str, tuple
+            ] = {}  # per GPU: why its guests were held by time as last logged, when, changes since
             try:
                 # (a probe's guest sampled finely meanwhile: its rate alone read between its bursts)
                 while not cap_control.wait(self._stop, every, [(c.page, c.caps) for c in ctls.values()]):
@@ -556,6 +559,7 @@ class Supervisor:
                                 c.shares = share_control.ShareController(lever="sms")
                             if c.shares is not None:
                                 share_control.apply_step(c.page, c.shares, now)  # (off shared: holds lifted)
+                            _held_by_time(by_time, uuid, c.shares.by_time if c.shares else None, now)
                             cap_control.apply_step(c.page, c.caps, now)  # (native: caps' parts withdrawn)
                             if policy != "shared":
                                 c.shares = None
@@ -582,6 +586,27 @@ class Supervisor:
             still answers; a part left stands at most VMGPU_SCHED_CAPS_FRESH_MS)."""
             with contextlib.suppress(Exception):
                 cap_control.withdraw(c.page)
+
+        def _held_by_time(logged: dict, uuid: str, why, now: float) -> None:
+            """Log a GPU's guests going off SM spans, held by time, and why (share_control's
+            by_time: a guest's work off its span, which the guest can bring about itself and
+            which costs every guest on the GPU the overlap of spans; the forwarders not
+            partitioning; more guests at work than groups), and coming back: a change at once,
+            and then at most a line a minute, saying how things stand and how many times they
+            changed since the last line (`changes`)."""
+            last, at, changes, now_why = logged.get(uuid, (None, -math.inf, 0, None))
+            if why != now_why:
+                changes, now_why = changes + 1, why
+            if now_why != last and now - at >= SHARE_ERROR_EVERY_S:
+                if now_why is None:
+                    self.log.info("guests back on SM spans", gpu=uuid, changes=changes)
+                else:
+                    guests = list(now_why[1])
+                    self.log.warning(
+                        "guests held by time, not on SM spans", gpu=uuid, why=now_why[0], guests=guests, changes=changes
+                    )
+                last, at, changes = now_why, now, 0
+            logged[uuid] = (last, at, changes, now_why)
 
         def _failed(failing: dict, uuid: str, error: str, now: float) -> None:
             """Log a GPU's share or cap control failure: a new error at once, the same one again

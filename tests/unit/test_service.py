@@ -255,6 +255,69 @@ def test_share_control_failing_on_a_page_reopens_it_and_logs_the_same_error_once
     assert errors[1][1]["repeats"] > 0  # the first error's repeats are counted into the next line
 
 
+def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_going_at_most_once_a_minute(
+    tmp_path, monkeypatch
+):
+    """A guest whose work is off its SM span (an open stream capture) has every guest on its GPU
+    held by time: vmgpud says so, naming it, and says when they are back on spans; one that goes
+    on and off every look is not a line each time."""
+    from tests.forwarder import wait_for
+    from vmgpu import cap_control, sched, share_control, supervisor
+
+    logged, looks = [], []
+    off = ("its work off its span", ("vm-c",))
+    script = [None, off, off, None, off, None] + [None] * 10  # (then on spans for good)
+
+    class Page:
+        def __init__(self, path):
+            pass
+
+        def close(self):
+            pass
+
+    class Ledger:
+        def policies(self):
+            return {"GPU-a": "shared"}
+
+    def step(page, ctl, now):
+        ctl.by_time = script[min(len(looks), len(script) - 1)]
+        looks.append(now)
+
+    monkeypatch.setattr(sched, "Page", Page)
+    monkeypatch.setattr(share_control, "apply_step", step)
+    monkeypatch.setattr(cap_control, "apply_step", lambda page, ctl, now: None)
+    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)  # (no second line within the test)
+    sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    monkeypatch.setattr(sup.log, "warning", lambda event, **kw: logged.append((event, kw)))
+    monkeypatch.setattr(sup.log, "info", lambda event, **kw: logged.append((event, kw)))
+    sup.control_shares(every=0.002, look_every=0.004)
+    try:
+        assert wait_for(lambda: len(looks) >= len(script))
+    finally:
+        sup._stop.set()
+        sup._control.join(5)
+    assert logged == [
+        (
+            "guests held by time, not on SM spans",
+            {"gpu": "GPU-a", "why": "its work off its span", "guests": ["vm-c"], "changes": 1},
+        )
+    ], logged
+    logged.clear()
+    looks.clear()
+    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 0.0)  # (a minute gone by at every look)
+    sup2 = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    monkeypatch.setattr(sup2.log, "warning", lambda event, **kw: logged.append((event, kw)))
+    monkeypatch.setattr(sup2.log, "info", lambda event, **kw: logged.append((event, kw)))
+    sup2.control_shares(every=0.002, look_every=0.004)
+    try:
+        assert wait_for(lambda: len(looks) >= len(script))
+    finally:
+        sup2._stop.set()
+        sup2._control.join(5)
+    events = [event for event, _ in logged]
+    assert events == ["guests held by time, not on SM spans", "guests back on SM spans"] * 2, logged
+
+
 def test_a_page_that_cannot_be_opened_is_logged_and_the_other_gpus_stay_controlled(tmp_path, monkeypatch):
     """vmgpud's controllers run on every GPU not native: one GPU's page failing to open (not for
     want of a forwarder) is logged once, and the cap controller still looks at the others'

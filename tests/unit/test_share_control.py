@@ -1366,6 +1366,24 @@ def test_under_the_sms_lever_a_guest_off_its_span_makes_all_held_by_time():
     assert abs(p["a"] - 30) <= 2, (p, got)
 
 
+def test_the_controller_says_why_its_guests_are_held_by_time_and_who_made_it_so():
+    # for the host's log (vmgpud: "guests held by time, not on SM spans"): a guest off its span,
+    # which it can bring about itself, costs every guest on the GPU the overlap of spans
+    def why(lever="sms", groups=16, whole=(), guests=("a", "b")):
+        gpu = Gpu(dict.fromkeys(guests, 5000.0))
+        gpu.groups, gpu.whole = groups, set(whole)
+        ctl = ShareController(lever=lever)
+        gpu.run(ctl, 5)
+        return ctl.by_time
+
+    assert why() is None
+    assert why(whole=["b"]) == ("its work off its span", ("b",))
+    assert why(groups=0) == ("the forwarders do not partition this GPU", ())
+    assert why(groups=2, guests=("a", "b", "c")) == ("more guests at work than groups of SMs", ("a", "b", "c"))
+    assert why(lever="time", groups=0) is None  # (by time by choice)
+    assert why(whole=["b"], guests=("b",)) is None  # (alone: nobody is held for anybody)
+
+
 def test_under_the_sms_lever_more_guests_than_groups_are_held_by_time():
     # three to share and two groups of SMs: no spans (each needs a group), held by time instead
     gpu = Gpu({"a": 5000.0, "b": 5000.0, "c": 5000.0})
