@@ -2,7 +2,8 @@
 (capacity, reservations, quotas, each guest's compute weight, guarantee, cap and priority), what
 the guests use (each forwarder's statistics page: memory used, time its calls waited at the
 compute gate, memory refusals; each GPU's scheduler page: GPU time held), forwarders restarted by
-the supervisor, and counters of admission decisions.
+the supervisor, shared GPUs whose guests are held by time rather than on SM spans (and the guests
+whose work left their spans), and counters of admission decisions.
 
 Labels: guest (its name), gpu (the host's GPU index), uuid (the GPU's UUID).  A guest's usage is
 shown while its forwarder runs; its counters start again from 0 when a forwarder is started
@@ -106,6 +107,16 @@ class UsageCollector:
         restarts = CounterMetricFamily(
             "vmgpu_forwarder_restarts", "A guest's forwarder started again after it died", labels=["guest"]
         )
+        by_time = GaugeMetricFamily(
+            "vmgpu_gpu_held_by_time",
+            "1 for a shared GPU whose guests are held by time, not on SM spans, and why",
+            labels=["gpu", "uuid", "why"],
+        )
+        off_span = GaugeMetricFamily(
+            "vmgpu_guest_off_span",
+            "1 for a guest whose work is off its SM span, which has every guest on its GPU held by time",
+            labels=["guest", "gpu", "uuid"],
+        )
         with self.lock:
             usage, fwds = self.ledger.usage(), self.ledger.forwarders()
             slices = {g: self.ledger.reservations(g) for g, *_ in fwds}
@@ -127,7 +138,14 @@ class UsageCollector:
                 gpu_time.add_metric([guest, str(u.index), u.uuid], ns / NS)
         for guest in sorted({g for g, *_ in fwds} | (set(restarted) & admitted)):
             restarts.add_metric([guest], restarted.get(guest, 0))
-        yield from (used, gpu_time, throttled, ooms, restarts)
+        held = dict(getattr(self.supervisor, "held_by_time", {}))
+        for u in usage:
+            if u.uuid in held:
+                why, guests = held[u.uuid]
+                by_time.add_metric([str(u.index), u.uuid, why], 1)
+                for guest in guests if why == "its work off its span" else ():
+                    off_span.add_metric([guest, str(u.index), u.uuid], 1)
+        yield from (used, gpu_time, throttled, ooms, restarts, by_time, off_span)
 
 
 def _gpu_time(uuid: str) -> dict[sched.Seat, int]:

@@ -262,6 +262,9 @@ class Supervisor:
         # forwarders started again after one died, per guest, since this vmgpud started (under
         # self.lock): vmgpu_forwarder_restarts_total
         self.restarted: collections.Counter[str] = collections.Counter()
+        # per shared GPU (uuid) whose guests its share controller holds by time, not on SM spans:
+        # why, and the guests that make it so (share_control's by_time; for the metrics)
+        self.held_by_time: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.policy = dict(policy or RESTART_POLICY)
         self.log = get_logger(component="supervisor")
         self._stop = threading.Event()
@@ -559,7 +562,12 @@ class Supervisor:
                                 c.shares = share_control.ShareController(lever="sms")
                             if c.shares is not None:
                                 share_control.apply_step(c.page, c.shares, now)  # (off shared: holds lifted)
-                            _held_by_time(by_time, uuid, c.shares.by_time if c.shares else None, now)
+                            why = c.shares.by_time if c.shares else None
+                            _held_by_time(by_time, uuid, why, now)
+                            if why:
+                                self.held_by_time[uuid] = why
+                            else:
+                                self.held_by_time.pop(uuid, None)
                             cap_control.apply_step(c.page, c.caps, now)  # (native: caps' parts withdrawn)
                             if policy != "shared":
                                 c.shares = None
@@ -576,6 +584,7 @@ class Supervisor:
                         if done:
                             c.page.close()
                             del ctls[uuid]
+                            self.held_by_time.pop(uuid, None)
             finally:
                 for c in ctls.values():  # (vmgpud stops: caps are cap% of the time again at once)
                     _close(c)

@@ -279,7 +279,10 @@ def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_go
         def policies(self):
             return {"GPU-a": "shared"}
 
+    held = []  # the supervisor's held_by_time (for the metrics) as each look begins: the last look's
+
     def step(page, ctl, now):
+        held.append(dict(sups[-1].held_by_time))
         ctl.by_time = script[min(len(looks), len(script) - 1)]
         looks.append(now)
 
@@ -288,6 +291,7 @@ def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_go
     monkeypatch.setattr(cap_control, "apply_step", lambda page, ctl, now: None)
     monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)  # (no second line within the test)
     sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    sups = [sup]
     monkeypatch.setattr(sup.log, "warning", lambda event, **kw: logged.append((event, kw)))
     monkeypatch.setattr(sup.log, "info", lambda event, **kw: logged.append((event, kw)))
     sup.control_shares(every=0.002, look_every=0.004)
@@ -302,10 +306,13 @@ def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_go
             {"gpu": "GPU-a", "why": "its work off its span", "guests": ["vm-c"], "changes": 1},
         )
     ], logged
+    assert held[1:7] == [{}, {"GPU-a": off}, {"GPU-a": off}, {}, {"GPU-a": off}, {}], held
+    assert sup.held_by_time == {}
     logged.clear()
     looks.clear()
     monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 0.0)  # (a minute gone by at every look)
     sup2 = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    sups.append(sup2)
     monkeypatch.setattr(sup2.log, "warning", lambda event, **kw: logged.append((event, kw)))
     monkeypatch.setattr(sup2.log, "info", lambda event, **kw: logged.append((event, kw)))
     sup2.control_shares(every=0.002, look_every=0.004)
