@@ -7,7 +7,10 @@ the guest's slot says so (whole_ms), and the share controller then holds every g
 time (vmgpu/share_control.py): one guest can take the others off their spans at will.  The capture
 is on a new non-blocking stream (no implicit order with the legacy stream the trainer's work goes
 on) in the relaxed mode (no call of any thread is refused for it), so the guest's own training goes
-on as ever.  No torch here: the calls alone, which the tests drive with a fake driver."""
+on as ever, but for a context-wide synchronisation, which the driver refuses while a capture is
+open in the context whatever its mode: the guest then waits for its own stream instead
+(torch_train.py), and ends the capture before it exits (end_capture).  No torch here: the calls
+alone, which the tests drive with a fake driver."""
 
 from __future__ import annotations
 
@@ -30,3 +33,15 @@ def open_capture(lib) -> int:
     if r:
         raise RuntimeError(f"--open-capture: cuStreamBeginCapture_v2 failed: CUresult {r}")
     return s.value or 0
+
+
+def end_capture(lib, stream: int) -> None:
+    """End the capture open_capture began (the graph it made destroyed) and destroy its stream,
+    before the guest exits (a context torn down with a capture open may fail its exit).  Errors
+    are left: the guest's result is already out."""
+    s = ctypes.c_void_p(stream)
+    graph = ctypes.c_void_p()
+    lib.cuStreamEndCapture(s, ctypes.byref(graph))
+    if graph.value:
+        lib.cuGraphDestroy(graph)
+    lib.cuStreamDestroy_v2(s)

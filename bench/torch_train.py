@@ -14,7 +14,7 @@ import time
 
 import torch
 import torchvision
-from open_capture import open_capture
+from open_capture import end_capture, open_capture
 from slow_alone import SlowAlone
 
 
@@ -75,8 +75,12 @@ def main() -> None:
     for _ in range(a.warmup):
         step()
     torch.cuda.synchronize()
-    if a.open_capture:  # (after the warm-up: torch's context is current on this thread)
-        open_capture(ctypes.CDLL("libcuda.so.1"))
+    driver = ctypes.CDLL("libcuda.so.1") if a.open_capture else None
+    # (after the warm-up: torch's context is current on this thread)
+    capture = open_capture(driver) if driver else None
+    # with a capture open the driver refuses to synchronise the context: its own stream instead
+    # (the capture's stream is non-blocking: the legacy stream waits for nothing of it)
+    sync = torch.cuda.current_stream().synchronize if capture is not None else torch.cuda.synchronize
     if a.go:
         print("ready", flush=True)
         while not os.path.exists(a.go):
@@ -86,7 +90,7 @@ def main() -> None:
     last = [time.perf_counter()]
 
     def synced(n: int) -> None:
-        torch.cuda.synchronize()
+        sync()
         if slow is not None and n:
             time.sleep(slow.after(time.perf_counter() - last[0]))
         last[0] = time.perf_counter()
@@ -136,7 +140,9 @@ def main() -> None:
                 rates.append(f"{(n - n_at) * a.batch / (t - t_at):.0f}")
                 t_at, n_at = t, n
         each = " each=" + ",".join(rates)
-    print(f"img_per_s={rate:.1f}{then} loss={loss.item():.4f}{each}")
+    print(f"img_per_s={rate:.1f}{then} loss={loss.item():.4f}{each}", flush=True)
+    if capture is not None:
+        end_capture(driver, capture)
 
 
 if __name__ == "__main__":

@@ -421,17 +421,18 @@ class ShareController:
 
     def _why_by_time(self, keys: dict, busy: list) -> tuple[str, tuple[str, ...]] | None:
         """Under an sms lever, with two or more busy guests sharing: why they are held by time at
-        this look, if they are (for the host's log), with the guests that make it so: a guest's
-        work off its span (which a guest can bring about itself: an open stream capture), no groups
-        of SMs on the page (the forwarders do not partition the GPU), or more guests at work than
-        groups."""
+        this look, if they are (for the host's log), with the guests that make it so: no groups of
+        SMs on the page (the forwarders do not partition the GPU: each of them then says its
+        work is off its span), a guest's work off its span (which a guest can bring about itself:
+        an open stream capture), or more guests at work than groups.  (Set where the holds are
+        planned: through a probe or a round it stands as the look before said.)"""
         if self.lever not in SMS_LEVERS or len(busy) < 2:
             return None
+        if not self.page_groups:
+            return ("the forwarders do not partition this GPU", ())
         off = tuple(sorted({s.guest for s in keys.values() if s.whole}))
         if off:
             return ("its work off its span", off)
-        if not self.page_groups:
-            return ("the forwarders do not partition this GPU", ())
         if len(busy) > self.page_groups:
             return ("more guests at work than groups of SMs", tuple(sorted(k[1] for k in busy)))
         return None

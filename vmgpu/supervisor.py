@@ -585,16 +585,28 @@ class Supervisor:
                             c.page.close()
                             del ctls[uuid]
                             self.held_by_time.pop(uuid, None)
+                            _left(by_time, uuid)
             finally:
                 for c in ctls.values():  # (vmgpud stops: caps are cap% of the time again at once)
                     _close(c)
                     c.page.close()
+                self.held_by_time.clear()
 
         def _close(c: _Controlled) -> None:
             """Take the cap controller's parts back off a page it stops controlling (where the page
             still answers; a part left stands at most VMGPU_SCHED_CAPS_FRESH_MS)."""
             with contextlib.suppress(Exception):
                 cap_control.withdraw(c.page)
+
+        def _left(logged: dict, uuid: str) -> None:
+            """A GPU no longer controlled (it left shared and then turned native, or its page
+            failed): where its last line said its guests were held by time, a line that they are
+            no longer, at once; and its state forgotten, so that a later episode is logged anew."""
+            last, _, changes, _ = logged.pop(uuid, (None, 0.0, 0, None))
+            if last is not None:
+                self.log.info(
+                    "guests no longer held by time", gpu=uuid, why="the GPU left the share controller", changes=changes
+                )
 
         def _held_by_time(logged: dict, uuid: str, why, now: float) -> None:
             """Log a GPU's guests going off SM spans, held by time, and why (share_control's
@@ -608,7 +620,7 @@ class Supervisor:
                 changes, now_why = changes + 1, why
             if now_why != last and now - at >= SHARE_ERROR_EVERY_S:
                 if now_why is None:
-                    self.log.info("guests back on SM spans", gpu=uuid, changes=changes)
+                    self.log.info("guests no longer held by time", gpu=uuid, changes=changes)
                 else:
                     guests = list(now_why[1])
                     self.log.warning(

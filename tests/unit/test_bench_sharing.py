@@ -901,7 +901,7 @@ def test_the_open_capture_guest_begins_a_relaxed_capture_on_a_non_blocking_strea
     import ctypes
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from open_capture import open_capture
+    from open_capture import end_capture, open_capture
 
     calls = []
 
@@ -918,8 +918,23 @@ def test_the_open_capture_guest_begins_a_relaxed_capture_on_a_non_blocking_strea
             calls.append(("begin", stream.value, mode))
             return 201 if self.fail == "begin" else 0
 
+        def cuStreamEndCapture(self, stream, graph):
+            calls.append(("end", stream.value))
+            ctypes.cast(graph, ctypes.POINTER(ctypes.c_void_p))[0] = 0x6000
+            return 0
+
+        def cuGraphDestroy(self, graph):
+            calls.append(("graph destroyed", graph.value))
+
+        def cuStreamDestroy_v2(self, stream):
+            calls.append(("stream destroyed", stream.value))
+
     assert open_capture(Driver()) == 0x5000
     assert calls == [("create", 1), ("begin", 0x5000, 2)]  # non-blocking; relaxed
+    calls.clear()
+    end_capture(Driver(), 0x5000)  # (before the guest exits)
+    assert calls == [("end", 0x5000), ("graph destroyed", 0x6000), ("stream destroyed", 0x5000)]
+    calls.clear()
     for fail, name in (("create", "cuStreamCreate"), ("begin", "cuStreamBeginCapture_v2")):
         with pytest.raises(RuntimeError, match=name):  # (a run that got no capture measures an honest guest)
             open_capture(Driver(fail))

@@ -322,7 +322,61 @@ def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_go
         sup2._stop.set()
         sup2._control.join(5)
     events = [event for event, _ in logged]
-    assert events == ["guests held by time, not on SM spans", "guests back on SM spans"] * 2, logged
+    assert events == ["guests held by time, not on SM spans", "guests no longer held by time"] * 2, logged
+
+
+def test_a_gpu_that_leaves_the_share_controller_says_its_guests_are_no_longer_held_and_a_new_episode_is_logged(
+    tmp_path, monkeypatch
+):
+    """Held by time and logged, then the GPU turned native within the minute (no second line due
+    yet): a line at once that its guests are no longer held, and when it is shared again and held
+    for the same reason, the warning again (found by a review: the state outlived the GPU's control,
+    and the later episode went unlogged while the metric said held)."""
+    from tests.forwarder import wait_for
+    from vmgpu import cap_control, sched, share_control, supervisor
+
+    logged = []
+    policies = {"GPU-a": "shared"}
+    off = ("its work off its span", ("vm-c",))
+
+    class Page:
+        def __init__(self, path):
+            pass
+
+        def close(self):
+            pass
+
+    class Ledger:
+        def policies(self):
+            return dict(policies)
+
+    def step(page, ctl, now):
+        ctl.by_time = off
+
+    monkeypatch.setattr(sched, "Page", Page)
+    monkeypatch.setattr(share_control, "apply_step", step)
+    monkeypatch.setattr(cap_control, "apply_step", lambda page, ctl, now: None)
+    monkeypatch.setattr(cap_control, "withdraw", lambda page: None)
+    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)
+    sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
+    monkeypatch.setattr(sup.log, "warning", lambda event, **kw: logged.append(event))
+    monkeypatch.setattr(sup.log, "info", lambda event, **kw: logged.append(event))
+    sup.control_shares(every=0.002, look_every=0.004)
+    held = "guests held by time, not on SM spans"
+    try:
+        assert wait_for(lambda: logged == [held])
+        assert sup.held_by_time == {"GPU-a": off}
+        policies["GPU-a"] = "native"
+        assert wait_for(lambda: len(logged) == 2), logged
+        assert logged[1] == "guests no longer held by time"
+        assert wait_for(lambda: sup.held_by_time == {})
+        policies["GPU-a"] = "shared"
+        assert wait_for(lambda: len(logged) == 3), logged
+        assert logged[2] == held
+    finally:
+        sup._stop.set()
+        sup._control.join(5)
+    assert sup.held_by_time == {}  # (the controllers stopped: nothing held is left to export)
 
 
 def test_a_page_that_cannot_be_opened_is_logged_and_the_other_gpus_stay_controlled(tmp_path, monkeypatch):

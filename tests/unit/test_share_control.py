@@ -1379,6 +1379,8 @@ def test_the_controller_says_why_its_guests_are_held_by_time_and_who_made_it_so(
     assert why() is None
     assert why(whole=["b"]) == ("its work off its span", ("b",))
     assert why(groups=0) == ("the forwarders do not partition this GPU", ())
+    # (forwarders that do not partition say every guest's work is off its span: nobody is blamed)
+    assert why(groups=0, whole=["a", "b"]) == ("the forwarders do not partition this GPU", ())
     assert why(groups=2, guests=("a", "b", "c")) == ("more guests at work than groups of SMs", ("a", "b", "c"))
     assert why(lever="time", groups=0) is None  # (by time by choice)
     assert why(whole=["b"], guests=("b",)) is None  # (alone: nobody is held for anybody)
