@@ -33,7 +33,8 @@ class ComputeSampler:
     shows ~100%).  Under the native and shared policies no turns are taken and nothing is
     metered: their guests get None.  Under shared, `held` has what the share controller holds
     each guest to at the last look: {(GPU UUID, guest): (% of each period held, depth or None, %
-    of the SMs its span is or None)}; under every policy, `cap_parts` the part of each period
+    of the SMs its span is or None, whether its work was off its span in the last second on a
+    partitioned GPU, which has every guest there held by time)}; under every policy, `cap_parts` the part of each period
     vmgpud's cap controller lets a capped guest's work have, where it holds one now: {(GPU UUID,
     guest): % of each period (100: its rate alone being measured)}."""
 
@@ -65,11 +66,13 @@ class ComputeSampler:
                     }
                 )
                 if policy == "shared":
-                    groups = page.sm_groups
+                    groups, now_ms = page.sm_groups, int(1000 * time.monotonic()) & 0xFFFFFFFF
                     for m in page.members():
                         lo, hi = m.sm_part >> 16, m.sm_part & 0xFFFF
                         sms = 100 * (hi - lo) / (16 * groups) if groups and hi > lo else None
-                        self.held[(u, m.guest)] = (m.hold / 10, m.depth or None, sms)
+                        # (off its span: where the GPU is partitioned, its work left its span)
+                        off = bool(groups) and m.off_span(now_ms)
+                        self.held[(u, m.guest)] = (m.hold / 10, m.depth or None, sms, off)
         return out
 
     def take(self) -> dict[tuple[str, str], float | None]:
@@ -103,7 +106,7 @@ def achieved_compute(uuids: set[str], sample_s: float = 0.3) -> ComputeSampler:
     return sampler
 
 
-HELD_KEYS = ("held_pct", "held_depth", "held_sms_pct")  # a guest's ComputeSampler.held, in status()
+HELD_KEYS = ("held_pct", "held_depth", "held_sms_pct", "held_off_span")  # a guest's ComputeSampler.held, in status()
 
 
 def status(
@@ -111,8 +114,9 @@ def status(
 ) -> dict:
     """A StatusReply with the compute each guest achieved (ComputeSampler.take) and, under the
     shared policy, what the share controller holds it to (ComputeSampler.held): the % of each
-    period its work waits, its depth where one is set, and the % of the GPU's SMs its span is where
-    it has one (held_pct / held_depth / held_sms_pct, else None); and the part of each period the
+    period its work waits, its depth where one is set, the % of the GPU's SMs its span is where
+    it has one, and whether its work is off its span (held_pct / held_depth / held_sms_pct /
+    held_off_span, else None); and the part of each period the
     cap controller lets a capped guest have where it holds one (cap_part_pct, else None)."""
     held, cap_parts = held or {}, cap_parts or {}
     return {
@@ -137,7 +141,7 @@ def status(
                 "compute_pct": s.compute_pct,
                 **share(s),
                 "compute_achieved_pct": achieved.get((s.gpu_uuid, s.guest)),
-                **dict(zip(HELD_KEYS, held.get((s.gpu_uuid, s.guest), (None,) * 3), strict=True)),
+                **dict(zip(HELD_KEYS, held.get((s.gpu_uuid, s.guest), (None,) * len(HELD_KEYS)), strict=True)),
                 "cap_part_pct": cap_parts.get((s.gpu_uuid, s.guest)),
                 "label": label_text(s.label),  # cleaned again: whatever vmgpud answered reaches a terminal
                 "settings": s.settings,

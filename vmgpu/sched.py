@@ -91,6 +91,11 @@ class Member:
     cap_pm: int = 0  # where capped: the part of each period (per mille) the cap controller leaves it (0: cap%)
     active_ms: int = 0  # under shared: when one of its workers was last seen at work (ms, low 32 bits; 0: never)
 
+    def off_span(self, now_ms: int) -> bool:
+        """Whether one of its workers worked off its SM span within the last second (whole_ms; now_ms:
+        CLOCK_MONOTONIC in ms, its low 32 bits as the forwarders write them, compared across a wrap)."""
+        return bool(self.whole_ms) and ((now_ms - self.whole_ms + 2**31) & 0xFFFFFFFF) - 2**31 < 1000
+
     def capped(self, policy: str) -> bool:
         """Whether a cap holds it below its whole rate: its cap, or under fixed its weight, below 100%
         (where the forwarders take the cap controller's cap_pm: sched_policy.c cap_part_pm)."""

@@ -1125,7 +1125,7 @@ def seen_on(page, now: float | None = None) -> list[Seen]:
             m.guarantee,
             m.cap,
             RANKS.get(m.priority, 1),
-            bool(m.whole_ms) and ((now_ms - m.whole_ms + 2**31) & 0xFFFFFFFF) - 2**31 < 1000,
+            m.off_span(now_ms),
             m.waiting > 0,
             m.cap_pm,
         )

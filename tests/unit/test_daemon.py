@@ -96,6 +96,7 @@ def test_cli_against_the_daemon(daemon):
         "held_pct": None,
         "held_depth": None,
         "held_sms_pct": None,
+        "held_off_span": None,
         "cap_part_pct": None,
         "label": "",
         "settings": "",

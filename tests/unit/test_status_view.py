@@ -5,6 +5,7 @@ in-process vmgpud.  (A busy guest's share of GPU time: tests/native/test_status_
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -136,6 +137,7 @@ def test_under_shared_a_held_column_shows_what_the_controller_holds_each_guest_t
     d["guests"] = [
         {**g, "held_pct": 45.0, "held_depth": 8},
         {**g, "guest": "b", "held_pct": 0.0, "held_depth": None, "held_sms_pct": 77.5},
+        {**g, "guest": "c", "held_pct": 40.0, "held_depth": None, "held_off_span": True},
     ]
 
     def text(table) -> str:
@@ -147,6 +149,8 @@ def test_under_shared_a_held_column_shows_what_the_controller_holds_each_guest_t
     assert "held" in out and "45%, depth 8" in out, out
     row_b = next(line for line in out.splitlines() if "│ b " in line)
     assert " 0%, on 78% of SMs " in row_b, out  # (on a span of the SMs: the sms lever)
+    row_c = next(line for line in out.splitlines() if "│ c " in line)
+    assert " 40%, off its span " in row_c, out  # (its work left its span: all held by time)
     # off shared (held_pct None everywhere) no such column
     d["guests"] = [{**g, "held_pct": None, "held_depth": None}]
     d["gpus"][0]["policy"] = "weighted"
@@ -173,18 +177,24 @@ def test_the_sampler_reads_a_guests_hold_depth_and_span_off_a_shared_page(monkey
             return False
 
         def members(self):
+            now_ms = int(1000 * time.monotonic()) & 0xFFFFFFFF
             return [
                 Member(0, "a", 1, 30, 0, 0, 0, 1, hold=250, sm_part=0 << 16 | 52),
                 Member(1, "b", 2, 70, 0, 0, 0, 1, depth=8, sm_part=52 << 16 | 240),
-                Member(2, "c", 3, 70, 0, 0, 0, 1),
+                Member(2, "c", 3, 70, 0, 0, 0, 1, whole_ms=now_ms - 300),  # (off its span 0.3 s ago)
+                Member(3, "d", 4, 70, 0, 0, 0, 1, whole_ms=now_ms - 5000),  # (5 s ago: no longer)
             ]
 
     monkeypatch.setattr(sched, "Page", Page)
     s = reports.ComputeSampler([UUID])
     s.take()
-    a, b, c = (s.held[(UUID, n)] for n in "abc")
-    assert a == (25.0, None, 100 * 52 / 240) and b == (0.0, 8, 100 * 188 / 240), s.held
-    assert c == (0.0, None, None), s.held  # no span: the whole GPU
+    a, b, c, d = (s.held[(UUID, n)] for n in "abcd")
+    assert a == (25.0, None, 100 * 52 / 240, False) and b == (0.0, 8, 100 * 188 / 240, False), s.held
+    assert c == (0.0, None, None, True), s.held  # no span: the whole GPU, its work off its span
+    assert d == (0.0, None, None, False), s.held
+    Page.sm_groups = 0  # (not partitioned at all: every forwarder says so, nobody is named)
+    s.take()
+    assert s.held[(UUID, "c")][3] is False, s.held
 
 
 def test_a_cap_the_cap_controller_holds_shows_the_part_of_the_time_it_lets_the_guest_have(monkeypatch):

@@ -223,13 +223,15 @@ def percent(v: float | None) -> str:
 
 def held_cell(s: dict) -> str:
     """What the shared policy's controller holds a guest to now: the % of each period its work
-    waits, its depth where one is set, and the part of the SMs its span is where it has one ("-"
+    waits, its depth where one is set, the part of the SMs its span is where it has one, and "off
+    its span" where its work left its span (which has every guest on the GPU held by time) ("-"
     off shared)."""
     if s.get("held_pct") is None:
         return "-"
     depth = f", depth {s['held_depth']}" if s.get("held_depth") else ""
     sms = f", on {s['held_sms_pct']:.0f}% of SMs" if s.get("held_sms_pct") else ""
-    return percent(s["held_pct"]) + depth + sms
+    off = ", off its span" if s.get("held_off_span") else ""
+    return percent(s["held_pct"]) + depth + sms + off
 
 
 def any_held(d: dict) -> bool:
