@@ -255,89 +255,11 @@ def test_share_control_failing_on_a_page_reopens_it_and_logs_the_same_error_once
     assert errors[1][1]["repeats"] > 0  # the first error's repeats are counted into the next line
 
 
-def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_going_at_most_once_a_minute(
-    tmp_path, monkeypatch
-):
-    """A guest whose work is off its SM span (an open stream capture) has every guest on its GPU
-    held by time: vmgpud says so, naming it, and says when they are back on spans; one that goes
-    on and off every look is not a line each time."""
-    from tests.forwarder import wait_for
+def _share_controlled(tmp_path, monkeypatch, policies: dict, step, logged: list):
+    """A Supervisor whose share control runs `step` in place of share_control.apply_step on a
+    fake page for each GPU of `policies` (read at each look at the ledger), its cap controller
+    idle, its warning and info lines appended to `logged` as (event, fields): started."""
     from vmgpu import cap_control, sched, share_control, supervisor
-
-    logged, looks = [], []
-    off = ("its work off its span", ("vm-c",))
-    script = [None, off, off, None, off, None] + [None] * 10  # (then on spans for good)
-
-    class Page:
-        def __init__(self, path):
-            pass
-
-        def close(self):
-            pass
-
-    class Ledger:
-        def policies(self):
-            return {"GPU-a": "shared"}
-
-    held = []  # the supervisor's held_by_time (for the metrics) as each look begins: the last look's
-
-    def step(page, ctl, now):
-        held.append(dict(sups[-1].held_by_time))
-        ctl.by_time = script[min(len(looks), len(script) - 1)]
-        looks.append(now)
-
-    monkeypatch.setattr(sched, "Page", Page)
-    monkeypatch.setattr(share_control, "apply_step", step)
-    monkeypatch.setattr(cap_control, "apply_step", lambda page, ctl, now: None)
-    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)  # (no second line within the test)
-    sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
-    sups = [sup]
-    monkeypatch.setattr(sup.log, "warning", lambda event, **kw: logged.append((event, kw)))
-    monkeypatch.setattr(sup.log, "info", lambda event, **kw: logged.append((event, kw)))
-    sup.control_shares(every=0.002, look_every=0.004)
-    try:
-        assert wait_for(lambda: len(looks) >= len(script))
-    finally:
-        sup._stop.set()
-        sup._control.join(5)
-    assert logged == [
-        (
-            "guests held by time, not on SM spans",
-            {"gpu": "GPU-a", "why": "its work off its span", "guests": ["vm-c"], "changes": 1},
-        )
-    ], logged
-    assert held[1:7] == [{}, {"GPU-a": off}, {"GPU-a": off}, {}, {"GPU-a": off}, {}], held
-    assert sup.held_by_time == {}
-    logged.clear()
-    looks.clear()
-    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 0.0)  # (a minute gone by at every look)
-    sup2 = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
-    sups.append(sup2)
-    monkeypatch.setattr(sup2.log, "warning", lambda event, **kw: logged.append((event, kw)))
-    monkeypatch.setattr(sup2.log, "info", lambda event, **kw: logged.append((event, kw)))
-    sup2.control_shares(every=0.002, look_every=0.004)
-    try:
-        assert wait_for(lambda: len(looks) >= len(script))
-    finally:
-        sup2._stop.set()
-        sup2._control.join(5)
-    events = [event for event, _ in logged]
-    assert events == ["guests held by time, not on SM spans", "guests no longer held by time"] * 2, logged
-
-
-def test_a_gpu_that_leaves_the_share_controller_says_its_guests_are_no_longer_held_and_a_new_episode_is_logged(
-    tmp_path, monkeypatch
-):
-    """Held by time and logged, then the GPU turned native within the minute (no second line due
-    yet): a line at once that its guests are no longer held, and when it is shared again and held
-    for the same reason, the warning again (found by a review: the state outlived the GPU's control,
-    and the later episode went unlogged while the metric said held)."""
-    from tests.forwarder import wait_for
-    from vmgpu import cap_control, sched, share_control, supervisor
-
-    logged = []
-    policies = {"GPU-a": "shared"}
-    off = ("its work off its span", ("vm-c",))
 
     class Page:
         def __init__(self, path):
@@ -350,32 +272,102 @@ def test_a_gpu_that_leaves_the_share_controller_says_its_guests_are_no_longer_he
         def policies(self):
             return dict(policies)
 
-    def step(page, ctl, now):
-        ctl.by_time = off
-
     monkeypatch.setattr(sched, "Page", Page)
     monkeypatch.setattr(share_control, "apply_step", step)
     monkeypatch.setattr(cap_control, "apply_step", lambda page, ctl, now: None)
     monkeypatch.setattr(cap_control, "withdraw", lambda page: None)
-    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)
     sup = supervisor.Supervisor(Ledger(), threading.Lock(), tmp_path)
-    monkeypatch.setattr(sup.log, "warning", lambda event, **kw: logged.append(event))
-    monkeypatch.setattr(sup.log, "info", lambda event, **kw: logged.append(event))
+    monkeypatch.setattr(sup.log, "warning", lambda event, **kw: logged.append((event, kw)))
+    monkeypatch.setattr(sup.log, "info", lambda event, **kw: logged.append((event, kw)))
     sup.control_shares(every=0.002, look_every=0.004)
+    return sup
+
+
+def _stopped(sup) -> None:
+    sup._stop.set()
+    sup._control.join(5)
+
+
+def test_guests_held_by_time_are_logged_with_why_and_who_and_their_coming_and_going_at_most_once_a_minute(
+    tmp_path, monkeypatch
+):
+    """A guest whose work is off its SM span (an open stream capture) has every guest on its GPU
+    held by time: vmgpud says so, naming it, and says when they no longer are; one that goes on
+    and off every look is not a line each time."""
+    from tests.forwarder import wait_for
+    from vmgpu import supervisor
+
+    logged, looks, held, sups = [], [], [], []
+    off = ("its work off its span", ("vm-c",))
+    script = [None, off, off, None, off, None] + [None] * 10  # (then on spans for good)
+
+    def step(page, ctl, now):
+        # (the supervisor's held_by_time, for the metrics, as each look begins: the last look's)
+        held.append(dict(sups[-1].held_by_time))
+        ctl.by_time = script[min(len(looks), len(script) - 1)]
+        looks.append(now)
+
+    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)  # (no second line within the test)
+    sups.append(_share_controlled(tmp_path, monkeypatch, {"GPU-a": "shared"}, step, logged))
+    try:
+        assert wait_for(lambda: len(looks) >= len(script))
+    finally:
+        _stopped(sups[0])
+    assert logged == [
+        (
+            "guests held by time, not on SM spans",
+            {"gpu": "GPU-a", "why": "its work off its span", "guests": ["vm-c"], "changes": 1},
+        )
+    ], logged
+    assert held[1:7] == [{}, {"GPU-a": off}, {"GPU-a": off}, {}, {"GPU-a": off}, {}], held
+    assert sups[0].held_by_time == {}
+    logged.clear()
+    looks.clear()
+    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 0.0)  # (a minute gone by at every look)
+    sups.append(_share_controlled(tmp_path, monkeypatch, {"GPU-a": "shared"}, step, logged))
+    try:
+        assert wait_for(lambda: len(looks) >= len(script))
+    finally:
+        _stopped(sups[1])
+    events = [event for event, _ in logged]
+    assert events == ["guests held by time, not on SM spans", "guests no longer held by time"] * 2, logged
+
+
+def test_a_gpu_that_leaves_the_share_controller_says_its_guests_are_no_longer_held_and_a_new_episode_is_logged(
+    tmp_path, monkeypatch
+):
+    """Held by time and logged, then the GPU turned native within the minute (no second line due
+    yet): a line at once that its guests are no longer held, and when it is shared again and held
+    for the same reason, the warning again (found by a review: the state outlived the GPU's control,
+    and the later episode went unlogged while the metric said held)."""
+    from tests.forwarder import wait_for
+    from vmgpu import supervisor
+
+    logged = []
+    policies = {"GPU-a": "shared"}
+    off = ("its work off its span", ("vm-c",))
+
+    def step(page, ctl, now):
+        ctl.by_time = off
+
+    monkeypatch.setattr(supervisor, "SHARE_ERROR_EVERY_S", 3600.0)
+    sup = _share_controlled(tmp_path, monkeypatch, policies, step, logged)
     held = "guests held by time, not on SM spans"
     try:
-        assert wait_for(lambda: logged == [held])
+        assert wait_for(lambda: [e for e, _ in logged] == [held])
         assert sup.held_by_time == {"GPU-a": off}
         policies["GPU-a"] = "native"
         assert wait_for(lambda: len(logged) == 2), logged
-        assert logged[1] == "guests no longer held by time"
+        assert logged[1] == (
+            "guests no longer held by time",
+            {"gpu": "GPU-a", "why": "the GPU left the share controller", "changes": 0},
+        )
         assert wait_for(lambda: sup.held_by_time == {})
         policies["GPU-a"] = "shared"
         assert wait_for(lambda: len(logged) == 3), logged
-        assert logged[2] == held
+        assert logged[2][0] == held
     finally:
-        sup._stop.set()
-        sup._control.join(5)
+        _stopped(sup)
     assert sup.held_by_time == {}  # (the controllers stopped: nothing held is left to export)
 
 
