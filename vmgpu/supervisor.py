@@ -262,9 +262,9 @@ class Supervisor:
         # forwarders started again after one died, per guest, since this vmgpud started (under
         # self.lock): vmgpu_forwarder_restarts_total
         self.restarted: collections.Counter[str] = collections.Counter()
-        # per shared GPU (uuid) whose guests its share controller holds by time, not on SM spans:
-        # why, and the guests that make it so (share_control's by_time; for the metrics)
-        self.held_by_time: dict[str, tuple[str, tuple[str, ...]]] = {}
+        # per GPU under the controllers (uuid), written by their thread alone: why its guests were
+        # held by time as last logged, when, the changes since, and why they are now (held_by_time)
+        self._by_time: dict[str, tuple] = {}
         self.policy = dict(policy or RESTART_POLICY)
         self.log = get_logger(component="supervisor")
         self._stop = threading.Event()
@@ -534,9 +534,6 @@ class Supervisor:
             caps: dict[str, cap_control.CapController] = {}  # per GPU, kept while its page is opened afresh
             policies, looked = {}, 0.0
             failing: dict[str, tuple[str, float, int]] = {}  # per GPU: its last error logged, when, repeats since
-            by_time: dict[
-                str, tuple
-            ] = {}  # per GPU: why its guests were held by time as last logged, when, changes since
             try:
                 # (a probe's guest sampled finely meanwhile: its rate alone read between its bursts)
                 while not cap_control.wait(self._stop, every, [(c.page, c.caps) for c in ctls.values()]):
@@ -562,12 +559,7 @@ class Supervisor:
                                 c.shares = share_control.ShareController(lever="sms")
                             if c.shares is not None:
                                 share_control.apply_step(c.page, c.shares, now)  # (off shared: holds lifted)
-                            why = c.shares.by_time if c.shares else None
-                            _held_by_time(by_time, uuid, why, now)
-                            if why:
-                                self.held_by_time[uuid] = why
-                            else:
-                                self.held_by_time.pop(uuid, None)
+                            _held_by_time(self._by_time, uuid, c.shares.by_time if c.shares else None, now)
                             cap_control.apply_step(c.page, c.caps, now)  # (native: caps' parts withdrawn)
                             if policy != "shared":
                                 c.shares = None
@@ -584,13 +576,12 @@ class Supervisor:
                         if done:
                             c.page.close()
                             del ctls[uuid]
-                            self.held_by_time.pop(uuid, None)
-                            _left(by_time, uuid)
+                            _left(self._by_time, uuid)
             finally:
                 for c in ctls.values():  # (vmgpud stops: caps are cap% of the time again at once)
                     _close(c)
                     c.page.close()
-                self.held_by_time.clear()
+                self._by_time.clear()
 
         def _close(c: _Controlled) -> None:
             """Take the cap controller's parts back off a page it stops controlling (where the page
@@ -641,6 +632,13 @@ class Supervisor:
 
         self._control = threading.Thread(target=loop, name="share-control", daemon=True)
         self._control.start()
+
+    @property
+    def held_by_time(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Each shared GPU (uuid) whose guests its share controller holds by time, not on SM spans,
+        as at its last look: why, and the guests that make it so (share_control's by_time; for the
+        metrics, read from another thread: a copy of the control thread's state)."""
+        return {uuid: st[3] for uuid, st in dict(self._by_time).items() if st[3]}
 
     def close(self) -> None:
         """vmgpud stops; the forwarders keep serving their guests and are adopted next time (the
